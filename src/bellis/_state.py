@@ -1,0 +1,72 @@
+"""TaskState: a frozen snapshot of one task's counters (daisy's ``TaskState``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TaskState"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """Counters of one task at one moment.
+
+    Invariant: ``total_block_count == ready + processing + completed + failed + orphaned
+    + pending``. ``completed_count`` includes ``skipped_count``.
+    """
+
+    task_id: str = ""
+    started: bool = False
+    total_block_count: int = 0
+    ready_count: int = 0
+    processing_count: int = 0
+    completed_count: int = 0
+    skipped_count: int = 0
+    failed_count: int = 0
+    orphaned_count: int = 0
+    worker_failure_count: int = 0
+    worker_restart_count: int = 0
+    worker_start_count: int = 0
+    abandoned: bool = False
+    abandon_reason: str | None = None
+    first_worker_error: str | None = None
+    last_worker_error: str | None = None
+    timeout_reclaim_count: int = 0
+    timeout_secs: float = 600.0
+    skipped_done_count: int = 0
+    skipped_mask_count: int = 0
+    skipped_check_count: int = 0
+    failed_attempt_count: int = 0
+
+    @property
+    def pending_count(self) -> int:
+        return (
+            self.total_block_count
+            - self.ready_count
+            - self.processing_count
+            - self.completed_count
+            - self.failed_count
+            - self.orphaned_count
+        )
+
+    def is_done(self) -> bool:
+        """True when every block is completed, failed or orphaned."""
+        return (
+            self.completed_count + self.failed_count + self.orphaned_count
+            == self.total_block_count
+        )
+
+    def __repr__(self) -> str:
+        return "\n".join(
+            [
+                f"Started: {str(self.started).lower()}",
+                f"Total Blocks: {self.total_block_count}",
+                f"Ready: {self.ready_count}",
+                f"Processing: {self.processing_count}",
+                f"Pending: {self.pending_count}",
+                f"Completed: {self.completed_count}",
+                f"Skipped: {self.skipped_count}",
+                f"Failed: {self.failed_count}",
+                f"Orphaned: {self.orphaned_count}",
+            ]
+        )

@@ -1,0 +1,142 @@
+"""Every exception and warning bellis raises.
+
+The tree::
+
+    BellisError(Exception)
+    ├─ ConfigurationError(ValueError, RuntimeError)
+    │   └─ DependencyCycleError
+    ├─ TrackingError(RuntimeError)
+    │   └─ LayoutMismatch
+    ├─ ProtocolError
+    ├─ ConnectionLostError(ConnectionError)
+    ├─ WorkerError(RuntimeError)
+    │   ├─ WorkerStartError
+    │   ├─ WorkerDiedError
+    │   └─ TaskAbandonedError
+    └─ BlockTimeoutError(TimeoutError)
+    BellisDeprecationWarning(DeprecationWarning)
+
+The builtin bases keep code written for daisy working: daisy raises ``ValueError`` for
+a bad parameter at construction and ``RuntimeError("invalid configuration: ...")`` at
+run start, so :class:`ConfigurationError` is both. :class:`LayoutMismatch` and
+abandonment are ``RuntimeError`` subclasses for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BellisDeprecationWarning",
+    "BellisError",
+    "BlockTimeoutError",
+    "ConfigurationError",
+    "ConnectionLostError",
+    "DependencyCycleError",
+    "LayoutMismatch",
+    "ProtocolError",
+    "TaskAbandonedError",
+    "TrackingError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerStartError",
+]
+
+
+class BellisError(Exception):
+    """Base of every error bellis raises on its own behalf."""
+
+
+class ConfigurationError(BellisError, ValueError, RuntimeError):
+    """Raised when a parameter or a combination of parameters cannot work.
+
+    At construction it behaves as daisy's ``ValueError``; at run start its text starts
+    with ``invalid configuration:`` as daisy's ``RuntimeError`` did. ``parameter``
+    names the offending parameter where one is to blame.
+    """
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class DependencyCycleError(ConfigurationError):
+    """Raised when a pipeline's edges contain a cycle (a self edge included)."""
+
+    def __init__(self, message: str = "pipeline contains a cycle") -> None:
+        super().__init__(message, parameter="pipeline")
+
+
+class TrackingError(BellisError, RuntimeError):
+    """Raised when a block tracking store cannot be opened, read or written.
+
+    ``path`` is the store's directory.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class LayoutMismatch(TrackingError):
+    """Raised when a tracking store was written for a different task layout.
+
+    ``stored`` and ``expected`` hold the two layout hashes (or descriptions).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        stored: str | None = None,
+        expected: str | None = None,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.stored = stored
+        self.expected = expected
+
+
+class ProtocolError(BellisError):
+    """Raised when a peer sends bytes that are not a valid bellis frame or message."""
+
+
+class ConnectionLostError(BellisError, ConnectionError):
+    """Raised when the connection to the bellis server drops in the middle of an exchange."""
+
+
+class WorkerError(BellisError, RuntimeError):
+    """Base of the errors about worker processes. ``task_id`` names their task."""
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class WorkerStartError(WorkerError):
+    """Raised when a worker cannot be started, e.g. its function cannot be serialized."""
+
+
+class WorkerDiedError(WorkerError):
+    """Raised when a worker process exits abnormally and the run cannot continue."""
+
+
+class TaskAbandonedError(WorkerError):
+    """Raised by ``run_blockwise`` when a task exhausted its worker restart budget.
+
+    Carries ``daisy_states``, ``daisy_run_stats``, ``daisy_task_order`` and
+    ``daisy_run_report`` as daisy 2.0.0 does.
+    """
+
+    daisy_states: dict[str, Any]
+    daisy_run_stats: dict[str, Any]
+    daisy_task_order: list[str]
+    daisy_run_report: Any
+
+
+class BlockTimeoutError(BellisError, TimeoutError):
+    """Raised inside a worker when a block exceeds its task's timeout."""
+
+
+class BellisDeprecationWarning(DeprecationWarning):
+    """Emitted for daisy 1.x names and deprecated parameters that still work."""
