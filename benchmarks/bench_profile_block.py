@@ -1,0 +1,59 @@
+"""Cost of one ``profile_block`` enter + exit, in microseconds.
+
+Run: ``PYTHONPATH=src python benchmarks/bench_profile_block.py [--children]``.
+
+Prints the median over many rounds of the mean cost of an empty ``with
+profile_block(block): pass``, once for a process without children and, with
+``--children``, once more while a child process (``sleep``) is alive, which adds the
+``/proc`` descendant walk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+from funlib.geometry import Roi
+
+from bellis._block import Block
+from bellis._profiling import profile_block
+
+
+def measure(rounds: int, per_round: int) -> float:
+    """Median over ``rounds`` of the mean µs per enter + exit of ``per_round`` scopes."""
+    block = Block(Roi((0,), (10,)), Roi((0,), (10,)), Roi((0,), (10,)), task_id="bench")
+    perf = time.perf_counter
+    samples: list[float] = []
+    for _ in range(rounds):
+        t0 = perf()
+        for _ in range(per_round):
+            block.stats = None
+            with profile_block(block):
+                pass
+        samples.append((perf() - t0) / per_round * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--per-round", type=int, default=1000)
+    parser.add_argument("--children", action="store_true", help="also measure with a live child")
+    args = parser.parse_args()
+    measure(3, args.per_round)  # warm up: open the /proc descriptors, fill caches
+    print(f"profile_block enter+exit, no children: {measure(args.rounds, args.per_round):.1f} µs")
+    if args.children:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            us = measure(max(args.rounds // 5, 3), max(args.per_round // 10, 10))
+            print(f"profile_block enter+exit, one live child: {us:.1f} µs")
+        finally:
+            child.kill()
+            child.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+"""Client and Context: the worker side of the protocol (daisy-compatible surface)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from ._block import Block, BlockStatus
+from ._protocol import (
+    ACQUIRE,
+    BYE,
+    CHALLENGE,
+    HELLO,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    WELCOME,
+    FrameDecoder,
+    compute_mac,
+    encode,
+)
+from .errors import ConnectionLostError, ProtocolError
+
+__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context"]
+
+logger = logging.getLogger("bellis")
+
+EXIT_BLOCK_TIMEOUT = 87
+ENV_VARIABLES = ("BELLIS_CONTEXT", "DAISY_CONTEXT")
+
+_SPECIAL = {"%": "%25", ":": "%3A", "=": "%3D"}
+
+
+def _escape(text: str) -> str:
+    return "".join(_SPECIAL.get(ch, ch) for ch in text)
+
+
+def _unescape(text: str) -> str:
+    if "%" not in text:
+        return text
+    out = []
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "%" and i + 2 < n:
+            code = text[i + 1 : i + 3].upper()
+            if code == "25":
+                out.append("%")
+                i += 3
+                continue
+            if code == "3A":
+                out.append(":")
+                i += 3
+                continue
+            if code == "3D":
+                out.append("=")
+                i += 3
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+class Context:
+    """A string-to-string mapping that travels to workers in ``BELLIS_CONTEXT``.
+
+    Encoded as ``key=value`` pairs joined by ``:``; ``%``, ``:`` and ``=`` are
+    percent-encoded, so any task id round-trips. Keys are emitted in sorted order, so the
+    encoding is deterministic.
+    """
+
+    ENV_VARIABLE = "DAISY_CONTEXT"
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._d: dict[str, str] = {str(k): str(v) for k, v in kwargs.items()}
+        if "logdir" not in self._d:
+            from . import logging as blog
+
+            base = blog.get_log_basedir()
+            self._d["logdir"] = "" if base is None else str(base)
+
+    @classmethod
+    def _raw(cls, d: dict[str, str]) -> Context:
+        c = cls.__new__(cls)
+        c._d = d
+        return c
+
+    def __getitem__(self, key: str) -> str:
+        return self._d[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._d[str(key)] = str(value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._d[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def keys(self) -> list[str]:
+        return list(self._d.keys())
+
+    def values(self) -> list[str]:
+        return list(self._d.values())
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._d.items())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._d.get(key, default)
+
+    def copy(self) -> Context:
+        return Context._raw(dict(self._d))
+
+    def to_env(self) -> str:
+        return ":".join(f"{_escape(k)}={_escape(v)}" for k, v in sorted(self._d.items()))
+
+    def __repr__(self) -> str:
+        return self.to_env()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and self._d == other._d
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @staticmethod
+    def from_env_string(text: str) -> Context:
+        d: dict[str, str] = {}
+        for token in text.split(":"):
+            if not token:
+                continue
+            if "=" not in token:
+                raise ValueError(f"invalid context token: {token!r}")
+            k, v = token.split("=", 1)
+            d[_unescape(k)] = _unescape(v)
+        return Context._raw(d)
+
+    @staticmethod
+    def from_env() -> Context:
+        for name in ENV_VARIABLES:
+            text = os.environ.get(name)
+            if text is not None:
+                return Context.from_env_string(text)
+        raise KeyError("DAISY_CONTEXT not found")
+
+
+class _Watchdog:
+    """Kills this process when a block overruns its deadline, even inside C code.
+
+    Arming costs one float store; a daemon thread polls the deadline.
+    """
+
+    def __init__(self, worker_id: int) -> None:
+        self.deadline = 0.0
+        self.label = ""
+        self.timeout = 0.0
+        self.worker_id = worker_id
+        self._thread: threading.Thread | None = None
+
+    def arm(self, timeout: float, label: str) -> None:
+        if self._thread is None:
+            self.timeout = timeout
+            self._thread = threading.Thread(target=self._run, name="bellis-watchdog", daemon=True)
+            self._thread.start()
+        self.label = label
+        self.deadline = time.monotonic() + timeout
+
+    def disarm(self) -> None:
+        self.deadline = 0.0
+
+    def _run(self) -> None:
+        period = min(0.5, max(0.01, self.timeout / 20))
+        while True:
+            time.sleep(period)
+            d = self.deadline
+            if d and time.monotonic() > d:
+                sys.stderr.write(
+                    f"bellis worker {self.worker_id}: block {self.label} still running after "
+                    f"timeout={self.timeout:g}s; killing worker process\n"
+                )
+                sys.stderr.flush()
+                os._exit(EXIT_BLOCK_TIMEOUT)
+
+
+def _capped_traceback(text: str) -> str:
+    from .logging import cap_traceback
+
+    return cap_traceback(text)
+
+
+class Client:
+    """Connects to a bellis server and hands out blocks (daisy's ``Client``).
+
+    ``Client(context=None)`` reads ``BELLIS_CONTEXT`` (or ``DAISY_CONTEXT``). Use::
+
+        client = Client()
+        while True:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                process(block)
+    """
+
+    def __init__(self, context: Context | None = None) -> None:
+        from . import logging as blog
+
+        if context is None:
+            context = Context.from_env()
+        self.context = context
+        if "logdir" in context:
+            blog.set_log_basedir(context["logdir"] or None)
+        self.host = context["hostname"]
+        self.port = int(context["port"])
+        self.task_id = context["task_id"]
+        self.worker_id = int(context.get("worker_id", "-1"))
+        self.resource_tracking = context.get("resource_tracking", "0") in ("1", "true", "True")
+        secret_hex = context.get("secret")
+        if secret_hex is None:
+            raise KeyError(
+                "the context has no 'secret': a bellis worker needs the run's secret to "
+                "authenticate; start it with the context the server printed or exported"
+            )
+        self._secret = bytes.fromhex(secret_hex)
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder()
+        self._pending: list[Any] | None = None
+        self._geom: Any = None
+        self.timeout_secs = 0.0
+        self._watchdog = _Watchdog(self.worker_id)
+        self._stop_requested = False
+        self._in_block = False
+        self._connect()
+
+    # -- connection ---------------------------------------------------------------------
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=30)
+        except ConnectionRefusedError:
+            logger.warning(
+                "bellis server at %s:%s is not reachable; assuming the run has ended — this "
+                "worker will exit without processing blocks",
+                self.host,
+                self.port,
+            )
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, val in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+        sock.settimeout(None)
+        self._sock = sock
+        msg = self._recv()
+        if msg[0] != CHALLENGE or len(msg) < 2 or not isinstance(msg[1], bytes):
+            raise ProtocolError("the server did not open with a challenge")
+        from ._profiling import setup_seconds_since_start
+
+        self._send(
+            [
+                HELLO,
+                compute_mac(self._secret, msg[1]),
+                self.task_id,
+                self.worker_id,
+                os.getpid(),
+                setup_seconds_since_start(),
+            ]
+        )
+        reply = self._recv()
+        if reply[0] == REJECT:
+            self.close()
+            raise ConnectionRefusedError(f"the bellis server refused this worker: {reply[1]}")
+        if reply[0] != WELCOME:
+            raise ProtocolError(f"unexpected reply to hello: opcode {reply[0]}")
+        self.timeout_secs = float(reply[1])
+        self.resource_tracking = bool(reply[2])
+        from ._graph import TaskGeometry
+
+        g = reply[3]
+        self._geom = TaskGeometry(
+            self.task_id,
+            _RoiSpec(g["total_offset"], g["total_shape"]),
+            _RoiSpec(g["read_offset"], g["read_shape"]),
+            _RoiSpec(g["write_offset"], g["write_shape"]),
+            fit=g["fit"],
+            read_write_conflict=g["conflict"],
+        )
+        try:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:
+            pass  # not the main thread: the default SIGTERM behaviour stays
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+        if not self._in_block:
+            self.close()
+            os._exit(0)
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def _send(self, msg: list[Any]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(encode(msg))
+        except OSError as exc:
+            self._sock = None
+            raise ConnectionLostError(f"lost the connection to the bellis server: {exc}") from exc
+
+    def _recv(self) -> list[Any]:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError as exc:
+                self._sock = None
+                raise ConnectionLostError(
+                    f"lost the connection to the bellis server: {exc}"
+                ) from exc
+            if not data:
+                self._sock = None
+                raise ConnectionLostError("the bellis server closed the connection")
+            msgs = self._decoder.feed(data)
+            if msgs:
+                if len(msgs) > 1:
+                    raise ProtocolError("the server sent more than one reply")
+                return msgs[0]  # type: ignore[no-any-return]
+
+    # -- blocks ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def acquire_block(self) -> Iterator[Block | None]:
+        if self._sock is None:
+            yield None
+            return
+        pending = self._pending
+        self._pending = None
+        if self._stop_requested:
+            self._bye(pending)
+            yield None
+            return
+        if pending is None:
+            self._send([ACQUIRE, -1, 0, None, None])
+        else:
+            self._send(pending)
+        try:
+            reply = self._recv()
+        except ConnectionLostError:
+            yield None
+            return
+        if reply[0] == SHUTDOWN:
+            self.close()
+            yield None
+            return
+        if reply[0] != SEND:
+            raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
+        k = reply[1]
+        geom = self._geom
+        block = Block._lazy(geom, k, BlockStatus.PROCESSING)
+        wd = self._watchdog
+        wd.arm(self.timeout_secs, f"{self.task_id}/{k}")
+        self._in_block = True
+        profiler = None
+        if self.resource_tracking:
+            from ._profiling import profile_block
+
+            profiler = profile_block(block)
+            profiler.__enter__()
+        try:
+            yield block
+        except BaseException as exc:
+            if profiler is not None:
+                profiler.__exit__(type(exc), exc, exc.__traceback__)
+            wd.disarm()
+            self._in_block = False
+            block._status = BlockStatus.FAILED
+            tb = _capped_traceback(traceback.format_exc())
+            logger.warning("block %s failed: %s", block.block_id, exc)
+            sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
+            stats = None if block.stats is None else list(block.stats.to_tuple())
+            with contextlib.suppress(ConnectionLostError):
+                self._bye([BYE, k, BlockStatus.FAILED, stats, tb])
+            raise
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+        wd.disarm()
+        self._in_block = False
+        status = block._status
+        if status == BlockStatus.PROCESSING:
+            status = BlockStatus.SUCCESS
+        elif status != BlockStatus.SUCCESS:
+            status = BlockStatus.FAILED
+        stats = None if block.stats is None else list(block.stats.to_tuple())
+        error = None if status == BlockStatus.SUCCESS else "block status set to FAILED"
+        self._pending = [ACQUIRE, k, status, stats, error]
+        if self._stop_requested:
+            self._bye(self._pending)
+            self._pending = None
+
+    def _bye(self, pending: list[Any] | None) -> None:
+        if self._sock is None:
+            return
+        if pending is not None:
+            pending = [BYE, *pending[1:]]
+            try:
+                self._send(pending)
+            finally:
+                self.close()
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Send any finished block home, then disconnect."""
+        sock = self._sock
+        if sock is None:
+            return
+        pending = self._pending
+        self._pending = None
+        if pending is not None:
+            with contextlib.suppress(OSError):
+                sock.sendall(encode([BYE, *pending[1:]]))
+        self._sock = None
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class _RoiSpec:
+    """Offset/shape pair accepted wherever a Roi is (avoids building funlib objects)."""
+
+    __slots__ = ("offset", "shape")
+
+    def __init__(self, offset: list[int], shape: list[int]) -> None:
+        self.offset = tuple(offset)
+        self.shape = tuple(shape)

@@ -1,0 +1,152 @@
+"""The bellis wire protocol, sans I/O.
+
+Frames are ``u32 big-endian length`` + ``version byte`` + msgpack payload, where the
+length counts the version byte and the payload. Nothing received is ever unpickled:
+msgpack decodes to plain lists, ints, floats, strings and bytes only.
+
+A connection starts with an HMAC challenge-response: the server sends a random nonce,
+the client answers ``HMAC-SHA256(secret, nonce + b"bellis-auth-v1")`` with its hello,
+and the server compares in constant time before it serves anything.
+
+Messages are msgpack arrays whose first element is an opcode:
+
+==========  =========  ==================================================================
+opcode      direction  fields
+==========  =========  ==================================================================
+CHALLENGE   s -> c     nonce (bytes)
+HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s
+WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
+ACQUIRE     c -> s     k, status, stats, error   (the previous block; k = -1 if none)
+SEND        s -> c     k                         (the next block's flat grid index)
+SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
+BYE         c -> s     k, status, stats, error   (final release, then the client closes)
+REJECT      s -> c     reason (str)
+==========  =========  ==================================================================
+
+One round trip per block: ``ACQUIRE`` carries the finished block *and* asks for the
+next one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from typing import Any
+
+import msgpack
+
+from .errors import ProtocolError
+
+__all__ = [
+    "ACQUIRE",
+    "BYE",
+    "CHALLENGE",
+    "HELLO",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "REJECT",
+    "SEND",
+    "SHUTDOWN",
+    "WELCOME",
+    "FrameDecoder",
+    "compute_mac",
+    "encode",
+    "new_nonce",
+    "new_secret",
+    "verify_mac",
+]
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
+
+_HEADER = struct.Struct(">IB")
+_AUTH_TAG = b"bellis-auth-v1"
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def encode(message: Any) -> bytes:
+    """One complete frame for ``message`` (a list whose first item is the opcode)."""
+    payload = _packb(message)
+    if len(payload) + 1 > MAX_FRAME_BYTES:
+        raise ProtocolError(
+            f"message of {len(payload)} bytes exceeds the frame cap of {MAX_FRAME_BYTES} bytes"
+        )
+    return _HEADER.pack(len(payload) + 1, PROTOCOL_VERSION) + payload
+
+
+class FrameDecoder:
+    """Feed it bytes as they arrive; it returns the complete messages they finish.
+
+    Raises :class:`ProtocolError` on an oversized or empty frame, a version mismatch or
+    a payload that is not valid msgpack. After an error the decoder must be dropped.
+    """
+
+    __slots__ = ("_buf", "_max")
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_bytes
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[Any]:
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 5:
+            length, version = _HEADER.unpack_from(buf, pos)
+            if length == 0 or length > self._max:
+                raise ProtocolError(
+                    f"frame length {length} is outside 1..{self._max}; the peer does not speak "
+                    "the bellis protocol or sent an oversized message"
+                )
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"bellis protocol version mismatch: peer speaks {version}, this build "
+                    f"speaks {PROTOCOL_VERSION}. Run the workers with the same bellis version "
+                    "as the driver."
+                )
+            end = pos + 4 + length
+            if end > n:
+                break
+            try:
+                msg = msgpack.unpackb(
+                    bytes(buf[pos + 5 : end]), raw=False, strict_map_key=True, use_list=True
+                )
+            except Exception as exc:
+                raise ProtocolError(f"malformed frame payload: {exc}") from exc
+            if not isinstance(msg, list) or not msg or not isinstance(msg[0], int):
+                raise ProtocolError("a frame must hold a non-empty array starting with an opcode")
+            out.append(msg)
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+
+def new_secret() -> bytes:
+    """A fresh per-run secret (32 random bytes)."""
+    return os.urandom(32)
+
+
+def new_nonce() -> bytes:
+    return os.urandom(32)
+
+
+def compute_mac(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, nonce + _AUTH_TAG, hashlib.sha256).digest()
+
+
+def verify_mac(secret: bytes, nonce: bytes, mac: Any) -> bool:
+    """Constant-time check of a client's answer to ``nonce``."""
+    if not isinstance(mac, bytes):
+        return False
+    return hmac.compare_digest(compute_mac(secret, nonce), mac)

@@ -1,0 +1,1124 @@
+"""Run reports: running aggregates, ``TaskReport`` / ``RunReport``, ``runs.jsonl``, the panel.
+
+Theory of operation
+-------------------
+During a run the server keeps, per task, one :class:`TaskAggregates` (a handful of
+:class:`Welford` accumulators and one :class:`Trend`, O(1) memory) and one
+``TimelineSet`` (``bellis._timeline``). When the run ends both are folded into **one
+JSON object** (:func:`task_report_json`), and that object is the single source of every
+view: it is appended to ``runs.jsonl``, :class:`TaskReport` is parsed from it, and the
+"Resource Utilization" panel is rendered from the reports. The object a run returns and
+the record left on disk therefore cannot drift apart.
+
+The JSON schema is versioned (``"schema": 1``) and documented in ``docs/statistics.md``;
+:func:`validate_run_line` checks a line against it. New fields are added, never
+redefined, and readers ignore keys they do not know.
+
+Per-block records (``TaskReport.block`` / ``block_records``) are not in the JSON: they
+are read straight from the tracking store's arrays, read-only, through ``numpy.memmap``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeGuard
+
+import numpy as np
+
+from ._block import BlockStats
+from .errors import TrackingError
+
+__all__ = [
+    "EXIT_KINDS",
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "BlockRecord",
+    "BlocksSection",
+    "RunReport",
+    "Stat",
+    "TaskAggregates",
+    "TaskReport",
+    "Trend",
+    "Welford",
+    "WorkerRecord",
+    "WorkersSection",
+    "append_run_line",
+    "counters_from_state",
+    "read_last_run",
+    "read_runs",
+    "render_panel",
+    "task_report_json",
+    "validate_run_line",
+]
+
+SCHEMA_VERSION: Final = 1
+OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
+MODES: Final = ("distributed", "serial")
+EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
+COUNTER_KEYS: Final = (
+    "total",
+    "completed",
+    "skipped",
+    "failed",
+    "orphaned",
+    "worker_failures",
+    "worker_restarts",
+    "worker_starts",
+    "timeout_reclaims",
+)
+BLOCK_STAT_KEYS: Final = (
+    "round_trip",
+    "wall",
+    "cpu",
+    "cpu_children",
+    "peak_rss",
+    "io_read",
+    "io_write",
+    "overhead",
+)
+WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown")
+
+# --------------------------------------------------------------------- accumulators
+
+
+class Welford:
+    """Running count, mean, sample variance, min, max and total of a stream of floats."""
+
+    __slots__ = ("_m2", "max", "mean", "min", "n", "total")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self._m2 = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.total = 0.0
+
+    def add(self, x: float) -> None:
+        n = self.n + 1
+        self.n = n
+        delta = x - self.mean
+        mean = self.mean + delta / n
+        self.mean = mean
+        self._m2 += delta * (x - mean)
+        self.total += x
+        if x < self.min:
+            self.min = x
+        if x > self.max:
+            self.max = x
+
+    @property
+    def variance(self) -> float:
+        """Sample variance (n − 1); 0 when n < 2."""
+        if self.n < 2:
+            return 0.0
+        v = self._m2 / (self.n - 1)
+        return v if v > 0.0 else 0.0
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (n − 1); 0 when n < 2."""
+        return math.sqrt(self.variance)
+
+    def merge(self, other: Welford) -> None:
+        """Fold ``other`` into this accumulator (Chan et al.'s pairwise update)."""
+        if other.n == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean, self._m2 = other.n, other.mean, other._m2
+            self.min, self.max, self.total = other.min, other.max, other.total
+            return
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self._m2 += other._m2 + delta * delta * self.n * other.n / n
+        self.mean += delta * other.n / n
+        self.n = n
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    def __repr__(self) -> str:
+        return f"Welford(n={self.n}, mean={self.mean!r}, std={self.std!r})"
+
+
+class Trend:
+    """Running least-squares slope of y against the sample index 0, 1, ..., n − 1.
+
+    Kept as co-moments (mean of x, mean of y, Σ dx·dy, Σ dx²), which give the same slope
+    as the textbook sums (n, Σx, Σy, Σxy, Σx²) without their cancellation on long runs.
+    """
+
+    __slots__ = ("_cxy", "_mx", "_my", "_sxx", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._mx = 0.0
+        self._my = 0.0
+        self._cxy = 0.0
+        self._sxx = 0.0
+
+    def add(self, y: float) -> None:
+        x = float(self.n)
+        n = self.n + 1
+        self.n = n
+        dx = x - self._mx
+        self._mx += dx / n
+        self._my += (y - self._my) / n
+        self._cxy += dx * (y - self._my)
+        self._sxx += dx * (x - self._mx)
+
+    @property
+    def slope(self) -> float:
+        """The fitted slope; 0 for n < 2 or a degenerate fit."""
+        if self.n < 2 or self._sxx <= 0.0:
+            return 0.0
+        s = self._cxy / self._sxx
+        return s if math.isfinite(s) else 0.0
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """Summary of one metric: count, mean, sample std (n − 1), min, max and total.
+
+    Durations are in seconds and sizes in bytes.
+    """
+
+    n: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    total: float
+
+    @classmethod
+    def from_welford(cls, w: Welford) -> Stat:
+        if w.n == 0:
+            return cls.empty()
+        return cls(w.n, w.mean, w.std, w.min, w.max, w.total)
+
+    @classmethod
+    def empty(cls) -> Stat:
+        """A Stat over no samples: n = 0 and every figure 0."""
+        return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "mean": _finite_or_none(self.mean),
+            "std": _finite_or_none(self.std),
+            "min": _finite_or_none(self.min),
+            "max": _finite_or_none(self.max),
+            "total": _finite_or_none(self.total),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Stat:
+        def num(key: str) -> float:
+            v = d.get(key)
+            return math.nan if v is None else float(v)
+
+        return cls(
+            int(d.get("n", 0)), num("mean"), num("std"), num("min"), num("max"), num("total")
+        )
+
+
+def _stat_or_none(w: Welford) -> Stat | None:
+    return Stat.from_welford(w) if w.n else None
+
+
+def _stat_json(w: Welford) -> dict[str, Any] | None:
+    return Stat.from_welford(w).to_dict() if w.n else None
+
+
+def _stat_from_json(d: Any) -> Stat | None:
+    return Stat.from_dict(d) if isinstance(d, Mapping) else None
+
+
+class TaskAggregates:
+    """Per-task, per-run block aggregates, fed one returned block at a time.
+
+    ``add_block`` takes the server's round trip (None in serial mode), the block's
+    ``BlockStats.to_tuple()`` (None when it came back unmeasured) and whether it failed.
+    A failed attempt counts only in ``failed_attempts``: it stays out of every block
+    statistic and of the trend (its round trip still counts in its worker's compute,
+    which the worker timeline keeps).
+    """
+
+    __slots__ = (
+        "count",
+        "cpu",
+        "cpu_children",
+        "failed_attempts",
+        "io_read",
+        "io_write",
+        "overhead",
+        "peak_rss",
+        "round_trip",
+        "skipped",
+        "trend",
+        "wall",
+    )
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.skipped = 0
+        self.failed_attempts = 0
+        self.round_trip = Welford()
+        self.wall = Welford()
+        self.cpu = Welford()
+        self.cpu_children = Welford()
+        self.peak_rss = Welford()
+        self.io_read = Welford()
+        self.io_write = Welford()
+        self.overhead = Welford()
+        self.trend = Trend()
+
+    def add_block(
+        self,
+        round_trip_s: float | None,
+        stats: Sequence[float] | None,
+        failed: bool,
+    ) -> None:
+        if failed:
+            self.failed_attempts += 1
+            return
+        self.count += 1
+        if round_trip_s is not None:
+            self.round_trip.add(round_trip_s)
+        if stats is None:
+            return
+        wall = float(stats[0])
+        self.wall.add(wall)
+        self.cpu.add(float(stats[1]))
+        self.peak_rss.add(float(stats[2]))
+        self.io_read.add(float(stats[3]))
+        self.io_write.add(float(stats[4]))
+        if len(stats) > 7:
+            self.cpu_children.add(float(stats[7]))
+        self.trend.add(wall * 1000.0)
+        if round_trip_s is not None:
+            self.overhead.add(round_trip_s - wall)
+
+    def add_skipped(self, n: int = 1) -> None:
+        self.skipped += n
+
+    def add_failed_attempts(self, n: int = 1) -> None:
+        """Failed attempts that never came back as a block (timeout reclaims, lost blocks)."""
+        self.failed_attempts += n
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``blocks`` section of a run line."""
+        measured = self.wall.n > 0
+        return {
+            "count": self.count,
+            "skipped": self.skipped,
+            "failed_attempts": self.failed_attempts,
+            "round_trip": _stat_json(self.round_trip),
+            "wall": _stat_json(self.wall),
+            "cpu": _stat_json(self.cpu),
+            "cpu_children": _stat_json(self.cpu_children),
+            "peak_rss": _stat_json(self.peak_rss),
+            "io_read": _stat_json(self.io_read),
+            "io_write": _stat_json(self.io_write),
+            "overhead": _stat_json(self.overhead),
+            "io_read_bytes": int(self.io_read.total) if measured else None,
+            "io_write_bytes": int(self.io_write.total) if measured else None,
+            "trend_ms_per_block": self.trend.slope if measured else None,
+        }
+
+
+def counters_from_state(state: Any) -> dict[str, int]:
+    """The ``counters`` section from a ``TaskState``-like object."""
+    return {
+        "total": int(state.total_block_count),
+        "completed": int(state.completed_count),
+        "skipped": int(state.skipped_count),
+        "failed": int(state.failed_count),
+        "orphaned": int(state.orphaned_count),
+        "worker_failures": int(state.worker_failure_count),
+        "worker_restarts": int(state.worker_restart_count),
+        "worker_starts": int(state.worker_start_count),
+        "timeout_reclaims": int(state.timeout_reclaim_count),
+    }
+
+
+def _empty_workers_json() -> dict[str, Any]:
+    return {
+        "count": 0,
+        "unmanaged_clients": 0,
+        "startup": None,
+        "launch": None,
+        "setup": None,
+        "idle": None,
+        "teardown": None,
+        "exits": {},
+        "records": [],
+    }
+
+
+def task_report_json(
+    *,
+    task_id: str,
+    outcome: str,
+    mode: str,
+    run_started_at: float,
+    run_finished_at: float,
+    resource_tracking: bool,
+    counters: Mapping[str, int],
+    blocks: TaskAggregates,
+    workers: Mapping[str, Any] | None = None,
+    wall_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Fold one task's run into its run line (the TaskReport JSON).
+
+    ``workers`` is ``TimelineSet.to_json()``; None (serial mode) gives an empty section.
+    ``wall_seconds`` defaults to ``run_finished_at − run_started_at``.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    wall = run_finished_at - run_started_at if wall_seconds is None else wall_seconds
+    return {
+        "schema": SCHEMA_VERSION,
+        "task_id": task_id,
+        "run_started_at": run_started_at,
+        "run_finished_at": run_finished_at,
+        "outcome": outcome,
+        "mode": mode,
+        "wall_seconds": max(0.0, wall),
+        "resource_tracking": bool(resource_tracking),
+        "counters": {k: int(v) for k, v in counters.items()},
+        "blocks": blocks.to_json(),
+        "workers": dict(workers) if workers is not None else _empty_workers_json(),
+    }
+
+
+# ------------------------------------------------------------------------ report types
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """One managed worker's lifecycle in one run (seconds; None where not reached).
+
+    ``startup`` runs from the spawn call to the first acquire and splits into
+    ``launch`` (before the worker's own clock started) and ``setup`` (what the worker
+    reported). ``idle`` is over the gaps before each block, ``compute`` over each
+    block's round trip (failed ones included). ``final_wait`` is the last return to
+    the shutdown request; ``teardown`` (clean exits only) the shutdown to the exit.
+    """
+
+    worker_id: int
+    startup: float | None
+    launch: float | None
+    setup: float | None
+    idle: Stat
+    compute: Stat
+    teardown: float | None
+    exit: str | None
+    blocks: int
+    blocks_failed: int
+    final_wait: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["idle"] = self.idle.to_dict()
+        d["compute"] = self.compute.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkerRecord:
+        def opt(key: str) -> float | None:
+            v = d.get(key)
+            return None if v is None else float(v)
+
+        return cls(
+            worker_id=int(d["worker_id"]),
+            idle=_stat_from_json(d.get("idle")) or Stat.empty(),
+            compute=_stat_from_json(d.get("compute")) or Stat.empty(),
+            exit=d.get("exit"),
+            blocks=int(d.get("blocks", 0)),
+            blocks_failed=int(d.get("blocks_failed", 0)),
+            **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    """One recorded block as the tracking store holds it.
+
+    ``stats`` is None for a block that is done but was never measured (skipped via a
+    done marker, or run without resource tracking). ``worker_id`` is None for a block
+    run by no managed worker (serial mode, unmanaged clients). ``sent_at`` /
+    ``returned_at`` are UNIX epoch seconds on the scheduler's clock. ``coord`` is the
+    block's cell in the tracking grid.
+    """
+
+    stats: BlockStats | None
+    worker_id: int | None
+    sent_at: float | None
+    returned_at: float | None
+    coord: tuple[int, ...] = ()
+
+
+# Per-block arrays of a tracking store, in BlockStats constructor order.
+_STAT_ARRAYS: Final = (
+    "wall_seconds",
+    "cpu_seconds",
+    "peak_rss_bytes",
+    "io_read_bytes",
+    "io_write_bytes",
+    "gpu_util_pct",
+    "gpu_mem_bytes",
+    "cpu_children_seconds",
+)
+_STAMP_ARRAYS: Final = ("worker_id", "sent_at", "returned_at")
+_NO_WORKER: Final = 2**32 - 1
+
+
+def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
+    """One array of a single-chunk Zarr v3 store, memory-mapped read-only; None if absent."""
+    meta_path = store / name / "zarr.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise TrackingError(f"cannot read {meta_path}: {exc}", path=str(store)) from exc
+    try:
+        shape = tuple(int(x) for x in meta["shape"])
+        dtype = np.dtype(str(meta["data_type"])).newbyteorder("<")
+        chunk = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape", shape)
+        codecs = meta.get("codecs", [{"name": "bytes"}])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TrackingError(
+            f"invalid array metadata in {meta_path}: {exc}", path=str(store)
+        ) from exc
+    endian = codecs[0].get("configuration", {}).get("endian", "little") if codecs else None
+    if tuple(chunk) != shape or len(codecs) != 1 or codecs[0].get("name") != "bytes":
+        raise TrackingError(
+            f"{meta_path}: only single-chunk arrays with the plain bytes codec can be read",
+            path=str(store),
+        )
+    if endian != "little" and dtype.itemsize > 1:
+        raise TrackingError(f"{meta_path}: big-endian arrays are not supported", path=str(store))
+    chunk_path = store.joinpath(name, "c", *("0" for _ in shape))
+    if not chunk_path.exists():
+        fill = meta.get("fill_value", 0)
+        return np.full(shape, float(fill) if isinstance(fill, str) else fill, dtype=dtype)
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if chunk_path.stat().st_size != expected:
+        raise TrackingError(
+            f"{chunk_path} holds {chunk_path.stat().st_size} bytes, expected {expected}",
+            path=str(store),
+        )
+    return np.memmap(chunk_path, dtype=dtype, mode="r", shape=shape)
+
+
+class _StoreArrays:
+    """The per-block arrays of one tracking store, opened read-only on first use."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        done = _open_store_array(path, "done")
+        self.shape: tuple[int, ...] = () if done is None else tuple(done.shape)
+        self.done = None if done is None else done.reshape(-1)
+        self.flat: dict[str, np.ndarray[Any, Any]] = {}
+        for name in (*_STAT_ARRAYS, *_STAMP_ARRAYS):
+            a = _open_store_array(path, name) if done is not None else None
+            if a is None:
+                continue
+            if tuple(a.shape) != self.shape:
+                raise TrackingError(
+                    f"array {name!r} of {path} has shape {tuple(a.shape)}, "
+                    f"but 'done' has {self.shape}",
+                    path=str(path),
+                )
+            self.flat[name] = a.reshape(-1)
+
+    def _flat_index(self, coord: int | Sequence[int]) -> int:
+        size = int(np.prod(self.shape))
+        if isinstance(coord, int | np.integer):
+            k = int(coord)
+            if not 0 <= k < size:
+                raise IndexError(f"block index {k} outside a grid of {size} cells")
+            return k
+        c = tuple(int(x) for x in coord)
+        if len(c) != len(self.shape) or any(
+            not 0 <= x < n for x, n in zip(c, self.shape, strict=True)
+        ):
+            raise IndexError(f"grid coordinate {c} outside the tracking grid {self.shape}")
+        return int(np.ravel_multi_index(c, self.shape))
+
+    def _record_at(self, k: int) -> BlockRecord:
+        f = self.flat
+        coord = tuple(int(x) for x in np.unravel_index(k, self.shape))
+        if "returned_at" in f:
+            measured = float(f["returned_at"][k]) > 0.0
+        elif "wall_seconds" in f:
+            measured = float(f["wall_seconds"][k]) > 0.0 or float(f["cpu_seconds"][k]) > 0.0
+        else:
+            measured = False
+        if not measured:
+            return BlockRecord(None, None, None, None, coord)
+        defaults = BlockStats().to_tuple()
+        values: list[Any] = [
+            f[name][k].item() if name in f else defaults[i] for i, name in enumerate(_STAT_ARRAYS)
+        ]
+        wid = int(f["worker_id"][k]) if "worker_id" in f else _NO_WORKER
+        sent = float(f["sent_at"][k]) if "sent_at" in f else None
+        ret = float(f["returned_at"][k]) if "returned_at" in f else None
+        return BlockRecord(
+            BlockStats(*values), None if wid == _NO_WORKER else wid, sent, ret, coord
+        )
+
+    def record(self, coord: int | Sequence[int]) -> BlockRecord | None:
+        if self.done is None:
+            return None
+        k = self._flat_index(coord)
+        return self._record_at(k) if self.done[k] == 1 else None
+
+    def records(self) -> Iterator[BlockRecord]:
+        if self.done is None:
+            return
+        for k in np.flatnonzero(self.done == 1):
+            yield self._record_at(int(k))
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksSection:
+    """``TaskReport.blocks``: this run's block aggregates (a Stat is None if never sampled)."""
+
+    count: int
+    skipped: int
+    failed_attempts: int
+    round_trip: Stat | None
+    wall: Stat | None
+    cpu: Stat | None
+    cpu_children: Stat | None
+    peak_rss: Stat | None
+    io_read: Stat | None
+    io_write: Stat | None
+    overhead: Stat | None
+    trend: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersSection:
+    """``TaskReport.workers``: the worker timeline folded over this run's managed workers."""
+
+    count: int
+    unmanaged_clients: int
+    startup: Stat | None
+    launch: Stat | None
+    setup: Stat | None
+    idle: Stat | None
+    teardown: Stat | None
+    exits: dict[str, int]
+    records: tuple[WorkerRecord, ...]
+
+
+class TaskReport:
+    """What one run of one task cost, parsed from its run line.
+
+    ``store_path`` is the task's tracking store, from which :meth:`block` and
+    :meth:`block_records` read the per-block arrays (read-only).
+    """
+
+    def __init__(self, data: Mapping[str, Any], store_path: str | os.PathLike[str] | None = None):
+        self._json: dict[str, Any] = json.loads(json.dumps(data))
+        d = self._json
+        self.schema = int(d.get("schema", SCHEMA_VERSION))
+        self.task_id: str = str(d["task_id"])
+        self.outcome: str = str(d.get("outcome", "completed"))
+        self.mode: str = str(d.get("mode", "distributed"))
+        self.wall_seconds = float(d.get("wall_seconds") or 0.0)
+        self.run_started_at: float | None = d.get("run_started_at")
+        self.run_finished_at: float | None = d.get("run_finished_at")
+        self.resource_tracking = bool(d.get("resource_tracking", False))
+        self.counters: dict[str, int] = dict(d.get("counters") or {})
+        b = d.get("blocks") or {}
+        trend = b.get("trend_ms_per_block")
+        self.blocks = BlocksSection(
+            count=int(b.get("count", 0)),
+            skipped=int(b.get("skipped", 0)),
+            failed_attempts=int(b.get("failed_attempts", 0)),
+            trend=None if trend is None else float(trend),
+            **{k: _stat_from_json(b.get(k)) for k in BLOCK_STAT_KEYS},
+        )
+        w = d.get("workers") or {}
+        records = sorted(
+            (WorkerRecord.from_dict(r) for r in w.get("records") or ()),
+            key=lambda r: r.worker_id,
+        )
+        self.workers = WorkersSection(
+            count=int(w.get("count", len(records))),
+            unmanaged_clients=int(w.get("unmanaged_clients", 0)),
+            exits={str(k): int(v) for k, v in (w.get("exits") or {}).items()},
+            records=tuple(records),
+            **{k: _stat_from_json(w.get(k)) for k in WORKER_STAT_KEYS},
+        )
+        self._by_worker = {r.worker_id: r for r in records}
+        self.store_path = None if store_path is None else Path(store_path)
+
+    @classmethod
+    def from_json(
+        cls, d: Mapping[str, Any], store_path: str | os.PathLike[str] | None = None
+    ) -> TaskReport:
+        return cls(d, store_path)
+
+    def to_json(self) -> dict[str, Any]:
+        """The run line this report was built from (a copy)."""
+        out: dict[str, Any] = json.loads(json.dumps(self._json))
+        return out
+
+    def worker(self, worker_id: int) -> WorkerRecord:
+        """The record of the managed worker with this id (ids restart at 0 every run)."""
+        try:
+            return self._by_worker[worker_id]
+        except KeyError:
+            raise KeyError(
+                f"task {self.task_id!r} had no worker {worker_id} in this run "
+                f"(ids: {sorted(self._by_worker)})"
+            ) from None
+
+    def _store(self) -> _StoreArrays | None:
+        # Opened per call: a writer that replaces chunk files (zarr-python does) would
+        # leave a cached mapping on the old file.
+        return None if self.store_path is None else _StoreArrays(self.store_path)
+
+    def block(self, coord: int | Sequence[int]) -> BlockRecord | None:
+        """The stored record of the block at ``coord`` in the tracking grid.
+
+        ``coord`` is a grid coordinate tuple or a flat C-order index. Returns None when
+        the block is not recorded as done (or the task has no store); raises IndexError
+        for a coordinate outside the grid.
+        """
+        store = self._store()
+        if store is None:
+            return None
+        return store.record(coord)
+
+    def block_records(self) -> Iterator[BlockRecord]:
+        """Every block recorded as done, in grid (C) order."""
+        store = self._store()
+        if store is None:
+            return iter(())
+        return store.records()
+
+    def panel(self) -> str:
+        """This task's part of the Resource Utilization panel ("" if nothing to show)."""
+        return render_panel([self])
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskReport(task_id={self.task_id!r}, outcome={self.outcome!r}, "
+            f"mode={self.mode!r}, blocks={self.blocks.count}, workers={self.workers.count})"
+        )
+
+
+class RunReport:
+    """The whole pipeline's last run: one :class:`TaskReport` per task, in run order."""
+
+    def __init__(self, tasks: Mapping[str, TaskReport]) -> None:
+        self.tasks: dict[str, TaskReport] = dict(tasks)
+
+    @classmethod
+    def from_json(
+        cls,
+        d: Mapping[str, Any],
+        store_paths: Mapping[str, str | os.PathLike[str] | None] | None = None,
+    ) -> RunReport:
+        paths = store_paths or {}
+        return cls(
+            {tid: TaskReport(t, paths.get(tid)) for tid, t in (d.get("tasks") or {}).items()}
+        )
+
+    def task(self, task_id: str) -> TaskReport:
+        return self.tasks[task_id]
+
+    def __getitem__(self, task_id: str) -> TaskReport:
+        return self.tasks[task_id]
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "tasks": {tid: t.to_json() for tid, t in self.tasks.items()},
+        }
+
+    def panel(self) -> str:
+        return render_panel(list(self.tasks.values()))
+
+    def __repr__(self) -> str:
+        return f"RunReport(tasks={list(self.tasks)})"
+
+
+# ----------------------------------------------------------------------- runs.jsonl
+
+
+def append_run_line(path: str | os.PathLike[str], report_json: Mapping[str, Any]) -> None:
+    """Append one run line to ``path`` (creating parent directories), then fsync.
+
+    The line is written with one ``write`` on an ``O_APPEND`` descriptor. A torn last
+    line left by a crash is terminated first so that it cannot swallow the new one.
+    Raises ValueError for a non-finite number (the line must stay valid JSON).
+    """
+    line = json.dumps(report_json, allow_nan=False, separators=(",", ":")) + "\n"
+    data = line.encode("utf-8")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size > 0:
+            with open(p, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    data = b"\n" + data
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def read_last_run(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The last valid run line of ``path``; None if the file is missing or has none.
+
+    Invalid trailing lines (a line torn by a crash) are skipped. The file is read
+    backwards in chunks, so a long history costs nothing.
+    """
+    try:
+        f = open(path, "rb")  # closed by the with below; read backwards in chunks
+    except FileNotFoundError:
+        return None
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        chunk = 1 << 16
+        tail = b""
+        pos = end
+        while pos > 0:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            lines = tail.split(b"\n")
+            # lines[0] may be cut unless we reached the start of the file
+            complete = lines if pos == 0 else lines[1:]
+            for raw in reversed(complete):
+                d = _parse_line(raw)
+                if d is not None:
+                    return d
+            tail = lines[0] if pos > 0 else b""
+    return None
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every valid run line of ``path``, oldest first (invalid lines left out)."""
+    try:
+        with open(path, "rb") as f:
+            raw_lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return []
+    return [d for d in map(_parse_line, raw_lines) if d is not None]
+
+
+# ----------------------------------------------------------------------- validation
+
+
+def _is_num(v: Any) -> TypeGuard[float]:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_count(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check(d: Mapping[str, Any], where: str, spec: Mapping[str, str], out: list[str]) -> None:
+    """Check the keys of ``d`` against ``spec``: key -> count | num | num? | stat | stat?."""
+    for key, kind in spec.items():
+        v, at = d.get(key), f"{where}{key}"
+        if kind.endswith("?") and v is None:
+            continue
+        if kind.startswith("count") and not _is_count(v):
+            out.append(f"{at}: must be an integer >= 0, got {v!r}")
+        elif kind.startswith("num") and not (_is_num(v) and v >= 0):
+            out.append(f"{at}: must be a number >= 0, got {v!r}")
+        elif kind == "snum?" and not _is_num(v):
+            out.append(f"{at}: must be a finite number or null, got {v!r}")
+        elif kind.startswith("stat"):
+            if not isinstance(v, dict):
+                out.append(f"{at}: must be a stat object, got {v!r}")
+                continue
+            bad = [k for k in ("mean", "std", "min", "max", "total") if not _is_num(v.get(k))]
+            if not _is_count(v.get("n")) or bad:
+                out.append(f"{at}: n must be an integer >= 0 and {bad} finite numbers")
+            elif v["std"] < 0 or (v["n"] > 0 and v["min"] > v["max"]):
+                out.append(f"{at}: std < 0 or min > max")
+
+
+_RECORD_SPEC: Final = {
+    "worker_id": "count",
+    "blocks": "count",
+    "blocks_failed": "count",
+    "idle": "stat",
+    "compute": "stat",
+    **{k: "num?" for k in ("startup", "launch", "setup", "final_wait", "teardown")},
+}
+
+
+def validate_run_line(d: Any) -> list[str]:
+    """Problems of one run line against schema 1 (empty: valid). Unknown keys are allowed."""
+    if not isinstance(d, dict):
+        return [f"a run line must be a JSON object, got {type(d).__name__}"]
+    out: list[str] = []
+    if d.get("schema") != SCHEMA_VERSION:
+        out.append(f"schema: must be {SCHEMA_VERSION}, got {d.get('schema')!r}")
+    if not isinstance(d.get("task_id"), str):
+        out.append("task_id: must be a string")
+    if d.get("outcome") not in OUTCOMES:
+        out.append(f"outcome: must be one of {OUTCOMES}, got {d.get('outcome')!r}")
+    if d.get("mode") not in MODES:
+        out.append(f"mode: must be one of {MODES}, got {d.get('mode')!r}")
+    if not isinstance(d.get("resource_tracking"), bool):
+        out.append("resource_tracking: must be a boolean")
+    _check(d, "", {"run_started_at": "num?", "run_finished_at": "num?", "wall_seconds": "num"}, out)
+    sections = {k: d.get(k) for k in ("counters", "blocks", "workers")}
+    for key, v in sections.items():
+        if not isinstance(v, dict):
+            out.append(f"{key}: must be an object")
+    counters, blocks, workers = (v if isinstance(v, dict) else None for v in sections.values())
+    if counters is not None:
+        _check(counters, "counters.", dict.fromkeys(COUNTER_KEYS, "count"), out)
+    if blocks is not None:
+        spec = {"count": "count", "skipped": "count", "failed_attempts": "count"}
+        spec |= dict.fromkeys(BLOCK_STAT_KEYS, "stat?")
+        spec |= {"io_read_bytes": "count?", "io_write_bytes": "count?"}
+        _check(blocks, "blocks.", spec | {"trend_ms_per_block": "snum?"}, out)
+        rt, count = blocks.get("round_trip"), blocks.get("count")
+        if isinstance(rt, dict) and _is_count(rt.get("n")) and _is_count(count):
+            if rt["n"] > count:
+                out.append("blocks.round_trip.n: more samples than blocks.count")
+    if workers is None:
+        return out
+    spec = {"count": "count", "unmanaged_clients": "count"}
+    _check(workers, "workers.", spec | dict.fromkeys(WORKER_STAT_KEYS, "stat?"), out)
+    exits = workers.get("exits")
+    if not isinstance(exits, dict):
+        out.append("workers.exits: must be an object")
+    else:
+        out.extend(f"workers.exits: unknown exit kind {k!r}" for k in exits if k not in EXIT_KINDS)
+        _check(exits, "workers.exits.", dict.fromkeys(exits, "count"), out)
+    records = workers.get("records")
+    if not isinstance(records, list):
+        out.append("workers.records: must be a list")
+        return out
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            out.append(f"workers.records[{i}]: must be an object")
+            continue
+        _check(r, f"workers.records[{i}].", _RECORD_SPEC, out)
+        ex = r.get("exit")
+        if ex is not None and ex not in EXIT_KINDS:
+            out.append(f"workers.records[{i}].exit: must be one of {EXIT_KINDS} or null")
+        if r.get("teardown") is not None and ex != "clean":
+            out.append(f"workers.records[{i}].teardown: only clean exits have a teardown")
+    if _is_count(workers.get("count")) and len(records) != workers["count"]:
+        out.append(f"workers.records: {len(records)} records for count {workers['count']}")
+    return out
+
+
+# ----------------------------------------------------------------------------- panel
+
+_DURATION_UNITS: Final = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+_BYTE_UNITS: Final = ("B", "KB", "MB", "GB", "TB", "PB")
+
+
+def _duration_unit(seconds: float) -> tuple[float, str]:
+    a = abs(seconds)
+    for scale, unit in _DURATION_UNITS:
+        if a >= scale:
+            return scale, unit
+    return 1e-6, "µs"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``292.1 ms``: µs / ms / s with one decimal; ``-`` for None."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    scale, unit = _duration_unit(seconds)
+    return f"{seconds / scale:.1f} {unit}"
+
+
+def format_bytes(n: float | None) -> str:
+    """``25.5 MB``: 1024 steps, B to PB, one decimal; ``-`` for None."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    value = float(n)
+    i = 0
+    while abs(value) >= 1024.0 and i < len(_BYTE_UNITS) - 1:
+        value /= 1024.0
+        i += 1
+    return f"{value:.1f} {_BYTE_UNITS[i]}"
+
+
+def _duration_pm(s: Stat) -> str:
+    """``mean ± std`` in one unit, that of the larger (``50.5 ms ± 0.1 ms``)."""
+    scale, unit = _duration_unit(max(abs(s.mean), s.std))
+    return f"{s.mean / scale:.1f} {unit} ± {s.std / scale:.1f} {unit}"
+
+
+def _bytes_pm(s: Stat) -> str:
+    return f"{format_bytes(s.mean)} ± {format_bytes(s.std)}"
+
+
+def _exit_order(exits: Mapping[str, int]) -> list[str]:
+    """Exit kinds with a non-zero count: the known ones in order, then any newer ones."""
+    return [k for k in (*EXIT_KINDS, *sorted(set(exits) - set(EXIT_KINDS))) if exits.get(k)]
+
+
+def _has_anything(r: TaskReport) -> bool:
+    if r.workers.count > 0:
+        return True
+    if r.blocks.count == 0:
+        return False
+    return r.mode == "distributed" or r.resource_tracking
+
+
+def _labelled(rows: list[tuple[str, str]], indent: str) -> list[str]:
+    if not rows:
+        return []
+    width = max(len(label) for label, _ in rows) + 2
+    return [f"{indent}{label:<{width}}{value}" for label, value in rows]
+
+
+def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -> list[str]:
+    header = (
+        "id",
+        "startup",
+        "blocks",
+        "idle",
+        "idle / block",
+        "compute",
+        "compute / block",
+        "teardown",
+        "exit",
+    )
+    rows = [header]
+    for r in records[:max_rows]:
+        rows.append(
+            (
+                str(r.worker_id),
+                format_duration(r.startup),
+                str(r.blocks),
+                format_duration(r.idle.total) if r.idle.n else format_duration(0.0),
+                _duration_pm(r.idle) if r.idle.n else "-",
+                format_duration(r.compute.total) if r.compute.n else format_duration(0.0),
+                _duration_pm(r.compute) if r.compute.n else "-",
+                format_duration(r.teardown),
+                r.exit or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    out = [
+        indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    hidden = len(records) - max_rows
+    if hidden > 0:
+        out.append(
+            f"{indent}(+ {hidden} more workers — see task.report().workers.records "
+            "for the full table)"
+        )
+    return out
+
+
+def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
+    b = r.blocks
+    w = r.workers
+    lines = [
+        f"  {r.task_id}  {b.count} blocks, {w.count} workers, "
+        f"{format_duration(r.wall_seconds)} wall"
+    ]
+    rows: list[tuple[str, str]] = []
+    if r.mode == "distributed" and b.round_trip is not None:
+        rows.append(("round trip", _duration_pm(b.round_trip)))
+    if r.resource_tracking and b.wall is not None:
+        rows.append(("wall", _duration_pm(b.wall)))
+        if b.cpu is not None:
+            rows.append(("cpu", _duration_pm(b.cpu)))
+        if b.cpu_children is not None:
+            rows.append(("cpu children", _duration_pm(b.cpu_children)))
+        if b.peak_rss is not None:
+            rows.append(("peak RSS", _bytes_pm(b.peak_rss)))
+        read = b.io_read.total if b.io_read is not None else 0.0
+        write = b.io_write.total if b.io_write is not None else 0.0
+        rows.append(("io", f"read {format_bytes(read)}  write {format_bytes(write)}"))
+        if b.overhead is not None:
+            rows.append(("overhead", _duration_pm(b.overhead)))
+        rows.append(("trend", f"∠ {(b.trend or 0.0):+.4f} ms/block"))
+    worker_rows: list[tuple[str, str]] = []
+    if w.count > 0:
+        for label, s in (("startup", w.startup), ("idle", w.idle), ("teardown", w.teardown)):
+            if s is not None:
+                worker_rows.append((label, _duration_pm(s)))
+        exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))
+        worker_rows.append(("exits", exits or "-"))
+    width = max((len(label) for label, _ in rows + worker_rows), default=0)
+    if rows:
+        lines.append("    blocks")
+        lines.extend(_labelled([(label.ljust(width), v) for label, v in rows], "      "))
+    if worker_rows:
+        lines.append("    workers")
+        lines.extend(_labelled([(label.ljust(width), v) for label, v in worker_rows], "      "))
+        lines.extend(_worker_table(w.records, max_worker_rows, "      "))
+    return lines
+
+
+def render_panel(reports: Sequence[TaskReport], *, max_worker_rows: int = 10) -> str:
+    """The "Resource Utilization" panel for these tasks; "" when there is nothing to show.
+
+    Distributed tasks always show the round trip and the worker timeline; tasks with
+    resource tracking add wall, cpu, cpu children, peak RSS, io, overhead and trend. A
+    task with nothing to show (serial without resource tracking, or no executed block
+    and no worker) is left out, and so is the whole panel if every task is.
+    """
+    shown = [r for r in reports if _has_anything(r)]
+    if not shown:
+        return ""
+    out = ["Resource Utilization", "-" * len("Resource Utilization")]
+    for r in shown:
+        out.append("")
+        out.extend(_task_lines(r, max_worker_rows))
+    return "\n".join(out)

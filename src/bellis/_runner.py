@@ -1,0 +1,661 @@
+"""run_blockwise(), serial mode, and the Server / SerialServer classes."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._block import Block, BlockStatus
+from ._scheduler import ABANDONED, Scheduler, TaskRun
+from ._state import TaskState
+from ._task import Pipeline, Task, function_arity
+from .errors import (
+    BellisDeprecationWarning,
+    ConfigurationError,
+    TaskAbandonedError,
+    WorkerStartError,
+)
+
+__all__ = ["SerialServer", "Server", "load_task_report", "run_blockwise"]
+
+logger = logging.getLogger("bellis")
+progress_logger = logging.getLogger("bellis._progress")
+
+#: run lines of runs in this process, for tasks whose report has nowhere else to live
+_MEMORY_REPORTS: dict[str, dict[str, Any]] = {}
+
+
+def _coerce_pipeline(obj: Any) -> Pipeline:
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, Task):
+        return Pipeline.from_task(obj)
+    if isinstance(obj, list | tuple):
+        return _pipeline_from_list(list(obj))
+    raise TypeError(f"expected a Pipeline, a Task, or a list of tasks; got {type(obj).__name__}")
+
+
+def _pipeline_from_list(tasks: list[Any]) -> Pipeline:
+    """The daisy 1.x bridge: follow ``upstream_tasks`` transitively."""
+    seen: dict[int, Task] = {}
+    edges: list[tuple[Task, Task]] = []
+    todo = list(tasks)
+    while todo:
+        t = todo.pop(0)
+        if not isinstance(t, Task):
+            raise TypeError(
+                f"expected a Pipeline, a Task, or a list of tasks; the list holds a "
+                f"{type(t).__name__}"
+            )
+        if id(t) in seen:
+            continue
+        seen[id(t)] = t
+        for up in getattr(t, "upstream_tasks", None) or []:
+            edges.append((up, t))
+            todo.append(up)
+    return Pipeline(list(seen.values()), edges, _validate=True)
+
+
+def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
+    return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
+
+
+def _check_config(
+    order: list[Task], *, distributed: bool, resources: dict[str, int], external: bool
+) -> None:
+    for t in order:
+        fn = t.process_function
+        if distributed:
+            if fn is None and not external:
+                raise _config_error(
+                    f'task "{t.task_id}" has no process_function; distributed mode starts '
+                    "workers that run it, so without one the run would wait forever. Pass "
+                    "Task(process_function=...), or serve external workers with "
+                    "Server(external_workers=True)",
+                    "process_function",
+                )
+            for k, v in t.requires.items():
+                if v > resources.get(k, 0):
+                    have = {k: resources.get(k, 0)}
+                    raise _config_error(
+                        f'task "{t.task_id}" requires {{{k}: {v}}} but the global budget only '
+                        f"has {{{k}: {have[k]}}}. Raise run_blockwise(resources=...) or lower "
+                        "Task(requires=...)",
+                        "requires",
+                    )
+        else:
+            if fn is None or function_arity(fn) == 0:
+                raise _config_error(
+                    f'task "{t.task_id}" has no 1-argument process_function; serial mode '
+                    "(multiprocessing=False) runs block functions in-process and cannot run "
+                    "a worker function that expects to connect to a server",
+                    "process_function",
+                )
+
+
+def _check_resources(resources: Any) -> dict[str, int]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise TypeError(
+            f"resources must be a dict of resource name to int, e.g. {{'gpu': 2}} (got "
+            f"{type(resources).__name__})"
+        )
+    out = {}
+    for k, v in resources.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _config_error(
+                f"resources[{k!r}] = {v!r} is not a non-negative int", "resources"
+            )
+        out[k] = v
+    return out
+
+
+def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
+    from ._tracking import StoreLayout, TrackingStore
+
+    stores: dict[str, Any] = {}
+    for t in order:
+        path = t.resolved_tracking_path() if block_tracking else None
+        if path is None:
+            if t.resource_tracking:
+                for s in stores.values():
+                    s.close()
+                raise _config_error(
+                    f'task "{t.task_id}" sets resource_tracking=True but has no tracking '
+                    "directory to write to. Pass Task(tracking_path=...) or call "
+                    "bellis.set_tracking_basedir(...) once at pipeline start.",
+                    "resource_tracking",
+                )
+            continue
+        g = t._geom
+        layout = StoreLayout(
+            total_offset=g.total_offset,
+            total_shape=g.total_shape,
+            read_offset=tuple(w - c for w, c in zip(
+                tuple(int(x) for x in t.write_roi.offset), g.ctx_ul, strict=True)),
+            read_shape=g.read_shape,
+            write_offset=tuple(int(x) for x in t.write_roi.offset),
+            write_shape=g.write_shape,
+            fit=g.fit,
+        )
+        try:
+            stores[t.task_id] = TrackingStore.open(
+                path, layout, resource_tracking=t.resource_tracking
+            )
+        except BaseException:
+            for s in stores.values():
+                s.close()
+            raise
+    return stores
+
+
+@contextlib.contextmanager
+def _serial_output(task_id: str) -> Iterator[None]:
+    """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode."""
+    from . import logging as blog
+
+    if blog.get_log_mode() != "file":
+        yield
+        return
+    paths = blog.open_worker_log(task_id, 0)
+    if paths is None:
+        yield
+        return
+    with open(paths[0], "a") as out, open(paths[1], "a") as err:  # noqa: SIM117
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield
+
+
+def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
+    from ._profiling import profile_block
+
+    progressed = True
+    while progressed:
+        progressed = False
+        for run in scheduler.runs:
+            fn = run.task.process_function
+            assert fn is not None
+            agg = aggregates[run.task_id]
+            tracked = run.task.resource_tracking
+            geom = run.geom
+            acquire = scheduler.acquire_index
+            release = scheduler.release_index
+            with _serial_output(run.task_id):
+                while True:
+                    k = acquire(run)
+                    if k < 0:
+                        break
+                    progressed = True
+                    block = Block._lazy(geom, k, BlockStatus.PROCESSING)
+                    if tracked:
+                        t0 = time.time()
+                        with profile_block(block):
+                            fn(block)
+                        t1 = time.time()
+                    else:
+                        fn(block)
+                        t0 = t1 = 0.0
+                    ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
+                    stats = None if block.stats is None else block.stats.to_tuple()
+                    release(run, k, ok, stats, -1, t0, t1)
+                    if tracked or not ok:
+                        agg.add_block(None, stats if ok else None, not ok)
+                    else:
+                        agg.count += 1
+
+
+def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
+    if run.status == ABANDONED:
+        return "abandoned"
+    if interrupted and not state.is_done():
+        return "interrupted"
+    if state.completed_count == state.total_block_count:
+        return "completed"
+    return "failed" if state.is_done() else "interrupted"
+
+
+def _abandon_message(states: dict[str, TaskState], order: list[str]) -> str:
+    parts = []
+    for tid in order:
+        s = states[tid]
+        if not s.abandoned:
+            continue
+        if s.abandon_reason == "upstream task abandoned":
+            parts.append(f"task '{tid}' was abandoned (upstream task abandoned)")
+            continue
+        text = (
+            f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
+            f"{s.worker_failure_count} times, {s.worker_restart_count} restarts performed; "
+            f"{s.orphaned_count} of {s.total_block_count} blocks were orphaned."
+        )
+        if s.timeout_reclaim_count:
+            default = " — the default" if s.timeout_secs == 600 else ""
+            text += (
+                f" {s.timeout_reclaim_count} block attempt(s) exceeded the block timeout "
+                f"({s.timeout_secs:g}s{default}; pass Task(timeout=...) to raise it for slow "
+                "blocks)."
+            )
+        err = s.last_worker_error
+        if not err:
+            text += " No worker error was captured."
+        elif "\n" in err.strip():
+            text += " Last worker error:\n" + "\n".join(
+                "    " + line for line in err.strip().splitlines()
+            )
+        else:
+            text += f" Last worker error: {err.strip()}"
+        parts.append(text)
+    parts.append(
+        "Fix the worker error or increase Task(max_worker_restarts=...); use "
+        "run_blockwise(..., return_states=True) to inspect task states on non-abandonment "
+        "failures, or Server().run_blockwise(...) to never raise."
+    )
+    return "\n".join(parts)
+
+
+def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
+    """(bind address, advertised address)."""
+    host = host or os.environ.get("BELLIS_HOST") or os.environ.get("DAISY_HOST")
+    if host is None:
+        if all(getattr(launcher, "is_local", True) for launcher in launchers):
+            return "127.0.0.1", "127.0.0.1"
+        from ._workers._net import detect_reachable_host
+
+        host = detect_reachable_host()
+        logger.info("bellis server advertises %s to its workers", host)
+    if host in ("localhost",):
+        return "127.0.0.1", "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+        if ip.is_loopback:
+            return host, host
+    except ValueError:
+        from ._workers._net import resolve_interface
+
+        resolved = resolve_interface(host)
+        if resolved is not None:
+            return "0.0.0.0", resolved
+    return "0.0.0.0", host
+
+
+def _serialize_function(task: Task) -> bytes:
+    import cloudpickle
+
+    from . import logging as blog
+
+    fn = task.process_function
+    try:
+        return cloudpickle.dumps(  # type: ignore[no-any-return]
+            {
+                "function": fn,
+                "arity": 1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
+                "sys_path": [p for p in sys.path if p],
+                "log_settings": blog.export_settings(),
+            }
+        )
+    except Exception as exc:
+        raise WorkerStartError(
+            f"bellis could not serialize the process_function of task '{task.task_id}' for "
+            "its worker subprocess. Define it at module level, avoid capturing unpicklable "
+            "objects (locks, open files, sockets, live clients) in closures, or create them "
+            f"inside the function. Underlying error: {exc}",
+            task_id=task.task_id,
+        ) from exc
+
+
+class _RunResult:
+    def __init__(self) -> None:
+        self.states: dict[str, TaskState] = {}
+        self.order: list[str] = []
+        self.interrupted: str | None = None
+        self.fatal: BaseException | None = None
+        self.report: Any = None
+        self.abandoned = False
+
+
+def _execute(
+    pipeline: Any,
+    *,
+    multiprocessing: bool,
+    resources: Any,
+    progress: Any,
+    block_tracking: bool,
+    host: str | None,
+    summary: bool,
+    launcher: Any,
+    external: bool = False,
+    server: Server | None = None,
+) -> _RunResult:
+    from . import logging as blog
+    from ._progress import ErrorCollector, format_summary, make_observer, print_to_real_stdout
+    from ._progress import resume_message
+    from ._report import TaskAggregates
+
+    pipe = _coerce_pipeline(pipeline)
+    order_tasks = pipe.validate()
+    budget = _check_resources(resources)
+    _check_config(order_tasks, distributed=multiprocessing, resources=budget, external=external)
+    payloads: dict[str, bytes | None] = {}
+    if multiprocessing:
+        for t in order_tasks:
+            payloads[t.task_id] = (
+                None if t.process_function is None else _serialize_function(t)
+            )
+    stores = _open_stores(order_tasks, block_tracking)
+    result = _RunResult()
+    errors = ErrorCollector()
+    started_wall = time.time()
+    t_start = time.perf_counter()
+    try:
+        scheduler = Scheduler(pipe, _stores=stores)
+        result.order = scheduler.task_order
+        aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
+        timelines: dict[str, Any] = {}
+        if multiprocessing:
+            _run_distributed(
+                scheduler, payloads, aggregates, timelines, result, errors,
+                budget=budget, progress=progress, host=host, launcher=launcher,
+                server=server,
+            )
+        else:
+            _run_serial(scheduler, aggregates)
+        result.states = scheduler.task_states
+        for r in scheduler.runs:
+            aggregates[r.task_id].add_skipped(r.skipped)
+        finished_wall = time.time()
+        wall = time.perf_counter() - t_start
+        result.report = _write_reports(
+            scheduler, stores, aggregates, timelines, result, multiprocessing,
+            started_wall, finished_wall, wall,
+        )
+        result.abandoned = any(s.abandoned for s in result.states.values())
+    finally:
+        for s in stores.values():
+            s.close()
+    if summary:
+        log_dir = blog.get_log_basedir() if multiprocessing else None
+        text = format_summary(
+            result.states, result.order, log_dir=log_dir,
+            interrupted=result.interrupted is not None, errors=errors.as_dict(),
+        )
+        print_to_real_stdout(text)
+        for tid in result.order:
+            msg = resume_message(result.states[tid])
+            if msg:
+                progress_logger.info("%s", msg)
+        from ._report import render_panel
+
+        panel = render_panel([result.report[t] for t in result.order])
+        if panel:
+            print_to_real_stdout(panel)
+    del make_observer
+    return result
+
+
+def _run_distributed(
+    scheduler: Scheduler,
+    payloads: dict[str, bytes | None],
+    aggregates: dict[str, Any],
+    timelines: dict[str, Any],
+    result: _RunResult,
+    errors: Any,
+    *,
+    budget: dict[str, int],
+    progress: Any,
+    host: str | None,
+    launcher: Any,
+    server: Server | None,
+) -> None:
+    from . import logging as blog
+    from ._client import Context
+    from ._progress import make_observer
+    from ._protocol import new_secret
+    from ._server import RunLoop, TaskPlan, install_abort_handlers
+    from ._timeline import TimelineSet
+    from ._workers._launchers import LocalLauncher
+
+    default_launcher = launcher if launcher is not None else LocalLauncher()
+    plans = {}
+    for run in scheduler.runs:
+        lau = run.task.launcher or default_launcher
+        timelines[run.task_id] = TimelineSet()
+        plans[run.task_id] = TaskPlan(
+            run, payloads[run.task_id], lau, aggregates[run.task_id], timelines[run.task_id]
+        )
+    bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
+    secret = new_secret()
+    logdir = blog.get_log_basedir()
+    observer = make_observer(progress, scheduler.task_order)
+    loop_ref: list[RunLoop] = []
+
+    def context_for(run: TaskRun, worker_id: int) -> dict[str, str]:
+        loop = loop_ref[0]
+        ctx = Context(
+            hostname=loop.host,
+            port=loop.port,
+            task_id=run.task_id,
+            worker_id=worker_id,
+            resource_tracking=int(run.task.resource_tracking),
+            logdir="" if logdir is None else str(logdir),
+            secret=secret.hex(),
+        )
+        return {"__encoded__": ctx.to_env()}
+
+    def log_paths(task_id: str, worker_id: int) -> tuple[Any, Any]:
+        paths = blog.open_worker_log(task_id, worker_id)
+        return (None, None) if paths is None else paths
+
+    loop = RunLoop(
+        scheduler, plans, secret=secret, bind_host=bind, advertise_host=advertise,
+        resources=budget, observer=observer, errors=errors, context_extra=context_for,
+        log_paths=log_paths,
+    )
+    loop_ref.append(loop)
+    if server is not None:
+        server.hostname = loop.host
+        server.port = loop.port
+        server.secret = secret
+        server._on_listen(loop)
+    poll, restore = install_abort_handlers()
+    try:
+        loop.run(poll)
+    finally:
+        restore()
+    result.interrupted = loop.abort_reason
+    result.fatal = loop.fatal
+
+
+def _write_reports(
+    scheduler: Scheduler,
+    stores: dict[str, Any],
+    aggregates: dict[str, Any],
+    timelines: dict[str, Any],
+    result: _RunResult,
+    distributed: bool,
+    started: float,
+    finished: float,
+    wall: float,
+) -> Any:
+    from . import logging as blog
+    from ._report import (
+        RunReport,
+        TaskReport,
+        append_run_line,
+        counters_from_state,
+        task_report_json,
+    )
+
+    reports = {}
+    for run in scheduler.runs:
+        state = result.states[run.task_id]
+        tl = timelines.get(run.task_id)
+        data = task_report_json(
+            task_id=run.task_id,
+            outcome=_outcome(state, run, result.interrupted is not None),
+            mode="distributed" if distributed else "serial",
+            run_started_at=started,
+            run_finished_at=finished,
+            resource_tracking=run.task.resource_tracking,
+            counters=counters_from_state(state),
+            blocks=aggregates[run.task_id],
+            workers=None if tl is None else tl.to_json(),
+            wall_seconds=wall,
+        )
+        store = stores.get(run.task_id)
+        store_path = None
+        if store is not None:
+            store_path = store.path
+            append_run_line(store.runs_jsonl, data)
+        else:
+            base = blog.get_log_basedir()
+            if base is not None and blog.get_log_mode() != "console":
+                append_run_line(
+                    Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data
+                )
+        _MEMORY_REPORTS[run.task_id] = data
+        reports[run.task_id] = TaskReport(data, store_path)
+    return RunReport(reports)
+
+
+def load_task_report(task: Task) -> Any:
+    from . import logging as blog
+    from ._report import TaskReport, read_last_run
+
+    path = task.resolved_tracking_path()
+    if path is not None and (path / "runs.jsonl").exists():
+        data = read_last_run(path / "runs.jsonl")
+        if data is not None:
+            return TaskReport(data, path)
+    base = blog.get_log_basedir()
+    if base is not None:
+        p = Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl"
+        if p.exists():
+            data = read_last_run(p)
+            if data is not None:
+                return TaskReport(data, None)
+    data = _MEMORY_REPORTS.get(task.task_id)
+    return None if data is None else TaskReport(data, path)
+
+
+def _attach(exc: BaseException, result: _RunResult) -> None:
+    exc.daisy_states = result.states  # type: ignore[attr-defined]
+    exc.daisy_run_stats = {  # type: ignore[attr-defined]
+        tid: rep.to_json() for tid, rep in (result.report.tasks.items() if result.report else [])
+    }
+    exc.daisy_task_order = result.order  # type: ignore[attr-defined]
+    exc.daisy_run_report = result.report  # type: ignore[attr-defined]
+
+
+def run_blockwise(
+    pipeline: Any,
+    multiprocessing: bool = True,
+    resources: dict[str, int] | None = None,
+    progress: Any = True,
+    block_tracking: bool = True,
+    return_states: bool = False,
+    host: str | None = None,
+    summary: bool = True,
+    launcher: Any = None,
+) -> Any:
+    """Run a task, a pipeline or a list of tasks to completion.
+
+    Returns True iff every block of every task completed (skips count as completed), or
+    the ``{task_id: TaskState}`` dict with ``return_states=True``. Raises
+    :class:`TaskAbandonedError` (a ``RuntimeError``) after the summary when a task
+    exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
+    :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
+    """
+    result = _execute(
+        pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress,
+        block_tracking=block_tracking, host=host, summary=summary, launcher=launcher,
+    )
+    return _finish(result, return_states, raise_abandoned=True)
+
+
+def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -> Any:
+    if result.fatal is not None:
+        _attach(result.fatal, result)
+        raise result.fatal
+    if result.interrupted is not None:
+        exc = KeyboardInterrupt(f"run aborted by {result.interrupted}")
+        _attach(exc, result)
+        raise exc
+    if result.abandoned and raise_abandoned:
+        err = TaskAbandonedError(_abandon_message(result.states, result.order))
+        _attach(err, result)
+        raise err
+    if return_states:
+        return result.states
+    return all(s.completed_count == s.total_block_count for s in result.states.values())
+
+
+class Server:
+    """Runs pipelines in distributed mode (daisy's ``Server``). Never raises for abandonment.
+
+    ``hostname`` and ``port`` are set while a run listens, so external workers can join
+    (``bellis worker --host H --port P ...``); ``last_report`` holds the last RunReport.
+    """
+
+    def __init__(
+        self, stop_event: Any = None, *, external_workers: bool = False,
+        on_listen: Any = None,
+    ) -> None:
+        self.hostname: str | None = None
+        self.port: int | None = None
+        self.secret: bytes | None = None
+        self.last_report: Any = None
+        self.last_task_order: list[str] = []
+        self.external_workers = external_workers
+        self._listen_callback = on_listen
+
+    def _on_listen(self, loop: Any) -> None:
+        if self._listen_callback is not None:
+            self._listen_callback(self)
+
+    def run_blockwise(
+        self,
+        pipeline: Any,
+        resources: dict[str, int] | None = None,
+        progress: Any = True,
+        block_tracking: bool = True,
+        host: str | None = None,
+        summary: bool = True,
+        launcher: Any = None,
+    ) -> dict[str, TaskState]:
+        result = _execute(
+            pipeline, multiprocessing=True, resources=resources, progress=progress,
+            block_tracking=block_tracking, host=host, summary=summary, launcher=launcher,
+            external=self.external_workers, server=self,
+        )
+        self.last_report = result.report
+        self.last_task_order = result.order
+        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+        return states
+
+
+class SerialServer:
+    """daisy 1.x's serial runner (deprecated): ``SerialServer().run_blockwise(tasks)``."""
+
+    def __init__(self) -> None:
+        warnings.warn(
+            "SerialServer is deprecated; use run_blockwise(..., multiprocessing=False)",
+            BellisDeprecationWarning,
+            stacklevel=2,
+        )
+
+    def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
+        result = _execute(
+            tasks, multiprocessing=False, resources=None, progress=False,
+            block_tracking=block_tracking, host=None, summary=True, launcher=None,
+        )
+        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+        return states

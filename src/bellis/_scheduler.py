@@ -1,0 +1,616 @@
+"""The sans-I/O scheduler: which block may run next, and what a release unlocks.
+
+Theory of operation
+-------------------
+A block is ``(task index, k)`` with ``k`` its flat C-order index in the task's block
+grid. Per task, two numpy arrays carry all per-block state:
+
+* ``state`` (uint8): PENDING, READY, PROCESSING, DONE, FAILED or ORPHANED;
+* ``deps`` (smallest unsigned dtype that fits): how many upstream blocks, in this task
+  (conflict levels) or in upstream tasks (read/write overlap), have not succeeded yet.
+
+A block is READY exactly when it is PENDING with ``deps == 0``. Per-block reads and writes
+go through ``memoryview``s of the arrays (tens of nanoseconds, no numpy scalar objects);
+whole-grid work (initial dependency counts, blocks already done in a tracking store,
+skip masks) is numpy over the arrays, never a Python loop per block.
+
+Each task has a ready queue: a lazy generator over the initially ready blocks, in level
+order then cartesian order, drained before a FIFO of blocks readied by releases and of
+retries. A permanent failure walks every transitive downstream block, across tasks, and
+orphans it. Terminal task states are sticky; late releases for them are ignored.
+
+No sockets, threads or clocks live here; the caller passes times in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ._block import Block, BlockStatus
+from ._graph import InterTaskEdge, TaskGeometry
+from ._state import TaskState
+from ._task import Pipeline, Task, topological_order
+from .errors import ConfigurationError
+
+__all__ = ["Scheduler", "TaskRun"]
+
+logger = logging.getLogger("bellis")
+
+PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
+RUNNING, FINISHED, ABANDONED = 0, 1, 2
+
+_CHUNK = 1 << 16
+
+
+def _dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
+    if max_count < 1 << 8:
+        return np.uint8
+    if max_count < 1 << 16:
+        return np.uint16
+    return np.uint32
+
+
+class TaskRun:
+    """Run state of one task inside a :class:`Scheduler`. Not thread-safe."""
+
+    def __init__(self, index: int, task: Task) -> None:
+        self.index = index
+        self.task = task
+        self.task_id = task.task_id
+        self.geom: TaskGeometry = task._geom
+        g = self.geom
+        self.total = g.num_blocks
+        self.max_retries = task.max_retries
+        self.check_function = task.check_function
+        self.status = RUNNING
+        self.abandon_reason: str | None = None
+        self.state = np.zeros(self.total, dtype=np.uint8)
+        self.state_mv = memoryview(self.state)
+        self.deps: np.ndarray[Any, Any] | None = None
+        self.deps_mv: memoryview | None = None
+        self.intra = g.read_write_conflict and g.num_levels > 1
+        self.down_edges: list[tuple[InterTaskEdge, TaskRun]] = []
+        self.up_edges: list[tuple[InterTaskEdge, TaskRun]] = []
+        self.downstream_tasks: list[TaskRun] = []
+        self.roots: Iterator[int] | None = None
+        self.fifo: deque[int] = deque()
+        self.retries: dict[int, int] = {}
+        self.started = False
+        self.ready = 0
+        self.processing = 0
+        self.completed = 0
+        self.skipped_done = 0
+        self.skipped_mask = 0
+        self.skipped_check = 0
+        self.failed = 0
+        self.orphaned = 0
+        self.failed_attempts = 0
+        self.check_warned = False
+        # worker bookkeeping, owned by the server but reported in TaskState
+        self.worker_starts = 0
+        self.worker_restarts = 0
+        self.worker_failures = 0
+        self.first_worker_error: str | None = None
+        self.last_worker_error: str | None = None
+        self.timeout_reclaims = 0
+        # tracking
+        self.store: Any = None
+        self.cell_identity = True
+        self.cell_shift: tuple[int, ...] = ()
+        self.cell_grid: tuple[int, ...] = ()
+        self.cell_strides: tuple[int, ...] = ()
+
+    # -- counters ----------------------------------------------------------------------
+    @property
+    def skipped(self) -> int:
+        return self.skipped_done + self.skipped_mask + self.skipped_check
+
+    @property
+    def is_running(self) -> bool:
+        return self.status == RUNNING
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.completed - self.failed - self.orphaned
+
+    @property
+    def pending(self) -> int:
+        return self.remaining - self.ready - self.processing
+
+    def snapshot(self) -> TaskState:
+        return TaskState(
+            task_id=self.task_id,
+            started=self.started,
+            total_block_count=self.total,
+            ready_count=self.ready,
+            processing_count=self.processing,
+            completed_count=self.completed,
+            skipped_count=self.skipped,
+            failed_count=self.failed,
+            orphaned_count=self.orphaned,
+            worker_failure_count=self.worker_failures,
+            worker_restart_count=self.worker_restarts,
+            worker_start_count=self.worker_starts,
+            abandoned=self.status == ABANDONED,
+            abandon_reason=self.abandon_reason,
+            first_worker_error=self.first_worker_error,
+            last_worker_error=self.last_worker_error,
+            timeout_reclaim_count=self.timeout_reclaims,
+            timeout_secs=self.task.timeout_secs,
+            skipped_done_count=self.skipped_done,
+            skipped_mask_count=self.skipped_mask,
+            skipped_check_count=self.skipped_check,
+            failed_attempt_count=self.failed_attempts,
+        )
+
+    # -- tracking cells ----------------------------------------------------------------
+    def attach_store(self, store: Any) -> None:
+        g = self.geom
+        self.store = store
+        self.cell_shift = g.sid_shift
+        self.cell_grid = tuple(store.grid_shape)
+        strides = [1] * g.dims
+        for i in range(g.dims - 2, -1, -1):
+            strides[i] = strides[i + 1] * self.cell_grid[i + 1]
+        self.cell_strides = tuple(strides)
+        self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
+
+    def cell_of(self, k: int) -> int:
+        """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""
+        if self.cell_identity:
+            return k
+        cell = 0
+        for c, s, n, st in zip(
+            self.geom.coords_of(k), self.cell_shift, self.cell_grid, self.cell_strides, strict=True
+        ):
+            c += s
+            if c >= n:
+                return -1
+            cell += c * st
+        return cell
+
+    def store_view(self, arr: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
+        """The part of a tracking-grid array that covers this task's block grid.
+
+        Returns the view and the block-grid slices it covers (blocks past the tracking
+        grid, possible with ``overhang``, are not addressable).
+        """
+        g = self.geom
+        src, dst = [], []
+        for s, n, gn in zip(self.cell_shift, self.cell_grid, g.grid, strict=True):
+            m = max(0, min(gn, n - s))
+            src.append(slice(s, s + m))
+            dst.append(slice(0, m))
+        return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
+
+    # -- the ready queue -----------------------------------------------------------------
+    def _initial_ready(self) -> Iterator[int]:
+        """Initially READY blocks, level by level, cartesian order, chunked through numpy."""
+        g = self.geom
+        grid_state = self.state.reshape(g.grid)
+        strides = np.asarray(g.axis_strides, dtype=np.int64)
+        for lvl in range(g.num_levels):
+            sl = g.level_slices(lvl)
+            sub = grid_state[sl]
+            if sub.size == 0:
+                continue
+            off = np.asarray(g.level_offsets[lvl], dtype=np.int64)
+            step = np.asarray(g.level_stride, dtype=np.int64)
+            rows = max(1, _CHUNK // max(1, sub[0].size)) if sub.ndim > 1 else _CHUNK
+            for r0 in range(0, sub.shape[0], rows):
+                part = sub[r0 : r0 + rows]
+                coords = np.nonzero(part == READY)
+                if len(coords[0]) == 0:
+                    continue
+                flat = np.zeros(len(coords[0]), dtype=np.int64)
+                for i, c in enumerate(coords):
+                    base = c.astype(np.int64) + (r0 if i == 0 else 0)
+                    flat += (base * step[i] + off[i]) * strides[i]
+                yield from flat.tolist()
+
+
+class Scheduler:
+    """Hands out blocks in dependency order and takes them back (daisy's ``Scheduler``).
+
+    ``Scheduler(pipeline_or_task)``. No tracking store is opened here; the runner attaches
+    one with :meth:`attach_store` before the first acquire.
+    """
+
+    def __init__(self, pipeline: Any, *, _stores: dict[str, Any] | None = None) -> None:
+        if isinstance(pipeline, Task):
+            pipeline = Pipeline.from_task(pipeline)
+        if not isinstance(pipeline, Pipeline):
+            raise TypeError(
+                f"Scheduler expects a Pipeline or a Task; got {type(pipeline).__name__}"
+            )
+        pipeline.validate()
+        order = topological_order(pipeline.tasks, pipeline.edges)
+        self.task_order = [t.task_id for t in order]
+        self.runs: list[TaskRun] = [TaskRun(i, t) for i, t in enumerate(order)]
+        self.by_id: dict[str, TaskRun] = {r.task_id: r for r in self.runs}
+        by_obj = {id(r.task): r for r in self.runs}
+        seen_edges: set[tuple[int, int]] = set()
+        for up_t, down_t in pipeline.edges:
+            up, down = by_obj[id(up_t)], by_obj[id(down_t)]
+            if (up.index, down.index) in seen_edges:
+                continue
+            seen_edges.add((up.index, down.index))
+            _check_overlap(up, down)
+            edge = InterTaskEdge(up.geom, down.geom)
+            up.down_edges.append((edge, down))
+            down.up_edges.append((edge, up))
+            up.downstream_tasks.append(down)
+        for run in self.runs:
+            if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
+                run.attach_store(_stores[run.task_id])
+        self._initialize()
+        self.dependency_graph = _PipelineGraph(self)
+
+    # -- initialisation (bulk) ---------------------------------------------------------
+    def _initialize(self) -> None:
+        skipped: dict[int, np.ndarray[Any, Any]] = {}
+        for run in self.runs:
+            g = run.geom
+            if run.total == 0:
+                run.status = FINISHED
+                continue
+            grid_state = run.state.reshape(g.grid)
+            pre = np.zeros(g.grid, dtype=bool)
+            if run.store is not None:
+                view, dst = run.store_view(run.store.done)
+                pre[dst] = view != 0
+            n_pre = int(np.count_nonzero(pre))
+            mask = run.task._skip_mask
+            if mask is not None:
+                masked = (mask != 0) & ~pre
+                n_mask = int(np.count_nonzero(masked))
+                skip = pre | masked
+            else:
+                n_mask = 0
+                skip = pre
+            if n_pre or n_mask:
+                grid_state[skip] = DONE
+                run.skipped_done = n_pre
+                run.skipped_mask = n_mask
+                run.completed = n_pre + n_mask
+                skipped[run.index] = skip
+            # dependency counts
+            if run.intra or run.up_edges:
+                counts = np.zeros(g.grid, dtype=np.int64)
+                if run.intra:
+                    for lvl in range(1, g.num_levels):
+                        counts[g.level_slices(lvl)] = g.level_counts(lvl)
+                        if run.index in skipped:
+                            counts[g.level_slices(lvl)] -= _shifted_sums(g, lvl, skip)
+                for edge, up in run.up_edges:
+                    counts += edge.counts()
+                    if up.index in skipped:
+                        counts -= edge.done_counts(skipped[up.index])
+                run.deps = counts.astype(_dtype_for(int(counts.max()) if counts.size else 0))
+                run.deps_mv = memoryview(run.deps).cast("B").cast(run.deps.dtype.char)
+                ready_mask = (grid_state == PENDING) & (run.deps.reshape(g.grid) == 0)
+            else:
+                ready_mask = grid_state == PENDING
+            grid_state[ready_mask] = READY
+            run.ready = int(np.count_nonzero(ready_mask))
+            run.roots = run._initial_ready()
+            if run.remaining == 0:
+                run.status = FINISHED
+
+    def attach_store(self, task_id: str, store: Any) -> None:
+        """Not supported after construction: pass stores to the constructor (runner)."""
+        raise ConfigurationError(
+            "tracking stores must be attached when the Scheduler is built", parameter="store"
+        )
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def task_states(self) -> dict[str, TaskState]:
+        return {r.task_id: r.snapshot() for r in self.runs}
+
+    def is_done(self) -> bool:
+        return all(r.status != RUNNING for r in self.runs)
+
+    # -- the hot path: integer API -------------------------------------------------------
+    def acquire_index(self, run: TaskRun) -> int:
+        """Pop the next block of ``run`` to dispatch; -1 when none is ready."""
+        if run.status != RUNNING:
+            return -1
+        state_mv = run.state_mv
+        roots = run.roots
+        while True:
+            if roots is not None:
+                k = next(roots, -1)
+                if k < 0:
+                    run.roots = roots = None
+                    continue
+            elif run.fifo:
+                k = run.fifo.popleft()
+            else:
+                return -1
+            if state_mv[k] != READY:
+                continue
+            run.started = True
+            run.ready -= 1
+            if run.check_function is not None and self._precheck(run, k):
+                if run.status != RUNNING:
+                    return -1
+                continue
+            state_mv[k] = PROCESSING
+            run.processing += 1
+            return k
+
+    def _precheck(self, run: TaskRun, k: int) -> bool:
+        """Run the check_function; on a truthy answer release ``k`` as a skip."""
+        fn = run.check_function
+        assert fn is not None
+        block = run.geom.block(k, BlockStatus.PROCESSING)
+        try:
+            done = bool(fn(block))
+        except Exception as exc:
+            if not run.check_warned:
+                run.check_warned = True
+                logger.warning(
+                    "check_function for task '%s' raised; treating block %s as not done, so "
+                    "it will be (re)processed. Further check failures for this task will not "
+                    "be logged: %r",
+                    run.task_id,
+                    block.block_id,
+                    exc,
+                )
+            return False
+        if not done:
+            return False
+        run.state_mv[k] = PROCESSING
+        run.processing += 1
+        run.skipped_check += 1
+        self._succeed(run, k, None, -1, 0.0, 0.0, record=True)
+        return True
+
+    def release_index(
+        self,
+        run: TaskRun,
+        k: int,
+        success: bool,
+        stats: Any = None,
+        worker_id: int = -1,
+        sent_at: float = 0.0,
+        returned_at: float = 0.0,
+    ) -> bool:
+        """Take block ``k`` back. Returns False if the release was ignored (stale)."""
+        if run.status != RUNNING or not 0 <= k < run.total or run.state_mv[k] != PROCESSING:
+            return False
+        if success:
+            self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
+        else:
+            self._fail(run, k)
+        return True
+
+    def _succeed(
+        self,
+        run: TaskRun,
+        k: int,
+        stats: Any,
+        worker_id: int,
+        sent_at: float,
+        returned_at: float,
+        *,
+        record: bool,
+    ) -> None:
+        run.state_mv[k] = DONE
+        run.processing -= 1
+        run.completed += 1
+        if record and run.store is not None:
+            cell = run.cell_of(k)
+            if cell >= 0:
+                run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
+        if run.intra:
+            self._unlock(run, run.geom.downstream_of(k))
+        for edge, down in run.down_edges:
+            if down.status == RUNNING:
+                self._unlock(down, edge.downstream_of(k))
+        if run.completed + run.failed + run.orphaned == run.total:
+            run.status = FINISHED
+
+    @staticmethod
+    def _unlock(run: TaskRun, blocks: list[int]) -> None:
+        deps = run.deps_mv
+        state = run.state_mv
+        assert deps is not None
+        for n in blocks:
+            c = deps[n] - 1
+            deps[n] = c
+            if c == 0 and state[n] == PENDING:
+                state[n] = READY
+                run.fifo.append(n)
+                run.ready += 1
+
+    def _fail(self, run: TaskRun, k: int) -> None:
+        run.failed_attempts += 1
+        run.processing -= 1
+        if run.store is not None:
+            cell = run.cell_of(k)
+            if cell >= 0:
+                run.store.record_failure(cell)
+        attempts = run.retries.get(k, 0)
+        if attempts < run.max_retries:
+            run.retries[k] = attempts + 1
+            run.state_mv[k] = READY
+            run.fifo.append(k)
+            run.ready += 1
+            return
+        run.retries.pop(k, None)
+        run.state_mv[k] = FAILED
+        run.failed += 1
+        self._orphan_downstream(run, k)
+        self._finalize_all()
+
+    def _orphan_downstream(self, run: TaskRun, k: int) -> None:
+        stack: list[tuple[TaskRun, int]] = [(run, k)]
+        while stack:
+            r, b = stack.pop()
+            nexts: list[tuple[TaskRun, list[int]]] = []
+            if r.intra:
+                nexts.append((r, r.geom.downstream_of(b)))
+            for edge, down in r.down_edges:
+                nexts.append((down, edge.downstream_of(b)))
+            for dr, blocks in nexts:
+                st = dr.state_mv
+                for n in blocks:
+                    if st[n] == PENDING:
+                        st[n] = ORPHANED
+                        if dr.status == RUNNING:
+                            dr.orphaned += 1
+                        stack.append((dr, n))
+
+    def _finalize_all(self) -> None:
+        for r in self.runs:
+            if r.status == RUNNING and r.completed + r.failed + r.orphaned == r.total:
+                r.status = FINISHED
+
+    def abandon(self, run: TaskRun, reason: str) -> list[TaskRun]:
+        """Give up on a task (and, transitively, its downstream tasks). Returns them."""
+        hit = []
+        todo = [(run, reason)]
+        while todo:
+            r, why = todo.pop()
+            if r.status != RUNNING:
+                continue
+            r.orphaned += r.remaining
+            r.ready = 0
+            r.processing = 0
+            r.status = ABANDONED
+            r.abandon_reason = why
+            r.roots = None
+            r.fifo.clear()
+            hit.append(r)
+            for d in r.downstream_tasks:
+                todo.append((d, "upstream task abandoned"))
+        return hit
+
+    # -- the public Block API ----------------------------------------------------------
+    def acquire_block(self, task_id: str) -> Block | None:
+        run = self.by_id.get(task_id)
+        if run is None:
+            raise KeyError(f"no task {task_id!r} in this scheduler")
+        k = self.acquire_index(run)
+        if k < 0:
+            return None
+        return run.geom.block(k, BlockStatus.CREATED)
+
+    def release_block(self, block: Block) -> None:
+        run = self.by_id.get(block.task_id)
+        if run is None:
+            raise KeyError(f"block {block.block_id} belongs to no task of this scheduler")
+        k = run.geom.index_of_block(block)
+        if k < 0:
+            raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
+        # bellis fix: a non-terminal status is a failure, never a crash
+        ok = block.status == BlockStatus.SUCCESS
+        self.release_index(
+            run, k, ok, None if block.stats is None else block.stats.to_tuple()
+        )
+
+
+def _shifted_sums(g: TaskGeometry, lvl: int, done: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """For every block of level ``lvl``: how many of its upstream blocks are in ``done``."""
+    shape = g.level_shape(lvl)
+    total = np.zeros(shape, dtype=np.int64)
+    off = g.level_offsets[lvl]
+    import itertools
+
+    for combo in itertools.product(*g.up_offsets[lvl]):
+        src = []
+        dst = []
+        for i in range(g.dims):
+            e = combo[i]
+            s = g.level_stride[i]
+            # level coords j -> grid coords off + j*s + e, valid when in [0, grid)
+            lo = 0
+            while lo < shape[i] and off[i] + lo * s + e < 0:
+                lo += 1
+            hi = shape[i]
+            while hi > lo and off[i] + (hi - 1) * s + e >= g.grid[i]:
+                hi -= 1
+            dst.append(slice(lo, hi))
+            start = off[i] + lo * s + e
+            src.append(slice(start, start + (hi - lo - 1) * s + 1 if hi > lo else start, s))
+        if any(d.stop <= d.start for d in dst):
+            continue
+        total[tuple(dst)] += done[tuple(src)]
+    return total
+
+
+def _check_overlap(up: TaskRun, down: TaskRun) -> None:
+    """Refuse an edge whose downstream task reads nothing its upstream task writes."""
+    ug, dg = up.geom, down.geom
+    if ug.num_blocks == 0 or dg.num_blocks == 0:
+        return
+    for i in range(ug.dims):
+        tw_b = ug.tw_offset[i]
+        tw_e = tw_b + max(0, ug.tw_shape[i])
+        first_b, first_e = dg.read_interval(i, 0)
+        last_b, _ = dg.read_interval(i, dg.grid[i] - 1)
+        if first_e <= tw_b or last_b >= tw_e:
+            from funlib.geometry import Roi
+
+            total = Roi(dg.total_offset, dg.total_shape)
+            utw = Roi(ug.tw_offset, tuple(max(0, s) for s in ug.tw_shape))
+            raise ConfigurationError(
+                f'invalid configuration: task "{down.task_id}" has blocks (total_roi {total!r}) '
+                f'that read nothing their upstream task "{up.task_id}" writes (total write roi '
+                f"{utw!r}) along axis {i}; those blocks would never become ready and the run "
+                "would wait forever. Shrink the downstream total_roi to the upstream write "
+                "region, or grow the upstream total_roi.",
+                parameter="total_roi",
+            )
+
+
+class _PipelineGraph:
+    """``Scheduler.dependency_graph``: upstream/downstream blocks across tasks."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    def _locate(self, block: Block) -> tuple[TaskRun, int]:
+        run = self._s.by_id[block.task_id]
+        k = run.geom.index_of_block(block)
+        if k < 0:
+            raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
+        return run, k
+
+    def upstream(self, block: Block) -> list[Block]:
+        run, k = self._locate(block)
+        out: list[Block] = []
+        for edge, up in run.up_edges:
+            out.extend(up.geom.block(u) for u in edge.upstream_of(k))
+        if run.intra:
+            out.extend(run.geom.block(u) for u in run.geom.upstream_of(k))
+        return sorted(out, key=_sort_key)
+
+    def downstream(self, block: Block) -> list[Block]:
+        run, k = self._locate(block)
+        out: list[Block] = []
+        if run.intra:
+            out.extend(run.geom.block(d) for d in run.geom.downstream_of(k))
+        for edge, down in run.down_edges:
+            out.extend(down.geom.block(d) for d in edge.downstream_of(k))
+        return sorted(out, key=_sort_key)
+
+
+def _sort_key(b: Block) -> tuple[str, int]:
+    return (b.task_id, b.spatial_id)
+
+
+def make_block_factory(run: TaskRun) -> Callable[[int, int], Block]:
+    geom = run.geom
+
+    def factory(k: int, status: int) -> Block:
+        return Block._lazy(geom, k, status)
+
+    return factory

@@ -1,0 +1,764 @@
+"""The distributed run loop: sockets, deadlines and worker health around the scheduler.
+
+Theory of operation
+-------------------
+One thread owns everything: a ``selectors`` loop over a listening socket and one
+non-blocking socket per worker. A worker's ``ACQUIRE`` carries its finished block and
+asks for the next, so a block costs one round trip; the reply is a ``SEND`` with the
+block's flat index, a ``SHUTDOWN``, or nothing yet (the request is *parked* until a
+release readies a block of its task).
+
+Every connection must answer an HMAC challenge before anything else is read from it.
+Anything malformed, oversized or unauthenticated drops that connection only; the run
+goes on. Blocks held by a dropped connection go back to the retry path.
+
+A tick (every 50 ms) reclaims blocks past their deadline, polls worker processes
+through their launcher, replaces dead workers within the restart budget, abandons tasks
+that cannot make progress, and feeds progress observers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ._block import BlockStatus
+from ._protocol import (
+    ACQUIRE,
+    BYE,
+    HELLO,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    WELCOME,
+    FrameDecoder,
+    encode,
+    new_nonce,
+    verify_mac,
+)
+from ._scheduler import RUNNING, Scheduler, TaskRun
+from ._workers._launchers import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec
+from .errors import ConfigurationError, ProtocolError
+
+__all__ = ["RunLoop"]
+
+logger = logging.getLogger("bellis")
+
+_SEND_FRAME_CACHE: dict[int, bytes] = {}
+_SHUTDOWN_FRAME = encode([SHUTDOWN])
+_TICK_SECONDS = 0.05
+_HANDSHAKE_SECONDS = 10.0
+_MAX_OUTBUF = 1 << 20
+
+
+def _send_frame(k: int) -> bytes:
+    return encode([SEND, k])
+
+
+class _Conn:
+    __slots__ = (
+        "addr",
+        "authed",
+        "decoder",
+        "deadline",
+        "k",
+        "nonce",
+        "opened_at",
+        "outbuf",
+        "run",
+        "sent_at",
+        "sent_wall",
+        "sock",
+        "worker",
+        "worker_id",
+    )
+
+    def __init__(self, sock: socket.socket, addr: Any, now: float) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.decoder = FrameDecoder()
+        self.outbuf = b""
+        self.authed = False
+        self.nonce = new_nonce()
+        self.run: TaskRun | None = None
+        self.worker: _Worker | None = None
+        self.worker_id = -1
+        self.k = -1
+        self.sent_at = 0.0
+        self.sent_wall = 0.0
+        self.deadline = 0.0
+        self.opened_at = now
+
+
+class _Worker:
+    """A managed worker: its launcher handle, its connection and its timeline."""
+
+    __slots__ = ("conn", "ever_connected", "exit", "handle", "log", "run", "timeline", "worker_id")
+
+    def __init__(self, worker_id: int, run: TaskRun, handle: WorkerHandle, timeline: Any) -> None:
+        self.worker_id = worker_id
+        self.run = run
+        self.handle = handle
+        self.conn: _Conn | None = None
+        self.ever_connected = False
+        self.exit: WorkerExit | None = None
+        self.timeline = timeline
+        self.log: str | None = None
+
+
+class TaskPlan:
+    """What the run loop needs to know about one task beyond the scheduler."""
+
+    def __init__(
+        self,
+        run: TaskRun,
+        payload: bytes | None,
+        launcher: WorkerLauncher,
+        aggregates: Any,
+        timelines: Any,
+    ) -> None:
+        self.run = run
+        self.payload = payload
+        self.launcher = launcher
+        self.aggregates = aggregates
+        self.timelines = timelines
+        self.alive = 0
+        self.free_starts = run.task.max_workers
+        self.parked: deque[_Conn] = deque()
+        self.workers: list[_Worker] = []
+        task = run.task
+        g = run.geom
+        self.geometry = {
+            "total_offset": list(g.total_offset),
+            "total_shape": list(g.total_shape),
+            "read_offset": [t - c for t, c in zip(g.tw_offset, g.ctx_ul, strict=True)],
+            "read_shape": list(g.read_shape),
+            "write_offset": list(g.tw_offset),
+            "write_shape": list(g.write_shape),
+            "fit": g.fit,
+            "conflict": g.read_write_conflict,
+        }
+        # relative template: read at total offset, write shifted by the context
+        self.geometry["read_offset"] = list(g.total_offset)
+        self.welcome = encode(
+            [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
+        )
+
+
+class RunLoop:
+    """Serve one run of a scheduler to worker processes until every task is terminal."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        plans: dict[str, TaskPlan],
+        *,
+        secret: bytes,
+        bind_host: str,
+        advertise_host: str,
+        resources: dict[str, int],
+        observer: Any,
+        errors: Any,
+        context_extra: Callable[[TaskRun, int], dict[str, str]],
+        log_paths: Callable[[str, int], tuple[Any, Any]],
+        grace_seconds: float = 5.0,
+    ) -> None:
+        self.s = scheduler
+        self.plans = plans
+        self.plan_of = {p.run.index: p for p in plans.values()}
+        self.secret = secret
+        self.resources = dict(resources)
+        self.used: dict[str, int] = {k: 0 for k in resources}
+        self.observer = observer
+        self.errors = errors
+        self.context_extra = context_extra
+        self.log_paths = log_paths
+        self.grace_seconds = grace_seconds
+        self.sel = selectors.DefaultSelector()
+        self.listener = socket.create_server((bind_host, 0), backlog=256)
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.host = advertise_host
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self.conns: dict[int, _Conn] = {}
+        self.workers: dict[int, _Worker] = {}
+        self.next_worker_id = 0
+        self.unmanaged_clients = 0
+        self.abort_reason: str | None = None
+        self.fatal: BaseException | None = None
+        self.dirty = True
+        self.shutdown_started: float | None = None
+        self._last_progress = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def run(self, abort_flag: Callable[[], str | None]) -> None:
+        """Serve until every task is terminal, an abort is requested or a fatal error."""
+        self._notify("on_start")
+        self._rebalance()
+        next_tick = time.monotonic() + _TICK_SECONDS
+        select = self.sel.select
+        try:
+            while self.fatal is None:
+                if self.s.is_done():
+                    break
+                reason = abort_flag()
+                if reason is not None:
+                    self.abort_reason = reason
+                    break
+                timeout = next_tick - time.monotonic()
+                for key, _mask in select(timeout if timeout > 0 else 0):
+                    conn = key.data
+                    if conn is None:
+                        self._accept()
+                    else:
+                        self._readable(conn)
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._tick(now)
+                    next_tick = now + _TICK_SECONDS
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        now = time.monotonic()
+        self.shutdown_started = now
+        interrupted = self.abort_reason is not None or self.fatal is not None
+        for plan in self.plans.values():
+            while plan.parked:
+                c = plan.parked.popleft()
+                self._reply(c, _SHUTDOWN_FRAME)
+                if c.worker is not None:
+                    c.worker.timeline.shutdown_requested(now)
+        live = [w for w in self.workers.values() if w.exit is None]
+        for w in live:
+            w.timeline.run_shutdown(now)
+        if interrupted and live:
+            # let in-flight blocks finish (their releases are recorded) while workers stop
+            by_launcher: dict[int, list[_Worker]] = {}
+            for w in live:
+                by_launcher.setdefault(id(self.plan_of[w.run.index].launcher), []).append(w)
+            stopper = threading.Thread(
+                target=self._cancel_all, args=(by_launcher,), name="bellis-cancel", daemon=True
+            )
+            stopper.start()
+            while stopper.is_alive():
+                for key, _ in self.sel.select(0.05):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._readable(key.data, draining=True)
+            stopper.join()
+        else:
+            deadline = time.monotonic() + max(self.grace_seconds, 5.0)
+            while any(w.exit is None for w in self.workers.values()):
+                for key, _ in self.sel.select(0.02):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._readable(key.data, draining=True)
+                self._poll_workers(time.monotonic(), replace=False)
+                if time.monotonic() > deadline:
+                    self._cancel_all(self._group_live())
+                    break
+        self._poll_workers(time.monotonic(), replace=False, final=True, interrupted=interrupted)
+        for c in list(self.conns.values()):
+            self._close(c, lost=False)
+        self.sel.unregister(self.listener)
+        self.listener.close()
+        self.sel.close()
+        for plan in self.plans.values():
+            plan.launcher.close()
+        self._notify("on_progress")
+        self._notify("on_finish")
+
+    def _group_live(self) -> dict[int, list[_Worker]]:
+        groups: dict[int, list[_Worker]] = {}
+        for w in self.workers.values():
+            if w.exit is None:
+                groups.setdefault(id(self.plan_of[w.run.index].launcher), []).append(w)
+        return groups
+
+    def _cancel_all(self, groups: dict[int, list[_Worker]]) -> None:
+        for ws in groups.values():
+            launcher = self.plan_of[ws[0].run.index].launcher
+            launcher.cancel([w.handle for w in ws], self.grace_seconds)
+
+    # -- sockets --------------------------------------------------------------------------
+    def _accept(self) -> None:
+        now = time.monotonic()
+        while True:
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                logger.warning("accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn = _Conn(sock, addr, now)
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, conn)
+            self._reply(conn, encode([0, conn.nonce]))
+
+    def _readable(self, conn: _Conn, draining: bool = False) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn, lost=True)
+            return
+        try:
+            msgs = conn.decoder.feed(data)
+            for msg in msgs:
+                if conn.sock.fileno() < 0:
+                    return
+                self._handle(conn, msg, draining)
+        except ProtocolError as exc:
+            logger.warning("dropping client %s: %s", conn.addr, exc)
+            self._close(conn, lost=True)
+
+    def _reply(self, conn: _Conn, frame: bytes) -> None:
+        if conn.outbuf:
+            conn.outbuf += frame
+        else:
+            try:
+                n = conn.sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                return
+            if n == len(frame):
+                return
+            conn.outbuf = frame[n:]
+        if len(conn.outbuf) > _MAX_OUTBUF:
+            logger.warning("dropping client %s: it does not read its replies", conn.addr)
+            self._close(conn, lost=True)
+            return
+        # flush the rest synchronously but bounded: replies are tiny
+        try:
+            conn.sock.settimeout(1.0)
+            conn.sock.sendall(conn.outbuf)
+            conn.outbuf = b""
+        except OSError:
+            self._close(conn, lost=True)
+        finally:
+            if conn.sock.fileno() >= 0:
+                conn.sock.setblocking(False)
+
+    def _close(self, conn: _Conn, *, lost: bool) -> None:
+        fd = conn.sock.fileno()
+        if fd < 0:
+            return
+        self.conns.pop(fd, None)
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        if conn.run is not None:
+            plan = self.plan_of[conn.run.index]
+            if conn in plan.parked:
+                plan.parked.remove(conn)
+        if conn.k >= 0 and conn.run is not None:
+            k = conn.k
+            conn.k = -1
+            run = conn.run
+            logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, k)
+            self._release(conn, run, k, False, None, "the worker holding the block disconnected")
+        if conn.worker is not None:
+            conn.worker.conn = None
+
+    # -- messages -------------------------------------------------------------------------
+    def _handle(self, conn: _Conn, msg: list[Any], draining: bool) -> None:
+        op = msg[0]
+        if not conn.authed:
+            self._hello(conn, msg)
+            return
+        if op == ACQUIRE or op == BYE:
+            if len(msg) != 5:
+                raise ProtocolError(f"malformed message of {len(msg)} fields")
+            k = msg[1]
+            run = conn.run
+            assert run is not None
+            if isinstance(k, int) and k >= 0:
+                if k != conn.k:
+                    logger.warning(
+                        "invalid block return from %s: block %s/%s is not held by it",
+                        conn.addr,
+                        run.task_id,
+                        k,
+                    )
+                else:
+                    self._returned(conn, run, k, msg[2], msg[3], msg[4])
+                    if self.fatal is not None:
+                        return
+            if op == BYE:
+                self._close(conn, lost=False)
+                return
+            self._serve(conn, run, draining)
+        else:
+            raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
+
+    def _hello(self, conn: _Conn, msg: list[Any]) -> None:
+        if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):
+            raise ProtocolError("client failed authentication (wrong or missing run secret)")
+        task_id, worker_id = msg[2], msg[3]
+        if not isinstance(task_id, str) or not isinstance(worker_id, int):
+            raise ProtocolError("malformed hello")
+        plan = self.plans.get(task_id)
+        if plan is None:
+            self._reply(conn, encode([REJECT, f"no task {task_id!r} in this run"]))
+            self._close(conn, lost=False)
+            return
+        conn.authed = True
+        conn.run = plan.run
+        worker = self.workers.get(worker_id) if worker_id >= 0 else None
+        if worker is not None and worker.run is plan.run and worker.conn is None:
+            if worker.exit is not None:
+                self._reply(conn, encode([REJECT, "this worker's process already exited"]))
+                self._close(conn, lost=False)
+                self.fatal = ConfigurationError(
+                    f"invalid configuration: worker {worker_id} for task {task_id!r} connected "
+                    "after its spawn function had already returned. 0-arg spawn functions must "
+                    "block until their worker exits (e.g. `sbatch --wait`, `srun`, "
+                    "`subprocess.run`)"
+                )
+                return
+            conn.worker = worker
+            conn.worker_id = worker_id
+            worker.conn = conn
+            first = not worker.ever_connected
+            worker.ever_connected = True
+            if first:
+                setup = msg[5]
+                worker.timeline.first_acquire(time.monotonic())
+                if isinstance(setup, int | float):
+                    worker.timeline.reported_setup(float(setup))
+        else:
+            self.unmanaged_clients += 1
+            plan.timelines.unmanaged_client()
+        self._reply(conn, plan.welcome)
+
+    def _returned(
+        self, conn: _Conn, run: TaskRun, k: int, status: Any, stats: Any, error: Any
+    ) -> None:
+        success = status == BlockStatus.SUCCESS
+        if success and stats is None and run.task.resource_tracking:
+            self.fatal = RuntimeError(
+                f'task "{run.task_id}" has resource_tracking enabled but worker at '
+                f"{conn.addr[0]}:{conn.addr[1]} returned block {run.task_id}/{k} without "
+                "measurements. Wrap the block body in `with bellis.profile_block(block):` "
+                "(daisy.profile_block) — bellis's own workers do this automatically, so this "
+                "usually means a custom client is bypassing bellis.Client."
+            )
+            return
+        conn.k = -1
+        if not success:
+            text = error if isinstance(error, str) else "block failed"
+            self._record_error(conn, run, k, text)
+        self._release(conn, run, k, success, stats, None)
+
+    def _record_error(self, conn: _Conn, run: TaskRun, k: int, text: str) -> None:
+        if run.first_worker_error is None:
+            run.first_worker_error = text
+        run.last_worker_error = text
+        sid = run.geom.spatial_id_of(k)
+        log = conn.worker.log if conn.worker is not None else None
+        self.errors.add(run.task_id, sid, text, log)
+        logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
+
+    def _release(
+        self,
+        conn: _Conn,
+        run: TaskRun,
+        k: int,
+        success: bool,
+        stats: Any,
+        lost_reason: str | None,
+    ) -> None:
+        now = time.monotonic()
+        rt = now - conn.sent_at
+        wall_now = conn.sent_wall + rt
+        self.s.release_index(
+            run, k, success, stats, conn.worker_id if conn.worker is not None else -1,
+            conn.sent_wall, wall_now,
+        )
+        plan = self.plan_of[run.index]
+        plan.aggregates.add_block(rt, stats if success else None, not success)
+        if conn.worker is not None:
+            conn.worker.timeline.returned(now, not success)
+        self.dirty = True
+        # wake parked requests (this task and downstream tasks)
+        self._serve_parked(plan)
+        for _edge, down in run.down_edges:
+            dplan = self.plan_of[down.index]
+            if down.ready:
+                if dplan.parked:
+                    self._serve_parked(dplan)
+                if dplan.alive == 0:
+                    self._rebalance()
+
+    def _serve_parked(self, plan: TaskPlan) -> None:
+        run = plan.run
+        while plan.parked and (run.ready > 0 or run.status != RUNNING or run.pending <= 0):
+            c = plan.parked.popleft()
+            self._serve(c, run, False)
+
+    def _serve(self, conn: _Conn, run: TaskRun, draining: bool) -> None:
+        if not draining and self.abort_reason is None:
+            k = self.s.acquire_index(run)
+            if k >= 0:
+                now = time.monotonic()
+                conn.k = k
+                conn.sent_at = now
+                conn.sent_wall = time.time()
+                conn.deadline = now + run.task.timeout_secs
+                if conn.worker is not None:
+                    conn.worker.timeline.sent(now)
+                self._reply(conn, _send_frame(k))
+                return
+            if run.status == RUNNING and run.pending > 0:
+                self.plan_of[run.index].parked.append(conn)
+                return
+        if conn.worker is not None:
+            conn.worker.timeline.shutdown_requested(time.monotonic())
+        self._reply(conn, _SHUTDOWN_FRAME)
+
+    # -- ticks: deadlines, worker health, spawning ------------------------------------------
+    def _tick(self, now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.k >= 0 and now > conn.deadline:
+                self._timeout(conn)
+            elif not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
+                logger.warning("dropping client %s: no handshake within %ss", conn.addr,
+                               _HANDSHAKE_SECONDS)
+                self._close(conn, lost=True)
+        self._poll_workers(now, replace=True)
+        self._check_abandon()
+        self._rebalance()
+        for plan in self.plans.values():
+            if plan.parked:
+                self._serve_parked(plan)
+        if self.dirty and now - self._last_progress >= 0.5:
+            self._last_progress = now
+            self.dirty = False
+            self._notify("on_progress")
+
+    def _timeout(self, conn: _Conn) -> None:
+        run = conn.run
+        assert run is not None
+        k = conn.k
+        conn.k = -1
+        run.timeout_reclaims += 1
+        logger.warning(
+            "block lost block_id=%s/%d timed_out=true (timeout=%gs)",
+            run.task_id,
+            run.geom.spatial_id_of(k),
+            run.task.timeout_secs,
+        )
+        text = (
+            f"block {run.task_id}/{run.geom.spatial_id_of(k)} exceeded the block timeout "
+            f"({run.task.timeout_secs:g}s)"
+        )
+        self._record_error(conn, run, k, text)
+        self._release(conn, run, k, False, None, "timeout")
+        worker = conn.worker
+        if worker is not None and worker.exit is None:
+            worker.exit = WorkerExit("timeout", None, text)
+            worker.timeline.exited(time.monotonic(), "timeout")
+            self._retire(worker)
+            launcher = self.plan_of[run.index].launcher
+            kill = getattr(launcher, "kill", None)
+            if kill is not None:
+                kill(worker.handle)
+        self._close(conn, lost=False)
+
+    def _retire(self, worker: _Worker) -> None:
+        plan = self.plan_of[worker.run.index]
+        plan.alive -= 1
+        for k, v in worker.run.task.requires.items():
+            if k in self.used:
+                self.used[k] -= v
+
+    def _poll_workers(
+        self, now: float, *, replace: bool, final: bool = False, interrupted: bool = False
+    ) -> None:
+        for w in list(self.workers.values()):
+            if w.handle is None:
+                continue
+            launcher = self.plan_of[w.run.index].launcher
+            ex = launcher.poll(w.handle)
+            if ex is None:
+                if final:
+                    w.timeline.exited(now, "interrupted")
+                continue
+            already = w.exit is not None
+            self.workers.pop(w.worker_id, None)
+            if already:
+                continue
+            if interrupted and ex.kind != "clean":
+                ex = WorkerExit("interrupted", ex.code, ex.message)
+            w.exit = ex
+            if w.conn is not None:
+                self._close(w.conn, lost=True)
+            w.timeline.exited(now, ex.kind)
+            self._retire(w)
+            plan = self.plan_of[w.run.index]
+            run = w.run
+            if ex.kind == "clean" and w.ever_connected:
+                plan.free_starts += 1
+            elif ex.kind == "clean":
+                logger.warning(
+                    "worker %d of task '%s' exited without ever connecting (its function "
+                    "returned at once?)",
+                    w.worker_id,
+                    run.task_id,
+                )
+            if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
+                run.worker_failures += 1
+                if run.first_worker_error is None:
+                    run.first_worker_error = ex.message
+                run.last_worker_error = ex.message
+                logger.warning(
+                    "worker exited with error worker_id=%d task_id=%s: %s",
+                    w.worker_id,
+                    run.task_id,
+                    ex.message.splitlines()[0] if ex.message else ex.kind,
+                )
+
+    def _check_abandon(self) -> None:
+        for plan in self.plans.values():
+            run = plan.run
+            if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
+                continue
+            if run.remaining <= 0 or run.processing > 0:
+                continue
+            if plan.free_starts > 0 or run.worker_restarts < run.task.max_worker_restarts:
+                continue
+            hit = self.s.abandon(run, "worker restart cap exhausted")
+            for r in hit:
+                logger.warning(
+                    "%s",
+                    "task abandoned: worker restart cap reached, accounting remaining blocks as "
+                    "orphaned"
+                    if r is run
+                    else "downstream task abandoned: upstream input will never arrive, "
+                    "accounting remaining blocks as orphaned",
+                )
+                p = self.plan_of[r.index]
+                while p.parked:
+                    self._serve(p.parked.popleft(), r, True)
+            self.dirty = True
+
+    def _rebalance(self) -> None:
+        if self.abort_reason is not None or self.fatal is not None:
+            return
+        grew = True
+        while grew:
+            grew = False
+            for plan in self.plans.values():
+                if self._eligible(plan):
+                    self._spawn(plan)
+                    grew = True
+
+    def _eligible(self, plan: TaskPlan) -> bool:
+        run = plan.run
+        task = run.task
+        if plan.payload is None or run.status != RUNNING or run.ready <= 0:
+            return False
+        if plan.alive >= task.max_workers or plan.alive >= run.ready + run.processing:
+            return False
+        if plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
+            return False
+        for k, v in task.requires.items():
+            if self.used.get(k, 0) + v > self.resources.get(k, 0):
+                return False
+        return True
+
+    def _spawn(self, plan: TaskPlan) -> None:
+        run = plan.run
+        wid = self.next_worker_id
+        self.next_worker_id += 1
+        if plan.free_starts > 0:
+            plan.free_starts -= 1
+        else:
+            run.worker_restarts += 1
+        run.worker_starts += 1
+        for k, v in run.task.requires.items():
+            self.used[k] = self.used.get(k, 0) + v
+        plan.alive += 1
+        out_path, err_path = self.log_paths(run.task_id, wid)
+        env = dict(os.environ)
+        ctx = self.context_extra(run, wid)
+        env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
+        spec = WorkerSpec(
+            task_id=run.task_id,
+            worker_id=wid,
+            env=env,
+            payload=plan.payload or b"",
+            out_path=out_path,
+            err_path=err_path,
+            requires=run.task.requires,
+            timeout_secs=run.task.timeout_secs,
+        )
+        timeline = plan.timelines.spawned(wid, time.monotonic())
+        try:
+            handle = plan.launcher.launch(spec)
+        except Exception as exc:
+            plan.alive -= 1
+            for k, v in run.task.requires.items():
+                self.used[k] -= v
+            msg = f"could not start a worker for task '{run.task_id}': {exc}"
+            run.worker_failures += 1
+            if run.first_worker_error is None:
+                run.first_worker_error = msg
+            run.last_worker_error = msg
+            timeline.exited(time.monotonic(), "error")
+            logger.warning("%s", msg)
+            return
+        worker = _Worker(wid, run, handle, timeline)
+        worker.log = plan.launcher.log_location(handle)
+        self.workers[wid] = worker
+        plan.workers.append(worker)
+
+    def _notify(self, method: str) -> None:
+        if self.observer is None:
+            return
+        from ._progress import safe_notify
+
+        safe_notify(self.observer, method, self.s.task_states)
+
+
+def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], None]]:
+    """SIGINT/SIGTERM set a flag the loop polls; returns (poll, restore)."""
+    flag: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        return (lambda: None), (lambda: None)
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
+
+    old_int = signal.signal(signal.SIGINT, handler)
+    old_term = signal.signal(signal.SIGTERM, handler)
+
+    def poll() -> str | None:
+        return flag[0] if flag else None
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+    return poll, restore

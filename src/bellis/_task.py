@@ -1,0 +1,624 @@
+"""Task and Pipeline: validated configuration, no run state."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._block import _as_roi
+from ._graph import FITS, TaskGeometry
+from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
+
+if TYPE_CHECKING:
+    from funlib.geometry import Roi
+
+__all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "function_arity"]
+
+DEFAULT_BLOCK_TIMEOUT_SECS = 600
+
+_UNSET: Any = object()
+
+_tracking_basedir: Path | None = None
+
+
+def set_tracking_basedir(path: str | os.PathLike[str] | None) -> None:
+    """Track every task without an explicit ``tracking_path`` under ``<path>/<task_id>``."""
+    global _tracking_basedir
+    _tracking_basedir = None if path is None else Path(path)
+
+
+def get_tracking_basedir() -> Path | None:
+    return _tracking_basedir
+
+
+def set_done_marker_basedir(path: str | os.PathLike[str] | None) -> None:
+    """Deprecated alias of :func:`set_tracking_basedir`."""
+    warnings.warn(
+        "set_done_marker_basedir is deprecated; use set_tracking_basedir",
+        BellisDeprecationWarning,
+        stacklevel=2,
+    )
+    set_tracking_basedir(path)
+
+
+def get_done_marker_basedir() -> Path | None:
+    """Deprecated alias of :func:`get_tracking_basedir`."""
+    warnings.warn(
+        "get_done_marker_basedir is deprecated; use get_tracking_basedir",
+        BellisDeprecationWarning,
+        stacklevel=2,
+    )
+    return _tracking_basedir
+
+
+def function_arity(fn: Callable[..., Any]) -> int:
+    """Positional parameters of ``fn`` (minus ``self``); 0 for non-introspectable callables."""
+    try:
+        spec = inspect.getfullargspec(fn)
+    except TypeError:
+        return 0
+    n = len(spec.args)
+    if inspect.ismethod(fn) or (spec.args and spec.args[0] == "self" and not inspect.isfunction(fn)):
+        n -= 1
+    if n == 0 and spec.varargs is not None:
+        return 1
+    return max(0, n)
+
+
+def _check_count(name: str, value: Any, minimum: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int (got {type(value).__name__} {value!r})")
+    value = int(value)
+    if value < minimum:
+        raise ConfigurationError(
+            f"{name} must be at least {minimum} (got {value}); {fix}", parameter=name
+        )
+    return value
+
+
+class Task:
+    """One blockwise job: the volume, the block template and what to run per block.
+
+    ``total_roi`` includes the read context. ``read_roi`` / ``write_roi`` are the block
+    template, relative to each other. ``process_function`` with one positional parameter
+    is a *block function* ``f(block)``; with none it is a *worker function* that runs
+    its own ``Client().acquire_block()`` loop.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        total_roi: Roi,
+        read_roi: Roi,
+        write_roi: Roi,
+        process_function: Callable[..., Any] | None = None,
+        check_function: Callable[[Any], Any] | None = None,
+        read_write_conflict: bool = True,
+        fit: str = "valid",
+        max_workers: int = 1,
+        max_retries: int = 2,
+        timeout: float | timedelta | None = None,
+        done_marker_path: Any = _UNSET,
+        resource_tracking: bool = False,
+        requires: dict[str, int] | None = None,
+        max_worker_restarts: int = 10,
+        skip_mask: Any = None,
+        *,
+        tracking_path: Any = _UNSET,
+        launcher: Any = None,
+    ) -> None:
+        if not isinstance(task_id, str):
+            raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
+        if not task_id:
+            raise ConfigurationError("task_id must not be empty", parameter="task_id")
+        self._task_id = task_id
+        self._total_roi = _as_roi(total_roi, "total_roi")
+        self._read_roi = _as_roi(read_roi, "read_roi")
+        self._write_roi = _as_roi(write_roi, "write_roi")
+        if fit not in FITS:
+            raise ConfigurationError(
+                f"fit={fit!r} is not a fit mode; use one of 'valid', 'overhang' or 'shrink'",
+                parameter="fit",
+            )
+        self._fit = fit
+        self._read_write_conflict = bool(read_write_conflict)
+        try:
+            self._geom = TaskGeometry(
+                task_id,
+                self._total_roi,
+                self._read_roi,
+                self._write_roi,
+                fit=fit,
+                read_write_conflict=self._read_write_conflict,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from exc
+        if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
+            raise ConfigurationError(
+                f"max_workers must be at least 1 (got {max_workers}); a task with no workers "
+                "would wait forever",
+                parameter="max_workers",
+            )
+        self._max_workers = _check_count("max_workers", max_workers, 1, "")
+        self._max_retries = _check_count(
+            "max_retries", max_retries, 0, "use 0 for no retries"
+        )
+        self._max_worker_restarts = _check_count(
+            "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
+        )
+        self._timeout_secs = _parse_timeout(timeout)
+        self._process_function = process_function
+        if check_function is not None and not callable(check_function):
+            raise TypeError("check_function must be callable or None")
+        if process_function is not None and not callable(process_function):
+            raise TypeError("process_function must be callable or None")
+        self._check_function = check_function
+        if check_function is not None:
+            warnings.warn(
+                "Task(check_function=...) runs your callable in the driver for every block "
+                "that is not already marked done; for plain resumption prefer block tracking "
+                "(Task(tracking_path=...) or set_tracking_basedir(...)), which needs no "
+                "callback",
+                UserWarning,
+                stacklevel=_user_stacklevel(),
+            )
+        self._tracking_path = _parse_tracking_path(done_marker_path, tracking_path)
+        self._resource_tracking = bool(resource_tracking)
+        self._requires = _parse_requires(requires)
+        self._skip_mask = None if skip_mask is None else self._coerce_mask(skip_mask)
+        self._launcher = launcher
+
+    # -- validation helpers ------------------------------------------------------------
+    def _coerce_mask(self, mask: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        arr = np.asarray(mask)
+        grid = list(self._geom.grid)
+        if list(arr.shape) != grid:
+            raise ConfigurationError(
+                f"skip_mask has shape {list(arr.shape)} but task \"{self._task_id}\" has a block "
+                f"grid of shape {grid} (one cell per block, cell 0 is the first block; see "
+                "Task.block_grid_shape)",
+                parameter="skip_mask",
+            )
+        return np.ascontiguousarray(arr != 0, dtype=np.uint8)
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def task_id(self) -> str:
+        return self._task_id
+
+    @property
+    def total_roi(self) -> Roi:
+        return self._total_roi
+
+    @property
+    def read_roi(self) -> Roi:
+        return self._read_roi
+
+    @property
+    def write_roi(self) -> Roi:
+        return self._write_roi
+
+    @property
+    def fit(self) -> str:
+        return self._fit
+
+    @property
+    def read_write_conflict(self) -> bool:
+        return self._read_write_conflict
+
+    @property
+    def max_workers(self) -> int:
+        return self._max_workers
+
+    @property
+    def max_retries(self) -> int:
+        return self._max_retries
+
+    @property
+    def max_worker_restarts(self) -> int:
+        return self._max_worker_restarts
+
+    @property
+    def timeout_secs(self) -> float:
+        return self._timeout_secs
+
+    @property
+    def requires(self) -> dict[str, int]:
+        return dict(self._requires)
+
+    @property
+    def resource_tracking(self) -> bool:
+        return self._resource_tracking
+
+    @property
+    def tracking_path(self) -> str | bool | None:
+        return self._tracking_path
+
+    @property
+    def done_marker_path(self) -> str | bool | None:
+        return self._tracking_path
+
+    @property
+    def block_grid_shape(self) -> list[int]:
+        return list(self._geom.grid)
+
+    @property
+    def skip_mask(self) -> np.ndarray[Any, np.dtype[np.uint8]] | None:
+        return None if self._skip_mask is None else self._skip_mask.copy()
+
+    @property
+    def process_function(self) -> Callable[..., Any] | None:
+        return self._process_function
+
+    @process_function.setter
+    def process_function(self, fn: Callable[..., Any] | None) -> None:
+        if fn is not None and not callable(fn):
+            raise TypeError("process_function must be callable or None")
+        self._process_function = fn
+
+    @property
+    def check_function(self) -> Callable[[Any], Any] | None:
+        return self._check_function
+
+    @property
+    def launcher(self) -> Any:
+        return self._launcher
+
+    @property
+    def total_write_roi(self) -> Roi:
+        from funlib.geometry import Roi as _Roi
+
+        g = self._geom
+        return _Roi(g.tw_offset, tuple(max(0, s) for s in g.tw_shape))
+
+    # -- tracking --------------------------------------------------------------------
+    def resolved_tracking_path(self) -> Path | None:
+        """Where this task's store lives now (explicit path, else ``<basedir>/<task_id>``)."""
+        p = self._tracking_path
+        if p is False:
+            return None
+        if p is None:
+            base = get_tracking_basedir()
+            return None if base is None else base / self._task_id
+        return Path(str(p))
+
+    def reset(self) -> str | None:
+        """Delete this task's tracking store (and its runs.jsonl). Returns the path or None."""
+        from ._tracking import delete_store
+
+        path = self.resolved_tracking_path()
+        if path is None:
+            return None
+        return delete_store(path)
+
+    def failed_blocks(self) -> list[Any]:
+        """Blocks with failed attempts and no success recorded in the store, in grid order."""
+        from ._tracking import failed_cells
+
+        path = self.resolved_tracking_path()
+        if path is None:
+            return []
+        g = self._geom
+        tgrid = [max(1, -(-s // w)) for s, w in zip(g.total_shape, g.write_shape, strict=True)]
+        blocks = []
+        for cell in failed_cells(path):
+            coords = []
+            rem = cell
+            for n in reversed(tgrid):
+                rem, c = divmod(rem, n)
+                coords.append(c)
+            coords.reverse()
+            grid_coords = [c - s for c, s in zip(coords, g.sid_shift, strict=True)]
+            if all(0 <= c < n for c, n in zip(grid_coords, g.grid, strict=True)):
+                blocks.append(g.block(g.index_of(grid_coords)))
+        return blocks
+
+    def report(self) -> Any:
+        """The TaskReport of this task's last run (from runs.jsonl), or None."""
+        from ._runner import load_task_report
+
+        return load_task_report(self)
+
+    # -- composition -----------------------------------------------------------------
+    def __add__(self, other: Any) -> Pipeline:
+        return Pipeline.from_task(self) + other
+
+    def __radd__(self, other: Any) -> Pipeline:
+        return _as_pipeline(other) + Pipeline.from_task(self)
+
+    def __or__(self, other: Any) -> Pipeline:
+        return Pipeline.from_task(self) | other
+
+    def __ror__(self, other: Any) -> Pipeline:
+        return _as_pipeline(other) | Pipeline.from_task(self)
+
+    def run_blockwise(self, **kwargs: Any) -> Any:
+        from ._runner import run_blockwise
+
+        return run_blockwise(self, **kwargs)
+
+    def __copy__(self) -> Task:
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Task:
+        return self.__copy__()
+
+    def __repr__(self) -> str:
+        return (
+            f"Task({self._task_id!r}, total_roi={self._total_roi}, read_roi={self._read_roi}, "
+            f"write_roi={self._write_roi}, fit={self._fit!r}, max_workers={self._max_workers})"
+        )
+
+
+def _user_stacklevel() -> int:
+    """Stack level of the first frame outside bellis (for warnings)."""
+    frame = inspect.currentframe()
+    level = 1
+    here = os.path.dirname(__file__)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(here):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 2
+
+
+def _parse_timeout(timeout: Any) -> float:
+    if timeout is None:
+        return float(DEFAULT_BLOCK_TIMEOUT_SECS)
+    if isinstance(timeout, timedelta):
+        secs = timeout.total_seconds()
+    elif isinstance(timeout, int | float | np.integer | np.floating) and not isinstance(
+        timeout, bool
+    ):
+        secs = float(timeout)
+    else:
+        raise TypeError(
+            "timeout must be a float seconds, a timedelta, or None (None means the 600s default)"
+        )
+    if not secs > 0:
+        raise ConfigurationError(
+            "block timeout must be positive; blocks are expected to be fast — raise the "
+            "timeout instead of disabling it",
+            parameter="timeout",
+        )
+    return secs
+
+
+def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:
+    if done_marker_path is not _UNSET and tracking_path is not _UNSET:
+        raise TypeError(
+            "pass either tracking_path or done_marker_path, not both (done_marker_path is "
+            "the deprecated alias)"
+        )
+    value = tracking_path
+    name = "tracking_path"
+    if done_marker_path is not _UNSET:
+        name = "done_marker_path"
+        value = done_marker_path
+        if value is not None:
+            warnings.warn(
+                "done_marker_path is deprecated; use tracking_path",
+                BellisDeprecationWarning,
+                stacklevel=_user_stacklevel(),
+            )
+    if value is _UNSET or value is None:
+        return None
+    if value is True:
+        raise TypeError(
+            f"{name}=True is not a valid value; use None (auto), False (disabled), or a str/Path"
+        )
+    if value is False:
+        return False
+    if isinstance(value, str | os.PathLike):
+        return os.fspath(value) if not isinstance(value, bytes) else value.decode()  # type: ignore[return-value]
+    raise TypeError(
+        f"{name} must be None (auto), False (disabled), or a str/Path (got "
+        f"{type(value).__name__} {value!r})"
+    )
+
+
+def _parse_requires(requires: Any) -> dict[str, int]:
+    if requires is None:
+        return {}
+    if not isinstance(requires, dict):
+        raise TypeError(
+            f"requires must be a dict of resource name to int, e.g. {{'gpu': 1}} "
+            f"(got {type(requires).__name__})"
+        )
+    out = {}
+    for k, v in requires.items():
+        if not isinstance(k, str):
+            raise TypeError(f"requires keys must be str (got {k!r})")
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise TypeError(f"requires[{k!r}] must be an int (got {v!r})")
+        if v > 0:
+            out[k] = int(v)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Pipeline
+# --------------------------------------------------------------------------------------
+
+
+def _as_pipeline(obj: Any) -> Pipeline:
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, Task):
+        return Pipeline.from_task(obj)
+    raise TypeError(f"cannot compose Pipeline with {type(obj).__name__}; expected Task or Pipeline")
+
+
+def _unique(items: Iterable[Task]) -> list[Task]:
+    seen: set[int] = set()
+    out = []
+    for t in items:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+class Pipeline:
+    """A DAG of tasks. ``a + b`` runs b after a; ``a | b`` runs them side by side.
+
+    Composition checks duplicate task ids and cycles at once (bellis's fix); the run
+    checks them again.
+    """
+
+    def __init__(
+        self,
+        tasks: list[Task] | None = None,
+        edges: list[tuple[Task, Task]] | None = None,
+        *,
+        _sources: list[Task] | None = None,
+        _outputs: list[Task] | None = None,
+        _validate: bool = False,
+    ) -> None:
+        tasks = list(tasks or [])
+        for t in tasks:
+            if not isinstance(t, Task):
+                raise TypeError("pipeline contains a non-Task object")
+        if len({id(t) for t in tasks}) != len(tasks):
+            raise ValueError("Pipeline tasks list contains duplicates (by Python identity)")
+        ids = {id(t) for t in tasks}
+        edge_list: list[tuple[Task, Task]] = []
+        for up, down in edges or []:
+            if id(up) not in ids:
+                raise ValueError("edge upstream task is not in the pipeline's task list")
+            if id(down) not in ids:
+                raise ValueError("edge downstream task is not in the pipeline's task list")
+            edge_list.append((up, down))
+        self._tasks = tasks
+        self._edges = edge_list
+        has_in = {id(d) for _, d in edge_list}
+        has_out = {id(u) for u, _ in edge_list}
+        self._sources = (
+            _sources if _sources is not None else [t for t in tasks if id(t) not in has_in]
+        )
+        self._outputs = (
+            _outputs if _outputs is not None else [t for t in tasks if id(t) not in has_out]
+        )
+        if _validate:
+            self.validate()
+
+    @classmethod
+    def from_task(cls, task: Task) -> Pipeline:
+        if not isinstance(task, Task):
+            raise TypeError(f"expected a Task, got {type(task).__name__}")
+        return cls([task])
+
+    @property
+    def tasks(self) -> list[Task]:
+        return list(self._tasks)
+
+    @property
+    def edges(self) -> list[tuple[Task, Task]]:
+        return list(self._edges)
+
+    @property
+    def sources(self) -> list[Task]:
+        return list(self._sources)
+
+    @property
+    def outputs(self) -> list[Task]:
+        return list(self._outputs)
+
+    def __add__(self, other: Any) -> Pipeline:
+        o = _as_pipeline(other)
+        tasks = _unique(self._tasks + o._tasks)
+        edges = self._edges + o._edges + [(a, b) for a in self._outputs for b in o._sources]
+        return Pipeline(
+            tasks, edges, _sources=self.sources, _outputs=o.outputs, _validate=True
+        )
+
+    def __radd__(self, other: Any) -> Pipeline:
+        return _as_pipeline(other) + self
+
+    def __or__(self, other: Any) -> Pipeline:
+        o = _as_pipeline(other)
+        tasks = _unique(self._tasks + o._tasks)
+        edges = self._edges + o._edges
+        return Pipeline(
+            tasks,
+            edges,
+            _sources=_unique(self._sources + o._sources),
+            _outputs=_unique(self._outputs + o._outputs),
+            _validate=True,
+        )
+
+    def __ror__(self, other: Any) -> Pipeline:
+        return _as_pipeline(other) | self
+
+    def validate(self) -> list[Task]:
+        """Check ids and acyclicity; return the tasks in display (Kahn, alphabetical) order."""
+        seen: dict[str, Task] = {}
+        for t in self._tasks:
+            if not isinstance(t, Task):
+                raise TypeError("pipeline contains a non-Task object")
+            if t.task_id in seen and seen[t.task_id] is not t:
+                raise ConfigurationError(f"duplicate task_id in pipeline: {t.task_id}")
+            seen[t.task_id] = t
+        return topological_order(self._tasks, self._edges)
+
+    def reset(self) -> None:
+        for t in self._tasks:
+            t.reset()
+
+    def run_blockwise(self, **kwargs: Any) -> Any:
+        from ._runner import run_blockwise
+
+        return run_blockwise(self, **kwargs)
+
+    def __copy__(self) -> Pipeline:
+        return Pipeline(
+            self._tasks, self._edges, _sources=self.sources, _outputs=self.outputs
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Pipeline:
+        return copy.copy(self)
+
+    def __repr__(self) -> str:
+        def ids(ts: list[Task]) -> str:
+            return "[" + ", ".join(f'"{t.task_id}"' for t in ts) + "]"
+
+        edges = ", ".join(f'("{a.task_id}", "{b.task_id}")' for a, b in self._edges)
+        return (
+            f"Pipeline(tasks={ids(self._tasks)}, sources={ids(self._sources)}, "
+            f"outputs={ids(self._outputs)}, edges=[{edges}])"
+        )
+
+
+def topological_order(tasks: list[Task], edges: list[tuple[Task, Task]]) -> list[Task]:
+    """Kahn's algorithm with the alphabetical task id breaking ties; raises on a cycle."""
+    indeg = {id(t): 0 for t in tasks}
+    succ: dict[int, list[Task]] = {id(t): [] for t in tasks}
+    for a, b in edges:
+        if a is b:
+            raise DependencyCycleError()
+        indeg[id(b)] += 1
+        succ[id(a)].append(b)
+    ready = sorted((t for t in tasks if indeg[id(t)] == 0), key=lambda t: t.task_id)
+    order: list[Task] = []
+    while ready:
+        t = ready.pop(0)
+        order.append(t)
+        for b in succ[id(t)]:
+            indeg[id(b)] -= 1
+            if indeg[id(b)] == 0:
+                ready.append(b)
+        ready.sort(key=lambda x: x.task_id)
+    if len(order) != len(tasks):
+        raise DependencyCycleError()
+    return order

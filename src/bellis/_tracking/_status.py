@@ -1,0 +1,223 @@
+"""Reading a tracking store: ``failed_cells`` and ``bellis status PATH``.
+
+Reads the store read-only through :meth:`TrackingStore.open_readonly`, so it works while
+a run is writing it and on stores written by daisy 2.0.0 (which carry only the hash).
+The arrays are copied once at the start, so every figure comes from one snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import TrackingError
+from ._layout import (
+    STAT_ARRAYS,
+    StoreLayout,
+    invalid_metadata,
+    layout_hash,
+    layout_mismatch,
+    plan_growth,
+)
+from ._store import TrackingStore
+
+__all__ = ["failed_cells", "format_status"]
+
+_INDENT = "    "
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _render_map(
+    done: NDArray[np.bool_], failed: NDArray[np.bool_], max_width: int, max_height: int
+) -> tuple[list[str], int]:
+    """One character per cell of a 2-D grid, or per ``k x k`` square of cells.
+
+    Returns the lines and ``k``. A square is ``x`` if any cell in it failed, ``#`` if
+    all its cells are done, ``+`` if some are, ``.`` if none are.
+    """
+    rows, cols = done.shape
+    k = max(
+        1,
+        _ceil_div(cols, max(1, max_width - len(_INDENT))),
+        _ceil_div(rows, max(1, max_height)),
+    )
+    out_rows, out_cols = _ceil_div(rows, k), _ceil_div(cols, k)
+    padded = np.zeros((3, out_rows * k, out_cols * k), dtype=np.int64)
+    padded[0, :rows, :cols] = 1
+    padded[1, :rows, :cols] = done
+    padded[2, :rows, :cols] = failed
+    counts = padded.reshape(3, out_rows, k, out_cols, k).sum(axis=(2, 4))
+    present, n_done, n_failed = counts[0], counts[1], counts[2]
+    chars = np.full((out_rows, out_cols), ".", dtype="<U1")
+    chars[(n_done > 0) & (n_done < present)] = "+"
+    chars[(n_done == present) & (present > 0)] = "#"
+    chars[n_failed > 0] = "x"
+    return [_INDENT + "".join(row) for row in chars.tolist()], k
+
+
+def _count_runs(path: os.PathLike[str] | str) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+def format_status(
+    path: str | os.PathLike[str], *, max_width: int = 80, max_height: int = 40
+) -> str:
+    """Summarise the tracking store at ``path`` as text.
+
+    Counts done, failed (``failures > 0`` and not done) and untouched cells, the total
+    of failed attempts, the resource arrays present and the runs recorded, and draws a
+    map of 1-D, 2-D and 3-D grids (the middle slice along axis 0 for 3-D). A map wider
+    than ``max_width`` or taller than ``max_height`` is downsampled by a square factor.
+    Raises :class:`~bellis.errors.TrackingError` when there is no store or it cannot
+    be read.
+    """
+    display = os.fspath(path)
+    with TrackingStore.open_readonly(path) as store:
+        done = np.array(store.done) != 0
+        failures = np.array(store.failures, dtype=np.uint64)
+        present = [name for name in STAT_ARRAYS if name in store.stats]
+        grid = store.grid_shape
+        task_hash = store.task_hash
+        record: dict[str, Any] | None = store.record
+        runs_file = store.runs_jsonl
+    try:
+        runs = _count_runs(runs_file)
+    except OSError as exc:
+        raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
+
+    failed = (failures > 0) & ~done
+    cells = int(done.size)
+    n_done = int(done.sum())
+    n_failed = int(failed.sum())
+    attempts = int(failures.sum())
+    retried = int(((failures > 0) & done).sum())
+
+    lines = [f"block tracking at {display}"]
+    if task_hash is None:
+        lines.append("  layout      no daisy_task_hash (a caller-provided store)")
+    else:
+        lines.append(f"  layout      hash {task_hash}")
+    if record is not None:
+        lines.append(
+            f"              grid offset {record.get('grid_offset')}, "
+            f"stride {record.get('write_stride')}, fit {record.get('fit')}"
+        )
+    lines.append(f"  grid        {' x '.join(str(g) for g in grid)} = {cells} cells")
+    lines.append(f"  done        {n_done}")
+    lines.append(f"  failed      {n_failed} (failures > 0 and not done)")
+    lines.append(f"  untouched   {cells - n_done - n_failed}")
+    lines.append(
+        f"  attempts    {attempts} failed attempts recorded; "
+        f"{retried} done cells needed more than one attempt"
+    )
+    if not present:
+        lines.append("  resources   none (opened without resource_tracking)")
+    elif len(present) == len(STAT_ARRAYS):
+        lines.append(f"  resources   all {len(STAT_ARRAYS)} arrays")
+    else:
+        missing = ", ".join(n for n in STAT_ARRAYS if n not in present)
+        lines.append(
+            f"  resources   {len(present)} of {len(STAT_ARRAYS)} arrays (missing {missing})"
+        )
+    lines.append(f"  runs        {runs} recorded in runs.jsonl")
+
+    ndim = len(grid)
+    if cells == 0:
+        lines.append("  map         (empty grid)")
+        return "\n".join(lines) + "\n"
+    if ndim > 3:
+        lines.append(f"  map         (no map for a {ndim}-D grid)")
+        return "\n".join(lines) + "\n"
+    if ndim == 1:
+        plane_done, plane_failed = done.reshape(1, -1), failed.reshape(1, -1)
+        axes = "one row, axis 0 left to right"
+    elif ndim == 2:
+        plane_done, plane_failed = done, failed
+        axes = "rows = axis 0, columns = axis 1"
+    else:
+        middle = grid[0] // 2
+        plane_done, plane_failed = done[middle], failed[middle]
+        axes = (
+            f"middle slice along axis 0 (index {middle} of 0..{grid[0] - 1}), "
+            "rows = axis 1, columns = axis 2"
+        )
+    rendered, k = _render_map(plane_done, plane_failed, max_width, max_height)
+    lines.append(f"  map         {axes}")
+    if k == 1:
+        lines.append("              # done, x failed, . untouched")
+    else:
+        lines.append(
+            f"              downsampled: each character covers {k} x {k} cells; "
+            "# all done, + some done, x any failed, . none done"
+        )
+    lines.extend(rendered)
+    return "\n".join(lines) + "\n"
+
+
+def failed_cells(path: str | os.PathLike[str], *, layout: StoreLayout | None = None) -> list[int]:
+    """Flat cells with ``failures > 0`` and ``done == 0``, ascending.
+
+    Empty when there is no store or no ``zarr.json``. With ``layout``, the cells are
+    those of that layout's grid: a store for another layout is refused unless it is a
+    grown-volume ancestor, whose cells are then remapped the way opening would migrate
+    them (without writing anything). A store that cannot be opened raises
+    ``TrackingError("cannot open block tracking at <p>: <e>")``.
+    """
+    display = os.fspath(path)
+    root = Path(path)
+    if not (root / "zarr.json").is_file():
+        return []
+    try:
+        with TrackingStore.open_readonly(root) as store:
+            done = np.array(store.done, dtype=bool)
+            failures = np.array(store.failures) > 0
+            if layout is not None:
+                done, failures = _as_layout(store, display, layout, done, failures)
+    except TrackingError as exc:
+        raise TrackingError(
+            f"cannot open block tracking at {display}: {exc}", path=display
+        ) from exc
+    return [int(c) for c in np.flatnonzero(failures & ~done)]
+
+
+def _as_layout(
+    store: TrackingStore,
+    display: str,
+    layout: StoreLayout,
+    done: NDArray[np.bool_],
+    failures: NDArray[np.bool_],
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    expected = layout_hash(layout)
+    grid = layout.grid_shape
+    if store.task_hash is None:
+        if store.grid_shape != grid:
+            raise invalid_metadata(
+                display,
+                "done shape inconsistent with task layout "
+                f"(stored = {list(store.grid_shape)}, expected = {list(grid)})",
+            )
+        return done, failures
+    if store.task_hash == expected:
+        return done, failures
+    plan = plan_growth(store.record, layout)
+    if isinstance(plan, str):
+        raise layout_mismatch(display, store.task_hash, expected)
+    target = tuple(slice(k, k + n) for k, n in zip(plan.shift, plan.old_grid, strict=True))
+    new_done = np.zeros(grid, dtype=bool)
+    new_failures = np.zeros(grid, dtype=bool)
+    new_done[target] = done
+    new_failures[target] = failures
+    for axis, index in plan.clear_done:
+        new_done[(slice(None),) * axis + (index,)] = False
+    return new_done, new_failures

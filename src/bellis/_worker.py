@@ -1,0 +1,75 @@
+"""Worker process entry point: ``python -m bellis._worker`` (started by a launcher).
+
+stdin carries one frame: an 8-byte little-endian length, then a cloudpickle of
+``{"function", "arity", "sys_path", "log_settings"}``. Everything else (server address,
+task id, worker id, secret) is in ``BELLIS_CONTEXT``. Nothing here relies on fork or on
+inherited globals, so it works with any start method and on any node.
+
+Exit codes: 0 clean, 87 block timeout (watchdog), 1 an exception escaped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import struct
+import sys
+from typing import Any
+
+
+def _read_payload(stream: Any) -> dict[str, Any]:
+    header = stream.read(8)
+    if len(header) != 8:
+        raise RuntimeError("bellis worker: no payload on stdin (start workers through a launcher)")
+    (length,) = struct.unpack("<Q", header)
+    data = stream.read(length)
+    if len(data) != length:
+        raise RuntimeError("bellis worker: truncated payload on stdin")
+    # The payload comes from our own parent process over a pipe, never from the network.
+    payload: dict[str, Any] = pickle.loads(data)
+    return payload
+
+
+def run_block_function_loop(fn: Any, context: Any = None) -> None:
+    from ._client import Client
+
+    client = Client(context)
+    try:
+        while True:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                fn(block)
+    finally:
+        client.close()
+
+
+def main() -> int:
+    payload = _read_payload(sys.stdin.buffer)
+    for p in reversed(payload.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from . import logging as blog
+
+    blog.apply_settings(payload.get("log_settings", {}))
+    fn = payload["function"]
+    if payload["arity"] == 1:
+        run_block_function_loop(fn)
+        return 0
+    from ._client import Context
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    p = params.get("context") if params else None
+    if p is not None and p.kind == inspect.Parameter.KEYWORD_ONLY:
+        fn(context=Context.from_env())
+    else:
+        fn()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Worker launchers: how worker processes are started, watched and stopped.
+
+A launcher never sees a block. It starts long-lived workers that connect back to the
+server over TCP (the pilot-job pattern), reports how they ended, and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a launcher needs to start one worker."""
+
+    task_id: str
+    worker_id: int
+    env: dict[str, str]
+    payload: bytes
+    out_path: Path | None
+    err_path: Path | None
+    requires: dict[str, int] = field(default_factory=dict)
+    timeout_secs: float = 600.0
+    run_name: str = "bellis"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``error`` or ``interrupted``."""
+
+    kind: str
+    code: int | None
+    message: str
+
+
+class WorkerHandle:
+    """A started worker, as its launcher knows it."""
+
+    def __init__(self, spec: WorkerSpec, native: Any) -> None:
+        self.spec = spec
+        self.native = native
+        self.started_at = time.monotonic()
+
+
+class WorkerLauncher(ABC):
+    """Start, watch and stop worker processes for one run."""
+
+    name = "abstract"
+    #: whether workers run on this machine (the server may then bind loopback only)
+    is_local = True
+
+    @abstractmethod
+    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        """Start one worker. Raise an exception if it cannot be started."""
+
+    @abstractmethod
+    def poll(self, handle: WorkerHandle) -> WorkerExit | None:
+        """None while the worker runs; how it ended once it has."""
+
+    @abstractmethod
+    def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
+        """Stop workers: a polite request, ``grace_seconds`` to finish, then a hard kill."""
+
+    def log_location(self, handle: WorkerHandle) -> str | None:
+        """Where this worker's output goes (a path, or a description)."""
+        p = handle.spec.err_path
+        return None if p is None else str(p)
+
+    def close(self) -> None:
+        """Release anything the launcher holds. Called once at the end of a run."""
+
+
+def _stderr_tail(path: Path | None, lines: int = 50) -> str:
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    tail = text.splitlines()[-lines:]
+    return "\n".join(tail)
+
+
+def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
+    """Map a worker process exit code to a :class:`WorkerExit`."""
+    from .._client import EXIT_BLOCK_TIMEOUT
+
+    if code == 0:
+        return WorkerExit("clean", 0, "")
+    if code == EXIT_BLOCK_TIMEOUT:
+        msg = (
+            f"bellis worker subprocess killed after a block exceeded timeout="
+            f"{spec.timeout_secs:g}s (true preemption; the server retries the block under "
+            "max_retries)"
+        )
+        kind = "timeout"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        msg = f"bellis worker subprocess exited with code {code} (killed by {name})"
+        kind = "error"
+    else:
+        msg = f"bellis worker subprocess exited with code {code}"
+        kind = "error"
+    tail = _stderr_tail(spec.err_path)
+    if tail:
+        msg += "\nworker stderr tail:\n" + tail
+    return WorkerExit(kind, code, msg)
+
+
+class LocalLauncher(WorkerLauncher):
+    """Worker subprocesses on this machine (``python -m bellis._worker``)."""
+
+    name = "local"
+    is_local = True
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+
+    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        out = open(spec.out_path, "ab") if spec.out_path else None  # noqa: SIM115
+        err = open(spec.err_path, "ab") if spec.err_path else None  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                [self.python, "-m", "bellis._worker"],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                env=spec.env,
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            if out is not None:
+                out.close()
+            if err is not None:
+                err.close()
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(struct.pack("<Q", len(spec.payload)) + spec.payload)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the process died at once; poll() will report how
+        return WorkerHandle(spec, proc)
+
+    def poll(self, handle: WorkerHandle) -> WorkerExit | None:
+        proc: subprocess.Popen[bytes] = handle.native
+        code = proc.poll()
+        if code is None:
+            return None
+        return describe_exit(code, handle.spec)
+
+    def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
+        live = [h.native for h in handles if h.native.poll() is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        for p in live:
+            remaining = deadline - time.monotonic()
+            try:
+                p.wait(timeout=max(0.0, remaining))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                p.wait()
+            else:
+                # also reap anything the worker left in its session
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+
+    def kill(self, handle: WorkerHandle) -> None:
+        """Kill one worker at once (its block timed out)."""
+        p = handle.native
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
