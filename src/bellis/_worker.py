@@ -46,7 +46,13 @@ def run_block_function_loop(fn: Any, context: Any = None) -> None:
 
 
 def main() -> int:
-    payload = _read_payload(sys.stdin.buffer)
+    payload_file = os.environ.get("BELLIS_PAYLOAD_FILE")
+    if payload_file:
+        # cluster launchers (SLURM, Dask) put the payload in a file next to the logs
+        with open(payload_file, "rb") as f:
+            payload = _read_payload(f)
+    else:
+        payload = _read_payload(sys.stdin.buffer)
     for p in reversed(payload.get("sys_path", [])):
         if p not in sys.path:
             sys.path.insert(0, p)

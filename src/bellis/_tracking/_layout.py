@@ -422,7 +422,8 @@ def check_chunking(display: str, meta_file: Path, meta: dict[str, Any]) -> None:
         and codecs[0].get("name") == "bytes"
         and (codecs[0].get("configuration") or {}).get("endian", "little") == "little"
     )
-    if chunk_shape != shape or separator != "/" or not plain:
+    empty = isinstance(shape, list) and 0 in shape
+    if not empty and (chunk_shape != shape or separator != "/" or not plain):
         raise invalid_metadata(
             display,
             f"{meta_file} is not a single-chunk, uncompressed, little-endian array with "

@@ -119,7 +119,7 @@ def format_status(
     lines.append(f"  untouched   {cells - n_done - n_failed}")
     lines.append(
         f"  attempts    {attempts} failed attempts recorded; "
-        f"{retried} done cells needed more than one attempt"
+        f"{retried} of the done cells failed before they succeeded"
     )
     if not present:
         lines.append("  resources   none (opened without resource_tracking)")

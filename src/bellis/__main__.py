@@ -1,0 +1,7 @@
+"""``python -m bellis``: the same as the ``bellis`` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

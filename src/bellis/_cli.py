@@ -1,0 +1,96 @@
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    ok = run_demo(
+        Path(args.workdir).resolve(),
+        size=args.size,
+        workers=args.workers,
+        serial=args.serial,
+        fresh=args.fresh,
+    )
+    return 0 if ok else 1
+
+
+def _load_function(spec: str) -> object:
+    if ":" not in spec:
+        raise SystemExit(f"--function must look like module:attribute (got {spec!r})")
+    mod_name, attr = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    obj: object = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    """Join a running server as an (unmanaged) worker and run a block function."""
+    import os
+
+    from ._client import Client, Context
+    from ._worker import run_block_function_loop
+
+    if args.context:
+        ctx = Context.from_env_string(args.context)
+    else:
+        ctx = Context.from_env()
+    if args.task_id:
+        ctx["task_id"] = args.task_id
+    fn = _load_function(args.function)
+    if args.context:
+        os.environ["BELLIS_CONTEXT"] = ctx.to_env()
+    del Client
+    run_block_function_loop(fn, ctx)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from ._tracking import format_status
+    from .errors import TrackingError
+
+    try:
+        print(format_status(args.path, max_width=args.width))
+    except TrackingError as exc:
+        print(f"bellis status: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bellis", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run a small smoothing + labelling pipeline on a zarr volume")
+    d.add_argument("--workdir", default="bellis-demo", help="where to write (default ./bellis-demo)")
+    d.add_argument("--size", type=int, default=96, help="edge of the cubic volume (default 96)")
+    d.add_argument("--workers", type=int, default=2, help="workers per task (default 2)")
+    d.add_argument("--serial", action="store_true", help="run in the driver process")
+    d.add_argument("--fresh", action="store_true", help="start over (new volume, no resume)")
+    d.set_defaults(fn=_cmd_demo)
+
+    w = sub.add_parser("worker", help="join a running bellis server as a worker")
+    w.add_argument("--function", required=True, help="block function as module:attribute")
+    w.add_argument("--context", help="context string (default: $BELLIS_CONTEXT / $DAISY_CONTEXT)")
+    w.add_argument("--task-id", help="override the context's task_id")
+    w.set_defaults(fn=_cmd_worker)
+
+    s = sub.add_parser("status", help="print a task's progress from its tracking store")
+    s.add_argument("path", help="the task's tracking directory")
+    s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
+    s.set_defaults(fn=_cmd_status)
+
+    args = p.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

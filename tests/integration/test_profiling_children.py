@@ -1,0 +1,226 @@
+"""profile_block against real sleeps, threads, allocations, zarr IO and child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from funlib.geometry import Roi
+
+from bellis._block import Block
+from bellis._profiling import live_descendant_pids, profile_block
+
+LINUX = sys.platform.startswith("linux")
+needs_proc = pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
+
+BURN = (
+    "import sys, time\n"
+    "end = time.process_time() + float(sys.argv[1])\n"
+    "while time.process_time() < end:\n"
+    "    pass\n"
+    "time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)\n"
+)
+
+
+def _block() -> Block:
+    r = Roi((0,), (10,))
+    return Block(r, r, r, task_id="t")
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_cpu(pid: int, seconds: float, deadline_s: float = 30.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while _proc_cpu_seconds(pid) < seconds:
+        assert time.monotonic() < deadline, "the child never burned its CPU"
+        time.sleep(0.02)
+
+
+def test_sleeping_block_costs_wall_not_cpu() -> None:
+    b = _block()
+    with profile_block(b):
+        time.sleep(0.05)
+    assert b.stats is not None
+    assert b.stats.wall_seconds == pytest.approx(0.05, abs=0.03)
+    assert b.stats.cpu_seconds < 0.01
+
+
+def test_helper_thread_cpu_is_counted() -> None:
+    def burn() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    b = _block()
+    with profile_block(b):
+        t = threading.Thread(target=burn)
+        t.start()
+        t.join()
+    assert b.stats is not None and b.stats.cpu_seconds >= 0.25
+
+
+@needs_proc
+def test_peak_rss_is_per_block() -> None:
+    big = _block()
+    with profile_block(big):
+        buf = np.ones(200 * 1024 * 1024, dtype=np.uint8)
+        assert int(buf[::4096].sum()) == len(buf) // 4096
+        del buf
+    small = _block()
+    with profile_block(small):
+        bytearray(1024)
+    assert big.stats is not None and small.stats is not None
+    assert big.stats.peak_rss_bytes >= 200 * 1024 * 1024
+    assert small.stats.peak_rss_bytes < big.stats.peak_rss_bytes - 150 * 1024 * 1024
+
+
+@needs_proc
+def test_zarr_write_on_its_own_threads_is_counted(tmp_path: Path) -> None:
+    data = np.random.default_rng(0).integers(0, 255, size=32 * 1024 * 1024, dtype=np.uint8)
+    b = _block()
+    with profile_block(b):
+        a = zarr.create_array(
+            tmp_path / "vol.zarr",
+            shape=data.shape,
+            chunks=(4 * 1024 * 1024,),
+            dtype="uint8",
+            compressors=None,
+        )
+        a[:] = data
+    assert b.stats is not None and b.stats.io_write_bytes >= 32 * 1024 * 1024
+
+
+def test_reaped_child_cpu_goes_to_cpu_children_not_cpu() -> None:
+    b = _block()
+    with profile_block(b):
+        subprocess.run([sys.executable, "-c", BURN, "0.5"], check=True)
+    assert b.stats is not None
+    assert b.stats.cpu_children_seconds >= 0.4
+    assert b.stats.cpu_seconds < 0.2
+
+
+@needs_proc
+def test_running_child_cpu_is_counted_so_far_and_not_twice() -> None:
+    b = _block()
+    with profile_block(b):
+        child = subprocess.Popen([sys.executable, "-c", BURN, "0.5", "30"])
+        _wait_for_cpu(child.pid, 0.5)
+    try:
+        assert child.pid in live_descendant_pids()
+        assert b.stats is not None and b.stats.cpu_children_seconds >= 0.4
+        # the next block sees the same, now idle, child: no CPU of it is counted again
+        after = _block()
+        with profile_block(after):
+            time.sleep(0.05)
+        assert after.stats is not None and after.stats.cpu_children_seconds < 0.05
+    finally:
+        child.kill()
+        child.wait()
+    # reaping it outside any block moves its CPU to RUSAGE_CHILDREN, uncounted
+    reaped = _block()
+    with profile_block(reaped):
+        pass
+    assert reaped.stats is not None and reaped.stats.cpu_children_seconds == 0.0
+
+
+@needs_proc
+def test_child_started_before_the_block_counts_only_its_share() -> None:
+    # the child burns 0.3 s before the block starts and 0.4 s during it
+    prologue = (
+        "import sys, time\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end:\n"
+        "    pass\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", prologue + BURN, "0.4"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == b"ready\n"
+        b = _block()
+        with profile_block(b):
+            child.stdin.write(b"go\n")
+            child.stdin.close()
+            child.wait(timeout=30)
+        assert b.stats is not None
+        assert 0.35 <= b.stats.cpu_children_seconds < 0.6
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+@needs_proc
+def test_grandchild_cpu_is_counted() -> None:
+    script = f'"{sys.executable}" -c "$0" 0.5 30 & wait'
+    b = _block()
+    with profile_block(b):
+        shell = subprocess.Popen(["sh", "-c", script, BURN])
+        deadline = time.monotonic() + 30
+        while True:
+            grandchildren = [p for p in live_descendant_pids() if p != shell.pid]
+            if grandchildren:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        _wait_for_cpu(grandchildren[0], 0.5)
+    try:
+        assert b.stats is not None and b.stats.cpu_children_seconds >= 0.4
+        assert b.stats.cpu_seconds < 0.2
+    finally:
+        for pid in grandchildren:
+            os.kill(pid, 9)
+        shell.wait()
+
+
+def test_nested_profile_block_wins_in_real_use() -> None:
+    def process(block: Block) -> None:
+        time.sleep(0.1)  # set-up the user keeps out of the measurement
+        with profile_block(block):
+            time.sleep(0.02)
+
+    b = _block()
+    with profile_block(b):
+        process(b)
+    assert b.stats is not None and b.stats.wall_seconds < 0.08
+
+
+@needs_proc
+def test_a_forked_child_measures_itself(tmp_path: Path) -> None:
+    with profile_block(_block()):
+        pass  # the parent's /proc descriptors are open now
+    target = tmp_path / "child.bin"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, 3.12+
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            b = _block()
+            with profile_block(b):
+                target.write_bytes(b"x" * (1 << 20))
+            assert b.stats is not None
+            code = 0 if b.stats.io_write_bytes >= 1 << 20 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
