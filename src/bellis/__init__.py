@@ -55,16 +55,21 @@ __all__ = [
 ]
 
 
+_SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        # submodules load on their own: `from . import logging` inside bellis must not
+        # pull in the whole public surface (worker processes stay light)
+        return importlib.import_module(f"bellis.{name}")
     if name in __all__:
         compat = importlib.import_module("bellis.v1_compat")
         value = getattr(compat, name)
         globals()[name] = value
         return value
-    if name in ("v2", "v1_compat", "block", "errors"):
-        return importlib.import_module(f"bellis.{name}")
     raise AttributeError(f"module 'bellis' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(__all__) | {"v2", "v1_compat", "block", "errors"})
+    return sorted(set(__all__) | set(_SUBMODULES))

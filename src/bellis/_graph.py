@@ -30,12 +30,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from funlib.geometry import Coordinate, Roi
 
 from ._block import Block, BlockStatus, _as_roi, cantor_number
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "FITS",
@@ -175,7 +177,7 @@ class TaskGeometry:
             if lvl + 1 < len(offsets):
                 nxt = offsets[lvl + 1]
                 sets = self._conflict_sets(cur, nxt)
-                down.append(tuple(tuple(-e for e in axis) for axis in sets))
+                down.append(tuple(tuple(sorted(-e for e in axis)) for axis in sets))
             else:
                 down.append(tuple(() for _ in range(dims)))
         self.up_offsets = tuple(up)
@@ -309,6 +311,8 @@ class TaskGeometry:
 
     def level_counts(self, lvl: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Number of in-grid upstream blocks for every block of level ``lvl``."""
+        import numpy as np  # lazily: worker processes never need numpy here
+
         shape = self.level_shape(lvl)
         result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(shape, dtype=np.int64)
         if lvl == 0:
@@ -427,6 +431,8 @@ class InterTaskEdge:
 
     def counts(self) -> np.ndarray[Any, np.dtype[np.int64]]:
         """Number of upstream blocks every downstream block reads, over the down grid."""
+        import numpy as np
+
         result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(self.down.grid, dtype=np.int64)
         for i in range(self.down.dims):
             c = np.asarray(self.up_hi[i], dtype=np.int64) - np.asarray(self.up_lo[i], dtype=np.int64)
@@ -443,6 +449,8 @@ class InterTaskEdge:
         ``up_done`` is a boolean array over the upstream grid. Uses a summed-area table,
         so the cost is linear in the two grids, with no per-block Python.
         """
+        import numpy as np
+
         sat = up_done.astype(np.int64)
         for i in range(sat.ndim):
             sat = np.cumsum(sat, axis=i)

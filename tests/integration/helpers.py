@@ -1,0 +1,218 @@
+"""Block functions and record-file helpers for the distributed integration tests.
+
+Block functions live here (an importable module) so workers load them by reference. Each
+one appends to a per-block record file with ``O_APPEND``: a ``start`` line when the block
+begins and a ``done`` line when it returns, both with the worker's pid and wall times.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bellis
+
+
+def _append(recdir: str, task_id: str, sid: int, line: str) -> None:
+    path = os.path.join(recdir, f"{task_id}__{sid}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _sid(block: Any) -> int:
+    return int(block.block_id[1])
+
+
+def sleep_block(recdir: str, delay: float, block: Any) -> None:
+    """Sleep ``delay`` seconds, recording start and done."""
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    time.sleep(delay)
+    print(f"processed block {sid}", flush=True)
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def fail_block(recdir: str, fail_ids: tuple[int, ...], block: Any) -> None:
+    """Raise for the given block ids, succeed (quickly) for the others."""
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    if not fail_ids or sid in fail_ids:
+        raise ValueError(f"injected failure in block {sid}")
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def hang_once_block(recdir: str, hang_id: int, block: Any) -> None:
+    """Block ``hang_id`` hangs on its first attempt (a marker file says so)."""
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    if sid == hang_id:
+        marker = os.path.join(recdir, f"hung_{sid}")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(60)
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def exit_once_block(recdir: str, exit_id: int, delay: float, block: Any) -> None:
+    """Block ``exit_id`` makes its worker exit 0 on its first attempt."""
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    if sid == exit_id:
+        marker = os.path.join(recdir, f"exited_{sid}")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            sys.exit(0)
+    time.sleep(delay)
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def memory_block(recdir: str, hog_id: int, block: Any) -> None:
+    """Cap the worker's address space, then block ``hog_id`` allocates 2 GB (first try)."""
+    import numpy as np
+
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        # current usage plus 512 MiB of headroom
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[0])
+        limit = pages * os.sysconf("SC_PAGE_SIZE") + (512 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+    if sid == hog_id:
+        marker = os.path.join(recdir, f"hogged_{sid}")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            data = np.ones(2 << 30, dtype=np.uint8)
+            del data
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def client_worker(recdir: str) -> None:
+    """A 0-arg worker function: its own ``Client()`` loop."""
+    client = bellis.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            sleep_block(recdir, 0.01, block)
+
+
+def context_worker(recdir: str, *, context: Any) -> None:
+    """A worker function taking ``context`` as a keyword-only argument."""
+    client = bellis.Client(context)
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            sleep_block(recdir, 0.01, block)
+
+
+@dataclass
+class Attempt:
+    kind: str
+    pid: int
+    t0: float
+    t1: float | None
+
+
+def read_records(recdir: str | Path) -> dict[tuple[str, int], list[Attempt]]:
+    """``{(task_id, block_id): [attempts in file order]}``."""
+    out: dict[tuple[str, int], list[Attempt]] = {}
+    for p in Path(recdir).iterdir():
+        if "__" not in p.name:
+            continue
+        task_id, sid = p.name.rsplit("__", 1)
+        rows = []
+        for line in p.read_text().splitlines():
+            parts = line.split()
+            t1 = float(parts[3]) if len(parts) > 3 else None
+            rows.append(Attempt(parts[0], int(parts[1]), float(parts[2]), t1))
+        out[(task_id, int(sid))] = rows
+    return out
+
+
+def done_ids(records: dict[tuple[str, int], list[Attempt]], task_id: str) -> list[int]:
+    return sorted(
+        sid for (t, sid), rows in records.items() if t == task_id and any(
+            a.kind == "done" for a in rows
+        )
+    )
+
+
+def done_count(records: dict[tuple[str, int], list[Attempt]], task_id: str, sid: int) -> int:
+    return sum(1 for a in records.get((task_id, sid), []) if a.kind == "done")
+
+
+def peak_concurrency(attempts: Iterable[Attempt]) -> int:
+    """Most ``done`` attempts whose [t0, t1] intervals overlap at one instant."""
+    events = []
+    for a in attempts:
+        if a.kind == "done" and a.t1 is not None:
+            events.append((a.t0, 1))
+            events.append((a.t1, -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    cur = peak = 0
+    for _t, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def all_attempts(records: dict[tuple[str, int], list[Attempt]]) -> list[Attempt]:
+    return [a for rows in records.values() for a in rows]
+
+
+def total_roi(n: int, size: int = 10) -> tuple[Any, Any, Any]:
+    """A 1-D task of ``n`` blocks of ``size``: (total, read, write) Rois."""
+    roi = bellis.Roi
+    return roi((0,), (n * size,)), roi((0,), (size,)), roi((0,), (size,))
+
+
+def make_task(task_id: str, n: int, fn: Any, **kwargs: Any) -> Any:
+    total, read, write = total_roi(n)
+    kwargs.setdefault("read_write_conflict", False)
+    return bellis.Task(task_id, total, read, write, process_function=fn, **kwargs)
+
+
+def proc_cmdlines(marker: str) -> list[tuple[int, str]]:
+    """Live (non-zombie) processes whose command line or environment mentions ``marker``."""
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                stat = f.read()
+            if stat[stat.rfind(b")") + 2 :].split()[0] == b"Z":
+                continue
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            out.append((int(e), cmd))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
