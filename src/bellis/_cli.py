@@ -36,7 +36,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     """Join a running server as an (unmanaged) worker and run a block function."""
     import os
 
-    from ._client import Client, Context
+    from ._client import Context
     from ._worker import run_block_function_loop
 
     if args.context:
@@ -48,7 +48,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     fn = _load_function(args.function)
     if args.context:
         os.environ["BELLIS_CONTEXT"] = ctx.to_env()
-    del Client
     run_block_function_loop(fn, ctx)
     return 0
 
@@ -70,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run a small smoothing + labelling pipeline on a zarr volume")
-    d.add_argument("--workdir", default="bellis-demo", help="where to write (default ./bellis-demo)")
+    d.add_argument(
+        "--workdir", default="bellis-demo", help="where to write (default ./bellis-demo)"
+    )
     d.add_argument("--size", type=int, default=96, help="edge of the cubic volume (default 96)")
     d.add_argument("--workers", type=int, default=2, help="workers per task (default 2)")
     d.add_argument("--serial", action="store_true", help="run in the driver process")

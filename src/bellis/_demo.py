@@ -93,14 +93,13 @@ def label_block(block: Any) -> None:
     root["counts"][cell] = n
 
 
-def run_demo(
-    workdir: Path, *, size: int, workers: int, serial: bool, fresh: bool
-) -> bool:
+def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: bool) -> bool:
     import os
 
-    import bellis
     import zarr
     from funlib.geometry import Roi
+
+    import bellis
 
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
@@ -136,15 +135,15 @@ def run_demo(
         max_workers=workers,
         resource_tracking=True,
     )
-    ok = bool(
-        bellis.run_blockwise(smooth + label, multiprocessing=not serial, progress=True)
-    )
+    ok = bool(bellis.run_blockwise(smooth + label, multiprocessing=not serial, progress=True))
     root = zarr.open_group(str(workdir / "demo.zarr"), mode="r")
     counts = root["counts"][:]
     print()
     print(f"Wrote {workdir / 'demo.zarr'}: smoothed {shape}, labels {shape}, counts {counts.shape}")
     print(f"  components per block: min {counts.min()}, max {counts.max()}, total {counts.sum()}")
-    print(f"  tracking stores under {workdir / 'tracking'} (run `bellis status "
-          f"{workdir / 'tracking' / 'label'}`)")
+    print(
+        f"  tracking stores under {workdir / 'tracking'} (run `bellis status "
+        f"{workdir / 'tracking' / 'label'}`)"
+    )
     print(f"  worker logs under {workdir / 'logs'}")
     return ok

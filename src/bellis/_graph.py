@@ -200,7 +200,7 @@ class TaskGeometry:
     # -- per-block integer queries ------------------------------------------------
     @property
     def num_levels(self) -> int:
-        return len(self.level_offsets) if self.num_blocks else 0
+        return len(self.level_offsets)
 
     def coords_of(self, k: int) -> list[int]:
         coords = [0] * self.dims

@@ -152,9 +152,10 @@ def _read_io(fd: int) -> tuple[int, int, int]:
         return (0, 0, 0)
     try:
         data = _pread(fd, 512, 0)
-        fields = data.split()
-        # b"rchar:", value, b"wchar:", value, ...
-        return (int(fields[1]), int(fields[3]), len(data))
+        # b"rchar: <n>\nwchar: <n>\n..." (a fixed layout since Linux 2.6.20)
+        i = data.index(b"\n")
+        j = data.index(b"\n", i + 1)
+        return (int(data[6:i]), int(data[i + 8 : j]), len(data))
     except (OSError, ValueError, IndexError):
         return (0, 0, 0)
 

@@ -112,9 +112,7 @@ def _check_resources(resources: Any) -> dict[str, int]:
     out = {}
     for k, v in resources.items():
         if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise _config_error(
-                f"resources[{k!r}] = {v!r} is not a non-negative int", "resources"
-            )
+            raise _config_error(f"resources[{k!r}] = {v!r} is not a non-negative int", "resources")
         out[k] = v
     return out
 
@@ -140,8 +138,10 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
         layout = StoreLayout(
             total_offset=g.total_offset,
             total_shape=g.total_shape,
-            read_offset=tuple(w - c for w, c in zip(
-                tuple(int(x) for x in t.write_roi.offset), g.ctx_ul, strict=True)),
+            read_offset=tuple(
+                w - c
+                for w, c in zip(tuple(int(x) for x in t.write_roi.offset), g.ctx_ul, strict=True)
+            ),
             read_shape=g.read_shape,
             write_offset=tuple(int(x) for x in t.write_roi.offset),
             write_shape=g.write_shape,
@@ -170,7 +170,7 @@ def _serial_output(task_id: str) -> Iterator[None]:
     if paths is None:
         yield
         return
-    with open(paths[0], "a") as out, open(paths[1], "a") as err:  # noqa: SIM117
+    with open(paths[0], "a") as out, open(paths[1], "a") as err:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield
 
@@ -336,8 +336,13 @@ def _execute(
     server: Server | None = None,
 ) -> _RunResult:
     from . import logging as blog
-    from ._progress import ErrorCollector, format_summary, make_observer, print_to_real_stdout
-    from ._progress import resume_message
+    from ._progress import (
+        ErrorCollector,
+        format_summary,
+        make_observer,
+        print_to_real_stdout,
+        resume_message,
+    )
     from ._report import TaskAggregates
 
     pipe = _coerce_pipeline(pipeline)
@@ -347,9 +352,7 @@ def _execute(
     payloads: dict[str, bytes | None] = {}
     if multiprocessing:
         for t in order_tasks:
-            payloads[t.task_id] = (
-                None if t.process_function is None else _serialize_function(t)
-            )
+            payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
     stores = _open_stores(order_tasks, block_tracking)
     result = _RunResult()
     errors = ErrorCollector()
@@ -362,8 +365,16 @@ def _execute(
         timelines: dict[str, Any] = {}
         if multiprocessing:
             _run_distributed(
-                scheduler, payloads, aggregates, timelines, result, errors,
-                budget=budget, progress=progress, host=host, launcher=launcher,
+                scheduler,
+                payloads,
+                aggregates,
+                timelines,
+                result,
+                errors,
+                budget=budget,
+                progress=progress,
+                host=host,
+                launcher=launcher,
                 server=server,
             )
         else:
@@ -374,8 +385,15 @@ def _execute(
         finished_wall = time.time()
         wall = time.perf_counter() - t_start
         result.report = _write_reports(
-            scheduler, stores, aggregates, timelines, result, multiprocessing,
-            started_wall, finished_wall, wall,
+            scheduler,
+            stores,
+            aggregates,
+            timelines,
+            result,
+            multiprocessing,
+            started_wall,
+            finished_wall,
+            wall,
         )
         result.abandoned = any(s.abandoned for s in result.states.values())
     finally:
@@ -384,8 +402,11 @@ def _execute(
     if summary:
         log_dir = blog.get_log_basedir() if multiprocessing else None
         text = format_summary(
-            result.states, result.order, log_dir=log_dir,
-            interrupted=result.interrupted is not None, errors=errors.as_dict(),
+            result.states,
+            result.order,
+            log_dir=log_dir,
+            interrupted=result.interrupted is not None,
+            errors=errors.as_dict(),
         )
         print_to_real_stdout(text)
         for tid in result.order:
@@ -397,7 +418,6 @@ def _execute(
         panel = render_panel([result.report[t] for t in result.order])
         if panel:
             print_to_real_stdout(panel)
-    del make_observer
     return result
 
 
@@ -455,8 +475,15 @@ def _run_distributed(
         return (None, None) if paths is None else paths
 
     loop = RunLoop(
-        scheduler, plans, secret=secret, bind_host=bind, advertise_host=advertise,
-        resources=budget, observer=observer, errors=errors, context_extra=context_for,
+        scheduler,
+        plans,
+        secret=secret,
+        bind_host=bind,
+        advertise_host=advertise,
+        resources=budget,
+        observer=observer,
+        errors=errors,
+        context_extra=context_for,
         log_paths=log_paths,
     )
     loop_ref.append(loop)
@@ -575,8 +602,14 @@ def run_blockwise(
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
     """
     result = _execute(
-        pipeline, multiprocessing=multiprocessing, resources=resources, progress=progress,
-        block_tracking=block_tracking, host=host, summary=summary, launcher=launcher,
+        pipeline,
+        multiprocessing=multiprocessing,
+        resources=resources,
+        progress=progress,
+        block_tracking=block_tracking,
+        host=host,
+        summary=summary,
+        launcher=launcher,
     )
     return _finish(result, return_states, raise_abandoned=True)
 
@@ -606,7 +639,10 @@ class Server:
     """
 
     def __init__(
-        self, stop_event: Any = None, *, external_workers: bool = False,
+        self,
+        stop_event: Any = None,
+        *,
+        external_workers: bool = False,
         on_listen: Any = None,
     ) -> None:
         self.hostname: str | None = None
@@ -632,9 +668,16 @@ class Server:
         launcher: Any = None,
     ) -> dict[str, TaskState]:
         result = _execute(
-            pipeline, multiprocessing=True, resources=resources, progress=progress,
-            block_tracking=block_tracking, host=host, summary=summary, launcher=launcher,
-            external=self.external_workers, server=self,
+            pipeline,
+            multiprocessing=True,
+            resources=resources,
+            progress=progress,
+            block_tracking=block_tracking,
+            host=host,
+            summary=summary,
+            launcher=launcher,
+            external=self.external_workers,
+            server=self,
         )
         self.last_report = result.report
         self.last_task_order = result.order
@@ -654,8 +697,14 @@ class SerialServer:
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(
-            tasks, multiprocessing=False, resources=None, progress=False,
-            block_tracking=block_tracking, host=None, summary=True, launcher=None,
+            tasks,
+            multiprocessing=False,
+            resources=None,
+            progress=False,
+            block_tracking=block_tracking,
+            host=None,
+            summary=True,
+            launcher=None,
         )
         states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
         return states

@@ -5,7 +5,8 @@ Theory of operation
 A block is ``(task index, k)`` with ``k`` its flat C-order index in the task's block
 grid. Per task, two numpy arrays carry all per-block state:
 
-* ``state`` (uint8): PENDING, READY, PROCESSING, DONE, FAILED or ORPHANED;
+* ``state`` (uint8): PENDING, READY (initially ready), QUEUED (readied later, in the
+  FIFO), PROCESSING, DONE, FAILED or ORPHANED;
 * ``deps`` (smallest unsigned dtype that fits): how many upstream blocks, in this task
   (conflict levels) or in upstream tasks (read/write overlap), have not succeeded yet.
 
@@ -42,6 +43,9 @@ __all__ = ["Scheduler", "TaskRun"]
 logger = logging.getLogger("bellis")
 
 PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
+# ready, and queued in the FIFO (readied by a release or a retry); READY blocks are the
+# initial ones the lazy root generator hands out, so it never picks up a queued block
+QUEUED = 6
 RUNNING, FINISHED, ABANDONED = 0, 1, 2
 
 _CHUNK = 1 << 16
@@ -329,12 +333,14 @@ class Scheduler:
                 if k < 0:
                     run.roots = roots = None
                     continue
+                if state_mv[k] != READY:
+                    continue
             elif run.fifo:
                 k = run.fifo.popleft()
+                if state_mv[k] != QUEUED:
+                    continue
             else:
                 return -1
-            if state_mv[k] != READY:
-                continue
             run.started = True
             run.ready -= 1
             if run.check_function is not None and self._precheck(run, k):
@@ -426,7 +432,7 @@ class Scheduler:
             c = deps[n] - 1
             deps[n] = c
             if c == 0 and state[n] == PENDING:
-                state[n] = READY
+                state[n] = QUEUED
                 run.fifo.append(n)
                 run.ready += 1
 
@@ -440,7 +446,7 @@ class Scheduler:
         attempts = run.retries.get(k, 0)
         if attempts < run.max_retries:
             run.retries[k] = attempts + 1
-            run.state_mv[k] = READY
+            run.state_mv[k] = QUEUED
             run.fifo.append(k)
             run.ready += 1
             return

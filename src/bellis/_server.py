@@ -24,6 +24,7 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -704,6 +705,8 @@ class RunLoop:
         env = dict(os.environ)
         ctx = self.context_extra(run, wid)
         env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
+        # the worker unpickles the function only after putting the driver's path in place
+        env["BELLIS_SYS_PATH"] = os.pathsep.join(p for p in sys.path if p)
         spec = WorkerSpec(
             task_id=run.task_id,
             worker_id=wid,

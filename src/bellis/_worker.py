@@ -27,8 +27,21 @@ def _read_payload(stream: Any) -> dict[str, Any]:
     if len(data) != length:
         raise RuntimeError("bellis worker: truncated payload on stdin")
     # The payload comes from our own parent process over a pipe, never from the network.
+    # The function may live in a module found only on the driver's sys.path, so that path
+    # must be in place before anything is unpickled.
+    _extend_sys_path(os.environ.get("BELLIS_SYS_PATH", "").split(os.pathsep))
     payload: dict[str, Any] = pickle.loads(data)
+    _extend_sys_path(payload.get("sys_path", []))
+    fn = payload.get("function")
+    if isinstance(fn, bytes):
+        payload["function"] = pickle.loads(fn)
     return payload
+
+
+def _extend_sys_path(paths: list[str]) -> None:
+    for p in reversed(paths):
+        if p and p not in sys.path:
+            sys.path.insert(0, p)
 
 
 def run_block_function_loop(fn: Any, context: Any = None) -> None:
@@ -53,9 +66,6 @@ def main() -> int:
             payload = _read_payload(f)
     else:
         payload = _read_payload(sys.stdin.buffer)
-    for p in reversed(payload.get("sys_path", [])):
-        if p not in sys.path:
-            sys.path.insert(0, p)
     from . import logging as blog
 
     blog.apply_settings(payload.get("log_settings", {}))

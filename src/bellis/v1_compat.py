@@ -53,7 +53,7 @@ __all__ = [
     "ConfigurationError",
     "Context",
     "Coordinate",
-    "DaskLauncher",
+    "DaskLauncher",  # noqa: F822 - loaded on first use (needs distributed)
     "DependencyGraph",
     "JsonProgressObserver",
     "LayoutMismatch",
@@ -64,7 +64,7 @@ __all__ = [
     "Scheduler",
     "SerialServer",
     "Server",
-    "SlurmLauncher",
+    "SlurmLauncher",  # noqa: F822 - loaded on first use
     "Stat",
     "Task",
     "TaskAbandonedError",

@@ -955,3 +955,87 @@ def test_format_status_of_a_daisy_store_and_an_empty_grid(tmp_path: Path) -> Non
 def test_format_status_without_a_store(tmp_path: Path) -> None:
     with pytest.raises(TrackingError, match=r"zarr\.json is missing"):
         format_status(tmp_path / "none")
+
+
+# -- stores and hashes recorded from daisy 2.0.0 ------------------------------------------
+
+COMPAT = Path(__file__).resolve().parent.parent / "compat"
+REFERENCE = COMPAT / "daisy_reference.json"
+FIXTURE = COMPAT / "daisy_store_fixture"
+needs_reference = pytest.mark.skipif(
+    not (REFERENCE.is_file() and FIXTURE.is_dir()), reason="daisy 2.0.0 reference data absent"
+)
+
+
+def _reference() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(REFERENCE.read_text())["tracking"]
+    return data
+
+
+def _layout_of(entry: dict[str, Any]) -> StoreLayout:
+    (to, ts), (ro, rs), (wo, ws) = entry["total_roi"], entry["read_roi"], entry["write_roi"]
+    return StoreLayout(
+        tuple(to), tuple(ts), tuple(ro), tuple(rs), tuple(wo), tuple(ws), entry["fit"]
+    )
+
+
+@needs_reference
+def test_hashes_equal_daisy_2_0_0() -> None:
+    reference = _reference()
+    entries = [*reference["hashes"], reference["fixture"]]
+    assert len(entries) > 1
+    for entry in entries:
+        assert layout_hash(_layout_of(entry)) == entry["daisy_task_hash"], entry.get("name")
+
+
+@needs_reference
+def test_daisy_store_metadata_is_what_bellis_writes() -> None:
+    fixture = _reference()["fixture"]
+    assert (FIXTURE / "zarr.json").read_bytes() == dump_metadata(
+        {
+            "attributes": {"daisy_task_hash": fixture["daisy_task_hash"]},
+            "node_type": "group",
+            "zarr_format": 3,
+        }
+    )
+    for name, spec in fixture["arrays"].items():
+        expected = dump_metadata(array_metadata(spec["dtype"], tuple(spec["shape"])))
+        assert (FIXTURE / name / "zarr.json").read_bytes() == expected, name
+
+
+@needs_reference
+def test_daisy_store_is_read_and_reused(tmp_path: Path) -> None:
+    fixture = _reference()["fixture"]
+    layout = _layout_of(fixture)
+    failing = layout.tracking_cell(tuple(fixture["failing_block_write_offset"]))
+    assert divmod(failing, 4) == (1, 2)
+    with TrackingStore.open_readonly(FIXTURE) as reader:
+        assert reader.done.tolist() == fixture["done"]
+        assert reader.failures.tolist() == fixture["failures"]
+        assert len(reader.stats) == 7
+        assert math.isnan(float(reader.stats["gpu_util_pct"][0, 0]))
+    text = format_status(FIXTURE)
+    assert "resources   7 of 11 arrays (missing worker_id, sent_at, returned_at" in text
+    assert failed_cells(FIXTURE, layout=layout) == []
+
+    copy = tmp_path / "fixture"
+    for source in FIXTURE.rglob("*"):
+        if source.is_file():
+            target = copy / source.relative_to(FIXTURE)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    before = snapshot(copy)
+    grown = StoreLayout((0, 0), (44, 34), (-2, -2), (14, 14), (0, 0), (10, 10), "valid")
+    with pytest.raises(LayoutMismatch):
+        TrackingStore.open(copy, grown, resource_tracking=True)
+    assert snapshot(copy) == before
+    with TrackingStore.open(copy, layout, resource_tracking=True) as store:
+        assert store.done.tolist() == fixture["done"]
+        assert store.failures.tolist() == fixture["failures"]
+    after = snapshot(copy)
+    for key, value in before.items():
+        if key != "zarr.json":
+            assert after[key] == value, key
+    with TrackingStore.open(copy, grown, resource_tracking=True) as store:
+        assert store.migrated_from == (3, 4)
+        assert store.done.tolist() == [*fixture["done"], [0] * 4, [0] * 4]
