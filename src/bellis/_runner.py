@@ -339,7 +339,6 @@ def _execute(
     from ._progress import (
         ErrorCollector,
         format_summary,
-        make_observer,
         print_to_real_stdout,
         resume_message,
     )
