@@ -330,6 +330,8 @@ class TaskGeometry:
 
     def level_indices(self, lvl: int) -> Iterator[int]:
         """Flat indices of level ``lvl`` in cartesian order, lazily."""
+        if not self.num_blocks:
+            return
         off = self.level_offsets[lvl]
         ranges = [
             range(o * st, n * st, s * st)

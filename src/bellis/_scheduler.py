@@ -10,7 +10,7 @@ grid. Per task, two numpy arrays carry all per-block state:
 * ``deps`` (smallest unsigned dtype that fits): how many upstream blocks, in this task
   (conflict levels) or in upstream tasks (read/write overlap), have not succeeded yet.
 
-A block is READY exactly when it is PENDING with ``deps == 0``. Per-block reads and writes
+A block is READY or QUEUED exactly when it is not done with ``deps == 0``. Per-block reads and writes
 go through ``memoryview``s of the arrays (tens of nanoseconds, no numpy scalar objects);
 whole-grid work (initial dependency counts, blocks already done in a tracking store,
 skip masks) is numpy over the arrays, never a Python loop per block.

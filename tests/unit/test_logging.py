@@ -44,7 +44,9 @@ def raise_and_capture(
 # ------------------------------------------------------------------------------- settings
 
 
-def test_defaults_match_daisy() -> None:
+def test_defaults_match_daisy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the autouse fixture points the log dir at tmp_path; check a fresh settings object
+    monkeypatch.setattr(blog, "_settings", blog._Settings())
     assert blog.get_log_basedir() == Path("./daisy_logs")
     assert blog.get_log_mode() == "file"
     assert blog.get_traceback_style() == "plain"
@@ -134,6 +136,7 @@ def test_task_log_dirname_shortens_long_ids_distinctly() -> None:
 
 
 def test_task_log_dirname_is_used_for_log_paths() -> None:
+    blog.set_log_basedir("daisy_logs")
     assert blog.get_worker_log_basename(2, "a/b") == Path("daisy_logs/a%2Fb/worker_2")
 
 
@@ -378,6 +381,7 @@ def test_export_and_apply_round_trip(tmp_path: Path) -> None:
 
 
 def test_export_makes_a_relative_basedir_absolute() -> None:
+    blog.set_log_basedir("daisy_logs")
     exported = blog.export_settings()
     assert exported["log_basedir"] == os.path.abspath("daisy_logs")
 

@@ -1,0 +1,502 @@
+"""SLURM launcher: every bellis worker is one ``sbatch`` job (or one task of a job array).
+
+The job script runs ``python -m bellis._worker``; the worker reads its payload from a file
+next to its logs (``BELLIS_PAYLOAD_FILE``) and connects back to the server over TCP. Job
+states are read with one ``squeue`` call per ``poll_interval`` for all jobs of the run, and
+a finished job's ``ExitCode`` once with ``scontrol show job``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import WorkerStartError
+from ._launchers import (
+    WorkerExit,
+    WorkerHandle,
+    WorkerLauncher,
+    WorkerSpec,
+    _stderr_tail,
+    describe_exit,
+)
+
+__all__ = ["SlurmLauncher"]
+
+logger = logging.getLogger("bellis")
+
+#: states after which a job never runs again (COMPLETING is not one: the job still holds its node)
+_FINISHED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+#: pending reasons that never clear by waiting: the request does not fit the partition
+_HOPELESS_REASONS = frozenset(
+    {
+        "BadConstraints",
+        "DependencyNeverSatisfied",
+        "InvalidAccount",
+        "InvalidQOS",
+        "PartitionConfig",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+    }
+)
+_OOM_MARKERS = ("Exceeded job memory limit", "oom-kill", "Out Of Memory")
+_COMMAND_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass
+class _Job:
+    """What the launcher knows about one submitted worker job."""
+
+    job_id: str
+    spec: WorkerSpec
+    job_name: str
+    slurm_err: Path | None
+    state: str = "PENDING"
+    reason: str = ""
+    exit: WorkerExit | None = None
+    missing_count: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def _format_time_limit(value: int | float | str) -> str:
+    if isinstance(value, str):
+        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", value):
+            raise ValueError(f"time_limit={value!r} is not minutes or 'HH:MM:SS'")
+        return value
+    minutes = int(value)
+    if minutes < 1:
+        raise ValueError(f"time_limit must be at least 1 minute (got {value!r})")
+    return str(minutes)
+
+
+def _format_mem(value: int | str) -> str:
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"mem must be positive (got {value!r})")
+        return f"{value}M"
+    if not re.fullmatch(r"\d+[KMGT]?", value.strip().upper()):
+        raise ValueError(f"mem={value!r} is not a SLURM memory size such as '4G' or '500M'")
+    return value.strip().upper()
+
+
+def _parse_fields(line: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for item in line.split():
+        key, sep, value = item.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+class SlurmLauncher(WorkerLauncher):
+    """Start workers as SLURM batch jobs (``sbatch``), one job per worker.
+
+    ``time_limit`` is minutes or ``"HH:MM:SS"``; ``mem`` is ``"4G"``-style or megabytes;
+    ``gres`` e.g. ``"gpu:1"``. A task's ``requires`` keys ``cpu``/``cpus``, ``mem``/``mem_mb``
+    (megabytes) and ``gpu`` override the per-worker CPUs, memory and GPU count.
+    ``launch_many`` submits a job array when at least ``array_threshold`` workers start at once.
+    """
+
+    name = "slurm"
+    is_local = False
+
+    def __init__(
+        self,
+        partition: str | None = None,
+        time_limit: int | str | None = None,
+        cpus_per_worker: int = 1,
+        mem: int | str | None = None,
+        gres: str | None = None,
+        extra_args: Sequence[str] = (),
+        python: str = sys.executable,
+        job_name_prefix: str = "bellis",
+        poll_interval: float = 1.0,
+        array_threshold: int = 4,
+    ) -> None:
+        if cpus_per_worker < 1:
+            raise ValueError(f"cpus_per_worker must be at least 1 (got {cpus_per_worker})")
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be positive (got {poll_interval})")
+        self.partition = partition
+        self.time_limit = None if time_limit is None else _format_time_limit(time_limit)
+        self.cpus_per_worker = int(cpus_per_worker)
+        self.mem = None if mem is None else _format_mem(mem)
+        self.gres = gres
+        self.extra_args = tuple(extra_args)
+        self.python = python
+        self.job_name_prefix = _sanitize(job_name_prefix)
+        self.poll_interval_seconds = float(poll_interval)
+        self.array_threshold = max(2, int(array_threshold))
+        self._jobs: dict[str, _Job] = {}
+        self._last_refresh = 0.0
+        self._scratch: Path | None = None
+        self._atexit_registered = False
+
+    # -- submission ---------------------------------------------------------------------
+    def job_name(self, spec: WorkerSpec) -> str:
+        """``{prefix}-{run}-{task}-w{worker_id}``, restricted to ``[A-Za-z0-9_.-]``."""
+        return (
+            f"{self.job_name_prefix}-{_sanitize(spec.run_name)}-{_sanitize(spec.task_id)}"
+            f"-w{spec.worker_id}"
+        )
+
+    def _resource_flags(self, spec: WorkerSpec) -> list[str]:
+        req = spec.requires
+        cpus = req.get("cpus", req.get("cpu", self.cpus_per_worker))
+        flags = [f"--cpus-per-task={int(cpus)}"]
+        mem_mb = req.get("mem_mb", req.get("mem"))
+        mem = _format_mem(int(mem_mb)) if mem_mb else self.mem
+        if mem is not None:
+            flags.append(f"--mem={mem}")
+        gres = f"gpu:{int(req['gpu'])}" if req.get("gpu") else self.gres
+        if gres:
+            flags.append(f"--gres={gres}")
+        if self.time_limit is not None:
+            flags.append(f"--time={self.time_limit}")
+        if self.partition:
+            flags.append(f"--partition={self.partition}")
+        return flags
+
+    def _work_dir(self, spec: WorkerSpec) -> Path:
+        if spec.err_path is not None:
+            return Path(spec.err_path).resolve().parent
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix=".bellis-slurm-", dir=Path.cwd()))
+        return self._scratch
+
+    def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
+        path = directory / f"{stem}.payload"
+        tmp = path.with_suffix(".payload.tmp")
+        tmp.write_bytes(struct.pack("<Q", len(spec.payload)) + spec.payload)
+        tmp.replace(path)
+        return path
+
+    def _worker_lines(self, spec: WorkerSpec, payload: Path) -> list[str]:
+        lines = [f"export BELLIS_PAYLOAD_FILE={shlex.quote(str(payload))}"]
+        for key in ("BELLIS_CONTEXT", "DAISY_CONTEXT"):
+            if key in spec.env:
+                lines.append(f"export {key}={shlex.quote(spec.env[key])}")
+        return lines
+
+    def _submit(self, script: Path, spec: WorkerSpec, extra: list[str]) -> str:
+        if shutil.which("sbatch") is None:
+            raise WorkerStartError("sbatch is not on PATH: SlurmLauncher needs a SLURM client")
+        cmd = ["sbatch", "--parsable", *extra, *self.extra_args, str(script)]
+        try:
+            out = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                env=spec.env,
+                timeout=_COMMAND_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise WorkerStartError(f"sbatch failed: {exc}") from exc
+        if out.returncode != 0:
+            raise WorkerStartError(
+                f"sbatch exited with code {out.returncode}: {out.stderr.strip() or out.stdout}"
+            )
+        job_id = out.stdout.strip().split(";")[0]
+        if not job_id:
+            raise WorkerStartError(f"sbatch printed no job id: {out.stdout!r}")
+        self._register_atexit()
+        return job_id
+
+    def _script_header(self, name: str, spec: WorkerSpec) -> list[str]:
+        lines = ["#!/bin/sh", f"#SBATCH --job-name={name}"]
+        lines += [f"#SBATCH {flag}" for flag in self._resource_flags(spec)]
+        return lines
+
+    def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        name = self.job_name(spec)
+        directory = self._work_dir(spec)
+        stem = f"{_sanitize(spec.task_id)}-w{spec.worker_id}"
+        payload = self._write_payload(spec, directory, stem)
+        out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
+        err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
+        lines = self._script_header(name, spec)
+        lines += [f"#SBATCH --output={out}", f"#SBATCH --error={err}"]
+        lines += self._worker_lines(spec, payload)
+        lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
+        script = directory / f"{stem}.sbatch"
+        script.write_text("\n".join(lines) + "\n")
+        job_id = self._submit(script, spec, [])
+        job = _Job(job_id, spec, name, spec.err_path)
+        self._jobs[job_id] = job
+        self._check_hopeless([job])
+        logger.debug("submitted SLURM job %s (%s)", job_id, name)
+        return WorkerHandle(spec, job)
+
+    def launch_many(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
+        """Start several workers of one task; one job array when there are enough of them."""
+        if len(specs) < self.array_threshold or len({s.task_id for s in specs}) != 1:
+            return [self.launch(s) for s in specs]
+        first = specs[0]
+        directory = self._work_dir(first)
+        stem = f"{_sanitize(first.task_id)}-w{first.worker_id}-array"
+        name = self.job_name(first) + "-array"
+        slurm_log = directory / f"{stem}-%a.slurm.err"
+        lines = self._script_header(name, first)
+        lines += [f"#SBATCH --output={slurm_log}", f"#SBATCH --error={slurm_log}"]
+        lines.append('case "$SLURM_ARRAY_TASK_ID" in')
+        for index, spec in enumerate(specs):
+            payload = self._write_payload(
+                spec, directory, f"{_sanitize(spec.task_id)}-w{spec.worker_id}"
+            )
+            lines.append(f"{index})")
+            lines += ["    " + line for line in self._worker_lines(spec, payload)]
+            out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
+            err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
+            lines.append(f"    exec >>{shlex.quote(out)} 2>>{shlex.quote(err)}")
+            lines.append("    ;;")
+        lines.append('*) echo "unknown array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;')
+        lines.append("esac")
+        lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
+        script = directory / f"{stem}.sbatch"
+        script.write_text("\n".join(lines) + "\n")
+        array_id = self._submit(script, first, [f"--array=0-{len(specs) - 1}"])
+        handles = []
+        jobs = []
+        for index, spec in enumerate(specs):
+            job_id = f"{array_id}_{index}"
+            job = _Job(job_id, spec, name, Path(str(slurm_log).replace("%a", str(index))))
+            self._jobs[job_id] = job
+            jobs.append(job)
+            handles.append(WorkerHandle(spec, job))
+        self._check_hopeless(jobs)
+        return handles
+
+    def _check_hopeless(self, jobs: list[_Job]) -> None:
+        self._query(jobs)
+        for job in jobs:
+            if job.state == "PENDING" and job.reason in _HOPELESS_REASONS:
+                self._scancel([j.job_id for j in jobs])
+                for j in jobs:
+                    self._jobs.pop(j.job_id, None)
+                raise WorkerStartError(
+                    f"SLURM will never start job {job.job_id} ({job.job_name}): "
+                    f"Reason={job.reason}; the requested resources "
+                    f"({' '.join(self._resource_flags(job.spec))}) do not fit the partition"
+                )
+
+    # -- watching -----------------------------------------------------------------------
+    def _query(self, jobs: list[_Job]) -> None:
+        """Update ``state``/``reason`` of ``jobs`` with one squeue call."""
+        if not jobs:
+            return
+        ids = ",".join(j.job_id for j in jobs)
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"],
+                capture_output=True,
+                text=True,
+                timeout=_COMMAND_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            logger.debug("squeue failed: %s", exc)
+            return
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            logger.debug("squeue exited with %d: %s", out.returncode, out.stderr.strip())
+            return
+        seen: dict[str, tuple[str, str]] = {}
+        for line in out.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3:
+                seen[parts[0]] = (parts[1], parts[2])
+        for job in jobs:
+            if job.job_id in seen:
+                job.state, job.reason = seen[job.job_id]
+                job.missing_count = 0
+            else:
+                job.missing_count += 1
+
+    def _scontrol(self, job_id: str) -> dict[str, str] | None:
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "job", "-o", job_id],
+                capture_output=True,
+                text=True,
+                timeout=_COMMAND_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if out.returncode != 0:
+            return None if "Invalid job id" in out.stderr else {}
+        for line in out.stdout.splitlines():
+            fields = _parse_fields(line)
+            if fields.get("JobId") == job_id or (
+                "ArrayTaskId" in fields
+                and f"{fields.get('ArrayJobId')}_{fields['ArrayTaskId']}" == job_id
+            ):
+                return fields
+        return {}
+
+    def _refresh(self) -> None:
+        live = [j for j in self._jobs.values() if j.exit is None]
+        self._query(live)
+        for job in live:
+            if job.state in _FINISHED_STATES:
+                job.exit = self._finished_exit(job)
+            elif job.state == "PENDING" and job.reason in _HOPELESS_REASONS:
+                self._scancel([job.job_id])
+                job.exit = WorkerExit(
+                    "error",
+                    None,
+                    f"SLURM job {job.job_id} can never start (Reason={job.reason})",
+                )
+            elif job.missing_count > 0:
+                fields = self._scontrol(job.job_id)
+                if fields is None or job.missing_count >= 3:
+                    job.exit = WorkerExit(
+                        "error",
+                        None,
+                        f"job lost: SLURM job {job.job_id} ({job.job_name}) vanished from "
+                        "squeue and scontrol",
+                    )
+                elif fields.get("JobState") in _FINISHED_STATES:
+                    job.state = fields["JobState"]
+                    job.extra = fields
+                    job.exit = self._finished_exit(job)
+
+    def _finished_exit(self, job: _Job) -> WorkerExit:
+        fields = job.extra or self._scontrol(job.job_id) or {}
+        code_text, _, signal_text = fields.get("ExitCode", "0:0").partition(":")
+        try:
+            code, sig = int(code_text), int(signal_text or 0)
+        except ValueError:
+            code, sig = 0, 0
+        spec = job.spec
+        where = f"SLURM job {job.job_id} ({job.job_name})"
+        state = job.state
+        slurm_tail = _stderr_tail(job.slurm_err, lines=20)
+        if state == "OUT_OF_MEMORY" or any(m in slurm_tail for m in _OOM_MARKERS):
+            return WorkerExit(
+                "error",
+                code or -9,
+                f"out of memory: {where} exceeded its memory limit; raise mem=\n{slurm_tail}",
+            )
+        if state == "TIMEOUT":
+            return WorkerExit("error", None, f"{where}: job exceeded its SLURM time limit")
+        if state == "CANCELLED":
+            return WorkerExit("error", None, f"{where} was cancelled (scancel or preemption)")
+        if state in ("COMPLETED", "FAILED"):
+            result = describe_exit(code if code or not sig else -sig, spec)
+            if result.kind == "clean":
+                return result
+            return WorkerExit(result.kind, result.code, f"{where}: {result.message}")
+        return WorkerExit("error", code or None, f"{where} ended in state {state}")
+
+    def poll(self, handle: WorkerHandle) -> WorkerExit | None:
+        job: _Job = handle.native
+        if job.exit is None:
+            now = time.monotonic()
+            if now - self._last_refresh >= self.poll_interval_seconds:
+                self._last_refresh = now
+                self._refresh()
+        return job.exit
+
+    def log_location(self, handle: WorkerHandle) -> str | None:
+        job: _Job = handle.native
+        where = handle.spec.err_path
+        return f"SLURM job {job.job_id}" + ("" if where is None else f": {where}")
+
+    # -- stopping -----------------------------------------------------------------------
+    def _scancel(self, job_ids: list[str], *args: str) -> None:
+        if not job_ids:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                ["scancel", *args, *job_ids],
+                capture_output=True,
+                timeout=_COMMAND_TIMEOUT_SECONDS,
+                check=False,
+            )
+
+    def _wait_gone(self, jobs: list[_Job], seconds: float) -> list[_Job]:
+        deadline = time.monotonic() + seconds
+        while True:
+            self._query(jobs)
+            jobs = [j for j in jobs if j.state not in _FINISHED_STATES and j.missing_count == 0]
+            if not jobs or time.monotonic() >= deadline:
+                return jobs
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+    def _stop(self, jobs: list[_Job], grace_seconds: float) -> None:
+        jobs = [j for j in jobs if j.exit is None]
+        if not jobs:
+            return
+        self._scancel([j.job_id for j in jobs])
+        left = self._wait_gone(jobs, grace_seconds)
+        if left:
+            ids = [j.job_id for j in left]
+            self._scancel(ids, "--full", "--signal=KILL")
+            self._scancel(ids)
+            self._wait_gone(left, 10.0)
+        for job in jobs:
+            if job.exit is None and job.state in _FINISHED_STATES:
+                job.exit = self._finished_exit(job)
+
+    def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
+        self._stop([h.native for h in handles], grace_seconds)
+
+    def kill(self, handle: WorkerHandle) -> None:
+        """Cancel one worker's job at once (its block timed out)."""
+        job: _Job = handle.native
+        if job.exit is None:
+            self._scancel([job.job_id], "--full", "--signal=KILL")
+            self._scancel([job.job_id])
+
+    def live_job_ids(self) -> list[str]:
+        """Ids of the jobs this launcher started that have not been seen to finish."""
+        return [j.job_id for j in self._jobs.values() if j.exit is None]
+
+    def close(self) -> None:
+        """Cancel every job of this launcher that has not finished; remove scratch files."""
+        self._stop(list(self._jobs.values()), 0.0)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+        if self._atexit_registered:
+            atexit.unregister(self._cancel_at_exit)
+            self._atexit_registered = False
+
+    def _register_atexit(self) -> None:
+        if not self._atexit_registered:
+            atexit.register(self._cancel_at_exit)
+            self._atexit_registered = True
+
+    def _cancel_at_exit(self) -> None:
+        self._scancel(self.live_job_ids())

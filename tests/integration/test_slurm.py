@@ -1,0 +1,219 @@
+"""Workers as real SLURM batch jobs on the single-node CI cluster (``.ci/slurm_setup.sh``)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import done_count, done_ids, make_task, read_records, sleep_block
+
+import bellis
+from bellis._workers._slurm import SlurmLauncher
+
+
+def _slurm_available() -> str | None:
+    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH"
+    try:
+        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed: {exc}"
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"sinfo failed: {out.stderr.strip()}"
+    return None
+
+
+_REASON = _slurm_available()
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),
+]
+
+
+def _jobs_named(prefix: str, states: str = "all") -> list[tuple[str, str, str]]:
+    """(job id, state, name) of every job whose name starts with ``prefix``."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", states, "-o", "%i|%T|%j"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    rows = [tuple(line.split("|", 2)) for line in out.stdout.splitlines() if "|" in line]
+    return [(r[0], r[1], r[2]) for r in rows if r[2].startswith(prefix)]
+
+
+def _active_jobs(prefix: str) -> list[tuple[str, str, str]]:
+    return _jobs_named(prefix, "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED")
+
+
+def _scontrol(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return dict(item.split("=", 1) for item in out.stdout.split() if "=" in item)
+
+
+def _prefix(tmp_path: Path) -> str:
+    # a prefix unique to this test, so concurrent runs never see each other's jobs
+    return "bt" + str(abs(hash(str(tmp_path))) % 10**8)
+
+
+def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
+    a = make_task("a", 12, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
+    total = bellis.Roi((0,), (120,))
+    b = bellis.Task(
+        "b",
+        total,
+        bellis.Roi((-10,), (30,)),
+        bellis.Roi((0,), (10,)),
+        process_function=functools.partial(sleep_block, str(rec), 0.0),
+        fit="shrink",
+        read_write_conflict=False,
+        max_workers=2,
+    )
+    states = bellis.run_blockwise(
+        [a, b], launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    records = read_records(rec)
+    assert states["a"].completed_count == 12
+    assert states["b"].completed_count == 12
+    assert states["a"].worker_failure_count == 0
+    assert states["b"].worker_failure_count == 0
+    assert done_ids(records, "a") == list(range(12))
+    assert all(done_count(records, "b", sid) == 1 for sid in done_ids(records, "b"))
+    assert len(done_ids(records, "b")) == 12
+    assert launcher.live_job_ids() == []
+    assert _active_jobs(prefix) == []
+    finished = _jobs_named(prefix)
+    assert finished, "the run's jobs should be visible in squeue -t all"
+    assert {state for _, state, _ in finished} == {"COMPLETED"}
+    names = {name for _, _, name in finished}
+    assert all(n.startswith(f"{prefix}-bellis-") and "-w" in n for n in names)
+    # the worker's job script and payload sit next to its logs
+    scripts = sorted((tmp_path / "logs").rglob("*.sbatch"))
+    assert len(scripts) == len(finished)
+    assert "exec " in scripts[0].read_text() and "-m bellis._worker" in scripts[0].read_text()
+
+
+def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
+    task = make_task(
+        "s", 8, functools.partial(sleep_block, str(rec), 1.0), max_workers=2, max_retries=3
+    )
+    cancelled: list[str] = []
+
+    def cancel_one() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = [j for j in _jobs_named(prefix, "RUNNING")]
+            if running and any(rec.iterdir()):
+                cancelled.append(running[0][0])
+                subprocess.run(["scancel", running[0][0]], check=True, timeout=30)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=cancel_one)
+    killer.start()
+    try:
+        states = bellis.run_blockwise(
+            task, launcher=launcher, return_states=True, progress=False, summary=False
+        )
+    finally:
+        killer.join()
+    assert cancelled, "no running job was found to cancel"
+    state = states["s"]
+    assert state.completed_count == 8
+    assert state.failed_count == 0
+    assert state.worker_failure_count >= 1
+    records = read_records(rec)
+    assert done_ids(records, "s") == list(range(8))
+    assert _scontrol(cancelled[0])["JobState"] == "CANCELLED"
+    assert _active_jobs(prefix) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_time_limit_exit_is_reported_and_block_retried(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, time_limit=1, poll_interval=1.0)
+    # block 0 sleeps past the one-minute limit on its first attempt only
+    task = make_task(
+        "t",
+        3,
+        functools.partial(_slow_first_attempt, str(rec)),
+        max_workers=1,
+        max_retries=2,
+        max_worker_restarts=2,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    state = states["t"]
+    assert state.completed_count == 3
+    assert state.worker_failure_count == 1
+    records = read_records(rec)
+    assert done_ids(records, "t") == [0, 1, 2]
+    jobs = _jobs_named(prefix)
+    assert sorted(s for _, s, _ in jobs) == ["COMPLETED", "TIMEOUT"]
+    assert _active_jobs(prefix) == []
+    report = bellis.get_last_report() if hasattr(bellis, "get_last_report") else None
+    del report
+
+
+def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
+    marker = Path(recdir) / "slept"
+    if block.block_id[1] == 0 and not marker.exists():
+        marker.touch()
+        time.sleep(150)
+    sleep_block(recdir, 0.0, block)
+
+
+def test_memory_request_reaches_the_job(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, mem="200M", cpus_per_worker=1)
+    task = make_task("m", 2, functools.partial(sleep_block, str(rec), 0.0))
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    assert states["m"].completed_count == 2
+    jobs = _jobs_named(prefix)
+    assert len(jobs) == 1
+    record = _scontrol(jobs[0][0])
+    assert record["MinMemoryNode"] == "200M"
+    assert record["JobState"] == "COMPLETED"
+    assert record["ExitCode"] == "0:0"
+
+
+def test_unsatisfiable_request_is_a_start_error(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, cpus_per_worker=512)
+    task = make_task("c", 1, functools.partial(sleep_block, str(tmp_path), 0.0))
+    task_states = None
+    with pytest.raises(RuntimeError):
+        task_states = bellis.run_blockwise(
+            task, launcher=launcher, return_states=True, progress=False, summary=False
+        )
+    assert task_states is None
+    assert _active_jobs(prefix) == []
