@@ -34,6 +34,7 @@ from ._block import BlockStats
 from .errors import TrackingError
 
 __all__ = [
+    "COUNTER_KEYS",
     "EXIT_KINDS",
     "OUTCOMES",
     "SCHEMA_VERSION",
@@ -49,6 +50,8 @@ __all__ = [
     "WorkersSection",
     "append_run_line",
     "counters_from_state",
+    "format_bytes",
+    "format_duration",
     "read_last_run",
     "read_runs",
     "render_panel",
@@ -525,7 +528,7 @@ def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
 
 
 class _StoreArrays:
-    """The per-block arrays of one tracking store, opened read-only on first use."""
+    """The per-block arrays of one tracking store, memory-mapped read-only."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -363,6 +363,11 @@ class RunLoop:
         fd = conn.sock.fileno()
         if fd < 0:
             return
+        if conn.k >= 0 and conn.run is not None and time.monotonic() >= conn.deadline:
+            # the worker's watchdog preempted the block (exit 87) before the tick saw the
+            # deadline pass: account it as the timeout it is, not as a plain disconnect
+            self._timeout(conn)
+            return
         self.conns.pop(fd, None)
         try:
             self.sel.unregister(conn.sock)
@@ -394,18 +399,22 @@ class RunLoop:
             k = msg[1]
             run = conn.run
             assert run is not None
-            if isinstance(k, int) and k >= 0:
+            if not isinstance(k, int) or isinstance(k, bool):
+                raise ProtocolError(f"malformed block index {k!r}")
+            if k >= 0:
                 if k != conn.k:
-                    logger.warning(
-                        "invalid block return from %s: block %s/%s is not held by it",
-                        conn.addr,
-                        run.task_id,
-                        k,
+                    # a well-behaved client only ever returns the block it holds (a block
+                    # reclaimed on timeout closes its connection first)
+                    raise ProtocolError(
+                        f"invalid block return: block {run.task_id}/{k} is not held by it"
                     )
-                else:
-                    self._returned(conn, run, k, msg[2], msg[3], msg[4])
-                    if self.fatal is not None:
-                        return
+                self._returned(conn, run, k, msg[2], msg[3], msg[4])
+                if self.fatal is not None:
+                    return
+            elif conn.k >= 0:
+                raise ProtocolError(
+                    f"asked for a block while holding {run.task_id}/{conn.k} without returning it"
+                )
             if op == BYE:
                 self._close(conn, lost=False)
                 return

@@ -29,9 +29,9 @@ def roi(offset: tuple[int, ...], shape: tuple[int, ...]) -> bellis.Roi:
     return bellis.Roi(offset, shape)
 
 
-def recorder(log: Path, fail_flag: Path | None = None, fail_at: tuple[int, ...] = ()) -> Callable[
-    [Any], None
-]:
+def recorder(
+    log: Path, fail_flag: Path | None = None, fail_at: tuple[int, ...] = ()
+) -> Callable[[Any], None]:
     """A process function that appends ``block_id[1]`` to ``log``.
 
     While ``fail_flag`` exists, blocks whose write offset is ``fail_at`` fail.
@@ -266,9 +266,13 @@ def test_block_tracking_false_neither_reads_nor_writes(tmp_path: Path, mp: bool)
     files = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
     log.unlink()
     states = run(
-        [grid_task("t", recorder(log), tracking_path=store),
-         grid_task("u", recorder(log), tracking_path=fresh)],
-        mp, block_tracking=False, summary=False,
+        [
+            grid_task("t", recorder(log), tracking_path=store),
+            grid_task("u", recorder(log), tracking_path=fresh),
+        ],
+        mp,
+        block_tracking=False,
+        summary=False,
     )
     assert states["t"].skipped_count == 0 and states["t"].completed_count == 16
     assert sum(calls(log).values()) == 32
@@ -334,7 +338,10 @@ def test_check_skips_are_recorded_and_mask_skips_are_not(
     mask[3, :] = 1  # the bottom row; its first cell is also a check_function skip
     with pytest.warns(UserWarning, match="check_function"):
         task = grid_task(
-            "t", recorder(log), tracking_path=store, check_function=left_column_done,
+            "t",
+            recorder(log),
+            tracking_path=store,
+            check_function=left_column_done,
             skip_mask=mask,
         )
     caplog.set_level(logging.INFO, logger="bellis._progress")
@@ -368,7 +375,9 @@ def test_check_skips_are_recorded_and_mask_skips_are_not(
 def test_masked_upstream_releases_its_dependents(tmp_path: Path, mp: bool) -> None:
     log_a, log_b = tmp_path / "a.txt", tmp_path / "b.txt"
     a = grid_task(
-        "a", recorder(log_a), skip_mask=np.ones((4, 4), dtype=np.uint8),
+        "a",
+        recorder(log_a),
+        skip_mask=np.ones((4, 4), dtype=np.uint8),
         tracking_path=tmp_path / "a",
     )
     b = bellis.Task(
@@ -443,7 +452,11 @@ def test_tracking_grid_anchor_and_skip_mask_anchor_with_a_block_wide_context(
     by_volume[0, 0] = by_volume[0, 1] = True
     np.testing.assert_array_equal(bellis.skip_mask_from_volume(task, by_volume), mask)
     masked = grid_task(
-        "t", _offset_recorder(log), total=(100, 100), context=10, tracking_path=store,
+        "t",
+        _offset_recorder(log),
+        total=(100, 100),
+        context=10,
+        tracking_path=store,
         skip_mask=mask,
     )
     states = run([masked], mp, summary=False)
@@ -502,9 +515,7 @@ def _layout_of(task: bellis.Task) -> StoreLayout:
     g = task._geom
     w = tuple(int(x) for x in task.write_roi.offset)
     r = tuple(int(x) for x in task.read_roi.offset)
-    return StoreLayout(
-        g.total_offset, g.total_shape, r, g.read_shape, w, g.write_shape, g.fit
-    )
+    return StoreLayout(g.total_offset, g.total_shape, r, g.read_shape, w, g.write_shape, g.fit)
 
 
 def test_a_fully_done_million_block_task_resumes_without_calling_anything(

@@ -42,6 +42,7 @@ finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinit
 # ------------------------------------------------------------------ accumulators
 
 
+@settings(deadline=None)
 @given(st.lists(finite, min_size=1, max_size=200))
 def test_welford_matches_numpy(xs: list[float]) -> None:
     w = Welford()
@@ -56,6 +57,7 @@ def test_welford_matches_numpy(xs: list[float]) -> None:
     assert w.total == pytest.approx(a.sum(), rel=1e-9, abs=1e-6)
 
 
+@settings(deadline=None)
 @given(st.lists(finite, max_size=60), st.lists(finite, max_size=60))
 def test_welford_merge_equals_one_stream(xs: list[float], ys: list[float]) -> None:
     a, b, both = Welford(), Welford(), Welford()
@@ -81,7 +83,7 @@ def test_welford_std_is_zero_below_two_samples() -> None:
     assert w.std == 0.0 and w.mean == 3.5
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(min_value=0.0, max_value=1e4), min_size=2, max_size=300))
 def test_trend_matches_polyfit(ys: list[float]) -> None:
     t = Trend()

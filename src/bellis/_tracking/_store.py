@@ -51,9 +51,13 @@ each ``c.pre-<X>``:
 
 Before phase 2 touches an array, its ``c`` is untouched (phase 1 only writes beside
 it). During phase 2, an array whose ``c`` was moved aside always has its
-``c.pre-<old>``, so no state loses the old data. Array metadata is a pure function of
-(dtype, shape), so rewriting it from ``G`` is always correct. Hence the store is always
-recognised either as the old layout or the new one, never as a mixture.
+``c.pre-<old>``, so no state loses the old data. An array's metadata differs between
+the two layouts only in its shape fields, so rewriting them from ``G`` is always
+correct. Hence the store is always recognised either as the old layout or the new
+one, never as a mixture. The steps are
+also made durable in that order (msync of the new chunk and fsync of its directories,
+fsync of every replaced ``zarr.json`` and of its directory, which also persists the
+renames before it), so the argument holds across a power loss too.
 ``open_readonly`` applies the same rule without writing: an array that has a
 ``c.pre-<H>`` is read from there.
 """
@@ -137,19 +141,25 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(file: Path, data: bytes) -> None:
-    """Write ``file`` through a temporary file in the same directory and ``os.replace``."""
+def _write_atomic(file: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write ``file`` through a temporary file in the same directory and ``os.replace``.
+
+    ``durable`` also fsyncs the file and its directory, so the replacement survives a
+    power loss; the migration needs that for its commit point, creation does not.
+    """
     tmp = file.with_name(f"{_TMP_PREFIX}{os.getpid()}-{file.name}")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, file)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(file.parent)
+    if durable:
+        _fsync_dir(file.parent)
 
 
 def _chunk_parts(ndim: int) -> tuple[str, ...]:
@@ -237,7 +247,9 @@ def _recover(root: Path, committed_hash: str, record: Any) -> None:
         os.rename(pre, current)
         meta = _read_json(entry / "zarr.json")
         if meta is not None and grid is not None and int_shape(meta.get("shape")) != grid:
-            _write_atomic(entry / "zarr.json", dump_metadata(reshaped_metadata(meta, grid)))
+            _write_atomic(
+                entry / "zarr.json", dump_metadata(reshaped_metadata(meta, grid)), durable=True
+            )
         _log.info(
             "block tracking at %s: rolled back an interrupted migration of %s", root, entry.name
         )
@@ -284,6 +296,10 @@ def _migrate(
                 new[(slice(None),) * axis + (index,)] = 0
         new.flush()
         del new, old
+        for level in staging.joinpath(*parts).parents:
+            _fsync_dir(level)
+            if level == staging:
+                break
         _step(f"prepared {name}")
 
     for name, meta_file, meta in arrays:
@@ -292,7 +308,9 @@ def _migrate(
         _step(f"moved aside {name}")
         os.rename(directory / _MIGRATING, directory / "c")
         _step(f"moved in {name}")
-        _write_atomic(meta_file, dump_metadata(reshaped_metadata(meta, plan.new_grid)))
+        _write_atomic(
+            meta_file, dump_metadata(reshaped_metadata(meta, plan.new_grid)), durable=True
+        )
         _step(f"swapped {name}")
 
     committed = dict(group)
@@ -300,7 +318,7 @@ def _migrate(
     attributes["daisy_task_hash"] = new_hash
     attributes["bellis_layout"] = record
     committed["attributes"] = attributes
-    _write_atomic(root / "zarr.json", dump_metadata(committed))
+    _write_atomic(root / "zarr.json", dump_metadata(committed), durable=True)
     _step("committed")
 
     for name, _meta_file, _meta in arrays:

@@ -1,0 +1,122 @@
+"""Workers as long-running tasks on a real ``distributed.LocalCluster`` (worker processes)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import done_count, done_ids, make_task, read_records, sleep_block
+
+import bellis
+
+distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
+
+pytestmark = [pytest.mark.dask]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _resource_tracker() -> None:
+    # LocalCluster's spawned processes start the stdlib's per-process resource tracker, which
+    # lives as long as this process; start it before the leak check takes its snapshot
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Any, Any]]:
+    from distributed import Client, LocalCluster
+
+    lc = LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        dashboard_address=None,
+        scheduler_port=0,
+        host="127.0.0.1",
+        silence_logs=40,
+    )
+    client = Client(lc)
+    try:
+        yield lc, client
+    finally:
+        client.close()
+        lc.close()
+
+
+def test_pipeline_runs_on_dask_workers(cluster: tuple[Any, Any], tmp_path: Path) -> None:
+    from bellis._workers._dask import DaskLauncher
+
+    _, client = cluster
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = DaskLauncher(client)
+    assert launcher.is_local
+    a = make_task("a", 10, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
+    b = make_task("b", 10, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
+    states = bellis.run_blockwise(
+        a + b, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    assert states["a"].completed_count == 10
+    assert states["b"].completed_count == 10
+    assert states["a"].worker_failure_count == 0
+    assert states["b"].worker_failure_count == 0
+    records = read_records(rec)
+    assert done_ids(records, "a") == list(range(10))
+    assert done_ids(records, "b") == list(range(10))
+    assert all(done_count(records, t, i) == 1 for t in "ab" for i in range(10))
+    # the blocks ran in the bellis subprocesses of the dask worker processes, not here
+    worker_pids = set(client.run(os.getpid).values())
+    pids = {a.pid for rows in records.values() for a in rows}
+    assert os.getpid() not in pids
+    assert not pids & worker_pids
+    # nothing of the run is left on the cluster
+    assert all(not keys for keys in client.processing().values())
+    assert launcher.live_task_keys() == []
+
+
+def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path) -> None:
+    from bellis._workers._dask import DaskLauncher
+
+    _, client = cluster
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = DaskLauncher(client)
+    task = make_task(
+        "k", 10, functools.partial(sleep_block, str(rec), 0.3), max_workers=2, max_retries=3
+    )
+    killed: list[str] = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            busy = [w for w, keys in client.processing().items() if keys]
+            if busy and any(rec.iterdir()):
+                killed.append(busy[0])
+                client.run(os._exit, 1, workers=[busy[0]], wait=False)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    try:
+        states = bellis.run_blockwise(
+            task, launcher=launcher, return_states=True, progress=False, summary=False
+        )
+    finally:
+        killer.join()
+    assert killed, "no busy dask worker was found to kill"
+    state = states["k"]
+    assert state.completed_count == 10
+    assert state.failed_count == 0
+    assert state.worker_failure_count >= 1
+    assert state.first_worker_error is not None
+    assert "dask worker lost" in state.first_worker_error
+    records = read_records(rec)
+    assert done_ids(records, "k") == list(range(10))

@@ -1,0 +1,202 @@
+"""Failure handling in distributed runs: crashes, timeouts, memory, clean exits, abandonment,
+resources and configuration errors. Every test checks the counters against the record files."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import (
+    all_attempts,
+    done_count,
+    done_ids,
+    exit_once_block,
+    fail_block,
+    hang_once_block,
+    make_task,
+    memory_block,
+    peak_concurrency,
+    read_records,
+    sleep_block,
+)
+
+import bellis
+from bellis.errors import ConfigurationError
+
+RUN = {"progress": False, "summary": False}
+
+
+@pytest.fixture
+def recdir(tmp_path: Path) -> str:
+    d = tmp_path / "rec"
+    d.mkdir()
+    return str(d)
+
+
+def assert_each_success_once(recdir: str, task_id: str, n: int) -> dict[Any, Any]:
+    recs = read_records(recdir)
+    assert done_ids(recs, task_id) == list(range(n))
+    for sid in range(n):
+        assert done_count(recs, task_id, sid) == 1, sid
+    return recs
+
+
+def test_sigkill_mid_block_retries_and_replaces(recdir: str) -> None:
+    task = make_task("a", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not killed:
+            for p in Path(recdir).iterdir():
+                lines = p.read_text().splitlines()
+                if len(lines) == 1 and lines[0].startswith("start"):
+                    pid = int(lines[0].split()[1])
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    states = bellis.run_blockwise([task], return_states=True, **RUN)
+    t.join()
+    assert killed
+    s = states["a"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
+    assert s.worker_failure_count >= 1
+    assert s.worker_start_count >= 3  # the killed worker was replaced
+    recs = assert_each_success_once(recdir, "a", 6)
+    # the killed pid started a block that was retried by another process
+    victims = [rows for rows in recs.values() if rows[0].pid == killed[0] and rows[0].kind == "start"]
+    assert any(any(a.kind == "done" and a.pid != killed[0] for a in rows) for rows in victims)
+
+
+def test_block_timeout_kills_worker_and_retries(recdir: str, tmp_path: Path) -> None:
+    task = make_task(
+        "t", 3, functools.partial(hang_once_block, recdir, 1), max_workers=1, timeout=1.0
+    )
+    t0 = time.monotonic()
+    states = bellis.run_blockwise([task], return_states=True, progress=False, summary=True)
+    assert time.monotonic() - t0 < 15
+    s = states["t"]
+    assert (s.completed_count, s.failed_count) == (3, 0)
+    assert s.timeout_reclaim_count >= 1
+    recs = assert_each_success_once(recdir, "t", 3)
+    assert len(recs[("t", 1)]) == 3  # start (hung), start, done
+    err = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.err"))
+    assert "still running after timeout=1s; killing worker process" in err
+    workers = task.report().to_json()["workers"]
+    assert workers["exits"].get("timeout", 0) >= 1
+
+
+def test_timeout_summary_mentions_timeout(recdir: str, capfd: pytest.CaptureFixture[str]) -> None:
+    task = make_task(
+        "t", 2, functools.partial(hang_once_block, recdir, 0), max_workers=1, timeout=1.0
+    )
+    states = bellis.run_blockwise([task], return_states=True, progress=False, summary=True)
+    assert states["t"].completed_count == 2
+    out = capfd.readouterr().out
+    assert "exceeded the block timeout (1s" in out
+
+
+def test_memory_limit_failure_is_retried(recdir: str) -> None:
+    task = make_task(
+        "m", 4, functools.partial(memory_block, recdir, 2), max_workers=1, max_retries=2
+    )
+    states = bellis.run_blockwise([task], return_states=True, **RUN)
+    s = states["m"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (4, 0, 0)
+    recs = assert_each_success_once(recdir, "m", 4)
+    assert len(recs[("m", 2)]) == 3  # failed start, retry start, done
+    assert os.path.exists(os.path.join(recdir, "hogged_2"))
+
+
+def test_clean_exit_mid_block_is_not_a_failure(recdir: str) -> None:
+    task = make_task(
+        "c",
+        6,
+        functools.partial(exit_once_block, recdir, 2, 0.05),
+        max_workers=2,
+        max_worker_restarts=0,
+    )
+    states = bellis.run_blockwise([task], return_states=True, **RUN)
+    s = states["c"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
+    assert s.worker_failure_count == 0
+    assert s.worker_restart_count == 0  # a clean exit gives its start back
+    assert s.worker_start_count == 3
+    recs = assert_each_success_once(recdir, "c", 6)
+    assert len(recs[("c", 2)]) == 3
+
+
+def test_restart_cap_abandons_and_orphans_downstream(recdir: str, capfd: Any) -> None:
+    a = make_task(
+        "a", 6, functools.partial(fail_block, recdir, ()), max_workers=2, max_worker_restarts=1
+    )
+    b = make_task("b", 6, functools.partial(sleep_block, recdir, 0.0), max_workers=1)
+    pipe = bellis.Pipeline([a, b], [(a, b)])
+    t0 = time.monotonic()
+    with pytest.raises(bellis.TaskAbandonedError) as info:
+        bellis.run_blockwise(pipe, progress=False, summary=True)
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert str(err).startswith("task 'a' was abandoned (worker restart cap exhausted)")
+    states = err.daisy_states  # type: ignore[attr-defined]
+    sa, sb = states["a"], states["b"]
+    assert sa.abandoned and sb.abandoned
+    assert sa.worker_start_count == 3
+    assert sa.worker_restart_count == 1
+    assert sa.worker_failure_count == 3
+    assert sb.abandon_reason == "upstream task abandoned"
+    assert sb.worker_start_count == 0
+    assert sb.orphaned_count == 6
+    assert sa.completed_count == 0
+    assert sa.failed_count + sa.orphaned_count + sa.ready_count + sa.pending_count >= 0
+    recs = read_records(recdir)
+    assert sum(1 for a_ in all_attempts(recs) if a_.kind == "start") == 3
+    assert not any(t == "b" for t, _ in recs)
+
+
+def test_server_returns_states_on_abandonment(recdir: str) -> None:
+    a = make_task(
+        "a", 3, functools.partial(fail_block, recdir, ()), max_workers=1, max_worker_restarts=0
+    )
+    states = bellis.Server().run_blockwise([a], **RUN)
+    assert states["a"].abandoned
+    assert states["a"].worker_start_count == 1
+
+
+def test_requires_more_than_budget_is_config_error(recdir: str) -> None:
+    task = make_task("g", 2, functools.partial(sleep_block, recdir, 0.0), requires={"gpu": 2})
+    with pytest.raises(ConfigurationError) as info:
+        bellis.run_blockwise([task], resources={"gpu": 1}, **RUN)
+    text = str(info.value)
+    assert "gpu: 2" in text and "gpu: 1" in text
+    assert os.listdir(recdir) == []
+
+
+def test_resource_budget_caps_concurrency(recdir: str) -> None:
+    task = make_task(
+        "r", 8, functools.partial(sleep_block, recdir, 0.2), max_workers=4, requires={"cpu": 1}
+    )
+    states = bellis.run_blockwise([task], resources={"cpu": 2}, return_states=True, **RUN)
+    assert states["r"].completed_count == 8
+    recs = assert_each_success_once(recdir, "r", 8)
+    assert peak_concurrency(all_attempts(recs)) <= 2
+    assert len({a.pid for a in all_attempts(recs)}) <= 2
+
+
+def test_missing_process_function_is_rejected_at_once() -> None:
+    task = make_task("n", 2, None)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigurationError, match="no process_function"):
+        bellis.run_blockwise([task], **RUN)
+    assert time.monotonic() - t0 < 2

@@ -1,0 +1,178 @@
+"""Rogue clients against a live run: each is dropped, and the run completes unharmed."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import done_count, done_ids, make_task, read_records, sleep_block
+
+import bellis
+import bellis._server as server_module
+from bellis._protocol import (
+    ACQUIRE,
+    CHALLENGE,
+    HELLO,
+    PROTOCOL_VERSION,
+    SEND,
+    WELCOME,
+    FrameDecoder,
+    compute_mac,
+    encode,
+)
+
+
+def connect(port: int) -> tuple[socket.socket, bytes]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    msg = recv_msg(sock)
+    assert msg[0] == CHALLENGE
+    return sock, msg[1]
+
+
+def recv_msg(sock: socket.socket) -> list[Any]:
+    dec = FrameDecoder()
+    while True:
+        data = sock.recv(65536)
+        assert data, "server closed the connection"
+        msgs = dec.feed(data)
+        if msgs:
+            return msgs[0]  # type: ignore[no-any-return]
+
+
+def closed_by_server(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """True once the peer closes (EOF or reset); anything received before is discarded."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
+def authenticate(port: int, secret: bytes, task_id: str) -> socket.socket:
+    sock, nonce = connect(port)
+    sock.sendall(encode([HELLO, compute_mac(secret, nonce), task_id, -1, 0, 0.0]))
+    assert recv_msg(sock)[0] == WELCOME
+    return sock
+
+
+def rogue_garbage(port: int, secret: bytes) -> bool:
+    sock, _ = connect(port)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)))
+    return closed_by_server(sock)
+
+
+def rogue_wrong_mac(port: int, secret: bytes) -> bool:
+    sock, nonce = connect(port)
+    sock.sendall(encode([HELLO, compute_mac(b"not the secret", nonce), "a", -1, 0, 0.0]))
+    return closed_by_server(sock)
+
+
+def rogue_oversized(port: int, secret: bytes) -> bool:
+    sock, _ = connect(port)
+    sock.sendall(struct.pack(">IB", 0xFFFFFFFF, PROTOCOL_VERSION))
+    return closed_by_server(sock)
+
+
+def rogue_silent(port: int, secret: bytes) -> bool:
+    sock, _ = connect(port)
+    return closed_by_server(sock)
+
+
+def rogue_malformed_acquire(port: int, secret: bytes) -> bool:
+    sock = authenticate(port, secret, "a")
+    sock.sendall(encode([ACQUIRE, "three", 1, None, None]))
+    return closed_by_server(sock)
+
+
+def rogue_short_acquire(port: int, secret: bytes) -> bool:
+    sock = authenticate(port, secret, "a")
+    sock.sendall(encode([ACQUIRE, 1]))
+    return closed_by_server(sock)
+
+
+def rogue_foreign_return(port: int, secret: bytes) -> bool:
+    sock = authenticate(port, secret, "a")
+    sock.sendall(encode([ACQUIRE, 3, 1, None, None]))  # block 3 "succeeded"
+    return closed_by_server(sock)
+
+
+ROGUES = {
+    "garbage": rogue_garbage,
+    "wrong_mac": rogue_wrong_mac,
+    "oversized": rogue_oversized,
+    "silent": rogue_silent,
+    "malformed_acquire": rogue_malformed_acquire,
+    "short_acquire": rogue_short_acquire,
+    "foreign_return": rogue_foreign_return,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROGUES))
+def test_rogue_client_is_dropped_and_run_completes(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "_HANDSHAKE_SECONDS", 0.5)
+    recdir = tmp_path / "rec"
+    recdir.mkdir()
+    n = 8
+    task = make_task("a", n, functools.partial(sleep_block, str(recdir), 0.15), max_workers=1)
+    outcome: dict[str, Any] = {}
+
+    def attack(server: Any) -> None:
+        try:
+            outcome["closed"] = ROGUES[name](server.port, server.secret)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    def on_listen(server: Any) -> None:
+        outcome["hostname"] = server.hostname
+        threading.Thread(target=attack, args=(server,), daemon=True).start()
+
+    t0 = time.monotonic()
+    states = bellis.Server(on_listen=on_listen).run_blockwise([task], progress=False, summary=False)
+    deadline = time.monotonic() + 10
+    while not outcome.keys() - {"hostname"} and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["closed"] is True
+    assert outcome["hostname"] == "127.0.0.1"
+    s = states["a"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
+    assert s.worker_failure_count == 0
+    recs = read_records(recdir)
+    assert done_ids(recs, "a") == list(range(n))
+    assert all(done_count(recs, "a", k) == 1 for k in range(n))
+    assert time.monotonic() - t0 < 20
+
+
+def test_wrong_task_id_is_rejected(tmp_path: Path) -> None:
+    recdir = tmp_path / "rec"
+    recdir.mkdir()
+    task = make_task("a", 4, functools.partial(sleep_block, str(recdir), 0.1), max_workers=1)
+    replies: list[Any] = []
+
+    def attack(server: Any) -> None:
+        sock, nonce = connect(server.port)
+        sock.sendall(encode([HELLO, compute_mac(server.secret, nonce), "nope", -1, 0, 0.0]))
+        replies.append(recv_msg(sock))
+        replies.append(closed_by_server(sock))
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=attack, args=(server,), daemon=True).start()
+
+    states = bellis.Server(on_listen=on_listen).run_blockwise([task], progress=False, summary=False)
+    assert states["a"].completed_count == 4
+    assert replies[0][0] != SEND and "no task 'nope'" in replies[0][1]
+    assert replies[1] is True
