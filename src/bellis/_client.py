@@ -400,7 +400,6 @@ class Client:
         if profiler is not None:
             profiler.__exit__(None, None, None)
         wd.disarm()
-        self._in_block = False
         status = block._status
         if status == BlockStatus.PROCESSING:
             status = BlockStatus.SUCCESS
@@ -409,6 +408,8 @@ class Client:
         stats = None if block.stats is None else list(block.stats.to_tuple())
         error = None if status == BlockStatus.SUCCESS else "block status set to FAILED"
         self._pending = [ACQUIRE, k, status, stats, error]
+        # only now may a SIGTERM exit at once: close() sends the pending result home
+        self._in_block = False
         if self._stop_requested:
             self._bye(self._pending)
             self._pending = None

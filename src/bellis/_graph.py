@@ -335,7 +335,9 @@ class TaskGeometry:
         off = self.level_offsets[lvl]
         ranges = [
             range(o * st, n * st, s * st)
-            for o, s, n, st in zip(off, self.level_stride, self.grid, self.axis_strides, strict=True)
+            for o, s, n, st in zip(
+                off, self.level_stride, self.grid, self.axis_strides, strict=True
+            )
         ]
         if self.dims == 1:
             yield from ranges[0]
@@ -402,6 +404,8 @@ class InterTaskEdge:
             self.down_hi.append(dhi)
 
     def downstream_of(self, k: int) -> list[int]:
+        if not self.down.num_blocks:
+            return []
         coords = self.up.coords_of(k)
         ranges = []
         for i, j in enumerate(coords):
@@ -418,6 +422,8 @@ class InterTaskEdge:
         return out
 
     def upstream_of(self, k: int) -> list[int]:
+        if not self.up.num_blocks:
+            return []
         coords = self.down.coords_of(k)
         ranges = []
         for i, g in enumerate(coords):
@@ -437,7 +443,9 @@ class InterTaskEdge:
 
         result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(self.down.grid, dtype=np.int64)
         for i in range(self.down.dims):
-            c = np.asarray(self.up_hi[i], dtype=np.int64) - np.asarray(self.up_lo[i], dtype=np.int64)
+            c = np.asarray(self.up_hi[i], dtype=np.int64) - np.asarray(
+                self.up_lo[i], dtype=np.int64
+            )
             view = [1] * self.down.dims
             view[i] = self.down.grid[i]
             result = result * c.reshape(view)

@@ -178,7 +178,9 @@ class TaskRun:
             cell += c * st
         return cell
 
-    def store_view(self, arr: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
+    def store_view(
+        self, arr: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
         """The part of a tracking-grid array that covers this task's block grid.
 
         Returns the view and the block-grid slices it covers (blocks past the tracking
@@ -518,9 +520,7 @@ class Scheduler:
             raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
         # bellis fix: a non-terminal status is a failure, never a crash
         ok = block.status == BlockStatus.SUCCESS
-        self.release_index(
-            run, k, ok, None if block.stats is None else block.stats.to_tuple()
-        )
+        self.release_index(run, k, ok, None if block.stats is None else block.stats.to_tuple())
 
 
 def _shifted_sums(g: TaskGeometry, lvl: int, done: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -102,7 +102,17 @@ class _Conn:
 class _Worker:
     """A managed worker: its launcher handle, its connection and its timeline."""
 
-    __slots__ = ("conn", "ever_connected", "exit", "handle", "log", "run", "timeline", "worker_id")
+    __slots__ = (
+        "conn",
+        "earned",
+        "ever_connected",
+        "exit",
+        "handle",
+        "log",
+        "run",
+        "timeline",
+        "worker_id",
+    )
 
     def __init__(self, worker_id: int, run: TaskRun, handle: WorkerHandle, timeline: Any) -> None:
         self.worker_id = worker_id
@@ -110,6 +120,9 @@ class _Worker:
         self.handle = handle
         self.conn: _Conn | None = None
         self.ever_connected = False
+        # a clean exit gives the start back only if the worker returned a block or was
+        # told to stop; one that connects and leaves at once must burn the budget
+        self.earned = False
         self.exit: WorkerExit | None = None
         self.timeline = timeline
         self.log: str | None = None
@@ -237,6 +250,7 @@ class RunLoop:
                 c = plan.parked.popleft()
                 self._reply(c, _SHUTDOWN_FRAME)
                 if c.worker is not None:
+                    c.worker.earned = True
                     c.worker.timeline.shutdown_requested(now)
         live = [w for w in self.workers.values() if w.exit is None]
         for w in live:
@@ -476,6 +490,8 @@ class RunLoop:
             )
             return
         conn.k = -1
+        if conn.worker is not None:
+            conn.worker.earned = True
         if not success:
             text = error if isinstance(error, str) else "block failed"
             self._record_error(conn, run, k, text)
@@ -528,7 +544,7 @@ class RunLoop:
             self._serve(c, run, False)
 
     def _serve(self, conn: _Conn, run: TaskRun, draining: bool) -> None:
-        if not draining and self.abort_reason is None:
+        if not draining and self.abort_reason is None and self.shutdown_started is None:
             k = self.s.acquire_index(run)
             if k >= 0:
                 now = time.monotonic()
@@ -544,6 +560,7 @@ class RunLoop:
                 self.plan_of[run.index].parked.append(conn)
                 return
         if conn.worker is not None:
+            conn.worker.earned = True
             conn.worker.timeline.shutdown_requested(time.monotonic())
         self._reply(conn, _SHUTDOWN_FRAME)
 
@@ -628,8 +645,15 @@ class RunLoop:
             self._retire(w)
             plan = self.plan_of[w.run.index]
             run = w.run
-            if ex.kind == "clean" and w.ever_connected:
+            if ex.kind == "clean" and w.earned:
                 plan.free_starts += 1
+            elif ex.kind == "clean" and w.ever_connected:
+                logger.warning(
+                    "worker %d of task '%s' exited without processing a block; it counts "
+                    "against the restart budget",
+                    w.worker_id,
+                    run.task_id,
+                )
             elif ex.kind == "clean":
                 logger.warning(
                     "worker %d of task '%s' exited without ever connecting (its function "

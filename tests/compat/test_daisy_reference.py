@@ -15,9 +15,7 @@ import pytest
 
 import bellis as daisy
 
-REFERENCE = json.loads(
-    (Path(__file__).parent / "daisy_reference.json").read_text(encoding="utf-8")
-)
+REFERENCE = json.loads((Path(__file__).parent / "daisy_reference.json").read_text(encoding="utf-8"))
 TASKS = REFERENCE["tasks"]
 PIPELINES = REFERENCE["pipelines"]
 
@@ -155,9 +153,10 @@ def test_pipeline_matches_daisy(case: dict[str, Any]) -> None:
     assert order == case["alternating_order"]
     final = {tid: counts(st) for tid, st in sorted(scheduler.task_states.items())}
     assert final == case["final_counts"]
-    assert drain_in_rounds(daisy.Scheduler(build()), ["a", "b"], daisy.BlockStatus) == case[
-        "batch_rounds"
-    ]
+    assert (
+        drain_in_rounds(daisy.Scheduler(build()), ["a", "b"], daisy.BlockStatus)
+        == case["batch_rounds"]
+    )
 
 
 def test_total_smaller_than_block_with_conflict_gives_no_blocks() -> None:
@@ -218,7 +217,9 @@ def test_random_tasks_against_live_daisy() -> None:
     for _ in range(25):
         case = _random_case(rng)
         ours = drain_in_rounds(daisy.Scheduler(make_task("t", case)), ["t"], daisy.BlockStatus)
-        theirs = drain_in_rounds(real.Scheduler(make_task("t", case, real)), ["t"], real.BlockStatus)
+        theirs = drain_in_rounds(
+            real.Scheduler(make_task("t", case, real)), ["t"], real.BlockStatus
+        )
         assert ours == theirs, case
         ours_serial = drain_one_by_one(
             daisy.Scheduler(make_task("t", case)), ["t"], daisy.BlockStatus

@@ -60,7 +60,8 @@ def task_args(module: Any, fn: Any, path: Path) -> dict[str, Any]:
 
 
 def done_of(path: Path) -> np.ndarray[Any, Any]:
-    return np.asarray(zarr.open_group(str(path), mode="r")["done"][:])
+    group: Any = zarr.open_group(str(path), mode="r")
+    return np.asarray(group["done"][:])
 
 
 @pytest.mark.parametrize("mp", MODES)
@@ -92,7 +93,8 @@ def test_a_daisy_store_resumes_in_bellis(tmp_path: Path, mp: bool) -> None:
     attrs = json.loads((store / "zarr.json").read_text())["attributes"]
     assert attrs["daisy_task_hash"] == json.loads(group_before)["attributes"]["daisy_task_hash"]
     # the failure the daisy run recorded at (1, 2) survives
-    assert int(zarr.open_group(str(store), mode="r")["failures"][1, 2]) == 1
+    group: Any = zarr.open_group(str(store), mode="r")
+    assert int(group["failures"][1, 2]) == 1
 
     log.unlink()
     bellis.run_blockwise([task], multiprocessing=mp, progress=False, summary=False)

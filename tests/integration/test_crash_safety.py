@@ -126,7 +126,8 @@ def _records(path: Path) -> list[int]:
 def _done(store: Path) -> np.ndarray[Any, Any]:
     if not (store / "zarr.json").exists() or not (store / "done" / "zarr.json").exists():
         return np.zeros(GRID, dtype=np.uint8)
-    return np.asarray(zarr.open_group(str(store), mode="r")["done"][:])
+    group: Any = zarr.open_group(str(store), mode="r")
+    return np.asarray(group["done"][:])
 
 
 @pytest.mark.slow
@@ -158,7 +159,7 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_done_blocks(tmp_path: 
         )
         if crash:
             try:
-                proc.wait(timeout=rng.uniform(0.4, 2.0))
+                proc.wait(timeout=rng.uniform(0.3, 1.6))
             except subprocess.TimeoutExpired:
                 _kill_everything(proc, marker)
                 kills += 1
@@ -195,6 +196,6 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_done_blocks(tmp_path: 
             assert (done_after == 1).all()
             break
     assert finished
-    assert kills >= 4, f"only {kills} runs were actually interrupted"
+    assert kills >= 3, f"only {kills} runs were actually interrupted"
     assert set(_records(records)) == set(range(total))
     assert _marked_pids(marker) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -98,8 +99,9 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
         while time.monotonic() < deadline:
             busy = [w for w, keys in client.processing().items() if keys]
             if busy and any(rec.iterdir()):
+                pid = client.run(os.getpid, workers=[busy[0]])[busy[0]]
                 killed.append(busy[0])
-                client.run(os._exit, 1, workers=[busy[0]], wait=False)
+                os.kill(pid, signal.SIGKILL)
                 return
             time.sleep(0.1)
 

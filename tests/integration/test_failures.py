@@ -16,6 +16,7 @@ from helpers import (
     all_attempts,
     done_count,
     done_ids,
+    connect_and_return,
     exit_once_block,
     fail_block,
     hang_once_block,
@@ -123,15 +124,17 @@ def test_clean_exit_mid_block_is_not_a_failure(recdir: str) -> None:
         "c",
         6,
         functools.partial(exit_once_block, recdir, 2, 0.05),
-        max_workers=2,
+        max_workers=1,
         max_worker_restarts=0,
     )
     states = bellis.run_blockwise([task], return_states=True, **RUN)
     s = states["c"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
     assert s.worker_failure_count == 0
-    assert s.worker_restart_count == 0  # a clean exit gives its start back
-    assert s.worker_start_count == 3
+    # the worker returned blocks 0 and 1 before it left, so its clean exit gives its start
+    # back: the replacement is not a restart (SPEC 8.2 item 15)
+    assert s.worker_restart_count == 0
+    assert s.worker_start_count == 2
     recs = assert_each_success_once(recdir, "c", 6)
     assert len(recs[("c", 2)]) == 3
 
@@ -200,3 +203,14 @@ def test_missing_process_function_is_rejected_at_once() -> None:
     with pytest.raises(ConfigurationError, match="no process_function"):
         bellis.run_blockwise([task], **RUN)
     assert time.monotonic() - t0 < 2
+
+
+def test_worker_that_returns_at_once_burns_the_budget() -> None:
+    task = make_task("q", 3, connect_and_return, max_workers=1, max_worker_restarts=2)
+    t0 = time.monotonic()
+    states = bellis.Server().run_blockwise([task], **RUN)
+    assert time.monotonic() - t0 < 10
+    s = states["q"]
+    assert s.abandoned
+    assert (s.worker_start_count, s.worker_restart_count, s.worker_failure_count) == (3, 2, 0)
+    assert s.orphaned_count == 3

@@ -85,11 +85,13 @@ def run(tasks: Any, mp: bool, **kw: Any) -> dict[str, Any]:
 
 
 def done_of(path: Path) -> np.ndarray[Any, Any]:
-    return np.asarray(zarr.open_group(str(path), mode="r")["done"][:])
+    group: Any = zarr.open_group(str(path), mode="r")
+    return np.asarray(group["done"][:])
 
 
 def failures_of(path: Path) -> np.ndarray[Any, Any]:
-    return np.asarray(zarr.open_group(str(path), mode="r")["failures"][:])
+    group: Any = zarr.open_group(str(path), mode="r")
+    return np.asarray(group["failures"][:])
 
 
 # -- first run, full resume ------------------------------------------------------------------
@@ -423,6 +425,35 @@ def test_grown_volume_resumes(tmp_path: Path, mp: bool) -> None:
     assert done_of(store).shape == (6, 5)
 
 
+def test_volume_grown_on_the_leading_side_with_a_context_resumes(tmp_path: Path) -> None:
+    log = tmp_path / "calls.txt"
+    store = tmp_path / "t"
+
+    def task(offset: tuple[int, int], shape: tuple[int, int]) -> bellis.Task:
+        return bellis.Task(
+            "t",
+            total_roi=roi(offset, shape),
+            read_roi=roi((-10, -10), (30, 30)),
+            write_roi=roi((0, 0), (10, 10)),
+            process_function=_offset_recorder(log),
+            tracking_path=store,
+        )
+
+    run([task((0, 0), (60, 60))], False, summary=False)
+    assert len(log.read_text().split()) == 16
+    log.unlink()
+    states = run([task((-20, 0), (80, 70))], False, summary=False)
+    st = states["t"]
+    assert st.total_block_count == 30 and st.skipped_count == 16
+    got = {tuple(int(v) for v in line.split(",")) for line in log.read_text().split()}
+    old = {(y, x) for y in range(10, 50, 10) for x in range(10, 50, 10)}
+    new = {(y, x) for y in range(-10, 50, 10) for x in range(10, 60, 10)}
+    assert len(log.read_text().split()) == 14 and got == new - old
+    expected = np.zeros((8, 7), dtype=np.uint8)
+    expected[1:7, 1:6] = 1  # the grid grew by two cells on top; context shift is one cell
+    np.testing.assert_array_equal(done_of(store), expected)
+
+
 def _offset_recorder(log: Path) -> Callable[[Any], None]:
     log_s = str(log)
 
@@ -483,7 +514,8 @@ def _peeking_function(store_s: str, out_s: str, at: tuple[int, int]) -> Callable
         if tuple(int(v) for v in block.write_roi.offset) == at:
             import zarr as z
 
-            seen = int(z.open_group(store_s, mode="r")["done"][:].sum())
+            group: Any = z.open_group(store_s, mode="r")
+            seen = int(group["done"][:].sum())
             with open(out_s, "w") as fh:
                 fh.write(str(seen))
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import done_count, done_ids, make_task, read_records, sleep_block
 
 import bellis
+from bellis._workers._launchers import WorkerExit, WorkerHandle, WorkerSpec
 from bellis._workers._slurm import SlurmLauncher
 
 
@@ -215,4 +219,113 @@ def test_unsatisfiable_request_is_a_start_error(tmp_path: Path) -> None:
             task, launcher=launcher, return_states=True, progress=False, summary=False
         )
     assert task_states is None
+    assert _active_jobs(prefix) == []
+
+
+# -- the launcher alone: workers whose function takes no block never contact a server ---------
+
+
+def _standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> WorkerSpec:
+    import cloudpickle
+
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    payload = cloudpickle.dumps(
+        {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
+    )
+    return WorkerSpec(
+        task_id="solo",
+        worker_id=worker_id,
+        env=dict(os.environ),
+        payload=payload,
+        out_path=logs / f"w{worker_id}.out",
+        err_path=logs / f"w{worker_id}.err",
+        **kwargs,
+    )
+
+
+def _record_array_index(path: str) -> None:
+    Path(path).write_text(os.environ.get("SLURM_ARRAY_TASK_ID", "none"))
+
+
+def _exit_three() -> None:
+    print("about to fail", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+
+def _hog_memory() -> None:
+    hog = bytearray(600 * 1024 * 1024)
+    for i in range(0, len(hog), 4096):
+        hog[i] = 1
+    time.sleep(30)
+
+
+def _sleep_long() -> None:
+    time.sleep(120)
+
+
+def _wait_for_exit(
+    launcher: SlurmLauncher, handles: list[WorkerHandle], seconds: float
+) -> list[WorkerExit]:
+    deadline = time.monotonic() + seconds
+    exits: list[WorkerExit | None] = [None] * len(handles)
+    while time.monotonic() < deadline and any(e is None for e in exits):
+        exits = [launcher.poll(h) for h in handles]
+        time.sleep(0.1)
+    assert all(e is not None for e in exits), f"jobs did not finish in {seconds}s"
+    return [e for e in exits if e is not None]
+
+
+def test_job_array_and_failure_exit(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, array_threshold=2, poll_interval=1.0)
+    specs = [
+        _standalone_spec(
+            tmp_path, i, functools.partial(_record_array_index, str(tmp_path / f"a{i}"))
+        )
+        for i in range(3)
+    ]
+    specs.append(_standalone_spec(tmp_path, 3, _exit_three))
+    try:
+        handles = launcher.launch_many(specs)
+        exits = _wait_for_exit(launcher, handles, 60)
+    finally:
+        launcher.close()
+    assert [e.kind for e in exits] == ["clean", "clean", "clean", "error"]
+    assert exits[3].code == 3
+    assert "exited with code 3" in exits[3].message
+    assert "about to fail" in exits[3].message
+    assert [(tmp_path / f"a{i}").read_text() for i in range(3)] == ["0", "1", "2"]
+    ids = [h.native.job_id for h in handles]
+    base = ids[0].split("_")[0]
+    assert ids == [f"{base}_{i}" for i in range(4)]
+    assert _scontrol(ids[3])["JobState"] == "FAILED"
+    assert _scontrol(ids[3])["ExitCode"] == "3:0"
+
+
+def test_over_memory_job_reports_out_of_memory(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, mem="100M", poll_interval=0.5)
+    try:
+        handle = launcher.launch(_standalone_spec(tmp_path, 0, _hog_memory))
+        (exit_,) = _wait_for_exit(launcher, [handle], 40)
+    finally:
+        launcher.close()
+    assert exit_.kind == "error"
+    assert exit_.message.startswith("out of memory")
+    assert _scontrol(handle.native.job_id)["JobState"] in ("FAILED", "OUT_OF_MEMORY")
+
+
+def test_close_cancels_running_jobs(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix)
+    handle = launcher.launch(_standalone_spec(tmp_path, 0, _sleep_long))
+    job_id = handle.native.job_id
+    deadline = time.monotonic() + 30
+    while _scontrol(job_id)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    launcher.close()
+    assert _scontrol(job_id)["JobState"] == "CANCELLED"
+    assert launcher.live_job_ids() == []
     assert _active_jobs(prefix) == []

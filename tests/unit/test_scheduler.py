@@ -260,7 +260,7 @@ def test_unknown_task_and_foreign_block() -> None:
     foreign = daisy.Block(
         daisy.Roi((0,), (60,)), daisy.Roi((3,), (10,)), daisy.Roi((3,), (10,)), task_id="t"
     )
-    with pytest.raises(ValueError, match="is not a block of task 't'"):
+    with pytest.raises(ValueError, match=r"is not a block of task 't'"):
         s.release_block(foreign)
     with pytest.raises(TypeError, match="expects a Pipeline or a Task"):
         CoreScheduler(42)

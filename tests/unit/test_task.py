@@ -58,7 +58,7 @@ def test_max_workers_wrong_type() -> None:
 
 @pytest.mark.parametrize("value", [0, -1, 0.0, timedelta(0)])
 def test_timeout_must_be_positive(value: Any) -> None:
-    with pytest.raises(ValueError, match="^block timeout must be positive; blocks are expected"):
+    with pytest.raises(ValueError, match=r"^block timeout must be positive; blocks are expected"):
         make(timeout=value)
 
 
@@ -232,35 +232,35 @@ def test_compose_with_non_task(other: Any) -> None:
 
 def test_duplicate_task_id_rejected_at_composition() -> None:
     # bellis checks at composition already (daisy 2.0.0 only at run time)
-    with pytest.raises(ValueError, match="^duplicate task_id in pipeline: a$"):
+    with pytest.raises(ValueError, match=r"^duplicate task_id in pipeline: a$"):
         make("a") + make("a")
-    with pytest.raises(ValueError, match="^duplicate task_id in pipeline: a$"):
+    with pytest.raises(ValueError, match=r"^duplicate task_id in pipeline: a$"):
         make("a") | make("a")
 
 
 def test_duplicate_task_id_rejected_at_scheduler_and_run() -> None:
     p = daisy.Pipeline([make("a"), make("a")])
-    with pytest.raises(ValueError, match="^duplicate task_id in pipeline: a$"):
+    with pytest.raises(ValueError, match=r"^duplicate task_id in pipeline: a$"):
         daisy.Scheduler(p)
-    with pytest.raises(ValueError, match="^duplicate task_id in pipeline: a$"):
+    with pytest.raises(ValueError, match=r"^duplicate task_id in pipeline: a$"):
         daisy.run_blockwise(p, multiprocessing=False, progress=False, summary=False)
 
 
 def test_cycle_rejected_at_composition() -> None:
     a = make("a")
-    with pytest.raises(ValueError, match="^pipeline contains a cycle$"):
+    with pytest.raises(ValueError, match=r"^pipeline contains a cycle$"):
         a + a
     b = make("b")
-    with pytest.raises(ValueError, match="^pipeline contains a cycle$"):
+    with pytest.raises(ValueError, match=r"^pipeline contains a cycle$"):
         (a + b) + a
 
 
 def test_cycle_rejected_at_scheduler_and_run() -> None:
     a, b = make("a"), make("b")
     for cyc in (daisy.Pipeline([a, b], [(a, b), (b, a)]), daisy.Pipeline([a], [(a, a)])):
-        with pytest.raises(ValueError, match="^pipeline contains a cycle$"):
+        with pytest.raises(ValueError, match=r"^pipeline contains a cycle$"):
             daisy.Scheduler(cyc)
-        with pytest.raises(ValueError, match="^pipeline contains a cycle$"):
+        with pytest.raises(ValueError, match=r"^pipeline contains a cycle$"):
             daisy.run_blockwise(cyc, multiprocessing=False, progress=False, summary=False)
 
 
@@ -268,9 +268,9 @@ def test_pipeline_constructor_validation() -> None:
     a, b = make("a"), make("b")
     with pytest.raises(ValueError, match=r"^Pipeline tasks list contains duplicates"):
         daisy.Pipeline([a, a])
-    with pytest.raises(ValueError, match="^edge upstream task is not in the pipeline's task list"):
+    with pytest.raises(ValueError, match=r"^edge upstream task is not in the pipeline's task list"):
         daisy.Pipeline([b], [(a, b)])
-    with pytest.raises(ValueError, match="^edge downstream task is not in the pipeline's task"):
+    with pytest.raises(ValueError, match=r"^edge downstream task is not in the pipeline's task"):
         daisy.Pipeline([a], [(a, b)])
     with pytest.raises(TypeError, match="pipeline contains a non-Task object"):
         daisy.Pipeline([a, 3])

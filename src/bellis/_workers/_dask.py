@@ -60,7 +60,7 @@ def _open_log(path: str | None) -> Any:
     if path is None:
         return subprocess.DEVNULL
     try:
-        return open(path, "ab")  # noqa: SIM115
+        return open(path, "ab")
     except OSError:
         return subprocess.DEVNULL  # the log folder is not on this node's file system
 
@@ -78,9 +78,10 @@ def run_bellis_worker(
     """The dask task: run one bellis worker subprocess to its end and return its exit code."""
     import struct
 
-    from distributed import Variable
+    import distributed
 
-    variable = Variable(stop_variable)
+    variable_class: Any = distributed.Variable
+    variable = variable_class(stop_variable)
     if _is_stopped(variable, key):
         return _STOPPED_BEFORE_START
     out, err = _open_log(out_path), _open_log(err_path)
@@ -164,15 +165,16 @@ class DaskLauncher(WorkerLauncher):
         python: str | None = None,
         grace_seconds: float = 5.0,
     ) -> None:
-        from distributed import Variable
+        import distributed
 
+        variable_class: Any = distributed.Variable
         self.client = client
         self.resources_per_worker = dict(resources_per_worker or {})
         self.python = python or sys.executable
         self.grace_seconds = float(grace_seconds)
         self.token = uuid.uuid4().hex[:8]
         self._stop_name = f"bellis-stop-{self.token}"
-        self._stop_variable = Variable(self._stop_name, client=client)
+        self._stop_variable: Any = variable_class(self._stop_name, client=client)
         self._stopped: set[str] = set()
         self._stop_variable.set([])
         self._jobs: dict[str, _DaskJob] = {}
@@ -247,9 +249,9 @@ class DaskLauncher(WorkerLauncher):
             else:
                 job.exit = describe_exit(code, handle.spec)
         elif status == "error":
-            exc = job.future.exception(timeout=5)
+            error = job.future.exception(timeout=5)
             job.exit = WorkerExit(
-                "error", None, f"dask task {job.key} raised {exc!r} (dask worker lost?)"
+                "error", None, f"dask task {job.key} raised {error!r} (dask worker lost?)"
             )
         elif status in ("cancelled", "lost"):
             job.exit = self._lost_exit(job, f"is {status}")
@@ -277,7 +279,9 @@ class DaskLauncher(WorkerLauncher):
         live = [j for j in jobs if not j.future.done()]
         self._stop([j.key for j in live])
         # each task polls the stop list every 0.5 s, then gives its subprocess grace_seconds
-        deadline = time.monotonic() + grace_seconds + self.grace_seconds + 2 * _CHECK_INTERVAL_SECONDS
+        deadline = (
+            time.monotonic() + grace_seconds + self.grace_seconds + 2 * _CHECK_INTERVAL_SECONDS
+        )
         while live and time.monotonic() < deadline:
             time.sleep(0.05)
             live = [j for j in live if not j.future.done()]

@@ -1,0 +1,86 @@
+"""Start-up cost and throughput of SLURM-launched workers against local subprocesses.
+
+Run: ``python benchmarks/bench_slurm.py [--blocks 2000] [--workers 2] [--rounds 1]``
+on a machine with a SLURM controller (``.ci/slurm_setup.sh``); the benchmark folder must be
+on a file system the SLURM nodes see (it is the current directory).
+
+For each launcher it runs one task of ``--blocks`` no-op blocks with ``--workers`` workers and
+prints: start-up (``run_blockwise`` called → first block started), blocks/s after the first
+block (until ``run_blockwise`` returned, teardown included) and the total wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bellis
+from bellis import LocalLauncher
+from bellis._workers._slurm import SlurmLauncher
+
+_first_seen: list[bool] = []
+
+
+def noop_block(marker_dir: str, block: Any) -> None:
+    """Do nothing; the first block of each worker stamps the time it started."""
+    if not _first_seen:
+        _first_seen.append(True)
+        path = os.path.join(marker_dir, f"first-{os.getpid()}")
+        with open(path, "w") as f:
+            f.write(f"{time.time():.6f}")
+
+
+def run_once(launcher: Any, blocks: int, workers: int, workdir: Path) -> tuple[float, float, float]:
+    """(start-up seconds, blocks/s after the first block, total seconds) of one run."""
+    marker = Path(tempfile.mkdtemp(prefix="marks-", dir=workdir))
+    task = bellis.Task(
+        "noop",
+        bellis.Roi((0,), (blocks,)),
+        bellis.Roi((0,), (1,)),
+        bellis.Roi((0,), (1,)),
+        process_function=functools.partial(noop_block, str(marker)),
+        read_write_conflict=False,
+        max_workers=workers,
+    )
+    t0 = time.time()
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    t_end = time.time()
+    assert states["noop"].completed_count == blocks, states["noop"]
+    firsts = [float(p.read_text()) for p in marker.glob("first-*")]
+    first = min(firsts)
+    return first - t0, blocks / (t_end - first), t_end - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="bellis-bench-slurm-", dir=Path.cwd()))
+    bellis.logging.set_log_basedir(workdir / "logs")
+    bellis.set_tracking_basedir(None)
+    launchers: dict[str, Any] = {
+        "local": LocalLauncher(),
+        "slurm": SlurmLauncher(job_name_prefix="bench"),
+    }
+    print(f"{args.blocks} no-op blocks, {args.workers} workers, {args.rounds} round(s)")
+    print(f"{'launcher':<8} {'start-up s':>11} {'blocks/s':>10} {'total s':>9}")
+    for name, launcher in launchers.items():
+        rows = [run_once(launcher, args.blocks, args.workers, workdir) for _ in range(args.rounds)]
+        startup = statistics.median(r[0] for r in rows)
+        rate = statistics.median(r[1] for r in rows)
+        total = statistics.median(r[2] for r in rows)
+        print(f"{name:<8} {startup:>11.2f} {rate:>10.0f} {total:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
