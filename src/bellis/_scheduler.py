@@ -10,10 +10,11 @@ grid. Per task, two numpy arrays carry all per-block state:
 * ``deps`` (smallest unsigned dtype that fits): how many upstream blocks, in this task
   (conflict levels) or in upstream tasks (read/write overlap), have not succeeded yet.
 
-A block is READY or QUEUED exactly when it is not done with ``deps == 0``. Per-block reads and writes
-go through ``memoryview``s of the arrays (tens of nanoseconds, no numpy scalar objects);
-whole-grid work (initial dependency counts, blocks already done in a tracking store,
-skip masks) is numpy over the arrays, never a Python loop per block.
+A block waiting to be handed out with ``deps == 0`` is READY (ready from the start) or
+QUEUED (readied later). Per-block reads and writes go through ``memoryview``s of the
+arrays (tens of nanoseconds, no numpy scalar objects); whole-grid work (initial
+dependency counts, blocks already done in a tracking store, skip masks) is numpy over
+the arrays, never a Python loop per block.
 
 Each task has a ready queue: a lazy generator over the initially ready blocks, in level
 order then cartesian order, drained before a FIFO of blocks readied by releases and of
@@ -560,7 +561,7 @@ def _check_overlap(up: TaskRun, down: TaskRun) -> None:
     for i in range(ug.dims):
         tw_b = ug.tw_offset[i]
         tw_e = tw_b + max(0, ug.tw_shape[i])
-        first_b, first_e = dg.read_interval(i, 0)
+        _, first_e = dg.read_interval(i, 0)
         last_b, _ = dg.read_interval(i, dg.grid[i] - 1)
         if first_e <= tw_b or last_b >= tw_e:
             from funlib.geometry import Roi

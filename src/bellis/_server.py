@@ -68,8 +68,8 @@ class _Conn:
     __slots__ = (
         "addr",
         "authed",
-        "decoder",
         "deadline",
+        "decoder",
         "k",
         "nonce",
         "opened_at",
@@ -162,9 +162,7 @@ class TaskPlan:
         }
         # relative template: read at total offset, write shifted by the context
         self.geometry["read_offset"] = list(g.total_offset)
-        self.welcome = encode(
-            [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
-        )
+        self.welcome = encode([WELCOME, task.timeout_secs, task.resource_tracking, self.geometry])
 
 
 class RunLoop:
@@ -519,8 +517,13 @@ class RunLoop:
         rt = now - conn.sent_at
         wall_now = conn.sent_wall + rt
         self.s.release_index(
-            run, k, success, stats, conn.worker_id if conn.worker is not None else -1,
-            conn.sent_wall, wall_now,
+            run,
+            k,
+            success,
+            stats,
+            conn.worker_id if conn.worker is not None else -1,
+            conn.sent_wall,
+            wall_now,
         )
         plan = self.plan_of[run.index]
         plan.aggregates.add_block(rt, stats if success else None, not success)
@@ -570,8 +573,9 @@ class RunLoop:
             if conn.k >= 0 and now > conn.deadline:
                 self._timeout(conn)
             elif not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
-                logger.warning("dropping client %s: no handshake within %ss", conn.addr,
-                               _HANDSHAKE_SECONDS)
+                logger.warning(
+                    "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
+                )
                 self._close(conn, lost=True)
         self._poll_workers(now, replace=True)
         self._check_abandon()

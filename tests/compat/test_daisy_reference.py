@@ -201,10 +201,12 @@ def _random_case(rng: random.Random) -> dict[str, Any]:
     ul = [rng.randint(0, 4) for _ in range(dims)]
     lr = [rng.randint(0, 4) for _ in range(dims)]
     total_off = [rng.randint(-10, 10) for _ in range(dims)]
-    total_shape = [rng.randint(w + a + b, 3 * w + a + b + 3) for w, a, b in zip(write, ul, lr)]
+    total_shape = [
+        rng.randint(w + a + b, 3 * w + a + b + 3) for w, a, b in zip(write, ul, lr, strict=True)
+    ]
     return {
         "total_roi": [total_off, total_shape],
-        "read_roi": [[-a for a in ul], [w + a + b for w, a, b in zip(write, ul, lr)]],
+        "read_roi": [[-a for a in ul], [w + a + b for w, a, b in zip(write, ul, lr, strict=True)]],
         "write_roi": [[0] * dims, write],
         "read_write_conflict": rng.random() < 0.6,
         "fit": rng.choice(["valid", "overhang", "shrink"]),

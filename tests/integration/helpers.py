@@ -148,9 +148,9 @@ def read_records(recdir: str | Path) -> dict[tuple[str, int], list[Attempt]]:
 
 def done_ids(records: dict[tuple[str, int], list[Attempt]], task_id: str) -> list[int]:
     return sorted(
-        sid for (t, sid), rows in records.items() if t == task_id and any(
-            a.kind == "done" for a in rows
-        )
+        sid
+        for (t, sid), rows in records.items()
+        if t == task_id and any(a.kind == "done" for a in rows)
     )
 
 

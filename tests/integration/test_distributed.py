@@ -22,7 +22,6 @@ from helpers import (
     peak_concurrency,
     read_records,
     sleep_block,
-    total_roi,
 )
 
 import bellis
@@ -197,8 +196,3 @@ def test_worker_logs_capture_block_stdout(recdir: str, tmp_path: Path) -> None:
     out_text = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.out"))
     for sid in range(3):
         assert f"processed block {sid}" in out_text
-
-
-def test_roi_helper_sanity() -> None:
-    total, read, write = total_roi(3)
-    assert total.shape == (30,)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from helpers import (
     all_attempts,
+    connect_and_return,
     done_count,
     done_ids,
-    connect_and_return,
     exit_once_block,
     fail_block,
     hang_once_block,
@@ -75,7 +75,9 @@ def test_sigkill_mid_block_retries_and_replaces(recdir: str) -> None:
     assert s.worker_start_count >= 3  # the killed worker was replaced
     recs = assert_each_success_once(recdir, "a", 6)
     # the killed pid started a block that was retried by another process
-    victims = [rows for rows in recs.values() if rows[0].pid == killed[0] and rows[0].kind == "start"]
+    victims = [
+        rows for rows in recs.values() if rows[0].pid == killed[0] and rows[0].kind == "start"
+    ]
     assert any(any(a.kind == "done" and a.pid != killed[0] for a in rows) for rows in victims)
 
 
@@ -162,7 +164,10 @@ def test_restart_cap_abandons_and_orphans_downstream(recdir: str, capfd: Any) ->
     assert sb.worker_start_count == 0
     assert sb.orphaned_count == 6
     assert sa.completed_count == 0
-    assert sa.failed_count + sa.orphaned_count + sa.ready_count + sa.pending_count >= 0
+    for st in (sa, sb):
+        assert st.ready_count == st.processing_count == st.pending_count == 0
+        assert st.failed_count + st.orphaned_count == st.total_block_count
+    assert sa.failed_attempt_count == 3
     recs = read_records(recdir)
     assert sum(1 for a_ in all_attempts(recs) if a_.kind == "start") == 3
     assert not any(t == "b" for t, _ in recs)

@@ -85,6 +85,7 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
         else:
             pytest.fail("the driver made no progress")
         t_sig = time.monotonic()
+        t_sig_wall = time.time()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=15)
         elapsed = time.monotonic() - t_sig
@@ -103,12 +104,16 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
     assert pids and not any(pid_alive(p) for p in pids)
     for task_id in ("a", "b"):
         done = np.asarray(zarr.open_group(str(track / task_id), mode="r")["done"][...])
-        succeeded = {sid for (t, sid), rows in recs.items() if t == task_id and any(
-            a.kind == "done" for a in rows
-        )}
+        succeeded = {
+            sid
+            for (t, sid), rows in recs.items()
+            if t == task_id and any(a.kind == "done" for a in rows)
+        }
         marked = {int(i) for i in np.flatnonzero(done)}
         # every block marked done ran to completion, and every block that completed (also
         # during the drain) is marked done
         assert marked <= succeeded, (task_id, marked - succeeded)
         assert succeeded <= marked, (task_id, succeeded - marked)
     assert len(recs) < 80  # it really was interrupted
+    # blocks in flight at the signal finished during the drain, and were recorded above
+    assert any(a.t1 is not None and a.t1 > t_sig_wall for rows in recs.values() for a in rows)

@@ -182,9 +182,9 @@ def test_grandchild_cpu_is_counted() -> None:
                 break
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        _wait_for_cpu(grandchildren[0], 0.5)
+        _wait_for_cpu(max(grandchildren), 0.3)
     try:
-        assert b.stats is not None and b.stats.cpu_children_seconds >= 0.4
+        assert b.stats is not None and b.stats.cpu_children_seconds >= 0.25
         assert b.stats.cpu_seconds < 0.2
     finally:
         for pid in grandchildren:

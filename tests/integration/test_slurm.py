@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import done_count, done_ids, make_task, read_records, sleep_block
+from helpers import done_count, done_ids, hang_once_block, make_task, read_records, sleep_block
 
 import bellis
 from bellis._workers._launchers import WorkerExit, WorkerHandle, WorkerSpec
@@ -149,6 +149,9 @@ def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
     records = read_records(rec)
     assert done_ids(records, "s") == list(range(8))
     assert _scontrol(cancelled[0])["JobState"] == "CANCELLED"
+    assert state.first_worker_error is not None
+    assert f"SLURM job {cancelled[0]} " in state.first_worker_error
+    assert "was cancelled" in state.first_worker_error
     assert _active_jobs(prefix) == []
 
 
@@ -174,6 +177,8 @@ def test_time_limit_exit_is_reported_and_block_retried(tmp_path: Path) -> None:
     state = states["t"]
     assert state.completed_count == 3
     assert state.worker_failure_count == 1
+    assert state.first_worker_error is not None
+    assert "job exceeded its SLURM time limit" in state.first_worker_error
     records = read_records(rec)
     assert done_ids(records, "t") == [0, 1, 2]
     jobs = _jobs_named(prefix)
@@ -187,6 +192,33 @@ def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
         marker.touch()
         time.sleep(150)
     sleep_block(recdir, 0.0, block)
+
+
+def test_block_timeout_kills_the_job(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5)
+    task = make_task(
+        "h", 3, functools.partial(hang_once_block, str(rec), 1), timeout=2, max_retries=2
+    )
+    started = time.monotonic()
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    assert time.monotonic() - started < 30, "the hung job was not stopped"
+    state = states["h"]
+    assert state.completed_count == 3
+    assert state.failed_count == 0
+    assert state.timeout_reclaim_count == 1
+    assert done_ids(read_records(rec), "h") == [0, 1, 2]
+    records = {job_id: _scontrol(job_id) for job_id, _, _ in _jobs_named(prefix)}
+    ended = sorted((r["JobState"], r["ExitCode"]) for r in records.values())
+    # the hung worker's job: scancelled by kill(), or its own watchdog exited 87 first
+    hung = [e for e in ended if e != ("COMPLETED", "0:0")]
+    assert len(hung) == 1
+    assert hung[0][0] == "CANCELLED" or hung[0] == ("FAILED", "87:0")
+    assert _active_jobs(prefix) == []
 
 
 def test_memory_request_reaches_the_job(tmp_path: Path) -> None:
@@ -233,10 +265,13 @@ def _standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> 
     payload = cloudpickle.dumps(
         {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
     )
+    env = dict(os.environ)
+    # the payload is unpickled before its sys_path applies: let the worker import this module
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return WorkerSpec(
         task_id="solo",
         worker_id=worker_id,
-        env=dict(os.environ),
+        env=env,
         payload=payload,
         out_path=logs / f"w{worker_id}.out",
         err_path=logs / f"w{worker_id}.err",

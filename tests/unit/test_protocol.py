@@ -97,7 +97,9 @@ def test_garbage_payload() -> None:
 
 
 @pytest.mark.parametrize(
-    "obj", [{"op": 1}, 5, "text", [], ["not an opcode", 1]], ids=["map", "int", "str", "empty", "op"]
+    "obj",
+    [{"op": 1}, 5, "text", [], ["not an opcode", 1]],
+    ids=["map", "int", "str", "empty", "op"],
 )
 def test_payload_that_is_not_an_opcode_list(obj: object) -> None:
     with pytest.raises(ProtocolError, match="opcode"):

@@ -318,7 +318,7 @@ class SlurmLauncher(WorkerLauncher):
         ids = ",".join(j.job_id for j in jobs)
         try:
             out = subprocess.run(
-                ["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"],
+                ["squeue", "-r", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"],
                 capture_output=True,
                 text=True,
                 timeout=_COMMAND_TIMEOUT_SECONDS,
