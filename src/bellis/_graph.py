@@ -57,6 +57,9 @@ class TaskGeometry:
     """The block grid of one task, in plain integers. Immutable after construction."""
 
     __slots__ = (
+        "_down_fast",
+        "_last_level",
+        "_level_mult",
         "axis_strides",
         "ctx_lr",
         "ctx_ul",
@@ -182,6 +185,27 @@ class TaskGeometry:
                 down.append(tuple(() for _ in range(dims)))
         self.up_offsets = tuple(up)
         self.down_offsets = tuple(down)
+        # hot path of downstream_of: the level from the residues by arithmetic, and per level
+        # the flat deltas of an interior block with the per-axis coordinate range [lo, hi)
+        # in which no neighbour falls off the grid
+        mult = [1] * dims
+        for i in range(dims - 2, -1, -1):
+            mult[i] = mult[i + 1] * self.level_stride[i + 1]
+        self._level_mult = tuple(mult)
+        self._last_level = len(offsets) - 1
+        fast: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None] = []
+        for sets in self.down_offsets:
+            if any(not axis for axis in sets):
+                fast.append(None)
+                continue
+            lo = tuple(max(0, -min(axis)) for axis in sets)
+            hi = tuple(n - max(0, max(axis)) for n, axis in zip(self.grid, sets, strict=True))
+            deltas = tuple(
+                sum(e * st for e, st in zip(combo, self.axis_strides, strict=True))
+                for combo in itertools.product(*sets)
+            )
+            fast.append((lo, hi, deltas))
+        self._down_fast = tuple(fast)
 
     def _conflict_sets(
         self, prev: tuple[int, ...], cur: tuple[int, ...]
@@ -240,8 +264,18 @@ class TaskGeometry:
     def downstream_of(self, k: int) -> list[int]:
         """Flat indices of the same-task blocks that wait for block ``k``."""
         coords = self.coords_of(k)
-        lvl = self.level_of(coords)
-        return [k + d for d in self._neighbors(coords, self.down_offsets[lvl])]
+        rank = 0
+        for c, s, m in zip(coords, self.level_stride, self._level_mult, strict=True):
+            rank += (c % s) * m
+        lvl = self._last_level - rank
+        fast = self._down_fast[lvl]
+        if fast is None:
+            return []
+        lo, hi, deltas = fast
+        for c, a, b in zip(coords, lo, hi, strict=True):
+            if c < a or c >= b:
+                return [k + d for d in self._neighbors(coords, self.down_offsets[lvl])]
+        return [k + d for d in deltas]
 
     def upstream_of(self, k: int) -> list[int]:
         coords = self.coords_of(k)

@@ -702,7 +702,11 @@ class RunLoop:
             self.dirty = True
 
     def _rebalance(self) -> None:
-        if self.abort_reason is not None or self.fatal is not None:
+        if (
+            self.abort_reason is not None
+            or self.fatal is not None
+            or self.shutdown_started is not None
+        ):
             return
         grew = True
         while grew:

@@ -221,3 +221,8 @@ def pid_alive(pid: int) -> bool:
 def connect_and_return() -> None:
     """A 0-arg worker function that connects, then returns without asking for a block."""
     bellis.Client().close()
+
+
+def env_sleep_block(block: Any) -> None:
+    """``sleep_block`` with its record directory from ``$BELLIS_TEST_RECDIR`` (for the CLI)."""
+    sleep_block(os.environ["BELLIS_TEST_RECDIR"], 0.01, block)

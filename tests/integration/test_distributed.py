@@ -161,6 +161,42 @@ def test_external_worker_joins(recdir: str, tmp_path: Path) -> None:
     assert {a.pid for a in all_attempts(recs)} == {procs[0].pid}
 
 
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_external_worker_through_the_cli(recdir: str, how: str) -> None:
+    task = make_task("cli", 4, None, max_workers=1)
+    procs: list[subprocess.Popen[bytes]] = []
+    if how == "script":
+        cmd = [str(Path(sys.executable).parent / "bellis"), "worker"]
+    else:
+        cmd = [sys.executable, "-m", "bellis.worker"]
+
+    def on_listen(server: Any) -> None:
+        ctx = bellis.Context(
+            hostname=server.hostname,
+            port=server.port,
+            task_id="cli",
+            worker_id=-1,
+            secret=server.secret.hex(),
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(Path(__file__).parent)
+        env["BELLIS_TEST_RECDIR"] = recdir
+        args = [*cmd, "--function", "helpers:env_sleep_block", "--context", ctx.to_env()]
+        procs.append(subprocess.Popen(args, env=env))
+
+    server = bellis.Server(external_workers=True, on_listen=on_listen)
+    try:
+        states = server.run_blockwise([task], progress=False, summary=False)
+    finally:
+        for p in procs:
+            p.wait(timeout=20)
+    assert procs[0].returncode == 0
+    assert states["cli"].completed_count == 4
+    recs = read_records(recdir)
+    assert done_ids(recs, "cli") == list(range(4))
+    assert {a.pid for a in all_attempts(recs)} == {procs[0].pid}
+
+
 def test_unpicklable_function_fails_at_start(recdir: str) -> None:
     lock = threading.Lock()
 

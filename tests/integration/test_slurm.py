@@ -111,6 +111,7 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
     scripts = sorted((tmp_path / "logs").rglob("*.sbatch"))
     assert len(scripts) == len(finished)
     assert "exec " in scripts[0].read_text() and "-m bellis._worker" in scripts[0].read_text()
+    assert list((tmp_path / "logs").rglob("*.payload")) == []
 
 
 def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
@@ -288,6 +289,10 @@ def _exit_three() -> None:
     sys.exit(3)
 
 
+def _exit_like_block_timeout() -> None:
+    os._exit(87)
+
+
 def _hog_memory() -> None:
     hog = bytearray(600 * 1024 * 1024)
     for i in range(0, len(hog), 4096):
@@ -321,19 +326,22 @@ def test_job_array_and_failure_exit(tmp_path: Path) -> None:
         for i in range(3)
     ]
     specs.append(_standalone_spec(tmp_path, 3, _exit_three))
+    specs.append(_standalone_spec(tmp_path, 4, _exit_like_block_timeout, timeout_secs=5.0))
     try:
         handles = launcher.launch_many(specs)
         exits = _wait_for_exit(launcher, handles, 60)
     finally:
         launcher.close()
-    assert [e.kind for e in exits] == ["clean", "clean", "clean", "error"]
+    assert [e.kind for e in exits] == ["clean", "clean", "clean", "error", "timeout"]
+    assert exits[4].code == 87
+    assert "exceeded timeout=5s" in exits[4].message
     assert exits[3].code == 3
     assert "exited with code 3" in exits[3].message
     assert "about to fail" in exits[3].message
     assert [(tmp_path / f"a{i}").read_text() for i in range(3)] == ["0", "1", "2"]
     ids = [h.native.job_id for h in handles]
     base = ids[0].split("_")[0]
-    assert ids == [f"{base}_{i}" for i in range(4)]
+    assert ids == [f"{base}_{i}" for i in range(5)]
     assert _scontrol(ids[3])["JobState"] == "FAILED"
     assert _scontrol(ids[3])["ExitCode"] == "3:0"
 

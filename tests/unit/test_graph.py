@@ -226,3 +226,37 @@ def test_dependency_graph_api() -> None:
     assert [b.block_id[1] for b in sub] == [0, 1]  # writes [5, 15) and [15, 25)
     with pytest.raises(ValueError, match="total_read_roi is required"):
         daisy.BlockwiseDependencyGraph("t", daisy.Roi((0,), (1,)), daisy.Roi((0,), (1,)))
+
+
+@pytest.mark.parametrize(
+    ("total", "read", "write", "fit"),
+    [
+        (((0,), (120,)), ((-25,), (60,)), ((0,), (10,)), "valid"),
+        (((0, 0), (43, 37)), ((-5, -5), (20, 20)), ((0, 0), (10, 10)), "shrink"),
+        (((3, -7), (41, 29)), ((-2, -4), (14, 12)), ((0, 0), (8, 5)), "overhang"),
+        (
+            ((0, 0, 0), (64, 54, 44)),
+            ((-2, -2, -2), (14, 14, 14)),
+            ((0, 0, 0), (10, 10, 10)),
+            "valid",
+        ),
+    ],
+)
+def test_downstream_is_the_mirror_of_upstream(
+    total: tuple[tuple[int, ...], tuple[int, ...]],
+    read: tuple[tuple[int, ...], tuple[int, ...]],
+    write: tuple[tuple[int, ...], tuple[int, ...]],
+    fit: str,
+) -> None:
+    g = TaskGeometry("t", daisy.Roi(*total), daisy.Roi(*read), daisy.Roi(*write), fit=fit)
+    assert g.num_levels > 1
+    mirror: dict[int, list[int]] = {k: [] for k in range(g.num_blocks)}
+    for j in range(g.num_blocks):
+        for u in g.upstream_of(j):
+            mirror[u].append(j)
+    for k in range(g.num_blocks):
+        # ascending flat order: the order in which a release queues what it unlocks
+        assert g.downstream_of(k) == sorted(mirror[k]), k
+        assert g.level_of(g.coords_of(k)) == next(
+            lvl for lvl in range(g.num_levels) if k in set(g.level_indices(lvl))
+        )

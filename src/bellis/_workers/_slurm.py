@@ -77,6 +77,7 @@ class _Job:
     spec: WorkerSpec
     job_name: str
     slurm_err: Path | None
+    payload_path: Path
     state: str = "PENDING"
     reason: str = ""
     exit: WorkerExit | None = None
@@ -252,7 +253,7 @@ class SlurmLauncher(WorkerLauncher):
         script = directory / f"{stem}.sbatch"
         script.write_text("\n".join(lines) + "\n")
         job_id = self._submit(script, spec, [])
-        job = _Job(job_id, spec, name, spec.err_path)
+        job = _Job(job_id, spec, name, spec.err_path, payload)
         self._jobs[job_id] = job
         self._check_hopeless([job])
         logger.debug("submitted SLURM job %s (%s)", job_id, name)
@@ -270,10 +271,12 @@ class SlurmLauncher(WorkerLauncher):
         lines = self._script_header(name, first)
         lines += [f"#SBATCH --output={slurm_log}", f"#SBATCH --error={slurm_log}"]
         lines.append('case "$SLURM_ARRAY_TASK_ID" in')
+        payloads: list[Path] = []
         for index, spec in enumerate(specs):
             payload = self._write_payload(
                 spec, directory, f"{_sanitize(spec.task_id)}-w{spec.worker_id}"
             )
+            payloads.append(payload)
             lines.append(f"{index})")
             lines += ["    " + line for line in self._worker_lines(spec, payload)]
             out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
@@ -290,7 +293,8 @@ class SlurmLauncher(WorkerLauncher):
         jobs = []
         for index, spec in enumerate(specs):
             job_id = f"{array_id}_{index}"
-            job = _Job(job_id, spec, name, Path(str(slurm_log).replace("%a", str(index))))
+            slurm_err = Path(str(slurm_log).replace("%a", str(index)))
+            job = _Job(job_id, spec, name, slurm_err, payloads[index])
             self._jobs[job_id] = job
             jobs.append(job)
             handles.append(WorkerHandle(spec, job))
@@ -486,6 +490,9 @@ class SlurmLauncher(WorkerLauncher):
     def close(self) -> None:
         """Cancel every job of this launcher that has not finished; remove scratch files."""
         self._stop(list(self._jobs.values()), 0.0)
+        for job in self._jobs.values():
+            if job.exit is not None or job.state in _FINISHED_STATES:
+                job.payload_path.unlink(missing_ok=True)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
