@@ -266,7 +266,14 @@ class Block:
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_block,
-            (self.read_roi, self.write_roi, self._task_id, self.spatial_id, self._status, self.stats),
+            (
+                self.read_roi,
+                self.write_roi,
+                self._task_id,
+                self.spatial_id,
+                self._status,
+                self.stats,
+            ),
         )
 
 

@@ -66,7 +66,9 @@ def function_arity(fn: Callable[..., Any]) -> int:
     except TypeError:
         return 0
     n = len(spec.args)
-    if inspect.ismethod(fn) or (spec.args and spec.args[0] == "self" and not inspect.isfunction(fn)):
+    if inspect.ismethod(fn) or (
+        spec.args and spec.args[0] == "self" and not inspect.isfunction(fn)
+    ):
         n -= 1
     if n == 0 and spec.varargs is not None:
         return 1
@@ -148,9 +150,7 @@ class Task:
                 parameter="max_workers",
             )
         self._max_workers = _check_count("max_workers", max_workers, 1, "")
-        self._max_retries = _check_count(
-            "max_retries", max_retries, 0, "use 0 for no retries"
-        )
+        self._max_retries = _check_count("max_retries", max_retries, 0, "use 0 for no retries")
         self._max_worker_restarts = _check_count(
             "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
         )
@@ -182,7 +182,7 @@ class Task:
         grid = list(self._geom.grid)
         if list(arr.shape) != grid:
             raise ConfigurationError(
-                f"skip_mask has shape {list(arr.shape)} but task \"{self._task_id}\" has a block "
+                f'skip_mask has shape {list(arr.shape)} but task "{self._task_id}" has a block '
                 f"grid of shape {grid} (one cell per block, cell 0 is the first block; see "
                 "Task.block_grid_shape)",
                 parameter="skip_mask",
@@ -539,9 +539,7 @@ class Pipeline:
         o = _as_pipeline(other)
         tasks = _unique(self._tasks + o._tasks)
         edges = self._edges + o._edges + [(a, b) for a in self._outputs for b in o._sources]
-        return Pipeline(
-            tasks, edges, _sources=self.sources, _outputs=o.outputs, _validate=True
-        )
+        return Pipeline(tasks, edges, _sources=self.sources, _outputs=o.outputs, _validate=True)
 
     def __radd__(self, other: Any) -> Pipeline:
         return _as_pipeline(other) + self
@@ -582,9 +580,7 @@ class Pipeline:
         return run_blockwise(self, **kwargs)
 
     def __copy__(self) -> Pipeline:
-        return Pipeline(
-            self._tasks, self._edges, _sources=self.sources, _outputs=self.outputs
-        )
+        return Pipeline(self._tasks, self._edges, _sources=self.sources, _outputs=self.outputs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Pipeline:
         return copy.copy(self)

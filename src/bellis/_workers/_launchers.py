@@ -78,7 +78,7 @@ class WorkerLauncher(ABC):
         p = handle.spec.err_path
         return None if p is None else str(p)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """Release anything the launcher holds. Called once at the end of a run."""
 
 
@@ -136,8 +136,8 @@ class LocalLauncher(WorkerLauncher):
         self.python = python or sys.executable
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
-        out = open(spec.out_path, "ab") if spec.out_path else None  # noqa: SIM115
-        err = open(spec.err_path, "ab") if spec.err_path else None  # noqa: SIM115
+        out = open(spec.out_path, "ab") if spec.out_path else None
+        err = open(spec.err_path, "ab") if spec.err_path else None
         try:
             proc = subprocess.Popen(
                 [self.python, "-m", "bellis._worker"],
