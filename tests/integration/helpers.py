@@ -226,3 +226,9 @@ def connect_and_return() -> None:
 def env_sleep_block(block: Any) -> None:
     """``sleep_block`` with its record directory from ``$BELLIS_TEST_RECDIR`` (for the CLI)."""
     sleep_block(os.environ["BELLIS_TEST_RECDIR"], 0.01, block)
+
+
+def hang_block(recdir: str, block: Any) -> None:
+    """Never finishes in time."""
+    _append(recdir, block.block_id[0], _sid(block), f"start {os.getpid()} {time.time():.6f}")
+    time.sleep(60)

@@ -19,10 +19,12 @@ from helpers import (
     done_ids,
     exit_once_block,
     fail_block,
+    hang_block,
     hang_once_block,
     make_task,
     memory_block,
     peak_concurrency,
+    pid_alive,
     read_records,
     sleep_block,
 )
@@ -219,3 +221,62 @@ def test_worker_that_returns_at_once_burns_the_budget() -> None:
     assert s.abandoned
     assert (s.worker_start_count, s.worker_restart_count, s.worker_failure_count) == (3, 2, 0)
     assert s.orphaned_count == 3
+
+
+def test_every_block_timing_out_abandons_with_the_timeout_in_the_message(recdir: str) -> None:
+    task = make_task(
+        "h",
+        3,
+        functools.partial(hang_block, recdir),
+        max_workers=1,
+        max_worker_restarts=1,
+        timeout=0.5,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(bellis.TaskAbandonedError) as info:
+        bellis.run_blockwise([task], **RUN)
+    assert time.monotonic() - t0 < 10
+    text = str(info.value)
+    assert text.startswith("task 'h' was abandoned (worker restart cap exhausted)")
+    assert "2 block attempt(s) exceeded the block timeout (0.5s" in text
+    s = info.value.daisy_states["h"]  # type: ignore[attr-defined]
+    assert (s.worker_start_count, s.worker_restart_count, s.timeout_reclaim_count) == (2, 1, 2)
+    assert s.completed_count == 0
+    assert s.failed_count + s.orphaned_count == 3
+    recs = read_records(recdir)
+    attempts = all_attempts(recs)
+    assert len(attempts) == 2 and all(a.kind == "start" for a in attempts)
+    assert not any(pid_alive(a.pid) for a in attempts)
+
+
+def test_sigterm_to_a_worker_finishes_its_block_then_exits_cleanly(recdir: str) -> None:
+    task = make_task("s", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
+    signalled: list[tuple[int, Path]] = []
+
+    def terminator() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for p in Path(recdir).iterdir():
+                lines = p.read_text().splitlines()
+                if len(lines) == 1 and lines[0].startswith("start"):
+                    pid = int(lines[0].split()[1])
+                    os.kill(pid, signal.SIGTERM)
+                    signalled.append((pid, p))
+                    return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=terminator)
+    t.start()
+    states = bellis.run_blockwise([task], return_states=True, **RUN)
+    t.join()
+    assert signalled
+    pid, path = signalled[0]
+    s = states["s"]
+    assert (s.completed_count, s.failed_count, s.failed_attempt_count) == (6, 0, 0)
+    assert s.worker_failure_count == 0
+    assert s.worker_restart_count == 0
+    assert_each_success_once(recdir, "s", 6)
+    # the signalled worker finished the block it was in, and that result counted
+    rows = path.read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith(f"done {pid} ")
+    assert not pid_alive(pid)
