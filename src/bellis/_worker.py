@@ -2,7 +2,9 @@
 
 stdin carries one frame: an 8-byte little-endian length, then a cloudpickle of
 ``{"function", "arity", "sys_path", "log_settings"}``. Everything else (server address,
-task id, worker id, secret) is in ``BELLIS_CONTEXT``. Nothing here relies on fork or on
+task id, worker id, secret) is in ``BELLIS_CONTEXT``. ``BELLIS_SYS_PATH`` (the driver's
+``sys.path``) is put in place *before* the payload is unpickled, so a function from a module
+that only the driver's path can find loads by reference. Nothing here relies on fork or on
 inherited globals, so it works with any start method and on any node.
 
 Exit codes: 0 clean, 87 block timeout (watchdog), 1 an exception escaped.

@@ -108,6 +108,13 @@ def rogue_foreign_return(port: int, secret: bytes) -> bool:
     return closed_by_server(sock)
 
 
+def rogue_pipelined_acquire(port: int, secret: bytes) -> bool:
+    sock = authenticate(port, secret, "a")
+    # two requests without returning the first block: the held block goes back for a retry
+    sock.sendall(encode([ACQUIRE, -1, 0, None, None]) + encode([ACQUIRE, -1, 0, None, None]))
+    return closed_by_server(sock)
+
+
 ROGUES = {
     "garbage": rogue_garbage,
     "wrong_mac": rogue_wrong_mac,
@@ -116,6 +123,7 @@ ROGUES = {
     "malformed_acquire": rogue_malformed_acquire,
     "short_acquire": rogue_short_acquire,
     "foreign_return": rogue_foreign_return,
+    "pipelined_acquire": rogue_pipelined_acquire,
 }
 
 
