@@ -261,6 +261,40 @@ class TaskGeometry:
                 sums = [x + v for x in sums for v in valid]
         return sums
 
+    def level_of_index(self, k: int) -> int:
+        """The conflict level of block ``k`` (integer arithmetic only)."""
+        rank = 0
+        for c, s, m in zip(self.coords_of(k), self.level_stride, self._level_mult, strict=True):
+            rank += (c % s) * m
+        return self._last_level - rank
+
+    def level_zero_count_blocks(self, lvl: int) -> int:
+        """How many blocks of level ``lvl`` have no in-grid upstream block (they start ready).
+
+        Computed from per-axis counts, without materialising the level.
+        """
+        shape = self.level_shape(lvl)
+        total = math.prod(shape)
+        if lvl == 0 or total == 0:
+            return total
+        off = self.level_offsets[lvl]
+        positive = 1
+        for i in range(self.dims):
+            n = 0
+            for j in range(shape[i]):
+                g = off[i] + self.level_stride[i] * j
+                if any(0 <= g + e < self.grid[i] for e in self.up_offsets[lvl][i]):
+                    n += 1
+            positive *= n
+        return total - positive
+
+    def max_level_count(self) -> int:
+        """An upper bound of any block's same-task upstream count."""
+        best = 0
+        for lvl in range(1, self.num_levels):
+            best = max(best, math.prod(len(axis) for axis in self.up_offsets[lvl]))
+        return best
+
     def downstream_of(self, k: int) -> list[int]:
         """Flat indices of the same-task blocks that wait for block ``k``."""
         coords = self.coords_of(k)

@@ -79,6 +79,9 @@ class TaskRun:
         self.deps: np.ndarray[Any, Any] | None = None
         self.deps_mv: memoryview | None = None
         self.intra = g.read_write_conflict and g.num_levels > 1
+        # conflict levels below this one have their dependency counts; the rest are filled
+        # in when first needed (lazy: a 10^8-block task starts in milliseconds)
+        self.levels_ready = g.num_levels
         self.down_edges: list[tuple[InterTaskEdge, TaskRun]] = []
         self.up_edges: list[tuple[InterTaskEdge, TaskRun]] = []
         self.downstream_tasks: list[TaskRun] = []
@@ -195,6 +198,21 @@ class TaskRun:
             dst.append(slice(0, m))
         return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
 
+    def init_levels(self, upto: int) -> None:
+        """Fill in the dependency counts of conflict levels below ``upto`` (lazy path)."""
+        g = self.geom
+        grid_state = self.state.reshape(g.grid)
+        assert self.deps is not None
+        grid_deps = self.deps.reshape(g.grid)
+        while self.levels_ready < min(upto, g.num_levels):
+            lvl = self.levels_ready
+            sl = g.level_slices(lvl)
+            counts = g.level_counts(lvl)
+            grid_deps[sl] = counts
+            sub = grid_state[sl]
+            sub[(counts == 0) & (sub == PENDING)] = READY
+            self.levels_ready = lvl + 1
+
     # -- the ready queue -----------------------------------------------------------------
     def _initial_ready(self) -> Iterator[int]:
         """Initially READY blocks, level by level, cartesian order, chunked through numpy."""
@@ -202,21 +220,29 @@ class TaskRun:
         grid_state = self.state.reshape(g.grid)
         strides = np.asarray(g.axis_strides, dtype=np.int64)
         for lvl in range(g.num_levels):
+            if self.levels_ready <= lvl:
+                self.init_levels(lvl + 1)
             sl = g.level_slices(lvl)
             sub = grid_state[sl]
             if sub.size == 0:
                 continue
             off = np.asarray(g.level_offsets[lvl], dtype=np.int64)
             step = np.asarray(g.level_stride, dtype=np.int64)
-            rows = max(1, _CHUNK // max(1, sub[0].size)) if sub.ndim > 1 else _CHUNK
-            for r0 in range(0, sub.shape[0], rows):
+            row_size = max(1, sub[0].size) if sub.ndim > 1 else 1
+            chunk = 1024  # small first chunk: the first block comes quickly
+            r0 = 0
+            while r0 < sub.shape[0]:
+                rows = max(1, chunk // row_size)
+                chunk = min(_CHUNK, chunk * 4)
                 part = sub[r0 : r0 + rows]
                 coords = np.nonzero(part == READY)
+                base_row = r0
+                r0 += rows
                 if len(coords[0]) == 0:
                     continue
                 flat = np.zeros(len(coords[0]), dtype=np.int64)
                 for i, c in enumerate(coords):
-                    base = c.astype(np.int64) + (r0 if i == 0 else 0)
+                    base = c.astype(np.int64) + (base_row if i == 0 else 0)
                     flat += (base * step[i] + off[i]) * strides[i]
                 yield from flat.tolist()
 
@@ -287,6 +313,16 @@ class Scheduler:
                 run.completed = n_pre + n_mask
                 skipped[run.index] = skip
             # dependency counts
+            if run.intra and not run.up_edges and run.index not in skipped:
+                # nothing resolved in bulk: count level by level as the run reaches them
+                dtype = _dtype_for(g.max_level_count())
+                run.deps = np.zeros(run.total, dtype=dtype)
+                run.deps_mv = memoryview(run.deps).cast("B").cast(run.deps.dtype.char)
+                grid_state[g.level_slices(0)] = READY
+                run.levels_ready = 1
+                run.ready = sum(g.level_zero_count_blocks(lvl) for lvl in range(g.num_levels))
+                run.roots = run._initial_ready()
+                continue
             if run.intra or run.up_edges:
                 counts = np.zeros(g.grid, dtype=np.int64)
                 if run.intra:
@@ -419,6 +455,10 @@ class Scheduler:
             if cell >= 0:
                 run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
         if run.intra:
+            if run.levels_ready < run.geom.num_levels:
+                need = run.geom.level_of_index(k) + 2
+                if run.levels_ready < need:
+                    run.init_levels(need)
             self._unlock(run, run.geom.downstream_of(k))
         for edge, down in run.down_edges:
             if down.status == RUNNING:
