@@ -60,6 +60,19 @@ _HANDSHAKE_SECONDS = 10.0
 _MAX_OUTBUF = 1 << 20
 
 
+def _watchdog_margin(conn: _Conn) -> float:
+    """How long past a block's deadline the server waits before it reclaims the block.
+
+    The worker's own watchdog fires at the same deadline (measured from when it received
+    the block, so a little later) and polls every ``min(0.5, timeout / 20)`` seconds; it
+    exits with code 87 after writing why to the worker's log. The server reclaims (and
+    kills) only as the backstop for a worker whose watchdog cannot run; an EOF at or after
+    the deadline is accounted as the timeout either way (see ``RunLoop._close``).
+    """
+    timeout = conn.run.task.timeout_secs if conn.run is not None else 0.0
+    return min(0.5, max(0.01, timeout / 20)) + 0.25
+
+
 def _send_frame(k: int) -> bytes:
     return encode([SEND, k])
 
@@ -413,6 +426,9 @@ class RunLoop:
             assert run is not None
             if not isinstance(k, int) or isinstance(k, bool):
                 raise ProtocolError(f"malformed block index {k!r}")
+            if conn in self.plan_of[run.index].parked:
+                # parked twice, it would be served twice and lose the first block
+                raise ProtocolError("sent a request while its previous one is still pending")
             if k >= 0:
                 if k != conn.k:
                     # a well-behaved client only ever returns the block it holds (a block
@@ -570,7 +586,7 @@ class RunLoop:
     # -- ticks: deadlines, worker health, spawning ------------------------------------------
     def _tick(self, now: float) -> None:
         for conn in list(self.conns.values()):
-            if conn.k >= 0 and now > conn.deadline:
+            if conn.k >= 0 and now > conn.deadline + _watchdog_margin(conn):
                 self._timeout(conn)
             elif not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
                 logger.warning(
