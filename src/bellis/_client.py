@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context"]
 logger = logging.getLogger("bellis")
 
 EXIT_BLOCK_TIMEOUT = 87
+_TIMED_OUT = 4  # wire-only status: the watchdog preempted this block
 ENV_VARIABLES = ("BELLIS_CONTEXT", "DAISY_CONTEXT")
 
 _SPECIAL = {"%": "%25", ":": "%3A", "=": "%3D"}
@@ -171,14 +173,17 @@ class _Watchdog:
         self.label = ""
         self.timeout = 0.0
         self.worker_id = worker_id
+        self.k = -1
+        self.notify: Any = None  # notify(k, text): tell the server before dying
         self._thread: threading.Thread | None = None
 
-    def arm(self, timeout: float, label: str) -> None:
+    def arm(self, timeout: float, label: str, k: int = -1) -> None:
         if self._thread is None:
             self.timeout = timeout
             self._thread = threading.Thread(target=self._run, name="bellis-watchdog", daemon=True)
             self._thread.start()
         self.label = label
+        self.k = k
         self.deadline = time.monotonic() + timeout
 
     def disarm(self) -> None:
@@ -190,11 +195,14 @@ class _Watchdog:
             time.sleep(period)
             d = self.deadline
             if d and time.monotonic() > d:
-                sys.stderr.write(
+                text = (
                     f"bellis worker {self.worker_id}: block {self.label} still running after "
-                    f"timeout={self.timeout:g}s; killing worker process\n"
+                    f"timeout={self.timeout:g}s; killing worker process"
                 )
+                sys.stderr.write(text + "\n")
                 sys.stderr.flush()
+                if self.notify is not None:
+                    self.notify(self.k, text)
                 os._exit(EXIT_BLOCK_TIMEOUT)
 
 
@@ -239,10 +247,12 @@ class Client:
         self._secret = bytes.fromhex(secret_hex)
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
-        self._pending: list[Any] | None = None
+        self._results: list[Any] = []
+        self._queue: deque[int] = deque()
         self._geom: Any = None
         self.timeout_secs = 0.0
         self._watchdog = _Watchdog(self.worker_id)
+        self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
         self._in_block = False
         self._connect()
@@ -349,32 +359,31 @@ class Client:
         if self._sock is None:
             yield None
             return
-        pending = self._pending
-        self._pending = None
         if self._stop_requested:
-            self._bye(pending)
+            self._bye()
             yield None
             return
-        if pending is None:
-            self._send([ACQUIRE, -1, 0, None, None])
-        else:
-            self._send(pending)
-        try:
-            reply = self._recv()
-        except ConnectionLostError:
-            yield None
-            return
-        if reply[0] == SHUTDOWN:
-            self.close()
-            yield None
-            return
-        if reply[0] != SEND:
-            raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
-        k = reply[1]
-        geom = self._geom
-        block = Block._lazy(geom, k, BlockStatus.PROCESSING)
+        queue = self._queue
+        if not queue:
+            results = self._results
+            self._results = []
+            self._send([ACQUIRE, *results])
+            try:
+                reply = self._recv()
+            except ConnectionLostError:
+                yield None
+                return
+            if reply[0] == SHUTDOWN:
+                self.close()
+                yield None
+                return
+            if reply[0] != SEND or len(reply) < 2:
+                raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
+            queue.extend(reply[1:])
+        k = queue.popleft()
+        block = Block._lazy(self._geom, k, BlockStatus.PROCESSING)
         wd = self._watchdog
-        wd.arm(self.timeout_secs, f"{self.task_id}/{k}")
+        wd.arm(self.timeout_secs, f"{self.task_id}/{k}", k)
         self._in_block = True
         profiler = None
         if self.resource_tracking:
@@ -394,8 +403,9 @@ class Client:
             logger.warning("block %s failed: %s", block.block_id, exc)
             sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
             stats = None if block.stats is None else list(block.stats.to_tuple())
+            self._results += (k, BlockStatus.FAILED, stats, tb)
             with contextlib.suppress(ConnectionLostError):
-                self._bye([BYE, k, BlockStatus.FAILED, stats, tb])
+                self._bye()
             raise
         if profiler is not None:
             profiler.__exit__(None, None, None)
@@ -407,35 +417,51 @@ class Client:
             status = BlockStatus.FAILED
         stats = None if block.stats is None else list(block.stats.to_tuple())
         error = None if status == BlockStatus.SUCCESS else "block status set to FAILED"
-        self._pending = [ACQUIRE, k, status, stats, error]
-        # only now may a SIGTERM exit at once: close() sends the pending result home
+        self._results += (k, status, stats, error)
+        # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
-            self._bye(self._pending)
-            self._pending = None
+            self._bye()
 
-    def _bye(self, pending: list[Any] | None) -> None:
-        if self._sock is None:
-            return
-        if pending is not None:
-            pending = [BYE, *pending[1:]]
-            try:
-                self._send(pending)
-            finally:
-                self.close()
-        else:
-            self.close()
+    def _final_frame(self, extra: tuple[Any, ...] = ()) -> bytes:
+        """BYE with every finished block, ``extra`` and the unstarted ones (status CREATED)."""
+        msg: list[Any] = [BYE, *self._results, *extra]
+        for k in self._queue:
+            msg += (k, BlockStatus.CREATED, None, None)
+        self._results = []
+        self._queue.clear()
+        return encode(msg)
 
-    def close(self) -> None:
-        """Send any finished block home, then disconnect."""
+    def _timeout_notice(self, k: int, text: str) -> None:
+        """Called by the watchdog thread just before it kills this process."""
         sock = self._sock
         if sock is None:
             return
-        pending = self._pending
-        self._pending = None
-        if pending is not None:
+        with contextlib.suppress(OSError):
+            sock.settimeout(1.0)
+            sock.sendall(self._final_frame((k, _TIMED_OUT, None, text)))
+
+    def _bye(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        frame = self._final_frame()
+        try:
+            sock.sendall(frame)
+        except OSError as exc:
+            self._sock = None
+            raise ConnectionLostError(f"lost the connection to the bellis server: {exc}") from exc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Send finished blocks home (and give back unstarted ones), then disconnect."""
+        sock = self._sock
+        if sock is None:
+            return
+        if self._results or self._queue:
             with contextlib.suppress(OSError):
-                sock.sendall(encode([BYE, *pending[1:]]))
+                sock.sendall(self._final_frame())
         self._sock = None
         with contextlib.suppress(OSError):
             sock.close()

@@ -436,6 +436,18 @@ class Scheduler:
             self._fail(run, k)
         return True
 
+    def requeue_index(self, run: TaskRun, k: int) -> None:
+        """Put a dispatched block that never started back at the head of its queue.
+
+        Not a failed attempt: nothing ran (a worker returned part of a batch unprocessed).
+        """
+        if run.status != RUNNING or run.state_mv[k] != PROCESSING:
+            return
+        run.state_mv[k] = QUEUED
+        run.processing -= 1
+        run.ready += 1
+        run.fifo.appendleft(k)
+
     def _succeed(
         self,
         run: TaskRun,

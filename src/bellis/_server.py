@@ -53,11 +53,16 @@ __all__ = ["RunLoop"]
 
 logger = logging.getLogger("bellis")
 
-_SEND_FRAME_CACHE: dict[int, bytes] = {}
 _SHUTDOWN_FRAME = encode([SHUTDOWN])
 _TICK_SECONDS = 0.05
 _HANDSHAKE_SECONDS = 10.0
 _MAX_OUTBUF = 1 << 20
+# adaptive batching: blocks that take less than this (per block, round trip included)
+# double the batch of their connection, slower ones halve it
+_BATCH_FAST_SECONDS = 0.002
+_BATCH_SLOW_SECONDS = 0.02
+_MAX_BATCH = 64
+_TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
 
 
 def _watchdog_margin(conn: _Conn) -> float:
@@ -73,17 +78,14 @@ def _watchdog_margin(conn: _Conn) -> float:
     return min(0.5, max(0.01, timeout / 20)) + 0.25
 
 
-def _send_frame(k: int) -> bytes:
-    return encode([SEND, k])
-
-
 class _Conn:
     __slots__ = (
         "addr",
         "authed",
+        "batch",
         "deadline",
         "decoder",
-        "k",
+        "held",
         "nonce",
         "opened_at",
         "outbuf",
@@ -105,7 +107,8 @@ class _Conn:
         self.run: TaskRun | None = None
         self.worker: _Worker | None = None
         self.worker_id = -1
-        self.k = -1
+        self.held: list[int] = []
+        self.batch = 1
         self.sent_at = 0.0
         self.sent_wall = 0.0
         self.deadline = 0.0
@@ -388,8 +391,8 @@ class RunLoop:
         fd = conn.sock.fileno()
         if fd < 0:
             return
-        if conn.k >= 0 and conn.run is not None and time.monotonic() >= conn.deadline:
-            # the worker's watchdog preempted the block (exit 87) before the tick saw the
+        if conn.held and conn.run is not None and time.monotonic() >= conn.deadline:
+            # the worker's watchdog preempted a block (exit 87) before the tick saw the
             # deadline pass: account it as the timeout it is, not as a plain disconnect
             self._timeout(conn)
             return
@@ -403,12 +406,14 @@ class RunLoop:
             plan = self.plan_of[conn.run.index]
             if conn in plan.parked:
                 plan.parked.remove(conn)
-        if conn.k >= 0 and conn.run is not None:
-            k = conn.k
-            conn.k = -1
+        if conn.held and conn.run is not None:
+            held = conn.held
+            conn.held = []
             run = conn.run
-            logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, k)
-            self._release(conn, run, k, False, None, "the worker holding the block disconnected")
+            now = time.monotonic()
+            for k in held:
+                logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, k)
+                self._release(conn, run, k, False, None, conn.sent_at, now)
         if conn.worker is not None:
             conn.worker.conn = None
 
@@ -418,37 +423,79 @@ class RunLoop:
         if not conn.authed:
             self._hello(conn, msg)
             return
-        if op == ACQUIRE or op == BYE:
-            if len(msg) != 5:
-                raise ProtocolError(f"malformed message of {len(msg)} fields")
-            k = msg[1]
-            run = conn.run
-            assert run is not None
+        if op != ACQUIRE and op != BYE:
+            raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
+        n = len(msg) - 1
+        if n % 4:
+            raise ProtocolError(f"malformed message of {len(msg)} fields")
+        run = conn.run
+        assert run is not None
+        if conn in self.plan_of[run.index].parked:
+            # parked twice, it would be served twice and lose the first block
+            raise ProtocolError("sent a request while its previous one is still pending")
+        if n:
+            self._returned_batch(conn, run, msg)
+            if self.fatal is not None or conn.sock.fileno() < 0:
+                return
+        if op == BYE:
+            if conn.held:
+                # blocks the worker never started go back to the queue, uncounted
+                for k in conn.held:
+                    self.s.requeue_index(run, k)
+                conn.held = []
+            self._close(conn, lost=False)
+            return
+        if conn.held:
+            raise ProtocolError(
+                f"asked for blocks while holding {len(conn.held)} of task {run.task_id} "
+                "without returning them"
+            )
+        self._serve(conn, run, draining)
+
+    def _returned_batch(self, conn: _Conn, run: TaskRun, msg: list[Any]) -> None:
+        """Take back the blocks a message returns: groups of (k, status, stats, error)."""
+        now = time.monotonic()
+        results = []
+        held = conn.held
+        for i in range(1, len(msg), 4):
+            k = msg[i]
             if not isinstance(k, int) or isinstance(k, bool):
                 raise ProtocolError(f"malformed block index {k!r}")
-            if conn in self.plan_of[run.index].parked:
-                # parked twice, it would be served twice and lose the first block
-                raise ProtocolError("sent a request while its previous one is still pending")
-            if k >= 0:
-                if k != conn.k:
-                    # a well-behaved client only ever returns the block it holds (a block
-                    # reclaimed on timeout closes its connection first)
-                    raise ProtocolError(
-                        f"invalid block return: block {run.task_id}/{k} is not held by it"
-                    )
-                self._returned(conn, run, k, msg[2], msg[3], msg[4])
-                if self.fatal is not None:
-                    return
-            elif conn.k >= 0:
+            if k < 0:
+                continue
+            try:
+                held.remove(k)
+            except ValueError:
+                # a well-behaved client only returns blocks it holds (a block reclaimed on
+                # timeout closes its connection first)
                 raise ProtocolError(
-                    f"asked for a block while holding {run.task_id}/{conn.k} without returning it"
-                )
-            if op == BYE:
-                self._close(conn, lost=False)
+                    f"invalid block return: block {run.task_id}/{k} is not held by it"
+                ) from None
+            results.append((k, msg[i + 1], msg[i + 2], msg[i + 3]))
+        if not results:
+            return
+        processed = [r for r in results if r[1] != BlockStatus.CREATED]
+        # a batch's round trip is shared equally by the blocks it carried
+        step = (now - conn.sent_at) / max(1, len(processed))
+        t = conn.sent_at
+        for k, status, stats, error in results:
+            if status == BlockStatus.CREATED:
+                self.s.requeue_index(run, k)
+                continue
+            if status == _TIMED_OUT:
+                self._timed_out_block(conn, run, k, t, t + step)
+                t += step
+                continue
+            self._returned(conn, run, k, status, stats, error, t, t + step)
+            t += step
+            if self.fatal is not None:
                 return
-            self._serve(conn, run, draining)
-        else:
-            raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
+        if processed and conn.held == []:
+            per_block = step
+            if per_block < _BATCH_FAST_SECONDS:
+                conn.batch = min(_MAX_BATCH, conn.batch * 2)
+            elif per_block > _BATCH_SLOW_SECONDS:
+                conn.batch = max(1, conn.batch // 2)
 
     def _hello(self, conn: _Conn, msg: list[Any]) -> None:
         if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):
@@ -491,7 +538,15 @@ class RunLoop:
         self._reply(conn, plan.welcome)
 
     def _returned(
-        self, conn: _Conn, run: TaskRun, k: int, status: Any, stats: Any, error: Any
+        self,
+        conn: _Conn,
+        run: TaskRun,
+        k: int,
+        status: Any,
+        stats: Any,
+        error: Any,
+        sent: float,
+        returned: float,
     ) -> None:
         success = status == BlockStatus.SUCCESS
         if success and stats is None and run.task.resource_tracking:
@@ -503,13 +558,12 @@ class RunLoop:
                 "usually means a custom client is bypassing bellis.Client."
             )
             return
-        conn.k = -1
         if conn.worker is not None:
             conn.worker.earned = True
         if not success:
             text = error if isinstance(error, str) else "block failed"
             self._record_error(conn, run, k, text)
-        self._release(conn, run, k, success, stats, None)
+        self._release(conn, run, k, success, stats, sent, returned)
 
     def _record_error(self, conn: _Conn, run: TaskRun, k: int, text: str) -> None:
         if run.first_worker_error is None:
@@ -527,30 +581,32 @@ class RunLoop:
         k: int,
         success: bool,
         stats: Any,
-        lost_reason: str | None,
+        sent: float,
+        returned: float,
     ) -> None:
-        now = time.monotonic()
-        rt = now - conn.sent_at
-        wall_now = conn.sent_wall + rt
+        wall0 = conn.sent_wall + (sent - conn.sent_at)
         self.s.release_index(
             run,
             k,
             success,
             stats,
             conn.worker_id if conn.worker is not None else -1,
-            conn.sent_wall,
-            wall_now,
+            wall0,
+            wall0 + (returned - sent),
         )
         plan = self.plan_of[run.index]
-        plan.aggregates.add_block(rt, stats if success else None, not success)
+        plan.aggregates.add_block(returned - sent, stats if success else None, not success)
         if conn.worker is not None:
-            conn.worker.timeline.returned(now, not success)
+            tl = conn.worker.timeline
+            tl.sent(sent)
+            tl.returned(returned, not success)
         self.dirty = True
         # wake parked requests (this task and downstream tasks)
-        self._serve_parked(plan)
+        if plan.parked:
+            self._serve_parked(plan)
         for _edge, down in run.down_edges:
-            dplan = self.plan_of[down.index]
             if down.ready:
+                dplan = self.plan_of[down.index]
                 if dplan.parked:
                     self._serve_parked(dplan)
                 if dplan.alive == 0:
@@ -566,14 +622,23 @@ class RunLoop:
         if not draining and self.abort_reason is None and self.shutdown_started is None:
             k = self.s.acquire_index(run)
             if k >= 0:
+                held = [k]
+                want = conn.batch
+                if want > 1:
+                    # adaptive batching for fast blocks, never starving the other workers
+                    plan = self.plan_of[run.index]
+                    want = min(want, run.ready // max(1, plan.alive))
+                    while len(held) < want:
+                        k = self.s.acquire_index(run)
+                        if k < 0:
+                            break
+                        held.append(k)
                 now = time.monotonic()
-                conn.k = k
+                conn.held = held
                 conn.sent_at = now
                 conn.sent_wall = time.time()
-                conn.deadline = now + run.task.timeout_secs
-                if conn.worker is not None:
-                    conn.worker.timeline.sent(now)
-                self._reply(conn, _send_frame(k))
+                conn.deadline = now + run.task.timeout_secs * len(held)
+                self._reply(conn, encode([SEND, *held]))
                 return
             if run.status == RUNNING and run.pending > 0:
                 self.plan_of[run.index].parked.append(conn)
@@ -586,7 +651,7 @@ class RunLoop:
     # -- ticks: deadlines, worker health, spawning ------------------------------------------
     def _tick(self, now: float) -> None:
         for conn in list(self.conns.values()):
-            if conn.k >= 0 and now > conn.deadline + _watchdog_margin(conn):
+            if conn.held and now > conn.deadline + _watchdog_margin(conn):
                 self._timeout(conn)
             elif not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
                 logger.warning(
@@ -604,24 +669,21 @@ class RunLoop:
             self.dirty = False
             self._notify("on_progress")
 
-    def _timeout(self, conn: _Conn) -> None:
-        run = conn.run
-        assert run is not None
-        k = conn.k
-        conn.k = -1
+    def _timed_out_block(
+        self, conn: _Conn, run: TaskRun, k: int, sent: float, returned: float
+    ) -> None:
+        """Account one block as timed out (reclaimed) and release it to the retry path."""
         run.timeout_reclaims += 1
+        sid = run.geom.spatial_id_of(k)
         logger.warning(
             "block lost block_id=%s/%d timed_out=true (timeout=%gs)",
             run.task_id,
-            run.geom.spatial_id_of(k),
+            sid,
             run.task.timeout_secs,
         )
-        text = (
-            f"block {run.task_id}/{run.geom.spatial_id_of(k)} exceeded the block timeout "
-            f"({run.task.timeout_secs:g}s)"
-        )
+        text = f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
         self._record_error(conn, run, k, text)
-        self._release(conn, run, k, False, None, "timeout")
+        self._release(conn, run, k, False, None, sent, returned)
         worker = conn.worker
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit("timeout", None, text)
@@ -631,6 +693,18 @@ class RunLoop:
             kill = getattr(launcher, "kill", None)
             if kill is not None:
                 kill(worker.handle)
+
+    def _timeout(self, conn: _Conn) -> None:
+        """The backstop: a connection's blocks outlived their deadline."""
+        run = conn.run
+        assert run is not None
+        held = conn.held
+        conn.held = []
+        now = time.monotonic()
+        # the first held block is the one that was running; the rest never started
+        for k in held[1:]:
+            self.s.requeue_index(run, k)
+        self._timed_out_block(conn, run, held[0], conn.sent_at, now)
         self._close(conn, lost=False)
 
     def _retire(self, worker: _Worker) -> None:
