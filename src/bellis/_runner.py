@@ -118,8 +118,6 @@ def _check_resources(resources: Any) -> dict[str, int]:
 
 
 def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
-    from ._tracking import StoreLayout, TrackingStore
-
     stores: dict[str, Any] = {}
     for t in order:
         path = t.resolved_tracking_path() if block_tracking else None
@@ -134,6 +132,8 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
                     "resource_tracking",
                 )
             continue
+        from ._tracking import StoreLayout, TrackingStore
+
         g = t._geom
         layout = StoreLayout(
             total_offset=g.total_offset,

@@ -57,10 +57,10 @@ _SHUTDOWN_FRAME = encode([SHUTDOWN])
 _TICK_SECONDS = 0.05
 _HANDSHAKE_SECONDS = 10.0
 _MAX_OUTBUF = 1 << 20
-# adaptive batching: blocks that take less than this (per block, round trip included)
-# double the batch of their connection, slower ones halve it
-_BATCH_FAST_SECONDS = 0.002
-_BATCH_SLOW_SECONDS = 0.02
+# adaptive batching: a connection gets as many ready blocks at once as fit in about this
+# much time (measured per block, round trip included), so fast blocks share one round
+# trip; blocks slower than this go one at a time
+_BATCH_TARGET_SECONDS = 0.02
 _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
 
@@ -288,7 +288,7 @@ class RunLoop:
         else:
             deadline = time.monotonic() + max(self.grace_seconds, 5.0)
             while any(w.exit is None for w in self.workers.values()):
-                for key, _ in self.sel.select(0.02):
+                for key, _ in self.sel.select(0.005):
                     if key.data is None:
                         self._accept()
                     else:
@@ -491,11 +491,13 @@ class RunLoop:
             if self.fatal is not None:
                 return
         if processed and conn.held == []:
-            per_block = step
-            if per_block < _BATCH_FAST_SECONDS:
-                conn.batch = min(_MAX_BATCH, conn.batch * 2)
-            elif per_block > _BATCH_SLOW_SECONDS:
-                conn.batch = max(1, conn.batch // 2)
+            # aim for batches of about _BATCH_TARGET_SECONDS: grow at most 2x per round
+            # trip, shrink at once when blocks get slow
+            ideal = int(_BATCH_TARGET_SECONDS / step) if step > 0 else _MAX_BATCH
+            if ideal > conn.batch:
+                conn.batch = min(ideal, conn.batch * 2, _MAX_BATCH)
+            else:
+                conn.batch = max(1, ideal)
 
     def _hello(self, conn: _Conn, msg: list[Any]) -> None:
         if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):
