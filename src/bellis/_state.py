@@ -52,8 +52,7 @@ class TaskState:
     def is_done(self) -> bool:
         """True when every block is completed, failed or orphaned."""
         return (
-            self.completed_count + self.failed_count + self.orphaned_count
-            == self.total_block_count
+            self.completed_count + self.failed_count + self.orphaned_count == self.total_block_count
         )
 
     def __repr__(self) -> str:
