@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,19 +31,33 @@ def make_raw(path: Path, shape: tuple[int, int, int], seed: int = 0) -> None:
     root.create_array("raw", data=vol, chunks=(BLOCK,) * 3)
     for name, dtype in (("smoothed", "float32"), ("labels", "uint32")):
         root.create_array(name, shape=shape, chunks=(BLOCK,) * 3, dtype=dtype, fill_value=0)
-    grid = tuple(s // BLOCK for s in shape)
-    root.create_array("counts", shape=grid, chunks=grid, dtype="uint32", fill_value=0)
+    grid = tuple(-(-s // BLOCK) for s in shape)
+    # one chunk per cell: blocks write their cells concurrently, and zarr rewrites whole
+    # chunks, so no two blocks may share one
+    root.create_array("counts", shape=grid, chunks=(1, 1, 1), dtype="uint32", fill_value=0)
+
+
+def _array(name: str, mode: Literal["r", "r+"] = "r+") -> Any:
+    """One array of the demo's zarr group in the current directory."""
+    import zarr
+
+    arr = zarr.open_group(str(Path.cwd() / "demo.zarr"), mode=mode)[name]
+    if not isinstance(arr, zarr.Array):
+        raise TypeError(f"demo.zarr/{name} is not an array")
+    return arr
 
 
 def smooth_block(block: Any) -> None:
-    import zarr
-
-    root = zarr.open_group(str(Path.cwd() / "demo.zarr"), mode="r+")
-    raw = root["raw"]
+    """3x3x3 mean. The read ROI reaches one voxel past the volume at its faces; those
+    voxels repeat the edge (``np.pad`` mode "edge")."""
+    raw = _array("raw", "r")
     r = block.read_roi
     w = block.write_roi
-    sl = tuple(slice(o, o + s) for o, s in zip(r.offset, r.shape, strict=True))
-    data = np.asarray(raw[sl], dtype=np.float32)
+    lo = [max(0, o) for o in r.offset]
+    hi = [min(n, o + s) for o, s, n in zip(r.offset, r.shape, raw.shape, strict=True)]
+    data = np.asarray(raw[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))], np.float32)
+    pad = [(a - o, (o + s) - b) for a, b, o, s in zip(lo, hi, r.offset, r.shape, strict=True)]
+    data = np.pad(data, pad, mode="edge")
     acc = np.zeros_like(data)
     for dz in (-1, 0, 1):
         for dy in (-1, 0, 1):
@@ -54,7 +68,7 @@ def smooth_block(block: Any) -> None:
         slice(wo - ro, wo - ro + ws) for wo, ro, ws in zip(w.offset, r.offset, w.shape, strict=True)
     )
     out = tuple(slice(o, o + s) for o, s in zip(w.offset, w.shape, strict=True))
-    root["smoothed"][out] = acc[inner]
+    _array("smoothed")[out] = acc[inner]
 
 
 def _label(mask: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], int]:
@@ -81,22 +95,18 @@ def _label(mask: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], int]:
 
 
 def label_block(block: Any) -> None:
-    import zarr
-
-    root = zarr.open_group(str(Path.cwd() / "demo.zarr"), mode="r+")
     w = block.write_roi
     sl = tuple(slice(o, o + s) for o, s in zip(w.offset, w.shape, strict=True))
-    data = np.asarray(root["smoothed"][sl])
+    data = np.asarray(_array("smoothed", "r")[sl])
     labels, n = _label(data > 0.25)
-    root["labels"][sl] = labels
+    _array("labels")[sl] = labels
     cell = tuple(o // BLOCK for o in w.offset)
-    root["counts"][cell] = n
+    _array("counts")[cell] = n
 
 
 def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: bool) -> bool:
     import os
 
-    import zarr
     from funlib.geometry import Roi
 
     import bellis
@@ -112,9 +122,12 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
     bellis.set_tracking_basedir(workdir / "tracking")
     bellis.logging.set_log_basedir(workdir / "logs")
     total = Roi((0, 0, 0), shape)
+    # smooth reads one voxel of context on each side; its total ROI includes that context,
+    # so its write blocks tile the volume exactly and line up with the zarr chunks (two
+    # blocks never write the same chunk). "shrink" clips a trailing partial block.
     smooth = bellis.Task(
         "smooth",
-        total_roi=total,
+        total_roi=total.grow((1, 1, 1), (1, 1, 1)),
         read_roi=Roi((0, 0, 0), (BLOCK + 2,) * 3),
         write_roi=Roi((1, 1, 1), (BLOCK,) * 3),
         process_function=smooth_block,
@@ -123,8 +136,6 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         max_workers=workers,
         resource_tracking=True,
     )
-    # smooth writes the interior (one voxel of context on each side); "shrink" keeps the
-    # trailing partial blocks, clipped to the volume
     label = bellis.Task(
         "label",
         total_roi=total,
@@ -136,8 +147,7 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         resource_tracking=True,
     )
     ok = bool(bellis.run_blockwise(smooth + label, multiprocessing=not serial, progress=True))
-    root = zarr.open_group(str(workdir / "demo.zarr"), mode="r")
-    counts = root["counts"][:]
+    counts = np.asarray(_array("counts", "r")[:])
     print()
     print(f"Wrote {workdir / 'demo.zarr'}: smoothed {shape}, labels {shape}, counts {counts.shape}")
     print(f"  components per block: min {counts.min()}, max {counts.max()}, total {counts.sum()}")

@@ -210,7 +210,7 @@ class TaskGeometry:
     def _conflict_sets(
         self, prev: tuple[int, ...], cur: tuple[int, ...]
     ) -> tuple[tuple[int, ...], ...]:
-        out = []
+        out: list[tuple[int, ...]] = []
         for p, c, s in zip(prev, cur, self.level_stride, strict=True):
             d = p - c
             if d < 0:

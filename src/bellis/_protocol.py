@@ -70,7 +70,7 @@ _packb = msgpack.Packer(use_bin_type=True).pack
 
 def encode(message: Any) -> bytes:
     """One complete frame for ``message`` (a list whose first item is the opcode)."""
-    payload = _packb(message)
+    payload: bytes = _packb(message)
     if len(payload) + 1 > MAX_FRAME_BYTES:
         raise ProtocolError(
             f"message of {len(payload)} bytes exceeds the frame cap of {MAX_FRAME_BYTES} bytes"

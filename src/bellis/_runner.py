@@ -553,23 +553,22 @@ def _write_reports(
 
 
 def load_task_report(task: Task) -> Any:
+    """The last run line of ``task``: from its store, else from its log folder, else (no
+    store and file logging off) from the copy a run in this process kept in memory."""
     from . import logging as blog
     from ._report import TaskReport, read_last_run
 
     path = task.resolved_tracking_path()
-    if path is not None and (path / "runs.jsonl").exists():
-        data = read_last_run(path / "runs.jsonl")
-        if data is not None:
-            return TaskReport(data, path)
+    if path is not None:
+        data = read_last_run(path / "runs.jsonl") if (path / "runs.jsonl").exists() else None
+        return None if data is None else TaskReport(data, path)
     base = blog.get_log_basedir()
-    if base is not None:
+    if base is not None and blog.get_log_mode() != "console":
         p = Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl"
-        if p.exists():
-            data = read_last_run(p)
-            if data is not None:
-                return TaskReport(data, None)
+        data = read_last_run(p) if p.exists() else None
+        return None if data is None else TaskReport(data, None)
     data = _MEMORY_REPORTS.get(task.task_id)
-    return None if data is None else TaskReport(data, path)
+    return None if data is None else TaskReport(data, None)
 
 
 def _attach(exc: BaseException, result: _RunResult) -> None:

@@ -52,6 +52,13 @@ RUNNING, FINISHED, ABANDONED = 0, 1, 2
 _CHUNK = 1 << 16
 
 
+def _view(arr: np.ndarray[Any, Any]) -> memoryview[int]:
+    """A typed memoryview of a 1-D unsigned array: element access without numpy scalars."""
+    raw: Any = arr.data
+    view: memoryview[int] = raw.cast("B").cast(arr.dtype.char)
+    return view
+
+
 def _dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
     if max_count < 1 << 8:
         return np.uint8
@@ -75,9 +82,9 @@ class TaskRun:
         self.status = RUNNING
         self.abandon_reason: str | None = None
         self.state = np.zeros(self.total, dtype=np.uint8)
-        self.state_mv = memoryview(self.state)
+        self.state_mv = _view(self.state)
         self.deps: np.ndarray[Any, Any] | None = None
-        self.deps_mv: memoryview | None = None
+        self.deps_mv: memoryview[int] | None = None
         self.intra = g.read_write_conflict and g.num_levels > 1
         # conflict levels below this one have their dependency counts; the rest are filled
         # in when first needed (lazy: a 10^8-block task starts in milliseconds)
@@ -317,7 +324,7 @@ class Scheduler:
                 # nothing resolved in bulk: count level by level as the run reaches them
                 dtype = _dtype_for(g.max_level_count())
                 run.deps = np.zeros(run.total, dtype=dtype)
-                run.deps_mv = memoryview(run.deps).cast("B").cast(run.deps.dtype.char)
+                run.deps_mv = _view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
                 run.ready = sum(g.level_zero_count_blocks(lvl) for lvl in range(g.num_levels))
@@ -335,7 +342,7 @@ class Scheduler:
                     if up.index in skipped:
                         counts -= edge.done_counts(skipped[up.index])
                 run.deps = counts.astype(_dtype_for(int(counts.max()) if counts.size else 0))
-                run.deps_mv = memoryview(run.deps).cast("B").cast(run.deps.dtype.char)
+                run.deps_mv = _view(run.deps)
                 ready_mask = (grid_state == PENDING) & (run.deps.reshape(g.grid) == 0)
             else:
                 ready_mask = grid_state == PENDING

@@ -54,4 +54,5 @@ def skip_mask_from_volume(task: Any, volume: Any) -> np.ndarray[Any, np.dtype[np
             f"volume has shape {list(arr.shape)} but task {task.task_id!r} has a block grid of "
             f"shape {grid}: pass one cell per block (see Task.block_grid_shape)"
         )
-    return (arr == 0).astype(np.uint8)
+    mask: np.ndarray[Any, np.dtype[np.uint8]] = (arr == 0).astype(np.uint8)
+    return mask

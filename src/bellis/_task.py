@@ -83,7 +83,8 @@ def _check_count(name: str, value: Any, minimum: int, fix: str) -> int:
         raise ConfigurationError(
             f"{name} must be at least {minimum} (got {value}); {fix}", parameter=name
         )
-    return value
+    result: int = value
+    return result
 
 
 class Task:
@@ -329,13 +330,13 @@ class Task:
 
     # -- composition -----------------------------------------------------------------
     def __add__(self, other: Any) -> Pipeline:
-        return Pipeline.from_task(self) + other
+        return Pipeline.from_task(self) + _as_pipeline(other)
 
     def __radd__(self, other: Any) -> Pipeline:
         return _as_pipeline(other) + Pipeline.from_task(self)
 
     def __or__(self, other: Any) -> Pipeline:
-        return Pipeline.from_task(self) | other
+        return Pipeline.from_task(self) | _as_pipeline(other)
 
     def __ror__(self, other: Any) -> Pipeline:
         return _as_pipeline(other) | Pipeline.from_task(self)

@@ -79,6 +79,7 @@ from ..errors import TrackingError
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    NO_WORKER,
     STAT_ARRAYS,
     GrowthPlan,
     StoreLayout,
@@ -675,7 +676,8 @@ class TrackingStore:
         self._gpu_util[cell] = np.nan
         self._gpu_mem[cell] = 0
         self._cpu_children[cell] = stats[7] if len(stats) > 7 else 0.0
-        self._worker_id[cell] = worker_id
+        # serial runs and unmanaged clients have no worker id (-1): stored as NO_WORKER
+        self._worker_id[cell] = worker_id if worker_id >= 0 else NO_WORKER
         self._sent_at[cell] = sent_at
         self._returned_at[cell] = returned_at
 

@@ -1,0 +1,292 @@
+"""Run statistics end to end: measurement in workers, the store's stat arrays, runs.jsonl,
+task.report() (also from a fresh process), the worker timeline and the printed panel."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+import bellis
+from bellis import Roi
+from bellis._report import validate_run_line
+from bellis._tracking import NO_WORKER
+
+
+def sleepy(block: Any) -> None:
+    time.sleep(0.02)
+
+
+def burn_child(block: Any) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass",
+        ],
+        check=True,
+    )
+
+
+def noop(block: Any) -> None:
+    pass
+
+
+def _task(tmp_path: Path, fn: Any = sleepy, *, task_id: str = "t", n: int = 8, **kw: Any) -> Any:
+    kw.setdefault("tracking_path", str(tmp_path / "track" / task_id))
+    kw.setdefault("resource_tracking", True)
+    return bellis.Task(
+        task_id,
+        total_roi=Roi((0,), (10 * n,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=fn,
+        read_write_conflict=False,
+        max_workers=2,
+        **kw,
+    )
+
+
+def _run_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("multiprocessing", [False, True])
+def test_measurements_reach_store_report_and_runs_jsonl(
+    tmp_path: Path, multiprocessing: bool
+) -> None:
+    task = _task(tmp_path)
+    assert task.report() is None
+    states = bellis.run_blockwise(
+        task, multiprocessing=multiprocessing, progress=False, summary=False, return_states=True
+    )
+    assert states["t"].completed_count == 8
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    wall = np.asarray(g["wall_seconds"][:])
+    assert np.all(wall >= 0.015) and np.all(wall < 1.0)
+    assert np.all(np.isnan(np.asarray(g["gpu_util_pct"][:])))
+    assert np.all(np.asarray(g["gpu_mem_bytes"][:]) == 0)
+    assert np.all(np.asarray(g["peak_rss_bytes"][:]) > 1 << 20)
+    ids = np.asarray(g["worker_id"][:])
+    sent = np.asarray(g["sent_at"][:])
+    returned = np.asarray(g["returned_at"][:])
+    assert np.all(returned >= sent) and np.all(sent > 1.7e9)
+    if multiprocessing:
+        assert set(ids.tolist()) <= {0, 1}
+    else:
+        assert np.all(ids == NO_WORKER)
+
+    lines = _run_lines(tmp_path / "track" / "t" / "runs.jsonl")
+    assert len(lines) == 1
+    assert validate_run_line(lines[0]) == []
+    report = task.report()
+    assert report is not None
+    assert report.mode == ("distributed" if multiprocessing else "serial")
+    assert report.blocks.count == 8
+    assert report.blocks.wall is not None and report.blocks.wall.n == 8
+    assert report.blocks.wall.mean == pytest.approx(0.02, abs=0.015)
+    assert report.blocks.cpu is not None and report.blocks.cpu.mean < 0.015
+    if multiprocessing:
+        assert report.blocks.round_trip is not None and report.blocks.round_trip.n == 8
+        assert report.blocks.overhead is not None
+        assert report.workers.count == 2
+        assert sum(r.blocks for r in report.workers.records) == 8
+    else:
+        assert report.workers.count == 0
+    rec = report.block((3,))
+    assert rec is not None and rec.stats is not None
+    assert rec.stats.wall_seconds == pytest.approx(float(wall[3]), rel=1e-6)
+
+
+def test_serial_and_distributed_agree(tmp_path: Path) -> None:
+    reports = {}
+    for mp in (False, True):
+        task = _task(tmp_path, task_id=f"m{int(mp)}")
+        bellis.run_blockwise(task, multiprocessing=mp, progress=False, summary=False)
+        reports[mp] = task.report()
+    a, b = reports[False], reports[True]
+    assert a.counters == {**b.counters, "worker_starts": 0}
+    assert a.blocks.count == b.blocks.count == 8
+    for field in ("wall", "cpu", "peak_rss", "io_read", "io_write"):
+        assert getattr(a.blocks, field) is not None and getattr(b.blocks, field) is not None
+    assert a.blocks.wall.mean == pytest.approx(b.blocks.wall.mean, abs=0.01)
+
+
+def test_panel_count_equals_summary_completed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    task = _task(tmp_path, n=12)
+    bellis.run_blockwise(task, progress=False)
+    out = capfd.readouterr().out
+    summary_row = re.search(r"^\s+t ✔\s+(\d+)\s+(\d+)", out, re.M)
+    panel_line = re.search(r"^\s+t\s+(\d+) blocks, (\d+) workers", out, re.M)
+    assert summary_row is not None and panel_line is not None, out
+    assert int(panel_line.group(1)) == int(summary_row.group(2)) == 12
+    assert "Resource Utilization" in out
+    assert out.index("Execution Summary") < out.index("Resource Utilization")
+    for token in ("round trip", "wall", "cpu", "peak RSS", "io", "overhead", "trend", "startup"):
+        assert token in out
+
+
+def test_panel_omitted_for_serial_run_without_resource_tracking(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    task = _task(tmp_path, noop, resource_tracking=False, tracking_path=False)
+    bellis.run_blockwise(task, multiprocessing=False, progress=False)
+    out = capfd.readouterr().out
+    assert "Execution Summary" in out and "Resource Utilization" not in out
+    # a distributed run of the same task shows round trips and workers without any store
+    bellis.run_blockwise(task, progress=False)
+    out = capfd.readouterr().out
+    assert "Resource Utilization" in out and "round trip" in out and "peak RSS" not in out
+
+
+def test_report_works_in_a_fresh_process(tmp_path: Path) -> None:
+    task = _task(tmp_path)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    code = textwrap.dedent(
+        f"""
+        import bellis
+        from bellis import Roi
+        t = bellis.Task("t", Roi((0,), (80,)), Roi((0,), (10,)), Roi((0,), (10,)),
+                        tracking_path={str(tmp_path / "track" / "t")!r})
+        r = t.report()
+        rec = r.block((0,))
+        print(r.blocks.count, r.workers.count, rec.worker_id in (0, 1), rec.returned_at > 0)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.split()
+    assert out == ["8", "2", "True", "True"]
+
+
+def test_resumed_run_reports_skips_and_keeps_old_stamps(tmp_path: Path) -> None:
+    task = _task(tmp_path)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    first = task.report()
+    stamp = first.block((5,))
+    assert stamp is not None
+    bellis.run_blockwise(task, progress=False, summary=False)
+    second = task.report()
+    assert second.blocks.skipped == 8
+    assert second.blocks.count == 0
+    assert second.blocks.wall is None and second.blocks.round_trip is None
+    again = second.block((5,))
+    assert again is not None
+    assert (again.worker_id, again.sent_at, again.returned_at) == (
+        stamp.worker_id,
+        stamp.sent_at,
+        stamp.returned_at,
+    )
+    lines = _run_lines(tmp_path / "track" / "t" / "runs.jsonl")
+    assert len(lines) == 2 and all(validate_run_line(d) == [] for d in lines)
+
+
+def test_runs_jsonl_under_log_dir_without_store(tmp_path: Path) -> None:
+    task = _task(tmp_path, noop, resource_tracking=False, tracking_path=False)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    path = tmp_path / "logs" / "t" / "runs.jsonl"
+    lines = _run_lines(path)
+    assert len(lines) == 2 and all(validate_run_line(d) == [] for d in lines)
+    assert lines[-1]["workers"]["count"] >= 1
+    assert lines[-1]["blocks"]["round_trip"]["n"] == 8
+
+
+def test_timeline_phases_add_up(tmp_path: Path) -> None:
+    task = _task(tmp_path)
+    t0 = time.monotonic()
+    bellis.run_blockwise(task, progress=False, summary=False)
+    wall = time.monotonic() - t0
+    report = task.report()
+    assert report.workers.exits == {"clean": 2}
+    for rec in report.workers.records:
+        assert rec.exit == "clean" and rec.teardown is not None
+        total = rec.startup + rec.idle.total + rec.compute.total + rec.final_wait + rec.teardown
+        assert 0 < total <= wall
+        assert rec.compute.total >= rec.blocks * 0.015
+        assert rec.setup is not None and rec.launch is not None
+        assert rec.setup + rec.launch == pytest.approx(rec.startup, abs=1e-6)
+
+
+def test_child_process_cpu_is_its_own_field(tmp_path: Path) -> None:
+    task = _task(tmp_path, burn_child, n=2)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    children = np.asarray(g["cpu_children_seconds"][:])
+    own = np.asarray(g["cpu_seconds"][:])
+    assert np.all(children >= 0.25), children
+    assert np.all(own < 0.2), own
+    report = task.report()
+    assert report.blocks.cpu_children is not None and report.blocks.cpu_children.mean >= 0.25
+
+
+def test_resource_tracking_needs_a_store(tmp_path: Path) -> None:
+    task = _task(tmp_path, noop, tracking_path=False)
+    with pytest.raises(bellis.ConfigurationError, match="resource_tracking=True but has no"):
+        bellis.run_blockwise(task, progress=False)
+
+
+def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path: Path) -> None:
+    """A hand-rolled client returning a block without stats is refused with the fix."""
+    from bellis._protocol import ACQUIRE, HELLO, FrameDecoder, compute_mac, encode
+
+    errors: list[str] = []
+
+    def rogue(server: Any) -> None:
+        sock = socket.create_connection((server.hostname, server.port))
+        dec = FrameDecoder()
+
+        def recv() -> list[Any]:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return []
+                msgs = dec.feed(data)
+                if msgs:
+                    return msgs[0]  # type: ignore[no-any-return]
+
+        challenge = recv()
+        sock.sendall(encode([HELLO, compute_mac(server.secret, challenge[1]), "t", -1, 0, 0.0]))
+        recv()
+        sock.sendall(encode([ACQUIRE]))
+        sent = recv()
+        sock.sendall(encode([ACQUIRE, sent[1], 2, None, None]))
+        errors.append("sent")
+        sock.close()
+
+    task = _task(tmp_path, None, n=2)
+    import threading
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=rogue, args=(server,), daemon=True).start()
+
+    server = bellis.Server(external_workers=True, on_listen=on_listen)
+    with pytest.raises(RuntimeError, match="profile_block"):
+        server.run_blockwise(task, progress=False, summary=False)
+    assert errors == ["sent"]
+
+
+def test_report_stat_relations(tmp_path: Path) -> None:
+    task = _task(tmp_path, n=6)
+    bellis.run_blockwise(task, progress=False, summary=False)
+    r = task.report()
+    rt, wall = r.blocks.round_trip, r.blocks.wall
+    assert rt.n == wall.n == 6
+    assert rt.mean >= wall.mean
+    assert r.blocks.overhead.mean == pytest.approx(rt.mean - wall.mean, abs=1e-6)
+    assert math.isfinite(r.blocks.trend)
+    assert wall.min <= wall.mean <= wall.max
+    assert wall.total == pytest.approx(wall.mean * wall.n)
