@@ -1,0 +1,176 @@
+"""The "Resource Utilization" panel, rendered from TaskReports (SPEC §5.9)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from ._report import EXIT_KINDS, Stat, TaskReport, WorkerRecord
+
+__all__ = ["format_bytes", "format_duration", "render_panel"]
+
+
+# ----------------------------------------------------------------------------- panel
+
+_DURATION_UNITS: Final = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+_BYTE_UNITS: Final = ("B", "KB", "MB", "GB", "TB", "PB")
+
+
+def _duration_unit(seconds: float) -> tuple[float, str]:
+    a = abs(seconds)
+    for scale, unit in _DURATION_UNITS:
+        if a >= scale:
+            return scale, unit
+    return 1e-6, "µs"
+
+
+def format_duration(seconds: float | None) -> str:
+    """``292.1 ms``: µs / ms / s with one decimal; ``-`` for None."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    scale, unit = _duration_unit(seconds)
+    return f"{seconds / scale:.1f} {unit}"
+
+
+def format_bytes(n: float | None) -> str:
+    """``25.5 MB``: 1024 steps, B to PB, one decimal; ``-`` for None."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    value = float(n)
+    i = 0
+    while abs(value) >= 1024.0 and i < len(_BYTE_UNITS) - 1:
+        value /= 1024.0
+        i += 1
+    return f"{value:.1f} {_BYTE_UNITS[i]}"
+
+
+def _duration_pm(s: Stat) -> str:
+    """``mean ± std`` in one unit, that of the larger (``50.5 ms ± 0.1 ms``)."""
+    scale, unit = _duration_unit(max(abs(s.mean), s.std))
+    return f"{s.mean / scale:.1f} {unit} ± {s.std / scale:.1f} {unit}"
+
+
+def _bytes_pm(s: Stat) -> str:
+    return f"{format_bytes(s.mean)} ± {format_bytes(s.std)}"
+
+
+def _exit_order(exits: Mapping[str, int]) -> list[str]:
+    """Exit kinds with a non-zero count: the known ones in order, then any newer ones."""
+    return [k for k in (*EXIT_KINDS, *sorted(set(exits) - set(EXIT_KINDS))) if exits.get(k)]
+
+
+def _has_anything(r: TaskReport) -> bool:
+    if r.workers.count > 0:
+        return True
+    if r.blocks.count == 0:
+        return False
+    return r.mode == "distributed" or r.resource_tracking
+
+
+def _labelled(rows: list[tuple[str, str]], indent: str) -> list[str]:
+    if not rows:
+        return []
+    width = max(len(label) for label, _ in rows) + 2
+    return [f"{indent}{label:<{width}}{value}" for label, value in rows]
+
+
+def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -> list[str]:
+    header = (
+        "id",
+        "startup",
+        "blocks",
+        "idle",
+        "idle / block",
+        "compute",
+        "compute / block",
+        "teardown",
+        "exit",
+    )
+    rows = [header]
+    for r in records[:max_rows]:
+        rows.append(
+            (
+                str(r.worker_id),
+                format_duration(r.startup),
+                str(r.blocks),
+                format_duration(r.idle.total) if r.idle.n else format_duration(0.0),
+                _duration_pm(r.idle) if r.idle.n else "-",
+                format_duration(r.compute.total) if r.compute.n else format_duration(0.0),
+                _duration_pm(r.compute) if r.compute.n else "-",
+                format_duration(r.teardown),
+                r.exit or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    out = [
+        indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    hidden = len(records) - max_rows
+    if hidden > 0:
+        out.append(
+            f"{indent}(+ {hidden} more workers — see task.report().workers.records "
+            "for the full table)"
+        )
+    return out
+
+
+def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
+    b = r.blocks
+    w = r.workers
+    lines = [
+        f"  {r.task_id}  {b.count} blocks, {w.count} workers, "
+        f"{format_duration(r.wall_seconds)} wall"
+    ]
+    rows: list[tuple[str, str]] = []
+    if r.mode == "distributed" and b.round_trip is not None:
+        rows.append(("round trip", _duration_pm(b.round_trip)))
+    if r.resource_tracking and b.wall is not None:
+        rows.append(("wall", _duration_pm(b.wall)))
+        if b.cpu is not None:
+            rows.append(("cpu", _duration_pm(b.cpu)))
+        if b.cpu_children is not None:
+            rows.append(("cpu children", _duration_pm(b.cpu_children)))
+        if b.peak_rss is not None:
+            rows.append(("peak RSS", _bytes_pm(b.peak_rss)))
+        read = b.io_read.total if b.io_read is not None else 0.0
+        write = b.io_write.total if b.io_write is not None else 0.0
+        rows.append(("io", f"read {format_bytes(read)}  write {format_bytes(write)}"))
+        if b.overhead is not None:
+            rows.append(("overhead", _duration_pm(b.overhead)))
+        rows.append(("trend", f"∠ {(b.trend or 0.0):+.4f} ms/block"))
+    worker_rows: list[tuple[str, str]] = []
+    if w.count > 0:
+        for label, s in (("startup", w.startup), ("idle", w.idle), ("teardown", w.teardown)):
+            if s is not None:
+                worker_rows.append((label, _duration_pm(s)))
+        exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))
+        worker_rows.append(("exits", exits or "-"))
+    width = max((len(label) for label, _ in rows + worker_rows), default=0)
+    if rows:
+        lines.append("    blocks")
+        lines.extend(_labelled([(label.ljust(width), v) for label, v in rows], "      "))
+    if worker_rows:
+        lines.append("    workers")
+        lines.extend(_labelled([(label.ljust(width), v) for label, v in worker_rows], "      "))
+        lines.extend(_worker_table(w.records, max_worker_rows, "      "))
+    return lines
+
+
+def render_panel(reports: Sequence[TaskReport], *, max_worker_rows: int = 10) -> str:
+    """The "Resource Utilization" panel for these tasks; "" when there is nothing to show.
+
+    Distributed tasks always show the round trip and the worker timeline; tasks with
+    resource tracking add wall, cpu, cpu children, peak RSS, io, overhead and trend. A
+    task with nothing to show (serial without resource tracking, or no executed block
+    and no worker) is left out, and so is the whole panel if every task is.
+    """
+    shown = [r for r in reports if _has_anything(r)]
+    if not shown:
+        return ""
+    out = ["Resource Utilization", "-" * len("Resource Utilization")]
+    for r in shown:
+        out.append("")
+        out.extend(_task_lines(r, max_worker_rows))
+    return "\n".join(out)
