@@ -60,6 +60,7 @@ class TaskGeometry:
         "_down_fast",
         "_last_level",
         "_level_mult",
+        "_rev_axes",
         "axis_strides",
         "ctx_lr",
         "ctx_ul",
@@ -206,6 +207,12 @@ class TaskGeometry:
             )
             fast.append((lo, hi, deltas))
         self._down_fast = tuple(fast)
+        # (axis, blocks, level stride, level multiplier) from the last axis to the first:
+        # one pass of divmod gives a block's coordinates and its level together
+        self._rev_axes = tuple(
+            (i, self.grid[i], self.level_stride[i], self._level_mult[i])
+            for i in range(dims - 1, -1, -1)
+        )
 
     def _conflict_sets(
         self, prev: tuple[int, ...], cur: tuple[int, ...]
@@ -297,19 +304,26 @@ class TaskGeometry:
 
     def downstream_of(self, k: int) -> list[int]:
         """Flat indices of the same-task blocks that wait for block ``k``."""
-        coords = self.coords_of(k)
+        return self.downstream_with_level(k)[1]
+
+    def downstream_with_level(self, k: int) -> tuple[int, list[int]]:
+        """``(level of k, downstream blocks of k)``: the scheduler's per-release query."""
+        coords = [0] * self.dims
         rank = 0
-        for c, s, m in zip(coords, self.level_stride, self._level_mult, strict=True):
+        rem = k
+        for i, n, s, m in self._rev_axes:
+            rem, c = divmod(rem, n)
+            coords[i] = c
             rank += (c % s) * m
         lvl = self._last_level - rank
         fast = self._down_fast[lvl]
         if fast is None:
-            return []
+            return lvl, []
         lo, hi, deltas = fast
         for c, a, b in zip(coords, lo, hi, strict=True):
             if c < a or c >= b:
-                return [k + d for d in self._neighbors(coords, self.down_offsets[lvl])]
-        return [k + d for d in deltas]
+                return lvl, [k + d for d in self._neighbors(coords, self.down_offsets[lvl])]
+        return lvl, [k + d for d in deltas]
 
     def upstream_of(self, k: int) -> list[int]:
         coords = self.coords_of(k)

@@ -300,20 +300,21 @@ class Scheduler:
                 run.status = FINISHED
                 continue
             grid_state = run.state.reshape(g.grid)
-            pre = np.zeros(g.grid, dtype=bool)
-            if run.store is not None:
-                view, dst = run.store_view(run.store.done)
-                pre[dst] = view != 0
-            n_pre = int(np.count_nonzero(pre))
             mask = run.task._skip_mask
-            if mask is not None:
-                masked = (mask != 0) & ~pre
-                n_mask = int(np.count_nonzero(masked))
-                skip = pre | masked
-            else:
-                n_mask = 0
+            n_pre = n_mask = 0
+            skip: np.ndarray[Any, Any] | None = None
+            if run.store is not None or mask is not None:
+                pre = np.zeros(g.grid, dtype=bool)
+                if run.store is not None:
+                    view, dst = run.store_view(run.store.done)
+                    pre[dst] = view != 0
+                n_pre = int(np.count_nonzero(pre))
                 skip = pre
-            if n_pre or n_mask:
+                if mask is not None:
+                    masked = (mask != 0) & ~pre
+                    n_mask = int(np.count_nonzero(masked))
+                    skip = pre | masked
+            if skip is not None and (n_pre or n_mask):
                 grid_state[skip] = DONE
                 run.skipped_done = n_pre
                 run.skipped_mask = n_mask
@@ -335,7 +336,7 @@ class Scheduler:
                 if run.intra:
                     for lvl in range(1, g.num_levels):
                         counts[g.level_slices(lvl)] = g.level_counts(lvl)
-                        if run.index in skipped:
+                        if skip is not None and run.index in skipped:
                             counts[g.level_slices(lvl)] -= _shifted_sums(g, lvl, skip)
                 for edge, up in run.up_edges:
                     counts += edge.counts()
@@ -474,11 +475,10 @@ class Scheduler:
             if cell >= 0:
                 run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
         if run.intra:
-            if run.levels_ready < run.geom.num_levels:
-                need = run.geom.level_of_index(k) + 2
-                if run.levels_ready < need:
-                    run.init_levels(need)
-            self._unlock(run, run.geom.downstream_of(k))
+            lvl, blocks = run.geom.downstream_with_level(k)
+            if run.levels_ready < lvl + 2:
+                run.init_levels(lvl + 2)
+            self._unlock(run, blocks)
         for edge, down in run.down_edges:
             if down.status == RUNNING:
                 self._unlock(down, edge.downstream_of(k))

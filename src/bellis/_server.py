@@ -800,13 +800,16 @@ class RunLoop:
             or self.shutdown_started is not None
         ):
             return
+        batches: dict[str, list[tuple[WorkerSpec, Any]]] = {}
         grew = True
-        while grew:
+        while grew:  # round robin: one worker per eligible task per pass
             grew = False
             for plan in self.plans.values():
                 if self._eligible(plan):
-                    self._spawn(plan)
+                    batches.setdefault(plan.run.task_id, []).append(self._prepare_spawn(plan))
                     grew = True
+        for task_id, prepared in batches.items():
+            self._launch(self.plans[task_id], prepared)
 
     def _eligible(self, plan: TaskPlan) -> bool:
         run = plan.run
@@ -822,7 +825,8 @@ class RunLoop:
                 return False
         return True
 
-    def _spawn(self, plan: TaskPlan) -> None:
+    def _prepare_spawn(self, plan: TaskPlan) -> tuple[WorkerSpec, Any]:
+        """Book one new worker of ``plan``'s task (id, budget, resources, log files)."""
         run = plan.run
         wid = self.next_worker_id
         self.next_worker_id += 1
@@ -850,25 +854,51 @@ class RunLoop:
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
         )
-        timeline = plan.timelines.spawned(wid, time.monotonic())
-        try:
-            handle = plan.launcher.launch(spec)
-        except Exception as exc:
-            plan.alive -= 1
-            for k, v in run.task.requires.items():
-                self.used[k] -= v
-            msg = f"could not start a worker for task '{run.task_id}': {exc}"
-            run.worker_failures += 1
-            if run.first_worker_error is None:
-                run.first_worker_error = msg
-            run.last_worker_error = msg
-            timeline.exited(time.monotonic(), "error")
-            logger.warning("%s", msg)
+        return spec, plan.timelines.spawned(wid, time.monotonic())
+
+    def _launch(self, plan: TaskPlan, prepared: list[tuple[WorkerSpec, Any]]) -> None:
+        """Start booked workers; several at once through ``launch_many`` where offered
+        (SLURM submits them as one job array, all or nothing)."""
+        launcher = plan.launcher
+        many = getattr(launcher, "launch_many", None)
+        if many is not None and len(prepared) > 1:
+            try:
+                handles = list(many([spec for spec, _ in prepared]))
+            except Exception as exc:
+                for item in prepared:
+                    self._launch_failed(plan, item[1], exc)
+                return
+            for item, handle in zip(prepared, handles, strict=True):
+                self._adopt(plan, item, handle)
             return
-        worker = _Worker(wid, run, handle, timeline)
+        for item in prepared:
+            try:
+                handle = launcher.launch(item[0])
+            except Exception as exc:
+                self._launch_failed(plan, item[1], exc)
+                continue
+            self._adopt(plan, item, handle)
+
+    def _adopt(self, plan: TaskPlan, item: tuple[WorkerSpec, Any], handle: WorkerHandle) -> None:
+        spec, timeline = item
+        worker = _Worker(spec.worker_id, plan.run, handle, timeline)
         worker.log = plan.launcher.log_location(handle)
-        self.workers[wid] = worker
+        self.workers[spec.worker_id] = worker
         plan.workers.append(worker)
+
+    def _launch_failed(self, plan: TaskPlan, timeline: Any, exc: Exception) -> None:
+        """A launcher that raised started nothing it will report on: undo the booking."""
+        run = plan.run
+        plan.alive -= 1
+        for k, v in run.task.requires.items():
+            self.used[k] -= v
+        msg = f"could not start a worker for task '{run.task_id}': {exc}"
+        run.worker_failures += 1
+        if run.first_worker_error is None:
+            run.first_worker_error = msg
+        run.last_worker_error = msg
+        timeline.exited(time.monotonic(), "error")
+        logger.warning("%s", msg)
 
     def _notify(self, method: str) -> None:
         if self.observer is None:
