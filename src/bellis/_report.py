@@ -128,6 +128,19 @@ class Welford:
         """Sample standard deviation (n − 1); 0 when n < 2."""
         return math.sqrt(self.variance)
 
+    def add_many(self, xs: np.ndarray[Any, Any]) -> None:
+        """Fold a batch of values in at once (numpy, then the pairwise update)."""
+        if len(xs) == 0:
+            return
+        batch = Welford()
+        batch.n = len(xs)
+        batch.mean = float(xs.mean())
+        batch._m2 = float(((xs - batch.mean) ** 2).sum())
+        batch.min = float(xs.min())
+        batch.max = float(xs.max())
+        batch.total = float(xs.sum())
+        self.merge(batch)
+
     def merge(self, other: Welford) -> None:
         """Fold ``other`` into this accumulator (Chan et al.'s pairwise update)."""
         if other.n == 0:
@@ -174,6 +187,27 @@ class Trend:
         self._my += (y - self._my) / n
         self._cxy += dx * (y - self._my)
         self._sxx += dx * (x - self._mx)
+
+    def add_many(self, ys: np.ndarray[Any, Any]) -> None:
+        """The next ``len(ys)`` samples at once: batch co-moments, then a pairwise merge."""
+        m = len(ys)
+        if m == 0:
+            return
+        xs = np.arange(self.n, self.n + m, dtype=np.float64)
+        mx_b = float(xs.mean())
+        my_b = float(ys.mean())
+        dx = xs - mx_b
+        cxy_b = float((dx * (ys - my_b)).sum())
+        sxx_b = float((dx * dx).sum())
+        na = self.n
+        n = na + m
+        delta_x = mx_b - self._mx
+        delta_y = my_b - self._my
+        self._cxy += cxy_b + delta_x * delta_y * na * m / n
+        self._sxx += sxx_b + delta_x * delta_x * na * m / n
+        self._mx += delta_x * m / n
+        self._my += delta_y * m / n
+        self.n = n
 
     @property
     def slope(self) -> float:
@@ -254,36 +288,46 @@ class TaskAggregates:
     A failed attempt counts only in ``failed_attempts``: it stays out of every block
     statistic and of the trend (its round trip still counts in its worker's compute,
     which the worker timeline keeps).
+
+    Per-block cost matters here (the server calls it for every block): rows are appended
+    to a bounded buffer and folded into the accumulators with numpy every
+    ``_FOLD_ROWS`` blocks and whenever a result is read, so memory stays O(1).
     """
 
+    _FOLD_ROWS = 4096
+
     __slots__ = (
+        "_cpu",
+        "_cpu_children",
+        "_io_read",
+        "_io_write",
+        "_overhead",
+        "_peak_rss",
+        "_round_trip",
+        "_rows",
+        "_rts",
+        "_trend",
+        "_wall",
         "count",
-        "cpu",
-        "cpu_children",
         "failed_attempts",
-        "io_read",
-        "io_write",
-        "overhead",
-        "peak_rss",
-        "round_trip",
         "skipped",
-        "trend",
-        "wall",
     )
 
     def __init__(self) -> None:
         self.count = 0
         self.skipped = 0
         self.failed_attempts = 0
-        self.round_trip = Welford()
-        self.wall = Welford()
-        self.cpu = Welford()
-        self.cpu_children = Welford()
-        self.peak_rss = Welford()
-        self.io_read = Welford()
-        self.io_write = Welford()
-        self.overhead = Welford()
-        self.trend = Trend()
+        self._round_trip = Welford()
+        self._wall = Welford()
+        self._cpu = Welford()
+        self._cpu_children = Welford()
+        self._peak_rss = Welford()
+        self._io_read = Welford()
+        self._io_write = Welford()
+        self._overhead = Welford()
+        self._trend = Trend()
+        self._rts: list[float] = []  # round trips of blocks without stats
+        self._rows: list[tuple[float, ...]] = []  # (rt or nan, wall, cpu, rss, ior, iow, cc)
 
     def add_block(
         self,
@@ -295,21 +339,67 @@ class TaskAggregates:
             self.failed_attempts += 1
             return
         self.count += 1
-        if round_trip_s is not None:
-            self.round_trip.add(round_trip_s)
         if stats is None:
+            if round_trip_s is not None:
+                self._rts.append(round_trip_s)
+                if len(self._rts) >= self._FOLD_ROWS:
+                    self._fold()
             return
-        wall = float(stats[0])
-        self.wall.add(wall)
-        self.cpu.add(float(stats[1]))
-        self.peak_rss.add(float(stats[2]))
-        self.io_read.add(float(stats[3]))
-        self.io_write.add(float(stats[4]))
-        if len(stats) > 7:
-            self.cpu_children.add(float(stats[7]))
-        self.trend.add(wall * 1000.0)
-        if round_trip_s is not None:
-            self.overhead.add(round_trip_s - wall)
+        self._rows.append(
+            (
+                math.nan if round_trip_s is None else round_trip_s,
+                stats[0],
+                stats[1],
+                stats[2],
+                stats[3],
+                stats[4],
+                stats[7] if len(stats) > 7 else math.nan,
+            )
+        )
+        if len(self._rows) >= self._FOLD_ROWS:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self._rts:
+            self._round_trip.add_many(np.asarray(self._rts, dtype=np.float64))
+            self._rts = []
+        if not self._rows:
+            return
+        a = np.asarray(self._rows, dtype=np.float64)
+        self._rows = []
+        rt = a[:, 0]
+        has_rt = ~np.isnan(rt)
+        self._round_trip.add_many(rt[has_rt])
+        wall = a[:, 1]
+        self._wall.add_many(wall)
+        self._cpu.add_many(a[:, 2])
+        self._peak_rss.add_many(a[:, 3])
+        self._io_read.add_many(a[:, 4])
+        self._io_write.add_many(a[:, 5])
+        cc = a[:, 6]
+        self._cpu_children.add_many(cc[~np.isnan(cc)])
+        self._trend.add_many(wall * 1000.0)
+        self._overhead.add_many(rt[has_rt] - wall[has_rt])
+
+    def _folded(self, w: Welford) -> Welford:
+        if self._rows or self._rts:
+            self._fold()
+        return w
+
+    round_trip = property(lambda self: self._folded(self._round_trip))
+    wall = property(lambda self: self._folded(self._wall))
+    cpu = property(lambda self: self._folded(self._cpu))
+    cpu_children = property(lambda self: self._folded(self._cpu_children))
+    peak_rss = property(lambda self: self._folded(self._peak_rss))
+    io_read = property(lambda self: self._folded(self._io_read))
+    io_write = property(lambda self: self._folded(self._io_write))
+    overhead = property(lambda self: self._folded(self._overhead))
+
+    @property
+    def trend(self) -> Trend:
+        if self._rows or self._rts:
+            self._fold()
+        return self._trend
 
     def add_skipped(self, n: int = 1) -> None:
         self.skipped += n
@@ -320,22 +410,23 @@ class TaskAggregates:
 
     def to_json(self) -> dict[str, Any]:
         """The ``blocks`` section of a run line."""
-        measured = self.wall.n > 0
+        self._fold()
+        measured = self._wall.n > 0
         return {
             "count": self.count,
             "skipped": self.skipped,
             "failed_attempts": self.failed_attempts,
-            "round_trip": _stat_json(self.round_trip),
-            "wall": _stat_json(self.wall),
-            "cpu": _stat_json(self.cpu),
-            "cpu_children": _stat_json(self.cpu_children),
-            "peak_rss": _stat_json(self.peak_rss),
-            "io_read": _stat_json(self.io_read),
-            "io_write": _stat_json(self.io_write),
-            "overhead": _stat_json(self.overhead),
-            "io_read_bytes": int(self.io_read.total) if measured else None,
-            "io_write_bytes": int(self.io_write.total) if measured else None,
-            "trend_ms_per_block": self.trend.slope if measured else None,
+            "round_trip": _stat_json(self._round_trip),
+            "wall": _stat_json(self._wall),
+            "cpu": _stat_json(self._cpu),
+            "cpu_children": _stat_json(self._cpu_children),
+            "peak_rss": _stat_json(self._peak_rss),
+            "io_read": _stat_json(self._io_read),
+            "io_write": _stat_json(self._io_write),
+            "overhead": _stat_json(self._overhead),
+            "io_read_bytes": int(self._io_read.total) if measured else None,
+            "io_write_bytes": int(self._io_write.total) if measured else None,
+            "trend_ms_per_block": self._trend.slope if measured else None,
         }
 
 
