@@ -1,0 +1,83 @@
+"""Progress observers driven by a real distributed run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bellis
+from bellis import Roi
+
+
+def slow(block: Any) -> None:
+    time.sleep(0.05)
+
+
+def _task(task_id: str = "t", n: int = 20) -> Any:
+    return bellis.Task(
+        task_id,
+        total_roi=Roi((0,), (10 * n,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=slow,
+        read_write_conflict=False,
+        max_workers=2,
+    )
+
+
+def test_json_observer_lines(tmp_path: Path) -> None:
+    path = tmp_path / "progress.jsonl"
+    up = _task("up")
+    down = _task("down")
+    ok = bellis.run_blockwise(
+        up + down, progress=bellis.JsonProgressObserver(path=path), summary=False
+    )
+    assert ok is True
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    keys = {
+        "t", "event", "task", "total", "ready", "processing", "completed",
+        "skipped", "failed", "orphaned", "restarts", "failures",
+    }  # fmt: skip
+    assert all(set(d) == keys for d in lines)
+    events = [d["event"] for d in lines]
+    assert events[:2] == ["start", "start"] and events[-2:] == ["finish", "finish"]
+    assert "progress" in events
+    finish = {d["task"]: d for d in lines if d["event"] == "finish"}
+    assert finish["up"]["completed"] == finish["down"]["completed"] == 20
+    # progress is monotone per task and never exceeds the total
+    for task in ("up", "down"):
+        seq = [d["completed"] for d in lines if d["task"] == task]
+        assert seq == sorted(seq) and max(seq) == 20
+    # at most one progress event per task per 500 ms tick (plus the final flush)
+    progress_times = [d["t"] for d in lines if d["event"] == "progress" and d["task"] == "up"]
+    gaps = [b - a for a, b in itertools.pairwise(progress_times)]
+    assert all(g >= 0.4 for g in gaps[:-1]), gaps
+
+
+def test_plain_progress_when_stdout_is_not_a_terminal(capfd: pytest.CaptureFixture[str]) -> None:
+    bellis.run_blockwise(_task(n=8), progress=True)
+    out = capfd.readouterr().out
+    assert "[bellis] t: finished ✔ 8/8 done (100.0%)" in out
+    assert out.count("[bellis] t:") <= 2  # rate-limited: no line per block
+    assert "Execution Summary" in out
+
+
+def test_observer_errors_never_break_a_run(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def on_start(self, states: Any) -> None:
+            raise RuntimeError("observer bug")
+
+        def on_progress(self, states: Any) -> None:
+            raise RuntimeError("observer bug")
+
+        def on_finish(self, states: Any) -> None:
+            raise RuntimeError("observer bug")
+
+    states = bellis.run_blockwise(_task(n=4), progress=Broken(), summary=False, return_states=True)
+    assert states["t"].completed_count == 4
+    assert sum("observer bug" in r.getMessage() for r in caplog.records) == 1
