@@ -416,7 +416,7 @@ def _execute(
 
         panel = render_panel([result.report[t] for t in result.order])
         if panel:
-            print_to_real_stdout(panel)
+            print_to_real_stdout("\n" + panel)
     return result
 
 
