@@ -16,7 +16,31 @@ from funlib.geometry import Roi
 if TYPE_CHECKING:
     from ._graph import TaskGeometry
 
-__all__ = ["Block", "BlockStats", "BlockStatus", "cantor_number"]
+__all__ = [
+    "NO_WORKER",
+    "STAMP_ARRAYS",
+    "STATS_ARRAYS",
+    "Block",
+    "BlockStats",
+    "BlockStatus",
+    "cantor_number",
+]
+
+#: the tracking-store arrays that hold a BlockStats, in BlockStats constructor order
+STATS_ARRAYS = (
+    "wall_seconds",
+    "cpu_seconds",
+    "peak_rss_bytes",
+    "io_read_bytes",
+    "io_write_bytes",
+    "gpu_util_pct",
+    "gpu_mem_bytes",
+    "cpu_children_seconds",
+)
+#: the tracking-store arrays that say who completed a block, and when
+STAMP_ARRAYS = ("worker_id", "sent_at", "returned_at")
+#: ``worker_id`` of a block completed outside any managed worker (serial, unmanaged)
+NO_WORKER = 2**32 - 1
 
 
 class BlockStatus:

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._block import BlockStats
+from ._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
 from .errors import TrackingError
 
 __all__ = [
@@ -564,21 +564,6 @@ class BlockRecord:
     coord: tuple[int, ...] = ()
 
 
-# Per-block arrays of a tracking store, in BlockStats constructor order.
-_STAT_ARRAYS: Final = (
-    "wall_seconds",
-    "cpu_seconds",
-    "peak_rss_bytes",
-    "io_read_bytes",
-    "io_write_bytes",
-    "gpu_util_pct",
-    "gpu_mem_bytes",
-    "cpu_children_seconds",
-)
-_STAMP_ARRAYS: Final = ("worker_id", "sent_at", "returned_at")
-_NO_WORKER: Final = 2**32 - 1
-
-
 def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
     """One array of a single-chunk Zarr v3 store, memory-mapped read-only; None if absent."""
     meta_path = store / name / "zarr.json"
@@ -627,7 +612,7 @@ class _StoreArrays:
         self.shape: tuple[int, ...] = () if done is None else tuple(done.shape)
         self.done = None if done is None else done.reshape(-1)
         self.flat: dict[str, np.ndarray[Any, Any]] = {}
-        for name in (*_STAT_ARRAYS, *_STAMP_ARRAYS):
+        for name in (*STATS_ARRAYS, *STAMP_ARRAYS):
             a = _open_store_array(path, name) if done is not None else None
             if a is None:
                 continue
@@ -666,14 +651,12 @@ class _StoreArrays:
             return BlockRecord(None, None, None, None, coord)
         defaults = BlockStats().to_tuple()
         values: list[Any] = [
-            f[name][k].item() if name in f else defaults[i] for i, name in enumerate(_STAT_ARRAYS)
+            f[name][k].item() if name in f else defaults[i] for i, name in enumerate(STATS_ARRAYS)
         ]
-        wid = int(f["worker_id"][k]) if "worker_id" in f else _NO_WORKER
+        wid = int(f["worker_id"][k]) if "worker_id" in f else NO_WORKER
         sent = float(f["sent_at"][k]) if "sent_at" in f else None
         ret = float(f["returned_at"][k]) if "returned_at" in f else None
-        return BlockRecord(
-            BlockStats(*values), None if wid == _NO_WORKER else wid, sent, ret, coord
-        )
+        return BlockRecord(BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord)
 
     def record(self, coord: int | Sequence[int]) -> BlockRecord | None:
         if self.done is None:

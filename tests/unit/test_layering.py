@@ -47,7 +47,7 @@ RANK = {
 
 # these see only what is listed (plus themselves), at any depth of the file
 RESTRICTED = {
-    "_tracking": {"errors"},
+    "_tracking": {"errors", "_block"},
     "_profiling": {"errors", "_block"},
     "_report": {"errors", "_block", "_runlog", "_panel"},
     "_runlog": {"errors", "_block", "_report"},

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS
 from ..errors import ConfigurationError, LayoutMismatch, TrackingError
 
 __all__ = [
@@ -50,25 +51,11 @@ __all__ = [
     "reshaped_metadata",
 ]
 
-NO_WORKER = 2**32 - 1
-"""``worker_id`` of a block no managed worker completed (serial mode, unmanaged clients)."""
 
 BASE_ARRAYS: tuple[str, ...] = ("done", "failures")
 """The arrays every store has."""
 
-STAT_ARRAYS: tuple[str, ...] = (
-    "wall_seconds",
-    "cpu_seconds",
-    "peak_rss_bytes",
-    "io_read_bytes",
-    "io_write_bytes",
-    "gpu_util_pct",
-    "gpu_mem_bytes",
-    "worker_id",
-    "sent_at",
-    "returned_at",
-    "cpu_children_seconds",
-)
+STAT_ARRAYS: tuple[str, ...] = (*STATS_ARRAYS[:7], *STAMP_ARRAYS, STATS_ARRAYS[7])
 """The arrays a store opened with ``resource_tracking`` has, in SPEC §4.2 order.
 
 ``cpu_children_seconds`` is bellis's addition (CPU of the child processes a block
