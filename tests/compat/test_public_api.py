@@ -85,6 +85,12 @@ DAISY_SURFACE = [
 def test_all_is_the_expected_set() -> None:
     assert set(bellis.__all__) == EXPECTED_ALL
     assert len(bellis.__all__) == len(EXPECTED_ALL)
+    # `import bellis` is the 1.x compatibility surface: the same names, the same objects
+    import bellis.v1_compat as compat
+
+    assert list(bellis.__all__) == list(compat.__all__)
+    for name in compat.__all__:
+        assert getattr(bellis, name) is getattr(compat, name)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALL))
