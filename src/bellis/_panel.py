@@ -6,7 +6,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from ._report import EXIT_KINDS, Stat, TaskReport, WorkerRecord
+from ._aggregates import Stat
+from ._report import EXIT_KINDS, TaskReport, WorkerRecord
 
 __all__ = ["format_bytes", "format_duration", "render_panel"]
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ._report import EXIT_KINDS, Stat, Welford, WorkerRecord
+from ._aggregates import Stat, Welford
+from ._report import EXIT_KINDS, WorkerRecord
 
 __all__ = ["TimelineSet", "WorkerTimeline"]
 

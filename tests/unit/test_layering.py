@@ -22,6 +22,7 @@ RANK = {
     "_profiling": 2,
     "_skipmask": 2,
     "_report": 2,
+    "_aggregates": 2,
     "_runlog": 2,
     "_panel": 2,
     "_timeline": 2,
@@ -49,10 +50,11 @@ RANK = {
 RESTRICTED = {
     "_tracking": {"errors", "_block"},
     "_profiling": {"errors", "_block"},
-    "_report": {"errors", "_block", "_runlog", "_panel"},
+    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates"},
+    "_aggregates": {"errors", "_block"},
     "_runlog": {"errors", "_block", "_report"},
-    "_panel": {"errors", "_block", "_report"},
-    "_timeline": {"errors", "_block", "_report"},
+    "_panel": {"errors", "_block", "_report", "_aggregates"},
+    "_timeline": {"errors", "_block", "_report", "_aggregates"},
     "_protocol": {"errors"},
 }
 
