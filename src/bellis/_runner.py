@@ -438,9 +438,10 @@ def _run_distributed(
     from ._client import Context
     from ._progress import make_observer
     from ._protocol import new_secret
-    from ._server import RunLoop, TaskPlan, install_abort_handlers
+    from ._server import RunLoop, install_abort_handlers
     from ._timeline import TimelineSet
     from ._workers._launchers import LocalLauncher
+    from ._workers._pool import TaskPlan
 
     default_launcher = launcher if launcher is not None else LocalLauncher()
     plans = {}

@@ -20,14 +20,11 @@ that cannot make progress, and feeds progress observers.
 from __future__ import annotations
 
 import logging
-import os
 import selectors
 import signal
 import socket
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +36,14 @@ from ._protocol import (
     REJECT,
     SEND,
     SHUTDOWN,
-    WELCOME,
     FrameDecoder,
     encode,
     new_nonce,
     verify_mac,
 )
 from ._scheduler import RUNNING, Scheduler, TaskRun
-from ._workers._launchers import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec
+from ._workers._launchers import WorkerExit
+from ._workers._pool import ManagedWorker, TaskPlan, WorkerPool
 from .errors import ConfigurationError, ProtocolError
 
 __all__ = ["RunLoop"]
@@ -105,7 +102,7 @@ class _Conn:
         self.authed = False
         self.nonce = new_nonce()
         self.run: TaskRun | None = None
-        self.worker: _Worker | None = None
+        self.worker: ManagedWorker | None = None
         self.worker_id = -1
         self.held: list[int] = []
         self.batch = 1
@@ -115,73 +112,7 @@ class _Conn:
         self.opened_at = now
 
 
-class _Worker:
-    """A managed worker: its launcher handle, its connection and its timeline."""
-
-    __slots__ = (
-        "conn",
-        "earned",
-        "ever_connected",
-        "exit",
-        "handle",
-        "log",
-        "run",
-        "timeline",
-        "worker_id",
-    )
-
-    def __init__(self, worker_id: int, run: TaskRun, handle: WorkerHandle, timeline: Any) -> None:
-        self.worker_id = worker_id
-        self.run = run
-        self.handle = handle
-        self.conn: _Conn | None = None
-        self.ever_connected = False
-        # a clean exit gives the start back only if the worker returned a block or was
-        # told to stop; one that connects and leaves at once must burn the budget
-        self.earned = False
-        self.exit: WorkerExit | None = None
-        self.timeline = timeline
-        self.log: str | None = None
-
-
-class TaskPlan:
-    """What the run loop needs to know about one task beyond the scheduler."""
-
-    def __init__(
-        self,
-        run: TaskRun,
-        payload: bytes | None,
-        launcher: WorkerLauncher,
-        aggregates: Any,
-        timelines: Any,
-    ) -> None:
-        self.run = run
-        self.payload = payload
-        self.launcher = launcher
-        self.aggregates = aggregates
-        self.timelines = timelines
-        self.alive = 0
-        self.free_starts = run.task.max_workers
-        self.parked: deque[_Conn] = deque()
-        self.workers: list[_Worker] = []
-        task = run.task
-        g = run.geom
-        self.geometry = {
-            "total_offset": list(g.total_offset),
-            "total_shape": list(g.total_shape),
-            "read_offset": [t - c for t, c in zip(g.tw_offset, g.ctx_ul, strict=True)],
-            "read_shape": list(g.read_shape),
-            "write_offset": list(g.tw_offset),
-            "write_shape": list(g.write_shape),
-            "fit": g.fit,
-            "conflict": g.read_write_conflict,
-        }
-        # relative template: read at total offset, write shifted by the context
-        self.geometry["read_offset"] = list(g.total_offset)
-        self.welcome = encode([WELCOME, task.timeout_secs, task.resource_tracking, self.geometry])
-
-
-class RunLoop:
+class RunLoop(WorkerPool):
     """Serve one run of a scheduler to worker processes until every task is terminal."""
 
     def __init__(
@@ -217,7 +148,7 @@ class RunLoop:
         self.host = advertise_host
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.conns: dict[int, _Conn] = {}
-        self.workers: dict[int, _Worker] = {}
+        self.workers: dict[int, ManagedWorker] = {}
         self.next_worker_id = 0
         self.unmanaged_clients = 0
         self.abort_reason: str | None = None
@@ -271,7 +202,7 @@ class RunLoop:
             w.timeline.run_shutdown(now)
         if interrupted and live:
             # let in-flight blocks finish (their releases are recorded) while workers stop
-            by_launcher: dict[int, list[_Worker]] = {}
+            by_launcher: dict[int, list[ManagedWorker]] = {}
             for w in live:
                 by_launcher.setdefault(id(self.plan_of[w.run.index].launcher), []).append(w)
             stopper = threading.Thread(
@@ -307,18 +238,6 @@ class RunLoop:
             plan.launcher.close()
         self._notify("on_progress")
         self._notify("on_finish")
-
-    def _group_live(self) -> dict[int, list[_Worker]]:
-        groups: dict[int, list[_Worker]] = {}
-        for w in self.workers.values():
-            if w.exit is None:
-                groups.setdefault(id(self.plan_of[w.run.index].launcher), []).append(w)
-        return groups
-
-    def _cancel_all(self, groups: dict[int, list[_Worker]]) -> None:
-        for ws in groups.values():
-            launcher = self.plan_of[ws[0].run.index].launcher
-            launcher.cancel([w.handle for w in ws], self.grace_seconds)
 
     # -- sockets --------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -708,197 +627,6 @@ class RunLoop:
             self.s.requeue_index(run, k)
         self._timed_out_block(conn, run, held[0], conn.sent_at, now)
         self._close(conn, lost=False)
-
-    def _retire(self, worker: _Worker) -> None:
-        plan = self.plan_of[worker.run.index]
-        plan.alive -= 1
-        for k, v in worker.run.task.requires.items():
-            if k in self.used:
-                self.used[k] -= v
-
-    def _poll_workers(
-        self, now: float, *, replace: bool, final: bool = False, interrupted: bool = False
-    ) -> None:
-        for w in list(self.workers.values()):
-            if w.handle is None:
-                continue
-            launcher = self.plan_of[w.run.index].launcher
-            ex = launcher.poll(w.handle)
-            if ex is None:
-                if final:
-                    w.timeline.exited(now, "interrupted")
-                continue
-            already = w.exit is not None
-            self.workers.pop(w.worker_id, None)
-            if already:
-                continue
-            if interrupted and ex.kind != "clean":
-                ex = WorkerExit("interrupted", ex.code, ex.message)
-            w.exit = ex
-            if w.conn is not None:
-                self._close(w.conn, lost=True)
-            w.timeline.exited(now, ex.kind)
-            self._retire(w)
-            plan = self.plan_of[w.run.index]
-            run = w.run
-            if ex.kind == "clean" and w.earned:
-                plan.free_starts += 1
-            elif ex.kind == "clean" and w.ever_connected:
-                logger.warning(
-                    "worker %d of task '%s' exited without processing a block; it counts "
-                    "against the restart budget",
-                    w.worker_id,
-                    run.task_id,
-                )
-            elif ex.kind == "clean":
-                logger.warning(
-                    "worker %d of task '%s' exited without ever connecting (its function "
-                    "returned at once?)",
-                    w.worker_id,
-                    run.task_id,
-                )
-            if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
-                run.worker_failures += 1
-                if run.first_worker_error is None:
-                    run.first_worker_error = ex.message
-                run.last_worker_error = ex.message
-                logger.warning(
-                    "worker exited with error worker_id=%d task_id=%s: %s",
-                    w.worker_id,
-                    run.task_id,
-                    ex.message.splitlines()[0] if ex.message else ex.kind,
-                )
-
-    def _check_abandon(self) -> None:
-        for plan in self.plans.values():
-            run = plan.run
-            if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
-                continue
-            if run.remaining <= 0 or run.processing > 0:
-                continue
-            if plan.free_starts > 0 or run.worker_restarts < run.task.max_worker_restarts:
-                continue
-            hit = self.s.abandon(run, "worker restart cap exhausted")
-            for r in hit:
-                logger.warning(
-                    "%s",
-                    "task abandoned: worker restart cap reached, accounting remaining blocks as "
-                    "orphaned"
-                    if r is run
-                    else "downstream task abandoned: upstream input will never arrive, "
-                    "accounting remaining blocks as orphaned",
-                )
-                p = self.plan_of[r.index]
-                while p.parked:
-                    self._serve(p.parked.popleft(), r, True)
-            self.dirty = True
-
-    def _rebalance(self) -> None:
-        if (
-            self.abort_reason is not None
-            or self.fatal is not None
-            or self.shutdown_started is not None
-        ):
-            return
-        batches: dict[str, list[tuple[WorkerSpec, Any]]] = {}
-        grew = True
-        while grew:  # round robin: one worker per eligible task per pass
-            grew = False
-            for plan in self.plans.values():
-                if self._eligible(plan):
-                    batches.setdefault(plan.run.task_id, []).append(self._prepare_spawn(plan))
-                    grew = True
-        for task_id, prepared in batches.items():
-            self._launch(self.plans[task_id], prepared)
-
-    def _eligible(self, plan: TaskPlan) -> bool:
-        run = plan.run
-        task = run.task
-        if plan.payload is None or run.status != RUNNING or run.ready <= 0:
-            return False
-        if plan.alive >= task.max_workers or plan.alive >= run.ready + run.processing:
-            return False
-        if plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
-            return False
-        for k, v in task.requires.items():
-            if self.used.get(k, 0) + v > self.resources.get(k, 0):
-                return False
-        return True
-
-    def _prepare_spawn(self, plan: TaskPlan) -> tuple[WorkerSpec, Any]:
-        """Book one new worker of ``plan``'s task (id, budget, resources, log files)."""
-        run = plan.run
-        wid = self.next_worker_id
-        self.next_worker_id += 1
-        if plan.free_starts > 0:
-            plan.free_starts -= 1
-        else:
-            run.worker_restarts += 1
-        run.worker_starts += 1
-        for k, v in run.task.requires.items():
-            self.used[k] = self.used.get(k, 0) + v
-        plan.alive += 1
-        out_path, err_path = self.log_paths(run.task_id, wid)
-        env = dict(os.environ)
-        ctx = self.context_extra(run, wid)
-        env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
-        # the worker unpickles the function only after putting the driver's path in place
-        env["BELLIS_SYS_PATH"] = os.pathsep.join(p for p in sys.path if p)
-        spec = WorkerSpec(
-            task_id=run.task_id,
-            worker_id=wid,
-            env=env,
-            payload=plan.payload or b"",
-            out_path=out_path,
-            err_path=err_path,
-            requires=run.task.requires,
-            timeout_secs=run.task.timeout_secs,
-        )
-        return spec, plan.timelines.spawned(wid, time.monotonic())
-
-    def _launch(self, plan: TaskPlan, prepared: list[tuple[WorkerSpec, Any]]) -> None:
-        """Start booked workers; several at once through ``launch_many`` where offered
-        (SLURM submits them as one job array, all or nothing)."""
-        launcher = plan.launcher
-        many = getattr(launcher, "launch_many", None)
-        if many is not None and len(prepared) > 1:
-            try:
-                handles = list(many([spec for spec, _ in prepared]))
-            except Exception as exc:
-                for item in prepared:
-                    self._launch_failed(plan, item[1], exc)
-                return
-            for item, handle in zip(prepared, handles, strict=True):
-                self._adopt(plan, item, handle)
-            return
-        for item in prepared:
-            try:
-                handle = launcher.launch(item[0])
-            except Exception as exc:
-                self._launch_failed(plan, item[1], exc)
-                continue
-            self._adopt(plan, item, handle)
-
-    def _adopt(self, plan: TaskPlan, item: tuple[WorkerSpec, Any], handle: WorkerHandle) -> None:
-        spec, timeline = item
-        worker = _Worker(spec.worker_id, plan.run, handle, timeline)
-        worker.log = plan.launcher.log_location(handle)
-        self.workers[spec.worker_id] = worker
-        plan.workers.append(worker)
-
-    def _launch_failed(self, plan: TaskPlan, timeline: Any, exc: Exception) -> None:
-        """A launcher that raised started nothing it will report on: undo the booking."""
-        run = plan.run
-        plan.alive -= 1
-        for k, v in run.task.requires.items():
-            self.used[k] -= v
-        msg = f"could not start a worker for task '{run.task_id}': {exc}"
-        run.worker_failures += 1
-        if run.first_worker_error is None:
-            run.first_worker_error = msg
-        run.last_worker_error = msg
-        timeline.exited(time.monotonic(), "error")
-        logger.warning("%s", msg)
 
     def _notify(self, method: str) -> None:
         if self.observer is None:
