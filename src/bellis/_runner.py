@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from ._block import Block, BlockStatus
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._state import TaskState
@@ -288,8 +290,6 @@ def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
 
 
 def _serialize_function(task: Task) -> bytes:
-    import cloudpickle
-
     from . import logging as blog
 
     fn = task.process_function

@@ -12,7 +12,6 @@ Exit codes: 0 clean, 87 block timeout (watchdog), 1 an exception escaped.
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import struct
@@ -75,6 +74,8 @@ def main() -> int:
     if payload["arity"] == 1:
         run_block_function_loop(fn)
         return 0
+    import inspect  # only worker functions need it; block-function workers start faster
+
     from ._client import Context
 
     try:
