@@ -280,19 +280,12 @@ class TaskGeometry:
 
         Computed from per-axis counts, without materialising the level.
         """
-        shape = self.level_shape(lvl)
-        total = math.prod(shape)
+        total = math.prod(self.level_shape(lvl))
         if lvl == 0 or total == 0:
             return total
-        off = self.level_offsets[lvl]
         positive = 1
-        for i in range(self.dims):
-            n = 0
-            for j in range(shape[i]):
-                g = off[i] + self.level_stride[i] * j
-                if any(0 <= g + e < self.grid[i] for e in self.up_offsets[lvl][i]):
-                    n += 1
-            positive *= n
+        for c in self.level_axis_counts(lvl):
+            positive *= int((c > 0).sum())
         return total - positive
 
     def max_level_count(self) -> int:
@@ -391,20 +384,34 @@ class TaskGeometry:
             for n, o, s in zip(self.grid, off, self.level_stride, strict=True)
         )
 
-    def level_counts(self, lvl: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Number of in-grid upstream blocks for every block of level ``lvl``."""
+    def level_axis_counts(self, lvl: int) -> list[np.ndarray[Any, np.dtype[np.int64]]]:
+        """Per axis, for each coordinate of level ``lvl``: how many in-grid upstream offsets.
+
+        A block's upstream count is the product of its axes' entries (the offsets are
+        separable), so a level's counts never need more than these small vectors.
+        """
         import numpy as np  # lazily: worker processes never need numpy here
 
         shape = self.level_shape(lvl)
-        result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(shape, dtype=np.int64)
-        if lvl == 0:
-            return np.zeros(shape, dtype=np.int64)
         off = self.level_offsets[lvl]
+        out = []
         for i in range(self.dims):
             g = off[i] + self.level_stride[i] * np.arange(shape[i])
             c = np.zeros(shape[i], dtype=np.int64)
             for e in self.up_offsets[lvl][i]:
                 c += (g + e >= 0) & (g + e < self.grid[i])
+            out.append(c)
+        return out
+
+    def level_counts(self, lvl: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Number of in-grid upstream blocks for every block of level ``lvl``."""
+        import numpy as np
+
+        shape = self.level_shape(lvl)
+        if lvl == 0:
+            return np.zeros(shape, dtype=np.int64)
+        result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(shape, dtype=np.int64)
+        for i, c in enumerate(self.level_axis_counts(lvl)):
             view = [1] * self.dims
             view[i] = shape[i]
             result = result * c.reshape(view)

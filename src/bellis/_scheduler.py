@@ -206,7 +206,11 @@ class TaskRun:
         return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
 
     def init_levels(self, upto: int) -> None:
-        """Fill in the dependency counts of conflict levels below ``upto`` (lazy path)."""
+        """Fill in the dependency counts of conflict levels below ``upto`` (lazy path).
+
+        In place on the level's strided view of ``deps``, as a product of per-axis
+        vectors: a few passes over one byte per block, no temporaries of the level's size.
+        """
         g = self.geom
         grid_state = self.state.reshape(g.grid)
         assert self.deps is not None
@@ -214,10 +218,20 @@ class TaskRun:
         while self.levels_ready < min(upto, g.num_levels):
             lvl = self.levels_ready
             sl = g.level_slices(lvl)
-            counts = g.level_counts(lvl)
-            grid_deps[sl] = counts
-            sub = grid_state[sl]
-            sub[(counts == 0) & (sub == PENDING)] = READY
+            dst = grid_deps[sl]
+            axes = g.level_axis_counts(lvl)
+            for i, c in enumerate(axes):
+                view = [1] * g.dims
+                view[i] = len(c)
+                vec = c.astype(dst.dtype).reshape(view)
+                if i == 0:
+                    dst[...] = vec
+                else:
+                    dst *= vec
+            if any(not c.all() for c in axes):
+                # blocks with no in-grid upstream start ready
+                sub = grid_state[sl]
+                sub[(dst == 0) & (sub == PENDING)] = READY
             self.levels_ready = lvl + 1
 
     # -- the ready queue -----------------------------------------------------------------
@@ -478,7 +492,17 @@ class Scheduler:
             lvl, blocks = run.geom.downstream_with_level(k)
             if run.levels_ready < lvl + 2:
                 run.init_levels(lvl + 2)
-            self._unlock(run, blocks)
+            # _unlock, inlined: this is the per-block hot path of conflict tasks
+            deps = run.deps_mv
+            state = run.state_mv
+            assert deps is not None
+            for n in blocks:
+                c = deps[n] - 1
+                deps[n] = c
+                if c == 0 and state[n] == PENDING:
+                    state[n] = QUEUED
+                    run.fifo.append(n)
+                    run.ready += 1
         for edge, down in run.down_edges:
             if down.status == RUNNING:
                 self._unlock(down, edge.downstream_of(k))
@@ -569,18 +593,23 @@ class Scheduler:
         k = self.acquire_index(run)
         if k < 0:
             return None
-        return run.geom.block(k, BlockStatus.CREATED)
+        return Block._lazy(run.geom, k, BlockStatus.CREATED)
 
     def release_block(self, block: Block) -> None:
-        run = self.by_id.get(block.task_id)
+        run = self.by_id.get(block._task_id)
         if run is None:
             raise KeyError(f"block {block.block_id} belongs to no task of this scheduler")
-        k = run.geom.index_of_block(block)
+        k = block._k if block._geom is run.geom else run.geom.index_of_block(block)
         if k < 0:
             raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
         # bellis fix: a non-terminal status is a failure, never a crash
-        ok = block.status == BlockStatus.SUCCESS
-        self.release_index(run, k, ok, None if block.stats is None else block.stats.to_tuple())
+        stats = block.stats
+        self.release_index(
+            run,
+            k,
+            block._status == BlockStatus.SUCCESS,
+            None if stats is None else stats.to_tuple(),
+        )
 
 
 def _shifted_sums(g: TaskGeometry, lvl: int, done: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
