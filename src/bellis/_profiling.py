@@ -107,12 +107,13 @@ class _ProcFiles:
     failure costs one ``open`` per process, not one per block.
     """
 
-    __slots__ = ("clear_refs_fd", "io_fd", "opened", "status_fd")
+    __slots__ = ("clear_refs_fd", "io_fd", "opened", "statm_fd", "status_fd")
 
     def __init__(self) -> None:
         self.opened = False
         self.io_fd = -2
         self.status_fd = -2
+        self.statm_fd = -2
         self.clear_refs_fd = -2
 
     def open(self) -> None:
@@ -121,17 +122,18 @@ class _ProcFiles:
             return
         self.io_fd = _open_or_unavailable("/proc/self/io", os.O_RDONLY)
         self.status_fd = _open_or_unavailable("/proc/self/status", os.O_RDONLY)
+        self.statm_fd = _open_or_unavailable("/proc/self/statm", os.O_RDONLY)
         self.clear_refs_fd = _open_or_unavailable("/proc/self/clear_refs", os.O_WRONLY)
 
     def forget(self) -> None:
         """Drop the descriptors (after a fork they describe the parent process)."""
-        for fd in (self.io_fd, self.status_fd, self.clear_refs_fd):
+        for fd in (self.io_fd, self.status_fd, self.statm_fd, self.clear_refs_fd):
             if fd >= 0:
                 # EBADF means some post-fork cleanup closed it already: nothing to undo.
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.opened = False
-        self.io_fd = self.status_fd = self.clear_refs_fd = -2
+        self.io_fd = self.status_fd = self.statm_fd = self.clear_refs_fd = -2
 
 
 def _open_or_unavailable(path: str, flags: int) -> int:
@@ -175,6 +177,23 @@ def _read_hwm_bytes(fd: int) -> int:
     try:
         return int(text[i + 6 : j]) * 1024
     except ValueError:
+        return -1
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# how far ru_maxrss may sit above the resident size right after a reset and still be
+# taken as the reset high-water mark (pages touched between the two reads)
+_MAXRSS_SLACK_BYTES = 256 * 1024
+
+
+def _resident_bytes(fd: int) -> int:
+    """Resident set size from ``/proc/self/statm`` (a cheap read), or -1."""
+    if fd < 0:
+        return -1
+    try:
+        fields = _pread(fd, 256, 0).split()
+        return int(fields[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
         return -1
 
 
@@ -352,6 +371,7 @@ class profile_block:  # lower case: daisy's public name
         "_cpu0",
         "_hwm_reset",
         "_rchar0",
+        "_ru_tracks",
         "_t0",
         "_wchar0",
         "stats",
@@ -369,14 +389,24 @@ class profile_block:  # lower case: daisy's public name
         # deltas; the bytes of the /proc/self/io read itself are subtracted.
         self._hwm_reset = _reset_hwm()
         self._child0 = _children_cpu_seconds()
-        rchar, wchar, own = _read_io(files.io_fd)
-        self._rchar0 = rchar + own
-        self._wchar0 = wchar
+        self._ru_tracks = False
         if _resource is not None:
             ru = _resource.getrusage(_resource.RUSAGE_SELF)
             self._cpu0 = ru.ru_utime + ru.ru_stime
+            if self._hwm_reset:
+                # ru_maxrss is max(the kernel's reset high-water mark, a maximum kept from
+                # exec and exited threads). When right after the reset it is no larger than
+                # the resident size, that second term cannot dominate during this block,
+                # so the exit's ru_maxrss is the block's peak and the costlier VmHWM read
+                # of /proc/self/status can be skipped.
+                rss = _resident_bytes(files.statm_fd)
+                self._ru_tracks = 0 <= ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
         else:
             self._cpu0 = 0.0
+        # the /proc/self/io read comes last: nothing read after it counts as the block's
+        rchar, wchar, own = _read_io(files.io_fd)
+        self._rchar0 = rchar + own
+        self._wchar0 = wchar
         self._t0 = _perf_counter()
         return self
 
@@ -396,8 +426,11 @@ class profile_block:  # lower case: daisy's public name
         files = _files
         rchar, wchar, _ = _read_io(files.io_fd)
         children = _children_cpu_seconds() - self._child0
-        peak = _read_hwm_bytes(files.status_fd) if self._hwm_reset else -1
-        if peak < 0:
+        if self._hwm_reset and not self._ru_tracks:
+            peak = _read_hwm_bytes(files.status_fd)
+            if peak < 0:
+                peak = maxrss
+        else:
             peak = maxrss
         rd = rchar - self._rchar0
         wr = wchar - self._wchar0
