@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._aggregates import Stat
-from ._report import EXIT_KINDS, TaskReport, WorkerRecord
+from ._runlog import EXIT_KINDS
+
+if TYPE_CHECKING:
+    from ._report import TaskReport, WorkerRecord
 
 __all__ = ["format_bytes", "format_duration", "render_panel"]
 

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +37,20 @@ from ._aggregates import (
     _stat_from_json,
 )
 from ._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
+from ._panel import format_bytes, format_duration, render_panel
+from ._runlog import (
+    BLOCK_STAT_KEYS,
+    COUNTER_KEYS,
+    EXIT_KINDS,
+    MODES,
+    OUTCOMES,
+    SCHEMA_VERSION,
+    WORKER_STAT_KEYS,
+    append_run_line,
+    read_last_run,
+    read_runs,
+    validate_run_line,
+)
 from .errors import TrackingError
 
 __all__ = [
@@ -64,33 +78,6 @@ __all__ = [
     "task_report_json",
     "validate_run_line",
 ]
-
-SCHEMA_VERSION: Final = 1
-OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
-MODES: Final = ("distributed", "serial")
-EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
-COUNTER_KEYS: Final = (
-    "total",
-    "completed",
-    "skipped",
-    "failed",
-    "orphaned",
-    "worker_failures",
-    "worker_restarts",
-    "worker_starts",
-    "timeout_reclaims",
-)
-BLOCK_STAT_KEYS: Final = (
-    "round_trip",
-    "wall",
-    "cpu",
-    "cpu_children",
-    "peak_rss",
-    "io_read",
-    "io_write",
-    "overhead",
-)
-WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown")
 
 
 def counters_from_state(state: Any) -> dict[str, int]:
@@ -513,8 +500,3 @@ class RunReport:
 
     def __repr__(self) -> str:
         return f"RunReport(tasks={list(self.tasks)})"
-
-
-# re-exported: runs.jsonl I/O and validation live in _runlog, the printed panel in _panel
-from ._panel import format_bytes, format_duration, render_panel  # noqa: E402
-from ._runlog import append_run_line, read_last_run, read_runs, validate_run_line  # noqa: E402

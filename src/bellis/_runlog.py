@@ -13,17 +13,46 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TypeGuard
 
-from ._report import (
-    BLOCK_STAT_KEYS,
-    COUNTER_KEYS,
-    EXIT_KINDS,
-    MODES,
-    OUTCOMES,
-    SCHEMA_VERSION,
-    WORKER_STAT_KEYS,
-)
+__all__ = [
+    "BLOCK_STAT_KEYS",
+    "COUNTER_KEYS",
+    "EXIT_KINDS",
+    "MODES",
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "WORKER_STAT_KEYS",
+    "append_run_line",
+    "read_last_run",
+    "read_runs",
+    "validate_run_line",
+]
 
-__all__ = ["append_run_line", "read_last_run", "read_runs", "validate_run_line"]
+SCHEMA_VERSION: Final = 1
+OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
+MODES: Final = ("distributed", "serial")
+EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
+COUNTER_KEYS: Final = (
+    "total",
+    "completed",
+    "skipped",
+    "failed",
+    "orphaned",
+    "worker_failures",
+    "worker_restarts",
+    "worker_starts",
+    "timeout_reclaims",
+)
+BLOCK_STAT_KEYS: Final = (
+    "round_trip",
+    "wall",
+    "cpu",
+    "cpu_children",
+    "peak_rss",
+    "io_read",
+    "io_write",
+    "overhead",
+)
+WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown")
 
 
 # ----------------------------------------------------------------------- runs.jsonl

@@ -15,10 +15,36 @@ from typing import Any
 
 import cloudpickle
 
+from . import logging as blog
 from ._block import Block, BlockStatus
+from ._client import Context
+from ._profiling import profile_block
+from ._progress import (
+    ErrorCollector,
+    format_summary,
+    make_observer,
+    print_to_real_stdout,
+    resume_message,
+)
+from ._protocol import new_secret
+from ._report import (
+    RunReport,
+    TaskAggregates,
+    TaskReport,
+    append_run_line,
+    counters_from_state,
+    read_last_run,
+    render_panel,
+    task_report_json,
+)
 from ._scheduler import ABANDONED, Scheduler, TaskRun
+from ._server import RunLoop, install_abort_handlers
 from ._state import TaskState
 from ._task import Pipeline, Task, function_arity
+from ._timeline import TimelineSet
+from ._tracking import StoreLayout, TrackingStore
+from ._workers._launchers import LocalLauncher
+from ._workers._pool import TaskPlan
 from .errors import (
     BellisDeprecationWarning,
     ConfigurationError,
@@ -134,8 +160,6 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
                     "resource_tracking",
                 )
             continue
-        from ._tracking import StoreLayout, TrackingStore
-
         g = t._geom
         layout = StoreLayout(
             total_offset=g.total_offset,
@@ -163,7 +187,6 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
 @contextlib.contextmanager
 def _serial_output(task_id: str) -> Iterator[None]:
     """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode."""
-    from . import logging as blog
 
     if blog.get_log_mode() != "file":
         yield
@@ -178,7 +201,6 @@ def _serial_output(task_id: str) -> Iterator[None]:
 
 
 def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
-    from ._profiling import profile_block
 
     progressed = True
     while progressed:
@@ -290,7 +312,6 @@ def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
 
 
 def _serialize_function(task: Task) -> bytes:
-    from . import logging as blog
 
     fn = task.process_function
     try:
@@ -335,14 +356,6 @@ def _execute(
     external: bool = False,
     server: Server | None = None,
 ) -> _RunResult:
-    from . import logging as blog
-    from ._progress import (
-        ErrorCollector,
-        format_summary,
-        print_to_real_stdout,
-        resume_message,
-    )
-    from ._report import TaskAggregates
 
     pipe = _coerce_pipeline(pipeline)
     order_tasks = pipe.validate()
@@ -412,7 +425,6 @@ def _execute(
             msg = resume_message(result.states[tid])
             if msg:
                 progress_logger.info("%s", msg)
-        from ._report import render_panel
 
         panel = render_panel([result.report[t] for t in result.order])
         if panel:
@@ -434,14 +446,6 @@ def _run_distributed(
     launcher: Any,
     server: Server | None,
 ) -> None:
-    from . import logging as blog
-    from ._client import Context
-    from ._progress import make_observer
-    from ._protocol import new_secret
-    from ._server import RunLoop, install_abort_handlers
-    from ._timeline import TimelineSet
-    from ._workers._launchers import LocalLauncher
-    from ._workers._pool import TaskPlan
 
     default_launcher = launcher if launcher is not None else LocalLauncher()
     plans = {}
@@ -512,14 +516,6 @@ def _write_reports(
     finished: float,
     wall: float,
 ) -> Any:
-    from . import logging as blog
-    from ._report import (
-        RunReport,
-        TaskReport,
-        append_run_line,
-        counters_from_state,
-        task_report_json,
-    )
 
     reports = {}
     for run in scheduler.runs:
@@ -556,8 +552,6 @@ def _write_reports(
 def load_task_report(task: Task) -> Any:
     """The last run line of ``task``: from its store, else from its log folder, else (no
     store and file logging off) from the copy a run in this process kept in memory."""
-    from . import logging as blog
-    from ._report import TaskReport, read_last_run
 
     path = task.resolved_tracking_path()
     if path is not None:
@@ -651,6 +645,29 @@ class Server:
         self.last_task_order: list[str] = []
         self.external_workers = external_workers
         self._listen_callback = on_listen
+
+    def worker_context(self, task_id: str) -> str:
+        """The context string an external worker of ``task_id`` needs to join this run.
+
+        Valid while a run listens (from an ``on_listen`` callback, or another thread); pass
+        it to ``bellis worker --context ...`` or set it as ``BELLIS_CONTEXT``. It holds the
+        run's secret: treat it as a password.
+        """
+
+        if self.hostname is None or self.port is None or self.secret is None:
+            raise RuntimeError(
+                "Server.worker_context() is only available while a run is listening; call it "
+                "from Server(on_listen=...) or from another thread during run_blockwise()"
+            )
+        base = blog.get_log_basedir()
+        return Context(
+            hostname=self.hostname,
+            port=self.port,
+            task_id=task_id,
+            worker_id=-1,
+            logdir="" if base is None else str(base),
+            secret=self.secret.hex(),
+        ).to_env()
 
     def _on_listen(self, loop: Any) -> None:
         if self._listen_callback is not None:

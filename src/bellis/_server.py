@@ -62,6 +62,18 @@ _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
 
 
+def _valid_stats(stats: Any) -> bool:
+    """BlockStats on the wire: 7 (daisy's) or 8 numbers, the integer fields non-negative."""
+    if not isinstance(stats, list) or not 7 <= len(stats) <= 8:
+        return False
+    for i, v in enumerate(stats):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return False
+        if i in (2, 3, 4, 6) and not (isinstance(v, int) and 0 <= v < 2**64):
+            return False
+    return True
+
+
 def _watchdog_margin(conn: _Conn) -> float:
     """How long past a block's deadline the server waits before it reclaims the block.
 
@@ -374,23 +386,32 @@ class RunLoop(WorkerPool):
     def _returned_batch(self, conn: _Conn, run: TaskRun, msg: list[Any]) -> None:
         """Take back the blocks a message returns: groups of (k, status, stats, error)."""
         now = time.monotonic()
-        results = []
+        results: list[tuple[int, int, Any, Any]] = []
         held = conn.held
+        # validate the whole message before taking anything back: a malformed message
+        # drops the connection, and every block it held then goes to the retry path
         for i in range(1, len(msg), 4):
             k = msg[i]
             if not isinstance(k, int) or isinstance(k, bool):
                 raise ProtocolError(f"malformed block index {k!r}")
             if k < 0:
                 continue
-            try:
-                held.remove(k)
-            except ValueError:
+            if k not in held or any(r[0] == k for r in results):
                 # a well-behaved client only returns blocks it holds (a block reclaimed on
                 # timeout closes its connection first)
                 raise ProtocolError(
                     f"invalid block return: block {run.task_id}/{k} is not held by it"
-                ) from None
-            results.append((k, msg[i + 1], msg[i + 2], msg[i + 3]))
+                )
+            status, stats, error = msg[i + 1], msg[i + 2], msg[i + 3]
+            if not isinstance(status, int) or isinstance(status, bool):
+                raise ProtocolError(f"malformed status {status!r} for block {run.task_id}/{k}")
+            if stats is not None and not _valid_stats(stats):
+                raise ProtocolError(f"malformed measurements for block {run.task_id}/{k}")
+            if error is not None and not isinstance(error, str):
+                raise ProtocolError(f"malformed error text for block {run.task_id}/{k}")
+            results.append((k, status, stats, error))
+        for r in results:
+            held.remove(r[0])
         if not results:
             return
         processed = [r for r in results if r[1] != BlockStatus.CREATED]

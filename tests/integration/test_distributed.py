@@ -171,17 +171,11 @@ def test_external_worker_through_the_cli(recdir: str, how: str) -> None:
         cmd = [sys.executable, "-m", "bellis.worker"]
 
     def on_listen(server: Any) -> None:
-        ctx = bellis.Context(
-            hostname=server.hostname,
-            port=server.port,
-            task_id="cli",
-            worker_id=-1,
-            secret=server.secret.hex(),
-        )
         env = dict(os.environ)
         env["PYTHONPATH"] = str(Path(__file__).parent)
         env["BELLIS_TEST_RECDIR"] = recdir
-        args = [*cmd, "--function", "helpers:env_sleep_block", "--context", ctx.to_env()]
+        ctx = server.worker_context("cli")
+        args = [*cmd, "--function", "helpers:env_sleep_block", "--context", ctx]
         procs.append(subprocess.Popen(args, env=env))
 
     server = bellis.Server(external_workers=True, on_listen=on_listen)

@@ -115,7 +115,37 @@ def rogue_pipelined_acquire(port: int, secret: bytes) -> bool:
     return closed_by_server(sock)
 
 
+def _rogue_bad_return(port: int, secret: bytes, status: Any, stats: Any, error: Any) -> bool:
+    """Take real blocks, then return the first with a malformed field."""
+    sock = authenticate(port, secret, "a")
+    sock.sendall(encode([ACQUIRE]))
+    sent = recv_msg(sock)
+    assert sent[0] == SEND
+    sock.sendall(encode([ACQUIRE, sent[1], status, stats, error]))
+    return closed_by_server(sock)
+
+
+def rogue_bad_stats(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, [0.1, 0.1, "lots", 0, 0, 0.0, 0], None)
+
+
+def rogue_stats_not_a_list(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, "abc", None)
+
+
+def rogue_bad_status(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, "done", None, None)
+
+
+def rogue_bad_error_text(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 3, None, {"not": "text"})
+
+
 ROGUES = {
+    "bad_stats": rogue_bad_stats,
+    "stats_not_a_list": rogue_stats_not_a_list,
+    "bad_status": rogue_bad_status,
+    "bad_error_text": rogue_bad_error_text,
     "garbage": rogue_garbage,
     "wrong_mac": rogue_wrong_mac,
     "oversized": rogue_oversized,

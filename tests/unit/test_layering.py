@@ -52,8 +52,8 @@ RESTRICTED = {
     "_profiling": {"errors", "_block"},
     "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates"},
     "_aggregates": {"errors", "_block"},
-    "_runlog": {"errors", "_block", "_report"},
-    "_panel": {"errors", "_block", "_report", "_aggregates"},
+    "_runlog": {"errors"},
+    "_panel": {"errors", "_block", "_runlog", "_aggregates"},
     "_timeline": {"errors", "_block", "_report", "_aggregates"},
     "_protocol": {"errors"},
 }
