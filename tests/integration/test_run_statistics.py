@@ -212,8 +212,15 @@ def test_timeline_phases_add_up(tmp_path: Path) -> None:
     wall = time.monotonic() - t0
     report = task.report()
     assert report.workers.exits == {"clean": 2}
+    assert sum(rec.blocks for rec in report.workers.records) == 8
     for rec in report.workers.records:
         assert rec.exit == "clean" and rec.teardown is not None
+        if rec.startup is None:
+            # a worker the run finished without (it never reached the server before the
+            # other one had done every block): no startup, no final wait, no blocks
+            assert rec.final_wait is None and rec.blocks == 0
+            continue
+        assert rec.final_wait is not None
         total = rec.startup + rec.idle.total + rec.compute.total + rec.final_wait + rec.teardown
         assert 0 < total <= wall
         assert rec.compute.total >= rec.blocks * 0.015
