@@ -52,6 +52,9 @@ def _is_stopped(variable: Any, key: str) -> bool:
     try:
         stopped = variable.get(timeout=5)
     except Exception:
+        # the stop list is unreadable (scheduler busy or gone): keep running; the worker
+        # still stops when the bellis server closes its connection, and dies with its
+        # dask worker (parent-death signal)
         return False
     return "*" in stopped or key in stopped
 
