@@ -342,9 +342,25 @@ class RunLoop(WorkerPool):
             conn.held = []
             run = conn.run
             now = time.monotonic()
-            for k in held:
-                logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, k)
+            if len(held) == 1:
+                k = held[0]
+                sid = run.geom.spatial_id_of(k)
+                logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
                 self._release(conn, run, k, False, None, conn.sent_at, now)
+            else:
+                # which block of the batch was running is unknown: none of them is charged a
+                # failed attempt; they go back to the queue and each runs alone next time, so
+                # a block that kills its worker is then caught (and counted) on its own
+                plan = self.plan_of[run.index]
+                for k in held:
+                    self.s.requeue_index(run, k)
+                    plan.suspects.add(k)
+                logger.warning(
+                    "worker holding a batch of %d blocks of task %s disconnected; they run "
+                    "again one at a time",
+                    len(held),
+                    run.task_id,
+                )
         if conn.worker is not None:
             conn.worker.conn = None
 
@@ -418,7 +434,10 @@ class RunLoop(WorkerPool):
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))
         t = conn.sent_at
+        suspects = self.plan_of[run.index].suspects
         for k, status, stats, error in results:
+            if suspects:
+                suspects.discard(k)
             if status == BlockStatus.CREATED:
                 self.s.requeue_index(run, k)
                 continue
@@ -566,13 +585,18 @@ class RunLoop(WorkerPool):
             if k >= 0:
                 held = [k]
                 want = conn.batch
-                if want > 1:
-                    # adaptive batching for fast blocks, never starving the other workers
-                    plan = self.plan_of[run.index]
+                plan = self.plan_of[run.index]
+                suspects = plan.suspects
+                if want > 1 and not (suspects and k in suspects):
+                    # adaptive batching for fast blocks, never starving the other workers;
+                    # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
                     while len(held) < want:
                         k = self.s.acquire_index(run)
                         if k < 0:
+                            break
+                        if suspects and k in suspects:
+                            self.s.requeue_index(run, k)
                             break
                         held.append(k)
                 now = time.monotonic()
@@ -643,10 +667,29 @@ class RunLoop(WorkerPool):
         held = conn.held
         conn.held = []
         now = time.monotonic()
-        # the first held block is the one that was running; the rest never started
-        for k in held[1:]:
+        if len(held) == 1:
+            self._timed_out_block(conn, run, held[0], conn.sent_at, now)
+            self._close(conn, lost=False)
+            return
+        # a whole batch outlived its deadline and the worker's watchdog did not say which
+        # block hung: none is charged; each runs alone next time, where a hang is caught
+        plan = self.plan_of[run.index]
+        for k in held:
             self.s.requeue_index(run, k)
-        self._timed_out_block(conn, run, held[0], conn.sent_at, now)
+            plan.suspects.add(k)
+        text = (
+            f"a batch of {len(held)} blocks of task {run.task_id} outlived its deadline; "
+            "its worker was stopped and the blocks run again one at a time"
+        )
+        logger.warning("%s", text)
+        worker = conn.worker
+        if worker is not None and worker.exit is None:
+            worker.exit = WorkerExit("timeout", None, text)
+            worker.timeline.exited(now, "timeout")
+            self._retire(worker)
+            kill = getattr(plan.launcher, "kill", None)
+            if kill is not None:
+                kill(worker.handle)
         self._close(conn, lost=False)
 
     def _notify(self, method: str) -> None:

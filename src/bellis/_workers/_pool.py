@@ -79,6 +79,8 @@ class TaskPlan:
         self.alive = 0
         self.free_starts = run.task.max_workers
         self.parked: deque[_Conn] = deque()
+        # blocks lost with a batch (which one killed the worker is unknown): sent alone
+        self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
         task = run.task
         g = run.geom
