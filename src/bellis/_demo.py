@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,15 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         import shutil
 
         shutil.rmtree(workdir / "tracking", ignore_errors=True)
+    # show the resume notice (INFO on "bellis._progress"; silent unless a user asks for it)
+    import logging
+
+    notice = logging.getLogger("bellis._progress")
+    if not notice.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("\n%(message)s"))
+        notice.addHandler(handler)
+        notice.setLevel(logging.INFO)
     bellis.set_tracking_basedir(workdir / "tracking")
     bellis.logging.set_log_basedir(workdir / "logs")
     total = Roi((0, 0, 0), shape)
