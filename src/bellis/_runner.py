@@ -164,10 +164,7 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
         layout = StoreLayout(
             total_offset=g.total_offset,
             total_shape=g.total_shape,
-            read_offset=tuple(
-                w - c
-                for w, c in zip(tuple(int(x) for x in t.write_roi.offset), g.ctx_ul, strict=True)
-            ),
+            read_offset=tuple(int(x) for x in t.read_roi.offset),
             read_shape=g.read_shape,
             write_offset=tuple(int(x) for x in t.write_roi.offset),
             write_shape=g.write_shape,
@@ -187,7 +184,6 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
 @contextlib.contextmanager
 def _serial_output(task_id: str) -> Iterator[None]:
     """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode."""
-
     if blog.get_log_mode() != "file":
         yield
         return
@@ -201,7 +197,8 @@ def _serial_output(task_id: str) -> Iterator[None]:
 
 
 def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
-
+    """Every block in this process, in dependency order (SPEC §3.1): an exception from a
+    block function propagates at once, with its own type."""
     progressed = True
     while progressed:
         progressed = False
@@ -312,7 +309,7 @@ def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
 
 
 def _serialize_function(task: Task) -> bytes:
-
+    """The worker payload, built once at run start: an unpicklable function fails here."""
     fn = task.process_function
     try:
         return cloudpickle.dumps(  # type: ignore[no-any-return]
@@ -356,7 +353,7 @@ def _execute(
     external: bool = False,
     server: Server | None = None,
 ) -> _RunResult:
-
+    """Validate, open the stores, run (serial or distributed), write the reports, print."""
     pipe = _coerce_pipeline(pipeline)
     order_tasks = pipe.validate()
     budget = _check_resources(resources)
@@ -446,7 +443,6 @@ def _run_distributed(
     launcher: Any,
     server: Server | None,
 ) -> None:
-
     default_launcher = launcher if launcher is not None else LocalLauncher()
     plans = {}
     for run in scheduler.runs:
@@ -516,7 +512,6 @@ def _write_reports(
     finished: float,
     wall: float,
 ) -> Any:
-
     reports = {}
     for run in scheduler.runs:
         state = result.states[run.task_id]
