@@ -112,6 +112,8 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
     assert len(scripts) == len(finished)
     assert "exec " in scripts[0].read_text() and "-m bellis._worker" in scripts[0].read_text()
     assert list((tmp_path / "logs").rglob("*.payload")) == []
+    # job scripts carry the run's secret: only their owner may read them
+    assert all(p.stat().st_mode & 0o077 == 0 for p in scripts)
 
 
 def test_scancelled_job_is_replaced(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -119,6 +120,17 @@ def _parse_fields(line: str) -> dict[str, str]:
     return fields
 
 
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read: job scripts hold the run's secret, and the
+    payload is the pickled function the worker will run."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 class SlurmLauncher(WorkerLauncher):
     """Start workers as SLURM batch jobs (``sbatch``), one job per worker.
 
@@ -198,7 +210,7 @@ class SlurmLauncher(WorkerLauncher):
     def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
         path = directory / f"{stem}.payload"
         tmp = path.with_suffix(".payload.tmp")
-        tmp.write_bytes(struct.pack("<Q", len(spec.payload)) + spec.payload)
+        _write_private(tmp, struct.pack("<Q", len(spec.payload)) + spec.payload)
         tmp.replace(path)
         return path
 
@@ -251,7 +263,7 @@ class SlurmLauncher(WorkerLauncher):
         lines += self._worker_lines(spec, payload)
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
-        script.write_text("\n".join(lines) + "\n")
+        _write_private(script, ("\n".join(lines) + "\n").encode())
         job_id = self._submit(script, spec, [])
         job = _Job(job_id, spec, name, spec.err_path, payload)
         self._jobs[job_id] = job
@@ -287,7 +299,7 @@ class SlurmLauncher(WorkerLauncher):
         lines.append("esac")
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
-        script.write_text("\n".join(lines) + "\n")
+        _write_private(script, ("\n".join(lines) + "\n").encode())
         array_id = self._submit(script, first, [f"--array=0-{len(specs) - 1}"])
         handles = []
         jobs = []
