@@ -116,6 +116,25 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
     assert all(p.stat().st_mode & 0o077 == 0 for p in scripts)
 
 
+def test_workers_started_together_go_as_one_job_array(tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0, array_threshold=3)
+    task = make_task("arr", 12, functools.partial(sleep_block, str(rec), 0.05), max_workers=3)
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    assert states["arr"].completed_count == 12
+    assert states["arr"].worker_start_count == 3
+    assert done_ids(read_records(rec), "arr") == list(range(12))
+    jobs = _jobs_named(prefix)
+    # one array job (squeue lists each array task as <array id>_<index>)
+    array_ids = {job_id.split("_")[0] for job_id, _, name in jobs if name.endswith("-array")}
+    assert len(array_ids) == 1, jobs
+    assert _active_jobs(prefix) == []
+
+
 def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
