@@ -289,6 +289,11 @@ class RunLoop(WorkerPool):
         except ProtocolError as exc:
             logger.warning("dropping client %s: %s", conn.addr, exc)
             self._close(conn, lost=True)
+        except Exception:
+            # whatever one client sent must not end the run for everyone: log it loudly,
+            # drop that client, and let its blocks take the retry path
+            logger.exception("error while serving client %s; dropping it", conn.addr)
+            self._close(conn, lost=True)
 
     def _reply(self, conn: _Conn, frame: bytes) -> None:
         if conn.outbuf:
