@@ -492,17 +492,7 @@ class Scheduler:
             lvl, blocks = run.geom.downstream_with_level(k)
             if run.levels_ready < lvl + 2:
                 run.init_levels(lvl + 2)
-            # _unlock, inlined: this is the per-block hot path of conflict tasks
-            deps = run.deps_mv
-            state = run.state_mv
-            assert deps is not None
-            for n in blocks:
-                c = deps[n] - 1
-                deps[n] = c
-                if c == 0 and state[n] == PENDING:
-                    state[n] = QUEUED
-                    run.fifo.append(n)
-                    run.ready += 1
+            self._unlock(run, blocks)
         for edge, down in run.down_edges:
             if down.status == RUNNING:
                 self._unlock(down, edge.downstream_of(k))
