@@ -195,10 +195,6 @@ class Stat:
         )
 
 
-def _stat_or_none(w: Welford) -> Stat | None:
-    return Stat.from_welford(w) if w.n else None
-
-
 def _stat_json(w: Welford) -> dict[str, Any] | None:
     return Stat.from_welford(w).to_dict() if w.n else None
 

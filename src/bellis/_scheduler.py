@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -271,8 +271,9 @@ class TaskRun:
 class Scheduler:
     """Hands out blocks in dependency order and takes them back (daisy's ``Scheduler``).
 
-    ``Scheduler(pipeline_or_task)``. No tracking store is opened here; the runner attaches
-    one with :meth:`attach_store` before the first acquire.
+    ``Scheduler(pipeline_or_task)``. No tracking store is opened here; the runner passes
+    the stores it opened (``_stores``), and their done blocks are resolved in bulk at
+    construction.
     """
 
     def __init__(self, pipeline: Any, *, _stores: dict[str, Any] | None = None) -> None:
@@ -366,12 +367,6 @@ class Scheduler:
             run.roots = run._initial_ready()
             if run.remaining == 0:
                 run.status = FINISHED
-
-    def attach_store(self, task_id: str, store: Any) -> None:
-        """Not supported after construction: pass stores to the constructor (runner)."""
-        raise ConfigurationError(
-            "tracking stores must be attached when the Scheduler is built", parameter="store"
-        )
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -690,12 +685,3 @@ class _PipelineGraph:
 
 def _sort_key(b: Block) -> tuple[str, int]:
     return (b.task_id, b.spatial_id)
-
-
-def make_block_factory(run: TaskRun) -> Callable[[int, int], Block]:
-    geom = run.geom
-
-    def factory(k: int, status: int) -> Block:
-        return Block._lazy(geom, k, status)
-
-    return factory
