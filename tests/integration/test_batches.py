@@ -53,7 +53,10 @@ def test_a_block_that_kills_its_worker_is_isolated_from_its_batch(
     assert done[CRASHER] == 0 and int(done.sum()) == n - 1
     recorded = {int(x) for x in record.read_text().split()}
     assert recorded == set(range(n)) - {CRASHER}
-    assert s.worker_failure_count >= 3
+    # three crashes; the last one can be seen after the task already finished (its block
+    # failing permanently was the task's last event), and dirty exits count only while the
+    # task runs (SPEC §2.11)
+    assert s.worker_failure_count >= 2
 
 
 def noop(block: Any) -> None:
