@@ -78,7 +78,7 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             recs = read_records(rec)
-            if sum(1 for rows in recs.values() if rows[-1].kind == "done") >= 4:
+            if sum(1 for rows in recs.values() if rows and rows[-1].kind == "done") >= 4:
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
