@@ -12,10 +12,11 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._block import Block, BlockStatus
+from ._profiling import Meter
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -170,19 +171,18 @@ class _Watchdog:
 
     def __init__(self, worker_id: int) -> None:
         self.deadline = 0.0
-        self.label = ""
+        self.task_id = ""
         self.timeout = 0.0
         self.worker_id = worker_id
         self.k = -1
         self.notify: Any = None  # notify(k, text): tell the server before dying
         self._thread: threading.Thread | None = None
 
-    def arm(self, timeout: float, label: str, k: int = -1) -> None:
+    def arm(self, timeout: float, k: int) -> None:
         if self._thread is None:
             self.timeout = timeout
             self._thread = threading.Thread(target=self._run, name="bellis-watchdog", daemon=True)
             self._thread.start()
-        self.label = label
         self.k = k
         self.deadline = time.monotonic() + timeout
 
@@ -196,8 +196,8 @@ class _Watchdog:
             d = self.deadline
             if d and time.monotonic() > d:
                 text = (
-                    f"bellis worker {self.worker_id}: block {self.label} still running after "
-                    f"timeout={self.timeout:g}s; killing worker process"
+                    f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} still "
+                    f"running after timeout={self.timeout:g}s; killing worker process"
                 )
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()
@@ -252,6 +252,7 @@ class Client:
         self._geom: Any = None
         self.timeout_secs = 0.0
         self._watchdog = _Watchdog(self.worker_id)
+        self._watchdog.task_id = self.task_id
         self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
         self._in_block = False
@@ -354,15 +355,14 @@ class Client:
                 return msgs[0]  # type: ignore[no-any-return]
 
     # -- blocks ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def acquire_block(self) -> Iterator[Block | None]:
+    def _next_index(self) -> int:
+        """The next block's index: from the batch in hand, or one round trip (which also
+        returns the finished blocks). -1 when there are no more blocks for this worker."""
         if self._sock is None:
-            yield None
-            return
+            return -1
         if self._stop_requested:
             self._bye()
-            yield None
-            return
+            return -1
         queue = self._queue
         if not queue:
             results = self._results
@@ -371,57 +371,105 @@ class Client:
             try:
                 reply = self._recv()
             except ConnectionLostError:
-                yield None
-                return
+                return -1
             if reply[0] == SHUTDOWN:
                 self.close()
-                yield None
-                return
+                return -1
             if reply[0] != SEND or len(reply) < 2:
                 raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
             queue.extend(reply[1:])
-        k = queue.popleft()
-        block = Block._lazy(self._geom, k, BlockStatus.PROCESSING)
-        wd = self._watchdog
-        wd.arm(self.timeout_secs, f"{self.task_id}/{k}", k)
-        self._in_block = True
-        profiler = None
-        if self.resource_tracking:
-            from ._profiling import profile_block
+        return queue.popleft()  # type: ignore[no-any-return]
 
-            profiler = profile_block(block)
-            profiler.__enter__()
-        try:
-            yield block
-        except BaseException as exc:
-            if profiler is not None:
-                profiler.__exit__(type(exc), exc, exc.__traceback__)
-            wd.disarm()
-            self._in_block = False
-            block._status = BlockStatus.FAILED
-            tb = _capped_traceback(traceback.format_exc())
-            logger.warning("block %s failed: %s", block.block_id, exc)
-            sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
-            stats = None if block.stats is None else list(block.stats.to_tuple())
-            self._results += (k, BlockStatus.FAILED, stats, tb)
-            with contextlib.suppress(ConnectionLostError):
-                self._bye()
-            raise
-        if profiler is not None:
-            profiler.__exit__(None, None, None)
-        wd.disarm()
+    def _begin(self, k: int) -> Block:
+        block = Block._lazy(self._geom, k, BlockStatus.PROCESSING)
+        self._watchdog.arm(self.timeout_secs, k)
+        self._in_block = True
+        return block
+
+    def _failed(self, k: int, block: Block, exc: BaseException, measured: Any) -> None:
+        """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        self._watchdog.disarm()
+        self._in_block = False
+        block._status = BlockStatus.FAILED
+        tb = _capped_traceback(traceback.format_exc())
+        logger.warning("block %s failed: %s", block.block_id, exc)
+        sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
+        # a measurement the block function attached itself wins over the automatic one
+        stats = measured if block.stats is None else list(block.stats.to_tuple())
+        self._results += (k, BlockStatus.FAILED, stats, tb)
+        with contextlib.suppress(ConnectionLostError):
+            self._bye()
+
+    def _finished(self, k: int, block: Block, measured: Any) -> None:
+        self._watchdog.disarm()
         status = block._status
-        if status == BlockStatus.PROCESSING:
-            status = BlockStatus.SUCCESS
-        elif status != BlockStatus.SUCCESS:
-            status = BlockStatus.FAILED
-        stats = None if block.stats is None else list(block.stats.to_tuple())
-        error = None if status == BlockStatus.SUCCESS else "block status set to FAILED"
-        self._results += (k, status, stats, error)
+        if status == BlockStatus.PROCESSING or status == BlockStatus.SUCCESS:
+            self._results += (
+                k,
+                BlockStatus.SUCCESS,
+                measured if block.stats is None else list(block.stats.to_tuple()),
+                None,
+            )
+        else:
+            self._results += (
+                k,
+                BlockStatus.FAILED,
+                measured if block.stats is None else list(block.stats.to_tuple()),
+                "block status set to FAILED",
+            )
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
             self._bye()
+
+    @contextlib.contextmanager
+    def acquire_block(self) -> Iterator[Block | None]:
+        k = self._next_index()
+        if k < 0:
+            yield None
+            return
+        block = self._begin(k)
+        meter = None
+        if self.resource_tracking:
+            meter = Meter()
+            meter.start()
+        try:
+            yield block
+        except BaseException as exc:
+            self._failed(k, block, exc, None if meter is None else meter.finish())
+            raise
+        self._finished(k, block, None if meter is None else meter.finish())
+
+    def run_block_function(self, fn: Callable[[Block], Any]) -> None:
+        """Run ``fn`` on every block this worker is given, then disconnect.
+
+        The loop of bellis's own workers: the same protocol, outcomes and measurements as
+        ``with client.acquire_block()`` in a loop, without a generator per block. Blocks
+        of one batch run back to back, so each block's measurement continues from the
+        previous block's closing readings (:meth:`Meter.restart`).
+        """
+        meter = Meter() if self.resource_tracking else None
+        queue = self._queue
+        try:
+            while True:
+                chained = meter is not None and len(queue) > 0 and meter.started
+                k = self._next_index()
+                if k < 0:
+                    return
+                block = self._begin(k)
+                if meter is not None:
+                    if chained:
+                        meter.restart()
+                    else:
+                        meter.start()
+                try:
+                    fn(block)
+                except BaseException as exc:
+                    self._failed(k, block, exc, None if meter is None else meter.finish())
+                    raise
+                self._finished(k, block, None if meter is None else meter.finish())
+        finally:
+            self.close()
 
     def _final_frame(self, extra: tuple[Any, ...] = ()) -> bytes:
         """BYE with every finished block, ``extra`` and the unstarted ones (status CREATED)."""

@@ -57,7 +57,7 @@ import os
 import sys
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._block import BlockStats
 
@@ -72,6 +72,7 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = [
     "PROCESS_START",
     "SETUP_ORIGIN",
+    "Meter",
     "live_descendant_pids",
     "profile_block",
     "setup_seconds_since_start",
@@ -155,29 +156,28 @@ def _read_io(fd: int) -> tuple[int, int, int]:
     try:
         data = _pread(fd, 512, 0)
         # b"rchar: <n>\nwchar: <n>\n..." (a fixed layout since Linux 2.6.20)
-        i = data.index(b"\n")
-        j = data.index(b"\n", i + 1)
-        return (int(data[6:i]), int(data[i + 8 : j]), len(data))
+        fields = data.split(None, 4)
+        return (int(fields[1]), int(fields[3]), len(data))
     except (OSError, ValueError, IndexError):
         return (0, 0, 0)
 
 
-def _read_hwm_bytes(fd: int) -> int:
-    """``VmHWM`` of this process in bytes, or -1 where unreadable."""
+def _read_hwm_bytes(fd: int) -> tuple[int, int]:
+    """``(VmHWM in bytes or -1 where unreadable, bytes this read added to rchar)``."""
     if fd < 0:
-        return -1
+        return (-1, 0)
     try:
         text = _pread(fd, 4096, 0)
     except OSError:
-        return -1
+        return (-1, 0)
     i = text.find(b"VmHWM:")
     if i < 0:
-        return -1
+        return (-1, len(text))
     j = text.find(b"kB", i)
     try:
-        return int(text[i + 6 : j]) * 1024
+        return (int(text[i + 6 : j]) * 1024, len(text))
     except ValueError:
-        return -1
+        return (-1, len(text))
 
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -186,37 +186,36 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MAXRSS_SLACK_BYTES = 256 * 1024
 
 
-def _resident_bytes(fd: int) -> int:
-    """Resident set size from ``/proc/self/statm`` (a cheap read), or -1."""
+def _resident_bytes(fd: int) -> tuple[int, int]:
+    """``(resident set size from /proc/self/statm or -1, bytes this read added to rchar)``."""
     if fd < 0:
-        return -1
+        return (-1, 0)
     try:
-        fields = _pread(fd, 256, 0).split()
-        return int(fields[1]) * _PAGE_BYTES
-    except (OSError, IndexError, ValueError):
-        return -1
+        data = _pread(fd, 256, 0)
+    except OSError:
+        return (-1, 0)
+    try:
+        return (int(data.split()[1]) * _PAGE_BYTES, len(data))
+    except (IndexError, ValueError):
+        return (-1, len(data))
 
 
-def _reset_hwm() -> bool:
-    """Reset the resident high-water mark; False (and disabled for good) where refused."""
+def _reset_hwm() -> int:
+    """Reset the resident high-water mark; returns the bytes written (1), or 0 where refused.
+
+    A refusal disables the reset for the rest of this process's life.
+    """
     fd = _files.clear_refs_fd
     if fd < 0:
-        return False
+        return 0
     try:
-        os.write(fd, b"5")
+        return os.write(fd, b"5")
     except OSError:
         # Kernel older than 4.0 (EINVAL) or a restricted /proc (EPERM/EACCES): fall back
         # to ru_maxrss for the rest of this process's life.
         os.close(fd)
         _files.clear_refs_fd = -2
-        return False
-    return True
-
-
-def _maxrss_bytes() -> int:
-    if _resource is None:
         return 0
-    return int(_resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss) * _MAXRSS_UNIT
 
 
 # ------------------------------------------------------------------- child processes
@@ -351,6 +350,144 @@ def _children_cpu_seconds() -> float:
     return reaped
 
 
+# ---------------------------------------------------------------------- the meter
+
+_getrusage = _resource.getrusage if _resource is not None else None
+_RUSAGE_SELF: Final = _resource.RUSAGE_SELF if _resource is not None else 0
+
+#: the wire form of a measurement: ``BlockStats.to_tuple()`` order
+WireStats = list[Any]
+
+
+class Meter:
+    """Boundary snapshots of this process's counters; what a block costs is the difference.
+
+    :meth:`start` opens a measurement and :meth:`finish` closes it, returning the
+    figures in wire order (``BlockStats.to_tuple()``). A loop that runs blocks back to
+    back, with nothing but bellis's own bookkeeping between them, opens the next one with
+    :meth:`restart` instead: the ``/proc/self/io`` and child-process readings taken by
+    :meth:`finish` are reused as the next block's starting point (the bytes of bellis's
+    own ``/proc`` reads in between are subtracted exactly), so a block costs one reading
+    of each instead of two. CPU and wall are always read afresh at the block's start.
+
+    Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size right
+    after the reset comes from the cheap ``statm``. The resident set grows only through
+    page faults, which ``getrusage`` counts for every thread, so a block during which
+    the process took no fault peaked at exactly that size, and the costlier
+    ``/proc/self/status`` is read only after a block that faulted. (A transparent huge
+    page collapsed by ``khugepaged`` during a fault-free block is the one growth without
+    a fault of this process; it is not seen.)
+    """
+
+    __slots__ = (
+        "_chain_child",
+        "_chain_rchar",
+        "_chain_wchar",
+        "_child0",
+        "_cpu0",
+        "_flt0",
+        "_rchar0",
+        "_reset",
+        "_rss0",
+        "_ru_tracks",
+        "_t0",
+        "_wchar0",
+        "started",
+    )
+
+    def __init__(self) -> None:
+        self._chain_child = 0.0
+        self._chain_rchar = 0
+        self._chain_wchar = 0
+        self._t0 = 0.0
+        #: whether a measurement was ever opened (so :meth:`restart` has readings to reuse)
+        self.started = False
+
+    def start(self) -> None:
+        """Snapshot every counter: a block starts now."""
+        files = _files
+        if not files.opened:
+            files.open()
+        child = _children_cpu_seconds()
+        rchar, wchar, own = _read_io(files.io_fd)
+        self._open(rchar + own, wchar, child)
+        self.started = True
+
+    def restart(self) -> None:
+        """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
+        self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
+
+    def _open(self, rchar: int, wchar: int, child: float) -> None:
+        files = _files
+        written = _reset_hwm()
+        self._reset = written > 0
+        if written:
+            rss, own = _resident_bytes(files.statm_fd)
+            rchar += own
+            wchar += written
+        else:
+            rss = -1
+        self._rss0 = rss
+        self._rchar0 = rchar
+        self._wchar0 = wchar
+        self._child0 = child
+        if _getrusage is not None:
+            ru = _getrusage(_RUSAGE_SELF)
+            self._cpu0 = ru.ru_utime + ru.ru_stime
+            self._flt0 = ru.ru_minflt + ru.ru_majflt
+            # ru_maxrss is max(the kernel's reset high-water mark, a maximum kept from
+            # exec and exited threads). When right after the reset it is no larger than
+            # the resident size, that second term cannot dominate during this block, so
+            # the exit's ru_maxrss is the block's peak even after faults.
+            self._ru_tracks = 0 <= rss and ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
+        else:
+            self._cpu0 = 0.0
+            self._flt0 = 0
+            self._ru_tracks = False
+        self._t0 = _perf_counter()
+
+    def finish(self) -> WireStats:
+        """Close the measurement: ``[wall, cpu, peak_rss, io_read, io_write, gpu_util,
+        gpu_mem, cpu_children]``, every delta saturated at zero."""
+        wall = _perf_counter() - self._t0
+        cpu = 0.0
+        maxrss = 0
+        faulted = True
+        if _getrusage is not None:
+            ru = _getrusage(_RUSAGE_SELF)
+            cpu = ru.ru_utime + ru.ru_stime - self._cpu0
+            maxrss = ru.ru_maxrss * _MAXRSS_UNIT
+            faulted = ru.ru_minflt + ru.ru_majflt != self._flt0
+        files = _files
+        rchar, wchar, own = _read_io(files.io_fd)
+        children = _children_cpu_seconds()
+        peak = maxrss
+        if self._reset:
+            if not faulted:
+                peak = self._rss0
+            elif not self._ru_tracks:
+                hwm, read = _read_hwm_bytes(files.status_fd)
+                own += read
+                if hwm >= 0:
+                    peak = hwm
+        self._chain_rchar = rchar + own
+        self._chain_wchar = wchar
+        self._chain_child = children
+        rd = rchar - self._rchar0
+        wr = wchar - self._wchar0
+        children -= self._child0
+        return [
+            wall if wall > 0.0 else 0.0,
+            cpu if cpu > 0.0 else 0.0,
+            peak,
+            rd if rd > 0 else 0,
+            wr if wr > 0 else 0,
+            _NAN,
+            0,
+            children if children > 0.0 else 0.0,
+        ]
+
+
 # ---------------------------------------------------------------------- profile_block
 
 
@@ -365,49 +502,15 @@ class profile_block:  # lower case: daisy's public name
     holds this scope's own measurement either way.
     """
 
-    __slots__ = (
-        "_block",
-        "_child0",
-        "_cpu0",
-        "_hwm_reset",
-        "_rchar0",
-        "_ru_tracks",
-        "_t0",
-        "_wchar0",
-        "stats",
-    )
+    __slots__ = ("_block", "_meter", "stats")
 
     def __init__(self, block: Block) -> None:
         self._block = block
+        self._meter = Meter()
         self.stats: BlockStats | None = None
 
     def __enter__(self) -> profile_block:
-        files = _files
-        if not files.opened:
-            files.open()
-        # Order: the costly parts first, so that they stay out of the wall, CPU and IO
-        # deltas; the bytes of the /proc/self/io read itself are subtracted.
-        self._hwm_reset = _reset_hwm()
-        self._child0 = _children_cpu_seconds()
-        self._ru_tracks = False
-        if _resource is not None:
-            ru = _resource.getrusage(_resource.RUSAGE_SELF)
-            self._cpu0 = ru.ru_utime + ru.ru_stime
-            if self._hwm_reset:
-                # ru_maxrss is max(the kernel's reset high-water mark, a maximum kept from
-                # exec and exited threads). When right after the reset it is no larger than
-                # the resident size, that second term cannot dominate during this block,
-                # so the exit's ru_maxrss is the block's peak and the costlier VmHWM read
-                # of /proc/self/status can be skipped.
-                rss = _resident_bytes(files.statm_fd)
-                self._ru_tracks = 0 <= ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
-        else:
-            self._cpu0 = 0.0
-        # the /proc/self/io read comes last: nothing read after it counts as the block's
-        rchar, wchar, own = _read_io(files.io_fd)
-        self._rchar0 = rchar + own
-        self._wchar0 = wchar
-        self._t0 = _perf_counter()
+        self._meter.start()
         return self
 
     def __exit__(
@@ -416,34 +519,7 @@ class profile_block:  # lower case: daisy's public name
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Literal[False]:
-        wall = _perf_counter() - self._t0
-        cpu = 0.0
-        maxrss = 0
-        if _resource is not None:
-            ru = _resource.getrusage(_resource.RUSAGE_SELF)
-            cpu = ru.ru_utime + ru.ru_stime - self._cpu0
-            maxrss = ru.ru_maxrss * _MAXRSS_UNIT
-        files = _files
-        rchar, wchar, _ = _read_io(files.io_fd)
-        children = _children_cpu_seconds() - self._child0
-        if self._hwm_reset and not self._ru_tracks:
-            peak = _read_hwm_bytes(files.status_fd)
-            if peak < 0:
-                peak = maxrss
-        else:
-            peak = maxrss
-        rd = rchar - self._rchar0
-        wr = wchar - self._wchar0
-        stats = BlockStats(
-            wall if wall > 0.0 else 0.0,
-            cpu if cpu > 0.0 else 0.0,
-            peak,
-            rd if rd > 0 else 0,
-            wr if wr > 0 else 0,
-            _NAN,
-            0,
-            children if children > 0.0 else 0.0,
-        )
+        stats = BlockStats(*self._meter.finish())
         self.stats = stats
         block = self._block
         if block.stats is None:

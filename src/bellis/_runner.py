@@ -18,7 +18,7 @@ import cloudpickle
 from . import logging as blog
 from ._block import Block, BlockStatus
 from ._client import Context
-from ._profiling import profile_block
+from ._profiling import Meter
 from ._progress import (
     ErrorCollector,
     format_summary,
@@ -207,6 +207,7 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
             assert fn is not None
             agg = aggregates[run.task_id]
             tracked = run.task.resource_tracking
+            meter = Meter() if tracked else None
             geom = run.geom
             acquire = scheduler.acquire_index
             release = scheduler.release_index
@@ -217,16 +218,26 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                         break
                     progressed = True
                     block = Block._lazy(geom, k, BlockStatus.PROCESSING)
-                    if tracked:
+                    measured = None
+                    if meter is not None:
                         t0 = time.time()
-                        with profile_block(block):
+                        # blocks run back to back: each measurement continues from the
+                        # previous block's closing readings
+                        if meter.started:
+                            meter.restart()
+                        else:
+                            meter.start()
+                        try:
                             fn(block)
+                        finally:
+                            measured = meter.finish()
                         t1 = time.time()
                     else:
                         fn(block)
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
-                    stats = None if block.stats is None else block.stats.to_tuple()
+                    # a measurement the block function attached itself wins
+                    stats = measured if block.stats is None else block.stats.to_tuple()
                     release(run, k, ok, stats, -1, t0, t1)
                     if tracked or not ok:
                         agg.add_block(None, stats if ok else None, not ok)

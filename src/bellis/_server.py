@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from ._block import BlockStatus
 from ._protocol import (
@@ -62,16 +62,31 @@ _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
 
 
+_NUMBER_TYPES: Final = frozenset((int, float))
+_U64: Final = 2**64
+
+
 def _valid_stats(stats: Any) -> bool:
-    """BlockStats on the wire: 7 (daisy's) or 8 numbers, the integer fields non-negative."""
-    if not isinstance(stats, list) or not 7 <= len(stats) <= 8:
+    """BlockStats on the wire: 7 (daisy's) or 8 numbers, the integer fields non-negative.
+
+    On the per-block path of every tracked run: type checks in C (``map``/``frozenset``)
+    rather than a Python loop over the fields.
+    """
+    if type(stats) is not list or not 7 <= len(stats) <= 8:
         return False
-    for i, v in enumerate(stats):
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            return False
-        if i in (2, 3, 4, 6) and not (isinstance(v, int) and 0 <= v < 2**64):
-            return False
-    return True
+    if not _NUMBER_TYPES.issuperset(map(type, stats)):
+        return False  # bool is a type of its own here, so True/False are refused too
+    peak, read, written, gpu_mem = stats[2], stats[3], stats[4], stats[6]
+    return (
+        type(peak) is int
+        and type(read) is int
+        and type(written) is int
+        and type(gpu_mem) is int
+        and 0 <= peak < _U64
+        and 0 <= read < _U64
+        and 0 <= written < _U64
+        and 0 <= gpu_mem < _U64
+    )
 
 
 def _watchdog_margin(conn: _Conn) -> float:
@@ -409,32 +424,34 @@ class RunLoop(WorkerPool):
         now = time.monotonic()
         results: list[tuple[int, int, Any, Any]] = []
         held = conn.held
+        held_set = set(held)
+        taken: set[int] = set()
         # validate the whole message before taking anything back: a malformed message
         # drops the connection, and every block it held then goes to the retry path
         for i in range(1, len(msg), 4):
             k = msg[i]
-            if not isinstance(k, int) or isinstance(k, bool):
+            if type(k) is not int:
                 raise ProtocolError(f"malformed block index {k!r}")
             if k < 0:
                 continue
-            if k not in held or any(r[0] == k for r in results):
+            if k not in held_set or k in taken:
                 # a well-behaved client only returns blocks it holds (a block reclaimed on
                 # timeout closes its connection first)
                 raise ProtocolError(
                     f"invalid block return: block {run.task_id}/{k} is not held by it"
                 )
+            taken.add(k)
             status, stats, error = msg[i + 1], msg[i + 2], msg[i + 3]
-            if not isinstance(status, int) or isinstance(status, bool):
+            if type(status) is not int:
                 raise ProtocolError(f"malformed status {status!r} for block {run.task_id}/{k}")
             if stats is not None and not _valid_stats(stats):
                 raise ProtocolError(f"malformed measurements for block {run.task_id}/{k}")
-            if error is not None and not isinstance(error, str):
+            if error is not None and type(error) is not str:
                 raise ProtocolError(f"malformed error text for block {run.task_id}/{k}")
             results.append((k, status, stats, error))
-        for r in results:
-            held.remove(r[0])
         if not results:
             return
+        conn.held = held = [k for k in held if k not in taken]
         processed = [r for r in results if r[1] != BlockStatus.CREATED]
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))

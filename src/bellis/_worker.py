@@ -48,15 +48,7 @@ def _extend_sys_path(paths: list[str]) -> None:
 def run_block_function_loop(fn: Any, context: Any = None) -> None:
     from ._client import Client
 
-    client = Client(context)
-    try:
-        while True:
-            with client.acquire_block() as block:
-                if block is None:
-                    break
-                fn(block)
-    finally:
-        client.close()
+    Client(context).run_block_function(fn)
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import zarr
 from funlib.geometry import Roi
 
 from bellis._block import Block
-from bellis._profiling import live_descendant_pids, profile_block
+from bellis._profiling import Meter, live_descendant_pids, profile_block
 
 LINUX = sys.platform.startswith("linux")
 needs_proc = pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
@@ -233,3 +234,80 @@ def test_a_forked_child_measures_itself(tmp_path: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --------------------------------------------------------------------------- chained meter
+# bellis's own loops (the worker loop, serial runs) open each block of a batch with
+# Meter.restart(), continuing from the previous block's closing readings.
+
+WALL, CPU, PEAK, IO_READ, IO_WRITE, GPU_UTIL, GPU_MEM, CHILDREN = range(8)
+
+
+@needs_proc
+def test_chained_blocks_count_only_their_own_io(tmp_path: Path) -> None:
+    meter = Meter()
+    meter.start()
+    first = meter.finish()
+    target = tmp_path / "out.bin"
+    payload = os.urandom(3 * 1024 * 1024)
+    rows = []
+    for i in range(40):
+        meter.restart()
+        if i == 20:
+            target.write_bytes(payload)
+            assert target.read_bytes() == payload
+        rows.append(meter.finish())
+    assert first[IO_READ] == 0 and first[IO_WRITE] == 0
+    # bellis's own /proc reads and the high-water-mark reset between blocks are
+    # subtracted exactly: an idle block shows no IO at all
+    idle = rows[:20] + rows[21:]
+    assert all(r[IO_READ] == 0 and r[IO_WRITE] == 0 for r in idle), idle
+    assert rows[20][IO_WRITE] >= len(payload)
+    assert rows[20][IO_READ] >= len(payload)
+
+
+@needs_proc
+def test_chained_peak_rss_is_per_block_and_fault_free_blocks_report_the_reset_size() -> None:
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    meter.restart()
+    buf = np.ones(200 * 1024 * 1024, dtype=np.uint8)
+    assert int(buf[::4096].sum()) == len(buf) // 4096
+    del buf
+    big = meter.finish()
+    meter.restart()
+    small = meter.finish()
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert big[PEAK] >= 200 * 1024 * 1024
+    assert small[PEAK] < big[PEAK] - 150 * 1024 * 1024
+    # a block that took no page fault peaked at the resident size right after the reset
+    assert abs(small[PEAK] - resident) < 4 * 1024 * 1024
+    assert small[GPU_MEM] == 0 and math.isnan(small[GPU_UTIL])
+
+
+def test_chained_cpu_is_read_afresh_at_each_start() -> None:
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # CPU burned between blocks belongs to neither
+        pass
+    meter.restart()
+    after = meter.finish()
+    assert after[CPU] < 0.05
+    assert after[WALL] < 0.05
+
+
+def test_chained_reaped_child_cpu_goes_to_the_block_that_ran_it() -> None:
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    meter.restart()
+    subprocess.run([sys.executable, "-c", BURN, "0.4"], check=True)
+    burned = meter.finish()
+    meter.restart()
+    quiet = meter.finish()
+    assert burned[CHILDREN] >= 0.3 and burned[CPU] < 0.2
+    assert quiet[CHILDREN] == 0.0
