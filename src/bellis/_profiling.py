@@ -354,6 +354,10 @@ def _children_cpu_seconds() -> float:
 
 _getrusage = _resource.getrusage if _resource is not None else None
 _RUSAGE_SELF: Final = _resource.RUSAGE_SELF if _resource is not None else 0
+_RUSAGE_CHILDREN: Final = _resource.RUSAGE_CHILDREN if _resource is not None else 0
+_write = os.write
+_waitid: Any = getattr(os, "waitid", None)
+_P_ALL: Final = getattr(os, "P_ALL", 0)
 
 #: the wire form of a measurement: ``BlockStats.to_tuple()`` order
 WireStats = list[Any]
@@ -417,16 +421,30 @@ class Meter:
         """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
         self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
 
+    # The two methods below run twice per block in every resource-tracked run: the
+    # helpers above are inlined by hand (no calls, locals only), which measured ~2 µs
+    # cheaper per block than calling them.
+
     def _open(self, rchar: int, wchar: int, child: float) -> None:
         files = _files
-        written = _reset_hwm()
-        self._reset = written > 0
-        if written:
-            rss, own = _resident_bytes(files.statm_fd)
-            rchar += own
-            wchar += written
-        else:
-            rss = -1
+        rss = -1
+        fd = files.clear_refs_fd
+        if fd >= 0:
+            try:
+                written = _write(fd, b"5")
+            except OSError:
+                written = _reset_hwm()  # refused: disables the reset, and says so
+            if written:
+                wchar += written
+                fd = files.statm_fd
+                if fd >= 0:
+                    try:
+                        data = _pread(fd, 256, 0)
+                        rchar += len(data)
+                        rss = int(data.split(None, 2)[1]) * _PAGE_BYTES
+                    except (OSError, IndexError, ValueError):
+                        rss = -1
+        self._reset = rss >= 0
         self._rss0 = rss
         self._rchar0 = rchar
         self._wchar0 = wchar
@@ -453,14 +471,36 @@ class Meter:
         cpu = 0.0
         maxrss = 0
         faulted = True
+        children = 0.0
         if _getrusage is not None:
             ru = _getrusage(_RUSAGE_SELF)
             cpu = ru.ru_utime + ru.ru_stime - self._cpu0
             maxrss = ru.ru_maxrss * _MAXRSS_UNIT
             faulted = ru.ru_minflt + ru.ru_majflt != self._flt0
+            ru = _getrusage(_RUSAGE_CHILDREN)
+            children = ru.ru_utime + ru.ru_stime
+            if _HAS_WAITID:
+                try:
+                    _waitid(_P_ALL, 0, _WAITID_FLAGS)
+                except ChildProcessError:
+                    pass  # no child at all: nothing live to sample (the common case)
+                except OSError:
+                    pass
+                else:
+                    children += _descendant_cpu_ticks() * _SECONDS_PER_TICK
         files = _files
-        rchar, wchar, own = _read_io(files.io_fd)
-        children = _children_cpu_seconds()
+        rchar = wchar = own = 0
+        fd = files.io_fd
+        if fd >= 0:
+            try:
+                data = _pread(fd, 512, 0)
+                # b"rchar: <n>\nwchar: <n>\n..." (a fixed layout since Linux 2.6.20)
+                fields = data.split(None, 4)
+                rchar = int(fields[1])
+                wchar = int(fields[3])
+                own = len(data)
+            except (OSError, IndexError, ValueError):
+                rchar = wchar = own = 0
         peak = maxrss
         if self._reset:
             if not faulted:

@@ -145,7 +145,7 @@ def _check_resources(resources: Any) -> dict[str, int]:
     return out
 
 
-def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
+def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) -> dict[str, Any]:
     stores: dict[str, Any] = {}
     for t in order:
         path = t.resolved_tracking_path() if block_tracking else None
@@ -172,7 +172,7 @@ def _open_stores(order: list[Task], block_tracking: bool) -> dict[str, Any]:
         )
         try:
             stores[t.task_id] = TrackingStore.open(
-                path, layout, resource_tracking=t.resource_tracking
+                path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
         except BaseException:
             for s in stores.values():
@@ -373,7 +373,8 @@ def _execute(
     if multiprocessing:
         for t in order_tasks:
             payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
-    stores = _open_stores(order_tasks, block_tracking)
+    # distributed: the resource arrays are created while the workers start (RunLoop.run)
+    stores = _open_stores(order_tasks, block_tracking, defer_stats=multiprocessing)
     result = _RunResult()
     errors = ErrorCollector()
     started_wall = time.time()

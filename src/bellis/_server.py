@@ -189,6 +189,10 @@ class RunLoop(WorkerPool):
         """Serve until every task is terminal, an abort is requested or a fatal error."""
         self._notify("on_start")
         self._rebalance()
+        # the workers just spawned take a while to start: create the resource arrays now
+        for plan in self.plans.values():
+            if plan.run.store is not None:
+                plan.run.store.open_stats()
         next_tick = time.monotonic() + _TICK_SECONDS
         select = self.sel.select
         try:
@@ -244,6 +248,11 @@ class RunLoop(WorkerPool):
                         self._readable(key.data, draining=True)
             stopper.join()
         else:
+            # every block is recorded: write the stores back to disk while the workers
+            # exit, rather than after (closing them later finds nothing left to write)
+            for plan in self.plans.values():
+                if plan.run.store is not None:
+                    plan.run.store.flush()
             deadline = time.monotonic() + max(self.grace_seconds, 5.0)
             while any(w.exit is None for w in self.workers.values()):
                 for key, _ in self.sel.select(0.005):

@@ -68,6 +68,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,14 @@ _TMP_PREFIX = ".bellis-tmp-"
 _MIGRATING = "c.migrating"
 _PRE_PREFIX = "c.pre-"
 _U32_MAX = 2**32 - 1
+_NAN = float("nan")
+_MEMORYVIEW_FORMATS = {
+    "uint8": "B",
+    "uint32": "I",
+    "uint64": "Q",
+    "float32": "f",
+    "float64": "d",
+}
 
 _fault_hook: Callable[[str], None] | None = None
 """Test seam: called with the name of each migration step just completed.
@@ -188,6 +197,19 @@ def _ensure_chunk(file: Path, nbytes: int) -> None:
 def _map_writable(file: Path, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.memmap[Any, Any]:
     _ensure_chunk(file, _cell_count(shape) * dtype.itemsize)
     return np.memmap(file, dtype=dtype, mode="r+", shape=shape, order="C")
+
+
+def _create_array(root: Path, name: str, grid: tuple[int, ...]) -> np.memmap[Any, Any]:
+    """Write array ``name``'s metadata and map its (sparse) chunk file."""
+    directory = root / name
+    directory.mkdir(exist_ok=True)
+    _write_atomic(directory / "zarr.json", dump_metadata(array_metadata(ARRAY_DTYPES[name], grid)))
+    return _map_array(root, name, grid)
+
+
+def _map_array(root: Path, name: str, grid: tuple[int, ...]) -> np.memmap[Any, Any]:
+    dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
+    return _map_writable(root.joinpath(name, "c", *_chunk_parts(len(grid))), dtype, grid)
 
 
 def _map_readonly(
@@ -359,6 +381,7 @@ class TrackingStore:
         "_gpu_util",
         "_io_read",
         "_io_write",
+        "_missing_stats",
         "_peak_rss",
         "_returned_at",
         "_sent_at",
@@ -404,18 +427,7 @@ class TrackingStore:
         self._tracks_resources = tracks_resources
         self._done_flat = self._flat("done")
         self._failures_flat = self._flat("failures")
-        if tracks_resources:
-            self._wall_seconds = self._flat("wall_seconds")
-            self._cpu_seconds = self._flat("cpu_seconds")
-            self._peak_rss = self._flat("peak_rss_bytes")
-            self._io_read = self._flat("io_read_bytes")
-            self._io_write = self._flat("io_write_bytes")
-            self._gpu_util = self._flat("gpu_util_pct")
-            self._gpu_mem = self._flat("gpu_mem_bytes")
-            self._worker_id = self._flat("worker_id")
-            self._sent_at = self._flat("sent_at")
-            self._returned_at = self._flat("returned_at")
-            self._cpu_children = self._flat("cpu_children_seconds")
+        self._missing_stats: tuple[str, ...] = ()
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -424,9 +436,17 @@ class TrackingStore:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], layout: StoreLayout, *, resource_tracking: bool
+        cls,
+        path: str | os.PathLike[str],
+        layout: StoreLayout,
+        *,
+        resource_tracking: bool,
+        defer_stats: bool = False,
     ) -> TrackingStore:
         """Open the store at ``path`` for ``layout``, creating it if absent (SPEC §4.4).
+
+        ``defer_stats`` leaves the creation of missing resource arrays to
+        :meth:`open_stats` (a distributed run does it while its workers start).
 
         Raises :class:`LayoutMismatch` when the store belongs to another layout and
         cannot follow it (a grown volume can, see the module docstring), and
@@ -434,11 +454,14 @@ class TrackingStore:
         """
         display = os.fspath(path)
         try:
-            return cls._open(Path(path), display, layout, resource_tracking)
+            store = cls._open(Path(path), display, layout, resource_tracking)
         except OSError as exc:
             raise TrackingError(
                 f"io error opening block tracking at {display}: {exc}", path=display
             ) from exc
+        if not defer_stats:
+            store.open_stats()
+        return store
 
     @classmethod
     def _open(
@@ -499,22 +522,19 @@ class TrackingStore:
                 stored = expected
 
         grid = layout.grid_shape
-        parts = _chunk_parts(len(grid))
-        wanted = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in wanted:
-            data_type = ARRAY_DTYPES[name]
-            directory = root / name
-            meta_file = directory / "zarr.json"
+        missing: list[str] = []
+        for name in BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ()):
+            meta_file = root / name / "zarr.json"
             meta = _read_json(meta_file)
-            if meta is None:
-                directory.mkdir(exist_ok=True)
-                _write_atomic(meta_file, dump_metadata(array_metadata(data_type, grid)))
+            if meta is not None:
+                check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
+                arrays[name] = _map_array(root, name, grid)
+            elif name in BASE_ARRAYS:
+                arrays[name] = _create_array(root, name, grid)
             else:
-                check_array(display, meta_file, meta, grid, data_type)
-            dtype = np.dtype(data_type).newbyteorder("<")
-            arrays[name] = _map_writable(directory.joinpath("c", *parts), dtype, grid)
-        return cls(
+                missing.append(name)  # created by open_stats()
+        store = cls(
             root,
             layout,
             grid,
@@ -525,6 +545,60 @@ class TrackingStore:
             record=record,
             migrated_from=migrated_from,
         )
+        store._missing_stats = tuple(missing)
+        if not missing and resource_tracking:
+            store._map_stats()
+        return store
+
+    def open_stats(self) -> None:
+        """Create the resource arrays this store still lacks (a no-op once they exist).
+
+        ``open(..., defer_stats=True)`` leaves their creation (up to eleven arrays:
+        directories, metadata and chunk files) to this call, so that a distributed run
+        can do it while its workers start. Recording the first measurement, reading
+        :attr:`stats` and :meth:`close` call it too.
+        """
+        missing = self._missing_stats
+        if not missing:
+            return
+        try:
+            for name in missing:
+                self._arrays[name] = _create_array(self.path, name, self.grid_shape)
+        except OSError as exc:
+            raise TrackingError(
+                f"io error opening block tracking at {self.path}: {exc}", path=str(self.path)
+            ) from exc
+        self._missing_stats = ()
+        self._map_stats()
+
+    def _map_stats(self) -> None:
+        arrays = self._arrays
+        self._stats = {n: arrays[n] for n in STAT_ARRAYS if n in arrays}
+        fast = self._fast
+        self._wall_seconds = fast("wall_seconds")
+        self._cpu_seconds = fast("cpu_seconds")
+        self._peak_rss = fast("peak_rss_bytes")
+        self._io_read = fast("io_read_bytes")
+        self._io_write = fast("io_write_bytes")
+        self._gpu_util = fast("gpu_util_pct")
+        self._gpu_mem = fast("gpu_mem_bytes")
+        self._worker_id = fast("worker_id")
+        self._sent_at = fast("sent_at")
+        self._returned_at = fast("returned_at")
+        self._cpu_children = fast("cpu_children_seconds")
+
+    def _fast(self, name: str) -> Any:
+        """A flat, writable view of array ``name`` for per-block stores.
+
+        A typed ``memoryview`` takes a Python number about three times faster than a
+        numpy scalar assignment, and ``record_success`` writes eleven per block. The
+        chunks are little-endian, so that is only used on little-endian hosts.
+        """
+        flat = self._flat(name)
+        if sys.byteorder != "little":
+            return flat
+        raw: Any = memoryview(flat.view(np.uint8))  # type: ignore[arg-type]
+        return raw.cast(_MEMORYVIEW_FORMATS[ARRAY_DTYPES[name]])
 
     @classmethod
     def open_readonly(cls, path: str | os.PathLike[str]) -> TrackingStore:
@@ -629,6 +703,7 @@ class TrackingStore:
             raise TrackingError(f"block tracking at {self.path} is closed", path=str(self.path))
         if self._writable and not self._tracks_resources:
             return {}
+        self.open_stats()
         return dict(self._stats)
 
     @property
@@ -668,12 +743,14 @@ class TrackingStore:
         self._done_flat[cell] = 1
         if stats is None or not self._tracks_resources:
             return
+        if self._missing_stats:
+            self.open_stats()
         self._wall_seconds[cell] = stats[0]
         self._cpu_seconds[cell] = stats[1]
         self._peak_rss[cell] = stats[2]
         self._io_read[cell] = stats[3]
         self._io_write[cell] = stats[4]
-        self._gpu_util[cell] = np.nan
+        self._gpu_util[cell] = _NAN
         self._gpu_mem[cell] = 0
         self._cpu_children[cell] = stats[7] if len(stats) > 7 else 0.0
         # serial runs and unmanaged clients have no worker id (-1): stored as NO_WORKER
@@ -710,6 +787,9 @@ class TrackingStore:
         """Flush and release the maps. Closing twice is harmless."""
         if self._closed:
             return
+        if self._writable:
+            # a resource-tracking store always ends with its arrays, even if no block ran
+            self.open_stats()
         self.flush()
         self._closed = True
         self._writable = False
