@@ -21,7 +21,8 @@ threads, user thread pools) and per-thread counters would miss it:
     Linux: ``5`` is written to ``/proc/self/clear_refs`` when the block starts (this
     resets the kernel's resident high-water mark, Linux 4.0+) and ``VmHWM`` is read
     from ``/proc/self/status`` when it ends, so the figure is the process's peak while
-    this block ran. Where the reset is unavailable the figure falls back to
+    this block ran (a block that took no page fault skips that read: see
+    :class:`Meter`). Where the reset is unavailable the figure falls back to
     ``ru_maxrss``, the process's peak so far.
 ``gpu_util_pct`` / ``gpu_mem_bytes``
     Reserved: NaN and 0, never a made-up measurement.
@@ -377,8 +378,9 @@ class Meter:
     Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size right
     after the reset comes from the cheap ``statm``. The resident set grows only through
     page faults, which ``getrusage`` counts for every thread, so a block during which
-    the process took no fault peaked at exactly that size, and the costlier
-    ``/proc/self/status`` is read only after a block that faulted. (A transparent huge
+    the process took no fault peaked at that size (to within a page that reading it may
+    touch), and the costlier ``/proc/self/status`` is read only after a block that
+    faulted. (A transparent huge
     page collapsed by ``khugepaged`` during a fault-free block is the one growth without
     a fault of this process; it is not seen.)
     """
