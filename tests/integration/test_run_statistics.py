@@ -297,3 +297,65 @@ def test_report_stat_relations(tmp_path: Path) -> None:
     assert math.isfinite(r.blocks.trend)
     assert wall.min <= wall.mean <= wall.max
     assert wall.total == pytest.approx(wall.mean * wall.n)
+
+
+def _writer(outdir: str) -> Any:
+    def fn(block: Any) -> None:
+        i = int(block.write_roi.offset[0]) // 10
+        if i % 2 == 0:
+            (Path(outdir) / f"{i}.bin").write_bytes(b"x" * (1 << 20))
+
+    return fn
+
+
+@pytest.mark.parametrize("multiprocessing", [False, True])
+def test_back_to_back_blocks_are_charged_only_their_own_io(
+    tmp_path: Path, multiprocessing: bool
+) -> None:
+    # 64 fast blocks: bellis's workers get them in batches and measure each block from
+    # the previous block's closing readings; serial mode does the same
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    task = _task(tmp_path, _writer(str(outdir)), n=64)
+    bellis.run_blockwise(task, multiprocessing=multiprocessing, progress=False, summary=False)
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    written = np.asarray(g["io_write_bytes"][:])
+    read = np.asarray(g["io_read_bytes"][:])
+    assert len(list(outdir.iterdir())) == 32
+    even, odd = written[0::2], written[1::2]
+    assert np.all(even >= 1 << 20) and np.all(even < (1 << 20) + 4096), even
+    # bellis's own /proc reads and resets between two blocks are subtracted exactly
+    assert np.all(odd == 0), odd
+    assert np.all(read[1::2] == 0), read
+
+
+def _acquire_loop_worker() -> None:
+    """A hand-written worker loop around Client.acquire_block (a 0-arg worker function)."""
+    client = bellis.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            time.sleep(0.01)
+
+
+def test_hand_written_acquire_block_loop_is_measured(tmp_path: Path) -> None:
+    task = bellis.Task(
+        "loop",
+        total_roi=Roi((0,), (80,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=_acquire_loop_worker,
+        read_write_conflict=False,
+        max_workers=2,
+        tracking_path=str(tmp_path / "track" / "loop"),
+        resource_tracking=True,
+    )
+    assert bellis.run_blockwise(task, progress=False, summary=False)
+    g = zarr.open_group(str(tmp_path / "track" / "loop"), mode="r")
+    wall = np.asarray(g["wall_seconds"][:])
+    assert np.all(wall >= 0.009) and np.all(wall < 1.0), wall
+    assert np.all(np.asarray(g["peak_rss_bytes"][:]) > 1 << 20)
+    assert np.all(np.asarray(g["io_write_bytes"][:]) == 0)
+    report = task.report()
+    assert report is not None and report.blocks.wall is not None and report.blocks.wall.n == 8
