@@ -116,6 +116,7 @@ class TaskRun:
         # tracking
         self.store: Any = None
         self.cell_identity = True
+        self.done_fast: memoryview | None = None
         self.cell_shift: tuple[int, ...] = ()
         self.cell_grid: tuple[int, ...] = ()
         self.cell_strides: tuple[int, ...] = ()
@@ -174,6 +175,8 @@ class TaskRun:
             strides[i] = strides[i + 1] * self.cell_grid[i + 1]
         self.cell_strides = tuple(strides)
         self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
+        # blocks that return without measurements mark their cell done through this view
+        self.done_fast = store.done_view() if self.cell_identity else None
 
     def cell_of(self, k: int) -> int:
         """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""
@@ -480,9 +483,13 @@ class Scheduler:
         run.processing -= 1
         run.completed += 1
         if record and run.store is not None:
-            cell = run.cell_of(k)
-            if cell >= 0:
-                run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
+            fast = run.done_fast
+            if fast is not None and stats is None:
+                fast[k] = 1
+            else:
+                cell = run.cell_of(k)
+                if cell >= 0:
+                    run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
         if run.intra:
             lvl, blocks = run.geom.downstream_with_level(k)
             if run.levels_ready < lvl + 2:

@@ -387,6 +387,7 @@ class TrackingStore:
         "_sent_at",
         "_stats",
         "_tracks_resources",
+        "_views",
         "_wall_seconds",
         "_worker_id",
         "_writable",
@@ -428,6 +429,7 @@ class TrackingStore:
         self._done_flat = self._flat("done")
         self._failures_flat = self._flat("failures")
         self._missing_stats: tuple[str, ...] = ()
+        self._views: list[memoryview] = []
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -710,6 +712,21 @@ class TrackingStore:
     def is_writable(self) -> bool:
         return self._writable
 
+    def done_view(self) -> memoryview | None:
+        """A writable ``memoryview`` of the done markers, one byte per cell, or None for
+        a store that cannot take writes.
+
+        The scheduler's per-block fast path for a store without resource tracking: one
+        ``view[cell] = 1`` instead of a :meth:`record_success` call. It is released
+        when the store closes, so a write after that raises instead of going unnoticed.
+        """
+        if not self._writable:
+            return None
+        raw: Any = memoryview(self._done_flat)  # type: ignore[arg-type]
+        view: memoryview = raw.cast("B")
+        self._views.append(view)
+        return view
+
     def is_done(self, cell: int) -> bool:
         """Whether ``cell`` is marked done; False for a cell outside the grid."""
         if self._closed:
@@ -791,6 +808,9 @@ class TrackingStore:
             # a resource-tracking store always ends with its arrays, even if no block ran
             self.open_stats()
         self.flush()
+        for view in self._views:
+            view.release()
+        self._views = []
         self._closed = True
         self._writable = False
         self._arrays = {}
