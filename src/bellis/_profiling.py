@@ -237,6 +237,10 @@ class _NoChildrenFiles(Exception):
     """The kernel has no ``/proc/<pid>/task/<tid>/children`` (``CONFIG_PROC_CHILDREN``)."""
 
 
+#: Bytes the descendant walk has read from /proc, all told: a measurement subtracts what
+#: it read itself from the block's ``io_read_bytes`` (``rchar`` counts every ``read``).
+_walk_bytes = [0]
+
 # None: not probed yet; then whether the per-thread children files exist.
 _children_files: bool | None = None
 
@@ -256,6 +260,7 @@ def _children_of(pid: int) -> list[int]:
         try:
             with open(f"{base}/{tid}/children", "rb") as f:
                 data = f.read()
+            _walk_bytes[0] += len(data)
         except FileNotFoundError:
             if os.path.isdir(f"{base}/{tid}"):
                 raise _NoChildrenFiles from None
@@ -275,6 +280,7 @@ def _descendants_by_ppid_scan(root: int) -> list[int]:
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 data = f.read()
+            _walk_bytes[0] += len(data)
         except OSError:
             continue  # the process exited while /proc was listed
         rest = data[data.rfind(b")") + 2 :].split()
@@ -322,6 +328,7 @@ def _stat_cpu_ticks(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
+        _walk_bytes[0] += len(data)
     except OSError:
         return 0
     rest = data[data.rfind(b")") + 2 :].split()
@@ -430,12 +437,14 @@ class Meter:
     def _open(self, rchar: int, wchar: int, child: float) -> None:
         files = _files
         rss = -1
+        written = 0
         fd = files.clear_refs_fd
         if fd >= 0:
             try:
                 written = _write(fd, b"5")
             except OSError:
-                written = _reset_hwm()  # refused: disables the reset, and says so
+                # once more through _reset_hwm, which turns the reset off for good if refused
+                written = _reset_hwm()
             if written:
                 wchar += written
                 fd = files.statm_fd
@@ -446,7 +455,7 @@ class Meter:
                         rss = int(data.split(None, 2)[1]) * _PAGE_BYTES
                     except (OSError, IndexError, ValueError):
                         rss = -1
-        self._reset = rss >= 0
+        self._reset = written > 0
         self._rss0 = rss
         self._rchar0 = rchar
         self._wchar0 = wchar
@@ -473,23 +482,13 @@ class Meter:
         cpu = 0.0
         maxrss = 0
         faulted = True
-        children = 0.0
         if _getrusage is not None:
             ru = _getrusage(_RUSAGE_SELF)
             cpu = ru.ru_utime + ru.ru_stime - self._cpu0
             maxrss = ru.ru_maxrss * _MAXRSS_UNIT
             faulted = ru.ru_minflt + ru.ru_majflt != self._flt0
-            ru = _getrusage(_RUSAGE_CHILDREN)
-            children = ru.ru_utime + ru.ru_stime
-            if _HAS_WAITID:
-                try:
-                    _waitid(_P_ALL, 0, _WAITID_FLAGS)
-                except ChildProcessError:
-                    pass  # no child at all: nothing live to sample (the common case)
-                except OSError:
-                    pass
-                else:
-                    children += _descendant_cpu_ticks() * _SECONDS_PER_TICK
+        # the IO snapshot comes before any /proc reading of bellis's own below; what
+        # those read is added to ``own`` and so charged to no block
         files = _files
         rchar = wchar = own = 0
         fd = files.io_fd
@@ -503,9 +502,24 @@ class Meter:
                 own = len(data)
             except (OSError, IndexError, ValueError):
                 rchar = wchar = own = 0
+        children = 0.0
+        if _getrusage is not None:
+            ru = _getrusage(_RUSAGE_CHILDREN)
+            children = ru.ru_utime + ru.ru_stime
+            if _HAS_WAITID:
+                try:
+                    _waitid(_P_ALL, 0, _WAITID_FLAGS)
+                except ChildProcessError:
+                    pass  # no child at all: nothing live to sample (the common case)
+                except OSError:
+                    pass
+                else:
+                    walked = _walk_bytes[0]
+                    children += _descendant_cpu_ticks() * _SECONDS_PER_TICK
+                    own += _walk_bytes[0] - walked
         peak = maxrss
         if self._reset:
-            if not faulted:
+            if not faulted and self._rss0 >= 0:
                 peak = self._rss0
             elif not self._ru_tracks:
                 hwm, read = _read_hwm_bytes(files.status_fd)

@@ -311,3 +311,68 @@ def test_chained_reaped_child_cpu_goes_to_the_block_that_ran_it() -> None:
     quiet = meter.finish()
     assert burned[CHILDREN] >= 0.3 and burned[CPU] < 0.2
     assert quiet[CHILDREN] == 0.0
+
+
+_FALLBACK_SCRIPT = """
+import sys
+import numpy as np
+from bellis._profiling import Meter, _files
+
+meter = Meter()
+meter.start()
+meter.finish()
+if sys.argv[1] == "no-reset":
+    _files.clear_refs_fd = -2   # as on a kernel or /proc that refuses the reset
+else:
+    _files.statm_fd = -2        # the reset works, the resident size is unreadable
+meter.restart()
+buf = np.ones(150 * 1024 * 1024, dtype=np.uint8)
+assert int(buf[::4096].sum()) == len(buf) // 4096
+del buf
+big = meter.finish()
+meter.restart()
+small = meter.finish()
+print(big[2], small[2])
+"""
+
+
+@needs_proc
+@pytest.mark.parametrize("mode", ["no-reset", "no-statm"])
+def test_peak_rss_fallbacks(mode: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_SCRIPT, mode],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    big, small = int(out[0]), int(out[1])
+    assert big >= 150 * 1024 * 1024
+    if mode == "no-reset":
+        # ru_maxrss: the process's peak so far, so the small block reports it too
+        assert small >= 150 * 1024 * 1024
+    else:
+        # VmHWM after each reset: per block, even without the cheap resident-size read
+        assert small < big - 100 * 1024 * 1024
+
+
+@needs_proc
+def test_idle_blocks_read_nothing_while_a_child_is_alive() -> None:
+    # with a live child, each measurement walks /proc for descendants; those reads are
+    # bellis's own and must not show up as the block's io_read_bytes
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alone = _block()
+        with profile_block(alone):
+            pass
+        meter = Meter()
+        meter.start()
+        rows = [meter.finish()]
+        for _ in range(20):
+            meter.restart()
+            rows.append(meter.finish())
+    finally:
+        child.kill()
+        child.wait()
+    assert alone.stats is not None
+    assert alone.stats.io_read_bytes == 0 and alone.stats.io_write_bytes == 0
+    assert all(r[IO_READ] == 0 and r[IO_WRITE] == 0 for r in rows), rows
