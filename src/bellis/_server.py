@@ -44,7 +44,7 @@ from ._protocol import (
 from ._scheduler import RUNNING, Scheduler, TaskRun
 from ._workers._launchers import WorkerExit
 from ._workers._pool import ManagedWorker, TaskPlan, WorkerPool
-from .errors import ConfigurationError, ProtocolError
+from .errors import ConfigurationError, ProtocolError, TrackingError
 
 __all__ = ["RunLoop"]
 
@@ -252,7 +252,12 @@ class RunLoop(WorkerPool):
             # exit, rather than after (closing them later finds nothing left to write)
             for plan in self.plans.values():
                 if plan.run.store is not None:
-                    plan.run.store.flush()
+                    try:
+                        plan.run.store.flush()
+                    except TrackingError as exc:
+                        # closing the store flushes again and reports it; the workers
+                        # must still be waited for
+                        logger.debug("early flush failed: %s", exc)
             deadline = time.monotonic() + max(self.grace_seconds, 5.0)
             while any(w.exit is None for w in self.workers.values()):
                 for key, _ in self.sel.select(0.005):
