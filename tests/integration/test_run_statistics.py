@@ -359,3 +359,28 @@ def test_hand_written_acquire_block_loop_is_measured(tmp_path: Path) -> None:
     assert np.all(np.asarray(g["io_write_bytes"][:]) == 0)
     report = task.report()
     assert report is not None and report.blocks.wall is not None and report.blocks.wall.n == 8
+
+
+def _run_block_function_worker() -> None:
+    """A 0-arg worker function that hands its blocks to Client.run_block_function."""
+    bellis.Client().run_block_function(sleepy)
+
+
+def test_client_run_block_function_as_a_worker_function(tmp_path: Path) -> None:
+    task = bellis.Task(
+        "rbf",
+        total_roi=Roi((0,), (80,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=_run_block_function_worker,
+        read_write_conflict=False,
+        max_workers=2,
+        tracking_path=str(tmp_path / "track" / "rbf"),
+        resource_tracking=True,
+    )
+    states = bellis.run_blockwise(task, progress=False, summary=False, return_states=True)
+    assert states["rbf"].completed_count == 8
+    g = zarr.open_group(str(tmp_path / "track" / "rbf"), mode="r")
+    wall = np.asarray(g["wall_seconds"][:])
+    assert np.all(wall >= 0.015) and np.all(wall < 1.0), wall
+    assert set(np.asarray(g["worker_id"][:]).tolist()) <= {0, 1}
