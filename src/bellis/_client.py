@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._block import Block, BlockStatus
+from ._block import Block, BlockStats, BlockStatus
 from ._profiling import Meter
 from ._protocol import (
     ACQUIRE,
@@ -436,9 +436,9 @@ class Client:
         try:
             yield block
         except BaseException as exc:
-            self._failed(k, block, exc, None if meter is None else meter.finish())
+            self._failed(k, block, exc, _attach(block, meter))
             raise
-        self._finished(k, block, None if meter is None else meter.finish())
+        self._finished(k, block, _attach(block, meter))
 
     def run_block_function(self, fn: Callable[[Block], Any]) -> None:
         """Run ``fn`` on every block this worker is given, then disconnect.
@@ -517,6 +517,17 @@ class Client:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _attach(block: Block, meter: Meter | None) -> Any:
+    """Close ``meter`` and, as ``profile_block`` does, attach the figures as
+    ``block.stats`` unless the block function attached its own (which then win)."""
+    if meter is None:
+        return None
+    measured = meter.finish()
+    if block.stats is None:
+        block.stats = BlockStats(*measured)
+    return measured
 
 
 class _RoiSpec:

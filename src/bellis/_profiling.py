@@ -151,16 +151,16 @@ if hasattr(os, "register_at_fork"):
 
 
 def _read_io(fd: int) -> tuple[int, int, int]:
-    """``(rchar, wchar, bytes this read added to rchar)``; zeros where unreadable."""
+    """``(rchar, wchar, bytes this read added to rchar)``; ``(0, 0, -1)`` where unreadable."""
     if fd < 0:
-        return (0, 0, 0)
+        return (0, 0, -1)
     try:
         data = _pread(fd, 512, 0)
         # b"rchar: <n>\nwchar: <n>\n..." (a fixed layout since Linux 2.6.20)
         fields = data.split(None, 4)
         return (int(fields[1]), int(fields[3]), len(data))
     except (OSError, ValueError, IndexError):
-        return (0, 0, 0)
+        return (0, 0, -1)
 
 
 def _read_hwm_bytes(fd: int) -> tuple[int, int]:
@@ -394,11 +394,13 @@ class Meter:
 
     __slots__ = (
         "_chain_child",
+        "_chain_io_ok",
         "_chain_rchar",
         "_chain_wchar",
         "_child0",
         "_cpu0",
         "_flt0",
+        "_io_ok",
         "_rchar0",
         "_reset",
         "_rss0",
@@ -410,6 +412,8 @@ class Meter:
 
     def __init__(self) -> None:
         self._chain_child = 0.0
+        self._chain_io_ok = False
+        self._io_ok = False
         self._chain_rchar = 0
         self._chain_wchar = 0
         self._t0 = 0.0
@@ -423,11 +427,14 @@ class Meter:
             files.open()
         child = _children_cpu_seconds()
         rchar, wchar, own = _read_io(files.io_fd)
+        self._io_ok = own >= 0
         self._open(rchar + own, wchar, child)
         self.started = True
 
     def restart(self) -> None:
         """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
+        # a block whose closing IO reading failed leaves no starting point: no IO figure
+        self._io_ok = self._chain_io_ok
         self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
 
     # The two methods below run twice per block in every resource-tracked run: the
@@ -491,6 +498,7 @@ class Meter:
         # those read is added to ``own`` and so charged to no block
         files = _files
         rchar = wchar = own = 0
+        read_ok = False
         fd = files.io_fd
         if fd >= 0:
             try:
@@ -500,6 +508,7 @@ class Meter:
                 rchar = int(fields[1])
                 wchar = int(fields[3])
                 own = len(data)
+                read_ok = True
             except (OSError, IndexError, ValueError):
                 rchar = wchar = own = 0
         children = 0.0
@@ -528,9 +537,13 @@ class Meter:
                     peak = hwm
         self._chain_rchar = rchar + own
         self._chain_wchar = wchar
+        self._chain_io_ok = read_ok
         self._chain_child = children
-        rd = rchar - self._rchar0
-        wr = wchar - self._wchar0
+        if read_ok and self._io_ok:
+            rd = rchar - self._rchar0
+            wr = wchar - self._wchar0
+        else:
+            rd = wr = 0  # a reading is missing at one end: no figure rather than a wrong one
         children -= self._child0
         return [
             wall if wall > 0.0 else 0.0,

@@ -151,8 +151,7 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
         path = t.resolved_tracking_path() if block_tracking else None
         if path is None:
             if t.resource_tracking:
-                for s in stores.values():
-                    s.close()
+                _close_stores(stores)
                 raise _config_error(
                     f'task "{t.task_id}" sets resource_tracking=True but has no tracking '
                     "directory to write to. Pass Task(tracking_path=...) or call "
@@ -175,10 +174,26 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
         except BaseException:
-            for s in stores.values():
-                s.close()
+            try:
+                _close_stores(stores)
+            except Exception as close_error:
+                # the error opening this store is the one to raise; this one is logged
+                logger.warning("closing block tracking failed: %s", close_error)
             raise
     return stores
+
+
+def _close_stores(stores: dict[str, Any]) -> None:
+    """Close every store, even when one fails to; the first failure is raised after."""
+    first: BaseException | None = None
+    for store in stores.values():
+        try:
+            store.close()
+        except BaseException as exc:
+            if first is None:
+                first = exc
+    if first is not None:
+        raise first
 
 
 @contextlib.contextmanager
@@ -418,8 +433,7 @@ def _execute(
         )
         result.abandoned = any(s.abandoned for s in result.states.values())
     finally:
-        for s in stores.values():
-            s.close()
+        _close_stores(stores)
     if summary:
         log_dir = blog.get_log_basedir() if multiprocessing else None
         text = format_summary(

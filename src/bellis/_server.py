@@ -188,14 +188,15 @@ class RunLoop(WorkerPool):
     def run(self, abort_flag: Callable[[], str | None]) -> None:
         """Serve until every task is terminal, an abort is requested or a fatal error."""
         self._notify("on_start")
-        self._rebalance()
-        # the workers just spawned take a while to start: create the resource arrays now
-        for plan in self.plans.values():
-            if plan.run.store is not None:
-                plan.run.store.open_stats()
         next_tick = time.monotonic() + _TICK_SECONDS
         select = self.sel.select
         try:
+            self._rebalance()
+            # the workers just spawned take a while to start: create the resource arrays
+            # now (an error here still shuts the workers down, in the finally below)
+            for plan in self.plans.values():
+                if plan.run.store is not None:
+                    plan.run.store.open_stats()
             while self.fatal is None:
                 if self.s.is_done():
                     break

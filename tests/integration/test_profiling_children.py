@@ -376,3 +376,38 @@ def test_idle_blocks_read_nothing_while_a_child_is_alive() -> None:
     assert alone.stats is not None
     assert alone.stats.io_read_bytes == 0 and alone.stats.io_write_bytes == 0
     assert all(r[IO_READ] == 0 and r[IO_WRITE] == 0 for r in rows), rows
+
+
+_BROKEN_IO_SCRIPT = """
+import os, sys, tempfile
+from bellis._profiling import Meter, _files
+
+meter = Meter()
+meter.start()
+meter.finish()
+good = _files.io_fd
+_files.io_fd = os.open(os.devnull, os.O_RDONLY)  # reads back nothing: the reading fails
+meter.restart()
+broken = meter.finish()
+os.close(_files.io_fd)
+_files.io_fd = good
+meter.restart()          # no closing reading to continue from
+after = meter.finish()
+meter.restart()          # the chain is whole again
+with tempfile.TemporaryFile() as f:
+    f.write(b"x" * 5000)
+recovered = meter.finish()
+print(broken[3], broken[4], after[3], after[4], recovered[4])
+"""
+
+
+@needs_proc
+def test_a_failed_io_reading_costs_one_figure_not_a_wrong_one() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _BROKEN_IO_SCRIPT], check=True, capture_output=True, text=True
+    ).stdout.split()
+    broken_r, broken_w, after_r, after_w, recovered_w = (int(x) for x in out)
+    assert (broken_r, broken_w) == (0, 0)
+    # not everything the process read since it started
+    assert (after_r, after_w) == (0, 0)
+    assert 5000 <= recovered_w < 5000 + 4096

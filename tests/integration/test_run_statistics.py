@@ -329,23 +329,31 @@ def test_back_to_back_blocks_are_charged_only_their_own_io(
     assert np.all(read[1::2] == 0), read
 
 
-def _acquire_loop_worker() -> None:
-    """A hand-written worker loop around Client.acquire_block (a 0-arg worker function)."""
-    client = bellis.Client()
-    while True:
-        with client.acquire_block() as block:
-            if block is None:
-                break
-            time.sleep(0.01)
+def _acquire_loop_worker(seen: str) -> Any:
+    def worker() -> None:
+        """A hand-written worker loop around Client.acquire_block (a 0-arg worker function)."""
+        client = bellis.Client()
+        while True:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                time.sleep(0.01)
+            # like profile_block, the measurement is attached to the block on the way out
+            stats = block.stats
+            (Path(seen) / str(block.block_id[1])).write_text(repr(stats.wall_seconds))
+
+    return worker
 
 
 def test_hand_written_acquire_block_loop_is_measured(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"
+    seen.mkdir()
     task = bellis.Task(
         "loop",
         total_roi=Roi((0,), (80,)),
         read_roi=Roi((0,), (10,)),
         write_roi=Roi((0,), (10,)),
-        process_function=_acquire_loop_worker,
+        process_function=_acquire_loop_worker(str(seen)),
         read_write_conflict=False,
         max_workers=2,
         tracking_path=str(tmp_path / "track" / "loop"),
@@ -356,9 +364,13 @@ def test_hand_written_acquire_block_loop_is_measured(tmp_path: Path) -> None:
     wall = np.asarray(g["wall_seconds"][:])
     assert np.all(wall >= 0.009) and np.all(wall < 1.0), wall
     assert np.all(np.asarray(g["peak_rss_bytes"][:]) > 1 << 20)
+    # the worker's own writes of what it saw happen after each block: not in the figures
     assert np.all(np.asarray(g["io_write_bytes"][:]) == 0)
     report = task.report()
     assert report is not None and report.blocks.wall is not None and report.blocks.wall.n == 8
+    seen_walls = sorted(float(p.read_text()) for p in seen.iterdir())
+    assert len(seen_walls) == 8 and all(0.009 <= w < 1.0 for w in seen_walls)
+    assert seen_walls == pytest.approx(sorted(wall.tolist()), rel=1e-5)
 
 
 def _run_block_function_worker() -> None:
@@ -384,3 +396,45 @@ def test_client_run_block_function_as_a_worker_function(tmp_path: Path) -> None:
     wall = np.asarray(g["wall_seconds"][:])
     assert np.all(wall >= 0.015) and np.all(wall < 1.0), wall
     assert set(np.asarray(g["worker_id"][:]).tolist()) <= {0, 1}
+
+
+def test_resource_arrays_that_cannot_be_created_stop_the_run_and_its_workers(
+    tmp_path: Path,
+) -> None:
+    # a store that exists, whose resource arrays are still to be created: a dangling
+    # symlink where one must go makes creating it fail (even for root), after the
+    # workers have been started
+    path = tmp_path / "track" / "t"
+    # a first, untracked-resources run leaves the store with every block still to do
+    first = _task(tmp_path, _always_fails, resource_tracking=False, max_retries=0)
+    assert not bellis.run_blockwise(first, progress=False, summary=False)
+    assert not (path / "wall_seconds").exists()
+    (path / "wall_seconds").symlink_to(tmp_path / "nowhere" / "wall_seconds")
+    task = _task(tmp_path, noop)
+    with pytest.raises(bellis.TrackingError, match="wall_seconds") as raised:
+        bellis.run_blockwise(task, progress=False, summary=False)
+    # the run shut its workers down before raising (checked while the error, and with it
+    # everything the run left behind, is still held)
+    assert _live_workers() == []
+    assert raised.value is not None
+
+
+def _always_fails(block: Any) -> None:
+    raise RuntimeError("not this time")
+
+
+def _live_workers() -> list[int]:
+    from bellis._profiling import live_descendant_pids
+
+    out = []
+    for pid in live_descendant_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"bellis._worker" in cmd and state != b"Z":
+            out.append(pid)
+    return out

@@ -1039,3 +1039,23 @@ def test_daisy_store_is_read_and_reused(tmp_path: Path) -> None:
     with TrackingStore.open(copy, grown, resource_tracking=True) as store:
         assert store.migrated_from == (3, 4)
         assert store.done.tolist() == [*fixture["done"], [0] * 4, [0] * 4]
+
+
+def test_deferred_resource_arrays_and_a_close_that_cannot_create_them(tmp_path: Path) -> None:
+    from bellis._runner import _close_stores
+
+    good_path, bad_path = tmp_path / "good", tmp_path / "bad"
+    good = TrackingStore.open(good_path, LAYOUT, resource_tracking=True, defer_stats=True)
+    bad = TrackingStore.open(bad_path, LAYOUT, resource_tracking=True, defer_stats=True)
+    # deferred: only the base arrays exist until open_stats() or close()
+    assert sorted(p.name for p in good_path.iterdir() if p.is_dir()) == ["done", "failures"]
+    bad.record_success(0, None, 0, 0.0, 0.0)
+    # a dangling symlink where a resource array must go: creating it fails
+    (bad_path / "cpu_seconds").symlink_to(tmp_path / "nowhere" / "cpu_seconds")
+    with pytest.raises(TrackingError, match="cpu_seconds"):
+        _close_stores({"bad": bad, "good": good})
+    # both stores are closed all the same; the bad one's done marker reached the disk
+    assert "closed" in repr(bad) and "closed" in repr(good)
+    assert (good_path / "wall_seconds" / "zarr.json").exists()
+    done = zarr.open_array(str(bad_path / "done"), mode="r")
+    assert int(np.asarray(done[:]).reshape(-1)[0]) == 1

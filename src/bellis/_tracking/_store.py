@@ -801,13 +801,24 @@ class TrackingStore:
             ) from exc
 
     def close(self) -> None:
-        """Flush and release the maps. Closing twice is harmless."""
+        """Flush and release the maps. Closing twice is harmless.
+
+        The maps are released even when creating a missing resource array or the flush
+        fails; the error then propagates.
+        """
         if self._closed:
             return
-        if self._writable:
-            # a resource-tracking store always ends with its arrays, even if no block ran
-            self.open_stats()
-        self.flush()
+        try:
+            if self._writable:
+                # a resource-tracking store always ends with its arrays, even if no block ran
+                self.open_stats()
+        finally:
+            try:
+                self.flush()
+            finally:
+                self._release()
+
+    def _release(self) -> None:
         for view in self._views:
             view.release()
         self._views = []
