@@ -387,7 +387,11 @@ class Meter:
     page faults, which ``getrusage`` counts for every thread, so a block during which
     the process took no fault peaked at that size (to within a page that reading it may
     touch), and the costlier ``/proc/self/status`` is read only after a block that
-    faulted. (A transparent huge
+    faulted.
+
+    Child processes: after a check that found none, the next check is skipped while the
+    process takes no page fault and no voluntary context switch, since creating a process
+    does one or the other (see :meth:`finish` and ``docs/statistics.md``). (A transparent huge
     page collapsed by ``khugepaged`` during a fault-free block is the one growth without
     a fault of this process; it is not seen.)
     """
@@ -398,9 +402,13 @@ class Meter:
         "_chain_rchar",
         "_chain_wchar",
         "_child0",
+        "_childless",
         "_cpu0",
         "_flt0",
         "_io_ok",
+        "_kid_csw",
+        "_kid_flt",
+        "_kid_reaped",
         "_rchar0",
         "_reset",
         "_rss0",
@@ -412,6 +420,9 @@ class Meter:
 
     def __init__(self) -> None:
         self._chain_child = 0.0
+        self._childless = False  # no child check yet
+        self._kid_flt = self._kid_csw = -1
+        self._kid_reaped = 0.0
         self._chain_io_ok = False
         self._io_ok = False
         self._chain_rchar = 0
@@ -489,11 +500,14 @@ class Meter:
         cpu = 0.0
         maxrss = 0
         faulted = True
+        flt = csw = -1
         if _getrusage is not None:
             ru = _getrusage(_RUSAGE_SELF)
             cpu = ru.ru_utime + ru.ru_stime - self._cpu0
             maxrss = ru.ru_maxrss * _MAXRSS_UNIT
-            faulted = ru.ru_minflt + ru.ru_majflt != self._flt0
+            flt = ru.ru_minflt + ru.ru_majflt
+            csw = ru.ru_nvcsw
+            faulted = flt != self._flt0
         # the IO snapshot comes before any /proc reading of bellis's own below; what
         # those read is added to ``own`` and so charged to no block
         files = _files
@@ -512,20 +526,32 @@ class Meter:
             except (OSError, IndexError, ValueError):
                 rchar = wchar = own = 0
         children = 0.0
-        if _getrusage is not None:
+        if self._childless and flt == self._kid_flt and csw == self._kid_csw:
+            # The last check found no child, and since the getrusage before it the process
+            # took neither a page fault nor a voluntary context switch. Creating a process
+            # does one or the other: fork write-protects the parent's memory, so its next
+            # write faults, and vfork / posix_spawn sleep until the child has started. So
+            # there is still no child, none was reaped, and both readings are skipped.
+            children = self._kid_reaped
+        elif _getrusage is not None:
             ru = _getrusage(_RUSAGE_CHILDREN)
-            children = ru.ru_utime + ru.ru_stime
+            children = reaped = ru.ru_utime + ru.ru_stime
+            childless = False
             if _HAS_WAITID:
                 try:
                     _waitid(_P_ALL, 0, _WAITID_FLAGS)
                 except ChildProcessError:
-                    pass  # no child at all: nothing live to sample (the common case)
+                    childless = True  # no child at all: nothing live to sample
                 except OSError:
                     pass
                 else:
                     walked = _walk_bytes[0]
                     children += _descendant_cpu_ticks() * _SECONDS_PER_TICK
                     own += _walk_bytes[0] - walked
+            self._childless = childless
+            self._kid_flt = flt
+            self._kid_csw = csw
+            self._kid_reaped = reaped
         peak = maxrss
         if self._reset:
             if not faulted and self._rss0 >= 0:

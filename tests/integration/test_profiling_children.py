@@ -411,3 +411,71 @@ def test_a_failed_io_reading_costs_one_figure_not_a_wrong_one() -> None:
     # not everything the process read since it started
     assert (after_r, after_w) == (0, 0)
     assert 5000 <= recovered_w < 5000 + 4096
+
+
+_SPAWN_SCRIPT = """
+import os, subprocess, sys, time
+from bellis._profiling import Meter
+
+BURN = sys.argv[1]
+
+def cpu(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+def busy_wait_for(pid, seconds):
+    # no sleep: the block itself must not switch voluntarily, so that only the process
+    # creation can tell the meter that a child appeared
+    end = time.monotonic() + 30
+    while cpu(pid) < seconds:
+        assert time.monotonic() < end
+
+def quiet_blocks(meter):
+    for _ in range(50):
+        meter.restart()
+        meter.finish()
+    return meter._childless  # the cheap path is armed
+
+meter = Meter()
+meter.start()
+meter.finish()
+out = []
+
+out.append(quiet_blocks(meter))
+meter.restart()
+child = subprocess.Popen([sys.executable, "-c", BURN, "0.4", "30"])   # vfork / posix_spawn
+busy_wait_for(child.pid, 0.3)  # /proc has tick resolution: 0.4 s may read 0.39
+out.append(meter.finish()[7])
+meter.restart()
+out.append(meter.finish()[7])   # the same child, idle now: nothing more
+child.kill(); child.wait()
+
+out.append(quiet_blocks(meter))
+meter.restart()
+pid = os.fork()
+if pid == 0:
+    end = time.process_time() + 0.4
+    while time.process_time() < end:
+        pass
+    time.sleep(30)
+    os._exit(0)
+busy_wait_for(pid, 0.3)
+out.append(meter.finish()[7])
+os.kill(pid, 9); os.waitpid(pid, 0)
+print(" ".join(str(x) for x in out))
+"""
+
+
+@needs_proc
+def test_children_started_after_quiet_blocks_are_seen() -> None:
+    # after blocks with no page fault and no voluntary context switch the meter skips its
+    # child-process readings; a child started by the next block must still be counted
+    out = subprocess.run(
+        [sys.executable, "-c", _SPAWN_SCRIPT, BURN], check=True, capture_output=True, text=True
+    ).stdout.split()
+    armed_1, spawned, idle, armed_2, forked = out
+    assert armed_1 == "True" and armed_2 == "True"
+    assert float(spawned) >= 0.25
+    assert float(idle) < 0.05
+    assert float(forked) >= 0.25
