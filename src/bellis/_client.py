@@ -394,29 +394,17 @@ class Client:
         tb = _capped_traceback(traceback.format_exc())
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
-        # a measurement the block function attached itself wins over the automatic one
-        stats = measured if block.stats is None else list(block.stats.to_tuple())
-        self._results += (k, BlockStatus.FAILED, stats, tb)
+        self._results += (k, BlockStatus.FAILED, _wire_stats(block, measured), tb)
         with contextlib.suppress(ConnectionLostError):
             self._bye()
 
     def _finished(self, k: int, block: Block, measured: Any) -> None:
         self._watchdog.disarm()
-        status = block._status
-        if status == BlockStatus.PROCESSING or status == BlockStatus.SUCCESS:
-            self._results += (
-                k,
-                BlockStatus.SUCCESS,
-                measured if block.stats is None else list(block.stats.to_tuple()),
-                None,
-            )
+        stats = _wire_stats(block, measured)
+        if block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
+            self._results += (k, BlockStatus.SUCCESS, stats, None)
         else:
-            self._results += (
-                k,
-                BlockStatus.FAILED,
-                measured if block.stats is None else list(block.stats.to_tuple()),
-                "block status set to FAILED",
-            )
+            self._results += (k, BlockStatus.FAILED, stats, "block status set to FAILED")
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
@@ -452,16 +440,13 @@ class Client:
         queue = self._queue
         try:
             while True:
-                chained = meter is not None and len(queue) > 0 and meter.started
+                in_batch = len(queue) > 0  # no round trip before this block
                 k = self._next_index()
                 if k < 0:
                     return
                 block = self._begin(k)
                 if meter is not None:
-                    if chained:
-                        meter.restart()
-                    else:
-                        meter.start()
+                    meter.begin(back_to_back=in_batch)
                 try:
                     fn(block)
                 except BaseException as exc:
@@ -517,6 +502,12 @@ class Client:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _wire_stats(block: Block, measured: Any) -> Any:
+    """What goes home for ``block``: a measurement the block function attached itself
+    wins over the automatic one."""
+    return measured if block.stats is None else list(block.stats.to_tuple())
 
 
 def _attach(block: Block, meter: Meter | None) -> Any:

@@ -196,7 +196,7 @@ def _resident_bytes(fd: int) -> tuple[int, int]:
     except OSError:
         return (-1, 0)
     try:
-        return (int(data.split()[1]) * _PAGE_BYTES, len(data))
+        return (int(data.split(None, 2)[1]) * _PAGE_BYTES, len(data))
     except (IndexError, ValueError):
         return (-1, len(data))
 
@@ -363,7 +363,6 @@ def _children_cpu_seconds() -> float:
 _getrusage = _resource.getrusage if _resource is not None else None
 _RUSAGE_SELF: Final = _resource.RUSAGE_SELF if _resource is not None else 0
 _RUSAGE_CHILDREN: Final = _resource.RUSAGE_CHILDREN if _resource is not None else 0
-_write = os.write
 _waitid: Any = getattr(os, "waitid", None)
 _P_ALL: Final = getattr(os, "P_ALL", 0)
 
@@ -442,37 +441,27 @@ class Meter:
         self._open(rchar + own, wchar, child)
         self.started = True
 
+    def begin(self, back_to_back: bool) -> None:
+        """:meth:`restart` when this block follows the last one back to back (and there
+        is a last one), else :meth:`start`."""
+        if back_to_back and self.started:
+            self.restart()
+        else:
+            self.start()
+
     def restart(self) -> None:
         """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
         # a block whose closing IO reading failed leaves no starting point: no IO figure
         self._io_ok = self._chain_io_ok
         self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
 
-    # The two methods below run twice per block in every resource-tracked run: the
-    # helpers above are inlined by hand (no calls, locals only), which measured ~2 µs
-    # cheaper per block than calling them.
-
     def _open(self, rchar: int, wchar: int, child: float) -> None:
-        files = _files
         rss = -1
-        written = 0
-        fd = files.clear_refs_fd
-        if fd >= 0:
-            try:
-                written = _write(fd, b"5")
-            except OSError:
-                # once more through _reset_hwm, which turns the reset off for good if refused
-                written = _reset_hwm()
-            if written:
-                wchar += written
-                fd = files.statm_fd
-                if fd >= 0:
-                    try:
-                        data = _pread(fd, 256, 0)
-                        rchar += len(data)
-                        rss = int(data.split(None, 2)[1]) * _PAGE_BYTES
-                    except (OSError, IndexError, ValueError):
-                        rss = -1
+        written = _reset_hwm()
+        if written:
+            wchar += written
+            rss, own = _resident_bytes(_files.statm_fd)
+            rchar += own
         self._reset = written > 0
         self._rss0 = rss
         self._rchar0 = rchar
@@ -511,20 +500,10 @@ class Meter:
         # the IO snapshot comes before any /proc reading of bellis's own below; what
         # those read is added to ``own`` and so charged to no block
         files = _files
-        rchar = wchar = own = 0
-        read_ok = False
-        fd = files.io_fd
-        if fd >= 0:
-            try:
-                data = _pread(fd, 512, 0)
-                # b"rchar: <n>\nwchar: <n>\n..." (a fixed layout since Linux 2.6.20)
-                fields = data.split(None, 4)
-                rchar = int(fields[1])
-                wchar = int(fields[3])
-                own = len(data)
-                read_ok = True
-            except (OSError, IndexError, ValueError):
-                rchar = wchar = own = 0
+        rchar, wchar, own = _read_io(files.io_fd)
+        read_ok = own >= 0
+        if not read_ok:
+            own = 0
         children = 0.0
         if self._childless and flt == self._kid_flt and csw == self._kid_csw:
             # The last check found no child, and since the getrusage before it the process

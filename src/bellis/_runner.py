@@ -238,10 +238,7 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                         t0 = time.time()
                         # blocks run back to back: each measurement continues from the
                         # previous block's closing readings
-                        if meter.started:
-                            meter.restart()
-                        else:
-                            meter.start()
+                        meter.begin(back_to_back=True)
                         try:
                             fn(block)
                         finally:

@@ -122,6 +122,24 @@ def test_three_task_pipeline_with_contexts_and_conflicts(recdir: str) -> None:
         assert end[("b", bs)] <= start[("c", cs)]
 
 
+def _run_with_one_external_worker(
+    task: Any, on_listen: Any, procs: list[subprocess.Popen[bytes]], recdir: str, n: int
+) -> None:
+    """Run ``task`` on a Server whose only worker is the process ``on_listen`` starts;
+    check that it did all ``n`` blocks, each once, and exited cleanly."""
+    server = bellis.Server(external_workers=True, on_listen=on_listen)
+    try:
+        states = server.run_blockwise([task], progress=False, summary=False)
+    finally:
+        for p in procs:
+            p.wait(timeout=20)
+    assert procs[0].returncode == 0
+    assert states[task.task_id].completed_count == n
+    recs = read_records(recdir)
+    assert done_ids(recs, task.task_id) == list(range(n))
+    assert {a.pid for a in all_attempts(recs)} == {procs[0].pid}
+
+
 def test_external_worker_joins(recdir: str, tmp_path: Path) -> None:
     task = make_task("ext", 5, None, max_workers=1)
     procs: list[subprocess.Popen[bytes]] = []
@@ -148,17 +166,7 @@ def test_external_worker_joins(recdir: str, tmp_path: Path) -> None:
             )
         )
 
-    server = bellis.Server(external_workers=True, on_listen=on_listen)
-    try:
-        states = server.run_blockwise([task], progress=False, summary=False)
-    finally:
-        for p in procs:
-            p.wait(timeout=20)
-    assert procs[0].returncode == 0
-    assert states["ext"].completed_count == 5
-    recs = read_records(recdir)
-    assert done_ids(recs, "ext") == list(range(5))
-    assert {a.pid for a in all_attempts(recs)} == {procs[0].pid}
+    _run_with_one_external_worker(task, on_listen, procs, recdir, 5)
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
@@ -178,17 +186,7 @@ def test_external_worker_through_the_cli(recdir: str, how: str) -> None:
         args = [*cmd, "--function", "helpers:env_sleep_block", "--context", ctx]
         procs.append(subprocess.Popen(args, env=env))
 
-    server = bellis.Server(external_workers=True, on_listen=on_listen)
-    try:
-        states = server.run_blockwise([task], progress=False, summary=False)
-    finally:
-        for p in procs:
-            p.wait(timeout=20)
-    assert procs[0].returncode == 0
-    assert states["cli"].completed_count == 4
-    recs = read_records(recdir)
-    assert done_ids(recs, "cli") == list(range(4))
-    assert {a.pid for a in all_attempts(recs)} == {procs[0].pid}
+    _run_with_one_external_worker(task, on_listen, procs, recdir, 4)
 
 
 def test_unpicklable_function_fails_at_start(recdir: str) -> None:

@@ -50,27 +50,37 @@ def assert_each_success_once(recdir: str, task_id: str, n: int) -> dict[Any, Any
     return recs
 
 
-def test_sigkill_mid_block_retries_and_replaces(recdir: str) -> None:
-    task = make_task("a", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
-    killed: list[int] = []
+def _signal_first_block_start(
+    recdir: str, signum: int, hit: list[tuple[int, Path]]
+) -> threading.Thread:
+    """A thread that sends ``signum`` to the first worker seen inside a block (a record
+    file holding only its ``start`` line) and appends ``(pid, record file)`` to ``hit``."""
 
-    def killer() -> None:
+    def run() -> None:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not killed:
+        while time.monotonic() < deadline:
             for p in Path(recdir).iterdir():
                 lines = p.read_text().splitlines()
                 if len(lines) == 1 and lines[0].startswith("start"):
                     pid = int(lines[0].split()[1])
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
+                    os.kill(pid, signum)
+                    hit.append((pid, p))
                     return
             time.sleep(0.02)
 
-    t = threading.Thread(target=killer)
+    t = threading.Thread(target=run)
     t.start()
+    return t
+
+
+def test_sigkill_mid_block_retries_and_replaces(recdir: str) -> None:
+    task = make_task("a", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
+    hit: list[tuple[int, Path]] = []
+    t = _signal_first_block_start(recdir, signal.SIGKILL, hit)
     states = bellis.run_blockwise([task], return_states=True, **RUN)
     t.join()
-    assert killed
+    assert hit
+    killed = [pid for pid, _ in hit]
     s = states["a"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
     assert s.worker_failure_count >= 1
@@ -252,21 +262,7 @@ def test_every_block_timing_out_abandons_with_the_timeout_in_the_message(recdir:
 def test_sigterm_to_a_worker_finishes_its_block_then_exits_cleanly(recdir: str) -> None:
     task = make_task("s", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
     signalled: list[tuple[int, Path]] = []
-
-    def terminator() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            for p in Path(recdir).iterdir():
-                lines = p.read_text().splitlines()
-                if len(lines) == 1 and lines[0].startswith("start"):
-                    pid = int(lines[0].split()[1])
-                    os.kill(pid, signal.SIGTERM)
-                    signalled.append((pid, p))
-                    return
-            time.sleep(0.02)
-
-    t = threading.Thread(target=terminator)
-    t.start()
+    t = _signal_first_block_start(recdir, signal.SIGTERM, signalled)
     states = bellis.run_blockwise([task], return_states=True, **RUN)
     t.join()
     assert signalled

@@ -599,8 +599,15 @@ class TrackingStore:
         flat = self._flat(name)
         if sys.byteorder != "little":
             return flat
+        return self._view(flat, ARRAY_DTYPES[name])
+
+    def _view(self, flat: NDArray[Any], data_type: str) -> memoryview:
+        """A typed ``memoryview`` of ``flat``, released when the store closes (a write
+        through it after that raises instead of going unnoticed)."""
         raw: Any = memoryview(flat.view(np.uint8))  # type: ignore[arg-type]
-        return raw.cast(_MEMORYVIEW_FORMATS[ARRAY_DTYPES[name]])
+        view: memoryview = raw.cast(_MEMORYVIEW_FORMATS[data_type])
+        self._views.append(view)
+        return view
 
     @classmethod
     def open_readonly(cls, path: str | os.PathLike[str]) -> TrackingStore:
@@ -716,16 +723,12 @@ class TrackingStore:
         """A writable ``memoryview`` of the done markers, one byte per cell, or None for
         a store that cannot take writes.
 
-        The scheduler's per-block fast path for a store without resource tracking: one
-        ``view[cell] = 1`` instead of a :meth:`record_success` call. It is released
-        when the store closes, so a write after that raises instead of going unnoticed.
+        The scheduler's per-block fast path for blocks that come back unmeasured: one
+        ``view[cell] = 1`` instead of a :meth:`record_success` call.
         """
         if not self._writable:
             return None
-        raw: Any = memoryview(self._done_flat)  # type: ignore[arg-type]
-        view: memoryview = raw.cast("B")
-        self._views.append(view)
-        return view
+        return self._view(self._done_flat, "uint8")
 
     def is_done(self, cell: int) -> bool:
         """Whether ``cell`` is marked done; False for a cell outside the grid."""
