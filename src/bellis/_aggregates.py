@@ -10,7 +10,31 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Stat", "TaskAggregates", "Trend", "Welford"]
+__all__ = ["STATS_DTYPE", "Stat", "TaskAggregates", "Trend", "Welford"]
+
+#: A block's measurements as one numpy record: the wire's ``STATS_ROW`` (``_protocol``),
+#: field for field, with the tracking store's array names as field names.
+STATS_DTYPE = np.dtype(
+    [
+        ("wall_seconds", "<f8"),
+        ("cpu_seconds", "<f8"),
+        ("peak_rss_bytes", "<u8"),
+        ("io_read_bytes", "<u8"),
+        ("io_write_bytes", "<u8"),
+        ("gpu_util_pct", "<f8"),
+        ("gpu_mem_bytes", "<u8"),
+        ("cpu_children_seconds", "<f8"),
+    ]
+)
+#: the aggregated fields, in the column order of ``TaskAggregates``'s pending rows
+_AGGREGATED = (
+    "wall_seconds",
+    "cpu_seconds",
+    "peak_rss_bytes",
+    "io_read_bytes",
+    "io_write_bytes",
+    "cpu_children_seconds",
+)
 
 
 # --------------------------------------------------------------------- accumulators
@@ -212,14 +236,21 @@ class TaskAggregates:
     statistic and of the trend (its round trip still counts in its worker's compute,
     which the worker timeline keeps).
 
+    ``add_measured`` takes a whole batch of measured blocks at once (the server's path:
+    a message's ``STATS_DTYPE`` records and their round trips).
+
     Per-block cost matters here (the server calls it for every block): rows are appended
     to a bounded buffer and folded into the accumulators with numpy every
     ``_FOLD_ROWS`` blocks and whenever a result is read, so memory stays O(1).
+    Completion order (the trend's x axis) is kept: pending single rows are folded before
+    a batch is queued, and pending batches before a single row.
     """
 
     _FOLD_ROWS = 4096
 
     __slots__ = (
+        "_chunk_rows",
+        "_chunks",
         "_cpu",
         "_cpu_children",
         "_io_read",
@@ -251,6 +282,8 @@ class TaskAggregates:
         self._trend = Trend()
         self._rts: list[float] = []  # round trips of blocks without stats
         self._rows: list[tuple[float, ...]] = []  # (rt or nan, wall, cpu, rss, ior, iow, cc)
+        self._chunks: list[np.ndarray[Any, Any]] = []  # batches of such rows, (n, 7) arrays
+        self._chunk_rows = 0
 
     def add_block(
         self,
@@ -268,6 +301,8 @@ class TaskAggregates:
                 if len(self._rts) >= self._FOLD_ROWS:
                     self._fold()
             return
+        if self._chunks:
+            self._fold()
         self._rows.append(
             (
                 math.nan if round_trip_s is None else round_trip_s,
@@ -282,14 +317,37 @@ class TaskAggregates:
         if len(self._rows) >= self._FOLD_ROWS:
             self._fold()
 
+    def add_measured(self, round_trips: np.ndarray[Any, Any], table: np.ndarray[Any, Any]) -> None:
+        """Successful blocks in completion order: their round trips (seconds) and their
+        measurements, a ``STATS_DTYPE`` array of the same length."""
+        n = len(table)
+        if n == 0:
+            return
+        if self._rows:
+            self._fold()
+        a = np.empty((n, 7), dtype=np.float64)
+        a[:, 0] = round_trips
+        for i, name in enumerate(_AGGREGATED, 1):
+            a[:, i] = table[name]
+        self.count += n
+        self._chunks.append(a)
+        self._chunk_rows += n
+        if self._chunk_rows >= self._FOLD_ROWS:
+            self._fold()
+
     def _fold(self) -> None:
         if self._rts:
             self._round_trip.add_many(np.asarray(self._rts, dtype=np.float64))
             self._rts = []
-        if not self._rows:
+        if self._rows:
+            a = np.asarray(self._rows, dtype=np.float64)
+            self._rows = []
+        elif self._chunks:
+            a = np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+            self._chunks = []
+            self._chunk_rows = 0
+        else:
             return
-        a = np.asarray(self._rows, dtype=np.float64)
-        self._rows = []
         rt = a[:, 0]
         has_rt = ~np.isnan(rt)
         self._round_trip.add_many(rt[has_rt])
@@ -305,7 +363,7 @@ class TaskAggregates:
         self._overhead.add_many(rt[has_rt] - wall[has_rt])
 
     def _folded(self, w: Welford) -> Welford:
-        if self._rows or self._rts:
+        while self._rows or self._rts or self._chunks:
             self._fold()
         return w
 
@@ -320,8 +378,7 @@ class TaskAggregates:
 
     @property
     def trend(self) -> Trend:
-        if self._rows or self._rts:
-            self._fold()
+        self._folded(self._wall)
         return self._trend
 
     def add_skipped(self, n: int = 1) -> None:
@@ -333,7 +390,7 @@ class TaskAggregates:
 
     def to_json(self) -> dict[str, Any]:
         """The ``blocks`` section of a run line."""
-        self._fold()
+        self._folded(self._wall)
         measured = self._wall.n > 0
         return {
             "count": self.count,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from ._protocol import (
     REJECT,
     SEND,
     SHUTDOWN,
+    STATS_ROW,
     WELCOME,
     FrameDecoder,
     compute_mac,
@@ -247,7 +250,9 @@ class Client:
         self._secret = bytes.fromhex(secret_hex)
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
-        self._results: list[Any] = []
+        self._results: list[Any] = []  # (k, status, row, error) per finished block
+        self._rows = bytearray()  # their measurements, STATS_ROW records
+        self._nrows = 0
         self._queue: deque[int] = deque()
         self._geom: Any = None
         self.timeout_secs = 0.0
@@ -365,9 +370,7 @@ class Client:
             return -1
         queue = self._queue
         if not queue:
-            results = self._results
-            self._results = []
-            self._send([ACQUIRE, *results])
+            self._send(self._message(ACQUIRE))
             try:
                 reply = self._recv()
             except ConnectionLostError:
@@ -378,7 +381,7 @@ class Client:
             if reply[0] != SEND or len(reply) < 2:
                 raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
             queue.extend(reply[1:])
-        return queue.popleft()  # type: ignore[no-any-return]
+        return queue.popleft()
 
     def _begin(self, k: int) -> Block:
         block = Block._lazy(self._geom, k, BlockStatus.PROCESSING)
@@ -386,7 +389,7 @@ class Client:
         self._in_block = True
         return block
 
-    def _failed(self, k: int, block: Block, exc: BaseException, measured: Any) -> None:
+    def _failed(self, k: int, block: Block, exc: BaseException) -> None:
         """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
         self._watchdog.disarm()
         self._in_block = False
@@ -394,21 +397,52 @@ class Client:
         tb = _capped_traceback(traceback.format_exc())
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
-        self._results += (k, BlockStatus.FAILED, _wire_stats(block, measured), tb)
+        self._results += (k, BlockStatus.FAILED, -1, tb)
         with contextlib.suppress(ConnectionLostError):
             self._bye()
 
     def _finished(self, k: int, block: Block, measured: Any) -> None:
         self._watchdog.disarm()
-        stats = _wire_stats(block, measured)
         if block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
-            self._results += (k, BlockStatus.SUCCESS, stats, None)
+            try:
+                row = self._row(block, measured)
+            except ValueError as exc:
+                self._results += (k, BlockStatus.FAILED, -1, str(exc))
+            else:
+                self._results += (k, BlockStatus.SUCCESS, row, None)
         else:
-            self._results += (k, BlockStatus.FAILED, stats, "block status set to FAILED")
+            self._results += (k, BlockStatus.FAILED, -1, "block status set to FAILED")
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
             self._bye()
+
+    def _row(self, block: Block, measured: Any) -> int:
+        """Queue what goes home as ``block``'s measurement and return its row index, or
+        -1 when there is none: ``measured``, the automatic measurement, or else the one
+        the block function attached itself (``block.stats``; callers pass ``measured``
+        None when there is one, since it wins)."""
+        if measured is not None:
+            row = _pack_row(*measured)
+        elif block.stats is not None:
+            row = _user_row(block)
+        else:
+            return -1
+        self._rows += row
+        n = self._nrows
+        self._nrows = n + 1
+        return n
+
+    def _message(self, op: int, extra: tuple[Any, ...] = ()) -> list[Any]:
+        """``op``, the finished blocks' groups and ``extra`` ones, then the measurement
+        rows when there are any; the finished blocks are then no longer pending."""
+        msg: list[Any] = [op, *self._results, *extra]
+        self._results = []
+        if self._nrows:
+            msg.append(self._rows)
+            self._rows = bytearray()
+            self._nrows = 0
+        return msg
 
     @contextlib.contextmanager
     def acquire_block(self) -> Iterator[Block | None]:
@@ -424,7 +458,8 @@ class Client:
         try:
             yield block
         except BaseException as exc:
-            self._failed(k, block, exc, _attach(block, meter))
+            _attach(block, meter)
+            self._failed(k, block, exc)
             raise
         self._finished(k, block, _attach(block, meter))
 
@@ -450,20 +485,23 @@ class Client:
                 try:
                     fn(block)
                 except BaseException as exc:
-                    self._failed(k, block, exc, None if meter is None else meter.finish())
+                    self._failed(k, block, exc)
                     raise
-                self._finished(k, block, None if meter is None else meter.finish())
+                if meter is None:
+                    self._finished(k, block, None)
+                else:
+                    measured = meter.finish()
+                    self._finished(k, block, measured if block.stats is None else None)
         finally:
             self.close()
 
     def _final_frame(self, extra: tuple[Any, ...] = ()) -> bytes:
         """BYE with every finished block, ``extra`` and the unstarted ones (status CREATED)."""
-        msg: list[Any] = [BYE, *self._results, *extra]
+        groups = list(extra)
         for k in self._queue:
-            msg += (k, BlockStatus.CREATED, None, None)
-        self._results = []
+            groups += (k, BlockStatus.CREATED, -1, None)
         self._queue.clear()
-        return encode(msg)
+        return encode(self._message(BYE, tuple(groups)))
 
     def _timeout_notice(self, k: int, text: str) -> None:
         """Called by the watchdog thread just before it kills this process."""
@@ -472,7 +510,7 @@ class Client:
             return
         with contextlib.suppress(OSError):
             sock.settimeout(1.0)
-            sock.sendall(self._final_frame((k, _TIMED_OUT, None, text)))
+            sock.sendall(self._final_frame((k, _TIMED_OUT, -1, text)))
 
     def _bye(self) -> None:
         sock = self._sock
@@ -504,20 +542,47 @@ class Client:
             self.close()
 
 
-def _wire_stats(block: Block, measured: Any) -> Any:
-    """What goes home for ``block``: a measurement the block function attached itself
-    wins over the automatic one."""
-    return measured if block.stats is None else list(block.stats.to_tuple())
+_pack_row = STATS_ROW.pack
+
+
+def _user_row(block: Block) -> bytes:
+    """``block.stats`` (set by the block function) as a wire row; ValueError naming the
+    bad figure when it cannot be one."""
+    stats = block.stats
+    assert stats is not None
+    values = stats.to_tuple()
+    for name, x in (("wall_seconds", values[0]), ("cpu_seconds", values[1])):
+        if not 0.0 <= x < math.inf:
+            raise ValueError(
+                f"block {block.block_id}: block.stats.{name} is {x!r}; measurements must be "
+                "finite and non-negative (use bellis.profile_block to measure a block)"
+            )
+    if not 0.0 <= values[7] < math.inf:
+        raise ValueError(
+            f"block {block.block_id}: block.stats.cpu_children_seconds is {values[7]!r}; "
+            "measurements must be finite and non-negative"
+        )
+    try:
+        return _pack_row(*values)
+    except struct.error as exc:
+        raise ValueError(
+            f"block {block.block_id}: block.stats holds a byte count outside 0..2**64-1 "
+            f"({exc}); use bellis.profile_block to measure a block"
+        ) from None
 
 
 def _attach(block: Block, meter: Meter | None) -> Any:
     """Close ``meter`` and, as ``profile_block`` does, attach the figures as
-    ``block.stats`` unless the block function attached its own (which then win)."""
+    ``block.stats`` unless the block function attached its own (which then win).
+
+    Returns the automatic measurement when it is the one that goes home, else None.
+    """
     if meter is None:
         return None
     measured = meter.finish()
-    if block.stats is None:
-        block.stats = BlockStats(*measured)
+    if block.stats is not None:
+        return None
+    block.stats = BlockStats(*measured)
     return measured
 
 

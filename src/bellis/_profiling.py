@@ -81,6 +81,7 @@ __all__ = [
 
 _IS_LINUX: Final = sys.platform.startswith("linux")
 _perf_counter = time.perf_counter
+_process_time = time.process_time
 _pread = os.pread
 _NAN: Final = math.nan
 
@@ -95,7 +96,7 @@ _SECONDS_PER_TICK: Final = 1.0 / _CLK_TCK if _CLK_TCK > 0 else 0.01
 
 _HAS_WAITID: Final = hasattr(os, "waitid") and hasattr(os, "WNOWAIT") and _IS_LINUX
 _WAITID_FLAGS: Final = (
-    (os.WEXITED | os.WNOHANG | os.WNOWAIT) if _HAS_WAITID else 0  # type: ignore[attr-defined]
+    (os.WEXITED | os.WNOHANG | os.WNOWAIT) if _HAS_WAITID else 0  # type: ignore[attr-defined, unused-ignore]
 )
 
 
@@ -227,7 +228,7 @@ def _has_children() -> bool:
     if not _HAS_WAITID:
         return False
     try:
-        os.waitid(os.P_ALL, 0, _WAITID_FLAGS)  # type: ignore[attr-defined]
+        os.waitid(os.P_ALL, 0, _WAITID_FLAGS)  # type: ignore[attr-defined, unused-ignore]
     except OSError:  # ECHILD: no children at all
         return False
     return True
@@ -397,6 +398,7 @@ class Meter:
 
     __slots__ = (
         "_chain_child",
+        "_chain_flt",
         "_chain_io_ok",
         "_chain_rchar",
         "_chain_wchar",
@@ -408,6 +410,8 @@ class Meter:
         "_kid_csw",
         "_kid_flt",
         "_kid_reaped",
+        "_mark_flt",
+        "_mark_rss",
         "_rchar0",
         "_reset",
         "_rss0",
@@ -419,6 +423,8 @@ class Meter:
 
     def __init__(self) -> None:
         self._chain_child = 0.0
+        self._chain_flt = -1
+        self._mark_rss = self._mark_flt = -2  # the high-water mark was never reset
         self._childless = False  # no child check yet
         self._kid_flt = self._kid_csw = -1
         self._kid_reaped = 0.0
@@ -450,10 +456,42 @@ class Meter:
             self.start()
 
     def restart(self) -> None:
-        """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
+        """Like :meth:`start`, continuing from the readings of the last :meth:`finish`.
+
+        The cheaper opening of a chained block. CPU comes from ``time.process_time()``
+        (the same per-process clock as ``getrusage``'s user + system, without the
+        struct), and the page-fault count from the last :meth:`finish`, so a fault in
+        between counts as this block's and only makes its peak the exact ``VmHWM``
+        reading. The high-water mark is reset only when it could differ from the resident
+        size: after a page fault, or when the resident size changed since the last reset.
+        Without either, the mark still equals the resident size, as a reset would leave it.
+        """
         # a block whose closing IO reading failed leaves no starting point: no IO figure
         self._io_ok = self._chain_io_ok
-        self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
+        rchar = self._chain_rchar
+        wchar = self._chain_wchar
+        flt = self._chain_flt
+        rss = -1
+        files = _files
+        if files.clear_refs_fd >= 0:
+            rss, own = _resident_bytes(files.statm_fd)
+            rchar += own
+            if rss != self._mark_rss or flt != self._mark_flt or rss < 0:
+                written = _reset_hwm()
+                wchar += written
+                self._mark_rss = rss if written else -2
+                self._mark_flt = flt
+        self._reset = files.clear_refs_fd >= 0
+        self._rss0 = rss
+        self._rchar0 = rchar
+        self._wchar0 = wchar
+        self._child0 = self._chain_child
+        self._flt0 = flt
+        # ru_maxrss can carry an older peak (exec, exited threads) that only a getrusage
+        # right after the reset rules out: a chained block that faults reads VmHWM
+        self._ru_tracks = False
+        self._cpu0 = _process_time()
+        self._t0 = _perf_counter()
 
     def _open(self, rchar: int, wchar: int, child: float) -> None:
         rss = -1
@@ -470,7 +508,8 @@ class Meter:
         if _getrusage is not None:
             ru = _getrusage(_RUSAGE_SELF)
             self._cpu0 = ru.ru_utime + ru.ru_stime
-            self._flt0 = ru.ru_minflt + ru.ru_majflt
+            flt = ru.ru_minflt + ru.ru_majflt
+            self._flt0 = flt
             # ru_maxrss is max(the kernel's reset high-water mark, a maximum kept from
             # exec and exited threads). When right after the reset it is no larger than
             # the resident size, that second term cannot dominate during this block, so
@@ -478,8 +517,12 @@ class Meter:
             self._ru_tracks = 0 <= rss and ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
         else:
             self._cpu0 = 0.0
-            self._flt0 = 0
+            self._flt0 = flt = 0
             self._ru_tracks = False
+        # the mark was reset to about ``rss`` (a fault right after the reset shows as a
+        # changed count, so the next restart resets again)
+        self._mark_rss = rss if written else -2
+        self._mark_flt = flt
         self._t0 = _perf_counter()
 
     def finish(self) -> WireStats:
@@ -495,6 +538,7 @@ class Meter:
             cpu = ru.ru_utime + ru.ru_stime - self._cpu0
             maxrss = ru.ru_maxrss * _MAXRSS_UNIT
             flt = ru.ru_minflt + ru.ru_majflt
+            self._chain_flt = flt
             csw = ru.ru_nvcsw
             faulted = flt != self._flt0
         # the IO snapshot comes before any /proc reading of bellis's own below; what

@@ -16,15 +16,19 @@ opcode      direction  fields
 CHALLENGE   s -> c     nonce (bytes)
 HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s
 WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
-ACQUIRE     c -> s     k, status, stats, error   (the previous block; k = -1 if none)
-SEND        s -> c     k                         (the next block's flat grid index)
+ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
+SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     k, status, stats, error   (final release, then the client closes)
+BYE         c -> s     (k, status, row, error)*, [rows]   (final release, then close)
 REJECT      s -> c     reason (str)
 ==========  =========  ==================================================================
 
-One round trip per block: ``ACQUIRE`` carries the finished block *and* asks for the
-next one.
+One round trip per batch: ``ACQUIRE`` returns the finished blocks *and* asks for the
+next ones. Each returned block is a group of four fields; ``row`` is -1 for a block
+without measurements, else the index of its row in ``rows``. ``rows`` (present only
+when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so a
+batch's measurements cross the wire, and are checked and stored, as one array
+instead of eight Python numbers per block.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ __all__ = [
     "REJECT",
     "SEND",
     "SHUTDOWN",
+    "STATS_ROW",
     "WELCOME",
     "FrameDecoder",
     "compute_mac",
@@ -58,10 +63,16 @@ __all__ = [
     "verify_mac",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
+
+#: One block's measurements, ``BlockStats.to_tuple()`` order: wall and cpu seconds,
+#: peak RSS, IO read and IO write bytes, the reserved GPU utilisation and memory, and
+#: child-process CPU seconds. Little-endian, 64 bytes. (The server reads it with the
+#: numpy dtype ``_server.STATS_DTYPE``; workers do not import numpy.)
+STATS_ROW = struct.Struct("<ddQQQdQd")
 
 _HEADER = struct.Struct(">IB")
 _AUTH_TAG = b"bellis-auth-v1"

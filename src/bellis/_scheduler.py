@@ -192,6 +192,29 @@ class TaskRun:
             cell += c * st
         return cell
 
+    def record_measured(
+        self,
+        ks: list[int],
+        table: np.ndarray[Any, Any],
+        worker_id: int,
+        sent_at: np.ndarray[Any, Any],
+        returned_at: np.ndarray[Any, Any],
+    ) -> None:
+        """Store the measurements of blocks ``ks`` (one ``table`` record each) before
+        their release marks them done; blocks outside the tracking grid are left out."""
+        store = self.store
+        if store is None:
+            return
+        if self.cell_identity:
+            cells = np.asarray(ks, dtype=np.intp)
+        else:
+            cells = np.fromiter((self.cell_of(k) for k in ks), dtype=np.intp, count=len(ks))
+            inside = cells >= 0
+            if not inside.all():
+                cells, table = cells[inside], table[inside]
+                sent_at, returned_at = sent_at[inside], returned_at[inside]
+        store.record_measured(cells, table, worker_id, sent_at, returned_at)
+
     def store_view(
         self, arr: np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:

@@ -28,6 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import numpy as np
+
+from ._aggregates import STATS_DTYPE
 from ._block import BlockStatus
 from ._protocol import (
     ACQUIRE,
@@ -36,6 +39,7 @@ from ._protocol import (
     REJECT,
     SEND,
     SHUTDOWN,
+    STATS_ROW,
     FrameDecoder,
     encode,
     new_nonce,
@@ -62,31 +66,23 @@ _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
 
 
-_NUMBER_TYPES: Final = frozenset((int, float))
-_U64: Final = 2**64
+_ROW_BYTES: Final = STATS_ROW.size
+_INF: Final = float("inf")
 
 
-def _valid_stats(stats: Any) -> bool:
-    """BlockStats on the wire: 7 (daisy's) or 8 numbers, the integer fields non-negative.
+def _measurements(rows: Any) -> np.ndarray[Any, Any]:
+    """A message's ``rows`` as a ``STATS_DTYPE`` array, checked as a whole: wall, CPU
+    and child CPU finite and non-negative (the integer fields are unsigned by type; the
+    GPU slots are reserved and never read)."""
+    if type(rows) is not bytes or not rows or len(rows) % _ROW_BYTES:
+        raise ProtocolError("malformed measurements: not a whole number of stats rows")
+    seconds = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)[:, _SECONDS_COLUMNS]
+    if not ((seconds >= 0.0) & (seconds < _INF)).all():
+        raise ProtocolError("malformed measurements: a time is negative, infinite or NaN")
+    return np.frombuffer(rows, dtype=STATS_DTYPE)
 
-    On the per-block path of every tracked run: type checks in C (``map``/``frozenset``)
-    rather than a Python loop over the fields.
-    """
-    if type(stats) is not list or not 7 <= len(stats) <= 8:
-        return False
-    if not _NUMBER_TYPES.issuperset(map(type, stats)):
-        return False  # bool is a type of its own here, so True/False are refused too
-    peak, read, written, gpu_mem = stats[2], stats[3], stats[4], stats[6]
-    return (
-        type(peak) is int
-        and type(read) is int
-        and type(written) is int
-        and type(gpu_mem) is int
-        and 0 <= peak < _U64
-        and 0 <= read < _U64
-        and 0 <= written < _U64
-        and 0 <= gpu_mem < _U64
-    )
+
+_SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
 
 
 def _watchdog_margin(conn: _Conn) -> float:
@@ -381,7 +377,7 @@ class RunLoop(WorkerPool):
                 k = held[0]
                 sid = run.geom.spatial_id_of(k)
                 logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
-                self._release(conn, run, k, False, None, conn.sent_at, now)
+                self._release(conn, run, k, False, False, conn.sent_at, now)
             else:
                 # which block of the batch was running is unknown: none of them is charged a
                 # failed attempt; they go back to the queue and each runs alone next time, so
@@ -408,7 +404,11 @@ class RunLoop(WorkerPool):
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1
-        if n % 4:
+        rows = None
+        if n % 4 == 1:  # the blocks, then the measurement rows
+            n -= 1
+            rows = msg[-1]
+        elif n % 4:
             raise ProtocolError(f"malformed message of {len(msg)} fields")
         run = conn.run
         assert run is not None
@@ -416,7 +416,9 @@ class RunLoop(WorkerPool):
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
-            self._returned_batch(conn, run, msg)
+            self._returned_batch(conn, run, msg, n, rows)
+        elif rows is not None:
+            raise ProtocolError("measurement rows without blocks")
             if self.fatal is not None or conn.sock.fileno() < 0:
                 return
         if op == BYE:
@@ -434,16 +436,19 @@ class RunLoop(WorkerPool):
             )
         self._serve(conn, run, draining)
 
-    def _returned_batch(self, conn: _Conn, run: TaskRun, msg: list[Any]) -> None:
-        """Take back the blocks a message returns: groups of (k, status, stats, error)."""
+    def _returned_batch(self, conn: _Conn, run: TaskRun, msg: list[Any], n: int, rows: Any) -> None:
+        """Take back the blocks a message returns: ``n`` fields of (k, status, row,
+        error) groups, and the measurement ``rows`` they index (None when there are none)."""
         now = time.monotonic()
-        results: list[tuple[int, int, Any, Any]] = []
+        table = None if rows is None else _measurements(rows)
+        nrows = 0 if table is None else len(table)
+        results: list[tuple[int, int, int, Any]] = []
         held = conn.held
         held_set = set(held)
         taken: set[int] = set()
         # validate the whole message before taking anything back: a malformed message
         # drops the connection, and every block it held then goes to the retry path
-        for i in range(1, len(msg), 4):
+        for i in range(1, n + 1, 4):
             k = msg[i]
             if type(k) is not int:
                 raise ProtocolError(f"malformed block index {k!r}")
@@ -456,23 +461,25 @@ class RunLoop(WorkerPool):
                     f"invalid block return: block {run.task_id}/{k} is not held by it"
                 )
             taken.add(k)
-            status, stats, error = msg[i + 1], msg[i + 2], msg[i + 3]
+            status, row, error = msg[i + 1], msg[i + 2], msg[i + 3]
             if type(status) is not int:
                 raise ProtocolError(f"malformed status {status!r} for block {run.task_id}/{k}")
-            if stats is not None and not _valid_stats(stats):
+            if type(row) is not int or not -1 <= row < nrows:
                 raise ProtocolError(f"malformed measurements for block {run.task_id}/{k}")
             if error is not None and type(error) is not str:
                 raise ProtocolError(f"malformed error text for block {run.task_id}/{k}")
-            results.append((k, status, stats, error))
+            results.append((k, status, row, error))
         if not results:
             return
         conn.held = held = [k for k in held if k not in taken]
         processed = [r for r in results if r[1] != BlockStatus.CREATED]
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))
+        if table is not None and run.status == RUNNING:
+            self._record_measured(conn, run, processed, table, step)
         t = conn.sent_at
         suspects = self.plan_of[run.index].suspects
-        for k, status, stats, error in results:
+        for k, status, row, error in results:
             if suspects:
                 suspects.discard(k)
             if status == BlockStatus.CREATED:
@@ -482,7 +489,7 @@ class RunLoop(WorkerPool):
                 self._timed_out_block(conn, run, k, t, t + step)
                 t += step
                 continue
-            self._returned(conn, run, k, status, stats, error, t, t + step)
+            self._returned(conn, run, k, status, row >= 0, error, t, t + step)
             t += step
             if self.fatal is not None:
                 return
@@ -494,6 +501,37 @@ class RunLoop(WorkerPool):
                 conn.batch = min(ideal, conn.batch * 2, _MAX_BATCH)
             else:
                 conn.batch = max(1, ideal)
+
+    def _record_measured(
+        self,
+        conn: _Conn,
+        run: TaskRun,
+        processed: list[tuple[int, int, int, Any]],
+        table: np.ndarray[Any, Any],
+        step: float,
+    ) -> None:
+        """Aggregate and store the measurements of a batch's successful blocks at once,
+        before their releases mark them done (so a done block always has its figures).
+
+        ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
+        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``.
+        """
+        ks: list[int] = []
+        picks: list[int] = []
+        slots: list[int] = []
+        for i, (k, status, row, _error) in enumerate(processed):
+            if row >= 0 and status == BlockStatus.SUCCESS:
+                ks.append(k)
+                picks.append(row)
+                slots.append(i)
+        if not ks:
+            return
+        measured = table[picks]
+        self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
+        if run.store is not None:
+            sent = conn.sent_wall + np.asarray(slots, dtype=np.float64) * step
+            wid = conn.worker_id if conn.worker is not None else -1
+            run.record_measured(ks, measured, wid, sent, sent + step)
 
     def _hello(self, conn: _Conn, msg: list[Any]) -> None:
         if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):
@@ -541,13 +579,13 @@ class RunLoop(WorkerPool):
         run: TaskRun,
         k: int,
         status: Any,
-        stats: Any,
+        measured: bool,
         error: Any,
         sent: float,
         returned: float,
     ) -> None:
         success = status == BlockStatus.SUCCESS
-        if success and stats is None and run.task.resource_tracking:
+        if success and not measured and run.task.resource_tracking:
             self.fatal = RuntimeError(
                 f'task "{run.task_id}" has resource_tracking enabled but worker at '
                 f"{conn.addr[0]}:{conn.addr[1]} returned block {run.task_id}/{k} without "
@@ -561,7 +599,7 @@ class RunLoop(WorkerPool):
         if not success:
             text = error if isinstance(error, str) else "block failed"
             self._record_error(conn, run, k, text)
-        self._release(conn, run, k, success, stats, sent, returned)
+        self._release(conn, run, k, success, measured, sent, returned)
 
     def _record_error(self, conn: _Conn, run: TaskRun, k: int, text: str) -> None:
         if run.first_worker_error is None:
@@ -578,22 +616,25 @@ class RunLoop(WorkerPool):
         run: TaskRun,
         k: int,
         success: bool,
-        stats: Any,
+        measured: bool,
         sent: float,
         returned: float,
     ) -> None:
+        """Release block ``k``; a measured success was stored and aggregated already (see
+        :meth:`_record_measured`)."""
         wall0 = conn.sent_wall + (sent - conn.sent_at)
         self.s.release_index(
             run,
             k,
             success,
-            stats,
+            None,
             conn.worker_id if conn.worker is not None else -1,
             wall0,
             wall0 + (returned - sent),
         )
         plan = self.plan_of[run.index]
-        plan.aggregates.add_block(returned - sent, stats if success else None, not success)
+        if not (measured and success):
+            plan.aggregates.add_block(returned - sent, None, not success)
         if conn.worker is not None:
             tl = conn.worker.timeline
             tl.sent(sent)
@@ -686,7 +727,7 @@ class RunLoop(WorkerPool):
         )
         text = f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
         self._record_error(conn, run, k, text)
-        self._release(conn, run, k, False, None, sent, returned)
+        self._release(conn, run, k, False, False, sent, returned)
         worker = conn.worker
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit("timeout", None, text)

@@ -422,7 +422,7 @@ def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | boo
     if value is False:
         return False
     if isinstance(value, str | os.PathLike):
-        return os.fspath(value) if not isinstance(value, bytes) else value.decode()  # type: ignore[return-value]
+        return os.fspath(value) if not isinstance(value, bytes) else value.decode()  # type: ignore[return-value, unused-ignore]
     raise TypeError(
         f"{name} must be None (auto), False (disabled), or a str/Path (got "
         f"{type(value).__name__} {value!r})"

@@ -2,7 +2,8 @@
 
 A driver subprocess runs a tracked distributed task whose block function appends the
 block id to a file (``O_APPEND``, fsync) *after* its work. The test kills the driver and
-its workers at seeded random delays, then reruns until a run completes, and checks:
+its workers at seeded random moments (after a random number of new records), then
+reruns until a run completes, and checks:
 
 * every cell the store marks done has a success record (done is only written after the
   block's work finished);
@@ -158,9 +159,19 @@ def test_sigkill_at_random_moments_never_loses_or_repeats_done_blocks(tmp_path: 
             stderr=subprocess.PIPE,
         )
         if crash:
-            try:
-                proc.wait(timeout=rng.uniform(0.3, 1.6))
-            except subprocess.TimeoutExpired:
+            # kill once this run has recorded a random number of new blocks, plus a random
+            # fraction of a block: mid-run whatever this machine's speed
+            target = seen_before + rng.randint(1, 8)
+            linger = rng.uniform(0.0, 0.03)
+            deadline = time.monotonic() + 60
+            while (
+                proc.poll() is None
+                and len(_records(records)) < target
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.005)
+            time.sleep(linger)
+            if proc.poll() is None:
                 _kill_everything(proc, marker)
                 kills += 1
             else:

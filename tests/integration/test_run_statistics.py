@@ -270,7 +270,7 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
         recv()
         sock.sendall(encode([ACQUIRE]))
         sent = recv()
-        sock.sendall(encode([ACQUIRE, sent[1], 2, None, None]))
+        sock.sendall(encode([ACQUIRE, sent[1], 2, -1, None]))
         errors.append("sent")
         sock.close()
 

@@ -21,6 +21,7 @@ from bellis._protocol import (
     HELLO,
     PROTOCOL_VERSION,
     SEND,
+    STATS_ROW,
     WELCOME,
     FrameDecoder,
     compute_mac,
@@ -104,46 +105,77 @@ def rogue_short_acquire(port: int, secret: bytes) -> bool:
 
 def rogue_foreign_return(port: int, secret: bytes) -> bool:
     sock = authenticate(port, secret, "a")
-    sock.sendall(encode([ACQUIRE, 3, 1, None, None]))  # block 3 "succeeded"
+    sock.sendall(encode([ACQUIRE, 3, 1, -1, None]))  # block 3 "succeeded"
     return closed_by_server(sock)
 
 
 def rogue_pipelined_acquire(port: int, secret: bytes) -> bool:
     sock = authenticate(port, secret, "a")
     # two requests without returning the first block: the held block goes back for a retry
-    sock.sendall(encode([ACQUIRE, -1, 0, None, None]) + encode([ACQUIRE, -1, 0, None, None]))
+    sock.sendall(encode([ACQUIRE, -1, 0, -1, None]) + encode([ACQUIRE, -1, 0, -1, None]))
     return closed_by_server(sock)
 
 
-def _rogue_bad_return(port: int, secret: bytes, status: Any, stats: Any, error: Any) -> bool:
+def _rogue_bad_return(
+    port: int, secret: bytes, status: Any, row: Any, error: Any, *rows: Any
+) -> bool:
     """Take real blocks, then return the first with a malformed field."""
     sock = authenticate(port, secret, "a")
     sock.sendall(encode([ACQUIRE]))
     sent = recv_msg(sock)
     assert sent[0] == SEND
-    sock.sendall(encode([ACQUIRE, sent[1], status, stats, error]))
+    sock.sendall(encode([ACQUIRE, sent[1], status, row, error, *rows]))
     return closed_by_server(sock)
 
 
-def rogue_bad_stats(port: int, secret: bytes) -> bool:
-    return _rogue_bad_return(port, secret, 2, [0.1, 0.1, "lots", 0, 0, 0.0, 0], None)
+def _row(wall: float = 0.1, cpu: float = 0.1, children: float = 0.0) -> bytes:
+    return STATS_ROW.pack(wall, cpu, 1 << 20, 0, 0, float("nan"), 0, children)
 
 
-def rogue_stats_not_a_list(port: int, secret: bytes) -> bool:
-    return _rogue_bad_return(port, secret, 2, "abc", None)
+def rogue_nan_wall(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 0, None, _row(wall=float("nan")))
+
+
+def rogue_negative_cpu(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 0, None, _row(cpu=-1.0))
+
+
+def rogue_infinite_child_cpu(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 0, None, _row(children=float("inf")))
+
+
+def rogue_rows_not_bytes(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 0, None, "abc")
+
+
+def rogue_partial_row(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 0, None, _row()[:-1])
+
+
+def rogue_row_out_of_range(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, 1, None, _row())
+
+
+def rogue_row_not_an_int(port: int, secret: bytes) -> bool:
+    return _rogue_bad_return(port, secret, 2, [0.1, 0.1, 0, 0, 0, 0.0, 0], None)
 
 
 def rogue_bad_status(port: int, secret: bytes) -> bool:
-    return _rogue_bad_return(port, secret, "done", None, None)
+    return _rogue_bad_return(port, secret, "done", -1, None)
 
 
 def rogue_bad_error_text(port: int, secret: bytes) -> bool:
-    return _rogue_bad_return(port, secret, 3, None, {"not": "text"})
+    return _rogue_bad_return(port, secret, 3, -1, {"not": "text"})
 
 
 ROGUES = {
-    "bad_stats": rogue_bad_stats,
-    "stats_not_a_list": rogue_stats_not_a_list,
+    "nan_wall": rogue_nan_wall,
+    "negative_cpu": rogue_negative_cpu,
+    "infinite_child_cpu": rogue_infinite_child_cpu,
+    "rows_not_bytes": rogue_rows_not_bytes,
+    "partial_row": rogue_partial_row,
+    "row_out_of_range": rogue_row_out_of_range,
+    "row_not_an_int": rogue_row_not_an_int,
     "bad_status": rogue_bad_status,
     "bad_error_text": rogue_bad_error_text,
     "garbage": rogue_garbage,

@@ -108,6 +108,15 @@ _MIGRATING = "c.migrating"
 _PRE_PREFIX = "c.pre-"
 _U32_MAX = 2**32 - 1
 _NAN = float("nan")
+#: what ``record_measured`` copies from a measurement table (the GPU slots are reserved)
+_MEASURED_FIELDS = (
+    "wall_seconds",
+    "cpu_seconds",
+    "peak_rss_bytes",
+    "io_read_bytes",
+    "io_write_bytes",
+    "cpu_children_seconds",
+)
 _MEMORYVIEW_FORMATS = {
     "uint8": "B",
     "uint32": "I",
@@ -373,6 +382,7 @@ class TrackingStore:
         "_arrays",
         "_cell_count",
         "_closed",
+        "_columns",
         "_cpu_children",
         "_cpu_seconds",
         "_done_flat",
@@ -430,6 +440,7 @@ class TrackingStore:
         self._failures_flat = self._flat("failures")
         self._missing_stats: tuple[str, ...] = ()
         self._views: list[memoryview] = []
+        self._columns: dict[str, NDArray[Any]] = {}
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -588,6 +599,7 @@ class TrackingStore:
         self._sent_at = fast("sent_at")
         self._returned_at = fast("returned_at")
         self._cpu_children = fast("cpu_children_seconds")
+        self._columns = {name: self._flat(name) for name in STAT_ARRAYS}
 
     def _fast(self, name: str) -> Any:
         """A flat, writable view of array ``name`` for per-block stores.
@@ -778,6 +790,38 @@ class TrackingStore:
         self._sent_at[cell] = sent_at
         self._returned_at[cell] = returned_at
 
+    def record_measured(
+        self,
+        cells: NDArray[np.intp],
+        table: NDArray[Any],
+        worker_id: int,
+        sent_at: NDArray[np.float64],
+        returned_at: NDArray[np.float64],
+    ) -> None:
+        """Store the figures of many blocks at once, without marking them done.
+
+        ``table`` is a structured array whose field names are the store's resource array
+        names (the server's ``STATS_DTYPE``), one record per cell of ``cells`` (every cell
+        inside the grid). The reserved GPU slots are written NaN and 0. The caller marks
+        the cells done afterwards, so a crash in between leaves figures but no done marker:
+        the blocks run again and overwrite them. A store without resource tracking takes
+        nothing.
+        """
+        if not self._writable:
+            raise self._refuse_write()
+        if not self._tracks_resources or len(cells) == 0:
+            return
+        if self._missing_stats:
+            self.open_stats()
+        columns = self._columns
+        for name in _MEASURED_FIELDS:
+            columns[name][cells] = table[name]
+        columns["gpu_util_pct"][cells] = _NAN
+        columns["gpu_mem_bytes"][cells] = 0
+        columns["worker_id"][cells] = worker_id if worker_id >= 0 else NO_WORKER
+        columns["sent_at"][cells] = sent_at
+        columns["returned_at"][cells] = returned_at
+
     def record_failure(self, cell: int) -> None:
         """Count one failed attempt of ``cell``, saturating at ``2**32 - 1``."""
         if not self._writable:
@@ -829,6 +873,7 @@ class TrackingStore:
         self._writable = False
         self._arrays = {}
         self._stats = {}
+        self._columns = {}
         empty: NDArray[Any] = np.zeros(0, dtype=np.uint8)
         self._done_flat = self._failures_flat = empty
         if self._tracks_resources:
