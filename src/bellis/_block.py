@@ -24,6 +24,7 @@ __all__ = [
     "BlockStats",
     "BlockStatus",
     "cantor_number",
+    "stats_problem",
 ]
 
 #: the tracking-store arrays that hold a BlockStats, in BlockStats constructor order
@@ -163,6 +164,32 @@ class BlockStats:
             f"peak_rss_bytes={self._peak_rss}, io_read_bytes={self._io_read}, "
             f"io_write_bytes={self._io_write})"
         )
+
+
+_U64_LIMIT = 2**64
+
+
+def stats_problem(stats: BlockStats) -> str | None:
+    """Why ``stats`` cannot be recorded, or None: times must be finite and non-negative,
+    byte counts within ``0 .. 2**64 - 1``. bellis's own measurements always qualify; this
+    checks figures a block function attached itself."""
+    values = stats.to_tuple()
+    for name, i in (("wall_seconds", 0), ("cpu_seconds", 1), ("cpu_children_seconds", 7)):
+        x = values[i]
+        if not 0.0 <= x < math.inf:
+            return (
+                f"block.stats.{name} is {x!r}; times must be finite and non-negative "
+                "(bellis.profile_block measures a block)"
+            )
+    for name, i in (("peak_rss_bytes", 2), ("io_read_bytes", 3), ("io_write_bytes", 4)):
+        if not 0 <= values[i] < _U64_LIMIT:
+            return (
+                f"block.stats.{name} is {values[i]!r}; byte counts must be within "
+                "0 .. 2**64 - 1 (bellis.profile_block measures a block)"
+            )
+    if not 0 <= values[6] < _U64_LIMIT:
+        return f"block.stats.gpu_mem_bytes is {values[6]!r}; it must be within 0 .. 2**64 - 1"
+    return None
 
 
 def _as_roi(value: Any, name: str) -> Roi:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -17,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._block import Block, BlockStats, BlockStatus
+from ._block import Block, BlockStats, BlockStatus, stats_problem
 from ._profiling import Meter
 from ._protocol import (
     ACQUIRE,
@@ -546,29 +544,14 @@ _pack_row = STATS_ROW.pack
 
 
 def _user_row(block: Block) -> bytes:
-    """``block.stats`` (set by the block function) as a wire row; ValueError naming the
-    bad figure when it cannot be one."""
+    """``block.stats`` (set by the block function) as a wire row; ValueError with the
+    reason when the figures cannot be recorded."""
     stats = block.stats
     assert stats is not None
-    values = stats.to_tuple()
-    for name, x in (("wall_seconds", values[0]), ("cpu_seconds", values[1])):
-        if not 0.0 <= x < math.inf:
-            raise ValueError(
-                f"block {block.block_id}: block.stats.{name} is {x!r}; measurements must be "
-                "finite and non-negative (use bellis.profile_block to measure a block)"
-            )
-    if not 0.0 <= values[7] < math.inf:
-        raise ValueError(
-            f"block {block.block_id}: block.stats.cpu_children_seconds is {values[7]!r}; "
-            "measurements must be finite and non-negative"
-        )
-    try:
-        return _pack_row(*values)
-    except struct.error as exc:
-        raise ValueError(
-            f"block {block.block_id}: block.stats holds a byte count outside 0..2**64-1 "
-            f"({exc}); use bellis.profile_block to measure a block"
-        ) from None
+    problem = stats_problem(stats)
+    if problem is not None:
+        raise ValueError(f"block {block.block_id}: {problem}")
+    return _pack_row(*stats.to_tuple())
 
 
 def _attach(block: Block, meter: Meter | None) -> Any:

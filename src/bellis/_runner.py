@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 
 from . import logging as blog
-from ._block import Block, BlockStatus
+from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
 from ._profiling import Meter
 from ._progress import (
@@ -249,7 +249,13 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
                     # a measurement the block function attached itself wins
-                    stats = measured if block.stats is None else block.stats.to_tuple()
+                    stats: Any = measured
+                    if block.stats is not None:
+                        stats = block.stats.to_tuple()
+                        problem = stats_problem(block.stats) if ok else None
+                        if problem is not None:
+                            logger.warning("block %s failed: %s", block.block_id, problem)
+                            ok = False
                     release(run, k, ok, stats, -1, t0, t1)
                     if tracked or not ok:
                         agg.add_block(None, stats if ok else None, not ok)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -285,6 +286,63 @@ def test_chained_peak_rss_is_per_block_and_fault_free_blocks_report_the_reset_si
     # a block that took no page fault peaked at the resident size right after the reset
     assert abs(small[PEAK] - resident) < 4 * 1024 * 1024
     assert small[GPU_MEM] == 0 and math.isnan(small[GPU_UTIL])
+
+
+@needs_proc
+def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
+    """A chained block resets the high-water mark only when it could differ from the
+    resident size. Memory freed without a page fault (munmap) changes the resident size,
+    so the next block starts from a fresh mark, not from the larger one before the free."""
+    import mmap
+
+    size = 160 * 1024 * 1024
+    region = mmap.mmap(-1, size)
+    for off in range(0, size, 4096):
+        region[off] = 1
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    meter.restart()
+    quiet = meter.finish()
+    meter.restart()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    region.close()  # munmap: the resident size drops without a fault
+    shrink_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    shrink = meter.finish()
+    meter.restart()
+    grow = np.ones(8 * 1024 * 1024, dtype=np.uint8)
+    assert int(grow[::4096].sum()) == len(grow) // 4096
+    del grow
+    after = meter.finish()
+    assert shrink_faults == 0, "the free itself faulted: this run does not test the shrink"
+    assert quiet[PEAK] >= size and shrink[PEAK] >= size
+    assert after[PEAK] < shrink[PEAK] - 100 * 1024 * 1024
+
+
+@needs_proc
+def test_a_block_after_a_transient_peak_starts_from_a_fresh_mark() -> None:
+    """A block that faulted leaves a mark above the resident size even when it freed
+    everything; the next block resets it, so its own faults report its own peak."""
+    import mmap
+
+    size = 120 * 1024 * 1024
+    meter = Meter()
+    meter.start()
+    meter.finish()
+    meter.restart()
+    region = mmap.mmap(-1, size)
+    for off in range(0, size, 4096):
+        region[off] = 1
+    region.close()
+    transient = meter.finish()
+    meter.restart()
+    small = mmap.mmap(-1, 1024 * 1024)
+    for off in range(0, len(small), 4096):
+        small[off] = 1
+    small.close()
+    after = meter.finish()
+    assert transient[PEAK] >= size
+    assert after[PEAK] < transient[PEAK] - 100 * 1024 * 1024
 
 
 def test_chained_cpu_is_read_afresh_at_each_start() -> None:

@@ -438,3 +438,29 @@ def _live_workers() -> list[int]:
         if b"bellis._worker" in cmd and state != b"Z":
             out.append(pid)
     return out
+
+
+def attach_bad_stats(block: Any) -> None:
+    """Block 2 attaches figures that cannot be recorded; the others measure normally."""
+    if block.block_id[1] == 2:
+        block.stats = bellis.BlockStats(wall_seconds=float("nan"), cpu_seconds=0.001)
+
+
+@pytest.mark.parametrize("multiprocessing", [False, True])
+def test_unrecordable_attached_stats_fail_that_block_only(
+    tmp_path: Path, multiprocessing: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    task = _task(tmp_path, attach_bad_stats, n=6, max_retries=0)
+    with caplog.at_level("WARNING", logger="bellis"):
+        states = bellis.run_blockwise(
+            task, multiprocessing=multiprocessing, progress=False, summary=False, return_states=True
+        )
+    s = states["t"]
+    assert (s.completed_count, s.failed_count) == (5, 1)
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    assert np.asarray(g["done"][:]).tolist() == [1, 1, 0, 1, 1, 1]
+    assert np.isfinite(np.asarray(g["wall_seconds"][:])).all()
+    assert task.report().blocks.wall.n == 5
+    assert "block.stats.wall_seconds is nan; times must be finite" in caplog.text
+    if multiprocessing:
+        assert s.worker_failure_count == 0  # the block failed; its worker lived on

@@ -140,3 +140,22 @@ def test_block_stats_repr_equality_and_nan() -> None:
         "io_read_bytes=4, io_write_bytes=5)"
     )
     assert pickle.loads(pickle.dumps(a)) == a
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"wall_seconds": float("nan")}, "wall_seconds is nan"),
+        ({"cpu_seconds": -0.5}, "cpu_seconds is -0.5"),
+        ({"cpu_children_seconds": float("inf")}, "cpu_children_seconds is inf"),
+        ({"peak_rss_bytes": -1}, "peak_rss_bytes is -1"),
+        ({"io_write_bytes": 2**64}, "io_write_bytes is 18446744073709551616"),
+        ({"gpu_mem_bytes": -3}, "gpu_mem_bytes is -3"),
+    ],
+)
+def test_stats_problem_names_the_figure(kwargs: dict[str, float], fragment: str) -> None:
+    from bellis._block import stats_problem
+
+    assert stats_problem(BlockStats(**kwargs)) is not None
+    assert fragment in (stats_problem(BlockStats(**kwargs)) or "")
+    assert stats_problem(BlockStats(0.1, 0.2, 1 << 30, 5, 6, float("nan"), 0, 0.3)) is None

@@ -166,6 +166,38 @@ def test_aggregates_accept_seven_field_stats_from_daisy() -> None:
     assert agg.to_json()["cpu_children"] is None and agg.wall.n == 1
 
 
+def _table(rows: list[tuple[Any, ...]]) -> Any:
+    from bellis._aggregates import STATS_DTYPE
+
+    return np.array(rows, dtype=STATS_DTYPE)
+
+
+def test_batched_and_single_measurements_aggregate_alike_in_completion_order() -> None:
+    """The server's batch path (add_measured) and the per-block path (add_block) give the
+    same figures, and mixing them keeps the completion order the trend is fitted on."""
+    walls = [0.010, 0.012, 0.030, 0.011, 0.050, 0.013, 0.020, 0.040]
+    rows = [BlockStats(w, w / 2, 1 << 20, 7, 3, math.nan, 0, 0.25).to_tuple() for w in walls]
+    one = TaskAggregates()
+    for w, r in zip(walls, rows, strict=True):
+        one.add_block(w + 0.001, r, failed=False)
+    mixed = TaskAggregates()
+    mixed.add_measured(np.array([w + 0.001 for w in walls[:3]]), _table(rows[:3]))
+    mixed.add_block(walls[3] + 0.001, rows[3], failed=False)
+    mixed.add_block(walls[4] + 0.001, rows[4], failed=True)  # a failure: counted apart
+    mixed.add_block(walls[4] + 0.001, rows[4], failed=False)
+    mixed.add_measured(np.array([w + 0.001 for w in walls[5:]]), _table(rows[5:]))
+    a, b = one.to_json(), mixed.to_json()
+    assert b["failed_attempts"] == 1
+    b["failed_attempts"] = 0
+    assert a["count"] == b["count"] == len(walls)
+    assert b["trend_ms_per_block"] == pytest.approx(a["trend_ms_per_block"])
+    for key in ("round_trip", "wall", "cpu", "peak_rss", "overhead", "cpu_children"):
+        for field in ("n", "mean", "std", "min", "max", "total"):
+            assert b[key][field] == pytest.approx(a[key][field]), (key, field)
+    assert a["io_read_bytes"] == b["io_read_bytes"] == 7 * len(walls)
+    assert a["io_write_bytes"] == b["io_write_bytes"] == 3 * len(walls)
+
+
 # ------------------------------------------------------------------ report JSON
 
 
