@@ -205,7 +205,7 @@ def _ensure_chunk(file: Path, nbytes: int) -> None:
 
 def _map_writable(file: Path, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.memmap[Any, Any]:
     _ensure_chunk(file, _cell_count(shape) * dtype.itemsize)
-    return np.memmap(file, dtype=dtype, mode="r+", shape=shape, order="C")
+    return np.memmap(os.fspath(file), dtype=dtype, mode="r+", shape=shape, order="C")
 
 
 def _create_array(root: Path, name: str, grid: tuple[int, ...]) -> np.memmap[Any, Any]:
@@ -231,7 +231,7 @@ def _map_readonly(
     size = file.stat().st_size
     if size != nbytes:
         raise invalid_metadata(display, f"chunk file {file} is {size} bytes, expected {nbytes}")
-    return np.memmap(file, dtype=dtype, mode="r", shape=shape, order="C")
+    return np.memmap(os.fspath(file), dtype=dtype, mode="r", shape=shape, order="C")
 
 
 def _child_arrays(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
