@@ -377,10 +377,12 @@ class Meter:
     :meth:`start` opens a measurement and :meth:`finish` closes it, returning the
     figures in wire order (``BlockStats.to_tuple()``). A loop that runs blocks back to
     back, with nothing but bellis's own bookkeeping between them, opens the next one with
-    :meth:`restart` instead: the ``/proc/self/io`` and child-process readings taken by
-    :meth:`finish` are reused as the next block's starting point (the bytes of bellis's
-    own ``/proc`` reads in between are subtracted exactly), so a block costs one reading
-    of each instead of two. CPU and wall are always read afresh at the block's start.
+    :meth:`restart` instead: the ``/proc/self/io``, child-process and page-fault readings
+    taken by :meth:`finish` are reused as the next block's starting point (the bytes of
+    bellis's own ``/proc`` reads in between are subtracted exactly), so a block costs one
+    reading of each instead of two, and the high-water mark is reset only when it could
+    differ from the resident size. CPU and wall are always read afresh at the block's
+    start.
 
     Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size right
     after the reset comes from the cheap ``statm``. The resident set grows only through
