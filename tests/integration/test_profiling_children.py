@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -45,8 +45,11 @@ def _proc_cpu_seconds(pid: int) -> float:
 
 
 def _wait_for_cpu(pid: int, seconds: float, deadline_s: float = 30.0) -> None:
+    """Wait until ``pid`` shows ``seconds`` of CPU in /proc, less two clock ticks: /proc
+    has tick resolution, so a child that burned exactly that much may read a tick short."""
     deadline = time.monotonic() + deadline_s
-    while _proc_cpu_seconds(pid) < seconds:
+    target = seconds - 2 / os.sysconf("SC_CLK_TCK")
+    while _proc_cpu_seconds(pid) < target:
         assert time.monotonic() < deadline, "the child never burned its CPU"
         time.sleep(0.02)
 
@@ -117,10 +120,11 @@ def test_reaped_child_cpu_goes_to_cpu_children_not_cpu() -> None:
 @needs_proc
 def test_running_child_cpu_is_counted_so_far_and_not_twice() -> None:
     b = _block()
-    with profile_block(b):
-        child = subprocess.Popen([sys.executable, "-c", BURN, "0.5", "30"])
-        _wait_for_cpu(child.pid, 0.5)
+    child = None
     try:
+        with profile_block(b):
+            child = subprocess.Popen([sys.executable, "-c", BURN, "0.5", "30"])
+            _wait_for_cpu(child.pid, 0.5)
         assert child.pid in live_descendant_pids()
         assert b.stats is not None and b.stats.cpu_children_seconds >= 0.4
         # the next block sees the same, now idle, child: no CPU of it is counted again
@@ -129,8 +133,9 @@ def test_running_child_cpu_is_counted_so_far_and_not_twice() -> None:
             time.sleep(0.05)
         assert after.stats is not None and after.stats.cpu_children_seconds < 0.05
     finally:
-        child.kill()
-        child.wait()
+        if child is not None:
+            child.kill()
+            child.wait()
     # reaping it outside any block moves its CPU to RUSAGE_CHILDREN, uncounted
     reaped = _block()
     with profile_block(reaped):
@@ -288,14 +293,14 @@ def test_chained_peak_rss_is_per_block_and_fault_free_blocks_report_the_reset_si
     assert small[GPU_MEM] == 0 and math.isnan(small[GPU_UTIL])
 
 
-@needs_proc
-def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
-    """A chained block resets the high-water mark only when it could differ from the
-    resident size. Memory freed without a page fault (munmap) changes the resident size,
-    so the next block starts from a fresh mark, not from the larger one before the free."""
-    import mmap
+SHRINK_SCENARIO = """
+import json, mmap, resource
+import numpy as np
+from bellis._profiling import Meter
 
-    size = 160 * 1024 * 1024
+PEAK = 2
+size = 160 * 1024 * 1024
+for attempt in range(5):
     region = mmap.mmap(-1, size)
     for off in range(0, size, 4096):
         region[off] = 1
@@ -305,18 +310,36 @@ def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
     meter.restart()
     quiet = meter.finish()
     meter.restart()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     region.close()  # munmap: the resident size drops without a fault
-    shrink_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    after_free = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     shrink = meter.finish()
     meter.restart()
     grow = np.ones(8 * 1024 * 1024, dtype=np.uint8)
     assert int(grow[::4096].sum()) == len(grow) // 4096
     del grow
     after = meter.finish()
-    assert shrink_faults == 0, "the free itself faulted: this run does not test the shrink"
-    assert quiet[PEAK] >= size and shrink[PEAK] >= size
-    assert after[PEAK] < shrink[PEAK] - 100 * 1024 * 1024
+    if after_free == before:
+        break
+print(json.dumps({"faults": after_free - before, "quiet": quiet[PEAK],
+                  "shrink": shrink[PEAK], "after": after[PEAK]}))
+"""
+
+
+@needs_proc
+def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
+    """A chained block resets the high-water mark only when it could differ from the
+    resident size. Memory freed without a page fault (munmap) changes the resident size,
+    so the next block starts from a fresh mark, not from the larger one before the free.
+    (In a fresh process: in a large one, the bookkeeping around the free may fault.)"""
+    out = subprocess.run(
+        [sys.executable, "-c", SHRINK_SCENARIO], capture_output=True, text=True, check=True
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    size = 160 * 1024 * 1024
+    assert r["faults"] == 0, "the free itself faulted: this run does not test the shrink"
+    assert r["quiet"] >= size and r["shrink"] >= size
+    assert r["after"] < r["shrink"] - 100 * 1024 * 1024
 
 
 @needs_proc
