@@ -417,10 +417,10 @@ class RunLoop(WorkerPool):
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
             self._returned_batch(conn, run, msg, n, rows)
-        elif rows is not None:
-            raise ProtocolError("measurement rows without blocks")
             if self.fatal is not None or conn.sock.fileno() < 0:
                 return
+        elif rows is not None:
+            raise ProtocolError("measurement rows without blocks")
         if op == BYE:
             if conn.held:
                 # blocks the worker never started go back to the queue, uncounted

@@ -272,6 +272,9 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
         sent = recv()
         sock.sendall(encode([ACQUIRE, sent[1], 2, -1, None]))
         errors.append("sent")
+        # the run fails at once: this client is not served another block
+        reply = recv()
+        errors.append("closed" if reply == [] else f"got opcode {reply[0]}")
         sock.close()
 
     task = _task(tmp_path, None, n=2)
@@ -283,7 +286,10 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
     server = bellis.Server(external_workers=True, on_listen=on_listen)
     with pytest.raises(RuntimeError, match="profile_block"):
         server.run_blockwise(task, progress=False, summary=False)
-    assert errors == ["sent"]
+    deadline = time.monotonic() + 10
+    while len(errors) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert errors == ["sent", "closed"]
 
 
 def test_report_stat_relations(tmp_path: Path) -> None:
