@@ -169,10 +169,15 @@ class BlockStats:
 _U64_LIMIT = 2**64
 
 
-def stats_problem(stats: BlockStats) -> str | None:
-    """Why ``stats`` cannot be recorded, or None: times must be finite and non-negative,
-    byte counts within ``0 .. 2**64 - 1``. bellis's own measurements always qualify; this
-    checks figures a block function attached itself."""
+def stats_problem(stats: Any) -> str | None:
+    """Why ``stats`` cannot be recorded, or None: a :class:`BlockStats` whose times are
+    finite and non-negative and whose byte counts are within ``0 .. 2**64 - 1``. bellis's
+    own measurements always qualify; this checks what a block function attached itself."""
+    if not isinstance(stats, BlockStats):
+        return (
+            f"block.stats is a {type(stats).__name__}; set it to a bellis.BlockStats "
+            "(bellis.profile_block does) or leave it None"
+        )
     values = stats.to_tuple()
     for name, i in (("wall_seconds", 0), ("cpu_seconds", 1), ("cpu_children_seconds", 7)):
         x = values[i]

@@ -405,6 +405,7 @@ class Client:
             try:
                 row = self._row(block, measured)
             except ValueError as exc:
+                logger.warning("block %s failed: %s", block.block_id, exc)
                 self._results += (k, BlockStatus.FAILED, -1, str(exc))
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, None)
@@ -547,10 +548,10 @@ def _user_row(block: Block) -> bytes:
     """``block.stats`` (set by the block function) as a wire row; ValueError with the
     reason when the figures cannot be recorded."""
     stats = block.stats
-    assert stats is not None
     problem = stats_problem(stats)
     if problem is not None:
         raise ValueError(f"block {block.block_id}: {problem}")
+    assert isinstance(stats, BlockStats)
     return _pack_row(*stats.to_tuple())
 
 

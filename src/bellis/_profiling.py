@@ -81,7 +81,6 @@ __all__ = [
 
 _IS_LINUX: Final = sys.platform.startswith("linux")
 _perf_counter = time.perf_counter
-_process_time = time.process_time
 _pread = os.pread
 _NAN: Final = math.nan
 
@@ -377,12 +376,12 @@ class Meter:
     :meth:`start` opens a measurement and :meth:`finish` closes it, returning the
     figures in wire order (``BlockStats.to_tuple()``). A loop that runs blocks back to
     back, with nothing but bellis's own bookkeeping between them, opens the next one with
-    :meth:`restart` instead: the ``/proc/self/io``, child-process and page-fault readings
-    taken by :meth:`finish` are reused as the next block's starting point (the bytes of
-    bellis's own ``/proc`` reads in between are subtracted exactly), so a block costs one
-    reading of each instead of two, and the high-water mark is reset only when it could
-    differ from the resident size. CPU and wall are always read afresh at the block's
-    start.
+    :meth:`restart` instead: the ``/proc/self/io`` and child-process readings taken by
+    :meth:`finish` are reused as the next block's starting point (the bytes of bellis's
+    own ``/proc`` reads in between are subtracted exactly), so a block costs one reading
+    of each instead of two, and the high-water mark is reset only when it could differ
+    from the resident size. CPU, page faults and wall are always read afresh at the
+    block's start.
 
     Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size right
     after the reset comes from the cheap ``statm``. The resident set grows only through
@@ -400,7 +399,6 @@ class Meter:
 
     __slots__ = (
         "_chain_child",
-        "_chain_flt",
         "_chain_io_ok",
         "_chain_rchar",
         "_chain_wchar",
@@ -425,7 +423,6 @@ class Meter:
 
     def __init__(self) -> None:
         self._chain_child = 0.0
-        self._chain_flt = -1
         self._mark_rss = self._mark_flt = -2  # the high-water mark was never reset
         self._childless = False  # no child check yet
         self._kid_flt = self._kid_csw = -1
@@ -460,24 +457,29 @@ class Meter:
     def restart(self) -> None:
         """Like :meth:`start`, continuing from the readings of the last :meth:`finish`.
 
-        The cheaper opening of a chained block. CPU comes from ``time.process_time()``
-        (the same per-process clock as ``getrusage``'s user + system, without the
-        struct), and the page-fault count from the last :meth:`finish`, so a fault in
-        between counts as this block's and only makes its peak the exact ``VmHWM``
-        reading. The high-water mark is reset only when it could differ from the resident
-        size: after a page fault, or when the resident size changed since the last reset.
-        Without either, the mark still equals the resident size, as a reset would leave it.
+        The cheaper opening of a chained block: no ``/proc/self/io`` or child-process
+        reading, and the high-water mark is reset only when it could differ from the
+        resident size: after a page fault since the last reset (counted by the
+        ``getrusage`` this opening makes anyway), or when the resident size changed
+        since then. Without either, the mark still equals the resident size, as a reset
+        would leave it.
         """
         # a block whose closing IO reading failed leaves no starting point: no IO figure
         self._io_ok = self._chain_io_ok
         rchar = self._chain_rchar
         wchar = self._chain_wchar
-        flt = self._chain_flt
+        if _getrusage is None:
+            self._open(rchar, wchar, self._chain_child)
+            return
         rss = -1
         files = _files
         if files.clear_refs_fd >= 0:
             rss, own = _resident_bytes(files.statm_fd)
             rchar += own
+        # after the statm reading: a fault in between shows in this count
+        ru = _getrusage(_RUSAGE_SELF)
+        flt = ru.ru_minflt + ru.ru_majflt
+        if files.clear_refs_fd >= 0:
             if rss != self._mark_rss or flt != self._mark_flt or rss < 0:
                 written = _reset_hwm()
                 wchar += written
@@ -489,10 +491,10 @@ class Meter:
         self._wchar0 = wchar
         self._child0 = self._chain_child
         self._flt0 = flt
-        # ru_maxrss can carry an older peak (exec, exited threads) that only a getrusage
-        # right after the reset rules out: a chained block that faults reads VmHWM
-        self._ru_tracks = False
-        self._cpu0 = _process_time()
+        # read before a reset, ru_maxrss is at least what it would be after one, so this
+        # test stays on the safe side (see _open)
+        self._ru_tracks = 0 <= rss and ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
+        self._cpu0 = ru.ru_utime + ru.ru_stime
         self._t0 = _perf_counter()
 
     def _open(self, rchar: int, wchar: int, child: float) -> None:
@@ -540,7 +542,6 @@ class Meter:
             cpu = ru.ru_utime + ru.ru_stime - self._cpu0
             maxrss = ru.ru_maxrss * _MAXRSS_UNIT
             flt = ru.ru_minflt + ru.ru_majflt
-            self._chain_flt = flt
             csw = ru.ru_nvcsw
             faulted = flt != self._flt0
         # the IO snapshot comes before any /proc reading of bellis's own below; what

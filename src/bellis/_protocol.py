@@ -71,7 +71,7 @@ CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
 #: One block's measurements, ``BlockStats.to_tuple()`` order: wall and cpu seconds,
 #: peak RSS, IO read and IO write bytes, the reserved GPU utilisation and memory, and
 #: child-process CPU seconds. Little-endian, 64 bytes. (The server reads it with the
-#: numpy dtype ``_server.STATS_DTYPE``; workers do not import numpy.)
+#: numpy dtype ``_aggregates.STATS_DTYPE``; workers do not import numpy.)
 STATS_ROW = struct.Struct("<ddQQQdQd")
 
 _HEADER = struct.Struct(">IB")

@@ -250,10 +250,12 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
                     # a measurement the block function attached itself wins
                     stats: Any = measured
-                    if block.stats is not None:
-                        stats = block.stats.to_tuple()
-                        problem = stats_problem(block.stats) if ok else None
-                        if problem is not None:
+                    attached = block.stats
+                    if attached is not None and ok:
+                        problem = stats_problem(attached)
+                        if problem is None:
+                            stats = attached.to_tuple()
+                        else:
                             logger.warning("block %s failed: %s", block.block_id, problem)
                             ok = False
                     release(run, k, ok, stats, -1, t0, t1)

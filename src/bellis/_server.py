@@ -85,6 +85,16 @@ def _measurements(rows: Any) -> np.ndarray[Any, Any]:
 _SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
 
 
+def _unmeasured_error(conn: _Conn, run: TaskRun, k: int) -> RuntimeError:
+    return RuntimeError(
+        f'task "{run.task_id}" has resource_tracking enabled but worker at '
+        f"{conn.addr[0]}:{conn.addr[1]} returned block {run.task_id}/{k} without "
+        "measurements. Wrap the block body in `with bellis.profile_block(block):` "
+        "(daisy.profile_block) — bellis's own workers do this automatically, so this "
+        "usually means a custom client is bypassing bellis.Client."
+    )
+
+
 def _watchdog_margin(conn: _Conn) -> float:
     """How long past a block's deadline the server waits before it reclaims the block.
 
@@ -473,6 +483,12 @@ class RunLoop(WorkerPool):
             return
         conn.held = held = [k for k in held if k not in taken]
         processed = [r for r in results if r[1] != BlockStatus.CREATED]
+        if run.task.resource_tracking:
+            for k, status, row, _error in processed:
+                if row < 0 and status == BlockStatus.SUCCESS:
+                    # before anything of the batch is recorded: the run fails on it
+                    self.fatal = _unmeasured_error(conn, run, k)
+                    return
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))
         if table is not None and run.status == RUNNING:
@@ -585,15 +601,6 @@ class RunLoop(WorkerPool):
         returned: float,
     ) -> None:
         success = status == BlockStatus.SUCCESS
-        if success and not measured and run.task.resource_tracking:
-            self.fatal = RuntimeError(
-                f'task "{run.task_id}" has resource_tracking enabled but worker at '
-                f"{conn.addr[0]}:{conn.addr[1]} returned block {run.task_id}/{k} without "
-                "measurements. Wrap the block body in `with bellis.profile_block(block):` "
-                "(daisy.profile_block) — bellis's own workers do this automatically, so this "
-                "usually means a custom client is bypassing bellis.Client."
-            )
-            return
         if conn.worker is not None:
             conn.worker.earned = True
         if not success:
@@ -623,7 +630,7 @@ class RunLoop(WorkerPool):
         """Release block ``k``; a measured success was stored and aggregated already (see
         :meth:`_record_measured`)."""
         wall0 = conn.sent_wall + (sent - conn.sent_at)
-        self.s.release_index(
+        accepted = self.s.release_index(
             run,
             k,
             success,
@@ -633,7 +640,9 @@ class RunLoop(WorkerPool):
             wall0 + (returned - sent),
         )
         plan = self.plan_of[run.index]
-        if not (measured and success):
+        if accepted and not (measured and success):
+            # (a release the scheduler ignores, of a task that already ended, counts in
+            # no block figure, like the measured ones _record_measured leaves out then)
             plan.aggregates.add_block(returned - sent, None, not success)
         if conn.worker is not None:
             tl = conn.worker.timeline

@@ -342,6 +342,40 @@ def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
     assert r["after"] < r["shrink"] - 100 * 1024 * 1024
 
 
+BETWEEN_SCENARIO = """
+import json, mmap
+from bellis._profiling import Meter
+
+PEAK = 2
+meter = Meter()
+meter.start()
+meter.finish()
+meter.restart()
+first = meter.finish()
+# between two blocks: memory faults in and is freed again; the resident size is back
+# where it was, but the high-water mark is not
+size = 64 * 1024 * 1024
+region = mmap.mmap(-1, size)
+for off in range(0, size, 4096):
+    region[off] = 1
+region.close()
+meter.restart()
+empty = meter.finish()
+print(json.dumps({"first": first[PEAK], "empty": empty[PEAK]}))
+"""
+
+
+@needs_proc
+def test_memory_used_between_blocks_is_in_neither() -> None:
+    """A fault between two chained blocks forces the next block's reset, so the peak of
+    memory used and freed in between is not charged to it. (Fresh process, as above.)"""
+    out = subprocess.run(
+        [sys.executable, "-c", BETWEEN_SCENARIO], capture_output=True, text=True, check=True
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["empty"] < r["first"] + 16 * 1024 * 1024, r
+
+
 @needs_proc
 def test_a_block_after_a_transient_peak_starts_from_a_fresh_mark() -> None:
     """A block that faulted leaves a mark above the resident size even when it freed

@@ -292,6 +292,62 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
     assert errors == ["sent", "closed"]
 
 
+def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: Path) -> None:
+    """The run fails on an unmeasured success before anything of its batch is stored: a
+    measured block returned with it gets neither figures nor a done marker."""
+    from bellis._protocol import ACQUIRE, HELLO, SEND, STATS_ROW, FrameDecoder, compute_mac
+    from bellis._protocol import encode as enc
+
+    seen: dict[str, Any] = {}
+    row = STATS_ROW.pack(0.01, 0.01, 1 << 20, 0, 0, math.nan, 0, 0.0)
+
+    def rogue(server: Any) -> None:
+        sock = socket.create_connection((server.hostname, server.port))
+        dec = FrameDecoder()
+
+        def recv() -> list[Any]:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    return []
+                msgs = dec.feed(data)
+                if msgs:
+                    return msgs[0]  # type: ignore[no-any-return]
+
+        challenge = recv()
+        sock.sendall(enc([HELLO, compute_mac(server.secret, challenge[1]), "t", -1, 0, 0.0]))
+        recv()
+        sock.sendall(enc([ACQUIRE]))
+        first = recv()
+        # a well-formed return of the first block: the next batch grows to two blocks
+        sock.sendall(enc([ACQUIRE, first[1], 2, 0, None, row]))
+        batch = recv()
+        assert batch[0] == SEND and len(batch) >= 3, batch
+        seen["first"], seen["batch"] = first[1], batch[1:3]
+        a, b = batch[1], batch[2]
+        sock.sendall(enc([ACQUIRE, a, 2, -1, None, b, 2, 0, None, row]))
+        recv()
+        sock.close()
+
+    task = _task(tmp_path, None, n=6)
+    import threading
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=rogue, args=(server,), daemon=True).start()
+
+    server = bellis.Server(external_workers=True, on_listen=on_listen)
+    with pytest.raises(RuntimeError, match="profile_block"):
+        server.run_blockwise(task, progress=False, summary=False)
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    done = np.asarray(g["done"][:])
+    wall = np.asarray(g["wall_seconds"][:])
+    a, b = seen["batch"]
+    assert done[seen["first"]] == 1 and wall[seen["first"]] == pytest.approx(0.01)
+    assert done[a] == 0 and done[b] == 0
+    assert wall[b] == 0.0  # the measured block of the failing batch was not stored
+    assert done.sum() == 1
+
+
 def test_report_stat_relations(tmp_path: Path) -> None:
     task = _task(tmp_path, n=6)
     bellis.run_blockwise(task, progress=False, summary=False)
@@ -447,9 +503,11 @@ def _live_workers() -> list[int]:
 
 
 def attach_bad_stats(block: Any) -> None:
-    """Block 2 attaches figures that cannot be recorded; the others measure normally."""
+    """Blocks 2 and 4 attach figures that cannot be recorded; the others measure normally."""
     if block.block_id[1] == 2:
         block.stats = bellis.BlockStats(wall_seconds=float("nan"), cpu_seconds=0.001)
+    elif block.block_id[1] == 4:
+        block.stats = {"wall_seconds": 0.1}
 
 
 @pytest.mark.parametrize("multiprocessing", [False, True])
@@ -462,11 +520,12 @@ def test_unrecordable_attached_stats_fail_that_block_only(
             task, multiprocessing=multiprocessing, progress=False, summary=False, return_states=True
         )
     s = states["t"]
-    assert (s.completed_count, s.failed_count) == (5, 1)
+    assert (s.completed_count, s.failed_count) == (4, 2)
     g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
-    assert np.asarray(g["done"][:]).tolist() == [1, 1, 0, 1, 1, 1]
+    assert np.asarray(g["done"][:]).tolist() == [1, 1, 0, 1, 0, 1]
     assert np.isfinite(np.asarray(g["wall_seconds"][:])).all()
-    assert task.report().blocks.wall.n == 5
+    assert task.report().blocks.wall.n == 4
     assert "block.stats.wall_seconds is nan; times must be finite" in caplog.text
+    assert "block.stats is a dict; set it to a bellis.BlockStats" in caplog.text
     if multiprocessing:
         assert s.worker_failure_count == 0  # the block failed; its worker lived on

@@ -160,6 +160,14 @@ def rogue_row_not_an_int(port: int, secret: bytes) -> bool:
     return _rogue_bad_return(port, secret, 2, [0.1, 0.1, 0, 0, 0, 0.0, 0], None)
 
 
+def rogue_rows_without_blocks(port: int, secret: bytes) -> bool:
+    sock = authenticate(port, secret, "a")
+    sock.sendall(encode([ACQUIRE]))
+    assert recv_msg(sock)[0] == SEND
+    sock.sendall(encode([ACQUIRE, _row()]))
+    return closed_by_server(sock)
+
+
 def rogue_bad_status(port: int, secret: bytes) -> bool:
     return _rogue_bad_return(port, secret, "done", -1, None)
 
@@ -176,6 +184,7 @@ ROGUES = {
     "partial_row": rogue_partial_row,
     "row_out_of_range": rogue_row_out_of_range,
     "row_not_an_int": rogue_row_not_an_int,
+    "rows_without_blocks": rogue_rows_without_blocks,
     "bad_status": rogue_bad_status,
     "bad_error_text": rogue_bad_error_text,
     "garbage": rogue_garbage,

@@ -159,3 +159,9 @@ def test_stats_problem_names_the_figure(kwargs: dict[str, float], fragment: str)
     assert stats_problem(BlockStats(**kwargs)) is not None
     assert fragment in (stats_problem(BlockStats(**kwargs)) or "")
     assert stats_problem(BlockStats(0.1, 0.2, 1 << 30, 5, 6, float("nan"), 0, 0.3)) is None
+
+
+def test_stats_problem_refuses_what_is_not_block_stats() -> None:
+    from bellis._block import stats_problem
+
+    assert "block.stats is a tuple" in (stats_problem((0.1, 0.2)) or "")
