@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ._block import MEASURED_ARRAYS
+
 __all__ = ["STATS_DTYPE", "Stat", "TaskAggregates", "Trend", "Welford"]
 
 #: A block's measurements as one numpy record: the wire's ``STATS_ROW`` (``_protocol``),
@@ -27,14 +29,7 @@ STATS_DTYPE = np.dtype(
     ]
 )
 #: the aggregated fields, in the column order of ``TaskAggregates``'s pending rows
-_AGGREGATED = (
-    "wall_seconds",
-    "cpu_seconds",
-    "peak_rss_bytes",
-    "io_read_bytes",
-    "io_write_bytes",
-    "cpu_children_seconds",
-)
+_AGGREGATED = MEASURED_ARRAYS
 
 
 # --------------------------------------------------------------------- accumulators

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._graph import TaskGeometry
 
 __all__ = [
+    "MEASURED_ARRAYS",
     "NO_WORKER",
     "STAMP_ARRAYS",
     "STATS_ARRAYS",
@@ -38,6 +39,8 @@ STATS_ARRAYS = (
     "gpu_mem_bytes",
     "cpu_children_seconds",
 )
+#: the figures a block's measurement fills (the GPU slots are reserved: NaN and 0)
+MEASURED_ARRAYS = tuple(name for name in STATS_ARRAYS if not name.startswith("gpu_"))
 #: the tracking-store arrays that say who completed a block, and when
 STAMP_ARRAYS = ("worker_id", "sent_at", "returned_at")
 #: ``worker_id`` of a block completed outside any managed worker (serial, unmanaged)

@@ -246,28 +246,50 @@ def test_resource_tracking_needs_a_store(tmp_path: Path) -> None:
         bellis.run_blockwise(task, progress=False)
 
 
+def _hand_rolled_client(server: Any, task_id: str) -> tuple[socket.socket, Any]:
+    """A client speaking the protocol by hand: authenticated for ``task_id``; returns the
+    socket and a function that reads the next message ([] once the server closed)."""
+    from bellis._protocol import HELLO, FrameDecoder, compute_mac, encode
+
+    sock = socket.create_connection((server.hostname, server.port))
+    dec = FrameDecoder()
+
+    def recv() -> list[Any]:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return []
+            msgs = dec.feed(data)
+            if msgs:
+                return msgs[0]  # type: ignore[no-any-return]
+
+    challenge = recv()
+    sock.sendall(encode([HELLO, compute_mac(server.secret, challenge[1]), task_id, -1, 0, 0.0]))
+    recv()
+    return sock, recv
+
+
+def _run_failing_on_unmeasured(task: Any, client: Any) -> None:
+    """Run ``task`` with ``client(server)`` as its only worker, in a thread; the run must
+    fail on an unmeasured block, naming profile_block."""
+    import threading
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=client, args=(server,), daemon=True).start()
+
+    server = bellis.Server(external_workers=True, on_listen=on_listen)
+    with pytest.raises(RuntimeError, match="profile_block"):
+        server.run_blockwise(task, progress=False, summary=False)
+
+
 def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path: Path) -> None:
     """A hand-rolled client returning a block without stats is refused with the fix."""
-    from bellis._protocol import ACQUIRE, HELLO, FrameDecoder, compute_mac, encode
+    from bellis._protocol import ACQUIRE, encode
 
     errors: list[str] = []
 
     def rogue(server: Any) -> None:
-        sock = socket.create_connection((server.hostname, server.port))
-        dec = FrameDecoder()
-
-        def recv() -> list[Any]:
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    return []
-                msgs = dec.feed(data)
-                if msgs:
-                    return msgs[0]  # type: ignore[no-any-return]
-
-        challenge = recv()
-        sock.sendall(encode([HELLO, compute_mac(server.secret, challenge[1]), "t", -1, 0, 0.0]))
-        recv()
+        sock, recv = _hand_rolled_client(server, "t")
         sock.sendall(encode([ACQUIRE]))
         sent = recv()
         sock.sendall(encode([ACQUIRE, sent[1], 2, -1, None]))
@@ -277,15 +299,7 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
         errors.append("closed" if reply == [] else f"got opcode {reply[0]}")
         sock.close()
 
-    task = _task(tmp_path, None, n=2)
-    import threading
-
-    def on_listen(server: Any) -> None:
-        threading.Thread(target=rogue, args=(server,), daemon=True).start()
-
-    server = bellis.Server(external_workers=True, on_listen=on_listen)
-    with pytest.raises(RuntimeError, match="profile_block"):
-        server.run_blockwise(task, progress=False, summary=False)
+    _run_failing_on_unmeasured(_task(tmp_path, None, n=2), rogue)
     deadline = time.monotonic() + 10
     while len(errors) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -295,28 +309,14 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
 def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: Path) -> None:
     """The run fails on an unmeasured success before anything of its batch is stored: a
     measured block returned with it gets neither figures nor a done marker."""
-    from bellis._protocol import ACQUIRE, HELLO, SEND, STATS_ROW, FrameDecoder, compute_mac
+    from bellis._protocol import ACQUIRE, SEND, STATS_ROW
     from bellis._protocol import encode as enc
 
     seen: dict[str, Any] = {}
     row = STATS_ROW.pack(0.01, 0.01, 1 << 20, 0, 0, math.nan, 0, 0.0)
 
     def rogue(server: Any) -> None:
-        sock = socket.create_connection((server.hostname, server.port))
-        dec = FrameDecoder()
-
-        def recv() -> list[Any]:
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    return []
-                msgs = dec.feed(data)
-                if msgs:
-                    return msgs[0]  # type: ignore[no-any-return]
-
-        challenge = recv()
-        sock.sendall(enc([HELLO, compute_mac(server.secret, challenge[1]), "t", -1, 0, 0.0]))
-        recv()
+        sock, recv = _hand_rolled_client(server, "t")
         sock.sendall(enc([ACQUIRE]))
         first = recv()
         # a well-formed return of the first block: the next batch grows to two blocks
@@ -329,15 +329,7 @@ def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: P
         recv()
         sock.close()
 
-    task = _task(tmp_path, None, n=6)
-    import threading
-
-    def on_listen(server: Any) -> None:
-        threading.Thread(target=rogue, args=(server,), daemon=True).start()
-
-    server = bellis.Server(external_workers=True, on_listen=on_listen)
-    with pytest.raises(RuntimeError, match="profile_block"):
-        server.run_blockwise(task, progress=False, summary=False)
+    _run_failing_on_unmeasured(_task(tmp_path, None, n=6), rogue)
     g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
     done = np.asarray(g["done"][:])
     wall = np.asarray(g["wall_seconds"][:])

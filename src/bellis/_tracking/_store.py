@@ -76,6 +76,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._block import MEASURED_ARRAYS
 from ..errors import TrackingError
 from ._layout import (
     ARRAY_DTYPES,
@@ -108,15 +109,6 @@ _MIGRATING = "c.migrating"
 _PRE_PREFIX = "c.pre-"
 _U32_MAX = 2**32 - 1
 _NAN = float("nan")
-#: what ``record_measured`` copies from a measurement table (the GPU slots are reserved)
-_MEASURED_FIELDS = (
-    "wall_seconds",
-    "cpu_seconds",
-    "peak_rss_bytes",
-    "io_read_bytes",
-    "io_write_bytes",
-    "cpu_children_seconds",
-)
 _MEMORYVIEW_FORMATS = {
     "uint8": "B",
     "uint32": "I",
@@ -814,7 +806,7 @@ class TrackingStore:
         if self._missing_stats:
             self.open_stats()
         columns = self._columns
-        for name in _MEASURED_FIELDS:
+        for name in MEASURED_ARRAYS:
             columns[name][cells] = table[name]
         columns["gpu_util_pct"][cells] = _NAN
         columns["gpu_mem_bytes"][cells] = 0
