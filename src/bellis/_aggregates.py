@@ -10,26 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from ._block import MEASURED_ARRAYS
+from ._block import MEASURED_ARRAYS, STATS_ARRAYS, STATS_FORMAT
 
 __all__ = ["STATS_DTYPE", "Stat", "TaskAggregates", "Trend", "Welford"]
 
 #: A block's measurements as one numpy record: the wire's ``STATS_ROW`` (``_protocol``),
 #: field for field, with the tracking store's array names as field names.
 STATS_DTYPE = np.dtype(
-    [
-        ("wall_seconds", "<f8"),
-        ("cpu_seconds", "<f8"),
-        ("peak_rss_bytes", "<u8"),
-        ("io_read_bytes", "<u8"),
-        ("io_write_bytes", "<u8"),
-        ("gpu_util_pct", "<f8"),
-        ("gpu_mem_bytes", "<u8"),
-        ("cpu_children_seconds", "<f8"),
-    ]
+    [(name, "<" + code) for name, code in zip(STATS_ARRAYS, STATS_FORMAT[1:], strict=True)]
 )
-#: the aggregated fields, in the column order of ``TaskAggregates``'s pending rows
-_AGGREGATED = MEASURED_ARRAYS
 
 
 # --------------------------------------------------------------------- accumulators
@@ -322,7 +311,7 @@ class TaskAggregates:
             self._fold()
         a = np.empty((n, 7), dtype=np.float64)
         a[:, 0] = round_trips
-        for i, name in enumerate(_AGGREGATED, 1):
+        for i, name in enumerate(MEASURED_ARRAYS, 1):
             a[:, i] = table[name]
         self.count += n
         self._chunks.append(a)

@@ -21,6 +21,7 @@ __all__ = [
     "NO_WORKER",
     "STAMP_ARRAYS",
     "STATS_ARRAYS",
+    "STATS_FORMAT",
     "Block",
     "BlockStats",
     "BlockStatus",
@@ -39,6 +40,9 @@ STATS_ARRAYS = (
     "gpu_mem_bytes",
     "cpu_children_seconds",
 )
+#: the wire and storage form of a BlockStats as a ``struct`` format, one code per
+#: STATS_ARRAYS name: little-endian float64 for times, uint64 for byte counts (64 bytes)
+STATS_FORMAT = "<ddQQQdQd"
 #: the figures a block's measurement fills (the GPU slots are reserved: NaN and 0)
 MEASURED_ARRAYS = tuple(name for name in STATS_ARRAYS if not name.startswith("gpu_"))
 #: the tracking-store arrays that say who completed a block, and when
@@ -189,14 +193,17 @@ def stats_problem(stats: Any) -> str | None:
                 f"block.stats.{name} is {x!r}; times must be finite and non-negative "
                 "(bellis.profile_block measures a block)"
             )
-    for name, i in (("peak_rss_bytes", 2), ("io_read_bytes", 3), ("io_write_bytes", 4)):
+    for name, i in (
+        ("peak_rss_bytes", 2),
+        ("io_read_bytes", 3),
+        ("io_write_bytes", 4),
+        ("gpu_mem_bytes", 6),
+    ):
         if not 0 <= values[i] < _U64_LIMIT:
             return (
                 f"block.stats.{name} is {values[i]!r}; byte counts must be within "
                 "0 .. 2**64 - 1 (bellis.profile_block measures a block)"
             )
-    if not 0 <= values[6] < _U64_LIMIT:
-        return f"block.stats.gpu_mem_bytes is {values[6]!r}; it must be within 0 .. 2**64 - 1"
     return None
 
 

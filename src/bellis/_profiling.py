@@ -379,12 +379,12 @@ class Meter:
     :meth:`restart` instead: the ``/proc/self/io`` and child-process readings taken by
     :meth:`finish` are reused as the next block's starting point (the bytes of bellis's
     own ``/proc`` reads in between are subtracted exactly), so a block costs one reading
-    of each instead of two, and the high-water mark is reset only when it could differ
-    from the resident size. CPU, page faults and wall are always read afresh at the
+    of each instead of two. CPU, page faults and wall are always read afresh at the
     block's start.
 
-    Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size right
-    after the reset comes from the cheap ``statm``. The resident set grows only through
+    Peak RSS (the seed's ``clear_refs`` reset, then ``VmHWM``): the resident size at the
+    start comes from the cheap ``statm``, and the mark is reset only when it could differ
+    from that size (see :meth:`_open`). The resident set grows only through
     page faults, which ``getrusage`` counts for every thread, so a block during which
     the process took no fault peaked at that size (to within a page that reading it may
     touch), and the costlier ``/proc/self/status`` is read only after a block that
@@ -455,78 +455,52 @@ class Meter:
             self.start()
 
     def restart(self) -> None:
-        """Like :meth:`start`, continuing from the readings of the last :meth:`finish`.
-
-        The cheaper opening of a chained block: no ``/proc/self/io`` or child-process
-        reading, and the high-water mark is reset only when it could differ from the
-        resident size: after a page fault since the last reset (counted by the
-        ``getrusage`` this opening makes anyway), or when the resident size changed
-        since then. Without either, the mark still equals the resident size, as a reset
-        would leave it.
-        """
+        """Like :meth:`start`, continuing from the readings of the last :meth:`finish`."""
         # a block whose closing IO reading failed leaves no starting point: no IO figure
         self._io_ok = self._chain_io_ok
-        rchar = self._chain_rchar
-        wchar = self._chain_wchar
-        if _getrusage is None:
-            self._open(rchar, wchar, self._chain_child)
-            return
-        rss = -1
+        self._open(self._chain_rchar, self._chain_wchar, self._chain_child)
+
+    def _open(self, rchar: int, wchar: int, child: float) -> None:
+        """The readings every opening takes afresh: resident size, CPU, page faults, wall.
+
+        The high-water mark is reset only when it could differ from the resident size:
+        after a page fault since the last reset (memory that faulted in and was freed
+        again leaves the mark above the resident size), or when the resident size changed
+        since then (``munmap`` shrinks it without a fault). Without either, the mark still
+        equals the resident size, as a reset would leave it.
+        """
         files = _files
+        rss = -1
         if files.clear_refs_fd >= 0:
             rss, own = _resident_bytes(files.statm_fd)
             rchar += own
         # after the statm reading: a fault in between shows in this count
-        ru = _getrusage(_RUSAGE_SELF)
-        flt = ru.ru_minflt + ru.ru_majflt
-        if files.clear_refs_fd >= 0:
-            if rss != self._mark_rss or flt != self._mark_flt or rss < 0:
-                written = _reset_hwm()
-                wchar += written
-                self._mark_rss = rss if written else -2
-                self._mark_flt = flt
-        self._reset = files.clear_refs_fd >= 0
-        self._rss0 = rss
-        self._rchar0 = rchar
-        self._wchar0 = wchar
-        self._child0 = self._chain_child
-        self._flt0 = flt
-        # read before a reset, ru_maxrss is at least what it would be after one, so this
-        # test stays on the safe side (see _open)
-        self._ru_tracks = 0 <= rss and ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
-        self._cpu0 = ru.ru_utime + ru.ru_stime
-        self._t0 = _perf_counter()
-
-    def _open(self, rchar: int, wchar: int, child: float) -> None:
-        rss = -1
-        written = _reset_hwm()
-        if written:
+        if _getrusage is not None:
+            ru = _getrusage(_RUSAGE_SELF)
+            flt = ru.ru_minflt + ru.ru_majflt
+            cpu = ru.ru_utime + ru.ru_stime
+            maxrss = ru.ru_maxrss * _MAXRSS_UNIT
+        else:
+            flt = 0
+            cpu = 0.0
+            maxrss = -1
+        if files.clear_refs_fd >= 0 and (rss != self._mark_rss or flt != self._mark_flt or rss < 0):
+            written = _reset_hwm()
             wchar += written
-            rss, own = _resident_bytes(_files.statm_fd)
-            rchar += own
-        self._reset = written > 0
+            self._mark_rss = rss if written else -2
+            self._mark_flt = flt
+        self._reset = files.clear_refs_fd >= 0  # (a refused reset closes it)
         self._rss0 = rss
         self._rchar0 = rchar
         self._wchar0 = wchar
         self._child0 = child
-        if _getrusage is not None:
-            ru = _getrusage(_RUSAGE_SELF)
-            self._cpu0 = ru.ru_utime + ru.ru_stime
-            flt = ru.ru_minflt + ru.ru_majflt
-            self._flt0 = flt
-            # ru_maxrss is max(the kernel's reset high-water mark, a maximum kept from
-            # exec and exited threads). When right after the reset it is no larger than
-            # the resident size, that second term cannot dominate during this block, so
-            # the exit's ru_maxrss is the block's peak even after faults.
-            self._ru_tracks = 0 <= rss and ru.ru_maxrss * _MAXRSS_UNIT <= rss + _MAXRSS_SLACK_BYTES
-        else:
-            self._cpu0 = 0.0
-            self._flt0 = flt = 0
-            self._ru_tracks = False
-        # the mark was reset to about ``rss`` (a fault right after the reset shows as a
-        # changed count, so the next restart resets again)
-        self._mark_rss = rss if written else -2
-        self._mark_flt = flt
+        self._flt0 = flt
+        # ru_maxrss is max(the kernel's high-water mark, a maximum kept from exec and
+        # exited threads). When it is no larger than the resident size, that second term
+        # cannot dominate during this block, so the exit's ru_maxrss is the block's peak
+        # even after faults. (Read before a reset, it can only be larger: on the safe side.)
+        self._ru_tracks = 0 <= rss and 0 <= maxrss <= rss + _MAXRSS_SLACK_BYTES
+        self._cpu0 = cpu
         self._t0 = _perf_counter()
 
     def finish(self) -> WireStats:

@@ -41,6 +41,7 @@ from typing import Any
 
 import msgpack
 
+from ._block import STATS_FORMAT
 from .errors import ProtocolError
 
 __all__ = [
@@ -68,11 +69,10 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
 
-#: One block's measurements, ``BlockStats.to_tuple()`` order: wall and cpu seconds,
-#: peak RSS, IO read and IO write bytes, the reserved GPU utilisation and memory, and
-#: child-process CPU seconds. Little-endian, 64 bytes. (The server reads it with the
-#: numpy dtype ``_aggregates.STATS_DTYPE``; workers do not import numpy.)
-STATS_ROW = struct.Struct("<ddQQQdQd")
+#: One block's measurements, ``BlockStats.to_tuple()`` order (``_block.STATS_FORMAT``).
+#: The server reads a message's rows with the matching numpy dtype
+#: ``_aggregates.STATS_DTYPE``; workers do not import numpy.
+STATS_ROW = struct.Struct(STATS_FORMAT)
 
 _HEADER = struct.Struct(">IB")
 _AUTH_TAG = b"bellis-auth-v1"

@@ -483,16 +483,12 @@ class RunLoop(WorkerPool):
             return
         conn.held = held = [k for k in held if k not in taken]
         processed = [r for r in results if r[1] != BlockStatus.CREATED]
-        if run.task.resource_tracking:
-            for k, status, row, _error in processed:
-                if row < 0 and status == BlockStatus.SUCCESS:
-                    # before anything of the batch is recorded: the run fails on it
-                    self.fatal = _unmeasured_error(conn, run, k)
-                    return
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))
-        if table is not None and run.status == RUNNING:
-            self._record_measured(conn, run, processed, table, step)
+        if (table is not None or run.task.resource_tracking) and not self._record_measured(
+            conn, run, processed, table, step
+        ):
+            return
         t = conn.sent_at
         suspects = self.plan_of[run.index].suspects
         for k, status, row, error in results:
@@ -523,31 +519,40 @@ class RunLoop(WorkerPool):
         conn: _Conn,
         run: TaskRun,
         processed: list[tuple[int, int, int, Any]],
-        table: np.ndarray[Any, Any],
+        table: np.ndarray[Any, Any] | None,
         step: float,
-    ) -> None:
+    ) -> bool:
         """Aggregate and store the measurements of a batch's successful blocks at once,
         before their releases mark them done (so a done block always has its figures).
 
         ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
-        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``.
+        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``. Returns
+        False, recording nothing, when a task with resource tracking got a success without
+        measurements: the run then fails on it.
         """
+        tracking = run.task.resource_tracking
         ks: list[int] = []
         picks: list[int] = []
         slots: list[int] = []
         for i, (k, status, row, _error) in enumerate(processed):
-            if row >= 0 and status == BlockStatus.SUCCESS:
+            if status != BlockStatus.SUCCESS:
+                continue
+            if row >= 0:
                 ks.append(k)
                 picks.append(row)
                 slots.append(i)
-        if not ks:
-            return
+            elif tracking:
+                self.fatal = _unmeasured_error(conn, run, k)
+                return False
+        if not ks or table is None or run.status != RUNNING:
+            return True
         measured = table[picks]
         self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
         if run.store is not None:
             sent = conn.sent_wall + np.asarray(slots, dtype=np.float64) * step
             wid = conn.worker_id if conn.worker is not None else -1
             run.record_measured(ks, measured, wid, sent, sent + step)
+        return True
 
     def _hello(self, conn: _Conn, msg: list[Any]) -> None:
         if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):

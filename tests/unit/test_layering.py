@@ -55,7 +55,7 @@ RESTRICTED = {
     "_runlog": {"errors"},
     "_panel": {"errors", "_block", "_runlog", "_aggregates"},
     "_timeline": {"errors", "_block", "_report", "_aggregates"},
-    "_protocol": {"errors"},
+    "_protocol": {"errors", "_block"},  # the wire form of BlockStats
 }
 
 # deliberate upward imports inside functions (convenience entry points)
