@@ -97,9 +97,7 @@ def test_block_timeout_kills_worker_and_retries(recdir: str, tmp_path: Path) -> 
     task = make_task(
         "t", 3, functools.partial(hang_once_block, recdir, 1), max_workers=1, timeout=1.0
     )
-    t0 = time.monotonic()
     states = bellis.run_blockwise([task], return_states=True, progress=False, summary=True)
-    assert time.monotonic() - t0 < 15
     s = states["t"]
     assert (s.completed_count, s.failed_count) == (3, 0)
     assert s.timeout_reclaim_count >= 1
@@ -159,10 +157,8 @@ def test_restart_cap_abandons_and_orphans_downstream(recdir: str, capfd: Any) ->
     )
     b = make_task("b", 6, functools.partial(sleep_block, recdir, 0.0), max_workers=1)
     pipe = bellis.Pipeline([a, b], [(a, b)])
-    t0 = time.monotonic()
     with pytest.raises(bellis.TaskAbandonedError) as info:
         bellis.run_blockwise(pipe, progress=False, summary=True)
-    assert time.monotonic() - t0 < 10
     err = info.value
     assert isinstance(err, RuntimeError)
     assert str(err).startswith("task 'a' was abandoned (worker restart cap exhausted)")
@@ -216,17 +212,15 @@ def test_resource_budget_caps_concurrency(recdir: str) -> None:
 
 def test_missing_process_function_is_rejected_at_once() -> None:
     task = make_task("n", 2, None)
-    t0 = time.monotonic()
+    listened: list[Any] = []
     with pytest.raises(ConfigurationError, match="no process_function"):
-        bellis.run_blockwise([task], **RUN)
-    assert time.monotonic() - t0 < 2
+        bellis.Server(on_listen=listened.append).run_blockwise([task], **RUN)
+    assert listened == []  # refused before the run's server even started listening
 
 
 def test_worker_that_returns_at_once_burns_the_budget() -> None:
     task = make_task("q", 3, connect_and_return, max_workers=1, max_worker_restarts=2)
-    t0 = time.monotonic()
     states = bellis.Server().run_blockwise([task], **RUN)
-    assert time.monotonic() - t0 < 10
     s = states["q"]
     assert s.abandoned
     assert (s.worker_start_count, s.worker_restart_count, s.worker_failure_count) == (3, 2, 0)
@@ -242,10 +236,8 @@ def test_every_block_timing_out_abandons_with_the_timeout_in_the_message(recdir:
         max_worker_restarts=1,
         timeout=0.5,
     )
-    t0 = time.monotonic()
     with pytest.raises(bellis.TaskAbandonedError) as info:
         bellis.run_blockwise([task], **RUN)
-    assert time.monotonic() - t0 < 10
     text = str(info.value)
     assert text.startswith("task 'h' was abandoned (worker restart cap exhausted)")
     assert "2 block attempt(s) exceeded the block timeout (0.5s" in text

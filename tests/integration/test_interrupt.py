@@ -84,18 +84,15 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
             time.sleep(0.05)
         else:
             pytest.fail("the driver made no progress")
-        t_sig = time.monotonic()
         t_sig_wall = time.time()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=15)
-        elapsed = time.monotonic() - t_sig
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     text = out.decode()
     assert proc.returncode != 0
-    assert elapsed < 8, elapsed
     assert "Run interrupted; counts at shutdown:" in text
     assert f"run aborted by {sig.name}" in err.decode()
     assert worker_processes(str(tmp_path)) == []
@@ -115,5 +112,11 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
         assert marked <= succeeded, (task_id, marked - succeeded)
         assert succeeded <= marked, (task_id, succeeded - marked)
     assert len(recs) < 80  # it really was interrupted
+    # the drain hands out no new block: at most one per worker (5) was on its way when the
+    # signal came
+    started_after = [
+        a for rows in recs.values() for a in rows if a.kind == "start" and a.t0 > t_sig_wall
+    ]
+    assert len(started_after) <= 5, started_after
     # blocks in flight at the signal finished during the drain, and were recorded above
     assert any(a.t1 is not None and a.t1 > t_sig_wall for rows in recs.values() for a in rows)

@@ -74,7 +74,7 @@ def test_measurements_reach_store_report_and_runs_jsonl(
     assert states["t"].completed_count == 8
     g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
     wall = np.asarray(g["wall_seconds"][:])
-    assert np.all(wall >= 0.015) and np.all(wall < 1.0)
+    assert np.all(wall >= 0.02)  # each block sleeps 0.02 s
     assert np.all(np.isnan(np.asarray(g["gpu_util_pct"][:])))
     assert np.all(np.asarray(g["gpu_mem_bytes"][:]) == 0)
     assert np.all(np.asarray(g["peak_rss_bytes"][:]) > 1 << 20)
@@ -82,6 +82,8 @@ def test_measurements_reach_store_report_and_runs_jsonl(
     sent = np.asarray(g["sent_at"][:])
     returned = np.asarray(g["returned_at"][:])
     assert np.all(returned >= sent) and np.all(sent > 1.7e9)
+    # the blocks ran inside the windows the server (or the serial loop) stamped
+    assert wall.sum() <= (returned - sent).sum()
     if multiprocessing:
         assert set(ids.tolist()) <= {0, 1}
     else:
@@ -95,7 +97,8 @@ def test_measurements_reach_store_report_and_runs_jsonl(
     assert report.mode == ("distributed" if multiprocessing else "serial")
     assert report.blocks.count == 8
     assert report.blocks.wall is not None and report.blocks.wall.n == 8
-    assert report.blocks.wall.mean == pytest.approx(0.02, abs=0.015)
+    assert report.blocks.wall.min >= 0.02
+    assert report.blocks.wall.total == pytest.approx(float(wall.sum()), rel=1e-6)  # float32 store
     assert report.blocks.cpu is not None and report.blocks.cpu.mean < 0.015
     if multiprocessing:
         assert report.blocks.round_trip is not None and report.blocks.round_trip.n == 8
@@ -118,9 +121,9 @@ def test_serial_and_distributed_agree(tmp_path: Path) -> None:
     a, b = reports[False], reports[True]
     assert a.counters == {**b.counters, "worker_starts": 0}
     assert a.blocks.count == b.blocks.count == 8
-    for field in ("wall", "cpu", "peak_rss", "io_read", "io_write"):
-        assert getattr(a.blocks, field) is not None and getattr(b.blocks, field) is not None
-    assert a.blocks.wall.mean == pytest.approx(b.blocks.wall.mean, abs=0.01)
+    for field in ("wall", "cpu", "cpu_children", "peak_rss", "io_read", "io_write"):
+        assert getattr(a.blocks, field).n == getattr(b.blocks, field).n == 8, field
+    assert a.blocks.wall.min >= 0.02 and b.blocks.wall.min >= 0.02  # each block sleeps 0.02 s
 
 
 def test_panel_count_equals_summary_completed(
@@ -135,8 +138,26 @@ def test_panel_count_equals_summary_completed(
     assert int(panel_line.group(1)) == int(summary_row.group(2)) == 12
     assert "Resource Utilization" in out
     assert out.index("Execution Summary") < out.index("Resource Utilization")
-    for token in ("round trip", "wall", "cpu", "peak RSS", "io", "overhead", "trend", "startup"):
-        assert token in out
+    dur = r"[\d.]+ (?:µs|ms|s)"
+    rows = {
+        "round trip": rf"round trip +{dur} ± {dur}$",
+        "wall": rf"wall +{dur} ± {dur}$",
+        "cpu": rf"cpu +{dur} ± {dur}$",
+        "cpu children": rf"cpu children +{dur} ± {dur}$",
+        "peak RSS": r"peak RSS +[\d.]+ [KMG]?B ± [\d.]+ [KMG]?B$",
+        "io": r"io +read [\d.]+ [KMG]?B +write [\d.]+ [KMG]?B$",
+        "overhead": rf"overhead +{dur} ± {dur}$",
+        "trend": r"trend +\S+ [+-][\d.]+ ms/block$",
+        "startup": rf"startup +{dur} ± {dur}$",
+        "idle": rf"idle +{dur} ± {dur}$",
+        "exits": r"exits +2 clean$",
+    }
+    for name, row in rows.items():
+        assert re.search(r"^\s+" + row, out, re.M), (name, out)
+    # the worker table: a header, then one row per worker with its block count
+    assert re.search(r"^\s+id +startup +blocks +idle", out, re.M), out
+    counts = [int(m) for m in re.findall(rf"^\s+[01] +{dur} +(\d+) ", out, re.M)]
+    assert len(counts) == 2 and sum(counts) == 12, out
 
 
 def test_panel_omitted_for_serial_run_without_resource_tracking(
@@ -211,6 +232,7 @@ def test_timeline_phases_add_up(tmp_path: Path) -> None:
     bellis.run_blockwise(task, progress=False, summary=False)
     wall = time.monotonic() - t0
     report = task.report()
+    assert 0 < report.wall_seconds <= wall
     assert report.workers.exits == {"clean": 2}
     assert sum(rec.blocks for rec in report.workers.records) == 8
     for rec in report.workers.records:
@@ -221,8 +243,10 @@ def test_timeline_phases_add_up(tmp_path: Path) -> None:
             assert rec.blocks == 0
             continue
         assert rec.final_wait is not None
+        # one idle gap before, and one compute span for, each block the worker did
+        assert rec.idle.n == rec.compute.n == rec.blocks + rec.blocks_failed
         total = rec.startup + rec.idle.total + rec.compute.total + rec.final_wait + rec.teardown
-        assert 0 < total <= wall
+        assert 0 < total <= report.wall_seconds
         assert rec.compute.total >= rec.blocks * 0.015
         assert rec.setup is not None and rec.launch is not None
         assert rec.setup + rec.launch == pytest.approx(rec.startup, abs=1e-6)
@@ -416,14 +440,14 @@ def test_hand_written_acquire_block_loop_is_measured(tmp_path: Path) -> None:
     assert bellis.run_blockwise(task, progress=False, summary=False)
     g = zarr.open_group(str(tmp_path / "track" / "loop"), mode="r")
     wall = np.asarray(g["wall_seconds"][:])
-    assert np.all(wall >= 0.009) and np.all(wall < 1.0), wall
+    assert np.all(wall >= 0.01), wall
     assert np.all(np.asarray(g["peak_rss_bytes"][:]) > 1 << 20)
     # the worker's own writes of what it saw happen after each block: not in the figures
     assert np.all(np.asarray(g["io_write_bytes"][:]) == 0)
     report = task.report()
     assert report is not None and report.blocks.wall is not None and report.blocks.wall.n == 8
     seen_walls = sorted(float(p.read_text()) for p in seen.iterdir())
-    assert len(seen_walls) == 8 and all(0.009 <= w < 1.0 for w in seen_walls)
+    assert len(seen_walls) == 8
     assert seen_walls == pytest.approx(sorted(wall.tolist()), rel=1e-5)
 
 
@@ -448,8 +472,9 @@ def test_client_run_block_function_as_a_worker_function(tmp_path: Path) -> None:
     assert states["rbf"].completed_count == 8
     g = zarr.open_group(str(tmp_path / "track" / "rbf"), mode="r")
     wall = np.asarray(g["wall_seconds"][:])
-    assert np.all(wall >= 0.015) and np.all(wall < 1.0), wall
+    assert np.all(wall >= 0.02), wall
     assert set(np.asarray(g["worker_id"][:]).tolist()) <= {0, 1}
+    assert wall.sum() <= (np.asarray(g["returned_at"][:]) - np.asarray(g["sent_at"][:])).sum()
 
 
 def test_resource_arrays_that_cannot_be_created_stop_the_run_and_its_workers(

@@ -125,3 +125,16 @@ def test_everything_at_once(tmp_path: Path, monkeypatch: Any) -> None:
         g = zarr.open_group(str(tmp_path / "track" / task_id), mode="r")
         done = np.asarray(g["done"][:])
         assert int(done.sum()) == states[task_id].completed_count
+        # and exactly those blocks: a cell is the block's C-order position in the grid
+        grid = done.shape
+        sid_of_cell = {
+            i * grid[1] + j: bellis.Block(
+                Roi((0, 0), (50, 50)),
+                Roi((4 * i, 4 * j), (6, 6)),
+                Roi((4 * i + 1, 4 * j + 1), (4, 4)),
+            ).block_id[1]
+            for i in range(grid[0])
+            for j in range(grid[1])
+        }
+        marked = {sid_of_cell[int(c)] for c in np.flatnonzero(done)}
+        assert marked == {sid for t, sid in completed if t == task_id}
