@@ -59,6 +59,9 @@ progress_logger = logging.getLogger("bellis._progress")
 
 #: run lines of runs in this process, for tasks whose report has nowhere else to live
 _MEMORY_REPORTS: dict[str, dict[str, Any]] = {}
+#: the newest run line of each runs.jsonl this process failed to append to, by path: what
+#: ``task.report()`` returns in this process instead of the file's older last line
+_UNWRITTEN: dict[str, dict[str, Any]] = {}
 
 
 def _coerce_pipeline(obj: Any) -> Pipeline:
@@ -563,16 +566,41 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
-            append_run_line(store.runs_jsonl, data)
+            _append_report(Path(store.runs_jsonl), data)
         else:
             base = blog.get_log_basedir()
             if base is not None and blog.get_log_mode() != "console":
-                append_run_line(
-                    Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data
-                )
+                _append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
         _MEMORY_REPORTS[run.task_id] = data
         reports[run.task_id] = TaskReport(data, store_path)
     return RunReport(reports)
+
+
+def _append_report(path: Path, data: dict[str, Any]) -> None:
+    """Append a run line; a file that cannot be written costs the report on disk, not the
+    run's outcome (which is being returned or raised): the error is logged, and this
+    process's ``task.report()`` still returns the line."""
+    try:
+        append_run_line(path, data)
+    except OSError as exc:
+        _UNWRITTEN[str(path)] = data
+        logger.error(
+            "could not append this run's report to %s: %s. task.report() returns it in "
+            "this process only",
+            path,
+            exc,
+        )
+    else:
+        _UNWRITTEN.pop(str(path), None)
+
+
+def _read_report(path: Path) -> dict[str, Any] | None:
+    """The newest run line for ``path``: one this process failed to append, else the
+    file's last line."""
+    unwritten = _UNWRITTEN.get(str(path))
+    if unwritten is not None:
+        return unwritten
+    return read_last_run(path) if path.exists() else None
 
 
 def load_task_report(task: Task) -> Any:
@@ -581,12 +609,11 @@ def load_task_report(task: Task) -> Any:
 
     path = task.resolved_tracking_path()
     if path is not None:
-        data = read_last_run(path / "runs.jsonl") if (path / "runs.jsonl").exists() else None
+        data = _read_report(path / "runs.jsonl")
         return None if data is None else TaskReport(data, path)
     base = blog.get_log_basedir()
     if base is not None and blog.get_log_mode() != "console":
-        p = Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl"
-        data = read_last_run(p) if p.exists() else None
+        data = _read_report(Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl")
         return None if data is None else TaskReport(data, None)
     data = _MEMORY_REPORTS.get(task.task_id)
     return None if data is None else TaskReport(data, None)

@@ -481,7 +481,6 @@ class RunLoop(WorkerPool):
             results.append((k, status, row, error))
         if not results:
             return
-        conn.held = held = [k for k in held if k not in taken]
         processed = [r for r in results if r[1] != BlockStatus.CREATED]
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - conn.sent_at) / max(1, len(processed))
@@ -491,20 +490,29 @@ class RunLoop(WorkerPool):
             return
         t = conn.sent_at
         suspects = self.plan_of[run.index].suspects
-        for k, status, row, error in results:
-            if suspects:
-                suspects.discard(k)
-            if status == BlockStatus.CREATED:
-                self.s.requeue_index(run, k)
-                continue
-            if status == _TIMED_OUT:
-                self._timed_out_block(conn, run, k, t, t + step)
-                t += step
-                continue
-            self._returned(conn, run, k, status, row >= 0, error, t, t + step)
-            t += step
-            if self.fatal is not None:
-                return
+        # a block stays held until it is taken back, so if anything below raises, the
+        # connection is dropped with the rest of the batch still held: those go to the
+        # retry path instead of staying out forever
+        back: set[int] = set()
+        try:
+            for k, status, row, error in results:
+                if suspects:
+                    suspects.discard(k)
+                if status == BlockStatus.CREATED:
+                    self.s.requeue_index(run, k)
+                elif status == _TIMED_OUT:
+                    self._timed_out_block(conn, run, k, t, t + step)
+                    t += step
+                else:
+                    self._returned(conn, run, k, status, row >= 0, error, t, t + step)
+                    t += step
+                # (a block whose release raised stays held too: the scheduler ignores a
+                # second release or requeue of a block it already took back)
+                back.add(k)
+                if self.fatal is not None:
+                    return
+        finally:
+            conn.held = [k for k in held if k not in back]
         if processed and conn.held == []:
             # aim for batches of about _BATCH_TARGET_SECONDS: grow at most 2x per round
             # trip, shrink at once when blocks get slow

@@ -268,3 +268,42 @@ def test_sigterm_to_a_worker_finishes_its_block_then_exits_cleanly(recdir: str) 
     rows = path.read_text().splitlines()
     assert len(rows) == 2 and rows[1].startswith(f"done {pid} ")
     assert not pid_alive(pid)
+
+
+@pytest.mark.timeout(60)
+def test_worker_log_that_cannot_be_created_abandons_the_task_not_the_run(
+    recdir: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a file where task "down"'s log folder belongs: its workers' logs cannot be created
+    (tmp_path / "logs" / "down").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "logs" / "down").write_text("in the way\n")
+    up = make_task("up", 40, functools.partial(sleep_block, recdir, 0.0), max_workers=2)
+    down = make_task(
+        "down",
+        10,
+        functools.partial(sleep_block, recdir, 0.0),
+        max_workers=2,
+        max_worker_restarts=1,
+    )
+    with pytest.raises(bellis.TaskAbandonedError) as info:
+        bellis.run_blockwise(bellis.Pipeline([up, down], [(up, down)]), **RUN)
+    text = str(info.value)
+    assert text.startswith("task 'down' was abandoned (worker restart cap exhausted)")
+    assert "could not start a worker for task 'down'" in text
+    states = info.value.daisy_states  # type: ignore[attr-defined]
+    su, sd = states["up"], states["down"]
+    # the upstream task's blocks were all done once each, none lost in a dropped batch
+    assert (su.completed_count, su.failed_count, su.orphaned_count) == (40, 0, 0)
+    assert_each_success_once(recdir, "up", 40)
+    assert su.worker_failure_count == 0
+    # two starts and the one restart allowed, each refused for its log files
+    assert sd.completed_count == 0
+    assert (sd.worker_start_count, sd.worker_failure_count) == (3, 3)
+    assert sd.orphaned_count + sd.failed_count == 10
+    assert not any(t == "down" for t, _ in read_records(recdir))
+    # its runs.jsonl cannot be written either (same folder): logged, and the report of
+    # this run is still what task.report() returns in this process
+    assert "could not append this run's report to" in caplog.text
+    report = down.report()
+    assert report is not None and report.outcome == "abandoned"
+    assert report.counters["worker_starts"] == 3

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._protocol import WELCOME, encode
 from .._scheduler import RUNNING, Scheduler, TaskRun
+from ..errors import WorkerStartError
 from ._launchers import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec
 
 if TYPE_CHECKING:
@@ -227,7 +228,9 @@ class WorkerPool:
             grew = False
             for plan in self.plans.values():
                 if self._eligible(plan):
-                    batches.setdefault(plan.run.task_id, []).append(self._prepare_spawn(plan))
+                    prepared = self._prepare_spawn(plan)
+                    if prepared is not None:
+                        batches.setdefault(plan.run.task_id, []).append(prepared)
                     grew = True
         for task_id, prepared in batches.items():
             self._launch(self.plans[task_id], prepared)
@@ -246,8 +249,12 @@ class WorkerPool:
                 return False
         return True
 
-    def _prepare_spawn(self, plan: TaskPlan) -> tuple[WorkerSpec, Any]:
-        """Book one new worker of ``plan``'s task (id, budget, resources, log files)."""
+    def _prepare_spawn(self, plan: TaskPlan) -> tuple[WorkerSpec, Any] | None:
+        """Book one new worker of ``plan``'s task (id, budget, resources, log files).
+
+        None when its log files cannot be created: that start failed like a launch that
+        raised (see :meth:`_launch_failed`), and it used up its share of the budget.
+        """
         run = plan.run
         wid = self.next_worker_id
         self.next_worker_id += 1
@@ -259,7 +266,12 @@ class WorkerPool:
         for k, v in run.task.requires.items():
             self.used[k] = self.used.get(k, 0) + v
         plan.alive += 1
-        out_path, err_path = self.log_paths(run.task_id, wid)
+        timeline = plan.timelines.spawned(wid, time.monotonic())
+        try:
+            out_path, err_path = self.log_paths(run.task_id, wid)
+        except WorkerStartError as exc:
+            self._launch_failed(plan, timeline, exc)
+            return None
         env = dict(os.environ)
         ctx = self.context_extra(run, wid)
         env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
@@ -275,7 +287,7 @@ class WorkerPool:
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
         )
-        return spec, plan.timelines.spawned(wid, time.monotonic())
+        return spec, timeline
 
     def _launch(self, plan: TaskPlan, prepared: list[tuple[WorkerSpec, Any]]) -> None:
         """Start booked workers; several at once through ``launch_many`` where offered
