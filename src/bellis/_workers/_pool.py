@@ -228,9 +228,9 @@ class WorkerPool:
             grew = False
             for plan in self.plans.values():
                 if self._eligible(plan):
-                    prepared = self._prepare_spawn(plan)
-                    if prepared is not None:
-                        batches.setdefault(plan.run.task_id, []).append(prepared)
+                    spawn = self._prepare_spawn(plan)
+                    if spawn is not None:
+                        batches.setdefault(plan.run.task_id, []).append(spawn)
                     grew = True
         for task_id, prepared in batches.items():
             self._launch(self.plans[task_id], prepared)
