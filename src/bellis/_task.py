@@ -39,6 +39,21 @@ def get_tracking_basedir() -> Path | None:
     return _tracking_basedir
 
 
+def _store_dirname(task_id: str, base: Path) -> str:
+    """``task_id`` as the name of its store under the tracking basedir ``base``; a
+    ConfigurationError when it would name ``base`` itself or a place outside it (an
+    absolute path, ``..``), where ``Task.reset()`` would delete what is not the task's."""
+    parts = Path(task_id).parts
+    if not parts or Path(task_id).is_absolute() or ".." in parts:
+        raise ConfigurationError(
+            f"task_id={task_id!r} cannot name a store under the tracking basedir {base}: "
+            "it would resolve to the basedir itself or outside it. Give the task an id "
+            "without a leading '/' or '..' parts, or pass Task(tracking_path=...)",
+            parameter="task_id",
+        )
+    return task_id
+
+
 def set_done_marker_basedir(path: str | os.PathLike[str] | None) -> None:
     """Deprecated alias of :func:`set_tracking_basedir`."""
     warnings.warn(
@@ -288,7 +303,7 @@ class Task:
             return None
         if p is None:
             base = get_tracking_basedir()
-            return None if base is None else base / self._task_id
+            return None if base is None else base / _store_dirname(self._task_id, base)
         return Path(str(p))
 
     def reset(self) -> str | None:

@@ -566,3 +566,22 @@ def test_a_fully_done_million_block_task_resumes_without_calling_anything(
     assert st.total_block_count == 10**6
     assert st.skipped_count == st.completed_count == 10**6
     assert calls(log) == Counter()
+
+
+@pytest.mark.parametrize("task_id", ["../precious", "a/../../precious", "/abs/store", "."])
+def test_task_id_cannot_reach_outside_the_tracking_basedir(task_id: str, tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep me\n")
+    bellis.set_tracking_basedir(base)
+    task = bellis.Task(
+        task_id, roi((0,), (4,)), roi((0,), (1,)), roi((0,), (1,)), process_function=print
+    )
+    with pytest.raises(bellis.ConfigurationError, match=r"task_id=.* cannot name a store under"):
+        task.reset()
+    with pytest.raises(bellis.ConfigurationError, match=r"pass Task\(tracking_path=\.\.\.\)"):
+        bellis.run_blockwise([task], multiprocessing=False, progress=False, summary=False)
+    assert (precious / "data").read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "precious"]
