@@ -42,7 +42,7 @@ from ._server import RunLoop, install_abort_handlers
 from ._state import TaskState
 from ._task import Pipeline, Task, function_arity
 from ._timeline import TimelineSet
-from ._tracking import StoreLayout, TrackingStore
+from ._tracking import TrackingStore
 from ._workers._launchers import LocalLauncher
 from ._workers._pool import TaskPlan
 from .errors import (
@@ -162,16 +162,7 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
                     "resource_tracking",
                 )
             continue
-        g = t._geom
-        layout = StoreLayout(
-            total_offset=g.total_offset,
-            total_shape=g.total_shape,
-            read_offset=tuple(int(x) for x in t.read_roi.offset),
-            read_shape=g.read_shape,
-            write_offset=tuple(int(x) for x in t.write_roi.offset),
-            write_shape=g.write_shape,
-            fit=g.fit,
-        )
+        layout = t._store_layout()
         try:
             stores[t.task_id] = TrackingStore.open(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats

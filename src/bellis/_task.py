@@ -315,8 +315,28 @@ class Task:
             return None
         return delete_store(path)
 
+    def _store_layout(self) -> Any:
+        """The ``StoreLayout`` this task's tracking store is opened (and checked) with."""
+        from ._tracking import StoreLayout
+
+        g = self._geom
+        return StoreLayout(
+            total_offset=g.total_offset,
+            total_shape=g.total_shape,
+            read_offset=tuple(int(x) for x in self._read_roi.offset),
+            read_shape=g.read_shape,
+            write_offset=tuple(int(x) for x in self._write_roi.offset),
+            write_shape=g.write_shape,
+            fit=g.fit,
+        )
+
     def failed_blocks(self) -> list[Any]:
-        """Blocks with failed attempts and no success recorded in the store, in grid order."""
+        """Blocks with failed attempts and no success recorded in the store, in grid order.
+
+        The store is read as a run of this task would open it: a store of a volume this
+        task grew is remapped to this task's grid, and one of another layout is refused
+        (``LayoutMismatch``).
+        """
         from ._tracking import failed_cells
 
         path = self.resolved_tracking_path()
@@ -325,7 +345,7 @@ class Task:
         g = self._geom
         tgrid = [max(1, -(-s // w)) for s, w in zip(g.total_shape, g.write_shape, strict=True)]
         blocks = []
-        for cell in failed_cells(path):
+        for cell in failed_cells(path, layout=self._store_layout()):
             coords = []
             rem = cell
             for n in reversed(tgrid):

@@ -585,3 +585,30 @@ def test_task_id_cannot_reach_outside_the_tracking_basedir(task_id: str, tmp_pat
         bellis.run_blockwise([task], multiprocessing=False, progress=False, summary=False)
     assert (precious / "data").read_text() == "keep me\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "precious"]
+
+
+def _fail_at_30(block: Any) -> None:
+    if block.write_roi.offset[0] == 30:
+        block.status = bellis.BlockStatus.FAILED
+
+
+def test_failed_blocks_of_a_grown_volume_are_the_blocks_that_failed(tmp_path: Path) -> None:
+    def task(offset: int, size: int, stride: int = 10) -> Any:
+        return bellis.Task(
+            "t",
+            roi((offset,), (size,)),
+            roi((0,), (stride,)),
+            roi((0,), (stride,)),
+            process_function=_fail_at_30,
+            max_retries=0,
+            tracking_path=str(tmp_path / "t"),
+        )
+
+    first = task(0, 100)
+    bellis.run_blockwise(first, multiprocessing=False, progress=False, summary=False)
+    assert [b.write_roi for b in first.failed_blocks()] == [roi((30,), (10,))]
+    # the volume grew at its start: the store's cells are remapped, not misread
+    assert [b.write_roi for b in task(-20, 120).failed_blocks()] == [roi((30,), (10,))]
+    # another block size cannot read this store at all
+    with pytest.raises(bellis.TrackingError, match="written for a different task layout"):
+        task(0, 100, stride=20).failed_blocks()
