@@ -298,9 +298,16 @@ class RunLoop(WorkerPool):
             except OSError as exc:
                 logger.warning("accept failed: %s", exc)
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            except OSError as exc:
+                # a peer that connected and closed at once (a port scan) can make these
+                # fail on some systems (EINVAL on macOS): that client only is dropped
+                logger.warning("dropping client %s: %s", addr, exc)
+                sock.close()
+                continue
             conn = _Conn(sock, addr, now)
             self.conns[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)

@@ -273,9 +273,13 @@ class DaskLauncher(WorkerLauncher):
     def _stop(self, keys: list[str]) -> None:
         new = set(keys) - self._stopped
         if new:
+            try:
+                self._stop_variable.set(sorted(self._stopped | new))
+            except Exception as exc:
+                # not marked stopped, so the next cancel or kill tries again
+                logger.warning("could not ask dask task(s) %s to stop: %s", sorted(new), exc)
+                return
             self._stopped |= new
-            with contextlib.suppress(Exception):
-                self._stop_variable.set(sorted(self._stopped))
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
         jobs = [h.native for h in handles]
@@ -310,8 +314,13 @@ class DaskLauncher(WorkerLauncher):
             while live and time.monotonic() < deadline:
                 time.sleep(0.05)
                 live = [j for j in live if not j.future.done()]
-        with contextlib.suppress(Exception):
+        try:
             self.client.cancel([j.future for j in self._jobs.values()], force=True)
+        except Exception as exc:
+            logger.warning(
+                "could not cancel dask task(s) %s: %s", [j.key for j in live] or "(none live)", exc
+            )
         self._jobs.clear()
+        # a stop variable left behind (the cluster is gone) holds task names only
         with contextlib.suppress(Exception):
             self._stop_variable.delete()

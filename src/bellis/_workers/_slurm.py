@@ -9,7 +9,6 @@ a finished job's ``ExitCode`` once with ``scontrol show job``.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import re
@@ -453,12 +452,27 @@ class SlurmLauncher(WorkerLauncher):
     def _scancel(self, job_ids: list[str], *args: str) -> None:
         if not job_ids:
             return
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(
+        try:
+            done = subprocess.run(
                 ["scancel", *args, *job_ids],
                 capture_output=True,
                 timeout=_COMMAND_TIMEOUT_SECONDS,
                 check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            logger.warning(
+                "scancel failed for SLURM job(s) %s: %s; check them with squeue",
+                " ".join(job_ids),
+                exc,
+            )
+            return
+        if done.returncode != 0:
+            # usually a job that ended meanwhile ("Invalid job id specified")
+            logger.debug(
+                "scancel %s exited with %d: %s",
+                " ".join(job_ids),
+                done.returncode,
+                done.stderr.decode(errors="replace").strip(),
             )
 
     def _wait_gone(self, jobs: list[_Job], seconds: float) -> list[_Job]:
