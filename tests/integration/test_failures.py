@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -307,3 +308,27 @@ def test_worker_log_that_cannot_be_created_abandons_the_task_not_the_run(
     report = down.report()
     assert report is not None and report.outcome == "abandoned"
     assert report.counters["worker_starts"] == 3
+
+
+@pytest.mark.parametrize("worker_id", [0, -1])
+def test_a_refused_connection_fails_a_managed_worker_loudly(
+    worker_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a port nothing listens on: bound, then closed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = bellis.Context(
+        hostname="127.0.0.1", port=port, task_id="t", worker_id=worker_id, secret="00" * 32
+    )
+    if worker_id >= 0:
+        # a worker the run started: the run goes on, so the address must be wrong
+        with pytest.raises(ConnectionRefusedError, match=r"Set BELLIS_HOST or run_blockwise"):
+            bellis.Client(ctx)
+    else:
+        # an extra worker joining by hand may simply be late: it ends without blocks
+        client = bellis.Client(ctx)
+        assert not client.connected
+        with client.acquire_block() as block:
+            assert block is None
+        assert "assuming the run has ended" in caplog.text
