@@ -186,6 +186,8 @@ def _close_stores(stores: dict[str, Any]) -> None:
         except BaseException as exc:
             if first is None:
                 first = exc
+            else:
+                logger.error("closing block tracking at %s failed too: %s", store.path, exc)
     if first is not None:
         raise first
 

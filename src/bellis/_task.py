@@ -173,9 +173,15 @@ class Task:
         self._timeout_secs = _parse_timeout(timeout)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
-            raise TypeError("check_function must be callable or None")
+            raise TypeError(
+                "check_function must be callable or None "
+                f"(got {type(check_function).__name__} {check_function!r})"
+            )
         if process_function is not None and not callable(process_function):
-            raise TypeError("process_function must be callable or None")
+            raise TypeError(
+                "process_function must be callable or None "
+                f"(got {type(process_function).__name__} {process_function!r})"
+            )
         self._check_function = check_function
         if check_function is not None:
             warnings.warn(
@@ -478,6 +484,12 @@ def _parse_requires(requires: Any) -> dict[str, int]:
             raise TypeError(f"requires keys must be str (got {k!r})")
         if isinstance(v, bool) or not isinstance(v, int | np.integer):
             raise TypeError(f"requires[{k!r}] must be an int (got {v!r})")
+        if v < 0:
+            raise ConfigurationError(
+                f"requires[{k!r}]={v} is negative; a task needs 0 or more units of a "
+                "resource (leave it out for none)",
+                parameter="requires",
+            )
         if v > 0:
             out[k] = int(v)
     return out

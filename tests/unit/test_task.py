@@ -165,6 +165,19 @@ def test_requires_validation() -> None:
         make(requires=[("gpu", 1)])
     with pytest.raises(TypeError, match=r"requires\['gpu'\] must be an int"):
         make(requires={"gpu": 1.5})
+    with pytest.raises(ValueError, match=r"requires\['gpu'\]=-1 is negative"):
+        make(requires={"gpu": -1})
+
+
+def test_functions_must_be_callable() -> None:
+    with pytest.raises(
+        TypeError, match=r"^check_function must be callable or None \(got str 'x'\)"
+    ):
+        make(check_function="x")
+    with pytest.raises(
+        TypeError, match=r"^process_function must be callable or None \(got int 3\)"
+    ):
+        make(process_function=3)
 
 
 def test_task_id_validation() -> None:
