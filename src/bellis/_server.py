@@ -338,6 +338,19 @@ class RunLoop(WorkerPool):
             logger.exception("error while serving client %s; dropping it", conn.addr)
             self._close(conn, lost=True)
 
+    def _read_what_is_left(self, conn: _Conn) -> None:
+        """Handle whatever a client that has gone sent before it went, without serving it
+        more blocks, so the blocks it finished count as finished instead of lost."""
+        for _ in range(1024):  # bounded: an exited peer sends nothing more
+            if conn.sock.fileno() < 0:
+                return
+            try:
+                if not conn.sock.recv(1, socket.MSG_PEEK):
+                    return  # EOF and nothing unread before it
+            except OSError:  # nothing buffered (EAGAIN), or a reset: nothing to read
+                return
+            self._readable(conn, draining=True)
+
     def _reply(self, conn: _Conn, frame: bytes) -> None:
         if conn.outbuf:
             conn.outbuf += frame

@@ -117,6 +117,7 @@ class WorkerPool:
     context_extra: Callable[[TaskRun, int], dict[str, str]]
     log_paths: Callable[[str, int], tuple[Any, Any]]
     _close: Callable[..., None]
+    _read_what_is_left: Callable[[_Conn], None]
     _serve: Callable[..., None]
 
     def _group_live(self) -> dict[int, list[ManagedWorker]]:
@@ -157,6 +158,9 @@ class WorkerPool:
             if interrupted and ex.kind != "clean":
                 ex = WorkerExit("interrupted", ex.code, ex.message)
             w.exit = ex
+            if w.conn is not None:
+                # what it sent before exiting (its last returns) may still be unread
+                self._read_what_is_left(w.conn)
             if w.conn is not None:
                 self._close(w.conn, lost=True)
             w.timeline.exited(now, ex.kind)
