@@ -103,7 +103,8 @@ _WAITID_FLAGS: Final = (
 
 
 class _ProcFiles:
-    """Descriptors of ``/proc/self`` files, opened once per process.
+    """Descriptors of ``/proc/self`` files, opened once per process (tests swap in
+    descriptors that fail, to drive the refusal paths).
 
     A descriptor that cannot be opened is recorded as ``-2`` (unavailable) so the
     failure costs one ``open`` per process, not one per block.

@@ -445,10 +445,16 @@ from bellis._profiling import Meter, _files
 meter = Meter()
 meter.start()
 meter.finish()
+import os
 if sys.argv[1] == "no-reset":
-    _files.clear_refs_fd = -2   # as on a kernel or /proc that refuses the reset
+    # a descriptor that refuses the write, as a kernel older than 4.0 or a restricted
+    # /proc does: the meter's own refusal path must turn the reset off
+    os.close(_files.clear_refs_fd)
+    _files.clear_refs_fd = os.open(os.devnull, os.O_RDONLY)
 else:
-    _files.statm_fd = -2        # the reset works, the resident size is unreadable
+    # the reset works, the resident size is unreadable (a read that fails)
+    os.close(_files.statm_fd)
+    _files.statm_fd = os.open("/", os.O_RDONLY)
 meter.restart()
 buf = np.ones(150 * 1024 * 1024, dtype=np.uint8)
 assert int(buf[::4096].sum()) == len(buf) // 4096
@@ -456,7 +462,7 @@ del buf
 big = meter.finish()
 meter.restart()
 small = meter.finish()
-print(big[2], small[2])
+print(big[2], small[2], _files.clear_refs_fd)
 """
 
 
@@ -469,8 +475,10 @@ def test_peak_rss_fallbacks(mode: str) -> None:
         capture_output=True,
         text=True,
     ).stdout.split()
-    big, small = int(out[0]), int(out[1])
+    big, small, reset_fd = int(out[0]), int(out[1]), int(out[2])
     assert big >= 150 * 1024 * 1024
+    # a refused reset is given up for the rest of the process; a working one is kept
+    assert (reset_fd == -2) == (mode == "no-reset")
     if mode == "no-reset":
         # ru_maxrss: the process's peak so far, so the small block reports it too
         assert small >= 150 * 1024 * 1024
@@ -603,3 +611,38 @@ def test_children_started_after_quiet_blocks_are_seen() -> None:
     assert float(spawned) >= 0.25
     assert float(idle) < 0.05
     assert float(forked) >= 0.25
+
+
+@needs_proc
+def test_a_descendant_orphaned_during_the_block_floors_the_figure_at_zero() -> None:
+    # a shell starts a burner in the background, then waits for a line on its stdin
+    r, w = os.pipe()
+    shell = subprocess.Popen(
+        ["sh", "-c", f'"{sys.executable}" -c "$0" 0.5 30 & read x', BURN], stdin=r
+    )
+    os.close(r)
+    burner: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not burner:
+            assert time.monotonic() < deadline, "the burner never burned its CPU"
+            for pid in live_descendant_pids():
+                with contextlib.suppress(OSError):
+                    if pid != shell.pid and _proc_cpu_seconds(pid) >= 0.4:
+                        burner.append(pid)
+            time.sleep(0.02)
+        b = _block()
+        with profile_block(b):
+            os.write(w, b"\n")  # the shell exits without waiting for the burner...
+            shell.wait()  # ...which the kernel hands to another parent, with its 0.5 s
+        # what the block's descendants burned fell by the burner's CPU: no negative figure
+        assert b.stats is not None and b.stats.cpu_children_seconds == 0.0
+        assert burner[0] not in live_descendant_pids()
+    finally:
+        os.close(w)
+        for pid in burner:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        if shell.poll() is None:
+            shell.kill()
+            shell.wait()
