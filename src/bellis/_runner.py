@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,8 +194,10 @@ def _close_stores(stores: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _serial_output(task_id: str) -> Iterator[None]:
-    """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode."""
-    if blog.get_log_mode() != "file":
+    """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode, and to
+    those and the terminal in mode ``"both"``."""
+    mode = blog.get_log_mode()
+    if mode == "console":
         yield
         return
     paths = blog.open_worker_log(task_id, 0)
@@ -203,8 +205,36 @@ def _serial_output(task_id: str) -> Iterator[None]:
         yield
         return
     with open(paths[0], "a") as out, open(paths[1], "a") as err:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if mode == "both":
+            to_out: Any = _Tee(sys.stdout, out)
+            to_err: Any = _Tee(sys.stderr, err)
+        else:
+            to_out, to_err = out, err
+        with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
             yield
+
+
+class _Tee:
+    """A text stream that writes to two (log mode ``"both"`` in serial runs)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._streams = (first, second)
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
@@ -512,6 +542,7 @@ def _run_distributed(
         errors=errors,
         context_extra=context_for,
         log_paths=log_paths,
+        log_mode=blog.get_log_mode(),
     )
     loop_ref.append(loop)
     if server is not None:

@@ -161,6 +161,7 @@ class RunLoop(WorkerPool):
         errors: Any,
         context_extra: Callable[[TaskRun, int], dict[str, str]],
         log_paths: Callable[[str, int], tuple[Any, Any]],
+        log_mode: str = "file",
         grace_seconds: float = 5.0,
     ) -> None:
         self.s = scheduler
@@ -173,6 +174,7 @@ class RunLoop(WorkerPool):
         self.errors = errors
         self.context_extra = context_extra
         self.log_paths = log_paths
+        self.log_mode = log_mode
         self.grace_seconds = grace_seconds
         self.sel = selectors.DefaultSelector()
         self.listener = socket.create_server((bind_host, 0), backlog=256)

@@ -1,9 +1,10 @@
-"""Progress observers driven by a real distributed run."""
+"""Progress observers and worker output (log modes) in real runs."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 import bellis
 from bellis import Roi
+from bellis import logging as blog
 
 
 def slow(block: Any) -> None:
@@ -83,3 +85,36 @@ def test_observer_errors_never_break_a_run(caplog: pytest.LogCaptureFixture) -> 
     states = bellis.run_blockwise(_task(n=4), progress=Broken(), summary=False, return_states=True)
     assert states["t"].completed_count == 4
     assert sum("observer bug" in r.getMessage() for r in caplog.records) == 1
+
+
+def speak(block: Any) -> None:
+    print(f"said-out-{block.block_id[1]}", flush=True)
+    print(f"said-err-{block.block_id[1]}", file=sys.stderr, flush=True)
+
+
+@pytest.mark.parametrize("mode", ["file", "both", "console"])
+@pytest.mark.parametrize("multiprocessing", [True, False])
+def test_log_modes_send_worker_output_where_they_say(
+    mode: str, multiprocessing: bool, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    blog.set_log_mode(mode)
+    task = bellis.Task(
+        "talk",
+        total_roi=Roi((0,), (40,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=speak,
+        max_workers=2,
+    )
+    assert bellis.run_blockwise(
+        task, multiprocessing=multiprocessing, progress=False, summary=False
+    )
+    captured = capfd.readouterr()
+    logs = tmp_path / "logs" / "talk"
+    out_files = "".join(p.read_text() for p in logs.glob("*.out")) if logs.exists() else ""
+    err_files = "".join(p.read_text() for p in logs.glob("*.err")) if logs.exists() else ""
+    for k in range(4):
+        assert (f"said-out-{k}" in out_files) == (mode != "console"), (mode, out_files)
+        assert (f"said-err-{k}" in err_files) == (mode != "console"), (mode, err_files)
+        assert (f"said-out-{k}" in captured.out) == (mode != "file"), (mode, captured.out)
+        assert (f"said-err-{k}" in captured.err) == (mode != "file"), (mode, captured.err)

@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ class WorkerSpec:
     requires: dict[str, int] = field(default_factory=dict)
     timeout_secs: float = 600.0
     run_name: str = "bellis"
+    #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
+    #: terminal (launchers that cannot reach the driver's terminal write the files only)
+    tee: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,30 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
 _WORKER_MAIN = "import sys; from bellis._worker import main; sys.exit(main())"
 
 
+def _start_tee(source: Any, log: Any, terminal_fd: int, name: str) -> threading.Thread:
+    """Copy what a worker writes to ``source`` into ``log`` and this process's
+    ``terminal_fd`` until the worker closes it (log mode ``"both"``), then close both."""
+
+    def copy() -> None:
+        try:
+            while chunk := source.read1(65536):
+                log.write(chunk)
+                log.flush()
+                view = memoryview(chunk)
+                try:
+                    while view:
+                        view = view[os.write(terminal_fd, view) :]
+                except OSError:
+                    pass  # a terminal that went away costs the echo only; the log has it all
+        finally:
+            source.close()
+            log.close()
+
+    thread = threading.Thread(target=copy, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 class LocalLauncher(WorkerLauncher):
     """Worker subprocesses on this machine (``python -m bellis._worker``)."""
 
@@ -137,26 +165,39 @@ class LocalLauncher(WorkerLauncher):
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
+        self._tees: dict[int, list[threading.Thread]] = {}  # by worker pid
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
+        tee = spec.tee and out is not None and err is not None
         try:
             proc = subprocess.Popen(
                 # `-c` rather than `-m`: the same entry point without runpy's start-up cost
                 [self.python, "-c", _WORKER_MAIN],
                 stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
+                stdout=subprocess.PIPE if tee else out,
+                stderr=subprocess.PIPE if tee else err,
                 env=spec.env,
                 close_fds=True,
                 start_new_session=True,
             )
-        finally:
-            if out is not None:
-                out.close()
-            if err is not None:
-                err.close()
+        except BaseException:
+            for f in (out, err):
+                if f is not None:
+                    f.close()
+            raise
+        if tee:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert out is not None and err is not None
+            self._tees[proc.pid] = [
+                _start_tee(proc.stdout, out, 1, f"bellis-tee-{spec.worker_id}-out"),
+                _start_tee(proc.stderr, err, 2, f"bellis-tee-{spec.worker_id}-err"),
+            ]
+        else:
+            for f in (out, err):
+                if f is not None:
+                    f.close()
         assert proc.stdin is not None
         try:
             proc.stdin.write(struct.pack("<Q", len(spec.payload)) + spec.payload)
@@ -170,6 +211,11 @@ class LocalLauncher(WorkerLauncher):
         code = proc.poll()
         if code is None:
             return None
+        # its last output reaches the log files (and the exit message's tail) first; a
+        # descendant it left holding the pipes open is not waited for past a few seconds
+        deadline = time.monotonic() + 3.0
+        for thread in self._tees.pop(proc.pid, ()):
+            thread.join(max(0.0, deadline - time.monotonic()))
         return describe_exit(code, handle.spec)
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:

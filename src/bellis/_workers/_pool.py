@@ -116,6 +116,7 @@ class WorkerPool:
     dirty: bool
     context_extra: Callable[[TaskRun, int], dict[str, str]]
     log_paths: Callable[[str, int], tuple[Any, Any]]
+    log_mode: str
     _close: Callable[..., None]
     _read_what_is_left: Callable[[_Conn], None]
     _serve: Callable[..., None]
@@ -290,6 +291,7 @@ class WorkerPool:
             err_path=err_path,
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
+            tee=self.log_mode == "both",
         )
         return spec, timeline
 
