@@ -48,8 +48,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     fn = _load_function(args.function)
     if args.context:
         os.environ["BELLIS_CONTEXT"] = ctx.to_env()
-    run_block_function_loop(fn, ctx)
-    return 0
+    return run_block_function_loop(fn, ctx)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -213,6 +212,13 @@ def _capped_traceback(text: str) -> str:
     return cap_traceback(text)
 
 
+def format_traceback(*exc_info: Any) -> str:
+    """The traceback as the user's log settings render it (bellis's own frames dropped)."""
+    from .logging import format_traceback as render
+
+    return render(*exc_info)
+
+
 class Client:
     """Connects to a bellis server and hands out blocks (daisy's ``Client``).
 
@@ -259,6 +265,9 @@ class Client:
         self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
         self._in_block = False
+        #: the exception of the block that failed, once its traceback went to the log and
+        #: the server (the caller then re-raises it)
+        self.reported: BaseException | None = None
         self._connect()
 
     # -- connection ---------------------------------------------------------------------
@@ -402,10 +411,11 @@ class Client:
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
-        tb = _capped_traceback(traceback.format_exc())
+        full = format_traceback(*sys.exc_info())
         logger.warning("block %s failed: %s", block.block_id, exc)
-        sys.stderr.write(tb if tb.endswith("\n") else tb + "\n")
-        self._results += (k, BlockStatus.FAILED, -1, tb)
+        sys.stderr.write(full if full.endswith("\n") else full + "\n")
+        self.reported = exc
+        self._results += (k, BlockStatus.FAILED, -1, _capped_traceback(full))
         with contextlib.suppress(ConnectionLostError):
             self._bye()
 

@@ -18,6 +18,7 @@ import cloudpickle
 from . import logging as blog
 from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
+from ._code_origin import collect as collect_code_origins
 from ._profiling import Meter
 from ._progress import (
     ErrorCollector,
@@ -375,6 +376,7 @@ def _serialize_function(task: Task) -> bytes:
                 "arity": 1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
                 "sys_path": [p for p in sys.path if p],
                 "log_settings": blog.export_settings(),
+                "code_origins": collect_code_origins(fn),
             }
         )
     except Exception as exc:

@@ -1,11 +1,12 @@
 """Worker process entry point: ``python -m bellis._worker`` (started by a launcher).
 
 stdin carries one frame: an 8-byte little-endian length, then a cloudpickle of
-``{"function", "arity", "sys_path", "log_settings"}``. Everything else (server address,
-task id, worker id, secret) is in ``BELLIS_CONTEXT``. ``BELLIS_SYS_PATH`` (the driver's
-``sys.path``) is put in place *before* the payload is unpickled, so a function from a module
-that only the driver's path can find loads by reference. Nothing here relies on fork or on
-inherited globals, so it works with any start method and on any node.
+``{"function", "arity", "sys_path", "log_settings", "code_origins"}``. Everything else
+(server address, task id, worker id, secret) is in ``BELLIS_CONTEXT``. ``BELLIS_SYS_PATH``
+(the driver's ``sys.path``) is put in place *before* the payload is unpickled, so a
+function from a module that only the driver's path can find loads by reference. Functions
+shipped by value get their source files back (``_code_origin``). Nothing here relies on
+fork or on inherited globals, so it works with any start method and on any node.
 
 Exit codes: 0 clean, 87 block timeout (watchdog), 1 an exception escaped.
 """
@@ -45,10 +46,23 @@ def _extend_sys_path(paths: list[str]) -> None:
             sys.path.insert(0, p)
 
 
-def run_block_function_loop(fn: Any, context: Any = None) -> None:
+def run_block_function_loop(fn: Any, context: Any = None) -> int:
+    """Run ``fn`` on the blocks the server hands out; the exit code.
+
+    A block that raised ends the worker with code 1 (the server starts another); its
+    traceback is already in the log and in the server's error report, so it is not printed
+    a second time, with bellis's frames, on the way out.
+    """
     from ._client import Client
 
-    Client(context).run_block_function(fn)
+    client = Client(context)
+    try:
+        client.run_block_function(fn)
+    except Exception as exc:
+        if exc is client.reported:
+            return 1
+        raise
+    return 0
 
 
 def main() -> int:
@@ -63,9 +77,13 @@ def main() -> int:
 
     blog.apply_settings(payload.get("log_settings", {}))
     fn = payload["function"]
+    origins = payload.get("code_origins")
+    if origins:
+        from ._code_origin import restore
+
+        restore(fn, origins)
     if payload["arity"] == 1:
-        run_block_function_loop(fn)
-        return 0
+        return run_block_function_loop(fn)
     import inspect  # only worker functions need it; block-function workers start faster
 
     from ._client import Context

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -332,3 +335,51 @@ def test_a_refused_connection_fails_a_managed_worker_loudly(
         with client.acquire_block() as block:
             assert block is None
         assert "assuming the run has ended" in caplog.text
+
+
+_SCRIPT_WITH_A_FAILING_BLOCK = """\
+import bellis
+from bellis import Roi
+
+
+def check(value):
+    if value == 3:
+        raise ValueError("block three is bad")
+
+
+def process(block):
+    inner = lambda: check(block.block_id[1])  # noqa: E731
+    inner()
+
+
+if __name__ == "__main__":
+    task = bellis.Task(
+        "tb", Roi((0,), (5,)), Roi((0,), (1,)), Roi((0,), (1,)),
+        process_function=process, max_retries=0, max_workers=1,
+    )
+    bellis.run_blockwise(task, progress=False)
+"""
+
+
+def test_a_worker_traceback_names_the_script_and_starts_at_user_code(tmp_path: Path) -> None:
+    script = tmp_path / "my_pipeline.py"
+    script.write_text(_SCRIPT_WITH_A_FAILING_BLOCK)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    err = "".join(p.read_text() for p in (tmp_path / "daisy_logs" / "tb").glob("*.err"))
+    # the worker's log holds the traceback once (not again on the way out), and so does
+    # the summary's error group
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert done.stdout.count("Traceback (most recent call last)") == 1, done.stdout
+    for text in (err, done.stdout):
+        # every frame is the user's own, in their file, with its source line
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
+        assert [(Path(f).name, fn) for f, _, fn in frames] == [
+            ("my_pipeline.py", "process"),
+            ("my_pipeline.py", "<lambda>"),
+            ("my_pipeline.py", "check"),
+        ], text
+        assert 'raise ValueError("block three is bad")' in text
+        assert "<dynamic-code>" not in text and "bellis" not in text.split("Traceback")[1]

@@ -16,6 +16,7 @@ RANK = {
     "errors": 0,
     "_state": 0,
     "_version": 0,
+    "_code_origin": 0,
     "logging": 0,
     "_block": 1,
     "_graph": 2,
