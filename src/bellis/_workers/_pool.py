@@ -117,6 +117,8 @@ class WorkerPool:
     context_extra: Callable[[TaskRun, int], dict[str, str]]
     log_paths: Callable[[str, int], tuple[Any, Any]]
     log_mode: str
+    host: str
+    port: int
     _close: Callable[..., None]
     _read_what_is_left: Callable[[_Conn], None]
     _serve: Callable[..., None]
@@ -179,10 +181,14 @@ class WorkerPool:
                 )
             elif ex.kind == "clean":
                 logger.warning(
-                    "worker %d of task '%s' exited without ever connecting (its function "
-                    "returned at once?)",
+                    "worker %d of task '%s' exited without ever connecting: its function "
+                    "returned at once, or it could not reach this server at %s:%s (then set "
+                    "BELLIS_HOST or run_blockwise(host=...) to an address the workers can "
+                    "reach; its log says which)",
                     w.worker_id,
                     run.task_id,
+                    self.host,
+                    self.port,
                 )
             if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
                 run.worker_failures += 1
