@@ -184,6 +184,9 @@ class RunLoop(WorkerPool):
         self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.conns: dict[int, _Conn] = {}
         self.workers: dict[int, ManagedWorker] = {}
+        #: workers whose process has ended, by id: a connection that claims one of them
+        #: comes from a worker that outlived its spawn function
+        self.gone: dict[int, ManagedWorker] = {}
         self.next_worker_id = 0
         self.unmanaged_clients = 0
         self.abort_reason: str | None = None
@@ -597,7 +600,9 @@ class RunLoop(WorkerPool):
             return
         conn.authed = True
         conn.run = plan.run
-        worker = self.workers.get(worker_id) if worker_id >= 0 else None
+        worker = None
+        if worker_id >= 0:
+            worker = self.workers.get(worker_id) or self.gone.get(worker_id)
         if worker is not None and worker.run is plan.run and worker.conn is None:
             if worker.exit is not None:
                 self._reply(conn, encode([REJECT, "this worker's process already exited"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -232,3 +233,24 @@ def hang_block(recdir: str, block: Any) -> None:
     """Never finishes in time."""
     _append(recdir, block.block_id[0], _sid(block), f"start {os.getpid()} {time.time():.6f}")
     time.sleep(60)
+
+
+def detach_and_return() -> None:
+    """A 0-arg worker function that starts its worker detached and returns at once (the
+    fire-and-forget mistake): the worker connects only after the function returned."""
+    code = (
+        "import time, bellis\n"
+        "time.sleep(1.0)\n"
+        "client = bellis.Client()\n"
+        "while True:\n"
+        "    with client.acquire_block() as block:\n"
+        "        if block is None:\n"
+        "            break\n"
+    )
+    subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )

@@ -19,6 +19,7 @@ import pytest
 from helpers import (
     all_attempts,
     connect_and_return,
+    detach_and_return,
     done_count,
     done_ids,
     exit_once_block,
@@ -379,3 +380,13 @@ def test_a_worker_traceback_names_the_script_and_starts_at_user_code(tmp_path: P
         ], text
         assert 'raise ValueError("block three is bad")' in text
         assert "<dynamic-code>" not in text and "bellis" not in text.split("Traceback")[1]
+
+
+def test_a_worker_that_connects_after_its_spawn_function_returned_stops_the_run() -> None:
+    task = make_task("ff", 4, detach_and_return, max_workers=1, max_worker_restarts=1000)
+    with pytest.raises(RuntimeError) as info:
+        bellis.run_blockwise([task], **RUN)
+    assert isinstance(info.value, ConfigurationError)
+    text = str(info.value)
+    assert "for task 'ff' connected after its spawn function had already returned" in text
+    assert "0-arg spawn functions must block until their worker exits" in text

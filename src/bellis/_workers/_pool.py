@@ -117,6 +117,7 @@ class WorkerPool:
     context_extra: Callable[[TaskRun, int], dict[str, str]]
     log_paths: Callable[[str, int], tuple[Any, Any]]
     log_mode: str
+    gone: dict[int, ManagedWorker]
     host: str
     port: int
     _close: Callable[..., None]
@@ -156,6 +157,7 @@ class WorkerPool:
                 continue
             already = w.exit is not None
             self.workers.pop(w.worker_id, None)
+            self.gone[w.worker_id] = w
             if already:
                 continue
             if interrupted and ex.kind != "clean":
