@@ -3,6 +3,7 @@ recorded in the tracking store."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,6 +113,11 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
         assert marked <= succeeded, (task_id, marked - succeeded)
         assert succeeded <= marked, (task_id, succeeded - marked)
     assert len(recs) < 80  # it really was interrupted
+    # the report of the interrupted run: its workers were alive at the abort
+    line = json.loads((track / "a" / "runs.jsonl").read_text().splitlines()[-1])
+    assert line["outcome"] == "interrupted"
+    assert set(line["workers"]["exits"]) == {"interrupted"}, line["workers"]["exits"]
+    assert all(r["teardown"] is None for r in line["workers"]["records"])
     # the drain hands out no new block: at most one per worker (5) was on its way when the
     # signal came
     started_after = [

@@ -160,7 +160,9 @@ class WorkerPool:
             self.gone[w.worker_id] = w
             if already:
                 continue
-            if interrupted and ex.kind != "clean":
+            if interrupted:
+                # alive when the run was aborted (the final poll of an aborted run sees
+                # only those), however it then ended
                 ex = WorkerExit("interrupted", ex.code, ex.message)
             w.exit = ex
             if w.conn is not None:
