@@ -390,3 +390,25 @@ def test_a_worker_that_connects_after_its_spawn_function_returned_stops_the_run(
     text = str(info.value)
     assert "for task 'ff' connected after its spawn function had already returned" in text
     assert "0-arg spawn functions must block until their worker exits" in text
+
+
+def _raise_old_error(block: Any) -> None:
+    raise ValueError("OLD ERROR FROM AN EARLIER RUN")
+
+
+def _exit_silently(block: Any) -> None:
+    os._exit(3)
+
+
+def test_a_worker_error_quotes_only_its_own_stderr() -> None:
+    first = make_task("slot", 1, _raise_old_error, max_workers=1, max_retries=0)
+    assert not bellis.run_blockwise([first], **RUN)
+    second = make_task("slot", 1, _exit_silently, max_workers=1, max_worker_restarts=0)
+    with pytest.raises(bellis.TaskAbandonedError) as info:
+        bellis.run_blockwise([second], **RUN)
+    state = info.value.daisy_states["slot"]  # type: ignore[attr-defined]
+    # the same log files (slot 0 of task "slot") hold the first run's traceback
+    assert "OLD ERROR FROM AN EARLIER RUN" in (Path("logs") / "slot" / "worker_0.err").read_text()
+    assert state.last_worker_error.startswith("bellis worker subprocess exited with code 3")
+    assert "OLD ERROR" not in state.last_worker_error
+    assert "OLD ERROR" not in str(info.value)

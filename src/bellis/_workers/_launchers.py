@@ -38,6 +38,9 @@ class WorkerSpec:
     #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
     #: terminal (launchers that cannot reach the driver's terminal write the files only)
     tee: bool = False
+    #: the size of ``err_path`` when this worker was prepared: what it writes comes after
+    #: (the file is appended to across runs and workers of the same slot)
+    err_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,14 +89,15 @@ class WorkerLauncher(ABC):
         """Release anything the launcher holds. Called once at the end of a run."""
 
 
-def _stderr_tail(path: Path | None, lines: int = 50) -> str:
+def _stderr_tail(path: Path | None, lines: int = 50, start: int = 0) -> str:
+    """The last ``lines`` lines (at most 16 KiB) of ``path`` from byte ``start`` on."""
     if path is None:
         return ""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - 16384))
+            f.seek(max(0, start, size - 16384))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
@@ -124,7 +128,7 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
     else:
         msg = f"bellis worker subprocess exited with code {code}"
         kind = "error"
-    tail = _stderr_tail(spec.err_path)
+    tail = _stderr_tail(spec.err_path, start=spec.err_offset)
     if tail:
         msg += "\nworker stderr tail:\n" + tail
     return WorkerExit(kind, code, msg)

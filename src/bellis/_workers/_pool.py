@@ -32,6 +32,16 @@ __all__ = ["ManagedWorker", "TaskPlan", "WorkerPool"]
 logger = logging.getLogger("bellis")
 
 
+def _size(path: Any) -> int:
+    """The size of file ``path`` (0 for none)."""
+    if path is None:
+        return 0
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 class ManagedWorker:
     """A managed worker: its launcher handle, its connection and its timeline."""
 
@@ -302,6 +312,7 @@ class WorkerPool:
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
             tee=self.log_mode == "both",
+            err_offset=_size(err_path),
         )
         return spec, timeline
 
