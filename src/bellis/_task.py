@@ -403,8 +403,10 @@ class Task:
 
 
 def _user_stacklevel() -> int:
-    """Stack level of the first frame outside bellis (for warnings)."""
-    frame = inspect.currentframe()
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at
+    the first frame outside bellis (level 1 is the caller itself)."""
+    here_frame = inspect.currentframe()
+    frame = here_frame.f_back if here_frame is not None else None
     level = 1
     here = os.path.dirname(__file__)
     while frame is not None:

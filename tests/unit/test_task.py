@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -304,3 +306,26 @@ def test_run_blockwise_rejects_non_task() -> None:
 def test_pipeline_repr() -> None:
     p = make("a") + make("b")
     assert repr(p) == 'Pipeline(tasks=["a", "b"], sources=["a"], outputs=["b"], edges=[("a", "b")])'
+
+
+def _task(**kw: Any) -> Any:
+    r = daisy.Roi((0,), (10,))
+    return daisy.Task("t", r, r, r, process_function=noop, **kw)  # the line warnings name
+
+
+def test_warnings_point_at_the_users_line() -> None:
+    r = daisy.Roi((0,), (10,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        daisy.Task("t", r, r, r, process_function=noop, check_function=noop)
+        line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+        daisy.Task("t", r, r, r, process_function=noop, done_marker_path="x")
+        line2 = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+        _task(check_function=noop)
+    in_helper = inspect.getsourcelines(_task)[1] + 2
+    where = [(Path(w.filename).name, w.lineno) for w in caught]
+    assert where == [
+        ("test_task.py", line),
+        ("test_task.py", line2),
+        ("test_task.py", in_helper),
+    ]
