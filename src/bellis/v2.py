@@ -1,6 +1,10 @@
-"""The native bellis (daisy v2) surface, without the daisy 1.x shims."""
+"""The native bellis (daisy v2) surface, without the daisy 1.x shims (``SerialServer``,
+``num_workers=``, ``upstream_tasks=``, the done-marker names, lists of tasks), with
+bellis's own additions: launchers, skip masks, the error classes and the reports."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from funlib.geometry import Coordinate, Roi
 
@@ -13,35 +17,67 @@ from ._progress import JsonProgressObserver
 from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
 from ._runner import Server, run_blockwise
 from ._scheduler import Scheduler
+from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
 from ._state import TaskState
 from ._task import Pipeline, Task, get_tracking_basedir, set_tracking_basedir
+from ._workers._launchers import LocalLauncher, WorkerLauncher
+from .errors import (
+    BellisError,
+    ConfigurationError,
+    LayoutMismatch,
+    TaskAbandonedError,
+    TrackingError,
+)
 
 __all__ = [
+    "BellisError",
     "Block",
     "BlockRecord",
     "BlockStats",
     "BlockStatus",
     "BlockwiseDependencyGraph",
     "Client",
+    "ConfigurationError",
     "Context",
     "Coordinate",
+    "DaskLauncher",  # noqa: F822 - loaded on first use (needs distributed)
     "DependencyGraph",
     "JsonProgressObserver",
+    "LayoutMismatch",
+    "LocalLauncher",
     "Pipeline",
     "Roi",
     "RunReport",
     "Scheduler",
     "Server",
+    "SlurmLauncher",  # noqa: F822 - loaded on first use
     "Stat",
     "Task",
+    "TaskAbandonedError",
     "TaskReport",
     "TaskState",
+    "TrackingError",
+    "WorkerLauncher",
     "WorkerRecord",
     "get_tracking_basedir",
     "logging",
     "profile_block",
     "run_blockwise",
     "set_tracking_basedir",
+    "skip_mask_from_rois",
+    "skip_mask_from_volume",
 ]
 
 DependencyGraph = BlockwiseDependencyGraph
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SlurmLauncher":
+        from ._workers._slurm import SlurmLauncher
+
+        return SlurmLauncher
+    if name == "DaskLauncher":
+        from ._workers._dask import DaskLauncher
+
+        return DaskLauncher
+    raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
