@@ -49,10 +49,13 @@ fds = []
 def noop(block):
     pass
 
+def open_fds():
+    fds.append(os.open("/proc/self/statm", os.O_RDONLY))
+    fds.append(os.open("/proc/self/io", os.O_RDONLY))
+
 def readings(block):
     if not fds:
-        fds.append(os.open("/proc/self/statm", os.O_RDONLY))
-        fds.append(os.open("/proc/self/io", os.O_RDONLY))
+        open_fds()
     getrusage(SELF)
     pread(fds[1], 512, 0)
     getrusage(SELF)
@@ -60,8 +63,7 @@ def readings(block):
 
 def minimal(block):
     if not fds:
-        fds.append(os.open("/proc/self/statm", os.O_RDONLY))
-        fds.append(os.open("/proc/self/io", os.O_RDONLY))
+        open_fds()
     getrusage(SELF)
     pread(fds[1], 512, 0)
     pread(fds[0], 256, 0)

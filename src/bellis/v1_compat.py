@@ -41,6 +41,7 @@ from .errors import (
     TrackingError,
 )
 from .logging import get_worker_log_basename
+from .v2 import _cluster_launcher
 
 __all__ = [
     "BellisError",
@@ -123,12 +124,7 @@ class Scheduler(_Scheduler):
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SlurmLauncher":
-        from ._workers._slurm import SlurmLauncher
-
-        return SlurmLauncher
-    if name == "DaskLauncher":
-        from ._workers._dask import DaskLauncher
-
-        return DaskLauncher
-    raise AttributeError(f"module 'bellis' has no attribute {name!r}")
+    launcher = _cluster_launcher(name)
+    if launcher is None:
+        raise AttributeError(f"module 'bellis' has no attribute {name!r}")
+    return launcher

@@ -71,7 +71,9 @@ __all__ = [
 DependencyGraph = BlockwiseDependencyGraph
 
 
-def __getattr__(name: str) -> Any:
+def _cluster_launcher(name: str) -> Any:
+    """``SlurmLauncher`` or ``DaskLauncher``, imported on first use (the Dask one needs
+    ``distributed``); None for any other name."""
     if name == "SlurmLauncher":
         from ._workers._slurm import SlurmLauncher
 
@@ -80,4 +82,11 @@ def __getattr__(name: str) -> Any:
         from ._workers._dask import DaskLauncher
 
         return DaskLauncher
-    raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
+    return None
+
+
+def __getattr__(name: str) -> Any:
+    launcher = _cluster_launcher(name)
+    if launcher is None:
+        raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
+    return launcher
