@@ -230,6 +230,26 @@ class RunLoop(WorkerPool):
             self._shutdown()
 
     def _shutdown(self) -> None:
+        try:
+            self._stop_workers()
+        finally:
+            # every launcher is closed (its jobs cancelled, its files removed), whatever
+            # went wrong while the workers were stopped
+            for plan in self.plans.values():
+                try:
+                    plan.launcher.close()
+                except Exception as exc:
+                    logger.error(
+                        "closing the %s launcher of task '%s' failed: %s; check for workers "
+                        "left running",
+                        getattr(plan.launcher, "name", "?"),
+                        plan.run.task_id,
+                        exc,
+                    )
+        self._notify("on_progress")
+        self._notify("on_finish")
+
+    def _stop_workers(self) -> None:
         now = time.monotonic()
         self.shutdown_started = now
         interrupted = self.abort_reason is not None or self.fatal is not None
@@ -287,10 +307,6 @@ class RunLoop(WorkerPool):
         self.sel.unregister(self.listener)
         self.listener.close()
         self.sel.close()
-        for plan in self.plans.values():
-            plan.launcher.close()
-        self._notify("on_progress")
-        self._notify("on_finish")
 
     # -- sockets --------------------------------------------------------------------------
     def _accept(self) -> None:

@@ -122,3 +122,40 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
     assert "dask worker lost" in state.first_worker_error
     records = read_records(rec)
     assert done_ids(records, "k") == list(range(10))
+
+
+def test_a_client_closed_mid_run_ends_the_run_with_a_report(
+    cluster: tuple[Any, Any], tmp_path: Path
+) -> None:
+    from bellis._workers._dask import DaskLauncher
+
+    _, client = cluster
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    task = make_task(
+        "c",
+        40,
+        functools.partial(sleep_block, str(rec), 0.1),
+        max_workers=2,
+        max_worker_restarts=2,
+        tracking_path=str(tmp_path / "track"),
+    )
+
+    def close_when_started() -> None:
+        deadline = time.monotonic() + 60
+        while not any(rows for rows in read_records(rec).values()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        client.close()
+
+    closer = threading.Thread(target=close_when_started, daemon=True)
+    closer.start()
+    # the launcher loses its workers: the task uses its restart budget and is abandoned,
+    # instead of a bare dask error escaping before anything was torn down or reported
+    with pytest.raises(bellis.TaskAbandonedError):
+        bellis.run_blockwise(task, launcher=DaskLauncher(client), progress=False, summary=False)
+    closer.join()
+    report = task.report()
+    assert report is not None and report.outcome == "abandoned"
+    assert report.counters["completed"] < 40

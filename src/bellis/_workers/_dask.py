@@ -214,7 +214,10 @@ class DaskLauncher(WorkerLauncher):
 
     def _lost_exit(self, job: _DaskJob, why: str) -> WorkerExit:
         self._stop([job.key])
-        self.client.cancel([job.future], force=True)
+        try:
+            self.client.cancel([job.future], force=True)
+        except Exception as exc:
+            logger.warning("could not cancel dask task %s: %s", job.key, exc)
         return WorkerExit("error", None, f"dask worker lost: task {job.key} {why}")
 
     def _check_lost(self) -> None:

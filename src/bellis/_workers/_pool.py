@@ -160,7 +160,14 @@ class WorkerPool:
             if w.handle is None:
                 continue
             launcher = self.plan_of[w.run.index].launcher
-            ex = launcher.poll(w.handle)
+            try:
+                ex = launcher.poll(w.handle)
+            except Exception as exc:
+                # a launcher that cannot say how its worker is (a closed dask client, a
+                # cluster that went away) has lost it: its blocks take the retry path
+                ex = WorkerExit(
+                    "error", None, f"the {launcher.name} launcher lost track of this worker: {exc}"
+                )
             if ex is None:
                 if final:
                     w.timeline.exited(now, "interrupted")
