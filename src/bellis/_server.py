@@ -620,6 +620,17 @@ class RunLoop(WorkerPool):
         if worker_id >= 0:
             worker = self.workers.get(worker_id) or self.gone.get(worker_id)
         if worker is not None and worker.run is plan.run and worker.conn is None:
+            if worker.exit is not None and worker.exit.code is None:
+                # given up for lost (its launcher lost track of it), not seen to exit: its
+                # blocks went to others, so this late connection is turned away
+                self._reply(conn, encode([REJECT, "this worker was given up for lost"]))
+                self._close(conn, lost=False)
+                logger.warning(
+                    "worker %d of task '%s' connected after it was given up for lost; refused",
+                    worker_id,
+                    task_id,
+                )
+                return
             if worker.exit is not None:
                 self._reply(conn, encode([REJECT, "this worker's process already exited"]))
                 self._close(conn, lost=False)
