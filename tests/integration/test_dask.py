@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import done_count, done_ids, make_task, read_records, sleep_block
+from helpers import done_count, done_ids, hang_once_block, make_task, read_records, sleep_block
 
 import bellis
 
@@ -159,3 +159,37 @@ def test_a_client_closed_mid_run_ends_the_run_with_a_report(
     report = task.report()
     assert report is not None and report.outcome == "abandoned"
     assert report.counters["completed"] < 40
+
+
+def test_a_launcher_reused_for_a_second_run_starts_clean(
+    cluster: tuple[Any, Any], tmp_path: Path
+) -> None:
+    from bellis._workers._dask import DaskLauncher
+
+    _, client = cluster
+    launcher = DaskLauncher(client)
+    rec1, rec2 = tmp_path / "rec1", tmp_path / "rec2"
+    rec1.mkdir()
+    rec2.mkdir()
+    # the same task twice, as a rerun to resume does
+    first = make_task("r", 6, functools.partial(sleep_block, str(rec1), 0.0), max_workers=2)
+    assert bellis.run_blockwise(first, launcher=launcher, progress=False, summary=False)
+    first_token = launcher.token  # the run's dask keys and stop list are named after it
+    # the second run stops one worker on a block timeout: only that one may stop
+    second = make_task(
+        "r",
+        6,
+        functools.partial(hang_once_block, str(rec2), 2),
+        max_workers=2,
+        timeout=1.0,
+        max_worker_restarts=1,
+    )
+    states = bellis.run_blockwise(
+        second, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["r"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
+    assert s.timeout_reclaim_count == 1
+    assert s.worker_failure_count == 0  # the timed-out worker stopped, and no other
+    # a fresh token, so a fresh stop list: the first run's closing "stop everything" is gone
+    assert launcher.token != first_token

@@ -168,22 +168,29 @@ class DaskLauncher(WorkerLauncher):
         python: str | None = None,
         grace_seconds: float = 5.0,
     ) -> None:
-        import distributed
-
-        variable_class: Any = distributed.Variable
         self.client = client
         self.resources_per_worker = dict(resources_per_worker or {})
         self.python = python or sys.executable
         self.grace_seconds = float(grace_seconds)
+        self._begin()
+        workers = client.scheduler_info().get("workers", {})
+        self.is_local = bool(workers) and all(_is_local_address(a) for a in workers)
+
+    def _begin(self) -> None:
+        """Fresh per-run state: a new token (task keys) and a new, empty stop list, so a
+        launcher reused for another run (``Task(launcher=...)`` rerun to resume) starts
+        clean after :meth:`close` stopped everything of the last one."""
+        import distributed
+
+        variable_class: Any = distributed.Variable
         self.token = uuid.uuid4().hex[:8]
         self._stop_name = f"bellis-stop-{self.token}"
-        self._stop_variable: Any = variable_class(self._stop_name, client=client)
+        self._stop_variable: Any = variable_class(self._stop_name, client=self.client)
         self._stopped: set[str] = set()
         self._stop_variable.set([])
         self._jobs: dict[str, _DaskJob] = {}
         self._last_lost_check = 0.0
-        workers = client.scheduler_info().get("workers", {})
-        self.is_local = bool(workers) and all(_is_local_address(a) for a in workers)
+        self._closed = False
 
     def task_key(self, spec: WorkerSpec) -> str:
         """The dask key of a worker: ``bellis-{run}-{task}-w{id}-{launcher token}``."""
@@ -193,6 +200,8 @@ class DaskLauncher(WorkerLauncher):
         )
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        if self._closed:
+            self._begin()
         key = self.task_key(spec)
         future = self.client.submit(
             run_bellis_worker,
@@ -327,3 +336,4 @@ class DaskLauncher(WorkerLauncher):
         # a stop variable left behind (the cluster is gone) holds task names only
         with contextlib.suppress(Exception):
             self._stop_variable.delete()
+        self._closed = True
