@@ -393,3 +393,28 @@ def test_close_cancels_running_jobs(tmp_path: Path) -> None:
     assert _scontrol(job_id)["JobState"] == "CANCELLED"
     assert launcher.live_job_ids() == []
     assert _active_jobs(prefix) == []
+
+
+def _raise_old_error(block: Any) -> None:
+    raise ValueError("OLD ERROR FROM AN EARLIER RUN")
+
+
+def _exit_silently(block: Any) -> None:
+    os._exit(3)
+
+
+def test_worker_logs_are_appended_and_an_exit_quotes_only_its_own_part(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5)
+    first = make_task("slot", 1, _raise_old_error, max_workers=1, max_retries=0)
+    assert not bellis.run_blockwise(first, launcher=launcher, progress=False, summary=False)
+    second = make_task("slot", 1, _exit_silently, max_workers=1, max_worker_restarts=0)
+    with pytest.raises(bellis.TaskAbandonedError) as info:
+        bellis.run_blockwise(second, launcher=launcher, progress=False, summary=False)
+    err = (tmp_path / "logs" / "slot" / "worker_0.err").read_text()
+    # both runs' output is in the log, with the driver's separator between them
+    assert "OLD ERROR FROM AN EARLIER RUN" in err and "=== bellis run " in err
+    state = info.value.daisy_states["slot"]  # type: ignore[attr-defined]
+    assert "exited with code 3" in state.last_worker_error
+    assert "OLD ERROR" not in state.last_worker_error
+    assert not state.last_worker_error.startswith("out of memory")

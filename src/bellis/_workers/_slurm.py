@@ -78,6 +78,8 @@ class _Job:
     job_name: str
     slurm_err: Path | None
     payload_path: Path
+    #: where this job's own part of ``slurm_err`` starts (a worker log is appended to)
+    slurm_err_offset: int = 0
     state: str = "PENDING"
     reason: str = ""
     exit: WorkerExit | None = None
@@ -258,13 +260,15 @@ class SlurmLauncher(WorkerLauncher):
         out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
         err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
         lines = self._script_header(name, spec)
-        lines += [f"#SBATCH --output={out}", f"#SBATCH --error={err}"]
+        # append, as local workers do: the files hold earlier runs and the driver's
+        # separator line (SLURM's default open mode would truncate them)
+        lines += [f"#SBATCH --output={out}", f"#SBATCH --error={err}", "#SBATCH --open-mode=append"]
         lines += self._worker_lines(spec, payload)
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
         _write_private(script, ("\n".join(lines) + "\n").encode())
         job_id = self._submit(script, spec, [])
-        job = _Job(job_id, spec, name, spec.err_path, payload)
+        job = _Job(job_id, spec, name, spec.err_path, payload, slurm_err_offset=spec.err_offset)
         self._jobs[job_id] = job
         self._check_hopeless([job])
         logger.debug("submitted SLURM job %s (%s)", job_id, name)
@@ -416,8 +420,11 @@ class SlurmLauncher(WorkerLauncher):
         spec = job.spec
         where = f"SLURM job {job.job_id} ({job.job_name})"
         state = job.state
-        slurm_tail = _stderr_tail(job.slurm_err, lines=20)
-        if state == "OUT_OF_MEMORY" or any(m in slurm_tail for m in _OOM_MARKERS):
+        slurm_tail = _stderr_tail(job.slurm_err, lines=20, start=job.slurm_err_offset)
+        # SLURM's own note of an OOM kill, in this job's part of its log, explains a
+        # failure; a clean exit stays clean (a child of the worker may have been killed)
+        oom_noted = state == "FAILED" and any(m in slurm_tail for m in _OOM_MARKERS)
+        if state == "OUT_OF_MEMORY" or oom_noted:
             return WorkerExit(
                 "error",
                 code or -9,
