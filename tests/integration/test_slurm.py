@@ -418,3 +418,39 @@ def test_worker_logs_are_appended_and_an_exit_quotes_only_its_own_part(tmp_path:
     assert "exited with code 3" in state.last_worker_error
     assert "OLD ERROR" not in state.last_worker_error
     assert not state.last_worker_error.startswith("out of memory")
+
+
+def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = shutil.which("sbatch")
+    assert real is not None
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    count = tmp_path / "sbatch-calls"
+    # the second sbatch call fails (a controller hiccup); the others go through
+    (shim / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}\n"
+        'if [ "$n" = 2 ]; then echo "Socket timed out" >&2; exit 1; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    (shim / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5, array_threshold=10)
+    task = make_task(
+        "p", 6, functools.partial(sleep_block, str(rec), 0.2), max_workers=2, max_worker_restarts=4
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["p"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
+    # the job submitted with the failed one was cancelled, not left to join unwatched
+    assert task.report().workers.unmanaged_clients == 0
+    assert "CANCELLED" in {state for _, state, _ in _jobs_named(prefix)}
+    assert list((tmp_path / "logs").rglob("*.payload")) == []
+    assert _active_jobs(prefix) == []

@@ -267,7 +267,11 @@ class SlurmLauncher(WorkerLauncher):
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
         _write_private(script, ("\n".join(lines) + "\n").encode())
-        job_id = self._submit(script, spec, [])
+        try:
+            job_id = self._submit(script, spec, [])
+        except BaseException:
+            payload.unlink(missing_ok=True)
+            raise
         job = _Job(job_id, spec, name, spec.err_path, payload, slurm_err_offset=spec.err_offset)
         self._jobs[job_id] = job
         self._check_hopeless([job])
@@ -277,7 +281,16 @@ class SlurmLauncher(WorkerLauncher):
     def launch_many(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
         """Start several workers of one task; one job array when there are enough of them."""
         if len(specs) < self.array_threshold or len({s.task_id for s in specs}) != 1:
-            return [self.launch(s) for s in specs]
+            # one job each, all or nothing like an array: a failed submission cancels the
+            # jobs submitted before it, which the caller will not watch
+            handles: list[WorkerHandle] = []
+            try:
+                for spec in specs:
+                    handles.append(self.launch(spec))
+            except BaseException:
+                self._forget([h.native for h in handles])
+                raise
+            return handles
         first = specs[0]
         directory = self._work_dir(first)
         stem = f"{_sanitize(first.task_id)}-w{first.worker_id}-array"
@@ -303,7 +316,12 @@ class SlurmLauncher(WorkerLauncher):
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
         _write_private(script, ("\n".join(lines) + "\n").encode())
-        array_id = self._submit(script, first, [f"--array=0-{len(specs) - 1}"])
+        try:
+            array_id = self._submit(script, first, [f"--array=0-{len(specs) - 1}"])
+        except BaseException:
+            for payload in payloads:
+                payload.unlink(missing_ok=True)
+            raise
         handles = []
         jobs = []
         for index, spec in enumerate(specs):
@@ -320,14 +338,20 @@ class SlurmLauncher(WorkerLauncher):
         self._query(jobs)
         for job in jobs:
             if job.state == "PENDING" and job.reason in _HOPELESS_REASONS:
-                self._scancel([j.job_id for j in jobs])
-                for j in jobs:
-                    self._jobs.pop(j.job_id, None)
+                self._forget(jobs)
                 raise WorkerStartError(
                     f"SLURM will never start job {job.job_id} ({job.job_name}): "
                     f"Reason={job.reason}; the requested resources "
                     f"({' '.join(self._resource_flags(job.spec))}) do not fit the partition"
                 )
+
+    def _forget(self, jobs: list[_Job]) -> None:
+        """Cancel ``jobs`` (submitted, but their start is reported failed), stop watching
+        them and remove their payload files."""
+        self._scancel([j.job_id for j in jobs])
+        for j in jobs:
+            self._jobs.pop(j.job_id, None)
+            j.payload_path.unlink(missing_ok=True)
 
     # -- watching -----------------------------------------------------------------------
     def _query(self, jobs: list[_Job]) -> None:
