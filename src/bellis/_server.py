@@ -290,6 +290,8 @@ class RunLoop(WorkerPool):
                         # closing the store flushes again and reports it; the workers
                         # must still be waited for
                         logger.debug("early flush failed: %s", exc)
+            for plan in self.plans.values():
+                plan.launcher.shutting_down()
             deadline = time.monotonic() + max(self.grace_seconds, 5.0)
             while any(w.exit is None for w in self.workers.values()):
                 for key, _ in self.sel.select(0.005):

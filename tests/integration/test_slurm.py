@@ -454,3 +454,29 @@ def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
     assert "CANCELLED" in {state for _, state, _ in _jobs_named(prefix)}
     assert list((tmp_path / "logs").rglob("*.payload")) == []
     assert _active_jobs(prefix) == []
+
+
+def test_workers_that_exit_at_shutdown_are_seen_to_exit_with_a_slow_poll_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = shutil.which("scancel")
+    assert real is not None
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    calls = tmp_path / "scancel-calls"
+    (shim / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
+    (shim / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=30.0)
+    task = make_task("s", 4, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    assert states["s"].completed_count == 4
+    # the jobs ended on their own and were seen to: nothing had to be cancelled
+    assert not calls.exists(), calls.read_text()
+    assert task.report().workers.exits == {"clean": 2}
+    assert {state for _, state, _ in _jobs_named(prefix)} == {"COMPLETED"}

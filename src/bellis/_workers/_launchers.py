@@ -88,6 +88,10 @@ class WorkerLauncher(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """Release anything the launcher holds. Called once at the end of a run."""
 
+    def shutting_down(self) -> None:  # noqa: B027 - optional hook
+        """The run told its workers to stop: they exit within seconds, so :meth:`poll`
+        should notice promptly (a launcher that polls a cluster slowly polls faster)."""
+
 
 def _stderr_tail(path: Path | None, lines: int = 50, start: int = 0) -> str:
     """The last ``lines`` lines (at most 16 KiB) of ``path`` from byte ``start`` on."""

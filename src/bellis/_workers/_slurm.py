@@ -67,6 +67,8 @@ _HOPELESS_REASONS = frozenset(
 )
 _OOM_MARKERS = ("Exceeded job memory limit", "oom-kill", "Out Of Memory")
 _COMMAND_TIMEOUT_SECONDS = 30.0
+#: how often jobs are polled once the run told them to stop (whatever poll_interval is)
+_SHUTDOWN_POLL_SECONDS = 0.5
 
 
 @dataclass
@@ -173,6 +175,7 @@ class SlurmLauncher(WorkerLauncher):
         self.array_threshold = max(2, int(array_threshold))
         self._jobs: dict[str, _Job] = {}
         self._last_refresh = 0.0
+        self._shutting_down = False
         self._scratch: Path | None = None
         self._atexit_registered = False
 
@@ -469,7 +472,10 @@ class SlurmLauncher(WorkerLauncher):
         job: _Job = handle.native
         if job.exit is None:
             now = time.monotonic()
-            if now - self._last_refresh >= self.poll_interval_seconds:
+            interval = self.poll_interval_seconds
+            if self._shutting_down:
+                interval = min(interval, _SHUTDOWN_POLL_SECONDS)
+            if now - self._last_refresh >= interval:
                 self._last_refresh = now
                 self._refresh()
         return job.exit
@@ -540,6 +546,9 @@ class SlurmLauncher(WorkerLauncher):
             self._scancel([job.job_id], "--full", "--signal=KILL")
             self._scancel([job.job_id])
 
+    def shutting_down(self) -> None:
+        self._shutting_down = True
+
     def live_job_ids(self) -> list[str]:
         """Ids of the jobs this launcher started that have not been seen to finish."""
         return [j.job_id for j in self._jobs.values() if j.exit is None]
@@ -556,6 +565,7 @@ class SlurmLauncher(WorkerLauncher):
         if self._atexit_registered:
             atexit.unregister(self._cancel_at_exit)
             self._atexit_registered = False
+        self._shutting_down = False  # (a launcher may serve another run)
 
     def _register_atexit(self) -> None:
         if not self._atexit_registered:
