@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -480,3 +481,43 @@ def test_workers_that_exit_at_shutdown_are_seen_to_exit_with_a_slow_poll_interva
     assert not calls.exists(), calls.read_text()
     assert task.report().workers.exits == {"clean": 2}
     assert {state for _, state, _ in _jobs_named(prefix)} == {"COMPLETED"}
+
+
+def test_a_job_that_stays_pending_is_reported_with_its_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bellis")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    # held jobs wait until released: the run must say so rather than wait in silence
+    launcher = SlurmLauncher(
+        job_name_prefix=prefix, poll_interval=0.3, pending_warning=1.0, extra_args=["--hold"]
+    )
+    task = make_task("h", 2, functools.partial(sleep_block, str(rec), 0.0), max_workers=1)
+    released: list[str] = []
+
+    def release_after_the_warning() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any("is still pending after" in r.getMessage() for r in caplog.records):
+                for job_id, _, _ in _active_jobs(prefix):
+                    subprocess.run(["scontrol", "release", job_id], check=True, timeout=30)
+                    released.append(job_id)
+                return
+            time.sleep(0.1)
+
+    releaser = threading.Thread(target=release_after_the_warning, daemon=True)
+    releaser.start()
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    releaser.join()
+    assert released and states["h"].completed_count == 2
+    warning = next(r.getMessage() for r in caplog.records if "still pending" in r.getMessage())
+    assert "Reason=" in warning and f"squeue -j {released[0].split('_')[0]}" in warning
+
+
+def test_pending_warning_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"pending_warning must be positive seconds \(got 0\)"):
+        SlurmLauncher(pending_warning=0)

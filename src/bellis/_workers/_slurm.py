@@ -87,6 +87,9 @@ class _Job:
     exit: WorkerExit | None = None
     missing_count: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    submitted_at: float = field(default_factory=time.monotonic)
+    #: when a long pending wait is next reported
+    warn_pending_at: float = 0.0
 
 
 def _sanitize(text: str) -> str:
@@ -141,6 +144,9 @@ class SlurmLauncher(WorkerLauncher):
     ``gres`` e.g. ``"gpu:1"``. A task's ``requires`` keys ``cpu``/``cpus``, ``mem``/``mem_mb``
     (megabytes) and ``gpu`` override the per-worker CPUs, memory and GPU count.
     ``launch_many`` submits a job array when at least ``array_threshold`` workers start at once.
+    A job still pending after ``pending_warning`` seconds is reported at WARNING with
+    SLURM's reason (again every ten times as long), so a queue that never starts the job
+    is visible instead of a silent wait.
     """
 
     name = "slurm"
@@ -158,11 +164,14 @@ class SlurmLauncher(WorkerLauncher):
         job_name_prefix: str = "bellis",
         poll_interval: float = 1.0,
         array_threshold: int = 4,
+        pending_warning: float = 300.0,
     ) -> None:
         if cpus_per_worker < 1:
             raise ValueError(f"cpus_per_worker must be at least 1 (got {cpus_per_worker})")
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive (got {poll_interval})")
+        if pending_warning <= 0:
+            raise ValueError(f"pending_warning must be positive seconds (got {pending_warning})")
         self.partition = partition
         self.time_limit = None if time_limit is None else _format_time_limit(time_limit)
         self.cpus_per_worker = int(cpus_per_worker)
@@ -173,6 +182,7 @@ class SlurmLauncher(WorkerLauncher):
         self.job_name_prefix = _sanitize(job_name_prefix)
         self.poll_interval_seconds = float(poll_interval)
         self.array_threshold = max(2, int(array_threshold))
+        self.pending_warning_seconds = float(pending_warning)
         self._jobs: dict[str, _Job] = {}
         self._last_refresh = 0.0
         self._shutting_down = False
@@ -423,6 +433,8 @@ class SlurmLauncher(WorkerLauncher):
                     None,
                     f"SLURM job {job.job_id} can never start (Reason={job.reason})",
                 )
+            elif job.state == "PENDING":
+                self._report_long_wait(job)
             elif job.missing_count > 0:
                 fields = self._scontrol(job.job_id)
                 if fields is None or job.missing_count >= 3:
@@ -436,6 +448,23 @@ class SlurmLauncher(WorkerLauncher):
                     job.state = fields["JobState"]
                     job.extra = fields
                     job.exit = self._finished_exit(job)
+
+    def _report_long_wait(self, job: _Job) -> None:
+        now = time.monotonic()
+        waited = now - job.submitted_at
+        first = job.submitted_at + self.pending_warning_seconds
+        if now < max(first, job.warn_pending_at):
+            return
+        job.warn_pending_at = now + 9 * max(waited, self.pending_warning_seconds)
+        logger.warning(
+            "SLURM job %s (%s) is still pending after %.0f s (Reason=%s); the run waits "
+            "for it. Check `squeue -j %s`; cancel the run with Ctrl-C",
+            job.job_id,
+            job.job_name,
+            waited,
+            job.reason or "unknown",
+            job.job_id.split("_")[0],
+        )
 
     def _finished_exit(self, job: _Job) -> WorkerExit:
         fields = job.extra or self._scontrol(job.job_id) or {}
