@@ -32,6 +32,10 @@ logger = logging.getLogger("bellis")
 
 #: returned by the dask task when it was asked to stop before its subprocess started
 _STOPPED_BEFORE_START = -int(signal.SIGTERM)
+#: the exit code of a dask task that found its worker already started once: dask runs a
+#: task again when the dask worker running it dies, but that bellis worker was given up
+#: for lost and replaced by the server, so a second copy must not join the run
+_RAN_BEFORE = 86
 _CHECK_INTERVAL_SECONDS = 0.5
 _LOST_CHECK_INTERVAL_SECONDS = 1.0
 
@@ -46,6 +50,11 @@ _BOOT = (
     "        os._exit(1)\n"
     "os.execv(sys.executable, [sys.executable, '-m', 'bellis._worker'])\n"
 )
+
+
+def _started_event(stop_variable: str, key: str) -> str:
+    """The name of the dask ``Event`` a worker's task sets when it starts."""
+    return f"{stop_variable}-started-{key}"
 
 
 def _is_stopped(variable: Any, key: str) -> bool:
@@ -87,6 +96,11 @@ def run_bellis_worker(
     variable = variable_class(stop_variable)
     if _is_stopped(variable, key):
         return _STOPPED_BEFORE_START
+    event_class: Any = distributed.Event
+    started = event_class(_started_event(stop_variable, key))
+    if started.is_set():
+        return _RAN_BEFORE
+    started.set()
     out, err = _open_log(out_path), _open_log(err_path)
     try:
         proc = subprocess.Popen(
@@ -262,7 +276,13 @@ class DaskLauncher(WorkerLauncher):
             except Exception as exc:
                 job.exit = WorkerExit("error", None, f"dask task {job.key} failed: {exc!r}")
             else:
-                job.exit = describe_exit(code, handle.spec)
+                if code == _RAN_BEFORE:
+                    job.exit = self._lost_exit(
+                        job,
+                        "was lost with its dask worker (dask ran it again; the copy stood down)",
+                    )
+                else:
+                    job.exit = describe_exit(code, handle.spec)
         elif status == "error":
             error = job.future.exception(timeout=5)
             job.exit = WorkerExit(
@@ -332,8 +352,15 @@ class DaskLauncher(WorkerLauncher):
             logger.warning(
                 "could not cancel dask task(s) %s: %s", [j.key for j in live] or "(none live)", exc
             )
+        keys = list(self._jobs)
         self._jobs.clear()
-        # a stop variable left behind (the cluster is gone) holds task names only
+        # a stop variable or start events left behind (the cluster is gone) hold names only
         with contextlib.suppress(Exception):
             self._stop_variable.delete()
+        with contextlib.suppress(Exception):
+            import distributed
+
+            event_class: Any = distributed.Event
+            for key in keys:
+                event_class(_started_event(self._stop_name, key), client=self.client).clear()
         self._closed = True
