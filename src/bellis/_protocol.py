@@ -48,8 +48,11 @@ __all__ = [
     "ACQUIRE",
     "BYE",
     "CHALLENGE",
+    "HANDSHAKE_FRAME_BYTES",
     "HELLO",
+    "MAX_CLIENT_FRAME_BYTES",
     "MAX_FRAME_BYTES",
+    "MAX_ITEMS",
     "PROTOCOL_VERSION",
     "REJECT",
     "SEND",
@@ -66,6 +69,13 @@ __all__ = [
 
 PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: what the server accepts from a client: a returned batch with its figures and one capped
+#: traceback is tens of KiB; a frame's msgpack values cost far more memory than its bytes
+MAX_CLIENT_FRAME_BYTES = 1024 * 1024
+#: ... and from a client that has not authenticated yet (a HELLO is well under 1 KiB)
+HANDSHAKE_FRAME_BYTES = 16 * 1024
+#: the most items one msgpack array or map of a frame may hold
+MAX_ITEMS = 8192
 
 CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
 
@@ -102,6 +112,11 @@ class FrameDecoder:
         self._buf = bytearray()
         self._max = max_frame_bytes
 
+    def limit(self, max_frame_bytes: int) -> None:
+        """Accept frames up to ``max_frame_bytes`` from now on (the server raises a
+        client's limit once it has authenticated)."""
+        self._max = max_frame_bytes
+
     @property
     def buffered_bytes(self) -> int:
         return len(self._buf)
@@ -130,7 +145,12 @@ class FrameDecoder:
                 break
             try:
                 msg = msgpack.unpackb(
-                    bytes(buf[pos + 5 : end]), raw=False, strict_map_key=True, use_list=True
+                    bytes(buf[pos + 5 : end]),
+                    raw=False,
+                    strict_map_key=True,
+                    use_list=True,
+                    max_array_len=MAX_ITEMS,
+                    max_map_len=MAX_ITEMS,
                 )
             except Exception as exc:
                 raise ProtocolError(f"malformed frame payload: {exc}") from exc

@@ -35,7 +35,9 @@ from ._block import BlockStatus
 from ._protocol import (
     ACQUIRE,
     BYE,
+    HANDSHAKE_FRAME_BYTES,
     HELLO,
+    MAX_CLIENT_FRAME_BYTES,
     REJECT,
     SEND,
     SHUTDOWN,
@@ -130,7 +132,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, addr: Any, now: float) -> None:
         self.sock = sock
         self.addr = addr
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
         self.outbuf = b""
         self.authed = False
         self.nonce = new_nonce()
@@ -517,6 +519,12 @@ class RunLoop(WorkerPool):
             status, row, error = msg[i + 1], msg[i + 2], msg[i + 3]
             if type(status) is not int:
                 raise ProtocolError(f"malformed status {status!r} for block {run.task_id}/{k}")
+            if status == BlockStatus.CREATED and msg[0] != BYE:
+                # only a worker that stops gives blocks back unstarted; one asking for more
+                # would get the same block back with a fresh deadline, again and again
+                raise ProtocolError(
+                    f"block {run.task_id}/{k} returned unstarted by a client that asks for more"
+                )
             if type(row) is not int or not -1 <= row < nrows:
                 raise ProtocolError(f"malformed measurements for block {run.task_id}/{k}")
             if error is not None and type(error) is not str:
@@ -617,6 +625,7 @@ class RunLoop(WorkerPool):
             self._close(conn, lost=False)
             return
         conn.authed = True
+        conn.decoder.limit(MAX_CLIENT_FRAME_BYTES)
         conn.run = plan.run
         worker = None
         if worker_id >= 0:

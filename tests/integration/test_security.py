@@ -186,6 +186,29 @@ def rogue_rows_without_blocks(port: int, secret: bytes) -> Dropped:
     return closed_by_server(sock)
 
 
+def rogue_created_pin(port: int, secret: bytes) -> Dropped:
+    """Return a block as never started while asking for more: it would come straight back."""
+    return _rogue_bad_return(port, secret, 0, -1, None)
+
+
+def rogue_preauth_bomb(port: int, secret: bytes) -> Dropped:
+    """Before any HELLO: 100 KiB of empty msgpack arrays (millions of objects if decoded)."""
+    sock, _ = connect(port)
+    n = 100 * 1024
+    payload = b"\xdd" + struct.pack(">I", n) + b"\x90" * n
+    sock.sendall(struct.pack(">IB", len(payload) + 1, PROTOCOL_VERSION) + payload)
+    return closed_by_server(sock)
+
+
+def rogue_wide_array(port: int, secret: bytes) -> Dropped:
+    """Authenticated: one array of 100,000 items (far more than any message holds)."""
+    sock = authenticate(port, secret, "a")
+    n = 100_000
+    payload = b"\xdd" + struct.pack(">I", n) + b"\x90" * n
+    sock.sendall(struct.pack(">IB", len(payload) + 1, PROTOCOL_VERSION) + payload)
+    return closed_by_server(sock)
+
+
 def rogue_bad_status(port: int, secret: bytes) -> Dropped:
     return _rogue_bad_return(port, secret, "done", -1, None)
 
@@ -204,6 +227,9 @@ ROGUES = {
     "row_not_an_int": rogue_row_not_an_int,
     "rows_without_blocks": rogue_rows_without_blocks,
     "bad_status": rogue_bad_status,
+    "created_pin": rogue_created_pin,
+    "preauth_bomb": rogue_preauth_bomb,
+    "wide_array": rogue_wide_array,
     "bad_error_text": rogue_bad_error_text,
     "garbage": rogue_garbage,
     "wrong_mac": rogue_wrong_mac,
@@ -228,6 +254,9 @@ DROP_REASON = {
     "infinite_child_cpu": "a time is negative, infinite or NaN",
     "rows_not_bytes": "not a whole number of stats rows",
     "partial_row": "not a whole number of stats rows",
+    "created_pin": "returned unstarted by a client that asks for more",
+    "preauth_bomb": "is outside 1..16384",
+    "wide_array": "malformed frame payload",
 }
 
 
