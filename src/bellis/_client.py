@@ -252,6 +252,9 @@ class Client:
                 "authenticate; start it with the context the server printed or exported"
             )
         self._secret = bytes.fromhex(secret_hex)
+        # a managed worker's proof of its identity (absent from hand-made contexts)
+        token_hex = context.get("worker_token")
+        self._worker_token = bytes.fromhex(token_hex) if token_hex else None
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
         self._results: list[Any] = []  # (k, status, row, error) per finished block
@@ -304,6 +307,7 @@ class Client:
                 self.worker_id,
                 os.getpid(),
                 setup_seconds_since_start(),
+                None if self._worker_token is None else compute_mac(self._worker_token, msg[1]),
             ]
         )
         reply = self._recv()

@@ -14,7 +14,8 @@ Messages are msgpack arrays whose first element is an opcode:
 opcode      direction  fields
 ==========  =========  ==================================================================
 CHALLENGE   s -> c     nonce (bytes)
-HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s
+HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s,
+                       [worker_mac]   (the nonce signed with the worker's own token)
 WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
@@ -65,9 +66,10 @@ __all__ = [
     "new_nonce",
     "new_secret",
     "verify_mac",
+    "worker_token",
 ]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: what the server accepts from a client: a returned batch with its figures and one capped
 #: traceback is tens of KiB; a frame's msgpack values cost far more memory than its bytes
@@ -174,6 +176,15 @@ def new_nonce() -> bytes:
 
 def compute_mac(secret: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, nonce + _AUTH_TAG, hashlib.sha256).digest()
+
+
+def worker_token(worker_key: bytes, worker_id: int) -> bytes:
+    """The token that proves a connection is the managed worker ``worker_id``.
+
+    ``worker_key`` never leaves the server; each worker gets only its own token (in its
+    context), so a client that knows the run's secret cannot pass for another worker.
+    """
+    return hmac.new(worker_key, b"worker:%d" % worker_id, hashlib.sha256).digest()
 
 
 def verify_mac(secret: bytes, nonce: bytes, mac: Any) -> bool:

@@ -27,7 +27,7 @@ from ._progress import (
     print_to_real_stdout,
     resume_message,
 )
-from ._protocol import new_secret
+from ._protocol import new_secret, worker_token
 from ._report import (
     RunReport,
     TaskAggregates,
@@ -512,6 +512,7 @@ def _run_distributed(
         )
     bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
     secret = new_secret()
+    worker_key = new_secret()  # never leaves this process: see worker_token()
     logdir = blog.get_log_basedir()
     observer = make_observer(progress, scheduler.task_order)
     loop_ref: list[RunLoop] = []
@@ -526,6 +527,7 @@ def _run_distributed(
             resource_tracking=int(run.task.resource_tracking),
             logdir="" if logdir is None else str(logdir),
             secret=secret.hex(),
+            worker_token=worker_token(worker_key, worker_id).hex(),
         )
         return {"__encoded__": ctx.to_env()}
 
@@ -537,6 +539,7 @@ def _run_distributed(
         scheduler,
         plans,
         secret=secret,
+        worker_key=worker_key,
         bind_host=bind,
         advertise_host=advertise,
         resources=budget,

@@ -46,6 +46,7 @@ from ._protocol import (
     encode,
     new_nonce,
     verify_mac,
+    worker_token,
 )
 from ._scheduler import RUNNING, Scheduler, TaskRun
 from ._workers._launchers import WorkerExit
@@ -157,6 +158,7 @@ class RunLoop(WorkerPool):
         *,
         secret: bytes,
         bind_host: str,
+        worker_key: bytes | None = None,
         advertise_host: str,
         resources: dict[str, int],
         observer: Any,
@@ -170,6 +172,7 @@ class RunLoop(WorkerPool):
         self.plans = plans
         self.plan_of = {p.run.index: p for p in plans.values()}
         self.secret = secret
+        self.worker_key = worker_key if worker_key is not None else new_nonce()
         self.resources = dict(resources)
         self.used: dict[str, int] = {k: 0 for k in resources}
         self.observer = observer
@@ -614,7 +617,11 @@ class RunLoop(WorkerPool):
         return True
 
     def _hello(self, conn: _Conn, msg: list[Any]) -> None:
-        if msg[0] != HELLO or len(msg) != 6 or not verify_mac(self.secret, conn.nonce, msg[1]):
+        if (
+            msg[0] != HELLO
+            or len(msg) not in (6, 7)
+            or not verify_mac(self.secret, conn.nonce, msg[1])
+        ):
             raise ProtocolError("client failed authentication (wrong or missing run secret)")
         task_id, worker_id = msg[2], msg[3]
         if not isinstance(task_id, str) or not isinstance(worker_id, int):
@@ -628,8 +635,12 @@ class RunLoop(WorkerPool):
         conn.decoder.limit(MAX_CLIENT_FRAME_BYTES)
         conn.run = plan.run
         worker = None
-        if worker_id >= 0:
-            worker = self.workers.get(worker_id) or self.gone.get(worker_id)
+        # only a client that proves it holds that worker's own token is the managed worker
+        # (anyone with the run's secret may connect, but only as an unmanaged client)
+        if worker_id >= 0 and len(msg) == 7:
+            token = worker_token(self.worker_key, worker_id)
+            if verify_mac(token, conn.nonce, msg[6]):
+                worker = self.workers.get(worker_id) or self.gone.get(worker_id)
         if worker is not None and worker.run is plan.run and worker.conn is None:
             if worker.exit is not None and worker.exit.code is None:
                 # given up for lost (its launcher lost track of it), not seen to exit: its

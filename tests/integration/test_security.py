@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import done_count, done_ids, make_task, read_records, sleep_block
+from helpers import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
 import bellis
 import bellis._server as server_module
@@ -325,3 +325,51 @@ def test_wrong_task_id_is_rejected(tmp_path: Path) -> None:
     assert states["a"].completed_count == 4
     assert replies[0][0] == REJECT and "no task 'nope'" in replies[0][1]
     assert replies[1].messages == [] and replies[1].closed_at is not None
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_client_with_the_run_secret_cannot_pass_for_a_managed_worker(
+    when: str, tmp_path: Path
+) -> None:
+    """Knowing the run's secret lets a client in, but only as an unmanaged client: it can
+    neither take a managed worker's place (whose process the server would then stop on
+    the impostor's word) nor, by claiming a worker that has exited, fail the run."""
+    recdir = tmp_path / "rec"
+    recdir.mkdir()
+    n = 6
+    # worker 0 exits (cleanly, 0) at its first attempt of block 1; worker 1 replaces it
+    task = make_task("a", n, functools.partial(exit_once_block, str(recdir), 1, 0.2), max_workers=1)
+    outcome: dict[str, Any] = {}
+
+    def claim(server: Any) -> None:
+        try:
+            if when == "after":  # once worker 0 has exited: its replacement is at work
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    pids = {a.pid for rows in read_records(recdir).values() for a in rows}
+                    if len(pids) >= 2:
+                        break
+                    time.sleep(0.02)
+            sock, nonce = connect(server.port)
+            # worker 0's id, the run's secret, but not worker 0's own token
+            sock.sendall(encode([HELLO, compute_mac(server.secret, nonce), "a", 0, 0, 0.0]))
+            outcome["reply"] = recv_msg(sock)
+            sock.close()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=claim, args=(server,), daemon=True).start()
+
+    server = bellis.Server(on_listen=on_listen)
+    states = server.run_blockwise([task], progress=False, summary=False)
+    s = states["a"]
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["reply"][0] == WELCOME  # let in, as an unmanaged client
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
+    assert s.worker_failure_count == 0 and s.timeout_reclaim_count == 0
+    report = task.report()
+    assert report.workers.unmanaged_clients == 1
+    assert set(report.workers.exits) == {"clean"}
+    # worker 0's record is the real worker's, which did its blocks as the managed worker
+    assert report.worker(0).blocks >= 1
