@@ -60,6 +60,9 @@ logger = logging.getLogger("bellis")
 _SHUTDOWN_FRAME = encode([SHUTDOWN])
 _TICK_SECONDS = 0.05
 _HANDSHAKE_SECONDS = 10.0
+#: connections still in their handshake beyond this many: the oldest is dropped (a flood of
+#: silent connections must not use up the descriptors the run needs for workers and logs)
+_MAX_HANDSHAKING = 256
 _MAX_OUTBUF = 1 << 20
 # adaptive batching: a connection gets as many ready blocks at once as fit in about this
 # much time (measured per block, round trip included), so fast blocks share one round
@@ -194,6 +197,9 @@ class RunLoop(WorkerPool):
         self.gone: dict[int, ManagedWorker] = {}
         self.next_worker_id = 0
         self.unmanaged_clients = 0
+        #: connections that have not authenticated yet, oldest first
+        self.handshaking: dict[int, _Conn] = {}
+        self._listening = True
         self.abort_reason: str | None = None
         self.fatal: BaseException | None = None
         self.dirty = True
@@ -311,7 +317,8 @@ class RunLoop(WorkerPool):
         self._poll_workers(time.monotonic(), replace=False, final=True, interrupted=interrupted)
         for c in list(self.conns.values()):
             self._close(c, lost=False)
-        self.sel.unregister(self.listener)
+        if self._listening:
+            self.sel.unregister(self.listener)
         self.listener.close()
         self.sel.close()
 
@@ -324,7 +331,11 @@ class RunLoop(WorkerPool):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                logger.warning("accept failed: %s", exc)
+                # out of descriptors (EMFILE/ENFILE) or the like: stop listening until the
+                # next tick instead of being woken for the same pending connection forever
+                logger.warning("accept failed: %s; not accepting for a moment", exc)
+                self.sel.unregister(self.listener)
+                self._listening = False
                 return
             try:
                 sock.setblocking(False)
@@ -338,8 +349,17 @@ class RunLoop(WorkerPool):
                 continue
             conn = _Conn(sock, addr, now)
             self.conns[sock.fileno()] = conn
+            self.handshaking[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
             self._reply(conn, encode([0, conn.nonce]))
+            if len(self.handshaking) > _MAX_HANDSHAKING:
+                oldest = next(iter(self.handshaking.values()))
+                logger.warning(
+                    "dropping client %s: more than %d connections are in their handshake",
+                    oldest.addr,
+                    _MAX_HANDSHAKING,
+                )
+                self._close(oldest, lost=True)
 
     def _readable(self, conn: _Conn, draining: bool = False) -> None:
         try:
@@ -417,6 +437,7 @@ class RunLoop(WorkerPool):
             self._timeout(conn)
             return
         self.conns.pop(fd, None)
+        self.handshaking.pop(fd, None)
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -632,6 +653,7 @@ class RunLoop(WorkerPool):
             self._close(conn, lost=False)
             return
         conn.authed = True
+        self.handshaking.pop(conn.sock.fileno(), None)
         conn.decoder.limit(MAX_CLIENT_FRAME_BYTES)
         conn.run = plan.run
         worker = None
@@ -792,6 +814,9 @@ class RunLoop(WorkerPool):
 
     # -- ticks: deadlines, worker health, spawning ------------------------------------------
     def _tick(self, now: float) -> None:
+        if not self._listening and self.shutdown_started is None:
+            self.sel.register(self.listener, selectors.EVENT_READ, None)
+            self._listening = True
         for conn in list(self.conns.values()):
             if conn.held and now > conn.deadline + _watchdog_margin(conn):
                 self._timeout(conn)

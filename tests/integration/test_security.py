@@ -6,6 +6,8 @@ import functools
 import logging
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -373,3 +375,43 @@ def test_a_client_with_the_run_secret_cannot_pass_for_a_managed_worker(
     assert set(report.workers.exits) == {"clean"}
     # worker 0's record is the real worker's, which did its blocks as the managed worker
     assert report.worker(0).blocks >= 1
+
+
+_FLOOD = """
+import socket, sys, time
+socks = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(300)]
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_flood_of_silent_connections_cannot_hold_more_than_its_share(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bellis")
+    recdir = tmp_path / "rec"
+    recdir.mkdir()
+    n = 8  # 4 s of blocks: time for the whole flood to arrive
+    task = make_task("a", n, functools.partial(sleep_block, str(recdir), 0.5), max_workers=1)
+    floods: list[subprocess.Popen[str]] = []
+
+    def on_listen(server: Any) -> None:
+        floods.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _FLOOD, str(server.port)], stdout=subprocess.PIPE, text=True
+            )
+        )
+
+    try:
+        states = bellis.Server(on_listen=on_listen).run_blockwise(
+            [task], progress=False, summary=False
+        )
+    finally:
+        for p in floods:
+            p.kill()
+            p.communicate()
+    s = states["a"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
+    capped = [r for r in caplog.records if "connections are in their handshake" in r.getMessage()]
+    # the oldest silent connections made room for the newer ones and for the worker
+    assert len(capped) >= 300 - 256 - 1
