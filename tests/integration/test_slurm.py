@@ -421,23 +421,29 @@ def test_worker_logs_are_appended_and_an_exit_quotes_only_its_own_part(tmp_path:
     assert not state.last_worker_error.startswith("out of memory")
 
 
+def _wrap_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, before: str) -> None:
+    """Put a ``name`` on PATH that runs the shell lines ``before``, then the real one."""
+    real = shutil.which(name)
+    assert real is not None
+    shim = tmp_path / "shim"
+    shim.mkdir(exist_ok=True)
+    (shim / name).write_text(f'#!/bin/sh\n{before}exec {real} "$@"\n')
+    (shim / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = shutil.which("sbatch")
-    assert real is not None
-    shim = tmp_path / "shim"
-    shim.mkdir()
     count = tmp_path / "sbatch-calls"
     # the second sbatch call fails (a controller hiccup); the others go through
-    (shim / "sbatch").write_text(
-        "#!/bin/sh\n"
+    _wrap_command(
+        tmp_path,
+        monkeypatch,
+        "sbatch",
         f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}\n"
-        'if [ "$n" = 2 ]; then echo "Socket timed out" >&2; exit 1; fi\n'
-        f'exec {real} "$@"\n'
+        'if [ "$n" = 2 ]; then echo "Socket timed out" >&2; exit 1; fi\n',
     )
-    (shim / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
     rec = tmp_path / "rec"
     rec.mkdir()
     prefix = _prefix(tmp_path)
@@ -460,14 +466,8 @@ def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
 def test_workers_that_exit_at_shutdown_are_seen_to_exit_with_a_slow_poll_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = shutil.which("scancel")
-    assert real is not None
-    shim = tmp_path / "shim"
-    shim.mkdir()
     calls = tmp_path / "scancel-calls"
-    (shim / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {real} "$@"\n')
-    (shim / "scancel").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    _wrap_command(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {calls}\n')
     rec = tmp_path / "rec"
     rec.mkdir()
     prefix = _prefix(tmp_path)
