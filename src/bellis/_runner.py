@@ -237,6 +237,10 @@ class _Tee:
     def isatty(self) -> bool:
         return False
 
+    def __getattr__(self, name: str) -> Any:
+        # encoding, errors, fileno(), buffer...: those of the terminal stream
+        return getattr(self._streams[0], name)
+
 
 def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a

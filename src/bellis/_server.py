@@ -63,6 +63,8 @@ _HANDSHAKE_SECONDS = 10.0
 #: connections still in their handshake beyond this many: the oldest is dropped (a flood of
 #: silent connections must not use up the descriptors the run needs for workers and logs)
 _MAX_HANDSHAKING = 256
+#: ... unless the oldest of them connected less than this long ago: then the listener rests
+_HANDSHAKE_GRACE_SECONDS = 1.0
 _MAX_OUTBUF = 1 << 20
 # adaptive batching: a connection gets as many ready blocks at once as fit in about this
 # much time (measured per block, round trip included), so fast blocks share one round
@@ -334,8 +336,7 @@ class RunLoop(WorkerPool):
                 # out of descriptors (EMFILE/ENFILE) or the like: stop listening until the
                 # next tick instead of being woken for the same pending connection forever
                 logger.warning("accept failed: %s; not accepting for a moment", exc)
-                self.sel.unregister(self.listener)
-                self._listening = False
+                self._pause_listening()
                 return
             try:
                 sock.setblocking(False)
@@ -352,14 +353,24 @@ class RunLoop(WorkerPool):
             self.handshaking[sock.fileno()] = conn
             self.sel.register(sock, selectors.EVENT_READ, conn)
             self._reply(conn, encode([0, conn.nonce]))
-            if len(self.handshaking) > _MAX_HANDSHAKING:
+            if len(self.handshaking) >= _MAX_HANDSHAKING:
                 oldest = next(iter(self.handshaking.values()))
+                if now - oldest.opened_at < _HANDSHAKE_GRACE_SECONDS:
+                    # a burst (many workers starting at once): read their HELLOs first
+                    self._pause_listening()
+                    return
                 logger.warning(
-                    "dropping client %s: more than %d connections are in their handshake",
+                    "dropping client %s: %d connections are in their handshake",
                     oldest.addr,
                     _MAX_HANDSHAKING,
                 )
                 self._close(oldest, lost=True)
+
+    def _pause_listening(self) -> None:
+        """Accept nothing more until the next tick (which listens again)."""
+        if self._listening:
+            self.sel.unregister(self.listener)
+            self._listening = False
 
     def _readable(self, conn: _Conn, draining: bool = False) -> None:
         try:
@@ -562,6 +573,9 @@ class RunLoop(WorkerPool):
         if (table is not None or run.task.resource_tracking) and not self._record_measured(
             conn, run, processed, table, step
         ):
+            # the run fails on this batch: its blocks are not held any more (a close later
+            # must not charge them as lost attempts)
+            conn.held = [k for k in held if k not in taken]
             return
         t = conn.sent_at
         suspects = self.plan_of[run.index].suspects

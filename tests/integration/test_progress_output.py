@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -118,3 +119,26 @@ def test_log_modes_send_worker_output_where_they_say(
         assert (f"said-err-{k}" in err_files) == (mode != "console"), (mode, err_files)
         assert (f"said-out-{k}" in captured.out) == (mode != "file"), (mode, captured.out)
         assert (f"said-err-{k}" in captured.err) == (mode != "file"), (mode, captured.err)
+
+
+def use_stdout_as_a_file(block: Any) -> None:
+    # what code does with sys.stdout besides writing: its encoding, its descriptor
+    assert sys.stdout.encoding
+    os.fstat(sys.stdout.fileno())
+    print(f"said-out-{block.block_id[1]}")
+
+
+def test_a_serial_run_in_both_mode_keeps_stdout_a_file(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    blog.set_log_mode("both")
+    task = bellis.Task(
+        "file",
+        total_roi=Roi((0,), (20,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=use_stdout_as_a_file,
+    )
+    assert bellis.run_blockwise(task, multiprocessing=False, progress=False, summary=False)
+    assert "said-out-1" in capfd.readouterr().out
+    assert "said-out-1" in (tmp_path / "logs" / "file" / "worker_0.out").read_text()

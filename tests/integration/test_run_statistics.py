@@ -328,6 +328,10 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
     while len(errors) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert errors == ["sent", "closed"]
+    # the block the run failed on is neither done nor charged as a lost attempt
+    g = zarr.open_group(str(tmp_path / "track" / "t"), mode="r")
+    assert int(np.asarray(g["done"][:]).sum()) == 0
+    assert int(np.asarray(g["failures"][:]).sum()) == 0
 
 
 def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: Path) -> None:
@@ -362,6 +366,8 @@ def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: P
     assert done[a] == 0 and done[b] == 0
     assert wall[b] == 0.0  # the measured block of the failing batch was not stored
     assert done.sum() == 1
+    # nor are they charged as failed attempts when the client's connection closes
+    assert int(np.asarray(g["failures"][:]).sum()) == 0
 
 
 def test_report_stat_relations(tmp_path: Path) -> None:

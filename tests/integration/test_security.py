@@ -413,5 +413,5 @@ def test_a_flood_of_silent_connections_cannot_hold_more_than_its_share(
     s = states["a"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
     capped = [r for r in caplog.records if "connections are in their handshake" in r.getMessage()]
-    # the oldest silent connections made room for the newer ones and for the worker
-    assert len(capped) >= 300 - 256 - 1
+    # silent connections older than a second made room for newer ones and for the worker
+    assert capped

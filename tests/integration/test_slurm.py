@@ -521,3 +521,24 @@ def test_a_job_that_stays_pending_is_reported_with_its_reason(
 def test_pending_warning_must_be_positive() -> None:
     with pytest.raises(ValueError, match=r"pending_warning must be positive seconds \(got 0\)"):
         SlurmLauncher(pending_warning=0)
+
+
+def test_a_job_that_vanishes_while_pending_is_reported_lost(tmp_path: Path) -> None:
+    """A job purged while it waited (an admin, a controller failover) is gone from squeue
+    and scontrol while its last known state is PENDING: it is lost, not waited for."""
+    from bellis._workers._slurm import _Job
+
+    launcher = SlurmLauncher(job_name_prefix=_prefix(tmp_path), poll_interval=0.1)
+    spec = _standalone_spec(tmp_path, 0, _exit_three)
+    # a job id SLURM has never heard of, as a purged job looks
+    job = _Job("999999999", spec, "vanished", None, tmp_path / "none.payload")
+    launcher._jobs[job.job_id] = job
+    try:
+        deadline = time.monotonic() + 30
+        while job.exit is None and time.monotonic() < deadline:
+            launcher.poll(WorkerHandle(spec, job))
+            time.sleep(0.1)
+    finally:
+        launcher.close()
+    assert job.exit is not None and job.exit.kind == "error"
+    assert "job lost" in job.exit.message

@@ -174,6 +174,7 @@ class LocalLauncher(WorkerLauncher):
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
         self._tees: dict[int, list[threading.Thread]] = {}  # by worker pid
+        self._tee_deadlines: dict[int, float] = {}
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         out = open(spec.out_path, "ab") if spec.out_path else None
@@ -219,11 +220,16 @@ class LocalLauncher(WorkerLauncher):
         code = proc.poll()
         if code is None:
             return None
-        # its last output reaches the log files (and the exit message's tail) first; a
-        # descendant it left holding the pipes open is not waited for past a few seconds
-        deadline = time.monotonic() + 3.0
-        for thread in self._tees.pop(proc.pid, ()):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        tees = self._tees.get(proc.pid)
+        if tees:
+            # its last output reaches the log files (and the exit message's tail) first; a
+            # descendant it left holding the pipes open is not waited for past a few
+            # seconds. The event loop is not blocked meanwhile: the exit is reported later
+            deadline = self._tee_deadlines.setdefault(proc.pid, time.monotonic() + 3.0)
+            if any(t.is_alive() for t in tees) and time.monotonic() < deadline:
+                return None
+            del self._tees[proc.pid]
+            self._tee_deadlines.pop(proc.pid, None)
         return describe_exit(code, handle.spec)
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:

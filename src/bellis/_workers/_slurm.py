@@ -433,7 +433,7 @@ class SlurmLauncher(WorkerLauncher):
                     None,
                     f"SLURM job {job.job_id} can never start (Reason={job.reason})",
                 )
-            elif job.state == "PENDING":
+            elif job.state == "PENDING" and job.missing_count == 0:
                 self._report_long_wait(job)
             elif job.missing_count > 0:
                 fields = self._scontrol(job.job_id)
