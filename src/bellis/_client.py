@@ -206,17 +206,13 @@ class _Watchdog:
                 os._exit(EXIT_BLOCK_TIMEOUT)
 
 
-def _capped_traceback(text: str) -> str:
-    from .logging import cap_traceback
+def _render_traceback() -> tuple[str, str]:
+    """The exception being handled, as the user's log settings render it (bellis's own
+    frames dropped): in full for the log, and capped for the server."""
+    from .logging import cap_traceback, format_traceback
 
-    return cap_traceback(text)
-
-
-def format_traceback(*exc_info: Any) -> str:
-    """The traceback as the user's log settings render it (bellis's own frames dropped)."""
-    from .logging import format_traceback as render
-
-    return render(*exc_info)
+    full = format_traceback(*sys.exc_info())
+    return full, cap_traceback(full)
 
 
 class Client:
@@ -407,11 +403,11 @@ class Client:
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
-        full = format_traceback(*sys.exc_info())
+        full, capped = _render_traceback()
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(full if full.endswith("\n") else full + "\n")
         self.reported = exc
-        self._results += (k, BlockStatus.FAILED, -1, _capped_traceback(full))
+        self._results += (k, BlockStatus.FAILED, -1, capped)
         with contextlib.suppress(ConnectionLostError):
             self._bye()
 

@@ -72,6 +72,7 @@ _MAX_OUTBUF = 1 << 20
 _BATCH_TARGET_SECONDS = 0.02
 _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
+_CREATED: Final = int(BlockStatus.CREATED)
 
 
 _ROW_BYTES: Final = STATS_ROW.size
@@ -536,6 +537,9 @@ class RunLoop(WorkerPool):
         held = conn.held
         held_set = set(held)
         taken: set[int] = set()
+        # only a worker that stops gives blocks back unstarted; one asking for more would get
+        # the same block back with a fresh deadline, again and again
+        unstarted_ok = msg[0] == BYE
         # validate the whole message before taking anything back: a malformed message
         # drops the connection, and every block it held then goes to the retry path
         for i in range(1, n + 1, 4):
@@ -554,9 +558,7 @@ class RunLoop(WorkerPool):
             status, row, error = msg[i + 1], msg[i + 2], msg[i + 3]
             if type(status) is not int:
                 raise ProtocolError(f"malformed status {status!r} for block {run.task_id}/{k}")
-            if status == BlockStatus.CREATED and msg[0] != BYE:
-                # only a worker that stops gives blocks back unstarted; one asking for more
-                # would get the same block back with a fresh deadline, again and again
+            if status == _CREATED and not unstarted_ok:
                 raise ProtocolError(
                     f"block {run.task_id}/{k} returned unstarted by a client that asks for more"
                 )
@@ -678,26 +680,8 @@ class RunLoop(WorkerPool):
             if verify_mac(token, conn.nonce, msg[6]):
                 worker = self.workers.get(worker_id) or self.gone.get(worker_id)
         if worker is not None and worker.run is plan.run and worker.conn is None:
-            if worker.exit is not None and worker.exit.code is None:
-                # given up for lost (its launcher lost track of it), not seen to exit: its
-                # blocks went to others, so this late connection is turned away
-                self._reply(conn, encode([REJECT, "this worker was given up for lost"]))
-                self._close(conn, lost=False)
-                logger.warning(
-                    "worker %d of task '%s' connected after it was given up for lost; refused",
-                    worker_id,
-                    task_id,
-                )
-                return
             if worker.exit is not None:
-                self._reply(conn, encode([REJECT, "this worker's process already exited"]))
-                self._close(conn, lost=False)
-                self.fatal = ConfigurationError(
-                    f"invalid configuration: worker {worker_id} for task {task_id!r} connected "
-                    "after its spawn function had already returned. 0-arg spawn functions must "
-                    "block until their worker exits (e.g. `sbatch --wait`, `srun`, "
-                    "`subprocess.run`)"
-                )
+                self._late_worker(conn, worker.exit, worker_id, task_id)
                 return
             conn.worker = worker
             conn.worker_id = worker_id
@@ -713,6 +697,31 @@ class RunLoop(WorkerPool):
             self.unmanaged_clients += 1
             plan.timelines.unmanaged_client()
         self._reply(conn, plan.welcome)
+
+    def _late_worker(self, conn: _Conn, exit_: WorkerExit, worker_id: int, task_id: str) -> None:
+        """A managed worker connected after its exit: turned away. Seen to exit, it outlived
+        its spawn function (a configuration the run cannot work with); given up for lost,
+        its blocks went to others already."""
+        seen = exit_.seen
+        if seen:
+            reason = "this worker's process already exited"
+        else:
+            reason = "this worker was given up for lost"
+        self._reply(conn, encode([REJECT, reason]))
+        self._close(conn, lost=False)
+        if not seen:
+            logger.warning(
+                "worker %d of task '%s' connected after it was given up for lost; refused",
+                worker_id,
+                task_id,
+            )
+            return
+        self.fatal = ConfigurationError(
+            f"invalid configuration: worker {worker_id} for task {task_id!r} connected "
+            "after its spawn function had already returned. 0-arg spawn functions must "
+            "block until their worker exits (e.g. `sbatch --wait`, `srun`, "
+            "`subprocess.run`)"
+        )
 
     def _returned(
         self,

@@ -51,6 +51,12 @@ class WorkerExit:
     code: int | None
     message: str
 
+    @property
+    def seen(self) -> bool:
+        """Whether the process was seen to end (it has an exit code), rather than given
+        up for lost (a launcher that lost track of it, a cancelled or vanished job)."""
+        return self.code is not None
+
 
 class WorkerHandle:
     """A started worker, as its launcher knows it."""
