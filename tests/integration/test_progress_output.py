@@ -21,13 +21,13 @@ def slow(block: Any) -> None:
     time.sleep(0.05)
 
 
-def _task(task_id: str = "t", n: int = 20) -> Any:
+def _task(task_id: str = "t", n: int = 20, fn: Any = slow) -> Any:
     return bellis.Task(
         task_id,
         total_roi=Roi((0,), (10 * n,)),
         read_roi=Roi((0,), (10,)),
         write_roi=Roi((0,), (10,)),
-        process_function=slow,
+        process_function=fn,
         read_write_conflict=False,
         max_workers=2,
     )
@@ -99,14 +99,7 @@ def test_log_modes_send_worker_output_where_they_say(
     mode: str, multiprocessing: bool, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     blog.set_log_mode(mode)
-    task = bellis.Task(
-        "talk",
-        total_roi=Roi((0,), (40,)),
-        read_roi=Roi((0,), (10,)),
-        write_roi=Roi((0,), (10,)),
-        process_function=speak,
-        max_workers=2,
-    )
+    task = _task("talk", 4, speak)
     assert bellis.run_blockwise(
         task, multiprocessing=multiprocessing, progress=False, summary=False
     )
@@ -132,13 +125,7 @@ def test_a_serial_run_in_both_mode_keeps_stdout_a_file(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     blog.set_log_mode("both")
-    task = bellis.Task(
-        "file",
-        total_roi=Roi((0,), (20,)),
-        read_roi=Roi((0,), (10,)),
-        write_roi=Roi((0,), (10,)),
-        process_function=use_stdout_as_a_file,
-    )
+    task = _task("file", 2, use_stdout_as_a_file)
     assert bellis.run_blockwise(task, multiprocessing=False, progress=False, summary=False)
     assert "said-out-1" in capfd.readouterr().out
     assert "said-out-1" in (tmp_path / "logs" / "file" / "worker_0.out").read_text()
