@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,7 +124,9 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
 
     notice = logging.getLogger("bellis._progress")
     if not notice.handlers:
-        handler = logging.StreamHandler(sys.stdout)
+        from ._streams import StdoutHandler
+
+        handler = StdoutHandler()
         handler.setFormatter(logging.Formatter("\n%(message)s"))
         notice.addHandler(handler)
         notice.setLevel(logging.INFO)

@@ -3,7 +3,8 @@
 Everything here works on :class:`~bellis._state.TaskState` snapshots and never touches the
 scheduler. The server feeds an :class:`ErrorCollector` with every failed attempt, calls the
 observers through :func:`safe_notify` (throttled by :class:`ProgressThrottle`), and at the end
-prints :func:`format_summary` with :func:`print_to_real_stdout`.
+prints :func:`format_summary` to ``sys.stdout`` as it is then (:mod:`bellis._streams`).
+Progress goes to ``sys.stderr``, as tqdm's and daisy's does: users pipe stdout.
 
 Status symbols (one per task, in the summary and on the progress bars):
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from bellis._state import TaskState
+from bellis._streams import StreamInForce
 from bellis.logging import task_log_dirname
 
 __all__ = [
@@ -39,7 +41,6 @@ __all__ = [
     "TqdmObserver",
     "format_summary",
     "make_observer",
-    "print_to_real_stdout",
     "resume_message",
     "safe_notify",
     "status_symbol",
@@ -405,18 +406,6 @@ def resume_message(state: TaskState) -> str | None:
     return head
 
 
-def print_to_real_stdout(text: str) -> None:
-    """Print ``text`` and a newline to the process's real stdout, then flush.
-
-    Writes to ``sys.__stdout__`` so that no worker-log proxy installed on ``sys.stdout``
-    captures the summary; falls back to ``sys.stdout`` where ``__stdout__`` is None
-    (``pythonw``, some embedded interpreters).
-    """
-    stream = sys.__stdout__ if sys.__stdout__ is not None else sys.stdout
-    stream.write(text + "\n")
-    stream.flush()
-
-
 # --------------------------------------------------------------------------------------------
 # observers
 
@@ -482,7 +471,8 @@ class TqdmObserver:
     The description is ``"{task_id} {symbol} ♻={restarts}"`` with ``▶`` while running; the
     postfix shows ``⧗`` pending, ``▶`` processing, ``✔`` completed, ``✗`` failed and ``∅``
     orphaned. At finish each bar jumps to its completed count (so an all-skipped run shows
-    100 %), takes the task's final symbol and is closed. ``file`` defaults to tqdm's (stderr).
+    100 %), takes the task's final symbol and is closed. ``file`` defaults to ``sys.stderr``
+    as it is at each write.
     """
 
     def __init__(self, task_order: Sequence[str], file: IO[str] | None = None) -> None:
@@ -500,7 +490,7 @@ class TqdmObserver:
                 desc=self._describe(task_id, "▶", state),
                 unit="block",
                 leave=True,
-                file=self._file,
+                file=self._file if self._file is not None else StreamInForce("stderr"),
             )
             self._bars[task_id] = bar
         elif bar.total != state.total_block_count:
@@ -560,7 +550,8 @@ class PlainProgressObserver:
     310.5 blocks/s``. A task gets at most one line per ``min_interval_seconds`` and none when
     its counters did not change since its last line; the first line comes one interval after
     the start. At finish every task gets a last line with its status symbol and its average
-    rate. The rate counts processed blocks only (skipped blocks cost nothing).
+    rate. The rate counts processed blocks only (skipped blocks cost nothing). Lines go to
+    ``stream``, or to ``sys.stderr`` as it is at each line.
     """
 
     def __init__(
@@ -582,7 +573,9 @@ class PlainProgressObserver:
         self._records: dict[str, _PlainTaskRecord] = {}
 
     def _write(self, line: str) -> None:
-        stream = self._stream if self._stream is not None else sys.stdout
+        stream = self._stream if self._stream is not None else sys.stderr
+        if stream is None:
+            return
         stream.write(line + "\n")
         stream.flush()
 
@@ -741,14 +734,14 @@ def make_observer(
 ) -> ProgressObserver | None:
     """Turn ``run_blockwise``'s ``progress`` argument into an observer, or None.
 
-    ``True`` gives progress bars when ``stream`` (default ``sys.stdout``) is a terminal and
-    plain lines otherwise; ``False`` and ``None`` give no observer; an object with
-    ``on_start``, ``on_progress`` and ``on_finish`` is used as it is.
+    ``True`` gives progress bars when ``stream`` (default ``sys.stderr``, where progress
+    goes) is a terminal and plain lines otherwise; ``False`` and ``None`` give no observer;
+    an object with ``on_start``, ``on_progress`` and ``on_finish`` is used as it is.
     """
     if progress is None or progress is False:
         return None
     if progress is True:
-        target = stream if stream is not None else sys.stdout
+        target = stream if stream is not None else sys.stderr
         try:
             is_tty = bool(target.isatty())
         except (AttributeError, ValueError, OSError):

@@ -24,7 +24,6 @@ from ._progress import (
     ErrorCollector,
     format_summary,
     make_observer,
-    print_to_real_stdout,
     resume_message,
 )
 from ._protocol import new_secret, worker_token
@@ -41,6 +40,7 @@ from ._report import (
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._server import RunLoop, install_abort_handlers
 from ._state import TaskState
+from ._streams import print_to_stdout
 from ._task import Pipeline, Task, function_arity
 from ._timeline import TimelineSet
 from ._tracking import TrackingStore
@@ -207,8 +207,9 @@ def _serial_output(task_id: str) -> Iterator[None]:
         return
     with open(paths[0], "a") as out, open(paths[1], "a") as err:
         if mode == "both":
-            to_out: Any = _Tee(sys.stdout, out)
-            to_err: Any = _Tee(sys.stderr, err)
+            # the tee echoes to the streams in force when the task's blocks start running
+            to_out: Any = out if sys.stdout is None else _Tee(sys.stdout, out)
+            to_err: Any = err if sys.stderr is None else _Tee(sys.stderr, err)
         else:
             to_out, to_err = out, err
         with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
@@ -480,7 +481,7 @@ def _execute(
             interrupted=result.interrupted is not None,
             errors=errors.as_dict(),
         )
-        print_to_real_stdout(text)
+        print_to_stdout(text)
         for tid in result.order:
             msg = resume_message(result.states[tid])
             if msg:
@@ -488,7 +489,7 @@ def _execute(
 
         panel = render_panel([result.report[t] for t in result.order])
         if panel:
-            print_to_real_stdout("\n" + panel)
+            print_to_stdout("\n" + panel)
     return result
 
 

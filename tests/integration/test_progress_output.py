@@ -64,12 +64,15 @@ def test_json_observer_lines(tmp_path: Path) -> None:
     assert all(g >= 0.4 for g in gaps[:-1]), gaps
 
 
-def test_plain_progress_when_stdout_is_not_a_terminal(capfd: pytest.CaptureFixture[str]) -> None:
+def test_plain_progress_on_stderr_when_it_is_not_a_terminal(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     bellis.run_blockwise(_task(n=8), progress=True)
-    out = capfd.readouterr().out
-    assert "[bellis] t: finished ✔ 8/8 done (100.0%)" in out
-    assert out.count("[bellis] t:") <= 2  # rate-limited: no line per block
-    assert "Execution Summary" in out
+    captured = capfd.readouterr()
+    assert "[bellis] t: finished ✔ 8/8 done (100.0%)" in captured.err
+    assert captured.err.count("[bellis] t:") <= 2  # rate-limited: no line per block
+    assert "Execution Summary" in captured.out
+    assert "[bellis]" not in captured.out and "Execution Summary" not in captured.err
 
 
 def test_observer_errors_never_break_a_run(caplog: pytest.LogCaptureFixture) -> None:

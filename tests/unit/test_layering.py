@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "bellis"
 RANK = {
     "errors": 0,
     "_state": 0,
+    "_streams": 0,
     "_version": 0,
     "_code_origin": 0,
     "logging": 0,

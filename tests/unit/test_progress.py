@@ -203,7 +203,47 @@ def test_tqdm_observer_final_symbols_for_orphans_and_unfinished() -> None:
     assert "b … ♻=0" in out.getvalue()
 
 
+def test_tqdm_observer_writes_to_the_sys_stderr_in_force_at_each_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second, stdout = io.StringIO(), io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stdout", stdout)
+    monkeypatch.setattr("sys.stderr", first)
+    observer = TqdmObserver(["a"])
+    observer.on_start({"a": state("a", total=4)})
+    assert "a ▶ ♻=0" in first.getvalue()
+    monkeypatch.setattr("sys.stderr", second)  # a redirect_stderr entered mid-run
+    observer.on_finish({"a": state("a", total=4, completed_count=4)})
+    assert "a ✔ ♻=0" in second.getvalue() and "a ✔" not in first.getvalue()
+    assert stdout.getvalue() == ""
+
+
 # ------------------------------------------------------------------------------- plain
+
+
+def test_plain_observer_writes_to_the_sys_stderr_in_force_at_each_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second, stdout = io.StringIO(), io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stdout", stdout)
+    monkeypatch.setattr("sys.stderr", first)
+    clock = FakeClock(100.0)
+    observer = PlainProgressObserver(["a"], min_interval_seconds=1.0, clock=clock)
+    observer.on_start({"a": state("a", total=4)})
+    clock.now = 102.0
+    observer.on_progress({"a": state("a", total=4, completed_count=2)})
+    assert first.getvalue().startswith("[bellis] a: 2/4 done")
+    monkeypatch.setattr("sys.stderr", second)
+    observer.on_finish({"a": state("a", total=4, completed_count=4)})
+    assert second.getvalue().startswith("[bellis] a: finished ✔ 4/4 done")
+    assert "finished" not in first.getvalue() and stdout.getvalue() == ""
+
+
+def test_plain_observer_without_a_stderr_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stderr", None)  # pythonw, or code that silenced stderr
+    observer = PlainProgressObserver(["a"], min_interval_seconds=0.0)
+    observer.on_start({"a": state("a", total=4)})
+    observer.on_finish({"a": state("a", total=4, completed_count=4)})
 
 
 def test_plain_observer_is_rate_limited_per_task() -> None:
@@ -303,12 +343,14 @@ def test_make_observer_true_picks_by_tty() -> None:
     assert isinstance(make_observer(True, ["a"], stream=io.StringIO()), PlainProgressObserver)
 
 
-def test_make_observer_true_defaults_to_sys_stdout(
+def test_make_observer_true_looks_at_sys_stderr_where_progress_goes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("sys.stdout", io.StringIO())
-    assert isinstance(make_observer(True, ["a"]), PlainProgressObserver)
     monkeypatch.setattr("sys.stdout", TtyStringIO())
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert isinstance(make_observer(True, ["a"]), PlainProgressObserver)
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    monkeypatch.setattr("sys.stderr", TtyStringIO())
     assert isinstance(make_observer(True, ["a"]), TqdmObserver)
 
 

@@ -13,11 +13,11 @@ from bellis._progress import (
     ErrorCollector,
     ErrorGroup,
     format_summary,
-    print_to_real_stdout,
     resume_message,
     status_symbol,
 )
 from bellis._state import TaskState
+from bellis._streams import print_to_stdout
 
 TABLE_HEAD = (
     "\n"
@@ -418,24 +418,26 @@ def test_resume_message_is_none_without_skips() -> None:
 # ------------------------------------------------------------------------------- printing
 
 
-def test_print_to_real_stdout_bypasses_sys_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = io.StringIO()
-    proxy = io.StringIO()
-    monkeypatch.setattr(sys, "__stdout__", real)
-    monkeypatch.setattr(sys, "stdout", proxy)
-    print_to_real_stdout("summary")
-    assert real.getvalue() == "summary\n"
-    assert proxy.getvalue() == ""
-
-
-def test_print_to_real_stdout_falls_back_without_dunder_stdout(
+def test_the_summary_goes_to_the_sys_stdout_in_force_when_it_prints(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    proxy = io.StringIO()
-    monkeypatch.setattr(sys, "__stdout__", None)
-    monkeypatch.setattr(sys, "stdout", proxy)
-    print_to_real_stdout("summary")
-    assert proxy.getvalue() == "summary\n"
+    process_stdout = io.StringIO()
+    in_force = io.StringIO()  # redirect_stdout, capsys, a notebook cell
+    monkeypatch.setattr(sys, "__stdout__", process_stdout)
+    monkeypatch.setattr(sys, "stdout", in_force)
+    print_to_stdout("summary")
+    assert in_force.getvalue() == "summary\n"
+    assert process_stdout.getvalue() == ""
+
+
+def test_without_a_sys_stdout_the_summary_is_not_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    process_stdout = io.StringIO()
+    monkeypatch.setattr(sys, "__stdout__", process_stdout)
+    monkeypatch.setattr(sys, "stdout", None)  # code that silenced stdout
+    print_to_stdout("summary")
+    assert process_stdout.getvalue() == ""
 
 
 def test_task_ids_are_quoted_literally_as_daisy_does() -> None:
