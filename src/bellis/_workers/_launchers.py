@@ -6,6 +6,7 @@ server over TCP (the pilot-job pattern), reports how they ended, and stops them.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import signal
@@ -18,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .._streams import StreamName, write_to_stream
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
 
@@ -147,28 +150,38 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
 _WORKER_MAIN = "import sys; from bellis._worker import main; sys.exit(main())"
 
 
-def _start_tee(source: Any, log: Any, terminal_fd: int, name: str) -> threading.Thread:
-    """Copy what a worker writes to ``source`` into ``log`` and this process's
-    ``terminal_fd`` until the worker closes it (log mode ``"both"``), then close both."""
+def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threading.Thread:
+    """Copy what a worker writes to ``source`` into ``log`` (None in console mode) and to
+    this process's ``sys.<stream>`` as it is at each write, so that a ``redirect_stdout`` or
+    a notebook cell in the driver gets it, until the worker closes it; then close both."""
 
     def copy() -> None:
+        # a multi-byte character split between two reads is decoded whole
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
             while chunk := source.read1(65536):
-                log.write(chunk)
-                log.flush()
-                view = memoryview(chunk)
-                try:
-                    while view:
-                        view = view[os.write(terminal_fd, view) :]
-                except OSError:
-                    pass  # a terminal that went away costs the echo only; the log has it all
+                if log is not None:
+                    log.write(chunk)
+                    log.flush()
+                _echo(stream, decoder.decode(chunk))
+            _echo(stream, decoder.decode(b"", final=True))
         finally:
             source.close()
-            log.close()
+            if log is not None:
+                log.close()
 
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def _echo(stream: StreamName, text: str) -> None:
+    if not text:
+        return
+    try:
+        write_to_stream(stream, text)
+    except (OSError, ValueError):
+        pass  # a terminal that went away or a closed stream costs the echo only
 
 
 class LocalLauncher(WorkerLauncher):
@@ -185,15 +198,21 @@ class LocalLauncher(WorkerLauncher):
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
-        tee = spec.tee and out is not None and err is not None
+        # log mode "both" (tee) and console mode (no files): the worker's output is echoed
+        # to this process's streams in force, so a redirect_stdout or a notebook cell
+        # around the run gets it; unbuffered, so that it comes line by line as on a terminal
+        echo = spec.tee or out is None or err is None
+        env = spec.env
+        if echo and "PYTHONUNBUFFERED" not in env:
+            env = {**env, "PYTHONUNBUFFERED": "1"}
         try:
             proc = subprocess.Popen(
                 # `-c` rather than `-m`: the same entry point without runpy's start-up cost
                 [self.python, "-c", _WORKER_MAIN],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE if tee else out,
-                stderr=subprocess.PIPE if tee else err,
-                env=spec.env,
+                stdout=subprocess.PIPE if echo else out,
+                stderr=subprocess.PIPE if echo else err,
+                env=env,
                 close_fds=True,
                 start_new_session=True,
             )
@@ -202,12 +221,11 @@ class LocalLauncher(WorkerLauncher):
                 if f is not None:
                     f.close()
             raise
-        if tee:
+        if echo:
             assert proc.stdout is not None and proc.stderr is not None
-            assert out is not None and err is not None
             self._tees[proc.pid] = [
-                _start_tee(proc.stdout, out, 1, f"bellis-tee-{spec.worker_id}-out"),
-                _start_tee(proc.stderr, err, 2, f"bellis-tee-{spec.worker_id}-err"),
+                _start_tee(proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out"),
+                _start_tee(proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err"),
             ]
         else:
             for f in (out, err):
