@@ -79,10 +79,16 @@ def _write_script(tmp_path: Path) -> Path:
     return script
 
 
+def _user_env() -> dict[str, str]:
+    """This environment as a user's shell has it: Python's output buffered as by default."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(script), *args],
         cwd=script.parent,
+        env=_user_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -154,7 +160,7 @@ def test_a_terminal_shows_progress_bars_while_stdout_is_piped_to_a_file(tmp_path
         if name in os.environ
     )
     (tmp_path / "run.sh").write_text(
-        f"{env}cd {shlex.quote(str(tmp_path))}\n"
+        f"{env}unset PYTHONUNBUFFERED\ncd {shlex.quote(str(tmp_path))}\n"
         f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} file distributed plain"
         " > out.txt\n"
         "echo $? > rc.txt\n"
@@ -188,3 +194,69 @@ def test_a_terminal_shows_progress_bars_while_stdout_is_piped_to_a_file(tmp_path
     # a terminal on stderr: a tqdm bar that ended at 4/4 with the task's final symbol
     assert "talk ✔ ♻=0" in pane and "4/4" in pane, pane
     assert SUMMARY not in pane and "[bellis]" not in pane, pane
+
+
+LIVE_SCRIPT = """
+import sys
+import time
+from pathlib import Path
+
+import bellis
+from bellis import Roi
+
+GO = Path(__file__).parent / "go"
+
+
+def wait_for_go(block):
+    print("waiting-for-go")  # no flush: a terminal would show it at once
+    deadline = time.monotonic() + 60
+    while not GO.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the driver never showed the worker's line")
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    bellis.logging.set_log_basedir(Path(__file__).parent / "logs")
+    bellis.logging.set_log_mode(sys.argv[1])
+    task = bellis.Task(
+        "live",
+        total_roi=Roi((0,), (10,)),
+        read_roi=Roi((0,), (10,)),
+        write_roi=Roi((0,), (10,)),
+        process_function=wait_for_go,
+        max_retries=0,
+    )
+    sys.exit(0 if bellis.run_blockwise([task], progress=False) else 1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["console", "both"])
+def test_worker_lines_reach_the_driver_while_the_block_runs(mode: str, tmp_path: Path) -> None:
+    """A worker's print shows while its block runs, as on a terminal, though its output
+    passes through a pipe to the driver (the worker runs unbuffered)."""
+    script = tmp_path / "live.py"
+    script.write_text(LIVE_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        cwd=tmp_path,
+        env=_user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.strip() == "waiting-for-go":
+                (tmp_path / "go").touch()
+                break
+        rest, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, "".join(seen) + rest + err
+    assert "live ✔" in rest and "never showed" not in rest + err

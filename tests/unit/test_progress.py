@@ -240,10 +240,13 @@ def test_plain_observer_writes_to_the_sys_stderr_in_force_at_each_line(
 
 
 def test_plain_observer_without_a_stderr_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    stdout = io.StringIO()
+    monkeypatch.setattr("sys.stdout", stdout)
     monkeypatch.setattr("sys.stderr", None)  # pythonw, or code that silenced stderr
     observer = PlainProgressObserver(["a"], min_interval_seconds=0.0)
     observer.on_start({"a": state("a", total=4)})
     observer.on_finish({"a": state("a", total=4, completed_count=4)})
+    assert stdout.getvalue() == ""  # progress never moves to stdout
 
 
 def test_plain_observer_is_rate_limited_per_task() -> None:
