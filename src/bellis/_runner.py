@@ -211,7 +211,11 @@ def _serial_output(task_id: str) -> Iterator[None]:
             to_err: Any = _Tee(sys.stderr, err)
         else:
             to_out, to_err = out, err
-        with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
+        with (
+            blog._slot_files_bound(out, err),
+            contextlib.redirect_stdout(to_out),
+            contextlib.redirect_stderr(to_err),
+        ):
             yield
 
 
