@@ -1,6 +1,10 @@
 """The native bellis (daisy v2) surface, without the daisy 1.x shims (``SerialServer``,
-``num_workers=``, ``upstream_tasks=``, the done-marker names, lists of tasks), with
-bellis's own additions: launchers, skip masks, the error classes and the reports."""
+``num_workers=``, ``upstream_tasks=``, lists of tasks), with bellis's own additions:
+launchers, skip masks, the error classes and the reports.
+
+As in daisy 2.0.0's ``daisy.v2``, the deprecated done-marker names are here too
+(``set_done_marker_basedir`` and ``get_done_marker_basedir``, which warn with
+:class:`~bellis.errors.BellisDeprecationWarning`), and ``__version__``."""
 
 from __future__ import annotations
 
@@ -19,7 +23,15 @@ from ._runner import Server, run_blockwise
 from ._scheduler import Scheduler
 from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
 from ._state import TaskState
-from ._task import Pipeline, Task, get_tracking_basedir, set_tracking_basedir
+from ._task import (
+    Pipeline,
+    Task,
+    get_done_marker_basedir,
+    get_tracking_basedir,
+    set_done_marker_basedir,
+    set_tracking_basedir,
+)
+from ._version import __version__
 from ._workers._launchers import LocalLauncher, WorkerLauncher
 from .errors import (
     BellisError,
@@ -59,10 +71,13 @@ __all__ = [
     "TrackingError",
     "WorkerLauncher",
     "WorkerRecord",
+    "__version__",
+    "get_done_marker_basedir",
     "get_tracking_basedir",
     "logging",
     "profile_block",
     "run_blockwise",
+    "set_done_marker_basedir",
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
