@@ -56,7 +56,9 @@ def record() -> dict[str, Any]:
     modules = {name: importlib.import_module(name) for name in MODULES}
     names = {
         module_name: {
-            name: _describe(getattr(module, name)) for name in sorted(dir(module)) if _is_public(name)
+            name: _describe(getattr(module, name))
+            for name in sorted(dir(module))
+            if _is_public(name)
         }
         for module_name, module in modules.items()
     }
