@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -60,7 +61,7 @@ __all__ = [
 
 
 _SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
-_NEED_NUMPY = ("v2", "v1_compat")
+_NEED_NUMPY = ("v1_compat",)
 
 # Where each public name is defined, loaded on first use. Only ``Task`` and ``Scheduler``
 # are v1_compat's own (they accept the 1.x forms); everything else comes from its home
@@ -147,6 +148,19 @@ def _import_numpy() -> None:
         os.environ.pop(_BLAS_SPIN_VARIABLE, None)
 
 
+def _load_public_name(
+    name: str, homes: Mapping[str, tuple[str, str]], namespace: dict[str, Any]
+) -> Any:
+    """Import ``name`` from its home module (numpy first, bounded, where that needs it) and
+    keep it in ``namespace``, the globals of the public module asking for it."""
+    module_name, attribute = homes[name]
+    if module_name not in _LIGHT_HOMES:
+        _import_numpy()
+    value = getattr(importlib.import_module(module_name), attribute)
+    namespace[name] = value
+    return value
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         # submodules load on their own: `from . import logging` inside bellis must not
@@ -154,14 +168,8 @@ def __getattr__(name: str) -> Any:
         if name in _NEED_NUMPY:
             _import_numpy()
         return importlib.import_module(f"bellis.{name}")
-    home = _HOMES.get(name)
-    if home is not None:
-        module_name, attribute = home
-        if module_name not in _LIGHT_HOMES:
-            _import_numpy()
-        value = getattr(importlib.import_module(module_name), attribute)
-        globals()[name] = value
-        return value
+    if name in _HOMES:
+        return _load_public_name(name, _HOMES, globals())
     raise AttributeError(f"module 'bellis' has no attribute {name!r}")
 
 

@@ -2,18 +2,20 @@
 the user's code asks for them.
 
 A script written into ``tmp_path`` runs a distributed pipeline through ``import bellis as
-daisy``; each worker writes its sorted ``sys.modules`` to a file once its work is done. One
-task has a block function; the others have worker functions (a ``Client`` loop) that each
-touch one public name through the module, as ``daisy.<name>`` in a daisy script does.
+daisy`` (or ``import bellis.v2 as daisy``); each worker writes its sorted ``sys.modules`` to
+a file once its work is done. One task has a block function; the others have worker
+functions (a ``Client`` loop) that each touch one public name through the module, as
+``daisy.<name>`` in a daisy script does.
 """
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
-import bellis
+import pytest
 
 # names whose modules compute with numpy (the driver's side: tasks, pipelines, the
 # scheduler, the runner, reports, skip masks, the dependency graph): touching one loads
@@ -43,13 +45,14 @@ NEEDS_NUMPY = {
 DEFINED_IN_V1_COMPAT = {"Task", "Scheduler"}
 
 SCRIPT = r"""
+import importlib
 import os
 import sys
 
-import bellis as daisy
-
 OUT = sys.argv[1]
 NAMES = sys.argv[2].split(",")
+# `import bellis as daisy`, or `import bellis.v2 as daisy` (daisy's advice for v2 code)
+daisy = importlib.import_module(sys.argv[3])
 
 
 def record(label):
@@ -58,7 +61,7 @@ def record(label):
 
 
 def block_function(block):
-    assert block.write_roi.size > 0
+    assert isinstance(block, daisy.Block) and block.write_roi.size > 0
     if block.block_id[1] == 0:
         record("block-function")
 
@@ -96,14 +99,15 @@ if __name__ == "__main__":
 """
 
 
-def test_workers_load_neither_numpy_nor_v1_compat(tmp_path: Path) -> None:
-    names = sorted(bellis.__all__)
+@pytest.mark.parametrize("surface", ["bellis", "bellis.v2"])
+def test_workers_load_neither_numpy_nor_v1_compat(tmp_path: Path, surface: str) -> None:
+    names = sorted(importlib.import_module(surface).__all__)
     script = tmp_path / "imports.py"
     script.write_text(SCRIPT)
     out = tmp_path / "modules"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, str(script), str(out), ",".join(names)],
+        [sys.executable, str(script), str(out), ",".join(names), surface],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -119,10 +123,10 @@ def test_workers_load_neither_numpy_nor_v1_compat(tmp_path: Path) -> None:
 
     problems = []
     for label, modules in sorted(found.items()):
-        if "bellis" not in modules:
-            problems.append(f"{label}: the worker did not import bellis?")
+        if surface not in modules:
+            problems.append(f"{label}: the worker did not import {surface}?")
         numpy_ok = label in NEEDS_NUMPY
-        compat_ok = label in DEFINED_IN_V1_COMPAT
+        compat_ok = surface == "bellis" and label in DEFINED_IN_V1_COMPAT
         if "numpy" in modules and not numpy_ok:
             problems.append(f"{label}: the worker imported numpy")
         if "bellis.v1_compat" in modules and not compat_ok:
