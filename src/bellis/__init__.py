@@ -2,7 +2,9 @@
 
 ``import bellis as daisy`` runs daisy scripts. This module is the daisy 1.x-compatible
 surface (the same names as :mod:`bellis.v1_compat`); :mod:`bellis.v2` is the native one.
-Names load on first use, so worker processes start without importing numpy or zarr.
+Names load on first use, each from the module that defines it, so a worker process that
+touches ``bellis.Client`` (or ``Context``, ``Block``, ``Roi``...) imports neither numpy nor
+zarr.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -58,7 +61,70 @@ __all__ = [
 
 
 _SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
-_NEED_NUMPY = ("v2", "v1_compat")
+_NEED_NUMPY = ("v1_compat",)
+
+# Where each public name is defined, loaded on first use. Only ``Task`` and ``Scheduler``
+# are v1_compat's own (they accept the 1.x forms); everything else comes from its home
+# module, so a worker function that touches ``bellis.Client`` loads the client and no more.
+_HOMES: dict[str, tuple[str, str]] = {
+    "BellisError": ("bellis.errors", "BellisError"),
+    "Block": ("bellis._block", "Block"),
+    "BlockRecord": ("bellis._report", "BlockRecord"),
+    "BlockStats": ("bellis._block", "BlockStats"),
+    "BlockStatus": ("bellis._block", "BlockStatus"),
+    "BlockwiseDependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
+    "Client": ("bellis._client", "Client"),
+    "ConfigurationError": ("bellis.errors", "ConfigurationError"),
+    "Context": ("bellis._client", "Context"),
+    "Coordinate": ("funlib.geometry", "Coordinate"),
+    "DaskLauncher": ("bellis._workers._dask", "DaskLauncher"),
+    "DependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
+    "JsonProgressObserver": ("bellis._progress", "JsonProgressObserver"),
+    "LayoutMismatch": ("bellis.errors", "LayoutMismatch"),
+    "LocalLauncher": ("bellis._workers._launchers", "LocalLauncher"),
+    "Pipeline": ("bellis._task", "Pipeline"),
+    "Roi": ("funlib.geometry", "Roi"),
+    "RunReport": ("bellis._report", "RunReport"),
+    "Scheduler": ("bellis.v1_compat", "Scheduler"),
+    "SerialServer": ("bellis._runner", "SerialServer"),
+    "Server": ("bellis._runner", "Server"),
+    "SlurmLauncher": ("bellis._workers._slurm", "SlurmLauncher"),
+    "Stat": ("bellis._report", "Stat"),
+    "Task": ("bellis.v1_compat", "Task"),
+    "TaskAbandonedError": ("bellis.errors", "TaskAbandonedError"),
+    "TaskReport": ("bellis._report", "TaskReport"),
+    "TaskState": ("bellis._state", "TaskState"),
+    "TrackingError": ("bellis.errors", "TrackingError"),
+    "WorkerLauncher": ("bellis._workers._launchers", "WorkerLauncher"),
+    "WorkerRecord": ("bellis._report", "WorkerRecord"),
+    "__version__": ("bellis._version", "__version__"),
+    "get_done_marker_basedir": ("bellis._task", "get_done_marker_basedir"),
+    "get_tracking_basedir": ("bellis._task", "get_tracking_basedir"),
+    "get_worker_log_basename": ("bellis.logging", "get_worker_log_basename"),
+    "profile_block": ("bellis._profiling", "profile_block"),
+    "run_blockwise": ("bellis._runner", "run_blockwise"),
+    "set_done_marker_basedir": ("bellis._task", "set_done_marker_basedir"),
+    "set_tracking_basedir": ("bellis._task", "set_tracking_basedir"),
+    "skip_mask_from_rois": ("bellis._skipmask", "skip_mask_from_rois"),
+    "skip_mask_from_volume": ("bellis._skipmask", "skip_mask_from_volume"),
+}
+# the homes that neither import numpy nor compute with it: the names a worker uses
+_LIGHT_HOMES = frozenset(
+    {
+        "bellis.errors",
+        "bellis._block",
+        "bellis._client",
+        "bellis._state",
+        "bellis._version",
+        "bellis._profiling",
+        "bellis._progress",
+        "bellis.logging",
+        "bellis._workers._launchers",
+        "bellis._workers._slurm",
+        "bellis._workers._dask",
+        "funlib.geometry",
+    }
+)
 
 # OpenBLAS (numpy's BLAS) starts a helper thread per core when numpy is imported, and
 # each spins for about 2**28 CPU cycles (~0.1 s of a core) after start-up and after
@@ -82,6 +148,19 @@ def _import_numpy() -> None:
         os.environ.pop(_BLAS_SPIN_VARIABLE, None)
 
 
+def _load_public_name(
+    name: str, homes: Mapping[str, tuple[str, str]], namespace: dict[str, Any]
+) -> Any:
+    """Import ``name`` from its home module (numpy first, bounded, where that needs it) and
+    keep it in ``namespace``, the globals of the public module asking for it."""
+    module_name, attribute = homes[name]
+    if module_name not in _LIGHT_HOMES:
+        _import_numpy()
+    value = getattr(importlib.import_module(module_name), attribute)
+    namespace[name] = value
+    return value
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         # submodules load on their own: `from . import logging` inside bellis must not
@@ -89,12 +168,8 @@ def __getattr__(name: str) -> Any:
         if name in _NEED_NUMPY:
             _import_numpy()
         return importlib.import_module(f"bellis.{name}")
-    if name in __all__:
-        _import_numpy()
-        compat = importlib.import_module("bellis.v1_compat")
-        value = getattr(compat, name)
-        globals()[name] = value
-        return value
+    if name in _HOMES:
+        return _load_public_name(name, _HOMES, globals())
     raise AttributeError(f"module 'bellis' has no attribute {name!r}")
 
 

@@ -212,7 +212,11 @@ def _serial_output(task_id: str) -> Iterator[None]:
             to_err: Any = err if sys.stderr is None else _Tee(sys.stderr, err)
         else:
             to_out, to_err = out, err
-        with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
+        with (
+            blog._slot_files_bound(out, err),
+            contextlib.redirect_stdout(to_out),
+            contextlib.redirect_stderr(to_err),
+        ):
             yield
 
 
@@ -243,7 +247,7 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
-def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
+def _run_blocks_serially(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
     block function propagates at once, with its own type."""
     progressed = True
@@ -258,11 +262,11 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
             geom = run.geom
             acquire = scheduler.acquire_index
             release = scheduler.release_index
+            k = acquire(run)
+            if k < 0:
+                continue  # no block now: the log files are not opened (no empty run in them)
             with _serial_output(run.task_id):
-                while True:
-                    k = acquire(run)
-                    if k < 0:
-                        break
+                while k >= 0:
                     progressed = True
                     block = Block._lazy(geom, k, BlockStatus.PROCESSING)
                     measured = None
@@ -295,6 +299,7 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                         agg.add_block(None, stats if ok else None, not ok)
                     else:
                         agg.count += 1
+                    k = acquire(run)
 
 
 def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
@@ -452,7 +457,7 @@ def _execute(
                 server=server,
             )
         else:
-            _run_serial(scheduler, aggregates)
+            _run_blocks_serially(scheduler, aggregates)
         result.states = scheduler.task_states
         for r in scheduler.runs:
             aggregates[r.task_id].add_skipped(r.skipped)
@@ -799,15 +804,24 @@ class SerialServer:
         )
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
-        result = _execute(
-            tasks,
-            multiprocessing=False,
-            resources=None,
-            progress=False,
-            block_tracking=block_tracking,
-            host=None,
-            summary=True,
-            launcher=None,
-        )
-        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
-        return states
+        return _run_serial(tasks, block_tracking=block_tracking)
+
+
+def _run_serial(
+    pipeline: Any, block_tracking: bool = True, summary: bool = True
+) -> dict[str, TaskState]:
+    """daisy's private serial entry point, which daisy's examples teach (``mws.py``): the
+    blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
+    An exception from a block propagates; a task's outcome is never raised."""
+    result = _execute(
+        pipeline,
+        multiprocessing=False,
+        resources=None,
+        progress=False,
+        block_tracking=block_tracking,
+        host=None,
+        summary=summary,
+        launcher=None,
+    )
+    states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+    return states

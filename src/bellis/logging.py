@@ -16,6 +16,7 @@ Python's last-resort handler until the application configures logging.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import io
@@ -25,19 +26,22 @@ import re
 import shutil
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from bellis.errors import WorkerStartError
 
 __all__ = [
+    "LOG_BASEDIR",
     "LOG_MODES",
     "TRACEBACK_STYLES",
     "apply_settings",
     "cap_traceback",
     "clear_logs",
+    "close_all_log_files",
+    "current_slot_files",
     "emit_failure",
     "export_settings",
     "format_traceback",
@@ -46,6 +50,7 @@ __all__ = [
     "get_log_mode",
     "get_traceback_style",
     "get_worker_log_basename",
+    "logger",
     "open_worker_log",
     "set_log_basedir",
     "set_log_level",
@@ -72,16 +77,32 @@ _MAX_DIRNAME_BYTES = 200
 _WINDOWS_RESERVED = frozenset('<>:"|?*')
 
 
+#: The log basedir, daisy's global: :func:`set_log_basedir` sets it, and a script that
+#: assigns it (``bellis.logging.LOG_BASEDIR = path``) is obeyed, as in daisy.
+LOG_BASEDIR: Path | None = DEFAULT_LOG_BASEDIR
+
+
 class _Settings:
     """The module's mutable state, in one place so that export/apply cover all of it."""
 
     def __init__(self) -> None:
-        self.basedir: Path | None = DEFAULT_LOG_BASEDIR
+        self.basedir = DEFAULT_LOG_BASEDIR
         self.mode = "file"
         self.traceback_style = "plain"
         self.show_locals = False
         self.width = 100
         self.extra_lines = 2
+
+    @property
+    def basedir(self) -> Path | None:
+        # kept in the LOG_BASEDIR global, daisy's one place for it
+        value: Any = LOG_BASEDIR
+        return value if value is None or isinstance(value, Path) else Path(value)
+
+    @basedir.setter
+    def basedir(self, path: Path | None) -> None:
+        global LOG_BASEDIR
+        LOG_BASEDIR = path
 
 
 _settings = _Settings()
@@ -442,3 +463,61 @@ def apply_settings(settings: Mapping[str, Any]) -> None:
             set_traceback_style(style, **options)
         except ImportError:
             set_traceback_style("plain", **options)
+
+
+# --------------------------------------------------------------------------------------------
+# daisy's remaining names: logger, current_slot_files(), close_all_log_files()
+
+#: The ``bellis`` logger: bellis's own warnings (a failed block, a lost worker) go through
+#: it; :func:`set_log_level` sets its level. daisy's is the ``daisy`` logger.
+logger = logging.getLogger(_LOGGER_NAME)
+
+# the (out, err) streams of the worker slot this process runs user code for, if any
+_bound_slot_files: tuple[IO[str], IO[str]] | None = None
+
+
+def current_slot_files() -> tuple[IO[str], IO[str]] | None:
+    """The ``(out, err)`` streams of the worker slot the calling code runs in, or None.
+
+    In a worker process these are its stdout and stderr, which lead to the worker's ``.out``
+    and ``.err`` files (and, in mode ``"both"``, also to the terminal); in a serial run,
+    the open log files of the task. Hand them to a subprocess (``subprocess.run(cmd,
+    stdout=out, stderr=err)``) so that its output lands in the worker's logs as it is
+    written. None in console mode, and outside worker code (the driver, between blocks).
+    """
+    if _bound_slot_files is None or get_log_mode() == "console":
+        return None
+    return _bound_slot_files
+
+
+def _bind_slot_files(files: tuple[IO[str], IO[str]] | None) -> None:
+    """Make ``files`` what :func:`current_slot_files` returns (bellis's worker start-up)."""
+    global _bound_slot_files
+    _bound_slot_files = files
+
+
+@contextlib.contextmanager
+def _slot_files_bound(out: IO[str], err: IO[str]) -> Iterator[None]:
+    """:func:`current_slot_files` returns ``(out, err)`` inside the block (serial runs)."""
+    previous = _bound_slot_files
+    _bind_slot_files((out, err))
+    try:
+        yield
+    finally:
+        _bind_slot_files(previous)
+
+
+def close_all_log_files() -> None:
+    """Flush the worker log streams bound in this process (daisy calls this as a run ends).
+
+    bellis holds no log file open between runs (each run closes the files it opened as it
+    ends), so after a run there is nothing left to close. Called from worker code, it
+    flushes what the slot's streams buffer so far; they stay open and bound, since they are
+    the worker's own stdout and stderr. Safe to call at any time.
+    """
+    for stream in _bound_slot_files or ():
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            # already closed, or the disk is gone: there is nothing left to flush to
+            continue

@@ -1,33 +1,51 @@
 """The native bellis (daisy v2) surface, without the daisy 1.x shims (``SerialServer``,
-``num_workers=``, ``upstream_tasks=``, the done-marker names, lists of tasks), with
-bellis's own additions: launchers, skip masks, the error classes and the reports."""
+``num_workers=``, ``upstream_tasks=``, lists of tasks), with bellis's own additions:
+launchers, skip masks, the error classes and the reports.
+
+As in daisy 2.0.0's ``daisy.v2``, the deprecated done-marker names are here too
+(``set_done_marker_basedir`` and ``get_done_marker_basedir``, which warn with
+:class:`~bellis.errors.BellisDeprecationWarning`), and ``__version__``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from funlib.geometry import Coordinate, Roi
+from . import _HOMES, _load_public_name, logging
 
-from . import logging
-from ._block import Block, BlockStats, BlockStatus
-from ._client import Client, Context
-from ._graph import BlockwiseDependencyGraph
-from ._profiling import profile_block
-from ._progress import JsonProgressObserver
-from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
-from ._runner import Server, run_blockwise
-from ._scheduler import Scheduler
-from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
-from ._state import TaskState
-from ._task import Pipeline, Task, get_tracking_basedir, set_tracking_basedir
-from ._workers._launchers import LocalLauncher, WorkerLauncher
-from .errors import (
-    BellisError,
-    ConfigurationError,
-    LayoutMismatch,
-    TaskAbandonedError,
-    TrackingError,
-)
+if TYPE_CHECKING:
+    from funlib.geometry import Coordinate, Roi
+
+    from ._block import Block, BlockStats, BlockStatus
+    from ._client import Client, Context
+    from ._graph import BlockwiseDependencyGraph
+    from ._profiling import profile_block
+    from ._progress import JsonProgressObserver
+    from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
+    from ._runner import Server, run_blockwise
+    from ._scheduler import Scheduler
+    from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
+    from ._state import TaskState
+    from ._task import (
+        Pipeline,
+        Task,
+        get_done_marker_basedir,
+        get_tracking_basedir,
+        set_done_marker_basedir,
+        set_tracking_basedir,
+    )
+    from ._version import __version__
+    from ._workers._dask import DaskLauncher
+    from ._workers._launchers import LocalLauncher, WorkerLauncher
+    from ._workers._slurm import SlurmLauncher
+    from .errors import (
+        BellisError,
+        ConfigurationError,
+        LayoutMismatch,
+        TaskAbandonedError,
+        TrackingError,
+    )
+
+    DependencyGraph = BlockwiseDependencyGraph
 
 __all__ = [
     "BellisError",
@@ -40,7 +58,7 @@ __all__ = [
     "ConfigurationError",
     "Context",
     "Coordinate",
-    "DaskLauncher",  # noqa: F822 - loaded on first use (needs distributed)
+    "DaskLauncher",
     "DependencyGraph",
     "JsonProgressObserver",
     "LayoutMismatch",
@@ -50,7 +68,7 @@ __all__ = [
     "RunReport",
     "Scheduler",
     "Server",
-    "SlurmLauncher",  # noqa: F822 - loaded on first use
+    "SlurmLauncher",
     "Stat",
     "Task",
     "TaskAbandonedError",
@@ -59,16 +77,25 @@ __all__ = [
     "TrackingError",
     "WorkerLauncher",
     "WorkerRecord",
+    "__version__",
+    "get_done_marker_basedir",
     "get_tracking_basedir",
     "logging",
     "profile_block",
     "run_blockwise",
+    "set_done_marker_basedir",
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
 ]
 
-DependencyGraph = BlockwiseDependencyGraph
+# Names load on first use, each from the module that defines it (as ``bellis``'s do), so a
+# worker function of an ``import bellis.v2 as daisy`` script that touches ``daisy.Client``
+# loads neither numpy nor the driver's modules. v2's Task and Scheduler are the native ones.
+_V2_HOMES = {name: _HOMES[name] for name in __all__ if name in _HOMES} | {
+    "Task": ("bellis._task", "Task"),
+    "Scheduler": ("bellis._scheduler", "Scheduler"),
+}
 
 
 def _cluster_launcher(name: str) -> Any:
@@ -86,7 +113,10 @@ def _cluster_launcher(name: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    launcher = _cluster_launcher(name)
-    if launcher is None:
-        raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
-    return launcher
+    if name in _V2_HOMES:
+        return _load_public_name(name, _V2_HOMES, globals())
+    raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
