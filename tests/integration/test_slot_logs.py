@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 _PREAMBLE = """
 import json, os, signal, sys
 import bellis
@@ -203,3 +205,45 @@ for _ in range(2):
             body = lines[start + 1 : end]
             assert len(body) == 3
             assert all(line.startswith(f"{kind.upper()} worker {m[1]} block ") for line in body)
+
+
+def test_dask_workers_write_per_slot_files(tmp_path: Path) -> None:
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    _run(
+        tmp_path,
+        """
+from distributed import Client, LocalCluster
+
+if __name__ == "__main__":
+    cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                           dashboard_address=None, scheduler_port=0, host="127.0.0.1",
+                           silence_logs=40)
+    client = Client(cluster)
+    try:
+        task = make_task("dask", 8, crash_after_one_block, max_workers=2,
+                         max_worker_restarts=50, max_retries=10)
+        states = bellis.run_blockwise([task], launcher=bellis.DaskLauncher(client),
+                                      progress=False, summary=False, return_states=True)
+        state = states["dask"]
+        assert state.completed_count == 8, state
+        assert state.worker_start_count >= 8, state
+        dump_workers(task, "workers.json")
+    finally:
+        client.close()
+        cluster.close()
+""",
+    )
+    logdir = tmp_path / "logs" / "dask"
+    assert sorted(p.name for p in logdir.iterdir() if p.name.startswith("worker_")) == [
+        "worker_0.err",
+        "worker_0.out",
+        "worker_1.err",
+        "worker_1.out",
+    ]
+    workers = json.loads((tmp_path / "workers.json").read_text())
+    headers = {}
+    for slot in (0, 1):
+        for (wid, _, _), lines in _sections(logdir / f"worker_{slot}.out"):
+            headers[wid] = slot
+            assert all(line.startswith(f"OUT worker {wid} block ") for line in lines)
+    assert {int(k): v["slot"] for k, v in workers.items()} == headers
