@@ -247,3 +247,40 @@ if __name__ == "__main__":
             headers[wid] = slot
             assert all(line.startswith(f"OUT worker {wid} block ") for line in lines)
     assert {int(k): v["slot"] for k, v in workers.items()} == headers
+
+
+def test_a_worker_replaced_after_a_block_timeout_says_so(tmp_path: Path) -> None:
+    _run(
+        tmp_path,
+        """
+import time
+
+def hang_once(block):
+    print_block(block)
+    if block.block_id[1] == 1 and not os.path.exists("hung"):
+        open("hung", "w").close()
+        time.sleep(60)
+
+task = make_task("slow", 3, hang_once, max_workers=1, timeout=1.5, max_retries=2)
+states = bellis.run_blockwise([task], progress=False, summary=False, return_states=True)
+assert states["slow"].completed_count == 3, states["slow"]
+dump_workers(task, "workers.json")
+""",
+    )
+    logdir = tmp_path / "logs" / "slow"
+    headers: dict[int, tuple[int, str]] = {}
+    for path in sorted(logdir.glob("worker_*.out")):
+        for (wid, slot, reason), lines in _sections(path):
+            headers[wid] = (slot, reason)
+            assert all(line.startswith(f"OUT worker {wid} block ") for line in lines)
+    assert headers[0] == (0, "first start")
+    # the replacement appends to slot 0 once worker 0 is seen to end; until then that
+    # slot is held and it takes a new one
+    assert headers[1] in (
+        (0, "replacing worker 0, whose block exceeded the block timeout"),
+        (1, "restart in a new slot (the worker it replaces has not ended yet)"),
+    ), headers
+    workers = json.loads((tmp_path / "workers.json").read_text())
+    assert {int(k): v["slot"] for k, v in workers.items()} == {
+        wid: slot for wid, (slot, _) in headers.items()
+    }

@@ -366,6 +366,12 @@ class WorkerPool:
         plan.alive += 1
         timeline = plan.timelines.spawned(wid, time.monotonic())
         slot, before = plan.take_slot()
+        if before is None and any(
+            w.exit is not None and w.run is run for w in self.workers.values()
+        ):
+            # a new slot while a worker retired after a block timeout is yet to be seen
+            # to end: it holds its slot until then
+            before = "restart in a new slot (the worker it replaces has not ended yet)"
         header = _slot_header(wid, slot, "first start" if before is None else before)
         timeline.slot = slot
         try:
