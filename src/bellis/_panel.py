@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -82,6 +83,7 @@ def _labelled(rows: list[tuple[str, str]], indent: str) -> list[str]:
 def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -> list[str]:
     header = (
         "id",
+        "slot",
         "startup",
         "blocks",
         "idle",
@@ -96,6 +98,7 @@ def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -
         rows.append(
             (
                 str(r.worker_id),
+                "-" if r.slot is None else str(r.slot),
                 format_duration(r.startup),
                 str(r.blocks),
                 format_duration(r.idle.total) if r.idle.n else format_duration(0.0),
@@ -118,6 +121,15 @@ def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -
             "for the full table)"
         )
     return out
+
+
+def _log_line(records: Sequence[WorkerRecord]) -> str | None:
+    """Where the workers' output is: ``<dir>/worker_<slot>.out and .err`` (None: no files)."""
+    dirs = sorted({os.path.dirname(r.log_files[0]) for r in records if r.log_files is not None})
+    if not dirs:
+        return None
+    where = ", ".join(os.path.join(d, "worker_<slot>") for d in dirs)
+    return f"{where}.out and .err"
 
 
 def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
@@ -151,6 +163,9 @@ def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
                 worker_rows.append((label, _duration_pm(s)))
         exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))
         worker_rows.append(("exits", exits or "-"))
+        logs = _log_line(w.records)
+        if logs is not None:
+            worker_rows.append(("logs", logs))
     width = max((len(label) for label, _ in rows + worker_rows), default=0)
     if rows:
         lines.append("    blocks")

@@ -159,6 +159,10 @@ class WorkerRecord:
     reported). ``idle`` is over the gaps before each block, ``compute`` over each
     block's round trip (failed ones included). ``final_wait`` is the last return to
     the shutdown request; ``teardown`` (clean exits only) the shutdown to the exit.
+    ``slot`` is the worker's log slot within its task and ``log_files`` its ``(stdout,
+    stderr)`` files, ``worker_<slot>.out`` and ``.err``, which the workers that held the
+    same slot before and after it share (each one's output follows a header line naming
+    it); None in console mode.
     """
 
     worker_id: int
@@ -172,11 +176,14 @@ class WorkerRecord:
     blocks: int
     blocks_failed: int
     final_wait: float | None
+    slot: int | None = None
+    log_files: tuple[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["idle"] = self.idle.to_dict()
         d["compute"] = self.compute.to_dict()
+        d["log_files"] = None if self.log_files is None else list(self.log_files)
         return d
 
     @classmethod
@@ -192,8 +199,16 @@ class WorkerRecord:
             exit=d.get("exit"),
             blocks=int(d.get("blocks", 0)),
             blocks_failed=int(d.get("blocks_failed", 0)),
+            slot=None if d.get("slot") is None else int(d["slot"]),
+            log_files=_log_files_from_json(d.get("log_files")),
             **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
         )
+
+
+def _log_files_from_json(v: Any) -> tuple[str, str] | None:
+    if isinstance(v, list | tuple) and len(v) == 2:
+        return (str(v[0]), str(v[1]))
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,6 +176,7 @@ _RECORD_SPEC: Final = {
     "worker_id": "count",
     "blocks": "count",
     "blocks_failed": "count",
+    "slot": "count?",
     "idle": "stat",
     "compute": "stat",
     **{k: "num?" for k in ("startup", "launch", "setup", "final_wait", "teardown")},

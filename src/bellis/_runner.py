@@ -541,8 +541,8 @@ def _run_distributed(
         )
         return {"__encoded__": ctx.to_env()}
 
-    def log_paths(task_id: str, worker_id: int) -> tuple[Any, Any]:
-        paths = blog.open_worker_log(task_id, worker_id)
+    def log_paths(task_id: str, slot: int, header: str, new_run: bool) -> tuple[Any, Any]:
+        paths = blog.open_worker_log(task_id, slot, header=header, new_run=new_run)
         return (None, None) if paths is None else paths
 
     loop = RunLoop(

@@ -170,7 +170,7 @@ class RunLoop(WorkerPool):
         observer: Any,
         errors: Any,
         context_extra: Callable[[TaskRun, int], dict[str, str]],
-        log_paths: Callable[[str, int], tuple[Any, Any]],
+        log_paths: Callable[[str, int, str, bool], tuple[Any, Any]],
         log_mode: str = "file",
         grace_seconds: float = 5.0,
     ) -> None:

@@ -55,6 +55,8 @@ class WorkerTimeline:
         "exit_kind",
         "final_wait",
         "idle",
+        "log_files",
+        "slot",
         "worker_id",
     )
 
@@ -73,6 +75,10 @@ class WorkerTimeline:
         self.compute = Welford()
         self.blocks = 0
         self.blocks_failed = 0
+        #: its log slot within the task, and its ``(stdout, stderr)`` log files (set by
+        #: the server when it starts the worker; none in console mode)
+        self.slot: int | None = None
+        self.log_files: tuple[str, str] | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -188,6 +194,8 @@ class WorkerTimeline:
             blocks=self.blocks,
             blocks_failed=self.blocks_failed,
             final_wait=self.final_wait,
+            slot=self.slot,
+            log_files=self.log_files,
         )
 
 

@@ -1,10 +1,12 @@
 """Where worker output goes and how tracebacks read (daisy's ``daisy.logging``).
 
-Worker processes write their stdout and stderr to ``<basedir>/<task dir>/worker_<id>.out``
-and ``.err``; the default basedir is ``./daisy_logs`` as in daisy. The mode decides whether
-that output goes to those files (``"file"``, the default), to the terminal only
-(``"console"``) or to both (``"both"``). ``set_log_basedir(None)`` means console mode with no
-files at all.
+Worker processes write their stdout and stderr to ``<basedir>/<task dir>/worker_<slot>.out``
+and ``.err``; the default basedir is ``./daisy_logs`` as in daisy. A task's slots are numbered
+0, 1, ... as in daisy: a worker takes the lowest slot no live worker of its task holds, so a
+replacement appends to the files of the worker it replaces, after a header line that names
+it. The mode decides whether that output goes to those files (``"file"``, the default), to
+the terminal only (``"console"``) or to both (``"both"``). ``set_log_basedir(None)`` means
+console mode with no files at all.
 
 The settings are process-global. Workers are started with the ``spawn`` method, so they do
 not inherit them: the server sends :func:`export_settings` along and each worker calls
@@ -185,7 +187,11 @@ def task_log_dirname(task_id: str) -> str:
 
 
 def get_worker_log_basename(worker_id: int, task_id: str | None = None) -> Path | None:
-    """``<basedir>/[<task dir>/]worker_<id>``, or None when no log files are written."""
+    """``<basedir>/[<task dir>/]worker_<id>``, or None when no log files are written.
+
+    As in daisy, ``worker_id`` here is the worker's log slot within its task (see the
+    module docstring), which the worker records and the panel name for each worker.
+    """
     basedir = _settings.basedir
     if basedir is None or get_log_mode() == "console":
         return None
@@ -214,16 +220,23 @@ def _run_separator(pid: int) -> str:
 
 
 def open_worker_log(
-    task_id: str, worker_id: int, *, pid: int | None = None
+    task_id: str,
+    slot: int,
+    *,
+    pid: int | None = None,
+    header: str | None = None,
+    new_run: bool = True,
 ) -> tuple[Path, Path] | None:
-    """Prepare ``worker_<id>.out`` and ``.err`` of a task for appending; return their paths.
+    """Prepare ``worker_<slot>.out`` and ``.err`` of a task for appending; return their paths.
 
-    The directory is created as needed. A file that already holds output from an earlier
-    run gets the separator ``=== bellis run <ISO-8601 time> pid <pid> ===`` (``pid``
-    defaults to this process). Returns None in console mode. Raises
-    :class:`~bellis.errors.WorkerStartError` when the files cannot be created.
+    The directory is created as needed. When ``new_run`` (the slot's first worker in this
+    run) and a file already holds output from an earlier run, it gets the separator
+    ``=== bellis run <ISO-8601 time> pid <pid> ===`` (``pid`` defaults to this process).
+    ``header``, a line naming the worker about to write there, is then appended to both
+    files. Returns None in console mode. Raises :class:`~bellis.errors.WorkerStartError`
+    when the files cannot be written.
     """
-    base = get_worker_log_basename(worker_id, task_id)
+    base = get_worker_log_basename(slot, task_id)
     if base is None:
         return None
     paths = (base.with_name(base.name + ".out"), base.with_name(base.name + ".err"))
@@ -232,14 +245,19 @@ def open_worker_log(
         base.parent.mkdir(parents=True, exist_ok=True)
         for path in paths:
             with open(path, "a+b") as handle:
+                lines = [header] if header is not None else []
                 size = handle.seek(0, os.SEEK_END)
-                if size == 0:
+                if size > 0 and new_run:
+                    lines.insert(0, separator)
+                if not lines:
                     continue
-                handle.seek(size - 1)
-                ends_with_newline = handle.read(1) == b"\n"
-                handle.seek(0, os.SEEK_END)
-                prefix = b"" if ends_with_newline else b"\n"
-                handle.write(prefix + separator.encode("utf-8") + b"\n")
+                prefix = b""
+                if size > 0:
+                    handle.seek(size - 1)
+                    if handle.read(1) != b"\n":
+                        prefix = b"\n"
+                    handle.seek(0, os.SEEK_END)
+                handle.write(prefix + "".join(line + "\n" for line in lines).encode("utf-8"))
     except OSError as exc:
         raise WorkerStartError(
             f"cannot create the worker log files under {base.parent}: {exc}", task_id=task_id

@@ -155,8 +155,8 @@ def test_panel_count_equals_summary_completed(
     for name, row in rows.items():
         assert re.search(r"^\s+" + row, out, re.M), (name, out)
     # the worker table: a header, then one row per worker with its block count
-    assert re.search(r"^\s+id +startup +blocks +idle", out, re.M), out
-    counts = [int(m) for m in re.findall(rf"^\s+[01] +{dur} +(\d+) ", out, re.M)]
+    assert re.search(r"^\s+id +slot +startup +blocks +idle", out, re.M), out
+    counts = [int(m) for m in re.findall(rf"^\s+[01] +[01] +{dur} +(\d+) ", out, re.M)]
     assert len(counts) == 2 and sum(counts) == 12, out
 
 

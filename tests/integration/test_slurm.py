@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,9 +109,13 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
     assert {state for _, state, _ in finished} == {"COMPLETED"}
     names = {name for _, _, name in finished}
     assert all(n.startswith(f"{prefix}-bellis-") and "-w" in n for n in names)
-    # the worker's job script and payload sit next to its logs
+    # the worker's job script and payload sit next to its logs, one per log slot
     scripts = sorted((tmp_path / "logs").rglob("*.sbatch"))
-    assert len(scripts) == len(finished)
+    for task_id in ("a", "b"):
+        assert sorted(p.name for p in scripts if p.parent.name == task_id) == [
+            "worker_0.sbatch",
+            "worker_1.sbatch",
+        ]
     assert "exec " in scripts[0].read_text() and "-m bellis._worker" in scripts[0].read_text()
     assert list((tmp_path / "logs").rglob("*.payload")) == []
     # job scripts carry the run's secret: only their owner may read them
@@ -542,3 +547,56 @@ def test_a_job_that_vanishes_while_pending_is_reported_lost(tmp_path: Path) -> N
         launcher.close()
     assert job.exit is not None and job.exit.kind == "error"
     assert "job lost" in job.exit.message
+
+
+def _one_block_then_exit() -> None:
+    wid = bellis.Context.from_env()["worker_id"]
+    client = bellis.Client()
+    with client.acquire_block() as block:
+        if block is None:
+            return
+        print(f"OUT worker {wid} block {block.block_id[1]}", flush=True)
+    client.close()  # the block's result goes home before the job fails
+    os._exit(3)
+
+
+def test_restarted_jobs_append_to_their_slot_files(tmp_path: Path) -> None:
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5, array_threshold=2)
+    task = make_task(
+        "slots", 8, _one_block_then_exit, max_workers=2, max_worker_restarts=30, max_retries=5
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    state = states["slots"]
+    assert state.completed_count == 8
+    assert state.worker_start_count >= 8
+    logdir = tmp_path / "logs" / "slots"
+    names = sorted(p.name for p in logdir.iterdir())
+    # two log files per slot; the job scripts go per slot too (the array's script is
+    # rewritten for each array); the payloads are removed at the end of the run
+    logs = [n for n in names if n.endswith((".out", ".err"))]
+    assert logs == ["worker_0.err", "worker_0.out", "worker_1.err", "worker_1.out"]
+    others = {"worker_0.sbatch", "worker_1.sbatch", "worker_array.sbatch", "runs.jsonl"}
+    assert set(names) - set(logs) <= others, names
+    header = re.compile(r"^=== bellis worker (\d+) \(slot (\d)\) started \S+: (.*) ===$")
+    slot_of: dict[int, int] = {}
+    for slot in (0, 1):
+        text = (logdir / f"worker_{slot}.out").read_text().splitlines()
+        current = None
+        for line in text:
+            m = header.match(line)
+            if m is not None:
+                current = int(m[1])
+                assert int(m[2]) == slot
+                slot_of[current] = slot
+            else:
+                assert line.startswith(f"OUT worker {current} block "), line
+    assert len(slot_of) == state.worker_start_count
+    report = task.report()
+    for wid, slot in slot_of.items():
+        record = report.worker(wid)
+        assert record.slot == slot
+        assert record.log_files is not None
+        assert Path(record.log_files[0]).resolve() == (logdir / f"worker_{slot}.out").resolve()

@@ -218,6 +218,8 @@ def _distributed_line(
     ts = TimelineSet()
     for w in range(n_workers):
         tl = ts.spawned(w, 0.0)
+        tl.slot = w % 2
+        tl.log_files = (f"logs/{task_id}/worker_{w % 2}.out", f"logs/{task_id}/worker_{w % 2}.err")
         tl.reported_setup(0.040)
         tl.first_acquire(0.060)
         t = 0.060
@@ -258,6 +260,8 @@ def test_run_line_is_valid_and_round_trips() -> None:
     assert r.worker(1).blocks == 4 and r.worker(1).exit == "clean"
     assert r.worker(1).setup == pytest.approx(0.040)
     assert r.worker(1).launch == pytest.approx(0.020)
+    assert r.worker(2).slot == 0
+    assert r.worker(2).log_files == ("logs/seg/worker_0.out", "logs/seg/worker_0.err")
     assert r.counters["completed"] == 12
     with pytest.raises(KeyError, match="no worker 7"):
         r.worker(7)
@@ -541,7 +545,7 @@ def test_panel_layout_tokens_and_order() -> None:
     assert lines[0] == "Resource Utilization" and lines[1] == "-" * 20 and lines[2] == ""
     assert re.fullmatch(r"  seg  12 blocks, 3 workers, 290\.0 ms wall", lines[3])
     labels = [_tokens(line)[0] for line in lines[4:]]
-    assert labels[:16] == [
+    assert labels[:17] == [
         "blocks",
         "round trip",
         "wall",
@@ -556,6 +560,7 @@ def test_panel_layout_tokens_and_order() -> None:
         "idle",
         "teardown",
         "exits",
+        "logs",
         "id",
         "0",
     ]
@@ -569,9 +574,11 @@ def test_panel_layout_tokens_and_order() -> None:
     assert body["trend"] == ["∠ +0.0000 ms/block"]
     assert body["startup"] == ["60.0 ms ± 0.0 ms"]
     assert body["exits"] == ["3 clean"]
+    assert body["logs"] == ["logs/seg/worker_<slot>.out and .err"]
     header = _tokens(lines[4 + labels.index("id")])
     assert header == [
         "id",
+        "slot",
         "startup",
         "blocks",
         "idle",
@@ -583,6 +590,7 @@ def test_panel_layout_tokens_and_order() -> None:
     ]
     row = _tokens(lines[4 + labels.index("0")])
     assert row == [
+        "0",
         "0",
         "60.0 ms",
         "4",

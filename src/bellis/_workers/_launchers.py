@@ -44,6 +44,14 @@ class WorkerSpec:
     #: the size of ``err_path`` when this worker was prepared: what it writes comes after
     #: (the file is appended to across runs and workers of the same slot)
     err_offset: int = 0
+    #: the worker's log slot within its task (its files are ``worker_<slot>.*``); no two
+    #: live workers of a task share one. None: the worker id stands in
+    slot: int | None = None
+
+    @property
+    def slot_index(self) -> int:
+        """:attr:`slot`, or the worker id where none was given."""
+        return self.worker_id if self.slot is None else self.slot
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,22 @@ has a process function, is running, has ready blocks, has fewer workers alive th
 its start back; any other start is a restart, capped by ``max_worker_restarts``), and fits
 the run's ``resources``. A task with work left, no worker alive and no budget left is
 abandoned, and its downstream tasks with it.
+
+Each worker writes to its task's log *slot* files, ``worker_<slot>.out`` and ``.err``: a new
+worker takes the lowest slot that no worker of its task holds, and holds it until it is
+seen to end (or fails to start). Before it starts, a header line naming it, its start time
+and why it was started (the first start, or which worker it replaces and how that one
+ended) is appended to both files, so that a run with many restarts leaves two files per
+slot, not per worker started.
 """
 
 from __future__ import annotations
 
+import datetime
+import heapq
 import logging
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -53,6 +63,7 @@ class ManagedWorker:
         "handle",
         "log",
         "run",
+        "slot",
         "timeline",
         "worker_id",
     )
@@ -69,6 +80,7 @@ class ManagedWorker:
         self.exit: WorkerExit | None = None
         self.timeline = timeline
         self.log: str | None = None
+        self.slot = 0
 
 
 class TaskPlan:
@@ -93,6 +105,11 @@ class TaskPlan:
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
+        # log slots: the free ones (a heap), how many exist, and per slot why its last
+        # worker of this run left (the next one's header says so)
+        self._free_slots: list[int] = []
+        self._slot_count = 0
+        self._slot_left: dict[int, str] = {}
         task = run.task
         g = run.geom
         self.geometry = {
@@ -107,6 +124,52 @@ class TaskPlan:
             "conflict": g.read_write_conflict,
         }
         self.welcome = encode([WELCOME, task.timeout_secs, task.resource_tracking, self.geometry])
+
+    def take_slot(self) -> tuple[int, str | None]:
+        """The lowest free log slot, and why its last worker of this run left (None: it
+        has had none)."""
+        if self._free_slots:
+            slot = heapq.heappop(self._free_slots)
+        else:
+            slot = self._slot_count
+            self._slot_count += 1
+        return slot, self._slot_left.get(slot)
+
+    def release_slot(self, slot: int, why: str) -> None:
+        """Free ``slot``; ``why`` goes into the header of the next worker that takes it."""
+        self._slot_left[slot] = why
+        heapq.heappush(self._free_slots, slot)
+
+
+def _replacing(worker_id: int, ex: WorkerExit) -> str:
+    """``replacing worker 3, which exited with code 1`` and the like, for a slot header."""
+    return f"replacing worker {worker_id}, {_how_it_ended(ex)}"
+
+
+def _how_it_ended(ex: WorkerExit) -> str:
+    if ex.kind == "timeout":
+        return "whose block exceeded the block timeout"
+    if ex.kind == "interrupted":
+        return "which was interrupted"
+    first = ex.message.splitlines()[0] if ex.message else ""
+    if first.startswith("out of memory"):
+        return "which ran out of memory"
+    if ex.code == 0:
+        return "which exited cleanly"
+    if ex.code is not None and ex.code < 0:
+        try:
+            name = signal.Signals(-ex.code).name
+        except ValueError:
+            name = str(-ex.code)
+        return f"which died of signal {name}"
+    if ex.code is not None:
+        return f"which exited with code {ex.code}"
+    return f"which was lost ({first})" if first else "which was lost"
+
+
+def _slot_header(worker_id: int, slot: int, reason: str) -> str:
+    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return f"=== bellis worker {worker_id} (slot {slot}) started {stamp}: {reason} ==="
 
 
 class WorkerPool:
@@ -125,7 +188,7 @@ class WorkerPool:
     shutdown_started: float | None
     dirty: bool
     context_extra: Callable[[TaskRun, int], dict[str, str]]
-    log_paths: Callable[[str, int], tuple[Any, Any]]
+    log_paths: Callable[[str, int, str, bool], tuple[Any, Any]]
     log_mode: str
     gone: dict[int, ManagedWorker]
     host: str
@@ -175,13 +238,17 @@ class WorkerPool:
             already = w.exit is not None
             self.workers.pop(w.worker_id, None)
             self.gone[w.worker_id] = w
+            plan = self.plan_of[w.run.index]
             if already:
+                assert w.exit is not None
+                plan.release_slot(w.slot, _replacing(w.worker_id, w.exit))
                 continue
             if interrupted:
                 # alive when the run was aborted (the final poll of an aborted run sees
                 # only those), however it then ended
                 ex = WorkerExit("interrupted", ex.code, ex.message)
             w.exit = ex
+            plan.release_slot(w.slot, _replacing(w.worker_id, ex))
             if w.conn is not None:
                 # what it sent before exiting (its last returns) may still be unread
                 self._read_what_is_left(w.conn)
@@ -189,7 +256,6 @@ class WorkerPool:
                 self._close(w.conn, lost=True)
             w.timeline.exited(now, ex.kind)
             self._retire(w)
-            plan = self.plan_of[w.run.index]
             run = w.run
             if ex.kind == "clean" and w.earned:
                 plan.free_starts += 1
@@ -299,11 +365,22 @@ class WorkerPool:
             self.used[k] = self.used.get(k, 0) + v
         plan.alive += 1
         timeline = plan.timelines.spawned(wid, time.monotonic())
+        slot, before = plan.take_slot()
+        if before is None and any(
+            w.exit is not None and w.run is run for w in self.workers.values()
+        ):
+            # a new slot while a worker retired after a block timeout is yet to be seen
+            # to end: it holds its slot until then
+            before = "restart in a new slot (the worker it replaces has not ended yet)"
+        header = _slot_header(wid, slot, "first start" if before is None else before)
+        timeline.slot = slot
         try:
-            out_path, err_path = self.log_paths(run.task_id, wid)
+            out_path, err_path = self.log_paths(run.task_id, slot, header, before is None)
         except WorkerStartError as exc:
-            self._launch_failed(plan, timeline, exc)
+            self._launch_failed(plan, timeline, exc, slot, wid)
             return None
+        if out_path is not None and err_path is not None:
+            timeline.log_files = (str(out_path), str(err_path))
         env = dict(os.environ)
         ctx = self.context_extra(run, wid)
         env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
@@ -320,6 +397,7 @@ class WorkerPool:
             timeout_secs=run.task.timeout_secs,
             tee=self.log_mode == "both",
             err_offset=_size(err_path),
+            slot=slot,
         )
         return spec, timeline
 
@@ -332,8 +410,8 @@ class WorkerPool:
             try:
                 handles = list(many([spec for spec, _ in prepared]))
             except Exception as exc:
-                for item in prepared:
-                    self._launch_failed(plan, item[1], exc)
+                for spec, timeline in prepared:
+                    self._launch_failed(plan, timeline, exc, spec.slot_index, spec.worker_id)
                 return
             for item, handle in zip(prepared, handles, strict=True):
                 self._adopt(plan, item, handle)
@@ -342,7 +420,7 @@ class WorkerPool:
             try:
                 handle = launcher.launch(item[0])
             except Exception as exc:
-                self._launch_failed(plan, item[1], exc)
+                self._launch_failed(plan, item[1], exc, item[0].slot_index, item[0].worker_id)
                 continue
             self._adopt(plan, item, handle)
 
@@ -350,13 +428,17 @@ class WorkerPool:
         spec, timeline = item
         worker = ManagedWorker(spec.worker_id, plan.run, handle, timeline)
         worker.log = plan.launcher.log_location(handle)
+        worker.slot = spec.slot_index
         self.workers[spec.worker_id] = worker
         plan.workers.append(worker)
 
-    def _launch_failed(self, plan: TaskPlan, timeline: Any, exc: Exception) -> None:
+    def _launch_failed(
+        self, plan: TaskPlan, timeline: Any, exc: Exception, slot: int, worker_id: int
+    ) -> None:
         """A launcher that raised started nothing it will report on: undo the booking."""
         run = plan.run
         plan.alive -= 1
+        plan.release_slot(slot, f"replacing worker {worker_id}, which could not be started")
         for k, v in run.task.requires.items():
             self.used[k] -= v
         msg = f"could not start a worker for task '{run.task_id}': {exc}"

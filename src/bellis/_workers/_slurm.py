@@ -4,6 +4,12 @@ The job script runs ``python -m bellis._worker``; the worker reads its payload f
 next to its logs (``BELLIS_PAYLOAD_FILE``) and connects back to the server over TCP. Job
 states are read with one ``squeue`` call per ``poll_interval`` for all jobs of the run, and
 a finished job's ``ExitCode`` once with ``scontrol show job``.
+
+Files go per log slot, as the workers' logs do: the job script and payload of the worker
+in slot ``n`` of a task are ``worker_<n>.sbatch`` and ``worker_<n>.payload`` next to its
+``worker_<n>.out`` and ``.err`` (a replacement overwrites them: sbatch keeps its own copy
+of a script, and a slot's previous job has ended). A job array's indices are the slots of
+its workers, so SLURM's own messages for array task ``n`` go to ``worker_<n>.err`` too.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import WorkerStartError
+from ..logging import task_log_dirname
 from ._launchers import (
     WorkerExit,
     WorkerHandle,
@@ -126,6 +133,19 @@ def _parse_fields(line: str) -> dict[str, str]:
     return fields
 
 
+def _slurm_pattern(path: Path | str) -> str:
+    """``path`` for an ``#SBATCH --output``/``--error`` line: SLURM reads ``%`` as the start
+    of a replacement symbol there (task directories can hold ``%25``-style escapes)."""
+    return str(path).replace("%", "%%")
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _write_private(path: Path, data: bytes) -> None:
     """Write a file only its owner can read: job scripts hold the run's secret, and the
     payload is the pickled function the worker will run."""
@@ -215,11 +235,15 @@ class SlurmLauncher(WorkerLauncher):
         return flags
 
     def _work_dir(self, spec: WorkerSpec) -> Path:
+        """Where a worker's job script and payload go: next to its logs, or (no logs) in
+        a scratch folder of this launcher, one subfolder per task."""
         if spec.err_path is not None:
             return Path(spec.err_path).resolve().parent
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix=".bellis-slurm-", dir=Path.cwd()))
-        return self._scratch
+        directory = self._scratch / task_log_dirname(spec.task_id)
+        directory.mkdir(exist_ok=True)
+        return directory
 
     def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
         path = directory / f"{stem}.payload"
@@ -268,10 +292,10 @@ class SlurmLauncher(WorkerLauncher):
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         name = self.job_name(spec)
         directory = self._work_dir(spec)
-        stem = f"{_sanitize(spec.task_id)}-w{spec.worker_id}"
+        stem = f"worker_{spec.slot_index}"
         payload = self._write_payload(spec, directory, stem)
-        out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
-        err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
+        out = _slurm_pattern(spec.out_path) if spec.out_path is not None else "/dev/null"
+        err = _slurm_pattern(spec.err_path) if spec.err_path is not None else "/dev/null"
         lines = self._script_header(name, spec)
         # append, as local workers do: the files hold earlier runs and the driver's
         # separator line (SLURM's default open mode would truncate them)
@@ -306,19 +330,37 @@ class SlurmLauncher(WorkerLauncher):
             return handles
         first = specs[0]
         directory = self._work_dir(first)
-        stem = f"{_sanitize(first.task_id)}-w{first.worker_id}-array"
+        slots = [spec.slot_index for spec in specs]
+        if len(set(slots)) != len(slots):
+            raise WorkerStartError(
+                f"the workers of one SLURM job array need distinct log slots, got {slots}: "
+                "start them one by one with launch()"
+            )
         name = self.job_name(first) + "-array"
-        slurm_log = directory / f"{stem}-%a.slurm.err"
+        # the array indices are the slots: SLURM's own messages for array task n go to
+        # worker_<n>.err (the worker's own log) where the logs follow that naming
+        in_logs = all(
+            spec.out_path is not None
+            and spec.err_path is not None
+            and Path(spec.out_path).resolve() == directory / f"worker_{spec.slot_index}.out"
+            and Path(spec.err_path).resolve() == directory / f"worker_{spec.slot_index}.err"
+            for spec in specs
+        )
+        err_name = "worker_%a.err" if in_logs else "worker_%a.slurm.err"
+        out_name = "worker_%a.out" if in_logs else err_name
+        slurm_log = directory / err_name
         lines = self._script_header(name, first)
-        lines += [f"#SBATCH --output={slurm_log}", f"#SBATCH --error={slurm_log}"]
+        lines += [
+            f"#SBATCH --output={_slurm_pattern(directory)}{os.sep}{out_name}",
+            f"#SBATCH --error={_slurm_pattern(directory)}{os.sep}{err_name}",
+            "#SBATCH --open-mode=append",
+        ]
         lines.append('case "$SLURM_ARRAY_TASK_ID" in')
         payloads: list[Path] = []
-        for index, spec in enumerate(specs):
-            payload = self._write_payload(
-                spec, directory, f"{_sanitize(spec.task_id)}-w{spec.worker_id}"
-            )
+        for spec in specs:
+            payload = self._write_payload(spec, directory, f"worker_{spec.slot_index}")
             payloads.append(payload)
-            lines.append(f"{index})")
+            lines.append(f"{spec.slot_index})")
             lines += ["    " + line for line in self._worker_lines(spec, payload)]
             out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
             err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
@@ -327,21 +369,23 @@ class SlurmLauncher(WorkerLauncher):
         lines.append('*) echo "unknown array index $SLURM_ARRAY_TASK_ID" >&2; exit 2;;')
         lines.append("esac")
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
-        script = directory / f"{stem}.sbatch"
+        script = directory / "worker_array.sbatch"
         _write_private(script, ("\n".join(lines) + "\n").encode())
+        slurm_errs = [Path(str(slurm_log).replace("%a", str(slot))) for slot in slots]
+        offsets = [_file_size(path) for path in slurm_errs]
         try:
-            array_id = self._submit(script, first, [f"--array=0-{len(specs) - 1}"])
+            array_id = self._submit(script, first, [f"--array={','.join(map(str, slots))}"])
         except BaseException:
             for payload in payloads:
                 payload.unlink(missing_ok=True)
             raise
         handles = []
         jobs = []
-        for index, spec in enumerate(specs):
-            job_id = f"{array_id}_{index}"
-            slurm_err = Path(str(slurm_log).replace("%a", str(index)))
-            job = _Job(job_id, spec, name, slurm_err, payloads[index])
-            self._jobs[job_id] = job
+        for spec, slot, slurm_err, offset, payload in zip(
+            specs, slots, slurm_errs, offsets, payloads, strict=True
+        ):
+            job = _Job(f"{array_id}_{slot}", spec, name, slurm_err, payload, offset)
+            self._jobs[job.job_id] = job
             jobs.append(job)
             handles.append(WorkerHandle(spec, job))
         self._check_hopeless(jobs)
