@@ -205,7 +205,11 @@ def _serial_output(task_id: str) -> Iterator[None]:
     if paths is None:
         yield
         return
-    with open(paths[0], "a") as out, open(paths[1], "a") as err:
+    # a log that cannot be written (a full disk) costs its output, not the block that
+    # printed: the LogStreams drop what follows, and the error is logged after the redirect
+    out = blog.LogStream(open(paths[0], "a"), str(paths[0]))
+    err = blog.LogStream(open(paths[1], "a"), str(paths[1]))
+    try:
         if mode == "both":
             to_out: Any = _Tee(sys.stdout, out)
             to_err: Any = _Tee(sys.stderr, err)
@@ -213,6 +217,16 @@ def _serial_output(task_id: str) -> Iterator[None]:
             to_out, to_err = out, err
         with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
             yield
+    finally:
+        out.close()
+        err.close()
+        for stream in (out, err):
+            if stream.error is not None:
+                logger.error(
+                    "could not write the worker log %s: %s; output written after that is lost",
+                    stream.name,
+                    stream.error,
+                )
 
 
 class _Tee:
@@ -471,6 +485,8 @@ def _execute(
         result.abandoned = any(s.abandoned for s in result.states.values())
     finally:
         _close_stores(stores)
+    if multiprocessing:
+        blog.warn_if_log_disk_full()
     if summary:
         log_dir = blog.get_log_basedir() if multiprocessing else None
         text = format_summary(

@@ -76,6 +76,7 @@ def main() -> int:
     from . import logging as blog
 
     blog.apply_settings(payload.get("log_settings", {}))
+    blog.guard_std_streams()  # a full disk under the logs must not fail the blocks that print
     fn = payload["function"]
     origins = payload.get("code_origins")
     if origins:
