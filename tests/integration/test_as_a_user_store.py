@@ -31,9 +31,10 @@ from bellis import logging as blog
 
 TRACK, REC, GO, LOGS = {track!r}, {rec!r}, {go!r}, {logs!r}
 N, MP, RESOURCES, FILL = {n!r}, {mp!r}, {resources!r}, {fill!r}
-FREE_BLOCKS = {free_blocks!r}
+FREE_BLOCKS, LOG_MODE = {free_blocks!r}, {log_mode!r}
 
 blog.set_log_basedir(LOGS)
+blog.set_log_mode(LOG_MODE)
 
 
 def record(line):
@@ -89,6 +90,7 @@ def write_script(
     fill: Path | None = None,
     free_blocks: int | None = None,
     logs: Path | None = None,
+    log_mode: str = "file",
 ) -> Path:
     script = tmp_path / "driver.py"
     script.write_text(
@@ -102,6 +104,7 @@ def write_script(
             resources=resources,
             fill=None if fill is None else str(fill),
             free_blocks=n if free_blocks is None else free_blocks,
+            log_mode=log_mode,
         )
     )
     return script
@@ -232,22 +235,32 @@ def test_full_disk_is_a_tracking_error_at_open(tmp_path: Path, small_fs: Path, m
     assert re.search(rf"done\s+{n}\b", report.stdout), report.stdout
 
 
+@pytest.mark.parametrize("log_mode", ["file", "both"])
 @pytest.mark.parametrize("mp", [False, True], ids=["serial", "distributed"])
 def test_full_disk_after_open_costs_the_logs_not_the_run(
-    tmp_path: Path, small_fs: Path, mp: bool
+    tmp_path: Path, small_fs: Path, mp: bool, log_mode: str
 ) -> None:
     # the store fits; block 0 then fills the filesystem that also holds the worker logs
     # and runs.jsonl
     n = 6
     track = small_fs / "store"
     script = write_script(
-        tmp_path, track, n=n, mp=mp, fill=small_fs / "output", logs=small_fs / "logs"
+        tmp_path,
+        track,
+        n=n,
+        mp=mp,
+        fill=small_fs / "output",
+        logs=small_fs / "logs",
+        log_mode=log_mode,
     )
     done = run(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESULT True" in done.stdout
     assert "could not append this run's report" in done.stderr
     assert "worker log" in done.stderr  # the lost log output is reported too
+    assert "Traceback" not in done.stderr
+    if log_mode == "both":  # the terminal still gets every block's output
+        assert all(f"block {i} says hello" in done.stdout + done.stderr for i in range(n))
     counts = events(tmp_path)
     assert all(counts[("done", i)] == 1 for i in range(n)), counts
     report = status(track)

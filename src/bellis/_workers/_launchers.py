@@ -7,6 +7,7 @@ server over TCP (the pilot-job pattern), reports how they ended, and stops them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import struct
@@ -152,10 +153,21 @@ def _start_tee(source: Any, log: Any, terminal_fd: int, name: str) -> threading.
     ``terminal_fd`` until the worker closes it (log mode ``"both"``), then close both."""
 
     def copy() -> None:
+        log_error: OSError | None = None
         try:
             while chunk := source.read1(65536):
-                log.write(chunk)
-                log.flush()
+                if log_error is None:
+                    try:
+                        log.write(chunk)
+                        log.flush()
+                    except OSError as exc:  # a full disk: the terminal still gets it all
+                        log_error = exc
+                        logging.getLogger("bellis").error(
+                            "could not write the worker log %s: %s; the rest of this "
+                            "worker's output goes to the terminal only",
+                            log.name,
+                            exc,
+                        )
                 view = memoryview(chunk)
                 try:
                     while view:
@@ -164,7 +176,13 @@ def _start_tee(source: Any, log: Any, terminal_fd: int, name: str) -> threading.
                     pass  # a terminal that went away costs the echo only; the log has it all
         finally:
             source.close()
-            log.close()
+            try:
+                log.close()
+            except OSError as exc:
+                if log_error is None:  # else reported above: its buffered bytes failed again
+                    logging.getLogger("bellis").error(
+                        "could not write the worker log %s: %s", log.name, exc
+                    )
 
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
