@@ -11,14 +11,20 @@ holes. A full disk then surfaces as :func:`disk_full_error` while the store open
 
 The lock
 ========
-A run holds an exclusive ``fcntl`` record lock (``lockf``) on ``<store>/bellis.lock``
-from open to close (:class:`StoreLock`). The kernel drops it when the process exits,
-however it exits, so it never goes stale; a second run fails at once and names the
-holder, which writes its pid, host and start time into the file after locking. POSIX
-record locks belong to the process and are not inherited by forked children, but closing
-*any* descriptor of the file in the holding process drops them: this module therefore
-never opens a lock file this process already holds (``_HELD``). Readers (``bellis
-status``, zarr) never touch the lock.
+A run holds an exclusive ``fcntl`` lock on ``<store>/bellis.lock`` from open to close
+(:class:`StoreLock`). The kernel drops it when the process exits, however it exits, so
+it never goes stale; a second run fails at once and names the holder, which writes its
+pid, host and start time into the file after locking. Readers (``bellis status``, zarr)
+never touch the lock.
+
+The lock is an open-file-description lock (``F_OFD_SETLK``, Linux) where the system has
+them, else a classic POSIX record lock (``lockf``). Both are ``fcntl`` byte-range locks,
+which NFS and Lustre forward to the server. The OFD kind belongs to this descriptor: other
+code of the process that opens and closes the lock file (a backup copying the store)
+does not drop it, which would happen to a POSIX lock. A forked child would share the
+descriptor, and so the lock, so a fork closes the child's copy (``_close_in_child``);
+the descriptor is close-on-exec, so programs started from here never get it. This module
+never opens a lock file this process already holds (``_HELD``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import json
 import logging
 import os
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -59,8 +66,22 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.
 _HOLDER_WAIT_SECONDS = 2.0
 _REWRITE_STEP = 1 << 20
 
-_HELD: dict[tuple[int, int], str] = {}
-"""(st_dev, st_ino) of every lock file this process holds -> the store path."""
+_HELD: dict[tuple[int, int], tuple[int, str]] = {}
+"""(st_dev, st_ino) of every lock file this process holds -> (descriptor, store path)."""
+
+
+def _close_in_child() -> None:
+    """After a fork, in the child: drop the inherited lock descriptors (the parent keeps
+    its lock; the child never held one of its own)."""
+    for fd, _display in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the child closed it already
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 # -- reserving ------------------------------------------------------------------------------
@@ -215,14 +236,31 @@ def _read_holder(fd: int) -> str:
         time.sleep(0.05)
 
 
+def _lock_exclusive(fd: int) -> None:
+    """Take an exclusive, non-blocking lock on the whole of ``fd``; OSError when held
+    elsewhere (EAGAIN / EACCES) or unsupported."""
+    ofd = getattr(fcntl, "F_OFD_SETLK", None)
+    if ofd is not None:
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
+        request = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(64, b"\0")
+        try:
+            fcntl.fcntl(fd, ofd, request)
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 class StoreLock:
     """This process's exclusive lock on one store (``None`` fd: the filesystem has no locks)."""
 
-    __slots__ = ("_fd", "_key")
+    __slots__ = ("_fd", "_key", "_pid")
 
     def __init__(self, fd: int | None, key: tuple[int, int] | None) -> None:
         self._fd = fd
         self._key = key
+        self._pid = os.getpid()
 
     @classmethod
     def acquire(cls, root: Path, display: str) -> StoreLock:
@@ -233,17 +271,17 @@ class StoreLock:
         except FileNotFoundError:
             pass
         else:
-            holder = _HELD.get((st.st_dev, st.st_ino))
-            if holder is not None:
+            held = _HELD.get((st.st_dev, st.st_ino))
+            if held is not None:
                 raise TrackingError(
                     f"block tracking at {display} is already open in this process (as "
-                    f"{holder}); two tasks of one run cannot share a tracking_path",
+                    f"{held[1]}); two tasks of one run cannot share a tracking_path",
                     path=display,
                 )
         fd = os.open(file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock_exclusive(fd)
             except OSError as exc:
                 if exc.errno in (errno.EACCES, errno.EAGAIN):
                     raise TrackingError(
@@ -276,12 +314,14 @@ class StoreLock:
             os.close(fd)
             raise
         key = (st.st_dev, st.st_ino)
-        _HELD[key] = display
+        _HELD[key] = (fd, display)
         return cls(fd, key)
 
     def release(self) -> None:
         """Drop the lock (closing the descriptor). Releasing twice is harmless."""
         fd, self._fd = self._fd, None
+        if self._pid != os.getpid():
+            return  # a forked child: its copy of the descriptor was closed at the fork
         if self._key is not None:
             _HELD.pop(self._key, None)
             self._key = None
