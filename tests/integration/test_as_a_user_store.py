@@ -309,9 +309,26 @@ def test_two_drivers_at_once_only_one_runs(tmp_path: Path, mp: bool) -> None:
     assert all(counts[("start", i)] == 1 for i in range(n)), counts
 
 
-def test_bellis_status_reads_a_store_a_run_holds(tmp_path: Path) -> None:
+RESET = """
+import bellis as daisy
+
+task = daisy.Task(
+    "t",
+    total_roi=daisy.Roi((0,), (40,)),
+    read_roi=daisy.Roi((0,), (10,)),
+    write_roi=daisy.Roi((0,), (10,)),
+    process_function=lambda block: None,
+    tracking_path={track!r},
+)
+print("RESET", task.reset())
+"""
+
+
+def test_a_store_a_run_holds_is_read_but_not_reset(tmp_path: Path) -> None:
     track = tmp_path / "track" / "t"
     script = write_script(tmp_path, track, n=4, free_blocks=2)
+    reset = tmp_path / "reset.py"
+    reset.write_text(textwrap.dedent(RESET).format(track=str(track)))
     proc = start(script)
     try:
         deadline = time.monotonic() + 120
@@ -320,10 +337,21 @@ def test_bellis_status_reads_a_store_a_run_holds(tmp_path: Path) -> None:
         report = status(track)  # not blocked by the run's lock
         assert report.returncode == 0, report.stderr
         assert re.search(r"done\s+2\b", report.stdout), report.stdout
+        refused = run(reset)  # Task.reset() would delete the run's records
+        assert refused.returncode != 0
+        message = last_line(refused.stderr)
+        assert message.startswith(TRACKING_ERROR), refused.stderr[-3000:]
+        assert f"pid {proc.pid} on host " in message
+        assert (track / "done").is_dir()
     finally:
         (tmp_path / "go").touch()
         _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
+    assert all(events(tmp_path)[("done", i)] == 1 for i in range(4))
+    done = run(reset)  # the run is over: the store can go
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"RESET {track}" in done.stdout
+    assert not track.exists()
 
 
 @pytest.mark.parametrize("mp", [False, True], ids=["serial", "distributed"])

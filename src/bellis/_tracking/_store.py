@@ -83,6 +83,7 @@ from numpy.typing import NDArray
 from .._block import MEASURED_ARRAYS
 from ..errors import TrackingError
 from ._disk import (
+    LOCK_NAME,
     StoreLock,
     check_space,
     disk_full_error,
@@ -968,14 +969,22 @@ def delete_store(path: str | os.PathLike[str]) -> str | None:
     """Delete a tracking store (``Task.reset()``): a directory recursively, a file unlinked.
 
     Returns the deleted path, or None when nothing exists there. ``runs.jsonl`` inside
-    the store goes with it.
+    the store goes with it. A store a run holds is refused (:class:`TrackingError` naming
+    the run): deleting it would lose that run's records.
     """
     display = os.fspath(path)
     target = Path(path)
     if not os.path.lexists(target):
         return None
     try:
-        _rmtree(target)
+        if not target.is_symlink() and (target / LOCK_NAME).is_file():
+            lock = StoreLock.acquire(target, display)
+            try:
+                _rmtree(target)
+            finally:
+                lock.release()
+        else:
+            _rmtree(target)
     except OSError as exc:
         raise TrackingError(
             f"failed to clear block tracking at {display}: {exc}", path=display
