@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -39,8 +38,15 @@ import socket
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import TrackingError
+
+fcntl: Any
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no locks (StoreLock.acquire warns)
+    fcntl = None
 
 __all__ = [
     "LOCK_NAME",
@@ -81,7 +87,8 @@ def _close_in_child() -> None:
     _HELD.clear()
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 # -- reserving ------------------------------------------------------------------------------
@@ -137,8 +144,15 @@ def disk_full_error(display: str, needed: int, directory: Path) -> TrackingError
 
 
 def check_space(display: str, needed: int, directory: Path) -> None:
-    """Raise :func:`disk_full_error` when ``needed`` bytes are more than are free."""
-    if needed > 0 and needed > free_bytes(directory):
+    """Raise :func:`disk_full_error` when ``needed`` bytes are more than are free (a
+    filesystem that cannot say is left to :func:`reserve` to find out)."""
+    if needed <= 0:
+        return
+    try:
+        free = free_bytes(directory)
+    except OSError:
+        return
+    if needed > free:
         raise disk_full_error(display, needed, directory)
 
 
@@ -239,6 +253,8 @@ def _read_holder(fd: int) -> str:
 def _lock_exclusive(fd: int) -> None:
     """Take an exclusive, non-blocking lock on the whole of ``fd``; OSError when held
     elsewhere (EAGAIN / EACCES) or unsupported."""
+    if fcntl is None:
+        raise OSError(errno.ENOSYS, "this system has no fcntl locks")
     ofd = getattr(fcntl, "F_OFD_SETLK", None)
     if ofd is not None:
         # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
