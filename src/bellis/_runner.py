@@ -207,9 +207,11 @@ def _serial_output(task_id: str) -> Iterator[None]:
         return
     # a log that cannot be written (a full disk) costs its output, not the block that
     # printed: the LogStreams drop what follows, and the error is logged after the redirect
-    out = blog.LogStream(open(paths[0], "a"), str(paths[0]))
-    err = blog.LogStream(open(paths[1], "a"), str(paths[1]))
+    streams: list[blog.LogStream] = []
     try:
+        for path in paths:
+            streams.append(blog.LogStream(open(path, "a"), str(path)))
+        out, err = streams
         if mode == "both":
             to_out: Any = _Tee(sys.stdout, out)
             to_err: Any = _Tee(sys.stderr, err)
@@ -218,9 +220,9 @@ def _serial_output(task_id: str) -> Iterator[None]:
         with contextlib.redirect_stdout(to_out), contextlib.redirect_stderr(to_err):
             yield
     finally:
-        out.close()
-        err.close()
-        for stream in (out, err):
+        for stream in streams:
+            stream.close()
+        for stream in streams:
             if stream.error is not None:
                 logger.error(
                     "could not write the worker log %s: %s; output written after that is lost",
