@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import cloudpickle
 
@@ -205,7 +205,13 @@ def _serial_output(task_id: str) -> Iterator[None]:
     if paths is None:
         yield
         return
-    with open(paths[0], "a") as out, open(paths[1], "a") as err:
+    # a log that cannot be written (a full disk) costs its output, not the block that
+    # printed: the LogStreams drop what follows, and the error is logged after the redirect
+    streams: list[blog.LogStream] = []
+    try:
+        for path in paths:
+            streams.append(blog.LogStream(open(path, "a"), str(path)))
+        out, err = streams
         if mode == "both":
             # the tee echoes to the streams in force when the task's blocks start running
             to_out: Any = out if sys.stdout is None else _Tee(sys.stdout, out)
@@ -213,11 +219,22 @@ def _serial_output(task_id: str) -> Iterator[None]:
         else:
             to_out, to_err = out, err
         with (
-            blog._slot_files_bound(out, err),
+            # a LogStream forwards fileno() and the rest, so it serves as a file
+            blog._slot_files_bound(cast("IO[str]", out), cast("IO[str]", err)),
             contextlib.redirect_stdout(to_out),
             contextlib.redirect_stderr(to_err),
         ):
             yield
+    finally:
+        for stream in streams:
+            stream.close()
+        for stream in streams:
+            if stream.error is not None:
+                logger.error(
+                    "could not write the worker log %s: %s; output written after that is lost",
+                    stream.name,
+                    stream.error,
+                )
 
 
 class _Tee:
@@ -477,6 +494,8 @@ def _execute(
         result.abandoned = any(s.abandoned for s in result.states.values())
     finally:
         _close_stores(stores)
+    if multiprocessing:
+        blog.warn_if_log_disk_full()
     if summary:
         log_dir = blog.get_log_basedir() if multiprocessing else None
         text = format_summary(

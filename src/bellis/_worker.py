@@ -76,6 +76,7 @@ def main() -> int:
     from . import logging as blog
 
     blog.apply_settings(payload.get("log_settings", {}))
+    blog.guard_std_streams()  # a full disk under the logs must not fail the blocks that print
     # this process's stdout and stderr lead to its slot's log files (or to the pipes a
     # "both" run tees into them): what current_slot_files() gives the user's code
     blog._bind_slot_files((sys.stdout, sys.stderr))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import io
 import logging
@@ -28,7 +29,7 @@ import re
 import shutil
 import sys
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -39,6 +40,7 @@ __all__ = [
     "LOG_BASEDIR",
     "LOG_MODES",
     "TRACEBACK_STYLES",
+    "LogStream",
     "apply_settings",
     "cap_traceback",
     "clear_logs",
@@ -52,6 +54,7 @@ __all__ = [
     "get_log_mode",
     "get_traceback_style",
     "get_worker_log_basename",
+    "guard_std_streams",
     "logger",
     "open_worker_log",
     "set_log_basedir",
@@ -59,6 +62,7 @@ __all__ = [
     "set_log_mode",
     "set_traceback_style",
     "task_log_dirname",
+    "warn_if_log_disk_full",
 ]
 
 LOG_MODES = ("console", "file", "both")
@@ -77,6 +81,8 @@ _IPYTHON_FILE = re.compile(r'"?<ipython-input-(\d+)-[^>]*>"?')
 # the longest directory name task_log_dirname() produces before it shortens with a hash
 _MAX_DIRNAME_BYTES = 200
 _WINDOWS_RESERVED = frozenset('<>:"|?*')
+# end of a run: a log filesystem with less than this free is reported as full
+_LOW_DISK_BYTES = 1 << 20
 
 
 #: The log basedir, daisy's global: :func:`set_log_basedir` sets it, and a script that
@@ -244,25 +250,129 @@ def open_worker_log(
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         for path in paths:
-            with open(path, "a+b") as handle:
-                lines = [header] if header is not None else []
-                size = handle.seek(0, os.SEEK_END)
-                if size > 0 and new_run:
-                    lines.insert(0, separator)
-                if not lines:
-                    continue
-                prefix = b""
-                if size > 0:
-                    handle.seek(size - 1)
-                    if handle.read(1) != b"\n":
-                        prefix = b"\n"
-                    handle.seek(0, os.SEEK_END)
-                handle.write(prefix + "".join(line + "\n" for line in lines).encode("utf-8"))
+            lines = [header] if header is not None else []
+            _append_log_lines(path, separator if new_run else None, lines)
     except OSError as exc:
         raise WorkerStartError(
             f"cannot create the worker log files under {base.parent}: {exc}", task_id=task_id
         ) from exc
     return paths
+
+
+def _append_log_lines(path: Path, separator: str | None, lines: list[str]) -> None:
+    """Create ``path``; append ``lines``, each on a line of its own, preceded by
+    ``separator`` when the file already holds earlier output.
+
+    What does not fit on a full disk is logged: the worker can still run.
+    """
+    with open(path, "a+b", buffering=0) as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size > 0 and separator is not None:
+            lines = [separator, *lines]
+        if not lines:
+            return
+        prefix = b""
+        if size > 0:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                prefix = b"\n"
+            handle.seek(0, os.SEEK_END)
+        data = memoryview(prefix + "".join(line + "\n" for line in lines).encode("utf-8"))
+        try:
+            while data:
+                data = data[handle.write(data) or 0 :]
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            logging.getLogger(_LOGGER_NAME).error(
+                "cannot write to the worker log %s: %s", path, exc.strerror
+            )
+            handle.truncate(size)  # drop a partial line
+
+
+class LogStream:
+    """A text stream over a worker log whose write errors (a full disk) cost the output,
+    not the code that printed: the first ``OSError`` is kept in :attr:`error` and handed
+    to ``on_error``, and everything written after it is dropped."""
+
+    def __init__(
+        self, stream: Any, name: str, on_error: Callable[[LogStream], None] | None = None
+    ) -> None:
+        self._stream = stream
+        self.name = name
+        self.error: OSError | None = None
+        self._on_error = on_error
+
+    def _fail(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = exc
+            if self._on_error is not None:
+                self._on_error(self)
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                self._stream.write(text)
+            except OSError as exc:
+                self._fail(exc)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def close(self) -> None:
+        try:
+            self._stream.close()  # closes the file even when its last flush fails
+        except OSError as exc:
+            self._fail(exc)
+
+    def __getattr__(self, name: str) -> Any:
+        # encoding, fileno(), buffer, isatty()...: those of the stream
+        return getattr(self._stream, name)
+
+
+def _report_dropped(stream: LogStream) -> None:
+    # best effort: the other stream may still be writable
+    logging.getLogger(_LOGGER_NAME).error(
+        "writing this worker's %s failed (%s); its further output there is dropped",
+        stream.name,
+        stream.error,
+    )
+
+
+def guard_std_streams() -> None:
+    """In a worker: make ``sys.stdout`` and ``sys.stderr`` :class:`LogStream` objects, so that a
+    full disk under the worker logs does not fail the blocks that print."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, LogStream):
+            setattr(sys, name, LogStream(stream, name, _report_dropped))
+
+
+def warn_if_log_disk_full() -> None:
+    """At the end of a run: log an error when the filesystem of the worker logs is full,
+    since worker output written after it filled up is lost."""
+    base = get_log_basedir()
+    if base is None or get_log_mode() == "console":
+        return
+    try:
+        st = os.statvfs(base)
+    except OSError:
+        return  # no log folder was made: nothing was written there
+    if st.f_bavail * st.f_frsize < _LOW_DISK_BYTES:
+        logging.getLogger(_LOGGER_NAME).error(
+            "the filesystem of the worker logs under %s is full: worker output written "
+            "after it filled up is lost",
+            base,
+        )
 
 
 def emit_failure(message: str) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ from bellis._tracking import (
     format_status,
     layout_hash,
 )
-from bellis._tracking._layout import array_metadata, dump_metadata
+from bellis._tracking._disk import reserve_by_writing
+from bellis._tracking._layout import ARRAY_DTYPES, array_metadata, dump_metadata
 from bellis.errors import LayoutMismatch, TrackingError
 
 
@@ -51,8 +53,11 @@ def chunk_values(root: Path, name: str, dtype: str, shape: tuple[int, ...]) -> n
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of the store but the lock (each run writes its pid and start time there)."""
     return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "bellis.lock"
     }
 
 
@@ -70,7 +75,7 @@ def no_fault_hook() -> Iterator[None]:
 # -- creation and layout on disk ----------------------------------------------------------
 
 
-def test_create_writes_group_arrays_and_sparse_chunks(store_path: Path) -> None:
+def test_create_writes_group_arrays_and_chunks(store_path: Path) -> None:
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
         assert store.grid_shape == (3, 4)
         assert store.path == store_path
@@ -80,7 +85,12 @@ def test_create_writes_group_arrays_and_sparse_chunks(store_path: Path) -> None:
         assert store.stats == {}
         assert store.done.shape == (3, 4) and store.done.dtype == np.uint8
         assert store.failures.dtype == np.uint32
-    assert sorted(p.name for p in store_path.iterdir()) == ["done", "failures", "zarr.json"]
+    assert sorted(p.name for p in store_path.iterdir()) == [
+        "bellis.lock",
+        "done",
+        "failures",
+        "zarr.json",
+    ]
     assert chunk(store_path, "done", 2).stat().st_size == 12
     assert chunk(store_path, "failures", 2).stat().st_size == 48
     group = json.loads((store_path / "zarr.json").read_text())
@@ -168,24 +178,16 @@ def test_one_dimensional_chunk_path(store_path: Path) -> None:
     assert chunk_values(store_path, "done", "uint8", (10,)).tolist() == [0] * 10
 
 
-def _supports_sparse_files(directory: Path) -> bool:
-    probe = directory / "sparse-probe"
-    with open(probe, "wb") as fh:
-        fh.truncate(16 * 1024 * 1024)
-    allocated = probe.stat().st_blocks * 512
-    probe.unlink()
-    return allocated < 1024 * 1024
-
-
-def test_chunks_are_allocated_sparse(store_path: Path, tmp_path: Path) -> None:
-    if not _supports_sparse_files(tmp_path):
-        pytest.skip("the temporary directory's file system has no sparse files")
-    layout = simple((0, 0), (4096, 4096), (2, 2))  # 4 Mi cells
+def test_chunks_are_reserved_not_sparse(store_path: Path) -> None:
+    # a store into an unallocated page of a sparse chunk is a SIGBUS on a full disk:
+    # every block of every chunk is allocated when the store opens
+    layout = simple((0, 0), (1024, 1024), (2, 2))  # 256 Ki cells
     with TrackingStore.open(store_path, layout, resource_tracking=True):
         pass
-    info = chunk(store_path, "sent_at", 2).stat()
-    assert info.st_size == 4 * 1024 * 1024 * 8
-    assert info.st_blocks * 512 < info.st_size // 4
+    for name in ("done", "failures", "sent_at", "cpu_children_seconds"):
+        info = chunk(store_path, name, 2).stat()
+        assert info.st_size == 256 * 1024 * np.dtype(ARRAY_DTYPES[name]).itemsize
+        assert info.st_blocks * 512 >= info.st_size, name
 
 
 def test_resource_arrays_only_with_resource_tracking(store_path: Path) -> None:
@@ -1059,3 +1061,107 @@ def test_deferred_resource_arrays_and_a_close_that_cannot_create_them(tmp_path: 
     assert (good_path / "wall_seconds" / "zarr.json").exists()
     done = zarr.open_array(str(bad_path / "done"), mode="r")
     assert int(np.asarray(done[:]).reshape(-1)[0]) == 1
+
+
+# -- reserving and the run lock -----------------------------------------------------------
+
+
+def test_reserving_by_writing_allocates_holes_and_keeps_data(tmp_path: Path) -> None:
+    # the fallback where posix_fallocate is unsupported (EOPNOTSUPP / EINVAL)
+    if not _has_sparse_files(tmp_path):
+        pytest.skip("the temporary directory's file system has no sparse files")
+    file = tmp_path / "chunk"
+    size = 4 * 1024 * 1024
+    with open(file, "wb") as fh:
+        fh.truncate(size)
+        fh.seek(1024 * 1024 + 17)
+        fh.write(b"data")
+    fd = os.open(file, os.O_RDWR)
+    try:
+        reserve_by_writing(fd, size)
+    finally:
+        os.close(fd)
+    info = file.stat()
+    assert info.st_size == size
+    assert info.st_blocks * 512 >= size
+    raw = file.read_bytes()
+    assert raw[1024 * 1024 + 17 : 1024 * 1024 + 21] == b"data"
+    assert raw.count(0) == size - 4
+
+
+def _has_sparse_files(directory: Path) -> bool:
+    probe = directory / "sparse-probe"
+    with open(probe, "wb") as fh:
+        fh.truncate(16 * 1024 * 1024)
+    allocated = probe.stat().st_blocks * 512
+    probe.unlink()
+    return allocated < 1024 * 1024
+
+
+def _open_in_subprocess(path: Path, layout: StoreLayout) -> subprocess.CompletedProcess[str]:
+    fields = (
+        layout.total_offset,
+        layout.total_shape,
+        layout.read_offset,
+        layout.read_shape,
+        layout.write_offset,
+        layout.write_shape,
+        layout.fit,
+    )
+    code = (
+        "import sys\n"
+        "from bellis._tracking import StoreLayout, TrackingStore\n"
+        "from bellis.errors import TrackingError\n"
+        f"layout = StoreLayout{fields!r}\n"
+        "try:\n"
+        f"    TrackingStore.open({str(path)!r}, layout, resource_tracking=False).close()\n"
+        "except TrackingError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(2)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_a_held_store_is_refused_and_a_grown_layout_not_migrated(store_path: Path) -> None:
+    grown = simple((0, 0), (50, 40), (10, 10))
+    with TrackingStore.open(store_path, LAYOUT, resource_tracking=True) as store:
+        store.record_success(5, STATS, 1, 1.0, 2.0)
+        store.flush()
+        before = snapshot(store_path)
+        for layout in (LAYOUT, grown):
+            done = _open_in_subprocess(store_path, layout)
+            assert done.returncode == 2, done.stderr
+            assert f"block tracking at {store_path} is in use by another run" in done.stdout
+            assert f"pid {os.getpid()} on host " in done.stdout
+        assert snapshot(store_path) == before  # no migration happened
+        with pytest.raises(TrackingError, match="already open in this process"):
+            TrackingStore.open(store_path, LAYOUT, resource_tracking=False)
+        # the refused second open did not drop this process's lock
+        assert _open_in_subprocess(store_path, LAYOUT).returncode == 2
+    # closed: the lock is free again and the grown layout migrates
+    done = _open_in_subprocess(store_path, grown)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with TrackingStore.open_readonly(store_path) as reader:
+        assert reader.grid_shape == (5, 4)
+        assert reader.done[1, 1] == 1
+
+
+def test_a_forked_child_does_not_keep_the_lock(store_path: Path) -> None:
+    # a block function that forks (a multiprocessing Pool) must not leave the store
+    # locked after the run that forked it
+    store = TrackingStore.open(store_path, LAYOUT, resource_tracking=False)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child lives on until the test lets it go
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        assert _open_in_subprocess(store_path, LAYOUT).returncode == 2  # still held
+        store.close()
+        done = _open_in_subprocess(store_path, LAYOUT)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)

@@ -11,8 +11,11 @@ On disk (SPEC §4.2)::
     <path>/runs.jsonl          one JSON line per run (written by the report layer)
 
 Every array holds one element per tracking-grid cell, C order. The chunk file is
-allocated up front as a sparse file and memory-mapped, so recording a block is a few
-element stores into the mapping: no syscall per block. The maps are the only copy of
+created at its full length, its blocks are reserved (``_disk.reserve``: a store into an
+unallocated page of a full disk would be a SIGBUS, not an exception) and it is
+memory-mapped, so recording a block is a few element stores into the mapping: no
+syscall per block. A run holds the store's lock (``_disk.StoreLock``) from open to
+close; recovery and migration happen under it. The maps are the only copy of
 the data; ``flush()`` msyncs them and readers (zarr-python included) see every store as
 soon as it is made, because they read the same page cache.
 
@@ -64,6 +67,7 @@ renames before it), so the argument holds across a power loss too.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -78,6 +82,15 @@ from numpy.typing import NDArray
 
 from .._block import MEASURED_ARRAYS
 from ..errors import TrackingError
+from ._disk import (
+    LOCK_NAME,
+    StoreLock,
+    check_space,
+    disk_full_error,
+    is_no_space,
+    reserve,
+    unreserved_bytes,
+)
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
@@ -184,15 +197,45 @@ def _cell_count(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _ensure_chunk(file: Path, nbytes: int) -> None:
-    """Create the chunk file as a sparse file of ``nbytes``, or resize it to that length."""
+def _ensure_chunk(file: Path, nbytes: int, *, reserved: bool = True) -> None:
+    """Create the chunk file with ``nbytes`` or resize it to that length, and (``reserved``)
+    allocate all of its blocks, so that no store into its mapping can meet a full disk."""
     file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if os.fstat(fd).st_size != nbytes:
             os.ftruncate(fd, nbytes)
+        if reserved:
+            reserve(fd, nbytes)
     finally:
         os.close(fd)
+
+
+def _chunk_files(
+    root: Path, grid: tuple[int, ...], names: tuple[str, ...]
+) -> list[tuple[Path, int]]:
+    """The chunk file and byte size of each of the arrays ``names`` on ``grid``."""
+    cells = _cell_count(grid)
+    parts = _chunk_parts(len(grid))
+    return [
+        (root.joinpath(name, "c", *parts), cells * np.dtype(ARRAY_DTYPES[name]).itemsize)
+        for name in names
+    ]
+
+
+def _open_error(display: str, exc: OSError, files: list[tuple[Path, int]]) -> TrackingError:
+    """The TrackingError of an OSError while opening: a full disk and a read-only
+    filesystem say what to do."""
+    if is_no_space(exc):
+        return disk_full_error(display, max(1, unreserved_bytes(files)), Path(display))
+    if exc.errno == errno.EROFS:
+        return TrackingError(
+            f"block tracking at {display} is on a read-only filesystem ({exc}); a run "
+            f"writes its store. Read it with `bellis status {display}`, or pass "
+            "tracking_path= on a writable filesystem",
+            path=display,
+        )
+    return TrackingError(f"io error opening block tracking at {display}: {exc}", path=display)
 
 
 def _map_writable(file: Path, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.memmap[Any, Any]:
@@ -236,6 +279,12 @@ def _child_arrays(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
         if meta is not None and meta.get("node_type") == "array":
             found.append((child.name, child / "zarr.json", meta))
     return found
+
+
+def _make_dir(root: Path) -> Path:
+    """Create the store directory (and its parents); returns it."""
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def _rmtree(path: Path) -> None:
@@ -294,6 +343,13 @@ def _migrate(
     parts = _chunk_parts(ndim)
     arrays = _child_arrays(root)
     target = tuple(slice(k, k + n) for k, n in zip(plan.shift, plan.old_grid, strict=True))
+    # the new chunks are written beside the old ones: all of them must fit at once
+    cells = _cell_count(plan.new_grid)
+    check_space(
+        display,
+        sum(cells * numpy_dtype(display, f, m.get("data_type")).itemsize for _n, f, m in arrays),
+        root,
+    )
 
     for name, meta_file, meta in arrays:
         stored = int_shape(meta.get("shape"))
@@ -308,7 +364,7 @@ def _migrate(
         dtype = numpy_dtype(display, meta_file, meta.get("data_type"))
         directory = root / name
         old_chunk = directory.joinpath("c", *parts)
-        _ensure_chunk(old_chunk, _cell_count(plan.old_grid) * dtype.itemsize)
+        _ensure_chunk(old_chunk, _cell_count(plan.old_grid) * dtype.itemsize, reserved=False)
         staging = directory / _MIGRATING
         if staging.exists():
             _rmtree(staging)
@@ -383,6 +439,7 @@ class TrackingStore:
         "_gpu_util",
         "_io_read",
         "_io_write",
+        "_lock",
         "_missing_stats",
         "_peak_rss",
         "_returned_at",
@@ -414,8 +471,10 @@ class TrackingStore:
         task_hash: str | None,
         record: dict[str, Any] | None,
         migrated_from: tuple[int, ...] | None = None,
+        lock: StoreLock | None = None,
     ) -> None:
         self.path = path
+        self._lock = lock
         self.layout = layout
         self.grid_shape = grid_shape
         self.migrated_from = migrated_from
@@ -455,24 +514,39 @@ class TrackingStore:
 
         Raises :class:`LayoutMismatch` when the store belongs to another layout and
         cannot follow it (a grown volume can, see the module docstring), and
-        :class:`TrackingError` for invalid metadata and IO errors.
+        :class:`TrackingError` for invalid metadata and IO errors: a full disk (every
+        chunk's blocks are reserved here), a read-only filesystem, and a store that another
+        run holds (its lock is held from here to :meth:`close`).
         """
         display = os.fspath(path)
+        root = Path(path)
+        names = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
+        files = _chunk_files(root, layout.grid_shape, names)
         try:
-            store = cls._open(Path(path), display, layout, resource_tracking)
+            lock = StoreLock.acquire(_make_dir(root), display)
         except OSError as exc:
-            raise TrackingError(
-                f"io error opening block tracking at {display}: {exc}", path=display
-            ) from exc
+            raise _open_error(display, exc, files) from exc
+        try:
+            store = cls._open(root, display, layout, resource_tracking, lock)
+        except OSError as exc:
+            lock.release()
+            raise _open_error(display, exc, files) from exc
+        except BaseException:
+            lock.release()
+            raise
         if not defer_stats:
             store.open_stats()
         return store
 
     @classmethod
     def _open(
-        cls, root: Path, display: str, layout: StoreLayout, resource_tracking: bool
+        cls,
+        root: Path,
+        display: str,
+        layout: StoreLayout,
+        resource_tracking: bool,
+        lock: StoreLock,
     ) -> TrackingStore:
-        root.mkdir(parents=True, exist_ok=True)
         expected = layout_hash(layout)
         record = layout_record(layout)
         group_file = root / "zarr.json"
@@ -527,9 +601,13 @@ class TrackingStore:
                 stored = expected
 
         grid = layout.grid_shape
+        names = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
+        # the resource arrays open_stats() creates later are counted now: a full disk is
+        # an error here, before any block runs
+        check_space(display, unreserved_bytes(_chunk_files(root, grid, names)), root)
         arrays: dict[str, np.memmap[Any, Any]] = {}
         missing: list[str] = []
-        for name in BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ()):
+        for name in names:
             meta_file = root / name / "zarr.json"
             meta = _read_json(meta_file)
             if meta is not None:
@@ -549,6 +627,7 @@ class TrackingStore:
             task_hash=stored,
             record=record,
             migrated_from=migrated_from,
+            lock=lock,
         )
         store._missing_stats = tuple(missing)
         if not missing and resource_tracking:
@@ -570,9 +649,8 @@ class TrackingStore:
             for name in missing:
                 self._arrays[name] = _create_array(self.path, name, self.grid_shape)
         except OSError as exc:
-            raise TrackingError(
-                f"io error opening block tracking at {self.path}: {exc}", path=str(self.path)
-            ) from exc
+            files = _chunk_files(self.path, self.grid_shape, missing)
+            raise _open_error(str(self.path), exc, files) from exc
         self._missing_stats = ()
         self._map_stats()
 
@@ -858,6 +936,9 @@ class TrackingStore:
                 self._release()
 
     def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         for view in self._views:
             view.release()
         self._views = []
@@ -888,14 +969,22 @@ def delete_store(path: str | os.PathLike[str]) -> str | None:
     """Delete a tracking store (``Task.reset()``): a directory recursively, a file unlinked.
 
     Returns the deleted path, or None when nothing exists there. ``runs.jsonl`` inside
-    the store goes with it.
+    the store goes with it. A store a run holds is refused (:class:`TrackingError` naming
+    the run): deleting it would lose that run's records.
     """
     display = os.fspath(path)
     target = Path(path)
     if not os.path.lexists(target):
         return None
     try:
-        _rmtree(target)
+        if not target.is_symlink() and (target / LOCK_NAME).is_file():
+            lock = StoreLock.acquire(target, display)
+            try:
+                _rmtree(target)
+            finally:
+                lock.release()
+        else:
+            _rmtree(target)
     except OSError as exc:
         raise TrackingError(
             f"failed to clear block tracking at {display}: {exc}", path=display

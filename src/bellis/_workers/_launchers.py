@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import logging
 import os
 import signal
 import struct
@@ -166,17 +167,33 @@ def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threadin
     def copy() -> None:
         # a multi-byte character split between two reads is decoded whole
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        log_error: OSError | None = None
         try:
             while chunk := source.read1(65536):
-                if log is not None:
-                    log.write(chunk)
-                    log.flush()
+                if log is not None and log_error is None:
+                    try:
+                        log.write(chunk)
+                        log.flush()
+                    except OSError as exc:  # a full disk: the terminal still gets it all
+                        log_error = exc
+                        logging.getLogger("bellis").error(
+                            "could not write the worker log %s: %s; the rest of this "
+                            "worker's output goes to the terminal only",
+                            log.name,
+                            exc,
+                        )
                 _echo(stream, decoder.decode(chunk))
             _echo(stream, decoder.decode(b"", final=True))
         finally:
             source.close()
             if log is not None:
-                log.close()
+                try:
+                    log.close()
+                except OSError as exc:
+                    if log_error is None:  # else reported above: its buffered bytes failed again
+                        logging.getLogger("bellis").error(
+                            "could not write the worker log %s: %s", log.name, exc
+                        )
 
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
