@@ -31,6 +31,7 @@ BLOCKS = 6
 
 USER_MODULE = r'''
 import os
+import sys
 
 import bellis
 
@@ -100,6 +101,19 @@ def raise_after_blocks():
             record(block)
         if block.block_id[1] == 2 and first_time("raised"):
             raise RuntimeError("the user's code failed after its blocks")
+
+
+def fork_a_child_that_exits():
+    client = bellis.Client()
+    while True:
+        with client.acquire_block() as block:
+            if block is None:
+                break
+            record(block)
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # a child that ends normally runs the exit hooks
+        os.waitpid(pid, 0)
 
 
 def raise_in_block():
@@ -203,6 +217,7 @@ print("RESULT " + json.dumps({
     "orphaned": s.orphaned_count,
     "abandoned": s.abandoned,
     "restarts": s.worker_restart_count,
+    "starts": s.worker_start_count,
     "failures": s.worker_failure_count,
     "failed_attempts": s.failed_attempt_count,
     "codes": codes,
@@ -366,3 +381,14 @@ def test_the_abandonment_message_calls_lost_blocks_lost(tmp_path: Path) -> None:
         "task 'b' was abandoned (upstream task abandoned): 4 of 4 blocks were orphaned."
     )
     assert "task 'a' abandoned: worker restart cap reached; its 4 remaining blocks are lost" in text
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_of_a_worker_function_leaves_its_blocks_alone(tmp_path: Path) -> None:
+    # the child inherits the worker's client: ending normally, it must neither report the
+    # parent's finished blocks nor close the parent's session
+    result, text = _run(tmp_path, "local", "fork_a_child_that_exits")
+    assert (result["failures"], result["restarts"], result["failed_attempts"]) == (0, 0, 0), text
+    # the two workers kept their sessions to the end (a child that closed one would have
+    # ended it after a block, and a third worker would have been started)
+    assert result["starts"] == 2, text
