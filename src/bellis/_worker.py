@@ -71,11 +71,12 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
 
     A client sends the blocks it finished with its next request, so the blocks of a function
     that returns (or raises) without asking for another are still in its clients: they are
-    sent home here, and the blocks it never started are given back. A client whose block is
-    still running in a thread the function left behind is closed at exit, after that thread
-    (the exit hook in ``bellis._client``).
+    sent home here, and the blocks it never started are given back. While a thread the
+    function started (not a daemon) still runs, it may still use them: then the exit hook in
+    ``bellis._client`` closes them, which runs once such threads have ended.
     """
     import inspect  # only worker functions need it; block-function workers start faster
+    import threading
 
     from ._client import Context, close_clients
 
@@ -90,7 +91,9 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
         else:
             fn()
     finally:
-        close_clients(skip_busy=True)
+        me = threading.current_thread()
+        if not any(t is not me and not t.daemon for t in threading.enumerate()):
+            close_clients(skip_busy=True)
     return 0
 
 
