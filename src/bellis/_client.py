@@ -239,7 +239,11 @@ def _forget_inherited() -> None:
     Closing or reporting through them here would end the parent's session or count its
     blocks twice, so the child lets go of them (its requests then get no block)."""
     for client in list(_live):
+        sock = client._sock
         client._sock = None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()  # this process's descriptor only: the parent's stays open
     _live.clear()
 
 
@@ -333,7 +337,21 @@ class Client:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
         sock.settimeout(None)
         self._sock = sock
-        msg = self._recv()
+        try:
+            msg = self._recv()
+        except ConnectionLostError as exc:
+            # closed before its challenge: the run ended while this connection waited to be
+            # accepted (its listener closed), the straggler case again
+            logger.warning(
+                "bellis server at %s:%s closed the connection before the handshake (%s); "
+                "assuming the run has ended — this worker will exit without processing blocks",
+                self.host,
+                self.port,
+                exc.__cause__ or "end of stream",
+            )
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
         if msg[0] != CHALLENGE or len(msg) < 2 or not isinstance(msg[1], bytes):
             raise ProtocolError("the server did not open with a challenge")
         from ._profiling import setup_seconds_since_start
