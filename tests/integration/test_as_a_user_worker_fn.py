@@ -103,6 +103,22 @@ def raise_after_blocks():
             raise RuntimeError("the user's code failed after its blocks")
 
 
+def loop_in_a_thread():
+    # returns at once; Python waits for the thread, which still uses the client
+    import threading
+
+    client = bellis.Client()
+
+    def loop():
+        while True:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                record(block)
+
+    threading.Thread(target=loop).start()
+
+
 def fork_a_child_that_exits():
     client = bellis.Client()
     while True:
@@ -281,7 +297,9 @@ def _run(tmp_path: Path, mode: str, pattern: str) -> tuple[dict[str, object], st
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("pattern", ["one_block", "three_blocks", "loop_until_none"])
+@pytest.mark.parametrize(
+    "pattern", ["one_block", "three_blocks", "loop_until_none", "loop_in_a_thread"]
+)
 def test_a_worker_function_that_returns_keeps_its_blocks(
     tmp_path: Path, mode: str, pattern: str
 ) -> None:
@@ -392,3 +410,39 @@ def test_a_forked_child_of_a_worker_function_leaves_its_blocks_alone(tmp_path: P
     # the two workers kept their sessions to the end (a child that closed one would have
     # ended it after a block, and a third worker would have been started)
     assert result["starts"] == 2, text
+
+
+STRAGGLER = """
+import socket
+import threading
+
+import bellis
+
+# a run that ends while this worker's connection waits to be accepted: its listener closes
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(8)
+port = listener.getsockname()[1]
+threading.Timer(0.5, listener.close).start()
+context = bellis.Context(
+    hostname="127.0.0.1", port=port, task_id="t", worker_id=-1, secret="00" * 32
+)
+client = bellis.Client(context)
+with client.acquire_block() as block:
+    print("BLOCK", block, "CONNECTED", client.connected)
+"""
+
+
+def test_a_worker_that_connects_as_the_run_ends_exits_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "straggler.py").write_text(STRAGGLER)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "straggler.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "BLOCK None CONNECTED False" in proc.stdout
+    assert "assuming the run has ended" in proc.stderr
+    assert "Traceback" not in proc.stderr
