@@ -33,11 +33,13 @@ def _load_function(spec: str) -> object:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    """Join a running server as an (unmanaged) worker and run a block function."""
+    """Join a running server as an (unmanaged) worker and run a block function, or a
+    worker function (no positional parameters, as in ``Task(process_function=...)``)."""
     import os
 
     from ._client import Context
-    from ._worker import run_block_function_loop
+    from ._code_origin import function_arity
+    from ._worker import run_block_function_loop, run_worker_function
 
     if args.context:
         ctx = Context.from_env_string(args.context)
@@ -46,8 +48,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.task_id:
         ctx["task_id"] = args.task_id
     fn = _load_function(args.function)
-    if args.context:
+    if args.context or args.task_id:
+        # a worker function's own Client() reads it from there
         os.environ["BELLIS_CONTEXT"] = ctx.to_env()
+    if function_arity(fn) == 0:  # type: ignore[arg-type]
+        return run_worker_function(fn, ctx)
     return run_block_function_loop(fn, ctx)
 
 
@@ -78,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=_cmd_demo)
 
     w = sub.add_parser("worker", help="join a running bellis server as a worker")
-    w.add_argument("--function", required=True, help="block function as module:attribute")
+    w.add_argument(
+        "--function",
+        required=True,
+        help="block function (or 0-argument worker function) as module:attribute",
+    )
     w.add_argument("--context", help="context string (default: $BELLIS_CONTEXT / $DAISY_CONTEXT)")
     w.add_argument("--task-id", help="override the context's task_id")
     w.set_defaults(fn=_cmd_worker)

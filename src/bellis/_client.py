@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -10,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,7 +34,7 @@ from ._protocol import (
 )
 from .errors import ConnectionLostError, ProtocolError
 
-__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context"]
+__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context", "close_clients"]
 
 logger = logging.getLogger("bellis")
 
@@ -215,6 +217,51 @@ def _render_traceback() -> tuple[str, str]:
     return full, cap_traceback(full)
 
 
+#: the connected clients of this process. A client sends its finished blocks home with its
+#: next request, so one whose owner stops asking (a worker function that returns after a
+#: few blocks) still holds some: the worker entry point and an exit hook close every client
+#: here, which sends them. Weak, so a dropped client can be collected (``__del__`` closes
+#: it), yet not relied on: a thread or a signal handler may keep a client alive to the end.
+_live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def close_clients(*, skip_busy: bool = False) -> None:
+    """Close every connected client of this process: each sends its finished blocks and
+    gives back the ones it never started. ``skip_busy`` leaves those whose block is still
+    running (in another thread) to the exit hook, which runs after such threads end."""
+    for client in list(_live):
+        if not (skip_busy and client._in_block):
+            client.close()
+
+
+def _forget_inherited() -> None:
+    """In a forked child: the clients are the parent's connections, not this process's.
+    Closing or reporting through them here would end the parent's session or count its
+    blocks twice, so the child lets go of them (its requests then get no block)."""
+    for client in list(_live):
+        sock = client._sock
+        client._sock = None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()  # this process's descriptor only: the parent's stays open
+    _live.clear()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM: stop after the running block; with none running, report and exit now."""
+    clients = list(_live)
+    for client in clients:
+        client._stop_requested = True
+    if not any(client._in_block for client in clients):
+        for client in clients:
+            client.close()
+        os._exit(0)
+
+
+atexit.register(close_clients)
+os.register_at_fork(after_in_child=_forget_inherited)
+
+
 class Client:
     """Connects to a bellis server and hands out blocks (daisy's ``Client``).
 
@@ -290,7 +337,21 @@ class Client:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
         sock.settimeout(None)
         self._sock = sock
-        msg = self._recv()
+        try:
+            msg = self._recv()
+        except ConnectionLostError as exc:
+            # closed before its challenge: the run ended while this connection waited to be
+            # accepted (its listener closed), the straggler case again
+            logger.warning(
+                "bellis server at %s:%s closed the connection before the handshake (%s); "
+                "assuming the run has ended — this worker will exit without processing blocks",
+                self.host,
+                self.port,
+                exc.__cause__ or "end of stream",
+            )
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
         if msg[0] != CHALLENGE or len(msg) < 2 or not isinstance(msg[1], bytes):
             raise ProtocolError("the server did not open with a challenge")
         from ._profiling import setup_seconds_since_start
@@ -325,16 +386,11 @@ class Client:
             fit=g["fit"],
             read_write_conflict=g["conflict"],
         )
+        _live.add(self)
         try:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            signal.signal(signal.SIGTERM, _on_sigterm)
         except ValueError:
             pass  # not the main thread: the default SIGTERM behaviour stays
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True
-        if not self._in_block:
-            self.close()
-            os._exit(0)
 
     @property
     def connected(self) -> bool:
@@ -541,6 +597,7 @@ class Client:
         sock = self._sock
         if sock is None:
             return
+        _live.discard(self)
         if self._results or self._queue:
             with contextlib.suppress(OSError):
                 sock.sendall(self._final_frame())

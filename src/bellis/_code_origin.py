@@ -7,15 +7,20 @@ such code object reachable from the process function, ``(name, first line) -> fi
 (:func:`collect`); the worker gives the unpickled functions their file names back
 (:func:`restore`), so tracebacks, ``linecache`` source lines and warnings name the user's
 file (or ``[notebook cell N]``) again.
+
+:func:`function_arity` says how a process function is called: with a block, or with
+nothing (a worker function); the driver and ``bellis worker`` apply the same rule.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 from types import CodeType, FunctionType, MethodType
 from typing import Any
 
-__all__ = ["DYNAMIC", "collect", "restore"]
+__all__ = ["DYNAMIC", "collect", "function_arity", "restore"]
 
 #: cloudpickle's file name for code it ships by value
 DYNAMIC = "<dynamic-code>"
@@ -96,3 +101,19 @@ def restore(fn: Any, origins: list[Any]) -> None:
         return
     for f in _reachable(fn, lambda f: f.__code__.co_filename == DYNAMIC):
         f.__code__ = _with_origin(f.__code__, table)
+
+
+def function_arity(fn: Callable[..., Any]) -> int:
+    """Positional parameters of ``fn`` (minus ``self``); 0 for non-introspectable callables."""
+    try:
+        spec = inspect.getfullargspec(fn)
+    except TypeError:
+        return 0
+    n = len(spec.args)
+    if inspect.ismethod(fn) or (
+        spec.args and spec.args[0] == "self" and not inspect.isfunction(fn)
+    ):
+        n -= 1
+    if n == 0 and spec.varargs is not None:
+        return 1
+    return max(0, n)

@@ -329,20 +329,33 @@ def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
     return "failed" if state.is_done() else "interrupted"
 
 
-def _abandon_message(states: dict[str, TaskState], order: list[str]) -> str:
+def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[str, int]) -> str:
+    """The text of TaskAbandonedError. A task that ran out of workers *lost* the blocks it
+    had left (``lost``); only blocks cut off by a failed or abandoned upstream are orphaned,
+    though ``orphaned_count`` counts both, as daisy's does."""
     parts = []
     for tid in order:
         s = states[tid]
         if not s.abandoned:
             continue
         if s.abandon_reason == "upstream task abandoned":
-            parts.append(f"task '{tid}' was abandoned (upstream task abandoned)")
+            parts.append(
+                f"task '{tid}' was abandoned (upstream task abandoned): {s.orphaned_count} of "
+                f"{s.total_block_count} blocks were orphaned."
+            )
             continue
+        n_lost = lost.get(tid, 0)
         text = (
             f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
             f"{s.worker_failure_count} times, {s.worker_restart_count} restarts performed; "
-            f"{s.orphaned_count} of {s.total_block_count} blocks were orphaned."
+            f"{n_lost} of {s.total_block_count} blocks were lost (never completed: no worker "
+            "was left to run them)"
         )
+        orphaned = s.orphaned_count - n_lost
+        if orphaned > 0:
+            text += f" and {orphaned} were orphaned by failed upstream blocks"
+        text += "."
+
         if s.timeout_reclaim_count:
             default = " — the default" if s.timeout_secs == 600 else ""
             text += (
@@ -424,6 +437,8 @@ class _RunResult:
         self.fatal: BaseException | None = None
         self.report: Any = None
         self.abandoned = False
+        #: per task, the blocks lost when it was abandoned (see TaskRun.lost_on_abandon)
+        self.lost: dict[str, int] = {}
 
 
 def _execute(
@@ -478,6 +493,7 @@ def _execute(
         result.states = scheduler.task_states
         for r in scheduler.runs:
             aggregates[r.task_id].add_skipped(r.skipped)
+            result.lost[r.task_id] = r.lost_on_abandon
         finished_wall = time.time()
         wall = time.perf_counter() - t_start
         result.report = _write_reports(
@@ -727,7 +743,7 @@ def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -
         _attach(exc, result)
         raise exc
     if result.abandoned and raise_abandoned:
-        err = TaskAbandonedError(_abandon_message(result.states, result.order))
+        err = TaskAbandonedError(_abandon_message(result.states, result.order, result.lost))
         _attach(err, result)
         raise err
     if return_states:

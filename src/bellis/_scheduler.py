@@ -105,6 +105,9 @@ class TaskRun:
         self.failed = 0
         self.orphaned = 0
         self.failed_attempts = 0
+        #: blocks still to do when the task was abandoned: lost with it (``orphaned``
+        #: counts them too, with the blocks orphaned by failed upstream blocks)
+        self.lost_on_abandon = 0
         self.check_warned = False
         # worker bookkeeping, owned by the server but reported in TaskState
         self.worker_starts = 0
@@ -588,6 +591,7 @@ class Scheduler:
             r, why = todo.pop()
             if r.status != RUNNING:
                 continue
+            r.lost_on_abandon = r.remaining
             r.orphaned += r.remaining
             r.ready = 0
             r.processing = 0

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._block import _as_roi
+from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
 
@@ -72,22 +73,6 @@ def get_done_marker_basedir() -> Path | None:
         stacklevel=2,
     )
     return _tracking_basedir
-
-
-def function_arity(fn: Callable[..., Any]) -> int:
-    """Positional parameters of ``fn`` (minus ``self``); 0 for non-introspectable callables."""
-    try:
-        spec = inspect.getfullargspec(fn)
-    except TypeError:
-        return 0
-    n = len(spec.args)
-    if inspect.ismethod(fn) or (
-        spec.args and spec.args[0] == "self" and not inspect.isfunction(fn)
-    ):
-        n -= 1
-    if n == 0 and spec.varargs is not None:
-        return 1
-    return max(0, n)
 
 
 def _check_count(name: str, value: Any, minimum: int, fix: str) -> int:

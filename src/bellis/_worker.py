@@ -65,6 +65,38 @@ def run_block_function_loop(fn: Any, context: Any = None) -> int:
     return 0
 
 
+def run_worker_function(fn: Any, context: Any = None) -> int:
+    """Call the 0-argument worker function ``fn`` (``fn(context=...)`` when it takes a
+    keyword-only ``context``); the exit code.
+
+    A client sends the blocks it finished with its next request, so the blocks of a function
+    that returns (or raises) without asking for another are still in its clients: they are
+    sent home here, and the blocks it never started are given back. While a thread the
+    function started (not a daemon) still runs, it may still use them: then the exit hook in
+    ``bellis._client`` closes them, which runs once such threads have ended.
+    """
+    import inspect  # only worker functions need it; block-function workers start faster
+    import threading
+
+    from ._client import Context, close_clients
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    p = params.get("context") if params else None
+    try:
+        if p is not None and p.kind == inspect.Parameter.KEYWORD_ONLY:
+            fn(context=Context.from_env() if context is None else context)
+        else:
+            fn()
+    finally:
+        me = threading.current_thread()
+        if not any(t is not me and not t.daemon for t in threading.enumerate()):
+            close_clients(skip_busy=True)
+    return 0
+
+
 def main() -> int:
     payload_file = os.environ.get("BELLIS_PAYLOAD_FILE")
     if payload_file:
@@ -88,20 +120,7 @@ def main() -> int:
         restore(fn, origins)
     if payload["arity"] == 1:
         return run_block_function_loop(fn)
-    import inspect  # only worker functions need it; block-function workers start faster
-
-    from ._client import Context
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}  # type: ignore[assignment]
-    p = params.get("context") if params else None
-    if p is not None and p.kind == inspect.Parameter.KEYWORD_ONLY:
-        fn(context=Context.from_env())
-    else:
-        fn()
-    return 0
+    return run_worker_function(fn)
 
 
 if __name__ == "__main__":

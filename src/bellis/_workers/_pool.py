@@ -300,14 +300,19 @@ class WorkerPool:
                 continue
             hit = self.s.abandon(run, "worker restart cap exhausted")
             for r in hit:
-                logger.warning(
-                    "%s",
-                    "task abandoned: worker restart cap reached, accounting remaining blocks as "
-                    "orphaned"
-                    if r is run
-                    else "downstream task abandoned: upstream input will never arrive, "
-                    "accounting remaining blocks as orphaned",
-                )
+                if r is run:
+                    logger.warning(
+                        "task '%s' abandoned: worker restart cap reached; its %d remaining "
+                        "blocks are lost (counted as orphaned)",
+                        r.task_id,
+                        r.lost_on_abandon,
+                    )
+                else:
+                    logger.warning(
+                        "downstream task '%s' abandoned: upstream input will never arrive, "
+                        "accounting remaining blocks as orphaned",
+                        r.task_id,
+                    )
                 p = self.plan_of[r.index]
                 while p.parked:
                     self._serve(p.parked.popleft(), r, True)
