@@ -19,13 +19,16 @@ from . import logging as blog
 from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
+from ._observers import ObserverRegistry
 from ._profiling import Meter
 from ._progress import (
     ErrorCollector,
+    ProgressThrottle,
     format_summary,
     make_observer,
     print_to_real_stdout,
     resume_message,
+    safe_notify,
 )
 from ._protocol import new_secret, worker_token
 from ._report import (
@@ -242,9 +245,31 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
-def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
+def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any], observer: Any = None) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
-    block function propagates at once, with its own type."""
+    block function propagates at once, with its own type.
+
+    ``observer`` is notified only when given: ``run_blockwise`` never passes one (serial
+    mode shows no progress), a ``SerialServer`` with an attached monitor does."""
+    if observer is None:
+        _run_serial_blocks(scheduler, aggregates, None)
+        return
+    throttle = ProgressThrottle()
+
+    def on_block() -> None:
+        if throttle.should_fire(time.monotonic(), True):
+            safe_notify(observer, "on_progress", scheduler.task_states)
+
+    safe_notify(observer, "on_start", scheduler.task_states)
+    try:
+        _run_serial_blocks(scheduler, aggregates, on_block)
+    finally:
+        states = scheduler.task_states
+        safe_notify(observer, "on_progress", states)
+        safe_notify(observer, "on_finish", states)
+
+
+def _run_serial_blocks(scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any) -> None:
     progressed = True
     while progressed:
         progressed = False
@@ -294,6 +319,8 @@ def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
                         agg.add_block(None, stats if ok else None, not ok)
                     else:
                         agg.count += 1
+                    if on_block is not None:
+                        on_block()
 
 
 def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
@@ -415,6 +442,7 @@ def _execute(
     launcher: Any,
     external: bool = False,
     server: Server | None = None,
+    serial_observer: Any = None,
 ) -> _RunResult:
     """Validate, open the stores, run (serial or distributed), write the reports, print."""
     pipe = _coerce_pipeline(pipeline)
@@ -451,7 +479,7 @@ def _execute(
                 server=server,
             )
         else:
-            _run_serial(scheduler, aggregates)
+            _run_serial(scheduler, aggregates, make_observer(serial_observer, result.order))
         result.states = scheduler.task_states
         for r in scheduler.runs:
             aggregates[r.task_id].add_skipped(r.skipped)
@@ -731,6 +759,17 @@ class Server:
         self.last_task_order: list[str] = []
         self.external_workers = external_workers
         self._listen_callback = on_listen
+        self._observers = ObserverRegistry()
+
+    def register_observer(self, observer: Any) -> None:
+        """Attach a progress observer to every later run of this server (daisy 1.x's
+        ``ServerObserver``; :class:`bellis.cl_monitor.CLMonitor` attaches itself). It
+        replaces the default display of ``progress=True``."""
+        self._observers.register(observer)
+
+    def unregister_observer(self, observer: Any) -> None:
+        """Detach an observer attached with :meth:`register_observer`."""
+        self._observers.unregister(observer)
 
     def worker_context(self, task_id: str) -> str:
         """The context string an external worker of ``task_id`` needs to join this run.
@@ -773,7 +812,7 @@ class Server:
             pipeline,
             multiprocessing=True,
             resources=resources,
-            progress=progress,
+            progress=self._observers.progress_for(progress),
             block_tracking=block_tracking,
             host=host,
             summary=summary,
@@ -796,6 +835,16 @@ class SerialServer:
             BellisDeprecationWarning,
             stacklevel=2,
         )
+        self._observers = ObserverRegistry()
+
+    def register_observer(self, observer: Any) -> None:
+        """Attach a progress observer to every later run (see :meth:`Server.register_observer`).
+        Serial runs show no progress unless an observer is attached."""
+        self._observers.register(observer)
+
+    def unregister_observer(self, observer: Any) -> None:
+        """Detach an observer attached with :meth:`register_observer`."""
+        self._observers.unregister(observer)
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(
@@ -807,6 +856,7 @@ class SerialServer:
             host=None,
             summary=True,
             launcher=None,
+            serial_observer=self._observers.progress_for(False),
         )
         states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
         return states
