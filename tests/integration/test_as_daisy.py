@@ -7,6 +7,7 @@ environment's own ``bellis`` command and python, as a user would.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
@@ -22,7 +23,9 @@ PTH_NAME = "bellis_as_daisy.pth"
 INSTALL_TIMEOUT_SECONDS = 1200
 RUN_TIMEOUT_SECONDS = 600
 
-pytestmark = pytest.mark.slow
+# installing into a fresh environment takes minutes on a busy machine: pip's own timeout and
+# the one on each subprocess bound it instead of the suite's per-test limits
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS)]
 
 
 class Venv:
@@ -53,6 +56,9 @@ class Venv:
 
     def pip_install(self, *args: str) -> subprocess.CompletedProcess[str]:
         """pip of the test interpreter, installing into this environment (no pip of its own)."""
+        # a long install is not a hang: no traceback dump (faulthandler_timeout) while it runs;
+        # pytest arms the dump again for the next test
+        faulthandler.cancel_dump_traceback_later()
         return self.run(
             sys.executable,
             "-m",
