@@ -11,12 +11,14 @@ terminal never shows two bars per task; an explicit observer object passed as
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from ._progress import ProgressObserver, make_observer, safe_notify
+from ._progress import ProgressObserver, ProgressThrottle, make_observer, safe_notify
 from ._state import TaskState
 
-__all__ = ["ObserverFanOut", "ObserverRegistry"]
+__all__ = ["AttachableObservers", "ObserverFanOut", "ObserverRegistry", "run_observed"]
 
 
 class ObserverFanOut:
@@ -75,3 +77,56 @@ class ObserverRegistry:
             assert checked is not None
             extra.append(checked)
         return ObserverFanOut([*extra, *self._observers])
+
+
+class AttachableObservers:
+    """``register_observer``/``unregister_observer`` for a server class (daisy 1.x's
+    ``ServerObserver`` protocol); the server passes ``self._observers.progress_for(...)``
+    to its runs."""
+
+    _observers: ObserverRegistry
+
+    def _init_observers(self) -> None:
+        self._observers = ObserverRegistry()
+
+    def register_observer(self, observer: Any) -> None:
+        """Attach a progress observer to every later run of this server
+        (:class:`bellis.cl_monitor.CLMonitor` attaches itself). It replaces the default
+        display of ``progress=True``; a serial run, which shows no progress by itself,
+        notifies it too."""
+        self._observers.register(observer)
+
+    def unregister_observer(self, observer: Any) -> None:
+        """Detach an observer attached with :meth:`register_observer`."""
+        self._observers.unregister(observer)
+
+
+def run_observed(
+    observer: Any,
+    snapshot: Callable[[], dict[str, TaskState]],
+    run: Callable[[Callable[[], None] | None], None],
+    *,
+    interval_seconds: float = 0.5,
+) -> None:
+    """Call ``run(on_block)`` with ``observer`` told about it (the serial loop's progress).
+
+    ``on_block`` is None without an observer; otherwise the loop calls it after every block
+    and it sends ``on_progress`` at most once per ``interval_seconds``. ``on_start`` comes
+    first, and a last ``on_progress`` and ``on_finish`` come even when ``run`` raises.
+    """
+    if observer is None:
+        run(None)
+        return
+    throttle = ProgressThrottle(interval_seconds)
+
+    def on_block() -> None:
+        if throttle.should_fire(time.monotonic(), True):
+            safe_notify(observer, "on_progress", snapshot())
+
+    safe_notify(observer, "on_start", snapshot())
+    try:
+        run(on_block)
+    finally:
+        states = snapshot()
+        safe_notify(observer, "on_progress", states)
+        safe_notify(observer, "on_finish", states)

@@ -19,16 +19,14 @@ from . import logging as blog
 from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
-from ._observers import ObserverRegistry
+from ._observers import AttachableObservers, run_observed
 from ._profiling import Meter
 from ._progress import (
     ErrorCollector,
-    ProgressThrottle,
     format_summary,
     make_observer,
     print_to_real_stdout,
     resume_message,
-    safe_notify,
 )
 from ._protocol import new_secret, worker_token
 from ._report import (
@@ -245,31 +243,10 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
-def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any], observer: Any = None) -> None:
+def _run_serial(scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
-    block function propagates at once, with its own type.
-
-    ``observer`` is notified only when given: ``run_blockwise`` never passes one (serial
-    mode shows no progress), a ``SerialServer`` with an attached monitor does."""
-    if observer is None:
-        _run_serial_blocks(scheduler, aggregates, None)
-        return
-    throttle = ProgressThrottle()
-
-    def on_block() -> None:
-        if throttle.should_fire(time.monotonic(), True):
-            safe_notify(observer, "on_progress", scheduler.task_states)
-
-    safe_notify(observer, "on_start", scheduler.task_states)
-    try:
-        _run_serial_blocks(scheduler, aggregates, on_block)
-    finally:
-        states = scheduler.task_states
-        safe_notify(observer, "on_progress", states)
-        safe_notify(observer, "on_finish", states)
-
-
-def _run_serial_blocks(scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any) -> None:
+    block function propagates at once, with its own type. ``on_block()``, when given, is
+    called after each block (a SerialServer's attached observers, see run_observed)."""
     progressed = True
     while progressed:
         progressed = False
@@ -479,7 +456,11 @@ def _execute(
                 server=server,
             )
         else:
-            _run_serial(scheduler, aggregates, make_observer(serial_observer, result.order))
+            run_observed(
+                make_observer(serial_observer, result.order),
+                lambda: scheduler.task_states,
+                lambda on_block: _run_serial(scheduler, aggregates, on_block),
+            )
         result.states = scheduler.task_states
         for r in scheduler.runs:
             aggregates[r.task_id].add_skipped(r.skipped)
@@ -738,7 +719,7 @@ def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -
     return all(s.completed_count == s.total_block_count for s in result.states.values())
 
 
-class Server:
+class Server(AttachableObservers):
     """Runs pipelines in distributed mode (daisy's ``Server``). Never raises for abandonment.
 
     ``hostname`` and ``port`` are set while a run listens, so external workers can join
@@ -759,17 +740,7 @@ class Server:
         self.last_task_order: list[str] = []
         self.external_workers = external_workers
         self._listen_callback = on_listen
-        self._observers = ObserverRegistry()
-
-    def register_observer(self, observer: Any) -> None:
-        """Attach a progress observer to every later run of this server (daisy 1.x's
-        ``ServerObserver``; :class:`bellis.cl_monitor.CLMonitor` attaches itself). It
-        replaces the default display of ``progress=True``."""
-        self._observers.register(observer)
-
-    def unregister_observer(self, observer: Any) -> None:
-        """Detach an observer attached with :meth:`register_observer`."""
-        self._observers.unregister(observer)
+        self._init_observers()
 
     def worker_context(self, task_id: str) -> str:
         """The context string an external worker of ``task_id`` needs to join this run.
@@ -826,7 +797,7 @@ class Server:
         return states
 
 
-class SerialServer:
+class SerialServer(AttachableObservers):
     """daisy 1.x's serial runner (deprecated): ``SerialServer().run_blockwise(tasks)``."""
 
     def __init__(self) -> None:
@@ -835,16 +806,7 @@ class SerialServer:
             BellisDeprecationWarning,
             stacklevel=2,
         )
-        self._observers = ObserverRegistry()
-
-    def register_observer(self, observer: Any) -> None:
-        """Attach a progress observer to every later run (see :meth:`Server.register_observer`).
-        Serial runs show no progress unless an observer is attached."""
-        self._observers.register(observer)
-
-    def unregister_observer(self, observer: Any) -> None:
-        """Detach an observer attached with :meth:`register_observer`."""
-        self._observers.unregister(observer)
+        self._init_observers()
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bellis._observers import ObserverFanOut, ObserverRegistry
+from bellis._observers import ObserverFanOut, ObserverRegistry, run_observed
 from bellis._state import TaskState
 
 
@@ -78,3 +78,26 @@ def test_only_observer_objects_can_be_attached() -> None:
     registry.register(Recorder([], "a"))
     with pytest.raises(TypeError, match="progress must be True"):
         registry.progress_for(42)
+
+
+def test_run_observed_tells_the_observer_even_when_the_run_raises() -> None:
+    log: list[str] = []
+    blocks: list[str] = []
+
+    def run(on_block: Any) -> None:
+        assert on_block is not None
+        on_block()  # the first block: a progress notification is due
+        on_block()  # within the interval: none
+        blocks.append("ran")
+        raise KeyError("block failed")
+
+    with pytest.raises(KeyError, match="block failed"):
+        run_observed(Recorder(log, "m"), dict, run, interval_seconds=60.0)
+    assert blocks == ["ran"]
+    assert log == ["m.start", "m.progress", "m.progress", "m.finish"]
+
+
+def test_run_observed_without_an_observer_passes_no_callback() -> None:
+    seen: list[Any] = []
+    run_observed(None, dict, seen.append)
+    assert seen == [None]
