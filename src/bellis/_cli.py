@@ -1,4 +1,4 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,42 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_as_daisy(args: argparse.Namespace) -> int:
+    """install | uninstall | status of the `import daisy` -> bellis hook (see _as_daisy)."""
+    from . import _as_daisy
+    from .errors import ConfigurationError
+
+    try:
+        if args.action == "install":
+            path = _as_daisy.install_hook()
+            print(f"installed: {path}")
+            print(
+                f"`import daisy` now gives bellis (daisy.__version__ == "
+                f"{_as_daisy.daisy_version()!r}) in every process of {sys.prefix}"
+            )
+            return 0
+        if args.action == "uninstall":
+            removed = _as_daisy.uninstall_hook()
+            if removed is None:
+                print(f"not installed: no {_as_daisy.PTH_NAME} in {_as_daisy.site_packages()}")
+            else:
+                print(f"uninstalled: removed {removed}")
+            return 0
+    except ConfigurationError as exc:
+        print(f"bellis as-daisy {args.action}: {exc}", file=sys.stderr)
+        return 2
+    status = _as_daisy.hook_status()
+    if status.is_installed:
+        print(f"installed: {status.pth_path}")
+    else:
+        print(f"not installed: no {_as_daisy.PTH_NAME} in {status.site_packages}")
+    print(f"environment: {sys.prefix}")
+    if status.real_daisy is not None:
+        shadow = " (the hook shadows it)" if status.is_installed else ""
+        print(f"real daisy: {status.real_daisy}{shadow}")
+    return 0 if status.is_installed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bellis", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -96,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("path", help="the task's tracking directory")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
     s.set_defaults(fn=_cmd_status)
+
+    a = sub.add_parser(
+        "as-daisy",
+        help="make `import daisy` give bellis in this environment (every process)",
+        description="Writes (install) or removes (uninstall) an import hook, a .pth file in "
+        "this environment's site-packages, that makes every `import daisy` and `daisy.*` "
+        "import resolve to bellis. `status` exits 0 when the hook is installed, 1 when not.",
+    )
+    a.add_argument("action", choices=("install", "uninstall", "status"))
+    a.set_defaults(fn=_cmd_as_daisy)
 
     args = p.parse_args(argv)
     return int(args.fn(args))

@@ -19,6 +19,7 @@ from . import logging as blog
 from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
+from ._observers import AttachableObservers, run_observed
 from ._profiling import Meter
 from ._progress import (
     ErrorCollector,
@@ -264,9 +265,12 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
-def _run_blocks_serially(scheduler: Scheduler, aggregates: dict[str, Any]) -> None:
+def _run_blocks_serially(
+    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None
+) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
-    block function propagates at once, with its own type."""
+    block function propagates at once, with its own type. ``on_block()``, when given, is
+    called after each block (a SerialServer's attached observers, see run_observed)."""
     progressed = True
     while progressed:
         progressed = False
@@ -316,6 +320,8 @@ def _run_blocks_serially(scheduler: Scheduler, aggregates: dict[str, Any]) -> No
                         agg.add_block(None, stats if ok else None, not ok)
                     else:
                         agg.count += 1
+                    if on_block is not None:
+                        on_block()
                     k = acquire(run)
 
 
@@ -453,6 +459,7 @@ def _execute(
     launcher: Any,
     external: bool = False,
     server: Server | None = None,
+    serial_observer: Any = None,
 ) -> _RunResult:
     """Validate, open the stores, run (serial or distributed), write the reports, print."""
     pipe = _coerce_pipeline(pipeline)
@@ -489,7 +496,11 @@ def _execute(
                 server=server,
             )
         else:
-            _run_blocks_serially(scheduler, aggregates)
+            run_observed(
+                make_observer(serial_observer, result.order),
+                lambda: scheduler.task_states,
+                lambda on_block: _run_blocks_serially(scheduler, aggregates, on_block),
+            )
         result.states = scheduler.task_states
         for r in scheduler.runs:
             aggregates[r.task_id].add_skipped(r.skipped)
@@ -751,7 +762,7 @@ def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -
     return all(s.completed_count == s.total_block_count for s in result.states.values())
 
 
-class Server:
+class Server(AttachableObservers):
     """Runs pipelines in distributed mode (daisy's ``Server``). Never raises for abandonment.
 
     ``hostname`` and ``port`` are set while a run listens, so external workers can join
@@ -772,6 +783,7 @@ class Server:
         self.last_task_order: list[str] = []
         self.external_workers = external_workers
         self._listen_callback = on_listen
+        self._init_observers()
 
     def worker_context(self, task_id: str) -> str:
         """The context string an external worker of ``task_id`` needs to join this run.
@@ -814,7 +826,7 @@ class Server:
             pipeline,
             multiprocessing=True,
             resources=resources,
-            progress=progress,
+            progress=self._observers.progress_for(progress),
             block_tracking=block_tracking,
             host=host,
             summary=summary,
@@ -828,7 +840,7 @@ class Server:
         return states
 
 
-class SerialServer:
+class SerialServer(AttachableObservers):
     """daisy 1.x's serial runner (deprecated): ``SerialServer().run_blockwise(tasks)``."""
 
     def __init__(self) -> None:
@@ -837,9 +849,22 @@ class SerialServer:
             BellisDeprecationWarning,
             stacklevel=2,
         )
+        self._init_observers()
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
-        return _run_serial(tasks, block_tracking=block_tracking)
+        result = _execute(
+            tasks,
+            multiprocessing=False,
+            resources=None,
+            progress=False,
+            block_tracking=block_tracking,
+            host=None,
+            summary=True,
+            launcher=None,
+            serial_observer=self._observers.progress_for(False),
+        )
+        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+        return states
 
 
 def _run_serial(

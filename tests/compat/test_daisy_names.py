@@ -37,11 +37,6 @@ NOT_OFFERED = {
     ("daisy.logging", "threading"): _OWN_IMPORT,
     ("daisy.logging", "typing"): _OWN_IMPORT,
 }
-# public submodules of the daisy package -> why bellis has none (yet)
-SUBMODULES_NOT_OFFERED = {
-    # TODO(lead): remove this entry once the cl_monitor branch (issue 14 item 1) is merged
-    "cl_monitor": "bellis.cl_monitor (CLMonitor) is built on another branch (issue 14 item 1)",
-}
 
 
 def test_the_fixture_is_daisy_2_0_0() -> None:
@@ -78,13 +73,10 @@ def test_every_daisy_name_is_offered(daisy_module: str) -> None:
 def test_exceptions_name_real_daisy_names() -> None:
     for daisy_module, name in NOT_OFFERED:
         assert name in FIXTURE["modules"][daisy_module], (daisy_module, name)
-    assert set(SUBMODULES_NOT_OFFERED) <= set(FIXTURE["submodules"])
 
 
 @pytest.mark.parametrize("name", FIXTURE["submodules"])
 def test_every_daisy_submodule_is_offered(name: str) -> None:
-    if name in SUBMODULES_NOT_OFFERED:
-        pytest.skip(SUBMODULES_NOT_OFFERED[name])
     assert importlib.import_module(f"bellis.{name}") is not None
 
 
