@@ -32,7 +32,7 @@ from ._protocol import (
 )
 from .errors import ConnectionLostError, ProtocolError
 
-__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context"]
+__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context", "handle_as_before"]
 
 logger = logging.getLogger("bellis")
 
@@ -206,6 +206,19 @@ class _Watchdog:
                 os._exit(EXIT_BLOCK_TIMEOUT)
 
 
+def handle_as_before(signum: int, frame: Any, previous: Any) -> None:
+    """In a child forked from a bellis process that inherited bellis's handler for
+    ``signum``: put back the ``previous`` handler and handle the signal with it, so that
+    the child behaves as it would have without bellis (``Pool.terminate()`` ends it)."""
+    if previous is None:
+        previous = signal.SIG_DFL  # installed outside Python: the default is the closest
+    signal.signal(signum, previous)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        os.kill(os.getpid(), signum)  # SIG_DFL, now in place, ends the process
+
+
 def _render_traceback() -> tuple[str, str]:
     """The exception being handled, as the user's log settings render it (bellis's own
     frames dropped): in full for the log, and capped for the server."""
@@ -267,6 +280,10 @@ class Client:
         #: the exception of the block that failed, once its traceback went to the log and
         #: the server (the caller then re-raises it)
         self.reported: BaseException | None = None
+        #: the process this client's connection belongs to: a child forked from it (a
+        #: ``multiprocessing`` pool, ``os.fork()``) shares the socket but must never use it
+        self._owner_pid = os.getpid()
+        self._old_sigterm: Any = signal.SIG_DFL
         self._connect()
 
     # -- connection ---------------------------------------------------------------------
@@ -326,11 +343,20 @@ class Client:
             read_write_conflict=g["conflict"],
         )
         try:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         except ValueError:
             pass  # not the main thread: the default SIGTERM behaviour stays
 
+    def _is_forked_copy(self) -> bool:
+        """True in a child forked from the worker: its copy of this client is inert."""
+        return os.getpid() != self._owner_pid
+
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._is_forked_copy():
+            # a forked child (a pool's worker being terminated) inherited this handler:
+            # it must end as it would have without bellis, and leave the connection alone
+            handle_as_before(signum, frame, self._old_sigterm)
+            return
         self._stop_requested = True
         if not self._in_block:
             self.close()
@@ -338,10 +364,15 @@ class Client:
 
     @property
     def connected(self) -> bool:
-        return self._sock is not None
+        return self._sock is not None and not self._is_forked_copy()
 
     def _send(self, msg: list[Any]) -> None:
         assert self._sock is not None
+        if self._is_forked_copy():
+            raise ConnectionLostError(
+                f"this bellis Client belongs to process {self._owner_pid}; a process forked "
+                "from it cannot use its connection (create a Client in the child instead)"
+            )
         try:
             self._sock.sendall(encode(msg))
         except OSError as exc:
@@ -372,7 +403,7 @@ class Client:
     def _next_index(self) -> int:
         """The next block's index: from the batch in hand, or one round trip (which also
         returns the finished blocks). -1 when there are no more blocks for this worker."""
-        if self._sock is None:
+        if self._sock is None or self._is_forked_copy():
             return -1
         if self._stop_requested:
             self._bye()
@@ -400,6 +431,8 @@ class Client:
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
         """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        if self._is_forked_copy():
+            return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
@@ -517,7 +550,7 @@ class Client:
     def _timeout_notice(self, k: int, text: str) -> None:
         """Called by the watchdog thread just before it kills this process."""
         sock = self._sock
-        if sock is None:
+        if sock is None or self._is_forked_copy():
             return
         with contextlib.suppress(OSError):
             sock.settimeout(1.0)
@@ -525,7 +558,7 @@ class Client:
 
     def _bye(self) -> None:
         sock = self._sock
-        if sock is None:
+        if sock is None or self._is_forked_copy():
             return
         frame = self._final_frame()
         try:
@@ -537,9 +570,13 @@ class Client:
             self.close()
 
     def close(self) -> None:
-        """Send finished blocks home (and give back unstarted ones), then disconnect."""
+        """Send finished blocks home (and give back unstarted ones), then disconnect.
+
+        In a child forked from the worker this does nothing: the connection and the blocks
+        belong to the parent, which is still using them.
+        """
         sock = self._sock
-        if sock is None:
+        if sock is None or self._is_forked_copy():
             return
         if self._results or self._queue:
             with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ that cannot make progress, and feeds progress observers.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import signal
 import socket
@@ -32,6 +33,7 @@ import numpy as np
 
 from ._aggregates import STATS_DTYPE
 from ._block import BlockStatus
+from ._client import handle_as_before
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -956,7 +958,14 @@ def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], Non
     if threading.current_thread() is not threading.main_thread():
         return (lambda: None), (lambda: None)
 
+    owner = os.getpid()
+
     def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # a child forked during the run (a pool started by a check_function): it ends
+            # as it would have without bellis, instead of setting a flag nobody reads
+            handle_as_before(signum, frame, old_int if signum == signal.SIGINT else old_term)
+            return
         flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
 
     old_int = signal.signal(signal.SIGINT, handler)
