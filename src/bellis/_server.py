@@ -33,7 +33,7 @@ import numpy as np
 
 from ._aggregates import STATS_DTYPE
 from ._block import BlockStatus
-from ._client import handle_as_before
+from ._client import handle_as_before, install_handler, restore_handler
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -968,14 +968,14 @@ def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], Non
             return
         flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
 
-    old_int = signal.signal(signal.SIGINT, handler)
-    old_term = signal.signal(signal.SIGTERM, handler)
+    old_int = install_handler(signal.SIGINT, handler)
+    old_term = install_handler(signal.SIGTERM, handler)
 
     def poll() -> str | None:
         return flag[0] if flag else None
 
     def restore() -> None:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        restore_handler(signal.SIGINT, old_int)
+        restore_handler(signal.SIGTERM, old_term)
 
     return poll, restore
