@@ -34,7 +34,15 @@ from ._protocol import (
 )
 from .errors import ConnectionLostError, ProtocolError
 
-__all__ = ["EXIT_BLOCK_TIMEOUT", "Client", "Context", "close_clients"]
+__all__ = [
+    "EXIT_BLOCK_TIMEOUT",
+    "Client",
+    "Context",
+    "close_clients",
+    "handle_as_before",
+    "install_handler",
+    "restore_handler",
+]
 
 logger = logging.getLogger("bellis")
 
@@ -208,6 +216,72 @@ class _Watchdog:
                 os._exit(EXIT_BLOCK_TIMEOUT)
 
 
+#: bellis's signal handlers in place: signum -> (the handler, the one it replaced)
+_INSTALLED: dict[int, tuple[Any, Any]] = {}
+_fork_masks: list[Any] = []
+_fork_hooks: list[bool] = []
+
+
+def install_handler(signum: int, handler: Any) -> Any:
+    """``signal.signal(signum, handler)``; returns the handler it replaced.
+
+    A child forked while it is in place (a ``multiprocessing`` pool, ``os.fork()``) starts
+    with the replaced handler instead: ``signum`` is blocked across the fork and unblocked
+    in the child only once the old handler is back, so a ``Pool.terminate()`` that comes
+    before the child's Python is set up still ends it (a Python-level handler would lose
+    the signal there).
+    """
+    previous = signal.signal(signum, handler)
+    _INSTALLED[signum] = (handler, previous)
+    if not _fork_hooks:
+        os.register_at_fork(
+            before=_before_fork,
+            after_in_parent=_after_fork_in_parent,
+            after_in_child=_after_fork_in_child,
+        )
+        _fork_hooks.append(True)
+    return previous
+
+
+def restore_handler(signum: int, previous: Any) -> None:
+    """Put back the handler :func:`install_handler` replaced."""
+    _INSTALLED.pop(signum, None)
+    signal.signal(signum, previous)
+
+
+def _before_fork() -> None:
+    if _INSTALLED:
+        _fork_masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, set(_INSTALLED)))
+
+
+def _after_fork_in_parent() -> None:
+    if _fork_masks:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_masks.pop())
+
+
+def _after_fork_in_child() -> None:
+    if not _fork_masks:
+        return
+    for signum, (ours, previous) in list(_INSTALLED.items()):
+        if signal.getsignal(signum) is ours:
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+    _INSTALLED.clear()
+    signal.pthread_sigmask(signal.SIG_SETMASK, _fork_masks.pop())
+
+
+def handle_as_before(signum: int, frame: Any, previous: Any) -> None:
+    """In a forked child that still has bellis's handler for ``signum`` (one forked without
+    the fork hooks): put back the ``previous`` handler and handle the signal with it, so
+    that the child behaves as it would have without bellis."""
+    if previous is None:
+        previous = signal.SIG_DFL  # installed outside Python: the default is the closest
+    signal.signal(signum, previous)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        os.kill(os.getpid(), signum)  # SIG_DFL, now in place, ends the process
+
+
 def _render_traceback() -> tuple[str, str]:
     """The exception being handled, as the user's log settings render it (bellis's own
     frames dropped): in full for the log, and capped for the server."""
@@ -247,8 +321,26 @@ def _forget_inherited() -> None:
     _live.clear()
 
 
+#: the SIGTERM handler _on_sigterm replaced, and the process that installed it
+_sigterm_before: list[Any] = [signal.SIG_DFL, 0]
+
+
+def _install_sigterm() -> None:
+    """Put :func:`_on_sigterm` in place once per process (one handler for every client;
+    a bound method would keep its client alive). A child forked while it is in place gets
+    the replaced handler back (:func:`install_handler`)."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        return
+    _sigterm_before[:] = [install_handler(signal.SIGTERM, _on_sigterm), os.getpid()]
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM: stop after the running block; with none running, report and exit now."""
+    if os.getpid() != _sigterm_before[1]:
+        # a child forked without the fork hooks kept this handler: it must end as it would
+        # have without bellis, and leave the parent's connections alone
+        handle_as_before(signum, frame, _sigterm_before[0])
+        return
     clients = list(_live)
     for client in clients:
         client._stop_requested = True
@@ -314,6 +406,9 @@ class Client:
         #: the exception of the block that failed, once its traceback went to the log and
         #: the server (the caller then re-raises it)
         self.reported: BaseException | None = None
+        #: the process this client's connection belongs to: a child forked from it (a
+        #: ``multiprocessing`` pool, ``os.fork()``) shares the socket but must never use it
+        self._owner_pid = os.getpid()
         self._connect()
 
     # -- connection ---------------------------------------------------------------------
@@ -388,13 +483,17 @@ class Client:
         )
         _live.add(self)
         try:
-            signal.signal(signal.SIGTERM, _on_sigterm)
+            _install_sigterm()
         except ValueError:
             pass  # not the main thread: the default SIGTERM behaviour stays
 
+    def _is_forked_copy(self) -> bool:
+        """True in a child forked from the worker: its copy of this client is inert."""
+        return os.getpid() != self._owner_pid
+
     @property
     def connected(self) -> bool:
-        return self._sock is not None
+        return self._sock is not None and not self._is_forked_copy()
 
     def _send(self, msg: list[Any]) -> None:
         assert self._sock is not None
@@ -428,7 +527,7 @@ class Client:
     def _next_index(self) -> int:
         """The next block's index: from the batch in hand, or one round trip (which also
         returns the finished blocks). -1 when there are no more blocks for this worker."""
-        if self._sock is None:
+        if self._sock is None or self._is_forked_copy():
             return -1
         if self._stop_requested:
             self._bye()
@@ -456,6 +555,8 @@ class Client:
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
         """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        if self._is_forked_copy():
+            return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
@@ -581,7 +682,7 @@ class Client:
 
     def _bye(self) -> None:
         sock = self._sock
-        if sock is None:
+        if sock is None or self._is_forked_copy():
             return
         frame = self._final_frame()
         try:
@@ -593,9 +694,13 @@ class Client:
             self.close()
 
     def close(self) -> None:
-        """Send finished blocks home (and give back unstarted ones), then disconnect."""
+        """Send finished blocks home (and give back unstarted ones), then disconnect.
+
+        In a child forked from the worker this does nothing: the connection and the blocks
+        belong to the parent, which is still using them.
+        """
         sock = self._sock
-        if sock is None:
+        if sock is None or self._is_forked_copy():
             return
         _live.discard(self)
         if self._results or self._queue:

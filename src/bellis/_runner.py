@@ -165,6 +165,9 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
                 )
             continue
         layout = t._store_layout()
+        # absolute now: a block function that changes directory must not move the store
+        # (the run's report and the resource arrays are written through this path later)
+        path = Path(os.path.abspath(path))
         try:
             stores[t.task_id] = TrackingStore.open(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
@@ -236,6 +239,24 @@ def _serial_output(task_id: str) -> Iterator[None]:
                     stream.name,
                     stream.error,
                 )
+
+
+@contextlib.contextmanager
+def _absolute_log_basedir() -> Iterator[None]:
+    """During a run, a relative log basedir names the directory it named at run start: a
+    block function that changes directory (serial mode runs it in this process) must not
+    move the logs, and workers get the absolute path. The user's setting is back after."""
+    base = blog.get_log_basedir()
+    if base is None or base.is_absolute():
+        yield
+        return
+    pinned = Path(os.path.abspath(base))
+    blog.set_log_basedir(pinned)
+    try:
+        yield
+    finally:
+        if blog.get_log_basedir() == pinned:  # unless the user set another one meanwhile
+            blog.set_log_basedir(base)
 
 
 class _Tee:
@@ -470,59 +491,60 @@ def _execute(
     if multiprocessing:
         for t in order_tasks:
             payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
-    # distributed: the resource arrays are created while the workers start (RunLoop.run)
-    stores = _open_stores(order_tasks, block_tracking, defer_stats=multiprocessing)
-    result = _RunResult()
-    errors = ErrorCollector()
-    started_wall = time.time()
-    t_start = time.perf_counter()
-    try:
-        scheduler = Scheduler(pipe, _stores=stores)
-        result.order = scheduler.task_order
-        aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
-        timelines: dict[str, Any] = {}
-        if multiprocessing:
-            _run_distributed(
+    with _absolute_log_basedir():
+        # distributed: the resource arrays are created while the workers start (RunLoop.run)
+        stores = _open_stores(order_tasks, block_tracking, defer_stats=multiprocessing)
+        result = _RunResult()
+        errors = ErrorCollector()
+        started_wall = time.time()
+        t_start = time.perf_counter()
+        try:
+            scheduler = Scheduler(pipe, _stores=stores)
+            result.order = scheduler.task_order
+            aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
+            timelines: dict[str, Any] = {}
+            if multiprocessing:
+                _run_distributed(
+                    scheduler,
+                    payloads,
+                    aggregates,
+                    timelines,
+                    result,
+                    errors,
+                    budget=budget,
+                    progress=progress,
+                    host=host,
+                    launcher=launcher,
+                    server=server,
+                )
+            else:
+                run_observed(
+                    make_observer(serial_observer, result.order),
+                    lambda: scheduler.task_states,
+                    lambda on_block: _run_blocks_serially(scheduler, aggregates, on_block),
+                )
+            result.states = scheduler.task_states
+            for r in scheduler.runs:
+                aggregates[r.task_id].add_skipped(r.skipped)
+                result.lost[r.task_id] = r.lost_on_abandon
+            finished_wall = time.time()
+            wall = time.perf_counter() - t_start
+            result.report = _write_reports(
                 scheduler,
-                payloads,
+                stores,
                 aggregates,
                 timelines,
                 result,
-                errors,
-                budget=budget,
-                progress=progress,
-                host=host,
-                launcher=launcher,
-                server=server,
+                multiprocessing,
+                started_wall,
+                finished_wall,
+                wall,
             )
-        else:
-            run_observed(
-                make_observer(serial_observer, result.order),
-                lambda: scheduler.task_states,
-                lambda on_block: _run_blocks_serially(scheduler, aggregates, on_block),
-            )
-        result.states = scheduler.task_states
-        for r in scheduler.runs:
-            aggregates[r.task_id].add_skipped(r.skipped)
-            result.lost[r.task_id] = r.lost_on_abandon
-        finished_wall = time.time()
-        wall = time.perf_counter() - t_start
-        result.report = _write_reports(
-            scheduler,
-            stores,
-            aggregates,
-            timelines,
-            result,
-            multiprocessing,
-            started_wall,
-            finished_wall,
-            wall,
-        )
-        result.abandoned = any(s.abandoned for s in result.states.values())
-    finally:
-        _close_stores(stores)
-    if multiprocessing:
-        blog.warn_if_log_disk_full()
+            result.abandoned = any(s.abandoned for s in result.states.values())
+        finally:
+            _close_stores(stores)
+        if multiprocessing:
+            blog.warn_if_log_disk_full()
     if summary:
         log_dir = blog.get_log_basedir() if multiprocessing else None
         text = format_summary(

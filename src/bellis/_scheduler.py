@@ -21,14 +21,18 @@ order then cartesian order, drained before a FIFO of blocks readied by releases 
 retries. A permanent failure walks every transitive downstream block, across tasks, and
 orphans it. Terminal task states are sticky; late releases for them are ignored.
 
-No sockets, threads or clocks live here; the caller passes times in.
+No sockets, threads or clocks live here; the caller passes times in, and may inject a
+clock (:meth:`Scheduler.bound_checks`) so that a long run of ``check_function`` skips is
+cut into slices: ``acquire_index`` then returns :data:`CHECKS_PENDING` between two
+blocks, and the caller gets control back (to poll for Ctrl-C, serve sockets) before it
+calls again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -39,7 +43,7 @@ from ._state import TaskState
 from ._task import Pipeline, Task, topological_order
 from .errors import ConfigurationError
 
-__all__ = ["Scheduler", "TaskRun"]
+__all__ = ["CHECKS_PENDING", "Scheduler", "TaskRun"]
 
 logger = logging.getLogger("bellis")
 
@@ -48,6 +52,10 @@ PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
 # initial ones the lazy root generator hands out, so it never picks up a queued block
 QUEUED = 6
 RUNNING, FINISHED, ABANDONED = 0, 1, 2
+#: ``acquire_index``: a check slice ran out before a block to hand out was found; call again
+CHECKS_PENDING = -2
+#: check_function calls between two looks at the injected clock
+_CHECKS_PER_CLOCK = 32
 
 _CHUNK = 1 << 16
 
@@ -332,6 +340,8 @@ class Scheduler:
         for run in self.runs:
             if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
                 run.attach_store(_stores[run.task_id])
+        self._check_clock: Callable[[], float] | None = None
+        self._check_slice_seconds = 0.0
         self._initialize()
         self.dependency_graph = _PipelineGraph(self)
 
@@ -405,13 +415,22 @@ class Scheduler:
     def is_done(self) -> bool:
         return all(r.status != RUNNING for r in self.runs)
 
+    def bound_checks(self, clock: Callable[[], float], slice_seconds: float) -> None:
+        """Let one ``acquire_index`` call spend about ``slice_seconds`` (read on ``clock``)
+        in ``check_function`` skips before it returns :data:`CHECKS_PENDING`."""
+        self._check_clock = clock
+        self._check_slice_seconds = slice_seconds
+
     # -- the hot path: integer API -------------------------------------------------------
     def acquire_index(self, run: TaskRun) -> int:
-        """Pop the next block of ``run`` to dispatch; -1 when none is ready."""
+        """Pop the next block of ``run`` to dispatch; -1 when none is ready, and
+        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out."""
         if run.status != RUNNING:
             return -1
         state_mv = run.state_mv
         roots = run.roots
+        checks = 0
+        until = 0.0
         while True:
             if roots is not None:
                 k = next(roots, -1)
@@ -431,6 +450,13 @@ class Scheduler:
             if run.check_function is not None and self._precheck(run, k):
                 if run.status != RUNNING:
                     return -1
+                clock = self._check_clock
+                if clock is not None:
+                    if checks == 0:
+                        until = clock() + self._check_slice_seconds
+                    elif checks % _CHECKS_PER_CLOCK == 0 and clock() >= until:
+                        return CHECKS_PENDING
+                    checks += 1
                 continue
             state_mv[k] = PROCESSING
             run.processing += 1

@@ -20,6 +20,7 @@ that cannot make progress, and feeds progress observers.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import signal
 import socket
@@ -32,6 +33,7 @@ import numpy as np
 
 from ._aggregates import STATS_DTYPE
 from ._block import BlockStatus
+from ._client import handle_as_before, install_handler, restore_handler
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -48,7 +50,7 @@ from ._protocol import (
     verify_mac,
     worker_token,
 )
-from ._scheduler import RUNNING, Scheduler, TaskRun
+from ._scheduler import CHECKS_PENDING, RUNNING, Scheduler, TaskRun
 from ._workers._launchers import WorkerExit
 from ._workers._pool import ManagedWorker, TaskPlan, WorkerPool
 from .errors import ConfigurationError, ProtocolError, TrackingError
@@ -59,6 +61,9 @@ logger = logging.getLogger("bellis")
 
 _SHUTDOWN_FRAME = encode([SHUTDOWN])
 _TICK_SECONDS = 0.05
+#: longest stretch of check_function skips one request runs before the loop looks at its
+#: sockets and the abort flag again (a resume can skip millions of blocks this way)
+_CHECK_SLICE_SECONDS = 0.05
 _HANDSHAKE_SECONDS = 10.0
 #: connections still in their handshake beyond this many: the oldest is dropped (a flood of
 #: silent connections must not use up the descriptors the run needs for workers and logs)
@@ -208,6 +213,9 @@ class RunLoop(WorkerPool):
         self.dirty = True
         self.shutdown_started: float | None = None
         self._last_progress = 0.0
+        #: tasks with a request parked in the middle of check_function skips
+        self._checking: set[int] = set()
+        scheduler.bound_checks(time.monotonic, _CHECK_SLICE_SECONDS)
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self, abort_flag: Callable[[], str | None]) -> None:
@@ -229,13 +237,15 @@ class RunLoop(WorkerPool):
                 if reason is not None:
                     self.abort_reason = reason
                     break
-                timeout = next_tick - time.monotonic()
+                timeout = 0.0 if self._checking else next_tick - time.monotonic()
                 for key, _mask in select(timeout if timeout > 0 else 0):
                     conn = key.data
                     if conn is None:
                         self._accept()
                     else:
                         self._readable(conn)
+                if self._checking:
+                    self._continue_checks()
                 now = time.monotonic()
                 if now >= next_tick:
                     self._tick(now)
@@ -796,13 +806,31 @@ class RunLoop(WorkerPool):
 
     def _serve_parked(self, plan: TaskPlan) -> None:
         run = plan.run
-        while plan.parked and (run.ready > 0 or run.status != RUNNING or run.pending <= 0):
+        while (
+            plan.parked
+            and run.index not in self._checking
+            and (run.ready > 0 or run.status != RUNNING or run.pending <= 0)
+        ):
             c = plan.parked.popleft()
             self._serve(c, run, False)
+
+    def _continue_checks(self) -> None:
+        """Serve the requests parked by a check slice: the next slice of skips."""
+        todo, self._checking = self._checking, set()
+        for index in todo:
+            plan = self.plan_of[index]
+            if plan.parked:
+                self._serve_parked(plan)
 
     def _serve(self, conn: _Conn, run: TaskRun, draining: bool) -> None:
         if not draining and self.abort_reason is None and self.shutdown_started is None:
             k = self.s.acquire_index(run)
+            if k == CHECKS_PENDING:
+                # back to the loop (Ctrl-C, other workers); it serves this request next
+                self.plan_of[run.index].parked.appendleft(conn)
+                self._checking.add(run.index)
+                self.dirty = True
+                return
             if k >= 0:
                 held = [k]
                 want = conn.batch
@@ -930,17 +958,24 @@ def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], Non
     if threading.current_thread() is not threading.main_thread():
         return (lambda: None), (lambda: None)
 
+    owner = os.getpid()
+
     def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # a child forked during the run (a pool started by a check_function): it ends
+            # as it would have without bellis, instead of setting a flag nobody reads
+            handle_as_before(signum, frame, old_int if signum == signal.SIGINT else old_term)
+            return
         flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
 
-    old_int = signal.signal(signal.SIGINT, handler)
-    old_term = signal.signal(signal.SIGTERM, handler)
+    old_int = install_handler(signal.SIGINT, handler)
+    old_term = install_handler(signal.SIGTERM, handler)
 
     def poll() -> str | None:
         return flag[0] if flag else None
 
     def restore() -> None:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        restore_handler(signal.SIGINT, old_int)
+        restore_handler(signal.SIGTERM, old_term)
 
     return poll, restore

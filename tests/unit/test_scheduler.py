@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -180,6 +181,55 @@ def test_raising_check_function_runs_block_with_one_warning(
     assert "check_function for task 't' raised" in records[0].getMessage()
     assert "disk gone" in records[0].getMessage()
     assert counts(s, "t") == (3, 0, 0, 0)
+
+
+def test_bounded_checks_give_control_back_between_blocks() -> None:
+    """With a clock injected, a long run of check_function skips is cut into slices: the
+    call returns CHECKS_PENDING with the skips made so far released, and the next call
+    goes on where it stopped."""
+    from bellis._scheduler import _CHECKS_PER_CLOCK, CHECKS_PENDING
+
+    now = [0.0]
+    seen: list[int] = []
+
+    def check(block: daisy.Block) -> bool:
+        seen.append(block.block_id[1])
+        now[0] += 1.0  # every check takes a second on the fake clock
+        return block.block_id[1] < 250
+
+    with pytest.warns(UserWarning, match="check_function"):
+        task = task1("t", total=2600, check_function=check)
+    s = CoreScheduler(task)
+    s.bound_checks(lambda: now[0], 40.0)
+    run = s.by_id["t"]
+    stops = [0]
+    while (k := s.acquire_index(run)) == CHECKS_PENDING:
+        check_invariants(s)
+        assert s.task_states["t"].skipped_check_count == len(seen)
+        stops.append(len(seen))
+    # each slice spent its 40 s, give or take one batch of checks between clock reads
+    sizes = [b - a for a, b in itertools.pairwise(stops)]
+    assert len(sizes) >= 3
+    assert all(40 <= n <= 41 + _CHECKS_PER_CLOCK for n in sizes), sizes
+    # and no block was checked twice or skipped over
+    assert k == 250
+    assert seen == list(range(251))
+    st = s.task_states["t"]
+    assert (st.skipped_check_count, st.completed_count, st.processing_count) == (250, 250, 1)
+
+
+def test_unbounded_checks_run_to_the_next_block() -> None:
+    seen: list[int] = []
+
+    def check(block: daisy.Block) -> bool:
+        seen.append(block.block_id[1])
+        return block.block_id[1] < 250
+
+    with pytest.warns(UserWarning, match="check_function"):
+        task = task1("t", total=2600, check_function=check)
+    s = CoreScheduler(task)
+    assert s.acquire_index(s.by_id["t"]) == 250
+    assert seen == list(range(251))
 
 
 def test_skip_mask_releases_downstream() -> None:
