@@ -173,7 +173,10 @@ dump_workers(task, "workers.json")
         assert Path(tmp_path, out).resolve() == (logdir / f"worker_{seen[wid]}.out").resolve()
         assert Path(tmp_path, err).resolve() == (logdir / f"worker_{seen[wid]}.err").resolve()
     # the panel names the files and gives each worker's slot
-    assert f"logs        logs{os.sep}crashy{os.sep}worker_<slot>.out and .err" in done.stdout
+    # (the log basedir is pinned to its absolute path for the run: a block function that
+    # changes directory must not move the logs)
+    logs_line = f"logs        {logdir.resolve()}{os.sep}worker_<slot>.out and .err"
+    assert logs_line in done.stdout, done.stdout
     assert re.search(r"^\s+id\s+slot\s+startup", done.stdout, re.M), done.stdout
 
 
