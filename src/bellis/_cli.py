@@ -1,4 +1,4 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``as-daisy``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,55 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    """The HTML report (``-o``, the default) and/or the Chrome trace (``--trace``)."""
+    from .errors import TrackingError
+
+    if args.trace is not None:
+        from ._trace import write_trace
+
+        try:
+            summary = write_trace(args.paths, args.trace)
+        except (TrackingError, OSError) as exc:
+            print(f"bellis report: {exc}", file=sys.stderr)
+            return 2
+        for store in summary["stores"]:
+            if store["missing_arrays"]:
+                print(
+                    f"bellis report: {store['path']}: no {', '.join(store['missing_arrays'])} "
+                    "(a store without resource tracking, or written by daisy 2.0.0): "
+                    + (
+                        "its blocks have no times in the trace"
+                        if not store["block_events"]
+                        else "those figures are left out"
+                    ),
+                    file=sys.stderr,
+                )
+        print(
+            f"wrote {args.trace}: {summary['runs']} runs, {summary['block_events']} blocks, "
+            f"{summary['failed_attempt_events']} failed attempts "
+            "(open it in https://ui.perfetto.dev or chrome://tracing)"
+        )
+    if args.output is None and args.trace is not None:
+        return 0
+    try:
+        from ._html_report import write_report  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        print(
+            "bellis report: the HTML report is not available in this build; "
+            "--trace trace.json writes the Chrome trace",
+            file=sys.stderr,
+        )
+        return 2
+    out = args.output if args.output is not None else "report.html"
+    try:
+        write_report(args.paths, out)
+    except (TrackingError, OSError) as exc:
+        print(f"bellis report: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_as_daisy(args: argparse.Namespace) -> int:
     """install | uninstall | status of the `import daisy` -> bellis hook (see _as_daisy)."""
     from . import _as_daisy
@@ -132,6 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("path", help="the task's tracking directory")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
     s.set_defaults(fn=_cmd_status)
+
+    r = sub.add_parser(
+        "report",
+        help="the report of a run from its tracking stores (HTML, or a Chrome trace)",
+        description="PATH is a task's tracking store or a basedir that holds several. "
+        "--trace writes the runs in the Chrome Trace Event format (Perfetto, "
+        "chrome://tracing): one process per run, one thread per worker, one event per block.",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store or basedir")
+    r.add_argument("-o", "--output", help="the HTML report to write (default report.html)")
+    r.add_argument("--trace", metavar="TRACE_JSON", help="write a Chrome trace to this file")
+    r.set_defaults(fn=_cmd_report)
 
     a = sub.add_parser(
         "as-daisy",

@@ -30,6 +30,7 @@ RANK = {
     "_timeline": 2,
     "_tracking": 2,
     "_task": 3,
+    "_trace": 3,
     "_scheduler": 4,
     "_protocol": 5,
     "_client": 6,
