@@ -61,11 +61,27 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from .errors import TrackingError
 
     try:
+        if args.watch is not None:
+            from ._watch import watch_status
+
+            return watch_status(args.path, args.watch, out=sys.stdout, max_width=args.width)
         print(format_status(args.path, max_width=args.width))
     except TrackingError as exc:
         print(f"bellis status: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     return 0
+
+
+def _watch_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--watch takes seconds, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--watch takes a positive number of seconds, got {text}")
+    return value
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -180,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="print a task's progress from its tracking store")
     s.add_argument("path", help="the task's tracking directory")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) with a rate and an ETA until the run ends",
+    )
     s.set_defaults(fn=_cmd_status)
 
     r = sub.add_parser(

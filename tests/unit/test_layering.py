@@ -42,6 +42,7 @@ RANK = {
     "_worker": 8,
     "_demo": 9,
     "_cli": 9,
+    "_watch": 9,
     "_as_daisy": 9,
     "cl_monitor": 9,
     "v1_compat": 9,
