@@ -27,6 +27,7 @@ RANK = {
     "_aggregates": 2,
     "_runlog": 2,
     "_panel": 2,
+    "_notebook": 2,
     "_timeline": 2,
     "_tracking": 2,
     "_task": 3,
@@ -57,7 +58,8 @@ RANK = {
 RESTRICTED = {
     "_tracking": {"errors", "_block"},
     "_profiling": {"errors", "_block"},
-    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates"},
+    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates", "_notebook"},
+    "_notebook": {"errors", "_block", "_panel", "_aggregates", "_runlog"},
     "_aggregates": {"errors", "_block"},
     "_runlog": {"errors"},
     "_panel": {"errors", "_block", "_runlog", "_aggregates"},
