@@ -1,4 +1,4 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``as-daisy``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -61,9 +61,74 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from .errors import TrackingError
 
     try:
+        if args.watch is not None:
+            from ._watch import watch_status
+
+            return watch_status(args.path, args.watch, out=sys.stdout, max_width=args.width)
         print(format_status(args.path, max_width=args.width))
     except TrackingError as exc:
         print(f"bellis status: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _watch_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--watch takes seconds, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--watch takes a positive number of seconds, got {text}")
+    return value
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    """The HTML report (``-o``, the default) and/or the Chrome trace (``--trace``)."""
+    from .errors import TrackingError
+
+    if args.trace is not None:
+        from ._trace import write_trace
+
+        try:
+            summary = write_trace(args.paths, args.trace)
+        except (TrackingError, OSError) as exc:
+            print(f"bellis report: {exc}", file=sys.stderr)
+            return 2
+        for store in summary["stores"]:
+            if store["missing_arrays"]:
+                print(
+                    f"bellis report: {store['path']}: no {', '.join(store['missing_arrays'])} "
+                    "(a store without resource tracking, or written by daisy 2.0.0): "
+                    + (
+                        "its blocks have no times in the trace"
+                        if not store["block_events"]
+                        else "those figures are left out"
+                    ),
+                    file=sys.stderr,
+                )
+        print(
+            f"wrote {args.trace}: {summary['runs']} runs, {summary['block_events']} blocks, "
+            f"{summary['failed_attempt_events']} failed attempts "
+            "(open it in https://ui.perfetto.dev or chrome://tracing)"
+        )
+    if args.output is None and args.trace is not None:
+        return 0
+    try:
+        from ._html_report import write_report  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        print(
+            "bellis report: the HTML report is not available in this build; "
+            "--trace trace.json writes the Chrome trace",
+            file=sys.stderr,
+        )
+        return 2
+    out = args.output if args.output is not None else "report.html"
+    try:
+        write_report(args.paths, out)
+    except (TrackingError, OSError) as exc:
+        print(f"bellis report: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -131,7 +196,27 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="print a task's progress from its tracking store")
     s.add_argument("path", help="the task's tracking directory")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) with a rate and an ETA until the run ends",
+    )
     s.set_defaults(fn=_cmd_status)
+
+    r = sub.add_parser(
+        "report",
+        help="the report of a run from its tracking stores (HTML, or a Chrome trace)",
+        description="PATH is a task's tracking store or a basedir that holds several. "
+        "--trace writes the runs in the Chrome Trace Event format (Perfetto, "
+        "chrome://tracing): one process per run, one thread per worker, one event per block.",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store or basedir")
+    r.add_argument("-o", "--output", help="the HTML report to write (default report.html)")
+    r.add_argument("--trace", metavar="TRACE_JSON", help="write a Chrome trace to this file")
+    r.set_defaults(fn=_cmd_report)
 
     a = sub.add_parser(
         "as-daisy",

@@ -13,7 +13,16 @@ from ._runlog import EXIT_KINDS
 if TYPE_CHECKING:
     from ._report import TaskReport, WorkerRecord
 
-__all__ = ["format_bytes", "format_duration", "render_panel"]
+__all__ = [
+    "WORKER_HEADER",
+    "format_bytes",
+    "format_duration",
+    "has_panel",
+    "panel_rows",
+    "panel_title",
+    "render_panel",
+    "worker_rows",
+]
 
 
 # ----------------------------------------------------------------------------- panel
@@ -80,36 +89,42 @@ def _labelled(rows: list[tuple[str, str]], indent: str) -> list[str]:
     return [f"{indent}{label:<{width}}{value}" for label, value in rows]
 
 
-def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -> list[str]:
-    header = (
-        "id",
-        "slot",
-        "startup",
-        "blocks",
-        "idle",
-        "idle / block",
-        "compute",
-        "compute / block",
-        "teardown",
-        "exit",
-    )
-    rows = [header]
-    for r in records[:max_rows]:
-        rows.append(
-            (
-                str(r.worker_id),
-                "-" if r.slot is None else str(r.slot),
-                format_duration(r.startup),
-                str(r.blocks),
-                format_duration(r.idle.total) if r.idle.n else format_duration(0.0),
-                _duration_pm(r.idle) if r.idle.n else "-",
-                format_duration(r.compute.total) if r.compute.n else format_duration(0.0),
-                _duration_pm(r.compute) if r.compute.n else "-",
-                format_duration(r.teardown),
-                r.exit or "-",
-            )
+WORKER_HEADER: Final = (
+    "id",
+    "slot",
+    "startup",
+    "blocks",
+    "idle",
+    "idle / block",
+    "compute",
+    "compute / block",
+    "teardown",
+    "exit",
+)
+
+
+def worker_rows(records: Sequence[WorkerRecord]) -> list[tuple[str, ...]]:
+    """The cells of the worker table (one tuple per record, :data:`WORKER_HEADER` order)."""
+    return [
+        (
+            str(r.worker_id),
+            "-" if r.slot is None else str(r.slot),
+            format_duration(r.startup),
+            str(r.blocks),
+            format_duration(r.idle.total) if r.idle.n else format_duration(0.0),
+            _duration_pm(r.idle) if r.idle.n else "-",
+            format_duration(r.compute.total) if r.compute.n else format_duration(0.0),
+            _duration_pm(r.compute) if r.compute.n else "-",
+            format_duration(r.teardown),
+            r.exit or "-",
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for r in records
+    ]
+
+
+def _worker_table(records: Sequence[WorkerRecord], max_rows: int, indent: str) -> list[str]:
+    rows: list[tuple[str, ...]] = [WORKER_HEADER, *worker_rows(records[:max_rows])]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(WORKER_HEADER))]
     out = [
         indent + "  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
@@ -132,13 +147,10 @@ def _log_line(records: Sequence[WorkerRecord]) -> str | None:
     return f"{where}.out and .err"
 
 
-def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
+def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The labelled rows of a task's panel: (blocks, workers); either may be empty."""
     b = r.blocks
     w = r.workers
-    lines = [
-        f"  {r.task_id}  {b.count} blocks, {w.count} workers, "
-        f"{format_duration(r.wall_seconds)} wall"
-    ]
     rows: list[tuple[str, str]] = []
     if r.mode == "distributed" and b.round_trip is not None:
         rows.append(("round trip", _duration_pm(b.round_trip)))
@@ -156,23 +168,43 @@ def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
         if b.overhead is not None:
             rows.append(("overhead", _duration_pm(b.overhead)))
         rows.append(("trend", f"∠ {(b.trend or 0.0):+.4f} ms/block"))
-    worker_rows: list[tuple[str, str]] = []
+    wrows: list[tuple[str, str]] = []
     if w.count > 0:
         for label, s in (("startup", w.startup), ("idle", w.idle), ("teardown", w.teardown)):
             if s is not None:
-                worker_rows.append((label, _duration_pm(s)))
+                wrows.append((label, _duration_pm(s)))
         exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))
-        worker_rows.append(("exits", exits or "-"))
+        wrows.append(("exits", exits or "-"))
         logs = _log_line(w.records)
         if logs is not None:
-            worker_rows.append(("logs", logs))
-    width = max((len(label) for label, _ in rows + worker_rows), default=0)
+            wrows.append(("logs", logs))
+    return rows, wrows
+
+
+def panel_title(r: TaskReport) -> str:
+    """``extract  40 blocks, 2 workers, 1.2 s wall``: the first line of a task's panel."""
+    return (
+        f"{r.task_id}  {r.blocks.count} blocks, {r.workers.count} workers, "
+        f"{format_duration(r.wall_seconds)} wall"
+    )
+
+
+def has_panel(r: TaskReport) -> bool:
+    """Whether the panel shows this task (see :func:`render_panel`)."""
+    return _has_anything(r)
+
+
+def _task_lines(r: TaskReport, max_worker_rows: int) -> list[str]:
+    w = r.workers
+    lines = [f"  {panel_title(r)}"]
+    rows, wrows = panel_rows(r)
+    width = max((len(label) for label, _ in rows + wrows), default=0)
     if rows:
         lines.append("    blocks")
         lines.extend(_labelled([(label.ljust(width), v) for label, v in rows], "      "))
-    if worker_rows:
+    if wrows:
         lines.append("    workers")
-        lines.extend(_labelled([(label.ljust(width), v) for label, v in worker_rows], "      "))
+        lines.extend(_labelled([(label.ljust(width), v) for label, v in wrows], "      "))
         lines.extend(_worker_table(w.records, max_worker_rows, "      "))
     return lines
 

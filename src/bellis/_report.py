@@ -463,6 +463,33 @@ class TaskReport:
 
         return render_panel([self])
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the panel as a table and a timeline of this run (inline SVG)."""
+        from ._notebook import Spans, task_html
+
+        start, end = self.run_started_at, self.run_finished_at
+        store = self._store() if self.store_path is not None else None
+        if store is None or store.done is None:
+            return task_html(self, None, "no timeline: this task has no tracking store")
+        f = store.flat
+        if not all(n in f for n in STAMP_ARRAYS):
+            return task_html(
+                self, None, "no timeline: the store has no per-block times (resource_tracking off)"
+            )
+        sent, ret = f["sent_at"], f["returned_at"]
+        pick = ret > 0
+        if start is not None and end is not None:
+            # the blocks of this run (skipped ones keep the stamps of the run that ran them)
+            pick &= (sent >= float(start) - 1.0) & (sent <= float(end) + 1.0)
+        cells = np.flatnonzero(pick)
+        spans = Spans(
+            sent=np.asarray(sent[cells], dtype=np.float64),
+            returned=np.asarray(ret[cells], dtype=np.float64),
+            worker=np.asarray(f["worker_id"][cells], dtype=np.int64),
+            failed=np.asarray(store.done[cells] != 1),
+        )
+        return task_html(self, spans, "no timeline: no block of this run has times")
+
     def __repr__(self) -> str:
         return (
             f"TaskReport(task_id={self.task_id!r}, outcome={self.outcome!r}, "
@@ -512,6 +539,15 @@ class RunReport:
         from ._panel import render_panel
 
         return render_panel(list(self.tasks.values()))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: every task's table and timeline, in run order."""
+        from html import escape
+
+        head = (
+            f"<p><b>run report: {len(self.tasks)} tasks</b> ({escape(', '.join(self.tasks))})</p>"
+        )
+        return head + "".join(t._repr_html_() for t in self.tasks.values())
 
     def __repr__(self) -> str:
         return f"RunReport(tasks={list(self.tasks)})"

@@ -505,7 +505,7 @@ class Scheduler:
         if success:
             self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
         else:
-            self._fail(run, k)
+            self._fail(run, k, worker_id, sent_at, returned_at)
         return True
 
     def requeue_index(self, run: TaskRun, k: int) -> None:
@@ -566,13 +566,15 @@ class Scheduler:
                 run.fifo.append(n)
                 run.ready += 1
 
-    def _fail(self, run: TaskRun, k: int) -> None:
+    def _fail(
+        self, run: TaskRun, k: int, worker_id: int, sent_at: float, returned_at: float
+    ) -> None:
         run.failed_attempts += 1
         run.processing -= 1
         if run.store is not None:
             cell = run.cell_of(k)
             if cell >= 0:
-                run.store.record_failure(cell)
+                run.store.record_failure(cell, worker_id, sent_at, returned_at)
         attempts = run.retries.get(k, 0)
         if attempts < run.max_retries:
             run.retries[k] = attempts + 1

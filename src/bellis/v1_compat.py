@@ -31,6 +31,7 @@ from ._task import (
     set_tracking_basedir,
 )
 from ._task import Task as _V2Task
+from ._trace import write_trace
 from ._version import __version__
 from ._workers._launchers import LocalLauncher, WorkerLauncher
 from .errors import (
@@ -85,6 +86,7 @@ __all__ = [
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_trace",
 ]
 
 DependencyGraph = BlockwiseDependencyGraph

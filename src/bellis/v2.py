@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         set_done_marker_basedir,
         set_tracking_basedir,
     )
+    from ._trace import write_trace
     from ._version import __version__
     from ._workers._dask import DaskLauncher
     from ._workers._launchers import LocalLauncher, WorkerLauncher
@@ -87,6 +88,7 @@ __all__ = [
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_trace",
 ]
 
 # Names load on first use, each from the module that defines it (as ``bellis``'s do), so a

@@ -52,6 +52,7 @@ EXPECTED_ALL = {
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_trace",
 }
 
 # SPEC §1.1: the daisy 1.x-compatible names `import daisy` gives

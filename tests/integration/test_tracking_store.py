@@ -450,6 +450,31 @@ def test_record_success_writes_every_stat_array(store_path: Path) -> None:
     assert math.isnan(flat["gpu_util_pct"][8])
 
 
+def test_record_failure_stamps_a_cell_that_is_not_done(store_path: Path) -> None:
+    with TrackingStore.open(store_path, LAYOUT, resource_tracking=True) as store:
+        store.record_failure(3, 1, 10.0, 11.5)
+        store.record_failure(3, 2, 20.0, 21.0)  # the last failed attempt's stamps stay
+        store.record_success(5, STATS, 0, 30.0, 31.0)
+        store.record_failure(5, 7, 40.0, 41.0)  # a done cell keeps its success's stamps
+        store.record_failure(6)  # no round trip known: no stamps
+    flat = {
+        name: chunk_values(store_path, name, dtype, (3, 4)).reshape(-1)
+        for name, dtype in [
+            ("worker_id", "uint32"),
+            ("sent_at", "float64"),
+            ("returned_at", "float64"),
+            ("wall_seconds", "float32"),
+        ]
+    }
+    assert (flat["worker_id"][3], flat["sent_at"][3], flat["returned_at"][3]) == (2, 20.0, 21.0)
+    assert flat["wall_seconds"][3] == 0.0
+    assert (flat["worker_id"][5], flat["sent_at"][5], flat["returned_at"][5]) == (0, 30.0, 31.0)
+    assert flat["returned_at"][6] == 0.0
+    with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
+        store.record_failure(7, 1, 50.0, 51.0)  # a store opened without resource tracking
+    assert chunk_values(store_path, "returned_at", "float64", (3, 4)).reshape(-1)[7] == 0.0
+
+
 def test_unaddressable_cells_are_ignored(store_path: Path) -> None:
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=True) as store:
         store.record_success(-1, STATS, 0, 0.0, 0.0)

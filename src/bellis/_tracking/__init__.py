@@ -4,17 +4,23 @@ This package sees plain integers and numpy only; the scheduler and runner transl
 blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it.
 """
 
+from ._disk import is_run_in_progress, read_lock_holder
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, layout_hash
-from ._status import failed_cells, format_status
+from ._status import StatusSnapshot, failed_cells, format_status, read_status, render_status
 from ._store import TrackingStore, delete_store
 
 __all__ = [
     "NO_WORKER",
     "STAT_ARRAYS",
+    "StatusSnapshot",
     "StoreLayout",
     "TrackingStore",
     "delete_store",
     "failed_cells",
     "format_status",
+    "is_run_in_progress",
     "layout_hash",
+    "read_lock_holder",
+    "read_status",
+    "render_status",
 ]

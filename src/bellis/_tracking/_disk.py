@@ -15,7 +15,8 @@ A run holds an exclusive ``fcntl`` lock on ``<store>/bellis.lock`` from open to 
 (:class:`StoreLock`). The kernel drops it when the process exits, however it exits, so
 it never goes stale; a second run fails at once and names the holder, which writes its
 pid, host and start time into the file after locking. Readers (``bellis status``, zarr)
-never touch the lock.
+never take the lock; ``bellis status --watch`` only *tests* it (:func:`is_run_in_progress`,
+``F_OFD_GETLK`` / ``F_GETLK``), which neither takes nor disturbs it.
 
 The lock is an open-file-description lock (``F_OFD_SETLK``, Linux) where the system has
 them, else a classic POSIX record lock (``lockf``). Both are ``fcntl`` byte-range locks,
@@ -55,6 +56,8 @@ __all__ = [
     "disk_full_error",
     "free_bytes",
     "is_no_space",
+    "is_run_in_progress",
+    "read_lock_holder",
     "reserve",
     "reserve_by_writing",
     "unreserved_bytes",
@@ -266,6 +269,53 @@ def _lock_exclusive(fd: int) -> None:
             if exc.errno not in _NO_LOCKS:
                 raise
     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def is_run_in_progress(root: Path) -> bool | None:
+    """Whether a run holds the lock of the store at ``root``, tested without locking.
+
+    None when it cannot be told: no lock file (no bellis run ever wrote the store, e.g.
+    one written by daisy), or a system or filesystem without ``fcntl`` locks.
+    """
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(root / LOCK_NAME, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD requests). A
+        # read-lock probe conflicts with the run's exclusive lock; the answer's l_type is
+        # F_UNLCK when nothing conflicts.
+        probe = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0).ljust(64, b"\0")
+        for command in (getattr(fcntl, "F_OFD_GETLK", None), fcntl.F_GETLK):
+            if command is None:
+                continue
+            try:
+                answer = fcntl.fcntl(fd, command, probe)
+            except OSError as exc:
+                if exc.errno in _NO_LOCKS:
+                    continue
+                raise
+            (l_type,) = struct.unpack_from("h", answer)
+            return bool(l_type != fcntl.F_UNLCK)
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_lock_holder(root: Path) -> dict[str, Any] | None:
+    """What the last run to lock the store wrote into ``bellis.lock`` (pid, host,
+    started), or None when the file is missing or holds no such record."""
+    try:
+        raw = (root / LOCK_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
 
 
 class StoreLock:

@@ -8,6 +8,7 @@ The arrays are copied once at the start, so every figure comes from one snapshot
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from ._layout import (
 )
 from ._store import TrackingStore
 
-__all__ = ["failed_cells", "format_status"]
+__all__ = ["StatusSnapshot", "failed_cells", "format_status", "read_status", "render_status"]
 
 _INDENT = "    "
 
@@ -70,6 +71,60 @@ def _count_runs(path: os.PathLike[str] | str) -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """One read of a tracking store: what ``bellis status`` shows (copied arrays)."""
+
+    display: str
+    grid: tuple[int, ...]
+    task_hash: str | None
+    record: dict[str, Any] | None
+    done: NDArray[np.bool_]
+    failures: NDArray[np.uint64]
+    present: list[str]
+    runs: int
+    returned_at: NDArray[np.float64] | None
+    """``returned_at`` stamps, flat (0 where none); None in a store without them."""
+
+    @property
+    def cells(self) -> int:
+        return int(self.done.size)
+
+    @property
+    def done_count(self) -> int:
+        return int(self.done.sum())
+
+    @property
+    def failed_count(self) -> int:
+        return int(((self.failures > 0) & ~self.done).sum())
+
+
+def read_status(path: str | os.PathLike[str]) -> StatusSnapshot:
+    """Read the store at ``path`` once, read-only (see :func:`format_status`)."""
+    display = os.fspath(path)
+    with TrackingStore.open_readonly(path) as store:
+        done = np.array(store.done) != 0
+        failures = np.array(store.failures, dtype=np.uint64)
+        stats = store.stats
+        present = [name for name in STAT_ARRAYS if name in stats]
+        returned = (
+            np.array(stats["returned_at"], dtype=np.float64).reshape(-1)
+            if "returned_at" in stats
+            else None
+        )
+        grid = store.grid_shape
+        task_hash = store.task_hash
+        record: dict[str, Any] | None = store.record
+        runs_file = store.runs_jsonl
+    try:
+        runs = _count_runs(runs_file)
+    except OSError as exc:
+        raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
+    return StatusSnapshot(
+        display, tuple(grid), task_hash, record, done, failures, present, runs, returned
+    )
+
+
 def format_status(
     path: str | os.PathLike[str], *, max_width: int = 80, max_height: int = 40
 ) -> str:
@@ -82,20 +137,13 @@ def format_status(
     Raises :class:`~bellis.errors.TrackingError` when there is no store or it cannot
     be read.
     """
-    display = os.fspath(path)
-    with TrackingStore.open_readonly(path) as store:
-        done = np.array(store.done) != 0
-        failures = np.array(store.failures, dtype=np.uint64)
-        present = [name for name in STAT_ARRAYS if name in store.stats]
-        grid = store.grid_shape
-        task_hash = store.task_hash
-        record: dict[str, Any] | None = store.record
-        runs_file = store.runs_jsonl
-    try:
-        runs = _count_runs(runs_file)
-    except OSError as exc:
-        raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
+    return render_status(read_status(path), max_width=max_width, max_height=max_height)
 
+
+def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int = 40) -> str:
+    """The text of :func:`format_status` for one snapshot."""
+    display, done, failures, present = snap.display, snap.done, snap.failures, snap.present
+    grid, task_hash, record, runs = snap.grid, snap.task_hash, snap.record, snap.runs
     failed = (failures > 0) & ~done
     cells = int(done.size)
     n_done = int(done.sum())

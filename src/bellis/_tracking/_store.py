@@ -892,8 +892,16 @@ class TrackingStore:
         columns["sent_at"][cells] = sent_at
         columns["returned_at"][cells] = returned_at
 
-    def record_failure(self, cell: int) -> None:
-        """Count one failed attempt of ``cell``, saturating at ``2**32 - 1``."""
+    def record_failure(
+        self, cell: int, worker_id: int = -1, sent_at: float = 0.0, returned_at: float = 0.0
+    ) -> None:
+        """Count one failed attempt of ``cell``, saturating at ``2**32 - 1``.
+
+        With resource tracking and a known round trip (``returned_at > 0``), a cell that
+        is not done also takes the attempt's ``worker_id``, ``sent_at`` and
+        ``returned_at``: the stamps of a cell that is not done are those of its last
+        failed attempt (a later success overwrites them). Its figures are left alone.
+        """
         if not self._writable:
             raise self._refuse_write()
         if not 0 <= cell < self._cell_count:
@@ -902,6 +910,12 @@ class TrackingStore:
         count = int(failures[cell])
         if count < _U32_MAX:
             failures[cell] = count + 1
+        if returned_at > 0.0 and self._tracks_resources and self._done_flat[cell] == 0:
+            if self._missing_stats:
+                self.open_stats()
+            self._worker_id[cell] = worker_id if worker_id >= 0 else NO_WORKER
+            self._sent_at[cell] = sent_at
+            self._returned_at[cell] = returned_at
 
     # -- lifetime --------------------------------------------------------------------------
 

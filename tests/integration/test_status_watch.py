@@ -1,0 +1,200 @@
+"""``bellis status PATH --watch``: in a real terminal (tmux), piped, and on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURE = Path(__file__).parent.parent / "compat" / "daisy_store_fixture"
+
+# 48 blocks of 0.4 s on 2 workers: about 10 s of blocks
+SLOW_RUN = textwrap.dedent(
+    """
+    import sys, time
+    import bellis
+    from bellis import Roi
+
+    def f(block):
+        time.sleep(0.4)
+
+    task = bellis.Task("slow", total_roi=Roi((0, 0), (60, 80)), read_roi=Roi((0, 0), (10, 10)),
+                       write_roi=Roi((0, 0), (10, 10)), process_function=f,
+                       read_write_conflict=False, max_workers=2,
+                       resource_tracking=sys.argv[2] == "1", tracking_path=sys.argv[1])
+    print("ok" if bellis.run_blockwise([task], progress=False, summary=False) else "failed")
+    """
+)
+
+
+def _wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _done_count(store: Path) -> int:
+    chunk = store / "done" / "c" / "0" / "0"
+    if not chunk.exists():
+        return 0
+    return int(np.fromfile(chunk, dtype=np.uint8).sum())
+
+
+@pytest.fixture
+def slow_run(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """A distributed run in progress (at least one block done); yields its store."""
+    tracking = getattr(request, "param", True)
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_RUN)
+    store = tmp_path / "track" / "slow"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(store), "1" if tracking else "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: _done_count(store) >= 1, 120, "the first block")
+        yield store, proc
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.strip() == "ok", err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _watch_cmd(store: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "bellis", "status", str(store), "--watch", *extra]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_watch_redraws_in_a_terminal_and_exits_when_the_run_ends(
+    tmp_path: Path, slow_run: tuple[Path, subprocess.Popen[str]]
+) -> None:
+    store, run = slow_run
+    socket = f"bellis-test-{uuid.uuid4().hex[:8]}"
+    rc_file = tmp_path / "watch.rc"
+    inner = " ".join(_watch_cmd(store, "0.5"))
+    command = (
+        f"env PYTHONPATH={os.environ.get('PYTHONPATH', '')} {inner}; echo $? > {rc_file}; sleep 60"
+    )
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "w", "-x", "120", "-y", "50", command],
+        check=True,
+        timeout=30,
+    )
+    try:
+
+        def capture() -> str:
+            return subprocess.run(
+                [*tmux, "capture-pane", "-p", "-t", "w"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            ).stdout
+
+        def done_in_pane(text: str) -> int | None:
+            m = re.search(r"^\s+done\s+(\d+)\s*$", text, re.MULTILINE)
+            return None if m is None else int(m.group(1))
+
+        first: list[str] = []
+        _wait_for(
+            lambda: done_in_pane(t := capture()) is not None and first.append(t) is None,
+            60,
+            "the first frame",
+        )
+        n1 = done_in_pane(first[0])
+        assert n1 is not None and n1 < 48, first[0]
+        assert "run in progress" in first[0] and "blocks/s" in first[0], first[0]
+        assert "\x1b" not in first[0]  # the pane holds the drawn screen, not the codes
+        second: list[str] = []
+        _wait_for(
+            lambda: (done_in_pane(t := capture()) or 0) > n1 and second.append(t) is None,
+            120,
+            "the done count to move",
+        )
+        # redrawn in place: one frame on the screen, not one per redraw
+        assert second[0].count("block tracking at") == 1, second[0]
+        assert run.poll() is None or (done_in_pane(second[0]) or 0) == 48
+        # it exits by itself, 0, once the run ends
+        _wait_for(rc_file.exists, 300, "the watch to exit")
+        assert run.wait(timeout=300) == 0
+        _wait_for(lambda: rc_file.read_text().strip() != "", 10, "the exit code")
+        assert rc_file.read_text().strip() == "0"
+        final = capture()
+        assert done_in_pane(final) == 48 and "run ended" in final, final
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("slow_run", [True, False], indirect=True, ids=["stamps", "no-stamps"])
+def test_watch_prints_plain_lines_when_piped(slow_run: tuple[Path, subprocess.Popen[str]]) -> None:
+    store, _run = slow_run
+    proc = subprocess.run(_watch_cmd(store, "0.3"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if " cells done " in line]
+    counts = [int(re.search(r": (\d+) of 48 cells done", line).group(1)) for line in lines]  # type: ignore[union-attr]
+    assert len(set(counts)) >= 2 and counts == sorted(counts), proc.stdout
+    assert counts[-1] == 48
+    assert any("blocks/s" in line and "ETA" in line for line in lines[:-1]), proc.stdout
+    assert proc.stdout.rstrip().endswith("run ended")
+    assert "    ########" in proc.stdout  # the full status (and its map) at the end
+
+
+def test_watch_of_a_store_no_run_holds(tmp_path: Path) -> None:
+    store = tmp_path / "track" / "slow"
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_RUN.replace("time.sleep(0.4)", "pass"))
+    subprocess.run([sys.executable, str(script), str(store), "1"], check=True, timeout=300)
+    proc = subprocess.run(_watch_cmd(store), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "48 of 48 cells done" in proc.stdout and "no run in progress" in proc.stdout
+    assert proc.stdout.rstrip().endswith("no run holds the store")
+
+
+def test_watch_stops_quietly_on_ctrl_c(tmp_path: Path) -> None:
+    # a daisy-written store has no bellis.lock: the watch cannot tell the run's end and
+    # goes on until it is interrupted
+    store = tmp_path / "daisy"
+    shutil.copytree(FIXTURE, store)
+    proc = subprocess.Popen(
+        _watch_cmd(store, "0.2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert " cells done " in first, first
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert err == "", err
+
+
+def test_watch_refuses_a_bad_interval(tmp_path: Path) -> None:
+    proc = subprocess.run(_watch_cmd(tmp_path, "0"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--watch takes a positive number of seconds, got 0" in proc.stderr
