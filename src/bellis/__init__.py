@@ -57,6 +57,7 @@ __all__ = [
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_report",
 ]
 
 
@@ -107,6 +108,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "set_tracking_basedir": ("bellis._task", "set_tracking_basedir"),
     "skip_mask_from_rois": ("bellis._skipmask", "skip_mask_from_rois"),
     "skip_mask_from_volume": ("bellis._skipmask", "skip_mask_from_volume"),
+    "write_report": ("bellis._html_report", "write_report"),
 }
 # the homes that neither import numpy nor compute with it: the names a worker uses
 _LIGHT_HOMES = frozenset(

@@ -1,4 +1,4 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``as-daisy``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,44 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    """Write the HTML report of the stores at or under PATH... (``-o``, default
+    report.html unless another output such as ``--trace`` is asked for)."""
+    from ._html_report import write_report
+    from .errors import TrackingError
+
+    out = args.output
+    if out is None and getattr(args, "trace", None) is None:
+        out = "report.html"
+    if out is None:
+        return 0
+    try:
+        written = write_report(args.paths, out)
+    except TrackingError as exc:
+        print(f"bellis report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {written}")
+    return 0
+
+
+def _add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    r: argparse.ArgumentParser = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run from its tracking store(s)",
+        description="PATH is a task's tracking store, or a folder that holds several (a "
+        "pipeline's tracking basedir). The page works offline (plotly.js is embedded).",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store(s) or basedir(s)")
+    r.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the HTML file to write (default report.html)",
+    )
+    r.set_defaults(fn=_cmd_report)
+    return r
+
+
 def _cmd_as_daisy(args: argparse.Namespace) -> int:
     """install | uninstall | status of the `import daisy` -> bellis hook (see _as_daisy)."""
     from . import _as_daisy
@@ -132,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("path", help="the task's tracking directory")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
     s.set_defaults(fn=_cmd_status)
+
+    _add_report_parser(sub)
 
     a = sub.add_parser(
         "as-daisy",

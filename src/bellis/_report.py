@@ -463,6 +463,12 @@ class TaskReport:
 
         return render_panel([self])
 
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the HTML report of this task's store (``bellis report``) to ``path``."""
+        from ._html_report import report_html_for
+
+        return report_html_for(self, path)
+
     def __repr__(self) -> str:
         return (
             f"TaskReport(task_id={self.task_id!r}, outcome={self.outcome!r}, "
@@ -512,6 +518,12 @@ class RunReport:
         from ._panel import render_panel
 
         return render_panel(list(self.tasks.values()))
+
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the HTML report of every task's store (``bellis report``) to ``path``."""
+        from ._html_report import report_html_for
+
+        return report_html_for(self, path)
 
     def __repr__(self) -> str:
         return f"RunReport(tasks={list(self.tasks)})"

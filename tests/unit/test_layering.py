@@ -29,6 +29,11 @@ RANK = {
     "_panel": 2,
     "_timeline": 2,
     "_tracking": 2,
+    "_report_data": 3,
+    "_report_figures": 3,
+    "_report_advice": 3,
+    "_report_page": 3,
+    "_html_report": 3,
     "_task": 3,
     "_scheduler": 4,
     "_protocol": 5,
@@ -55,7 +60,8 @@ RANK = {
 RESTRICTED = {
     "_tracking": {"errors", "_block"},
     "_profiling": {"errors", "_block"},
-    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates"},
+    # _html_report: TaskReport.to_html / RunReport.to_html, imported when called
+    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates", "_html_report"},
     "_aggregates": {"errors", "_block"},
     "_runlog": {"errors"},
     "_panel": {"errors", "_block", "_runlog", "_aggregates"},
@@ -68,6 +74,7 @@ ALLOWED_LAZY_UPWARD = {
     ("_task", "_runner"),  # Task.run_blockwise / Task.report
     ("_task", "_tracking"),  # Task.reset / Task.failed_blocks
     ("_workers", "_client"),  # the worker exit codes
+    ("_report", "_html_report"),  # TaskReport.to_html / RunReport.to_html
 }
 
 
