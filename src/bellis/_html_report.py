@@ -36,6 +36,10 @@ from ._report_page import PAGE_JS
 __all__ = ["render_html", "report_html_for", "write_report"]
 
 TOP: int = 20
+_NO_STAMPS = (
+    "No block has time stamps: the store was written without resource tracking or "
+    "without the sent_at / returned_at arrays (see the notes above)."
+)
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:0 16px;color:#222}
 h1{font-size:22px}
@@ -198,7 +202,7 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "One row per worker, one bar per block from sent to returned, coloured by task; "
             "red bars needed failed attempts first. Gaps are idle time. Pick a run above the "
             "chart to zoom to it.",
-            _plot("timeline", "timeline") if fig else _empty("No block has time stamps."),
+            _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
         )
     )
 
@@ -262,7 +266,8 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         fig = fn(stores)
         if fig is not None:
             figures[sid] = fig
-        body = _plot(sid, sid) if fig else _empty("No data for this section in the store.")
+        why = _NO_STAMPS if sid == "throughput" else "No run line in runs.jsonl (see the notes)."
+        body = _plot(sid, sid) if fig else _empty(why)
         if sid == "history":
             body += _history_rows(stores)
         parts.append(_section(sid, title_, intro, body))

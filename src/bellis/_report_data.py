@@ -31,6 +31,13 @@ from .errors import TrackingError
 __all__ = ["StoreData", "find_stores", "load_stores"]
 
 _LOCK_NAME = "bellis.lock"
+_STAMPS = "the worker timeline, the throughput and the workers of each block"
+_LOST = {
+    "cpu_children_seconds": "the CPU time of the processes blocks start",
+    "worker_id": _STAMPS,
+    "sent_at": _STAMPS,
+    "returned_at": _STAMPS,
+}
 _MAX_DEPTH = 4
 
 
@@ -219,9 +226,11 @@ def load_store(path: Path) -> StoreData:
             "(run with resource_tracking=True for times, memory and the timeline)"
         )
     elif data.missing:
+        lost = [_LOST.get(n, n) for n in data.missing]
         data.notes.append(
-            f"the store has no {', '.join(data.missing)} array (a store written by daisy "
-            "2.0.0 lacks cpu_children_seconds): those figures are not shown"
+            f"the store has no {', '.join(data.missing)} array(s), so the report cannot show "
+            f"{'; '.join(dict.fromkeys(lost))} (daisy 2.0.0 writes no cpu_children_seconds, "
+            "and no worker stamps either)"
         )
     if not runs:
         data.notes.append("runs.jsonl holds no run line: no worker or run history")

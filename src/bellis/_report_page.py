@@ -180,7 +180,7 @@ PAGE_JS = r"""
         show(state.metric, state.axis, Number(slider.value));
       });
     }
-    api.volumes[v.div] = {show: show, state: state};
+    api.volumes[v.div] = {show: show, state: state, task: v.task};
     return show(state.metric, state.axis, state.index);
   }
   D.volumes.forEach(function (v) { volume(v).then(mark); });
