@@ -193,7 +193,7 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 "z": typed(np.clip(z / width, 0.0, 1.0).reshape(-1)),
                 "zmin": 0,
                 "zmax": 1,
-                "colorscale": "Blues",
+                "colorscale": [[0.0, "#ffffff"], [1.0, "#08306b"]],
                 "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"},
                 "hovertemplate": "%{y}<br>+%{x:.1f} s<br>busy %{z:.0%}<extra></extra>",
                 "name": "busy fraction",

@@ -89,6 +89,7 @@ def _run(args: list[str], profile: Path, timeout: float) -> subprocess.Completed
 
 def load(page: Path, probe_js: str = "return null;", *, wait_ms: int = 60_000) -> dict[str, Any]:
     """Load ``page`` headless, run the probe; returns {result, errors, rendered, dom}."""
+    page = page.resolve()
     work = Path(tempfile.mkdtemp(prefix="bellis-browser-", dir=page.parent))
     try:
         copy = work / "page.html"
@@ -116,6 +117,7 @@ def load(page: Path, probe_js: str = "return null;", *, wait_ms: int = 60_000) -
 
 def screenshot(page: Path, png: Path, *, size: str = "1200,2400", wait_ms: int = 30_000) -> None:
     """A PNG of the page's top ``size`` pixels, after ``wait_ms`` of virtual time."""
+    page, png = page.resolve(), png.resolve()
     profile = Path(tempfile.mkdtemp(prefix="bellis-shot-", dir=png.parent))
     try:
         proc = _run(
