@@ -39,6 +39,16 @@ FLAGS = [
 ]
 
 
+_SHOW_WALL = """<script>
+var iv = setInterval(function () {
+  if (document.body.getAttribute("data-rendered") !== "yes") { return; }
+  clearInterval(iv);
+  var v = window.bellisReport.volumes;
+  Object.keys(v).forEach(function (k) { v[k].show("wall_seconds", 0, 1); });
+}, 50);
+</script>"""
+
+
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
@@ -65,8 +75,11 @@ def main() -> int:
             f"section#{section}{{display:block!important}}"
             f"section#{section} h2{{margin-top:4px}}</style>"
         )
+        text = page.replace("</head>", css + "</head>", 1)
+        if section == "volume":  # show a measured figure rather than the all-done state
+            text = text.replace("</body>", _SHOW_WALL + "</body>")
         one = work / f"only-{section}.html"
-        one.write_text(page.replace("</head>", css + "</head>", 1), encoding="utf-8")
+        one.write_text(text, encoding="utf-8")
         png = out / f"report-{section}.png"
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run(

@@ -84,14 +84,15 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
 
 
 def run_windows(stores: list[StoreData]) -> list[tuple[str, float, float]]:
-    """(label, start, end) of every run line of every store, oldest first."""
-    out = []
+    """(label, start, end) of every run, oldest first; the tasks of one pipeline run (the
+    same start and end) share one window."""
+    found: dict[tuple[float, float], list[str]] = {}
     for s in stores:
         for i, r in enumerate(s.runs):
             a, b = r.get("run_started_at"), r.get("run_finished_at")
             if isinstance(a, int | float) and isinstance(b, int | float):
-                out.append((f"{s.task_id} run {i + 1}", float(a), float(b)))
-    return sorted(out, key=lambda t: t[1])
+                found.setdefault((float(a), float(b)), []).append(f"{s.task_id} run {i + 1}")
+    return [(", ".join(found[w]), w[0], w[1]) for w in sorted(found)]
 
 
 def time_origin(stores: list[StoreData]) -> float | None:
@@ -276,6 +277,7 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 "ticktext": labels,
                 "autorange": "reversed",
                 "automargin": True,
+                "zeroline": False,
             },
             shapes=shapes,
             margin={"l": 70, "r": 20, "t": 80, "b": 50},
@@ -422,7 +424,7 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                     "yref": "paper",
                     "text": f"{label} {what}",
                     "showarrow": False,
-                    "textangle": -30,
+                    "xanchor": "left" if what == "start" else "right",
                     "font": {"size": 9},
                 }
             )
@@ -563,6 +565,7 @@ def run_history_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         "layout": _layout(
             "Run history (one entry per line of runs.jsonl)",
             height=340,
+            margin={"l": 70, "r": 70, "t": 50, "b": 50},
             barmode="group",
             xaxis={"title": {"text": "run"}, "dtick": 1},
             yaxis={"title": {"text": "blocks run"}},

@@ -164,10 +164,11 @@ PAGE_JS = r"""
       var layout = {title: {text: title, font: {size: 14}}, height: 460,
                     margin: {l: 60, r: 20, t: 40, b: 50},
                     xaxis: {title: {text: v.ndim === 1 ? "grid axis 0" : "grid axis " + ca},
-                            constrain: "domain", dtick: cols <= 20 ? 1 : null},
+                            constrain: "domain", dtick: cols <= 20 ? 1 : null,
+                            zeroline: false, showgrid: false},
                     yaxis: {title: {text: v.ndim === 1 ? "" : "grid axis " + ra},
                             autorange: "reversed", scaleanchor: "x", constrain: "domain",
-                            dtick: rows <= 20 ? 1 : null}};
+                            dtick: rows <= 20 ? 1 : null, zeroline: false, showgrid: false}};
       return Plotly.react("plot-" + v.div, [trace], layout, config);
     }
     sel.addEventListener("change", function () { show(sel.value, state.axis, state.index); });
