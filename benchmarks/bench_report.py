@@ -1,8 +1,8 @@
 """Benchmark: the HTML report of a fully tracked 10^6-block store (issue 16).
 
-    PYTHONPATH=src python benchmarks/bench_report.py [--side 100] [--workers 64] [--dir DIR]
+    PYTHONPATH=src python benchmarks/bench_report.py [--side 100] [--dims 3] [--workers 64]
 
-Builds a ``side^3``-cell store directly through ``bellis._tracking.TrackingStore`` (every
+Builds a ``side^dims``-cell store directly through ``bellis._tracking.TrackingStore`` (every
 resource array, 64 workers' time stamps over a simulated hour, a slow region, a few
 failed cells) and one run line in ``runs.jsonl``, then times ``bellis report`` (the CLI,
 in a subprocess), reports the HTML size, and times loading the page in headless Chromium
@@ -42,13 +42,20 @@ def _stat(v: np.ndarray) -> dict[str, float | int]:
     }
 
 
-def build_store(root: Path, side: int, workers: int) -> int:
-    n = side**3
+def build_store(root: Path, side: int, workers: int, dims: int = 3) -> int:
+    n = side**dims
     layout = StoreLayout(
-        (0,) * 3, (side * 64,) * 3, (0,) * 3, (64,) * 3, (0,) * 3, (64,) * 3, "valid"
+        (0,) * dims,
+        (side * 64,) * dims,
+        (0,) * dims,
+        (64,) * dims,
+        (0,) * dims,
+        (64,) * dims,
+        "valid",
     )
     rng = np.random.default_rng(0)
-    zz, yy, _xx = np.unravel_index(np.arange(n), (side,) * 3)
+    coords = np.unravel_index(np.arange(n), (side,) * dims)
+    zz, yy = coords[0], coords[1]
     slow = (zz < side // 5) & (yy > side // 2)  # a slow region of the volume
     wall = rng.lognormal(np.log(0.1), 0.3, n) * np.where(slow, 4.0, 1.0)
     table = np.zeros(n, dtype=STATS_DTYPE)
@@ -145,14 +152,15 @@ def build_store(root: Path, side: int, workers: int) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--side", type=int, default=100)
+    p.add_argument("--side", type=int, default=100, help="cells per axis (default 100)")
+    p.add_argument("--dims", type=int, default=3, choices=(2, 3), help="grid axes (default 3)")
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--dir")
     args = p.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="bellis-bench-report-"))
     try:
         t0 = time.perf_counter()
-        n = build_store(base / "store", args.side, args.workers)
+        n = build_store(base / "store", args.side, args.workers, args.dims)
         print(f"blocks             {n:,}   (store built in {time.perf_counter() - t0:.1f} s)")
         out = base / "report.html"
         t0 = time.perf_counter()

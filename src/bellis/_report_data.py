@@ -102,9 +102,9 @@ def lock_holder(store: Path) -> str | None:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         return None
-    getlk = getattr(fcntl, "F_OFD_GETLK", None)
-    if getlk is None:  # pragma: no cover - old kernels
-        return None
+    # an OFD query sees every lock of another open file description (this process's
+    # too); plain F_GETLK (no OFD locks here) sees other processes' locks
+    getlk = getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK)
     try:
         fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

@@ -12,6 +12,7 @@ beyond; histograms and throughput are binned here; the volume is downsampled pas
 from __future__ import annotations
 
 import base64
+import html
 import math
 from typing import Any, Final
 
@@ -23,6 +24,7 @@ from ._panel import format_bytes, format_duration
 from ._report_data import StoreData
 
 __all__ = [
+    "PLANE_CELLS",
     "TIMELINE_BLOCKS",
     "VOLUME_CELLS",
     "VOLUME_METRICS",
@@ -31,12 +33,14 @@ __all__ = [
     "throughput_figure",
     "timeline_figure",
     "typed",
+    "volume_factor",
     "volume_payload",
     "workers_figure",
 ]
 
 TIMELINE_BLOCKS: Final = 20_000
 VOLUME_CELLS: Final = 1 << 18
+PLANE_CELLS: Final = 1 << 16
 TIME_BINS: Final = 600
 PALETTE: Final = (
     "#1f77b4",
@@ -107,7 +111,7 @@ def time_origin(stores: list[StoreData]) -> float | None:
 
 def _block_text(s: StoreData, k: int, t0: float) -> str:
     f = {n: a.reshape(-1) for n, a in s.stats.items()}
-    parts = [f"<b>{s.task_id}</b> block {s.coord(k)}", f"ROI {s.roi(k)}"]
+    parts = [f"<b>{html.escape(s.task_id)}</b> block {s.coord(k)}", f"ROI {s.roi(k)}"]
     w = int(f["worker_id"][k]) if "worker_id" in f else NO_WORKER
     parts.append("worker " + ("none (serial / unmanaged)" if w == NO_WORKER else str(w)))
     if "sent_at" in f:
@@ -593,21 +597,30 @@ def _downsample(a: NDArray[Any], k: int, fill: float) -> NDArray[Any]:
     return out
 
 
+def volume_factor(grid: tuple[int, ...]) -> int:
+    """The per-axis downsampling factor of a grid: at most VOLUME_CELLS cells in all and
+    PLANE_CELLS in the largest plane a slice can show (each drawn cell has hover text)."""
+    cells = int(np.prod(grid))
+    a, b = sorted((1, *grid))[-2:]
+    k_all = math.ceil(float((cells / VOLUME_CELLS) ** (1 / len(grid))))
+    k_plane = math.ceil(math.sqrt(a * b / PLANE_CELLS))
+    return max(1, k_all, k_plane)
+
+
 def volume_payload(s: StoreData) -> dict[str, Any] | None:
     """The volume heatmaps' data for one store: metric arrays over the (downsampled) grid."""
     ndim = len(s.grid)
     if s.path is None or ndim == 0 or ndim > 3 or s.done.size == 0:
         return None
     grid = s.grid if ndim > 1 else (1, *s.grid)
-    cells = int(np.prod(grid))
-    k = max(1, math.ceil((cells / VOLUME_CELLS) ** (1 / len(grid))))
+    k = volume_factor(grid)
     done = s.done.reshape(grid)
     failures = s.failures.reshape(grid).astype(np.float32)
     state = np.where(done, np.where(failures > 0, 2.0, 1.0), np.where(failures > 0, 3.0, 0.0))
     metrics: dict[str, Any] = {}
     metrics["state"] = typed(_downsample(state.astype(np.float32), k, 0.0).reshape(-1))
     metrics["failures"] = typed(_downsample(failures, k, 0.0).reshape(-1))
-    measured = np.zeros(cells, dtype=bool)
+    measured = np.zeros(int(np.prod(grid)), dtype=bool)
     measured[s.measured()] = True
     measured = measured.reshape(grid)
     for name, _, _ in VOLUME_METRICS[2:]:

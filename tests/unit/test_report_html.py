@@ -8,7 +8,13 @@ import numpy as np
 
 from bellis._report_advice import advice, memory_request
 from bellis._report_data import StoreData
-from bellis._report_figures import _busy_bins, _downsample, run_windows, volume_payload
+from bellis._report_figures import (
+    _busy_bins,
+    _downsample,
+    run_windows,
+    volume_factor,
+    volume_payload,
+)
 
 
 def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
@@ -75,3 +81,11 @@ def test_pipeline_tasks_share_a_run_window() -> None:
     a.runs = [{"run_started_at": 1.0, "run_finished_at": 2.0}]
     b.runs = [{"run_started_at": 1.0, "run_finished_at": 2.0}]
     assert run_windows([a, b]) == [("t run 1, u run 1", 1.0, 2.0)]
+
+
+def test_volume_factor_bounds_cells_and_planes() -> None:
+    assert volume_factor((4, 4, 4)) == 1
+    assert volume_factor((64, 64, 64)) == 1  # 2^18 cells, 64 x 64 planes
+    assert volume_factor((100, 100, 100)) == 2
+    assert volume_factor((1000, 1000)) == 4  # 250 x 250 planes
+    assert volume_factor((1, 2000, 2000)) == 8
