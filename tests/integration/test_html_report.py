@@ -310,3 +310,19 @@ def test_task_report_to_html_and_write_report(tmp_path: Path) -> None:
         assert [(v["task"], v["shape"]) for v in vol] == [("plane", [4, 4])]
         done = _f32(vol[0]["metrics"]["state"])
         assert done == [1.0] * 16
+
+
+def test_demo_writes_its_report(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    proc = subprocess.run(
+        [*BELLIS, "demo", "--workdir", str(work), "--size", "64"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    page = work / "report.html"
+    assert f"report: {page} (open it in a browser)" in proc.stdout
+    assert sorted(v["task"] for v in _payload(page)["volumes"]) == ["label", "smooth"]
