@@ -266,7 +266,11 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         fig = fn(stores)
         if fig is not None:
             figures[sid] = fig
-        why = _NO_STAMPS if sid == "throughput" else "No run line in runs.jsonl (see the notes)."
+        why = "No run line in runs.jsonl (see the notes)."
+        if sid == "throughput":
+            why = _NO_STAMPS
+        elif sid == "workers" and any(s.runs for s in stores):
+            why = "The last run had no managed workers (serial mode or unmanaged clients)."
         body = _plot(sid, sid) if fig else _empty(why)
         if sid == "history":
             body += _history_rows(stores)
