@@ -128,15 +128,25 @@ def _block_text(s: StoreData, k: int, t0: float) -> str:
 
 
 def _rows(stores: list[StoreData]) -> tuple[list[str], dict[tuple[int, int], int]]:
+    """The timeline's rows: every worker that completed a stored block, and every worker
+    of the task's last run (one whose attempts all failed has a row, and no bar). A
+    worker's failed attempts in the last run are named in its label: the store keeps no
+    stamps for them."""
     labels: list[str] = []
     index: dict[tuple[int, int], int] = {}
     for ti, s in enumerate(stores):
         if "worker_id" not in s.stats:
             continue
+        rep = s.last_report
+        failed = {} if rep is None else {w.worker_id: w for w in rep.workers.records}
         k = s.measured()
-        for w in np.unique(s.stats["worker_id"].reshape(-1)[k]).tolist():
+        ids = set(np.unique(s.stats["worker_id"].reshape(-1)[k]).tolist()) | set(failed)
+        for w in sorted(ids):
             index[(ti, int(w))] = len(labels)
             name = "no worker" if w == NO_WORKER else f"worker {w}"
+            rec = failed.get(w)
+            if rec is not None and rec.blocks_failed:
+                name += f" ({rec.blocks_failed} failed, exit {rec.exit or 'open'})"
             labels.append(f"{s.task_id} · {name}")
     return labels, index
 
