@@ -169,6 +169,9 @@ def test_page_is_self_contained_and_holds_the_stores(pipeline_report: Path) -> N
     assert len(texts) == 64 - len(FAILING) + 64
     assert any(t.startswith("<b>measure</b> block (0, 1, 2)") for t in texts)
     assert any("ROI [0:8, 8:16, 16:24)" in t for t in texts)
+    # the failed attempts, which have no stamps, are named on their workers' rows
+    rows = data["figures"]["timeline"]["layout"]["yaxis"]["ticktext"]
+    assert any(r.startswith("segment · worker") and "failed, exit" in r for r in rows), rows
     # advice is derived from the figures: the failed blocks are named
     assert "segment: 3 block(s) failed and are not done" in text
     assert "p99 peak RSS" in text
