@@ -78,7 +78,7 @@ def colour(i: int) -> str:
 
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
-        "title": {"text": title, "font": {"size": 15}},
+        "title": {"text": title, "font": {"size": 15}, "x": 0.01, "xanchor": "left"},
         "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
         "hovermode": "closest",
         "template": {"layout": {"paper_bgcolor": "white", "plot_bgcolor": "#fafafa"}},
@@ -296,7 +296,7 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             shapes=shapes,
             margin={"l": 70, "r": 20, "t": 80, "b": 50},
             updatemenus=[
-                {"buttons": buttons, "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+                {"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom"}
             ],
         ),
     }

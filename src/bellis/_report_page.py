@@ -161,7 +161,8 @@ PAGE_JS = r"""
       }
       var title = v.task + ": " + v.labels[metric][0] +
         (nd === 3 ? " (slice " + index + " along axis " + axis + ")" : "");
-      var layout = {title: {text: title, font: {size: 14}}, height: 460,
+      var layout = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: "left"},
+                    height: 460,
                     margin: {l: 60, r: 20, t: 40, b: 50},
                     xaxis: {title: {text: v.ndim === 1 ? "grid axis 0" : "grid axis " + ca},
                             constrain: "domain", dtick: cols <= 20 ? 1 : null,
