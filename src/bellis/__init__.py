@@ -57,6 +57,7 @@ __all__ = [
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_report",
     "write_trace",
 ]
 
@@ -109,6 +110,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "skip_mask_from_rois": ("bellis._skipmask", "skip_mask_from_rois"),
     "skip_mask_from_volume": ("bellis._skipmask", "skip_mask_from_volume"),
     "write_trace": ("bellis._trace", "write_trace"),
+    "write_report": ("bellis._html_report", "write_report"),
 }
 # the homes that neither import numpy nor compute with it: the names a worker uses
 _LIGHT_HOMES = frozenset(

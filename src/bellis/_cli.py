@@ -113,24 +113,45 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"{summary['failed_attempt_events']} failed attempts "
             "(open it in https://ui.perfetto.dev or chrome://tracing)"
         )
-    if args.output is None and args.trace is not None:
+    out = args.output
+    if out is None and args.trace is None:
+        out = "report.html"
+    if out is None:
         return 0
+    from ._html_report import write_report
+
     try:
-        from ._html_report import write_report  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        print(
-            "bellis report: the HTML report is not available in this build; "
-            "--trace trace.json writes the Chrome trace",
-            file=sys.stderr,
-        )
-        return 2
-    out = args.output if args.output is not None else "report.html"
-    try:
-        write_report(args.paths, out)
+        written = write_report(args.paths, out)
     except (TrackingError, OSError) as exc:
         print(f"bellis report: {exc}", file=sys.stderr)
         return 2
+    print(f"wrote {written}")
     return 0
+
+
+def _add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    r: argparse.ArgumentParser = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run from its tracking store(s)",
+        description="PATH is a task's tracking store, or a folder that holds several (a "
+        "pipeline's tracking basedir). The page works offline (plotly.js is embedded).",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store(s) or basedir(s)")
+    r.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the HTML file to write (default report.html, unless --trace is given alone)",
+    )
+    r.add_argument(
+        "--trace",
+        metavar="TRACE_JSON",
+        default=None,
+        help="also write the runs in the Chrome Trace Event format (Perfetto, "
+        "chrome://tracing): one process per run, one thread per worker, one event per block",
+    )
+    r.set_defaults(fn=_cmd_report)
+    return r
 
 
 def _cmd_as_daisy(args: argparse.Namespace) -> int:
@@ -206,17 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.set_defaults(fn=_cmd_status)
 
-    r = sub.add_parser(
-        "report",
-        help="the report of a run from its tracking stores (HTML, or a Chrome trace)",
-        description="PATH is a task's tracking store or a basedir that holds several. "
-        "--trace writes the runs in the Chrome Trace Event format (Perfetto, "
-        "chrome://tracing): one process per run, one thread per worker, one event per block.",
-    )
-    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store or basedir")
-    r.add_argument("-o", "--output", help="the HTML report to write (default report.html)")
-    r.add_argument("--trace", metavar="TRACE_JSON", help="write a Chrome trace to this file")
-    r.set_defaults(fn=_cmd_report)
+    _add_report_parser(sub)
 
     a = sub.add_parser(
         "as-daisy",

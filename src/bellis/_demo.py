@@ -167,4 +167,8 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         f"{workdir / 'tracking' / 'label'}`)"
     )
     print(f"  worker logs under {workdir / 'logs'}")
+    from ._html_report import write_report
+
+    report = write_report([workdir / "tracking"], workdir / "report.html")
+    print(f"  report: {report} (open it in a browser)")
     return ok

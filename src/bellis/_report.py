@@ -490,6 +490,12 @@ class TaskReport:
         )
         return task_html(self, spans, "no timeline: no block of this run has times")
 
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the HTML report of this task's store (``bellis report``) to ``path``."""
+        from ._html_report import report_html_for
+
+        return report_html_for(self, path)
+
     def __repr__(self) -> str:
         return (
             f"TaskReport(task_id={self.task_id!r}, outcome={self.outcome!r}, "
@@ -548,6 +554,12 @@ class RunReport:
             f"<p><b>run report: {len(self.tasks)} tasks</b> ({escape(', '.join(self.tasks))})</p>"
         )
         return head + "".join(t._repr_html_() for t in self.tasks.values())
+
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the HTML report of every task's store (``bellis report``) to ``path``."""
+        from ._html_report import report_html_for
+
+        return report_html_for(self, path)
 
     def __repr__(self) -> str:
         return f"RunReport(tasks={list(self.tasks)})"

@@ -16,6 +16,7 @@ from . import logging
 from ._block import Block, BlockStats, BlockStatus
 from ._client import Client, Context
 from ._graph import BlockwiseDependencyGraph
+from ._html_report import write_report
 from ._profiling import profile_block
 from ._progress import JsonProgressObserver
 from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
@@ -86,6 +87,7 @@ __all__ = [
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_report",
     "write_trace",
 ]
 

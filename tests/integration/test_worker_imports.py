@@ -1,5 +1,6 @@
 """What a worker process imports (issue 14 item 5): never numpy, never ``v1_compat``, unless
-the user's code asks for them.
+the user's code asks for them; never plotly (issue 16: the HTML report's alone), and
+neither does the driver's ``run_blockwise``.
 
 A script written into ``tmp_path`` runs a distributed pipeline through ``import bellis as
 daisy`` (or ``import bellis.v2 as daisy``); each worker writes its sorted ``sys.modules`` to
@@ -40,6 +41,7 @@ NEEDS_NUMPY = {
     "set_tracking_basedir",
     "skip_mask_from_rois",
     "skip_mask_from_volume",
+    "write_report",
 }
 # the two classes v1_compat itself defines (they accept daisy 1.x's forms)
 DEFINED_IN_V1_COMPAT = {"Task", "Scheduler"}
@@ -92,6 +94,8 @@ def main():
                        make_worker_function(name), max_workers=1)
         )
     assert daisy.run_blockwise(tasks, progress=False, summary=False)
+    # the HTML report's plotting library is the report's alone (issue 16)
+    assert not any(m == "plotly" or m.startswith("plotly.") for m in sys.modules), "plotly"
 
 
 if __name__ == "__main__":
@@ -133,4 +137,6 @@ def test_workers_load_neither_numpy_nor_v1_compat(tmp_path: Path, surface: str) 
             problems.append(f"{label}: the worker imported bellis.v1_compat")
         if "zarr" in modules:
             problems.append(f"{label}: the worker imported zarr")
+        if "plotly" in modules:
+            problems.append(f"{label}: the worker imported plotly")
     assert not problems, "\n".join(problems)

@@ -30,6 +30,11 @@ RANK = {
     "_notebook": 2,
     "_timeline": 2,
     "_tracking": 2,
+    "_report_data": 3,
+    "_report_figures": 3,
+    "_report_advice": 3,
+    "_report_page": 3,
+    "_html_report": 3,
     "_task": 3,
     "_trace": 3,
     "_scheduler": 4,
@@ -58,7 +63,16 @@ RANK = {
 RESTRICTED = {
     "_tracking": {"errors", "_block"},
     "_profiling": {"errors", "_block"},
-    "_report": {"errors", "_block", "_runlog", "_panel", "_aggregates", "_notebook"},
+    # _html_report: TaskReport.to_html / RunReport.to_html, imported when called
+    "_report": {
+        "errors",
+        "_block",
+        "_runlog",
+        "_panel",
+        "_aggregates",
+        "_notebook",
+        "_html_report",
+    },
     "_notebook": {"errors", "_block", "_panel", "_aggregates", "_runlog"},
     "_aggregates": {"errors", "_block"},
     "_runlog": {"errors"},
@@ -72,6 +86,7 @@ ALLOWED_LAZY_UPWARD = {
     ("_task", "_runner"),  # Task.run_blockwise / Task.report
     ("_task", "_tracking"),  # Task.reset / Task.failed_blocks
     ("_workers", "_client"),  # the worker exit codes
+    ("_report", "_html_report"),  # TaskReport.to_html / RunReport.to_html
 }
 
 

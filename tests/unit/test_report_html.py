@@ -1,0 +1,91 @@
+"""The HTML report's pure parts: advice rules, busy-time binning, volume downsampling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bellis._report_advice import advice, memory_request
+from bellis._report_data import StoreData
+from bellis._report_figures import (
+    _busy_bins,
+    _downsample,
+    run_windows,
+    volume_factor,
+    volume_payload,
+)
+
+
+def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
+    done = np.ones(n, dtype=bool)
+    return StoreData(
+        "t", Path("/nowhere"), (n,), done, np.zeros(n, dtype=np.uint32), dict(stats), []
+    )
+
+
+def test_memory_request_rounds_up() -> None:
+    assert memory_request(100 << 20) == 256 << 20
+    assert memory_request(300 << 20) == 512 << 20
+    assert memory_request(3.4 * (1 << 30)) == 4 << 30
+    assert memory_request(4 << 30) == 4 << 30
+
+
+def test_advice_reads_the_figures() -> None:
+    wall = np.full(100, 1.0)
+    wall[:7] = 6.0
+    s = _store(
+        wall_seconds=wall,
+        cpu_seconds=wall * 0.2,
+        peak_rss_bytes=np.full(100, 3 << 30, dtype=np.uint64),
+    )
+    s.failures[99] = 1
+    s.done[99] = False
+    lines = advice([s])
+    assert "t: 1 block(s) failed and are not done" in lines[0]
+    assert any("a memory request of 4.0 GB covers every block" in x for x in lines), lines
+    assert any("cpu / wall = 0.20: blocks mostly wait" in x for x in lines), lines
+    assert any("7 block(s) took more than 5x the median" in x for x in lines), lines
+
+
+def test_no_advice_without_data() -> None:
+    assert advice([_store(10, wall_seconds=np.ones(10), cpu_seconds=np.ones(10))]) == []
+    assert advice([_store(100)]) == []  # untracked: done and failures only
+
+
+def test_busy_bins_integrate_intervals() -> None:
+    edges = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    busy = _busy_bins(np.array([0.5, 2.0]), np.array([1.5, 2.25]), edges)
+    assert np.allclose(busy, [0.5, 0.5, 0.25, 0.0])
+
+
+def test_downsample_keeps_the_maximum() -> None:
+    a = np.arange(27, dtype=np.float32).reshape(3, 3, 3)
+    out = _downsample(a, 2, 0.0)
+    assert out.shape == (2, 2, 2)
+    assert out[0, 0, 0] == a[:2, :2, :2].max() and out[1, 1, 1] == 26
+
+
+def test_volume_payload_of_a_1d_grid() -> None:
+    s = _store(5, wall_seconds=np.arange(5, dtype=np.float32) + 1)
+    s.failures[2] = 3
+    s.done[2] = False
+    p = volume_payload(s)
+    assert p is not None and p["shape"] == [1, 5] and p["ndim"] == 1
+    assert set(p["metrics"]) == {"state", "failures", "wall_seconds"}
+
+
+def test_pipeline_tasks_share_a_run_window() -> None:
+    a, b = _store(1), _store(1)
+    b.task_id = "u"
+    a.runs = [{"run_started_at": 1.0, "run_finished_at": 2.0}]
+    b.runs = [{"run_started_at": 1.0, "run_finished_at": 2.0}]
+    assert run_windows([a, b]) == [("t run 1, u run 1", 1.0, 2.0)]
+
+
+def test_volume_factor_bounds_cells_and_planes() -> None:
+    assert volume_factor((4, 4, 4)) == 1
+    assert volume_factor((64, 64, 64)) == 1  # 2^18 cells, 64 x 64 planes
+    assert volume_factor((100, 100, 100)) == 2
+    assert volume_factor((1000, 1000)) == 4  # 250 x 250 planes
+    assert volume_factor((1, 2000, 2000)) == 8
