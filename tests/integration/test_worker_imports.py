@@ -42,6 +42,7 @@ NEEDS_NUMPY = {
     "skip_mask_from_rois",
     "skip_mask_from_volume",
     "write_report",
+    "write_trace",  # a report function, like write_report: it reads stores with numpy
 }
 # the two classes v1_compat itself defines (they accept daisy 1.x's forms)
 DEFINED_IN_V1_COMPAT = {"Task", "Scheduler"}
