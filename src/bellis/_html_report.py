@@ -27,11 +27,11 @@ from ._report_figures import (
     histogram_figure,
     run_history_figure,
     throughput_figure,
-    timeline_figure,
     volume_payload,
     workers_figure,
 )
 from ._report_page import PAGE_JS
+from ._report_timeline import timeline_figure
 
 __all__ = ["render_html", "report_html_for", "write_report"]
 
