@@ -200,8 +200,9 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "timeline",
             "Worker timeline",
             "One row per worker, one bar per block from sent to returned, coloured by task; "
-            "red bars needed failed attempts first. Gaps are idle time. Pick a run above the "
-            "chart to zoom to it.",
+            "red bars needed failed attempts first; orange bars are the last failed attempt "
+            "of a block that is not done. Gaps are idle time. Pick a run above the chart "
+            "(start, blocks, wall) to zoom to it.",
             _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
         )
     )

@@ -121,9 +121,11 @@ def _bars(
     text: list[str],
     names: list[str] | None,
 ) -> list[dict[str, Any]]:
-    """One bar per cell (a WebGL line segment) and an invisible hover marker at its middle;
+    """One bar per cell (a WebGL line segment) and a hover marker at its middle, invisible
+    for a block, a cross for a failed attempt (so that a short one shows at any zoom);
     ``y`` is the row's index, or its label (``names``) on the binned chart's category axis."""
     name, col, width = style
+    attempt = col == ATTEMPT_COLOUR
     wid = s.stats["worker_id"].reshape(-1)[cells].tolist()
     y: list[Any] = [rows[(ti, int(w))] for w in wid]
     if names is not None:
@@ -143,7 +145,11 @@ def _bars(
         "mode": "markers",
         "x": [(a + b) / 2 for a, b in zip(x0, x1, strict=True)],
         "y": y,
-        "marker": {"size": 4, "color": col, "opacity": 0.01},
+        "marker": (
+            {"size": 7, "color": col, "symbol": "x"}
+            if attempt
+            else {"size": 4, "color": col, "opacity": 0.01}
+        ),
         "text": text,
         "hovertemplate": "%{text}<extra></extra>",
         "name": name,
@@ -193,6 +199,7 @@ def _binned_attempts(
         "text": text,
         "hovertemplate": "%{text}<extra></extra>",
         "name": "failed attempts (count per time bin)",
+        "showlegend": True,
     }
 
 
@@ -310,6 +317,7 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     mode = f"busy fraction per worker in {TIME_BINS} time bins" if binned else "one bar per block"
     title = f"Worker timeline ({total} blocks, {mode}"
     title += f"; {attempts} failed attempts)" if attempts else ")"
+    below = {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0}
     return {
         "data": data,
         "layout": base_layout(
@@ -325,7 +333,8 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 "zeroline": False,
             },
             shapes=shapes,
-            margin={"l": 70, "r": 20, "t": 80, "b": 50},
+            margin={"l": 70, "r": 20, "t": 80, "b": 80 if binned else 50},
+            **({"legend": below} if binned else {}),
             updatemenus=[
                 {"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom"}
             ],
