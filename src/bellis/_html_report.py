@@ -27,11 +27,11 @@ from ._report_figures import (
     histogram_figure,
     run_history_figure,
     throughput_figure,
-    timeline_figure,
     volume_payload,
     workers_figure,
 )
 from ._report_page import PAGE_JS
+from ._report_timeline import timeline_figure
 
 __all__ = ["render_html", "report_html_for", "write_report"]
 
@@ -200,8 +200,9 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "timeline",
             "Worker timeline",
             "One row per worker, one bar per block from sent to returned, coloured by task; "
-            "red bars needed failed attempts first. Gaps are idle time. Pick a run above the "
-            "chart to zoom to it.",
+            "red bars needed failed attempts first; orange bars are the last failed attempt "
+            "of a block that is not done. Gaps are idle time. Pick a run above the chart "
+            "(start, blocks, wall) to zoom to it.",
             _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
         )
     )

@@ -175,6 +175,14 @@ class StoreData:
             return np.zeros(0, dtype=np.intp)
         return np.flatnonzero(m.reshape(-1))
 
+    def failed_stamped(self) -> NDArray[np.intp]:
+        """Flat cells that are not done and carry the stamps of their last failed attempt
+        (a store with resource tracking records them, see ``record_failure``)."""
+        if "returned_at" not in self.stats or "sent_at" not in self.stats:
+            return np.zeros(0, dtype=np.intp)
+        m = ~self.done & (self.stats["returned_at"] > 0.0) & (self.failures > 0)
+        return np.flatnonzero(m.reshape(-1))
+
     def coord(self, k: int) -> tuple[int, ...]:
         return tuple(int(x) for x in np.unravel_index(k, self.grid))
 

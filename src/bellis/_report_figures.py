@@ -3,36 +3,40 @@
 Figures are dictionaries (``{"data": [...], "layout": {...}}``) that ``Plotly.newPlot``
 takes as they are; large numeric columns travel as plotly.js typed-array specs
 (``{"dtype": "f4", "bdata": base64}``), so a 10^6-block store stays a few megabytes.
-Every figure's size is bounded whatever the block count: the timeline draws one WebGL
-segment per block up to :data:`TIMELINE_BLOCKS` blocks and bins busy time per worker
-beyond; histograms and throughput are binned here; the volume is downsampled past
-:data:`VOLUME_CELLS` cells per metric.
+Every figure's size is bounded whatever the block count: the timeline (in
+``_report_timeline``) draws one WebGL segment per block up to :data:`TIMELINE_BLOCKS`
+blocks and bins busy time per worker beyond; histograms and throughput are binned here;
+the volume is downsampled past :data:`VOLUME_CELLS` cells per metric.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import math
 from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._block import NO_WORKER
-from ._panel import format_bytes, format_duration
 from ._report_data import StoreData
 
 __all__ = [
+    "FAILED_COLOUR",
     "PLANE_CELLS",
     "TIMELINE_BLOCKS",
+    "TIME_BINS",
     "VOLUME_CELLS",
     "VOLUME_METRICS",
+    "base_layout",
+    "colour",
     "histogram_figure",
+    "origin_label",
     "run_history_figure",
+    "run_windows",
     "throughput_figure",
-    "timeline_figure",
+    "time_origin",
     "typed",
+    "vline",
     "volume_factor",
     "volume_payload",
     "workers_figure",
@@ -76,7 +80,7 @@ def colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
-def _layout(title: str, **extra: Any) -> dict[str, Any]:
+def base_layout(title: str, **extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 15}, "x": 0.01, "xanchor": "left"},
         "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
@@ -103,213 +107,20 @@ def time_origin(stores: list[StoreData]) -> float | None:
     starts = [w[1] for w in run_windows(stores)]
     for s in stores:
         if "sent_at" in s.stats:
-            k = s.measured()
+            k = np.concatenate((s.measured(), s.failed_stamped()))
             if len(k):
                 starts.append(float(s.stats["sent_at"].reshape(-1)[k].min()))
     return min(starts) if starts else None
 
 
-def _block_text(s: StoreData, k: int, t0: float) -> str:
-    f = {n: a.reshape(-1) for n, a in s.stats.items()}
-    parts = [f"<b>{html.escape(s.task_id)}</b> block {s.coord(k)}", f"ROI {s.roi(k)}"]
-    w = int(f["worker_id"][k]) if "worker_id" in f else NO_WORKER
-    parts.append("worker " + ("none (serial / unmanaged)" if w == NO_WORKER else str(w)))
-    if "sent_at" in f:
-        sent, ret = float(f["sent_at"][k]), float(f["returned_at"][k])
-        parts.append(f"sent +{sent - t0:.3f} s, returned +{ret - t0:.3f} s")
-    for name, label, unit in VOLUME_METRICS[2:]:
-        if name in f:
-            v = float(f[name][k])
-            parts.append(f"{label} {format_bytes(v) if unit == 'B' else format_duration(v)}")
-    fails = int(s.failures.reshape(-1)[k])
-    if fails:
-        parts.append(f"<b>{fails} failed attempt(s) before it succeeded</b>")
-    return "<br>".join(parts)
-
-
-def _rows(stores: list[StoreData]) -> tuple[list[str], dict[tuple[int, int], int]]:
-    """The timeline's rows: every worker that completed a stored block, and every worker
-    of the task's last run (one whose attempts all failed has a row, and no bar). A
-    worker's failed attempts in the last run are named in its label: the store keeps no
-    stamps for them."""
-    labels: list[str] = []
-    index: dict[tuple[int, int], int] = {}
-    for ti, s in enumerate(stores):
-        if "worker_id" not in s.stats:
-            continue
-        rep = s.last_report
-        failed = {} if rep is None else {w.worker_id: w for w in rep.workers.records}
-        k = s.measured()
-        ids = set(np.unique(s.stats["worker_id"].reshape(-1)[k]).tolist()) | set(failed)
-        for w in sorted(ids):
-            index[(ti, int(w))] = len(labels)
-            name = "no worker" if w == NO_WORKER else f"worker {w}"
-            rec = failed.get(w)
-            if rec is not None and rec.blocks_failed:
-                name += f" ({rec.blocks_failed} failed, exit {rec.exit or 'open'})"
-            labels.append(f"{s.task_id} · {name}")
-    return labels, index
-
-
-def _busy_bins(
-    sent: NDArray[np.float64], ret: NDArray[np.float64], edges: NDArray[np.float64]
-) -> NDArray[np.float64]:
-    """Busy seconds in each bin of ``edges`` for the intervals ``[sent, ret)``."""
-    s = np.sort(sent)
-    r = np.sort(ret)
-    cs, cr = np.concatenate(([0.0], np.cumsum(s))), np.concatenate(([0.0], np.cumsum(r)))
-    i = np.searchsorted(s, edges, side="right")
-    j = np.searchsorted(r, edges, side="right")
-    f = (i * edges - cs[i]) - (j * edges - cr[j])  # integral of busy count up to each edge
-    return np.diff(f)
-
-
-def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
-    """The Gantt chart: one row per (task, worker), one bar per block (or busy bins)."""
-    t0 = time_origin(stores)
-    labels, rows = _rows(stores)
-    if t0 is None or not labels:
-        return None
-    total = sum(len(s.measured()) for s in stores if "sent_at" in s.stats)
-    data: list[dict[str, Any]] = []
-    binned = total > TIMELINE_BLOCKS
-    end = t0
-    for s in stores:
-        if "returned_at" in s.stats:
-            k = s.measured()
-            if len(k):
-                end = max(end, float(s.stats["returned_at"].reshape(-1)[k].max()))
-    for w in run_windows(stores):
-        end = max(end, w[2])
-    if binned:
-        edges = np.linspace(t0, end, TIME_BINS + 1)
-        z = np.zeros((len(labels), TIME_BINS))
-        for ti, s in enumerate(stores):
-            if "sent_at" not in s.stats:
-                continue
-            k = s.measured()
-            wid = s.stats["worker_id"].reshape(-1)[k]
-            sent = s.stats["sent_at"].reshape(-1)[k].astype(np.float64)
-            ret = s.stats["returned_at"].reshape(-1)[k].astype(np.float64)
-            order = np.argsort(wid, kind="stable")
-            wid, sent, ret = wid[order], sent[order], ret[order]
-            bounds = np.flatnonzero(np.diff(wid)) + 1
-            for a, b in zip(
-                np.concatenate(([0], bounds)), np.concatenate((bounds, [len(wid)])), strict=True
-            ):
-                row = rows[(ti, int(wid[a]))]
-                z[row] = _busy_bins(sent[a:b], ret[a:b], edges)
-        width = (end - t0) / TIME_BINS or 1.0
-        data.append(
-            {
-                "type": "heatmap",
-                "x": typed((edges[:-1] + edges[1:]) / 2 - t0),
-                "y": list(range(len(labels))),
-                "z": typed(np.clip(z / width, 0.0, 1.0).reshape(-1)),
-                "zmin": 0,
-                "zmax": 1,
-                "colorscale": [[0.0, "#ffffff"], [1.0, "#08306b"]],
-                "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"},
-                "hovertemplate": "%{y}<br>+%{x:.1f} s<br>busy %{z:.0%}<extra></extra>",
-                "name": "busy fraction",
-            }
-        )
-        data[-1]["z"] = {**data[-1]["z"], "shape": f"{len(labels)},{TIME_BINS}"}
-        data[-1]["y"] = labels
-    else:
-        for ti, s in enumerate(stores):
-            if "sent_at" not in s.stats:
-                continue
-            k = s.measured()
-            if not len(k):
-                continue
-            flat = {n: s.stats[n].reshape(-1)[k] for n in ("worker_id", "sent_at", "returned_at")}
-            retried = s.failures.reshape(-1)[k] > 0
-            for sel, name, col in (
-                (~retried, s.task_id, colour(ti)),
-                (retried, f"{s.task_id}: done after failed attempts", FAILED_COLOUR),
-            ):
-                if not sel.any():
-                    continue
-                y = [rows[(ti, int(w))] for w in flat["worker_id"][sel].tolist()]
-                x0 = (flat["sent_at"][sel] - t0).tolist()
-                x1 = (flat["returned_at"][sel] - t0).tolist()
-                xs: list[float | None] = []
-                ys: list[int | None] = []
-                for a, b, r in zip(x0, x1, y, strict=True):
-                    xs += [a, b, None]
-                    ys += [r, r, None]
-                data.append(
-                    {
-                        "type": "scattergl",
-                        "mode": "lines",
-                        "x": xs,
-                        "y": ys,
-                        "line": {"width": 10, "color": col},
-                        "name": name,
-                        "legendgroup": name,
-                        "hoverinfo": "skip",
-                    }
-                )
-                data.append(
-                    {
-                        "type": "scattergl",
-                        "mode": "markers",
-                        "x": [(a + b) / 2 for a, b in zip(x0, x1, strict=True)],
-                        "y": y,
-                        "marker": {"size": 4, "color": col, "opacity": 0.01},
-                        "text": [_block_text(s, int(c), t0) for c in k[sel].tolist()],
-                        "hovertemplate": "%{text}<extra></extra>",
-                        "name": name,
-                        "legendgroup": name,
-                        "showlegend": False,
-                    }
-                )
-    buttons = [{"label": "all runs", "method": "relayout", "args": [{"xaxis.autorange": True}]}]
-    shapes = []
-    for label, a, b in run_windows(stores):
-        pad = 0.02 * max(b - a, 1e-3)
-        buttons.append(
-            {
-                "label": label,
-                "method": "relayout",
-                "args": [{"xaxis.range": [a - t0 - pad, b - t0 + pad]}],
-            }
-        )
-        shapes.append(_vline(a - t0, "#444", "dot"))
-        shapes.append(_vline(b - t0, "#444", "dash"))
-    mode = f"busy fraction per worker in {TIME_BINS} time bins" if binned else "one bar per block"
-    return {
-        "data": data,
-        "layout": _layout(
-            f"Worker timeline ({total} blocks, {mode})",
-            height=max(260, 60 + 22 * len(labels)),
-            xaxis={"title": {"text": _origin_label(t0)}, "zeroline": False},
-            yaxis={
-                "tickmode": "array",
-                "tickvals": list(range(len(labels))),
-                "ticktext": labels,
-                "autorange": "reversed",
-                "automargin": True,
-                "zeroline": False,
-            },
-            shapes=shapes,
-            margin={"l": 70, "r": 20, "t": 80, "b": 50},
-            updatemenus=[
-                {"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom"}
-            ],
-        ),
-    }
-
-
-def _origin_label(t0: float) -> str:
+def origin_label(t0: float) -> str:
     import datetime
 
     when = datetime.datetime.fromtimestamp(t0, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"seconds since {when} (dotted: a run starts, dashed: it ends)"
 
 
-def _vline(x: float, col: str, dash: str) -> dict[str, Any]:
+def vline(x: float, col: str, dash: str) -> dict[str, Any]:
     return {
         "type": "line",
         "xref": "x",
@@ -355,7 +166,7 @@ def histogram_figure(stores: list[StoreData], name: str, label: str) -> dict[str
     p = percentiles(allv)
     shapes, notes = [], []
     for j, (key, q) in enumerate(p.items()):
-        shapes.append(_vline(q / scale, "#333", ("dot", "dash", "longdash", "solid")[j]))
+        shapes.append(vline(q / scale, "#333", ("dot", "dash", "longdash", "solid")[j]))
         notes.append(
             {
                 "x": q / scale,
@@ -371,7 +182,7 @@ def histogram_figure(stores: list[StoreData], name: str, label: str) -> dict[str
         )
     return {
         "data": data,
-        "layout": _layout(
+        "layout": base_layout(
             f"{label} per block ({len(allv)} blocks)",
             barmode="overlay",
             height=320,
@@ -427,8 +238,8 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         )
     shapes, notes = [], []
     for label, a, b in windows:
-        shapes.append(_vline(a - t0, "#2ca02c", "dot"))
-        shapes.append(_vline(b - t0, "#d62728", "dash"))
+        shapes.append(vline(a - t0, "#2ca02c", "dot"))
+        shapes.append(vline(b - t0, "#d62728", "dash"))
         for x, what in ((a, "start"), (b, "end")):
             notes.append(
                 {
@@ -444,10 +255,10 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             )
     return {
         "data": data,
-        "layout": _layout(
+        "layout": base_layout(
             "Throughput (blocks returned per second)",
             height=340,
-            xaxis={"title": {"text": _origin_label(t0)}},
+            xaxis={"title": {"text": origin_label(t0)}},
             yaxis={"title": {"text": "blocks / s"}},
             shapes=shapes,
             annotations=notes,
@@ -527,7 +338,7 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         )
     return {
         "data": data,
-        "layout": _layout(
+        "layout": base_layout(
             "Workers of the last run: where their time went, and how they exited",
             barmode="stack",
             height=max(300, 80 + 24 * len(labels)),
@@ -576,7 +387,7 @@ def run_history_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         return None
     return {
         "data": data,
-        "layout": _layout(
+        "layout": base_layout(
             "Run history (one entry per line of runs.jsonl)",
             height=340,
             margin={"l": 70, "r": 70, "t": 50, "b": 50},

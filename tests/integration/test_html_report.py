@@ -165,11 +165,27 @@ def test_page_is_self_contained_and_holds_the_stores(pipeline_report: Path) -> N
     assert _f32(meas["metrics"]["state"])[k] == 2.0
     assert _f32(meas["metrics"]["failures"])[k] == 1.0
     # every block of the timeline is drawn, and one known block's hover names it
-    texts = [t for tr in data["figures"]["timeline"]["data"] for t in tr.get("text", [])]
+    timeline = data["figures"]["timeline"]["data"]
+    texts = [
+        t
+        for tr in timeline
+        if not tr["name"].endswith(": failed attempt")
+        for t in tr.get("text", [])
+    ]
     assert len(texts) == 64 - len(FAILING) + 64
     assert any(t.startswith("<b>measure</b> block (0, 1, 2)") for t in texts)
     assert any("ROI [0:8, 8:16, 16:24)" in t for t in texts)
-    # the failed attempts, which have no stamps, are named on their workers' rows
+    # the permanently failed blocks have bars of their own: their last failed attempts
+    bars = [tr for tr in timeline if tr["name"] == "segment: failed attempt"]
+    assert [tr["mode"] for tr in bars] == ["lines", "markers"]
+    assert len(bars[0]["x"]) == 3 * len(FAILING)  # one segment each, split by None
+    hovers = bars[1]["text"]
+    assert sorted(
+        re.findall(r"block (\(\d, \d, \d\)): <b>failed attempt", "".join(hovers))
+    ) == sorted(str(c) for c in FAILING)
+    assert all("failures 2" in t and "worker " in t and "ROI [" in t for t in hovers), hovers
+    assert not any("measure: failed attempt" in tr["name"] for tr in timeline)  # retried, done
+    # the failed attempts are also named on their workers' rows
     rows = data["figures"]["timeline"]["layout"]["yaxis"]["ticktext"]
     assert any(r.startswith("segment · worker") and "failed, exit" in r for r in rows), rows
     # advice is derived from the figures: the failed blocks are named
@@ -196,6 +212,11 @@ def test_report_renders_in_chromium(pipeline_report: Path) -> None:
         for (var x = 0; x < Z[y].length; x++) { if (Z[y][x] > 0) { out.failed.push([z, y, x]); } }
       }
     }
+    var tl = document.querySelector('.plot[data-section="timeline"]');
+    out.attempts = [];
+    tl.data.forEach(function (tr) {
+      if (tr.name === 'segment: failed attempt' && tr.text) { out.attempts = tr.text.slice(); }
+    });
     await vols[seg].show('state', 0, 1);
     Plotly.Fx.hover(gd, {xval: 3, yval: 2}, 'xy');
     await new Promise(function (r) { setTimeout(r, 200); });
@@ -212,6 +233,12 @@ def test_report_renders_in_chromium(pipeline_report: Path) -> None:
     assert set(sections) == expected
     assert all(n > 0 for n in sections.values()), sections
     assert sorted(map(tuple, result["failed"])) == sorted(FAILING)
+    # the timeline as drawn holds a failed-attempt bar per failed block, its hover text
+    # naming the block's grid coordinate
+    attempts = result["attempts"]
+    assert len(attempts) == len(FAILING), attempts
+    for c in FAILING:
+        assert any(f"block {c}: <b>failed attempt</b>" in t for t in attempts), attempts
     hover = result["hover"]
     assert hover is not None and "block (1, 2, 3)" in hover, hover
     assert "state failed" in hover and "ROI [8:16, 16:24, 24:32)" in hover, hover
@@ -329,3 +356,92 @@ def test_demo_writes_its_report(tmp_path: Path) -> None:
     page = work / "report.html"
     assert f"report: {page} (open it in a browser)" in proc.stdout
     assert sorted(v["task"] for v in _payload(page)["volumes"]) == ["label", "smooth"]
+
+
+RESUMED = r"""
+import sys
+from pathlib import Path
+
+import bellis
+
+BASE = Path(sys.argv[1])
+FAIL = sys.argv[2] == "fail"
+
+
+def work(block):
+    if FAIL and block.write_roi.offset[0] == 0:
+        raise ValueError("injected failure in the first row")
+
+
+bellis.set_tracking_basedir(BASE / "tracking")
+roi, blk = bellis.Roi((0, 0), (40, 40)), bellis.Roi((0, 0), (10, 10))
+task = bellis.Task("grow", roi, blk, blk, work, max_workers=2, max_retries=0,
+                   resource_tracking=True)
+print("OK" if bellis.run_blockwise([task], progress=False, summary=False) else "FAILED")
+"""
+
+
+def test_run_selector_lists_every_run(tmp_path: Path) -> None:
+    """Two runs of one task, the second resuming the first: the timeline's run menu has a
+    labelled entry per line of runs.jsonl, and the failed attempts of run 1 turn into
+    blocks done after failed attempts once run 2 redoes them."""
+    import datetime
+
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    store = tmp_path / "tracking" / "grow"
+    pages = []
+    for n, (mode, outcome) in enumerate((("fail", "FAILED"), ("pass", "OK")), start=1):
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), mode],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_env(),
+        )
+        assert proc.returncode == 0 and proc.stdout.split() == [outcome], proc.stderr
+        page = tmp_path / f"after-{n}.html"
+        rep = _report(str(store), "-o", str(page), cwd=tmp_path)
+        assert rep.returncode == 0, rep.stderr
+        pages.append(page)
+
+    # after run 1: the 4 blocks of the first row are failed-attempt bars
+    first = _payload(pages[0])["figures"]["timeline"]["data"]
+    (hover,) = [tr for tr in first if tr["name"] == "grow: failed attempt" and "text" in tr]
+    assert sorted(re.findall(r"block (\(\d, \d\)): <b>failed", "".join(hover["text"]))) == [
+        f"(0, {x})" for x in range(4)
+    ]
+
+    runs = [json.loads(x) for x in (store / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 2
+    assert [r["blocks"]["count"] for r in runs] == [12, 4], runs  # run 2 redid the first row
+    layout = _payload(pages[1])["figures"]["timeline"]["layout"]
+    buttons = layout["updatemenus"][0]["buttons"]
+    assert buttons[0]["label"] == "all runs"
+    assert len(buttons) == 1 + len(runs)
+    for n, (b, r) in enumerate(zip(buttons[1:], runs, strict=True), start=1):
+        when = datetime.datetime.fromtimestamp(r["run_started_at"], datetime.UTC)
+        prefix = f"run {n}: {when:%Y-%m-%d %H:%M:%S} UTC, {r['blocks']['count']} blocks"
+        assert b["label"].startswith(prefix), (b["label"], prefix)
+        assert ", wall " in b["label"]
+        lo, hi = b["args"][0]["xaxis.range"]  # choosing it zooms to the run's window
+        span = r["run_finished_at"] - r["run_started_at"]
+        assert hi - lo == pytest.approx(span * 1.04, rel=1e-3, abs=1e-3)
+    assert "(12 skipped)" in buttons[2]["label"]
+    # run 2 redid the failed blocks: no failed-attempt bar is left, they are red bars now
+    second = _payload(pages[1])["figures"]["timeline"]["data"]
+    assert not any(tr["name"].endswith(": failed attempt") for tr in second)
+    (red,) = [tr for tr in second if "done after failed attempts" in tr["name"] and "text" in tr]
+    assert len(red["text"]) == 4
+
+    if browser.chromium() is not None:
+        probe = """
+        var gd = document.querySelector('.plot[data-section="timeline"]');
+        var menu = gd.layout.updatemenus[0].buttons;
+        await Plotly.relayout(gd, menu[1].args[0]);
+        return {labels: menu.map(function (b) { return b.label; }), range: gd.layout.xaxis.range};
+        """
+        found = browser.load(pages[1], probe)
+        assert found["errors"] == [] and found["rendered"] == "yes"
+        assert found["result"]["labels"] == [b["label"] for b in buttons]
+        assert found["result"]["range"] == pytest.approx(buttons[1]["args"][0]["xaxis.range"])

@@ -34,6 +34,7 @@ RANK = {
     "_report_figures": 3,
     "_report_advice": 3,
     "_report_page": 3,
+    "_report_timeline": 3,
     "_html_report": 3,
     "_task": 3,
     "_trace": 3,

@@ -9,12 +9,13 @@ import numpy as np
 from bellis._report_advice import advice, memory_request
 from bellis._report_data import StoreData
 from bellis._report_figures import (
-    _busy_bins,
+    TIMELINE_BLOCKS,
     _downsample,
     run_windows,
     volume_factor,
     volume_payload,
 )
+from bellis._report_timeline import ATTEMPT_COLOUR, _busy_bins, timeline_figure
 
 
 def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
@@ -89,3 +90,86 @@ def test_volume_factor_bounds_cells_and_planes() -> None:
     assert volume_factor((100, 100, 100)) == 2
     assert volume_factor((1000, 1000)) == 4  # 250 x 250 planes
     assert volume_factor((1, 2000, 2000)) == 8
+
+
+def _stamped(n: int, failed: list[int]) -> StoreData:
+    """``n`` cells run one after another by workers 0 and 1; ``failed`` cells are not
+    done and hold the stamps of their last failed attempt (worker 1)."""
+    sent = 100.0 + np.arange(n, dtype=np.float64)
+    s = _store(
+        n,
+        worker_id=(np.arange(n) % 2).astype(np.int32),
+        sent_at=sent,
+        returned_at=sent + 0.5,
+        wall_seconds=np.full(n, 0.5),
+    )
+    s.done[failed] = False
+    s.failures[failed] = 2
+    s.stats["worker_id"][failed] = 1
+    s.runs = [
+        {
+            "task_id": "t",
+            "run_started_at": 99.0,
+            "run_finished_at": 100.0 + n,
+            "blocks": {"count": n},
+        },
+    ]
+    return s
+
+
+def _attempt_traces(fig: dict[str, object]) -> list[dict[str, object]]:
+    data = fig["data"]
+    assert isinstance(data, list)
+    return [t for t in data if ATTEMPT_COLOUR in str(t.get("line")) + str(t.get("marker"))]
+
+
+def test_failed_attempts_get_bars_of_their_own() -> None:
+    s = _stamped(10, [3, 7])
+    fig = timeline_figure([s])
+    assert fig is not None
+    bars, hover = _attempt_traces(fig)
+    assert bars["name"] == "t: failed attempt" and bars["mode"] == "lines"
+    assert bars["x"] == [4.0, 4.5, None, 8.0, 8.5, None]  # sent_at to returned_at, from t0 99
+    texts = hover["text"]
+    assert isinstance(texts, list) and len(texts) == 2
+    assert "block (3,): <b>failed attempt</b>" in texts[0] and "worker 1" in texts[0]
+    assert "failures 2" in texts[0] and "sent +4.000 s, returned +4.500 s" in texts[0]
+    # the done blocks keep their own bars; the failed cells are not among them
+    done_texts = [t for tr in fig["data"] if tr not in (bars, hover) for t in tr.get("text", [])]
+    assert len(done_texts) == 8 and not any("block (3,)" in t for t in done_texts)
+    assert "2 failed attempts" in fig["layout"]["title"]["text"]
+
+
+def test_failed_attempts_in_the_binned_timeline() -> None:
+    n = 3 * TIMELINE_BLOCKS
+    failed = list(range(5, n, 2))[: TIMELINE_BLOCKS + 1]  # too many for a bar each
+    fig = timeline_figure([_stamped(n, failed)])
+    assert fig is not None and fig["data"][0]["type"] == "heatmap"
+    (marks,) = _attempt_traces(fig)
+    assert marks["y"] == ["t · worker 1"] * len(marks["text"])
+    counts = [int(t.split("<b>")[1].split(" ")[0]) for t in marks["text"]]
+    assert sum(counts) == len(failed)
+    few = timeline_figure([_stamped(n, [5, 9])])
+    assert few is not None
+    bars, hover = _attempt_traces(few)
+    assert bars["y"] == ["t · worker 1", "t · worker 1", None] * 2
+    assert "block (9,): <b>failed attempt</b>" in hover["text"][1]
+
+
+def test_run_menu_labels_every_run() -> None:
+    s = _stamped(4, [])
+    s.runs = [
+        {"task_id": "t", "run_started_at": 0.0, "run_finished_at": 90.0, "blocks": {"count": 3}},
+        {
+            "task_id": "t",
+            "run_started_at": 86400.0,
+            "run_finished_at": 86402.5,
+            "blocks": {"count": 1, "skipped": 3},
+        },
+    ]
+    fig = timeline_figure([s])
+    assert fig is not None
+    labels = [b["label"] for b in fig["layout"]["updatemenus"][0]["buttons"]]
+    assert labels[0] == "all runs"
+    assert labels[1].startswith("run 1: 1970-01-01 00:00:00 UTC, 3 blocks, wall ")
+    assert labels[2].startswith("run 2: 1970-01-02 00:00:00 UTC, 1 blocks (3 skipped), wall ")
