@@ -526,8 +526,12 @@ class Client:
     # -- blocks ---------------------------------------------------------------------------
     def _next_index(self) -> int:
         """The next block's index: from the batch in hand, or one round trip (which also
-        returns the finished blocks). -1 when there are no more blocks for this worker."""
-        if self._sock is None or self._is_forked_copy():
+        returns the finished blocks). -1 when there are no more blocks for this worker.
+
+        No pid check here (a syscall per block): in a forked child the at-fork hook
+        (:func:`_forget_inherited`) has already set every inherited client's socket to None.
+        """
+        if self._sock is None:
             return -1
         if self._stop_requested:
             self._bye()

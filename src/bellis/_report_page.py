@@ -164,11 +164,15 @@ PAGE_JS = r"""
       var layout = {title: {text: title, font: {size: 14}, x: 0.01, xanchor: "left"},
                     height: 460,
                     margin: {l: 60, r: 20, t: 40, b: 50},
+                    // explicit ranges: a slice along another axis has another shape, and
+                    // Plotly.react would otherwise keep the previous slice's ranges
                     xaxis: {title: {text: v.ndim === 1 ? "grid axis 0" : "grid axis " + ca},
+                            range: [-0.5, cols - 0.5], autorange: false,
                             constrain: "domain", dtick: cols <= 20 ? 1 : null,
                             zeroline: false, showgrid: false},
                     yaxis: {title: {text: v.ndim === 1 ? "" : "grid axis " + ra},
-                            autorange: "reversed", scaleanchor: "x", constrain: "domain",
+                            range: [rows - 0.5, -0.5], autorange: false,
+                            scaleanchor: "x", constrain: "domain",
                             dtick: rows <= 20 ? 1 : null, zeroline: false, showgrid: false}};
       return Plotly.react("plot-" + v.div, [trace], layout, config);
     }
