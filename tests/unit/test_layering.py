@@ -39,6 +39,7 @@ RANK = {
     "_task": 3,
     "_trace": 3,
     "_scheduler": 4,
+    "_serial": 5,
     "_protocol": 5,
     "_client": 6,
     "_progress": 6,
