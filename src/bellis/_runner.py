@@ -19,6 +19,7 @@ from . import logging as blog
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
 from ._observers import AttachableObservers, run_observed
+from ._panel import render_panel
 from ._progress import (
     ErrorCollector,
     format_summary,
@@ -33,7 +34,6 @@ from ._report import (
     append_run_line,
     counters_from_state,
     read_last_run,
-    render_panel,
     task_report_json,
 )
 from ._scheduler import ABANDONED, Scheduler, TaskRun

@@ -26,10 +26,10 @@ RANK = {
     "_report": 2,
     "_aggregates": 2,
     "_runlog": 2,
-    "_panel": 2,
-    "_notebook": 2,
+    "_notebook": 3,
     "_timeline": 2,
     "_tracking": 2,
+    "_panel": 3,
     "_report_data": 3,
     "_report_figures": 3,
     "_report_advice": 3,
@@ -88,7 +88,10 @@ ALLOWED_LAZY_UPWARD = {
     ("_task", "_runner"),  # Task.run_blockwise / Task.report
     ("_task", "_tracking"),  # Task.reset / Task.failed_blocks
     ("_workers", "_client"),  # the worker exit codes
+    # the views of a report import the report; its methods that show them import them when called
     ("_report", "_html_report"),  # TaskReport.to_html / RunReport.to_html
+    ("_report", "_panel"),  # TaskReport.panel / RunReport.panel
+    ("_report", "_notebook"),  # TaskReport._repr_html_ (Jupyter)
 }
 
 
