@@ -31,11 +31,10 @@ from ._report import (
     RunReport,
     TaskAggregates,
     TaskReport,
-    append_run_line,
     counters_from_state,
-    read_last_run,
     task_report_json,
 )
+from ._report_load import append_report, remember_report
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._serial import run_blocks_serially
 from ._server import RunLoop, install_abort_handlers
@@ -53,16 +52,10 @@ from .errors import (
     WorkerStartError,
 )
 
-__all__ = ["SerialServer", "Server", "load_task_report", "run_blockwise"]
+__all__ = ["SerialServer", "Server", "run_blockwise"]
 
 logger = logging.getLogger("bellis")
 progress_logger = logging.getLogger("bellis._progress")
-
-#: run lines of runs in this process, for tasks whose report has nowhere else to live
-_MEMORY_REPORTS: dict[str, dict[str, Any]] = {}
-#: the newest run line of each runs.jsonl this process failed to append to, by path: what
-#: ``task.report()`` returns in this process instead of the file's older last line
-_UNWRITTEN: dict[str, dict[str, Any]] = {}
 
 
 def _coerce_pipeline(obj: Any) -> Pipeline:
@@ -541,57 +534,14 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
-            _append_report(Path(store.runs_jsonl), data)
+            append_report(Path(store.runs_jsonl), data)
         else:
             base = blog.get_log_basedir()
             if base is not None and blog.get_log_mode() != "console":
-                _append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
-        _MEMORY_REPORTS[run.task_id] = data
+                append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
+        remember_report(run.task_id, data)
         reports[run.task_id] = TaskReport(data, store_path)
     return RunReport(reports)
-
-
-def _append_report(path: Path, data: dict[str, Any]) -> None:
-    """Append a run line; a file that cannot be written costs the report on disk, not the
-    run's outcome (which is being returned or raised): the error is logged, and this
-    process's ``task.report()`` still returns the line."""
-    try:
-        append_run_line(path, data)
-    except OSError as exc:
-        _UNWRITTEN[str(path)] = data
-        logger.error(
-            "could not append this run's report to %s: %s. task.report() returns it in "
-            "this process only",
-            path,
-            exc,
-        )
-    else:
-        _UNWRITTEN.pop(str(path), None)
-
-
-def _read_report(path: Path) -> dict[str, Any] | None:
-    """The newest run line for ``path``: one this process failed to append, else the
-    file's last line."""
-    unwritten = _UNWRITTEN.get(str(path))
-    if unwritten is not None:
-        return unwritten
-    return read_last_run(path) if path.exists() else None
-
-
-def load_task_report(task: Task) -> Any:
-    """The last run line of ``task``: from its store, else from its log folder, else (no
-    store and file logging off) from the copy a run in this process kept in memory."""
-
-    path = task.resolved_tracking_path()
-    if path is not None:
-        data = _read_report(path / "runs.jsonl")
-        return None if data is None else TaskReport(data, path)
-    base = blog.get_log_basedir()
-    if base is not None and blog.get_log_mode() != "console":
-        data = _read_report(Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl")
-        return None if data is None else TaskReport(data, None)
-    data = _MEMORY_REPORTS.get(task.task_id)
-    return None if data is None else TaskReport(data, None)
 
 
 def _attach(exc: BaseException, result: _RunResult) -> None:
