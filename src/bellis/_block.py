@@ -9,12 +9,9 @@ small slotted object and nothing else. A block built by user code holds its ROIs
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from funlib.geometry import Roi
-
-if TYPE_CHECKING:
-    from ._graph import TaskGeometry
 
 __all__ = [
     "MEASURED_ARRAYS",
@@ -23,6 +20,7 @@ __all__ = [
     "STATS_ARRAYS",
     "STATS_FORMAT",
     "Block",
+    "BlockGeometry",
     "BlockStats",
     "BlockStatus",
     "cantor_number",
@@ -49,6 +47,20 @@ MEASURED_ARRAYS = tuple(name for name in STATS_ARRAYS if not name.startswith("gp
 STAMP_ARRAYS = ("worker_id", "sent_at", "returned_at")
 #: ``worker_id`` of a block completed outside any managed worker (serial, unmanaged)
 NO_WORKER = 2**32 - 1
+
+
+class BlockGeometry(Protocol):
+    """What a lazily built :class:`Block` needs from its task's geometry
+    (``bellis._graph.TaskGeometry``): the block's ROIs and id from its index ``k``."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    def read_roi_of(self, k: int) -> Roi: ...
+
+    def write_roi_of(self, k: int) -> Roi: ...
+
+    def spatial_id_of(self, k: int) -> int: ...
 
 
 class BlockStatus:
@@ -248,7 +260,7 @@ class Block:
         self._read_roi: Roi | None = _as_roi(read_roi, "read_roi")
         self._write_roi: Roi | None = _as_roi(write_roi, "write_roi")
         self._task_id = "" if task_id is None else str(task_id)
-        self._geom: TaskGeometry | None = None
+        self._geom: BlockGeometry | None = None
         self._k = -1
         self._status = BlockStatus.CREATED
         self.stats: BlockStats | None = None
@@ -263,7 +275,7 @@ class Block:
             self._sid = cantor_number(index)
 
     @classmethod
-    def _lazy(cls, geom: TaskGeometry, k: int, status: int) -> Block:
+    def _lazy(cls, geom: BlockGeometry, k: int, status: int) -> Block:
         """A scheduler block: geometry plus flat grid index, everything else on demand."""
         b = cls.__new__(cls)
         b._geom = geom

@@ -1,4 +1,4 @@
-"""Run reports: running aggregates, ``TaskReport`` / ``RunReport``, ``runs.jsonl``, the panel.
+"""Run reports: running aggregates, ``TaskReport`` / ``RunReport``, ``runs.jsonl``.
 
 Theory of operation
 -------------------
@@ -7,8 +7,10 @@ During a run the server keeps, per task, one :class:`TaskAggregates` (a handful 
 ``TimelineSet`` (``bellis._timeline``). When the run ends both are folded into **one
 JSON object** (:func:`task_report_json`), and that object is the single source of every
 view: it is appended to ``runs.jsonl``, :class:`TaskReport` is parsed from it, and the
-"Resource Utilization" panel is rendered from the reports. The object a run returns and
-the record left on disk therefore cannot drift apart.
+"Resource Utilization" panel (``bellis._panel``) is rendered from the reports. The object
+a run returns and the record left on disk therefore cannot drift apart. The views of a
+report (the panel, the notebook HTML, the HTML report) import this module, never the
+other way round: the methods that show them import their view when called.
 
 The JSON schema is versioned (``"schema": 1``) and documented in ``docs/statistics.md``;
 :func:`validate_run_line` checks a line against it. New fields are added, never
@@ -37,7 +39,6 @@ from ._aggregates import (
     _stat_from_json,
 )
 from ._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
-from ._panel import format_bytes, format_duration, render_panel
 from ._runlog import (
     BLOCK_STAT_KEYS,
     COUNTER_KEYS,
@@ -70,11 +71,8 @@ __all__ = [
     "WorkersSection",
     "append_run_line",
     "counters_from_state",
-    "format_bytes",
-    "format_duration",
     "read_last_run",
     "read_runs",
-    "render_panel",
     "task_report_json",
     "validate_run_line",
 ]

@@ -1,4 +1,4 @@
-"""run_blockwise(), serial mode, and the Server / SerialServer classes."""
+"""run_blockwise() and the Server / SerialServer classes (serial mode runs in _serial)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any
 
 import cloudpickle
 
 from . import logging as blog
-from ._block import Block, BlockStatus, stats_problem
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
 from ._observers import AttachableObservers, run_observed
-from ._profiling import Meter
+from ._panel import render_panel
 from ._progress import (
     ErrorCollector,
     format_summary,
@@ -32,13 +31,12 @@ from ._report import (
     RunReport,
     TaskAggregates,
     TaskReport,
-    append_run_line,
     counters_from_state,
-    read_last_run,
-    render_panel,
     task_report_json,
 )
+from ._report_load import append_report, remember_report
 from ._scheduler import ABANDONED, Scheduler, TaskRun
+from ._serial import run_blocks_serially
 from ._server import RunLoop, install_abort_handlers
 from ._state import TaskState
 from ._streams import print_to_stdout
@@ -54,16 +52,10 @@ from .errors import (
     WorkerStartError,
 )
 
-__all__ = ["SerialServer", "Server", "load_task_report", "run_blockwise"]
+__all__ = ["SerialServer", "Server", "run_blockwise"]
 
 logger = logging.getLogger("bellis")
 progress_logger = logging.getLogger("bellis._progress")
-
-#: run lines of runs in this process, for tasks whose report has nowhere else to live
-_MEMORY_REPORTS: dict[str, dict[str, Any]] = {}
-#: the newest run line of each runs.jsonl this process failed to append to, by path: what
-#: ``task.report()`` returns in this process instead of the file's older last line
-_UNWRITTEN: dict[str, dict[str, Any]] = {}
 
 
 def _coerce_pipeline(obj: Any) -> Pipeline:
@@ -198,50 +190,6 @@ def _close_stores(stores: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _serial_output(task_id: str) -> Iterator[None]:
-    """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode, and to
-    those and the terminal in mode ``"both"``."""
-    mode = blog.get_log_mode()
-    if mode == "console":
-        yield
-        return
-    paths = blog.open_worker_log(task_id, 0)
-    if paths is None:
-        yield
-        return
-    # a log that cannot be written (a full disk) costs its output, not the block that
-    # printed: the LogStreams drop what follows, and the error is logged after the redirect
-    streams: list[blog.LogStream] = []
-    try:
-        for path in paths:
-            streams.append(blog.LogStream(open(path, "a"), str(path)))
-        out, err = streams
-        if mode == "both":
-            # the tee echoes to the streams in force when the task's blocks start running
-            to_out: Any = out if sys.stdout is None else _Tee(sys.stdout, out)
-            to_err: Any = err if sys.stderr is None else _Tee(sys.stderr, err)
-        else:
-            to_out, to_err = out, err
-        with (
-            # a LogStream forwards fileno() and the rest, so it serves as a file
-            blog._slot_files_bound(cast("IO[str]", out), cast("IO[str]", err)),
-            contextlib.redirect_stdout(to_out),
-            contextlib.redirect_stderr(to_err),
-        ):
-            yield
-    finally:
-        for stream in streams:
-            stream.close()
-        for stream in streams:
-            if stream.error is not None:
-                logger.error(
-                    "could not write the worker log %s: %s; output written after that is lost",
-                    stream.name,
-                    stream.error,
-                )
-
-
-@contextlib.contextmanager
 def _absolute_log_basedir() -> Iterator[None]:
     """During a run, a relative log basedir names the directory it named at run start: a
     block function that changes directory (serial mode runs it in this process) must not
@@ -257,93 +205,6 @@ def _absolute_log_basedir() -> Iterator[None]:
     finally:
         if blog.get_log_basedir() == pinned:  # unless the user set another one meanwhile
             blog.set_log_basedir(base)
-
-
-class _Tee:
-    """A text stream that writes to two (log mode ``"both"`` in serial runs)."""
-
-    def __init__(self, first: Any, second: Any) -> None:
-        self._streams = (first, second)
-
-    def write(self, text: str) -> int:
-        for stream in self._streams:
-            stream.write(text)
-        return len(text)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        for stream in self._streams:
-            stream.flush()
-
-    def isatty(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        # encoding, errors, fileno(), buffer...: those of the terminal stream
-        return getattr(self._streams[0], name)
-
-
-def _run_blocks_serially(
-    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None
-) -> None:
-    """Every block in this process, in dependency order (SPEC §3.1): an exception from a
-    block function propagates at once, with its own type. ``on_block()``, when given, is
-    called after each block (a SerialServer's attached observers, see run_observed)."""
-    progressed = True
-    while progressed:
-        progressed = False
-        for run in scheduler.runs:
-            fn = run.task.process_function
-            assert fn is not None
-            agg = aggregates[run.task_id]
-            tracked = run.task.resource_tracking
-            meter = Meter() if tracked else None
-            geom = run.geom
-            acquire = scheduler.acquire_index
-            release = scheduler.release_index
-            k = acquire(run)
-            if k < 0:
-                continue  # no block now: the log files are not opened (no empty run in them)
-            with _serial_output(run.task_id):
-                while k >= 0:
-                    progressed = True
-                    block = Block._lazy(geom, k, BlockStatus.PROCESSING)
-                    measured = None
-                    if meter is not None:
-                        t0 = time.time()
-                        # blocks run back to back: each measurement continues from the
-                        # previous block's closing readings
-                        meter.begin(back_to_back=True)
-                        try:
-                            fn(block)
-                        finally:
-                            measured = meter.finish()
-                        t1 = time.time()
-                    else:
-                        fn(block)
-                        t0 = t1 = 0.0
-                    ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
-                    # a measurement the block function attached itself wins
-                    stats: Any = measured
-                    attached = block.stats
-                    if attached is not None and ok:
-                        problem = stats_problem(attached)
-                        if problem is None:
-                            stats = attached.to_tuple()
-                        else:
-                            logger.warning("block %s failed: %s", block.block_id, problem)
-                            ok = False
-                    release(run, k, ok, stats, -1, t0, t1)
-                    if tracked or not ok:
-                        agg.add_block(None, stats if ok else None, not ok)
-                    else:
-                        agg.count += 1
-                    if on_block is not None:
-                        on_block()
-                    k = acquire(run)
 
 
 def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
@@ -521,7 +382,7 @@ def _execute(
                 run_observed(
                     make_observer(serial_observer, result.order),
                     lambda: scheduler.task_states,
-                    lambda on_block: _run_blocks_serially(scheduler, aggregates, on_block),
+                    lambda on_block: run_blocks_serially(scheduler, aggregates, on_block),
                 )
             result.states = scheduler.task_states
             for r in scheduler.runs:
@@ -673,57 +534,14 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
-            _append_report(Path(store.runs_jsonl), data)
+            append_report(Path(store.runs_jsonl), data)
         else:
             base = blog.get_log_basedir()
             if base is not None and blog.get_log_mode() != "console":
-                _append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
-        _MEMORY_REPORTS[run.task_id] = data
+                append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
+        remember_report(run.task_id, data)
         reports[run.task_id] = TaskReport(data, store_path)
     return RunReport(reports)
-
-
-def _append_report(path: Path, data: dict[str, Any]) -> None:
-    """Append a run line; a file that cannot be written costs the report on disk, not the
-    run's outcome (which is being returned or raised): the error is logged, and this
-    process's ``task.report()`` still returns the line."""
-    try:
-        append_run_line(path, data)
-    except OSError as exc:
-        _UNWRITTEN[str(path)] = data
-        logger.error(
-            "could not append this run's report to %s: %s. task.report() returns it in "
-            "this process only",
-            path,
-            exc,
-        )
-    else:
-        _UNWRITTEN.pop(str(path), None)
-
-
-def _read_report(path: Path) -> dict[str, Any] | None:
-    """The newest run line for ``path``: one this process failed to append, else the
-    file's last line."""
-    unwritten = _UNWRITTEN.get(str(path))
-    if unwritten is not None:
-        return unwritten
-    return read_last_run(path) if path.exists() else None
-
-
-def load_task_report(task: Task) -> Any:
-    """The last run line of ``task``: from its store, else from its log folder, else (no
-    store and file logging off) from the copy a run in this process kept in memory."""
-
-    path = task.resolved_tracking_path()
-    if path is not None:
-        data = _read_report(path / "runs.jsonl")
-        return None if data is None else TaskReport(data, path)
-    base = blog.get_log_basedir()
-    if base is not None and blog.get_log_mode() != "console":
-        data = _read_report(Path(base) / blog.task_log_dirname(task.task_id) / "runs.jsonl")
-        return None if data is None else TaskReport(data, None)
-    data = _MEMORY_REPORTS.get(task.task_id)
-    return None if data is None else TaskReport(data, None)
 
 
 def _attach(exc: BaseException, result: _RunResult) -> None:

@@ -350,7 +350,7 @@ class Task:
 
     def report(self) -> Any:
         """The TaskReport of this task's last run (from runs.jsonl), or None."""
-        from ._runner import load_task_report
+        from ._report_load import load_task_report
 
         return load_task_report(self)
 

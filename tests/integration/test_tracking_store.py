@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
-import bellis._tracking._store as store_module
+import bellis._tracking._migrate as migrate_module
 from bellis._tracking import (
     NO_WORKER,
     STAT_ARRAYS,
@@ -69,7 +69,7 @@ def store_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def no_fault_hook() -> Iterator[None]:
     yield
-    store_module._fault_hook = None
+    migrate_module._fault_hook = None
 
 
 # -- creation and layout on disk ----------------------------------------------------------
@@ -804,11 +804,11 @@ def _migration_steps(tmp_path: Path) -> list[str]:
     steps: list[str] = []
     path = tmp_path / "probe"
     TrackingStore.open(path, CRASH_OLD, resource_tracking=True).close()
-    store_module._fault_hook = steps.append
+    migrate_module._fault_hook = steps.append
     try:
         TrackingStore.open(path, CRASH_NEW, resource_tracking=True).close()
     finally:
-        store_module._fault_hook = None
+        migrate_module._fault_hook = None
     return steps
 
 
@@ -824,12 +824,12 @@ def _crash_at(path: Path, step: str) -> None:
         if name == step:
             raise _Crash(name)
 
-    store_module._fault_hook = hook
+    migrate_module._fault_hook = hook
     try:
         with pytest.raises(_Crash):
             TrackingStore.open(path, CRASH_NEW, resource_tracking=True)
     finally:
-        store_module._fault_hook = None
+        migrate_module._fault_hook = None
 
 
 def _crash_cases() -> list[str]:

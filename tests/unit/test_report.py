@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bellis._block import BlockStats
+from bellis._panel import format_bytes, format_duration, render_panel
 from bellis._report import (
     COUNTER_KEYS,
     RunReport,
@@ -25,11 +26,8 @@ from bellis._report import (
     Welford,
     append_run_line,
     counters_from_state,
-    format_bytes,
-    format_duration,
     read_last_run,
     read_runs,
-    render_panel,
     task_report_json,
     validate_run_line,
 )

@@ -29,51 +29,18 @@ Growing a volume
 bellis also records the structural layout (``bellis_layout``, see ``_layout.py``). When
 the hash differs but :func:`~bellis._tracking._layout.plan_growth` finds that the old
 grid sits inside the new one at a whole-cell shift, the store is migrated instead of
-refused. The migration of every child array ``A`` goes in four phases:
-
-1. *prepare*: write the remapped chunk to ``A/c.migrating/0/...`` and msync it;
-2. *swap*: rename ``A/c`` to ``A/c.pre-<old hash>``, rename ``A/c.migrating`` to ``A/c``,
-   then replace ``A/zarr.json`` (new shape) through a temporary file;
-3. *commit*: replace the group ``zarr.json`` (new hash, new record) through a temporary
-   file. This single ``os.replace`` is the commit point;
-4. *clean*: remove every ``A/c.pre-<old hash>``.
-
-Why a crash anywhere leaves a usable store: every writable open first runs
-:func:`_recover`, which reads the group's hash ``H`` and grid ``G`` (the committed state)
-and, in every child directory, deletes ``c.migrating`` and temporary files, then looks at
-each ``c.pre-<X>``:
-
-- ``X == H``: the group still names the layout the pre-copy belongs to, so the
-  migration had not committed. The pre-copy is the authoritative data: it replaces
-  ``c`` and the array's ``zarr.json`` is rewritten with shape ``G``. The store is back to
-  the old layout exactly, and an open with the new layout migrates it again.
-- ``X != H``: the group was already switched (migrations only happen between
-  different hashes), so the pre-copy is stale and is deleted. Commit happens only
-  after every array has been swapped, so every ``c`` already holds the new data and
-  every ``zarr.json`` already says ``G``.
-
-Before phase 2 touches an array, its ``c`` is untouched (phase 1 only writes beside
-it). During phase 2, an array whose ``c`` was moved aside always has its
-``c.pre-<old>``, so no state loses the old data. An array's metadata differs between
-the two layouts only in its shape fields, so rewriting them from ``G`` is always
-correct. Hence the store is always recognised either as the old layout or the new
-one, never as a mixture. The steps are
-also made durable in that order (msync of the new chunk and fsync of its directories,
-fsync of every replaced ``zarr.json`` and of its directory, which also persists the
-renames before it), so the argument holds across a power loss too.
-``open_readonly`` applies the same rule without writing: an array that has a
-``c.pre-<H>`` is read from there.
+refused (``_migrate.py``, whose docstring tells why a crash anywhere leaves a usable store).
+Every writable open first runs its recovery. ``open_readonly`` applies the same rule
+without writing: an array that has a ``c.pre-<H>`` is read from there. The file
+primitives (atomic writes, the mapped chunks) are in ``_files.py``.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +53,20 @@ from ._disk import (
     LOCK_NAME,
     StoreLock,
     check_space,
-    disk_full_error,
-    is_no_space,
-    reserve,
     unreserved_bytes,
+)
+from ._files import (
+    cell_count,
+    chunk_files,
+    chunk_parts,
+    create_array,
+    make_dir,
+    map_array,
+    map_readonly,
+    open_error,
+    read_json,
+    rmtree,
+    write_atomic,
 )
 from ._layout import (
     ARRAY_DTYPES,
@@ -98,9 +75,7 @@ from ._layout import (
     STAT_ARRAYS,
     GrowthPlan,
     StoreLayout,
-    array_metadata,
     check_array,
-    check_chunking,
     dump_metadata,
     group_metadata,
     int_shape,
@@ -108,18 +83,15 @@ from ._layout import (
     layout_hash,
     layout_mismatch,
     layout_record,
-    numpy_dtype,
     plan_growth,
     reshaped_metadata,
 )
+from ._migrate import PRE_PREFIX, migrate, recover
 
 __all__ = ["TrackingStore", "delete_store"]
 
 _log = logging.getLogger("bellis")
 
-_TMP_PREFIX = ".bellis-tmp-"
-_MIGRATING = "c.migrating"
-_PRE_PREFIX = "c.pre-"
 _U32_MAX = 2**32 - 1
 _NAN = float("nan")
 _MEMORYVIEW_FORMATS = {
@@ -129,292 +101,6 @@ _MEMORYVIEW_FORMATS = {
     "float32": "f",
     "float64": "d",
 }
-
-_fault_hook: Callable[[str], None] | None = None
-"""Test seam: called with the name of each migration step just completed.
-
-A test sets it to a function that raises at a chosen step to simulate a crash there.
-"""
-
-
-def _step(name: str) -> None:
-    if _fault_hook is not None:
-        _fault_hook(name)
-
-
-def _read_json(file: Path) -> dict[str, Any] | None:
-    """A zarr.json document, or None when the file does not exist."""
-    try:
-        raw = file.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        document = json.loads(raw)
-    except ValueError as exc:
-        raise invalid_metadata(str(file), str(exc)) from exc
-    if not isinstance(document, dict):
-        raise invalid_metadata(str(file), "zarr.json does not hold a JSON object")
-    return document
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(file: Path, data: bytes, *, durable: bool = False) -> None:
-    """Write ``file`` through a temporary file in the same directory and ``os.replace``.
-
-    ``durable`` also fsyncs the file and its directory, so the replacement survives a
-    power loss; the migration needs that for its commit point, creation does not.
-    """
-    tmp = file.with_name(f"{_TMP_PREFIX}{os.getpid()}-{file.name}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, file)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        _fsync_dir(file.parent)
-
-
-def _chunk_parts(ndim: int) -> tuple[str, ...]:
-    return ("0",) * max(1, ndim)
-
-
-def _cell_count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _ensure_chunk(file: Path, nbytes: int, *, reserved: bool = True) -> None:
-    """Create the chunk file with ``nbytes`` or resize it to that length, and (``reserved``)
-    allocate all of its blocks, so that no store into its mapping can meet a full disk."""
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if os.fstat(fd).st_size != nbytes:
-            os.ftruncate(fd, nbytes)
-        if reserved:
-            reserve(fd, nbytes)
-    finally:
-        os.close(fd)
-
-
-def _chunk_files(
-    root: Path, grid: tuple[int, ...], names: tuple[str, ...]
-) -> list[tuple[Path, int]]:
-    """The chunk file and byte size of each of the arrays ``names`` on ``grid``."""
-    cells = _cell_count(grid)
-    parts = _chunk_parts(len(grid))
-    return [
-        (root.joinpath(name, "c", *parts), cells * np.dtype(ARRAY_DTYPES[name]).itemsize)
-        for name in names
-    ]
-
-
-def _open_error(display: str, exc: OSError, files: list[tuple[Path, int]]) -> TrackingError:
-    """The TrackingError of an OSError while opening: a full disk and a read-only
-    filesystem say what to do."""
-    if is_no_space(exc):
-        return disk_full_error(display, max(1, unreserved_bytes(files)), Path(display))
-    if exc.errno == errno.EROFS:
-        return TrackingError(
-            f"block tracking at {display} is on a read-only filesystem ({exc}); a run "
-            f"writes its store. Read it with `bellis status {display}`, or pass "
-            "tracking_path= on a writable filesystem",
-            path=display,
-        )
-    return TrackingError(f"io error opening block tracking at {display}: {exc}", path=display)
-
-
-def _map_writable(file: Path, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.memmap[Any, Any]:
-    _ensure_chunk(file, _cell_count(shape) * dtype.itemsize)
-    return np.memmap(os.fspath(file), dtype=dtype, mode="r+", shape=shape, order="C")
-
-
-def _create_array(root: Path, name: str, grid: tuple[int, ...]) -> np.memmap[Any, Any]:
-    """Write array ``name``'s metadata and map its (sparse) chunk file."""
-    directory = root / name
-    directory.mkdir(exist_ok=True)
-    _write_atomic(directory / "zarr.json", dump_metadata(array_metadata(ARRAY_DTYPES[name], grid)))
-    return _map_array(root, name, grid)
-
-
-def _map_array(root: Path, name: str, grid: tuple[int, ...]) -> np.memmap[Any, Any]:
-    dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
-    return _map_writable(root.joinpath(name, "c", *_chunk_parts(len(grid))), dtype, grid)
-
-
-def _map_readonly(
-    file: Path, dtype: np.dtype[Any], shape: tuple[int, ...], display: str
-) -> np.memmap[Any, Any]:
-    """Map a chunk read-only. A missing chunk reads as the fill value (zarr semantics)."""
-    nbytes = _cell_count(shape) * dtype.itemsize
-    if nbytes == 0 or not file.exists():
-        return np.zeros(shape, dtype=dtype).view(np.memmap)
-    size = file.stat().st_size
-    if size != nbytes:
-        raise invalid_metadata(display, f"chunk file {file} is {size} bytes, expected {nbytes}")
-    return np.memmap(os.fspath(file), dtype=dtype, mode="r", shape=shape, order="C")
-
-
-def _child_arrays(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
-    """Every child directory of the group that holds a zarr array, sorted by name."""
-    found = []
-    for child in sorted(root.iterdir()):
-        if child.is_symlink() or not child.is_dir():
-            continue
-        meta = _read_json(child / "zarr.json")
-        if meta is not None and meta.get("node_type") == "array":
-            found.append((child.name, child / "zarr.json", meta))
-    return found
-
-
-def _make_dir(root: Path) -> Path:
-    """Create the store directory (and its parents); returns it."""
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def _rmtree(path: Path) -> None:
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path)
-
-
-def _recover(root: Path, committed_hash: str, record: Any) -> None:
-    """Finish or undo an interrupted migration (see the module docstring)."""
-    grid = int_shape(record.get("grid_shape")) if isinstance(record, dict) else None
-    pre_name = _PRE_PREFIX + committed_hash
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(_TMP_PREFIX):
-            entry.unlink(missing_ok=True)
-            continue
-        if entry.is_symlink() or not entry.is_dir():
-            continue
-        for leftover in sorted(entry.iterdir()):
-            if leftover.name.startswith(_TMP_PREFIX):
-                leftover.unlink(missing_ok=True)
-            elif leftover.name == _MIGRATING:
-                _rmtree(leftover)
-            elif leftover.name.startswith(_PRE_PREFIX) and leftover.name != pre_name:
-                _rmtree(leftover)
-        pre = entry / pre_name
-        if not pre.exists():
-            continue
-        current = entry / "c"
-        if current.exists():
-            _rmtree(current)
-        os.rename(pre, current)
-        meta = _read_json(entry / "zarr.json")
-        if meta is not None and grid is not None and int_shape(meta.get("shape")) != grid:
-            _write_atomic(
-                entry / "zarr.json", dump_metadata(reshaped_metadata(meta, grid)), durable=True
-            )
-        _log.info(
-            "block tracking at %s: rolled back an interrupted migration of %s", root, entry.name
-        )
-
-
-def _migrate(
-    root: Path,
-    display: str,
-    group: dict[str, Any],
-    plan: GrowthPlan,
-    new_hash: str,
-    record: dict[str, Any],
-) -> list[str]:
-    """Remap every child array onto the grown grid (four phases, module docstring)."""
-    old_hash = group["attributes"]["daisy_task_hash"]
-    pre_name = _PRE_PREFIX + old_hash
-    ndim = len(plan.new_grid)
-    parts = _chunk_parts(ndim)
-    arrays = _child_arrays(root)
-    target = tuple(slice(k, k + n) for k, n in zip(plan.shift, plan.old_grid, strict=True))
-    # the new chunks are written beside the old ones: all of them must fit at once
-    cells = _cell_count(plan.new_grid)
-    check_space(
-        display,
-        sum(cells * numpy_dtype(display, f, m.get("data_type")).itemsize for _n, f, m in arrays),
-        root,
-    )
-
-    for name, meta_file, meta in arrays:
-        stored = int_shape(meta.get("shape"))
-        if stored != plan.old_grid:
-            raise invalid_metadata(
-                display,
-                f"{meta_file} shape inconsistent with task layout "
-                f"(stored = {json.dumps(meta.get('shape'))}, "
-                f"expected = {json.dumps(list(plan.old_grid))})",
-            )
-        check_chunking(display, meta_file, meta)
-        dtype = numpy_dtype(display, meta_file, meta.get("data_type"))
-        directory = root / name
-        old_chunk = directory.joinpath("c", *parts)
-        _ensure_chunk(old_chunk, _cell_count(plan.old_grid) * dtype.itemsize, reserved=False)
-        staging = directory / _MIGRATING
-        if staging.exists():
-            _rmtree(staging)
-        new = _map_writable(staging.joinpath(*parts), dtype, plan.new_grid)
-        old = np.memmap(old_chunk, dtype=dtype, mode="r", shape=plan.old_grid, order="C")
-        new[target] = old
-        if name == "done":
-            for axis, index in plan.clear_done:
-                new[(slice(None),) * axis + (index,)] = 0
-        new.flush()
-        del new, old
-        for level in staging.joinpath(*parts).parents:
-            _fsync_dir(level)
-            if level == staging:
-                break
-        _step(f"prepared {name}")
-
-    for name, meta_file, meta in arrays:
-        directory = root / name
-        os.rename(directory / "c", directory / pre_name)
-        _step(f"moved aside {name}")
-        os.rename(directory / _MIGRATING, directory / "c")
-        _step(f"moved in {name}")
-        _write_atomic(
-            meta_file, dump_metadata(reshaped_metadata(meta, plan.new_grid)), durable=True
-        )
-        _step(f"swapped {name}")
-
-    committed = dict(group)
-    attributes = dict(group.get("attributes") or {})
-    attributes["daisy_task_hash"] = new_hash
-    attributes["bellis_layout"] = record
-    committed["attributes"] = attributes
-    _write_atomic(root / "zarr.json", dump_metadata(committed), durable=True)
-    _step("committed")
-
-    for name, _meta_file, _meta in arrays:
-        _rmtree(root / name / pre_name)
-        _step(f"cleaned {name}")
-
-    names = [name for name, _f, _m in arrays]
-    _log.info(
-        "block tracking at %s: volume grew, migrated grid %s -> %s (cell shift %s); arrays: %s",
-        display,
-        list(plan.old_grid),
-        list(plan.new_grid),
-        list(plan.shift),
-        ", ".join(names) if names else "none",
-    )
-    return names
 
 
 class TrackingStore:
@@ -483,7 +169,7 @@ class TrackingStore:
         self.record = record
         self._arrays = arrays
         self._stats = {n: arrays[n] for n in STAT_ARRAYS if n in arrays}
-        self._cell_count = _cell_count(grid_shape)
+        self._cell_count = cell_count(grid_shape)
         self._writable = writable
         self._closed = False
         self._tracks_resources = tracks_resources
@@ -521,16 +207,16 @@ class TrackingStore:
         display = os.fspath(path)
         root = Path(path)
         names = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
-        files = _chunk_files(root, layout.grid_shape, names)
+        files = chunk_files(root, layout.grid_shape, names)
         try:
-            lock = StoreLock.acquire(_make_dir(root), display)
+            lock = StoreLock.acquire(make_dir(root), display)
         except OSError as exc:
-            raise _open_error(display, exc, files) from exc
+            raise open_error(display, exc, files) from exc
         try:
             store = cls._open(root, display, layout, resource_tracking, lock)
         except OSError as exc:
             lock.release()
-            raise _open_error(display, exc, files) from exc
+            raise open_error(display, exc, files) from exc
         except BaseException:
             lock.release()
             raise
@@ -550,11 +236,11 @@ class TrackingStore:
         expected = layout_hash(layout)
         record = layout_record(layout)
         group_file = root / "zarr.json"
-        group = _read_json(group_file)
+        group = read_json(group_file)
         migrated_from: tuple[int, ...] | None = None
         stored: Any = None
         if group is None:
-            _write_atomic(group_file, dump_metadata(group_metadata(expected, record)))
+            write_atomic(group_file, dump_metadata(group_metadata(expected, record)))
             stored = expected
         else:
             node_type = group.get("node_type")
@@ -567,7 +253,7 @@ class TrackingStore:
                     str(group_file), "attributes.daisy_task_hash is not a string"
                 )
             if node_type == "group" and stored is not None:
-                _recover(root, stored, attributes.get("bellis_layout"))
+                recover(root, stored, attributes.get("bellis_layout"))
             if stored is None:
                 if node_type != "group":
                     raise invalid_metadata(
@@ -586,7 +272,7 @@ class TrackingStore:
                 if attributes.get("bellis_layout") != record:
                     updated = dict(group)
                     updated["attributes"] = {**attributes, "bellis_layout": record}
-                    _write_atomic(group_file, dump_metadata(updated))
+                    write_atomic(group_file, dump_metadata(updated))
             else:
                 plan: GrowthPlan | str = "the store is not a zarr group"
                 if node_type == "group":
@@ -596,7 +282,7 @@ class TrackingStore:
                         "block tracking at %s cannot follow the new layout: %s", display, plan
                     )
                     raise layout_mismatch(display, stored, expected)
-                _migrate(root, display, {**group, "attributes": attributes}, plan, expected, record)
+                migrate(root, display, {**group, "attributes": attributes}, plan, expected, record)
                 migrated_from = plan.old_grid
                 stored = expected
 
@@ -604,17 +290,17 @@ class TrackingStore:
         names = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
         # the resource arrays open_stats() creates later are counted now: a full disk is
         # an error here, before any block runs
-        check_space(display, unreserved_bytes(_chunk_files(root, grid, names)), root)
+        check_space(display, unreserved_bytes(chunk_files(root, grid, names)), root)
         arrays: dict[str, np.memmap[Any, Any]] = {}
         missing: list[str] = []
         for name in names:
             meta_file = root / name / "zarr.json"
-            meta = _read_json(meta_file)
+            meta = read_json(meta_file)
             if meta is not None:
                 check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
-                arrays[name] = _map_array(root, name, grid)
+                arrays[name] = map_array(root, name, grid)
             elif name in BASE_ARRAYS:
-                arrays[name] = _create_array(root, name, grid)
+                arrays[name] = create_array(root, name, grid)
             else:
                 missing.append(name)  # created by open_stats()
         store = cls(
@@ -647,10 +333,10 @@ class TrackingStore:
             return
         try:
             for name in missing:
-                self._arrays[name] = _create_array(self.path, name, self.grid_shape)
+                self._arrays[name] = create_array(self.path, name, self.grid_shape)
         except OSError as exc:
-            files = _chunk_files(self.path, self.grid_shape, missing)
-            raise _open_error(str(self.path), exc, files) from exc
+            files = chunk_files(self.path, self.grid_shape, missing)
+            raise open_error(str(self.path), exc, files) from exc
         self._missing_stats = ()
         self._map_stats()
 
@@ -709,7 +395,7 @@ class TrackingStore:
 
     @classmethod
     def _open_readonly(cls, root: Path, display: str) -> TrackingStore:
-        group = _read_json(root / "zarr.json")
+        group = read_json(root / "zarr.json")
         if group is None:
             raise TrackingError(
                 f"no block tracking at {display} (zarr.json is missing)", path=display
@@ -730,14 +416,14 @@ class TrackingStore:
         record = attributes.get("bellis_layout")
         record = record if isinstance(record, dict) else None
         committed_grid = int_shape(record.get("grid_shape")) if record is not None else None
-        pre_name = _PRE_PREFIX + stored if stored is not None else None
+        pre_name = PRE_PREFIX + stored if stored is not None else None
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
         for name in BASE_ARRAYS + STAT_ARRAYS:
             directory = root / name
             meta_file = directory / "zarr.json"
-            meta = _read_json(meta_file)
+            meta = read_json(meta_file)
             if meta is None:
                 if name in BASE_ARRAYS:
                     raise invalid_metadata(display, f"the group has no {name!r} array")
@@ -755,8 +441,8 @@ class TrackingStore:
                 grid = shape
             check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
             dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
-            arrays[name] = _map_readonly(
-                chunk_dir.joinpath(*_chunk_parts(len(grid))), dtype, grid, display
+            arrays[name] = map_readonly(
+                chunk_dir.joinpath(*chunk_parts(len(grid))), dtype, grid, display
             )
         assert grid is not None
         return cls(
@@ -994,11 +680,11 @@ def delete_store(path: str | os.PathLike[str]) -> str | None:
         if not target.is_symlink() and (target / LOCK_NAME).is_file():
             lock = StoreLock.acquire(target, display)
             try:
-                _rmtree(target)
+                rmtree(target)
             finally:
                 lock.release()
         else:
-            _rmtree(target)
+            rmtree(target)
     except OSError as exc:
         raise TrackingError(
             f"failed to clear block tracking at {display}: {exc}", path=display
