@@ -98,15 +98,29 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
     killed: list[str] = []
 
     def kill_one() -> None:
+        # kill the dask worker whose bellis subprocess is mid-block: a block started under
+        # 0.15 s ago (of 0.3 s) and not done. Killing any busy dask worker could hit one whose
+        # subprocess is still starting, which costs no block.
+        import psutil
+
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            busy = [w for w, keys in client.processing().items() if keys]
-            if busy and any(rec.iterdir()):
-                pid = client.run(os.getpid, workers=[busy[0]])[busy[0]]
-                killed.append(busy[0])
-                os.kill(pid, signal.SIGKILL)
-                return
-            time.sleep(0.1)
+            dask_pids = client.run(os.getpid)
+            now = time.time()
+            for rows in read_records(rec).values():
+                last = rows[-1]
+                if last.kind != "start" or now - last.t0 > 0.15:
+                    continue
+                try:
+                    parent = psutil.Process(last.pid).ppid()
+                except psutil.NoSuchProcess:
+                    continue
+                for addr, pid in dask_pids.items():
+                    if pid == parent:
+                        killed.append(addr)
+                        os.kill(pid, signal.SIGKILL)
+                        return
+            time.sleep(0.02)
 
     killer = threading.Thread(target=kill_one)
     killer.start()
