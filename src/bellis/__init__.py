@@ -15,53 +15,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = [
-    "BellisError",
-    "Block",
-    "BlockRecord",
-    "BlockStats",
-    "BlockStatus",
-    "BlockwiseDependencyGraph",
-    "Client",
-    "ConfigurationError",
-    "Context",
-    "Coordinate",
-    "DaskLauncher",
-    "DependencyGraph",
-    "JsonProgressObserver",
-    "LayoutMismatch",
-    "LocalLauncher",
-    "Pipeline",
-    "Roi",
-    "RunReport",
-    "Scheduler",
-    "SerialServer",
-    "Server",
-    "SlurmLauncher",
-    "Stat",
-    "Task",
-    "TaskAbandonedError",
-    "TaskReport",
-    "TaskState",
-    "TrackingError",
-    "WorkerLauncher",
-    "WorkerRecord",
-    "__version__",
-    "get_done_marker_basedir",
-    "get_tracking_basedir",
-    "get_worker_log_basename",
-    "logging",
-    "profile_block",
-    "run_blockwise",
-    "set_done_marker_basedir",
-    "set_tracking_basedir",
-    "skip_mask_from_rois",
-    "skip_mask_from_volume",
-    "write_report",
-    "write_trace",
-]
-
-
 _SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
 _NEED_NUMPY = ("v1_compat",)
 
@@ -112,6 +65,11 @@ _HOMES: dict[str, tuple[str, str]] = {
     "write_trace": ("bellis._trace", "write_trace"),
     "write_report": ("bellis._html_report", "write_report"),
 }
+#: The public names: those above and the submodule ``logging`` (daisy's ``daisy.logging``).
+#: ``bellis.v1_compat`` has the same list and ``bellis.v2`` all of it but :data:`_V1_ONLY`.
+__all__ = sorted([*_HOMES, "logging"])
+#: The names only the daisy 1.x surface has; the native ``bellis.v2`` leaves them out.
+_V1_ONLY = frozenset({"SerialServer", "get_worker_log_basename"})
 # the homes that neither import numpy nor compute with it: the names a worker uses
 _LIGHT_HOMES = frozenset(
     {
