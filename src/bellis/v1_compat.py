@@ -10,9 +10,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from . import _HOMES, _load_public_name
-from . import __all__ as _PUBLIC_NAMES
 from . import logging as logging
+from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, load_public_name
 from ._runner import _pipeline_from_list
 from ._scheduler import Scheduler as _Scheduler
 from ._task import Task as _V2Task
@@ -20,7 +19,7 @@ from .errors import BellisDeprecationWarning
 
 # ``import bellis`` offers this module's names: the one list is ``bellis.__all__``. Task and
 # Scheduler are defined below; every other name loads on first use from its home
-# (``bellis._HOMES``), the same object ``bellis`` gives.
+# (``bellis.HOMES``), the same object ``bellis`` gives.
 __all__ = list(_PUBLIC_NAMES)
 
 
@@ -58,8 +57,8 @@ class Scheduler(_Scheduler):
 
 
 def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return _load_public_name(name, _HOMES, globals())
+    if name in HOMES:
+        return load_public_name(name, HOMES, globals())
     raise AttributeError(f"module 'bellis.v1_compat' has no attribute {name!r}")
 
 

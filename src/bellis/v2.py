@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _HOMES, _V1_ONLY, _load_public_name
-from . import __all__ as _PUBLIC_NAMES
 from . import logging as logging
+from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, V1_ONLY, load_public_name
 
-# One list (``bellis.__all__``, from ``bellis._HOMES``) less the 1.x-only names. Names load
+# One list (``bellis.__all__``, from ``bellis.HOMES``) less the 1.x-only names. Names load
 # on first use, each from the module that defines it (as ``bellis``'s do), so a worker
 # function of an ``import bellis.v2 as daisy`` script that touches ``daisy.Client`` loads
 # neither numpy nor the driver's modules. v2's Task and Scheduler are the native ones.
-__all__ = [name for name in _PUBLIC_NAMES if name not in _V1_ONLY]
-_V2_HOMES = {name: _HOMES[name] for name in __all__ if name in _HOMES} | {
+__all__ = [name for name in _PUBLIC_NAMES if name not in V1_ONLY]
+_V2_HOMES = {name: HOMES[name] for name in __all__ if name in HOMES} | {
     "Task": ("bellis._task", "Task"),
     "Scheduler": ("bellis._scheduler", "Scheduler"),
 }
@@ -27,7 +26,7 @@ _V2_HOMES = {name: _HOMES[name] for name in __all__ if name in _HOMES} | {
 
 def __getattr__(name: str) -> Any:
     if name in _V2_HOMES:
-        return _load_public_name(name, _V2_HOMES, globals())
+        return load_public_name(name, _V2_HOMES, globals())
     raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
 
 

@@ -192,3 +192,36 @@ def test_v2_has_no_compat_shims() -> None:
 def test_v2_scheduler_accepts_only_pipeline_or_task() -> None:
     with pytest.raises(TypeError, match="expects a Pipeline or a Task"):
         v2.Scheduler([])
+
+
+def test_type_checkers_see_every_public_name_from_its_home() -> None:
+    """``bellis/__init__.py`` names each public object for type checkers (names load lazily
+    at run time, so without this a user's mypy sees ``Any``): the block must name exactly
+    the public names, each from the module it loads from."""
+    import ast
+    from pathlib import Path
+
+    from bellis._names import HOMES
+
+    tree = ast.parse(Path(bellis.__file__).read_text())
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    seen: dict[str, tuple[str, str]] = {}
+    for node in block.body:
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = "bellis" + ("." + module if module else "")
+            for alias in node.names:
+                # an explicit re-export: `X as X`
+                assert alias.asname == alias.name, ast.unparse(node)
+                seen[alias.name] = (module, alias.name)
+        elif isinstance(node, ast.Assign):
+            (target,) = node.targets
+            assert isinstance(target, ast.Name) and isinstance(node.value, ast.Name)
+            seen[target.id] = seen[node.value.id]
+    assert seen.pop("logging") == ("bellis", "logging")
+    assert seen == HOMES

@@ -19,6 +19,7 @@ RANK = {
     "_state": 0,
     "_streams": 0,
     "_version": 0,
+    "_names": 0,
     "_code_origin": 0,
     "logging": 0,
     "_block": 1,
