@@ -54,7 +54,7 @@ from bellis._protocol import (
     encode,
 )
 
-__all__ = ["ClientsResult", "Target", "parse_context", "raise_nofile", "start_clients"]
+__all__ = ["Clients", "ClientsResult", "Target", "parse_context", "raise_nofile"]
 
 SUCCESS = 2  # BlockStatus.SUCCESS on the wire
 _ZERO_ROW = STATS_ROW.pack(0.0, 0.0, 0, 0, 0, 0.0, 0, 0.0)
@@ -114,7 +114,11 @@ class _State:
     errors: list[str] = field(default_factory=list)
 
 
-async def _connection(target: Target, state: _State, counter: Any, slot: int) -> None:
+async def _connection(
+    target: Target, state: _State, counter: Any, welcomed: Any, slot: int, barrier: int
+) -> None:
+    """One simulated worker; with ``barrier`` > 0 it asks for its first block only once
+    that many connections (of all the client processes) have been welcomed."""
     try:
         reader, writer = await asyncio.open_connection(target.host, target.port)
     except OSError as exc:
@@ -148,6 +152,9 @@ async def _connection(target: Target, state: _State, counter: Any, slot: int) ->
         if welcome[0] != WELCOME:
             raise ConnectionError(f"answered the hello with opcode {welcome[0]}")
         state.welcomed += 1
+        welcomed[slot] += 1
+        while barrier and sum(welcomed) < barrier:
+            await asyncio.sleep(0.01)
         tracking = bool(welcome[2])
         message: list[Any] = [ACQUIRE]
         blocks = state.blocks
@@ -185,7 +192,14 @@ async def _connection(target: Target, state: _State, counter: Any, slot: int) ->
 
 
 def _client_process(
-    text: str, connections: int, slot: int, counter: Any, go: Any, out: Any
+    text: str,
+    connections: int,
+    slot: int,
+    counter: Any,
+    welcomed: Any,
+    barrier: int,
+    go: Any,
+    out: Any,
 ) -> None:
     """One client process: ``connections`` simulated workers, started when ``go`` is set."""
     target = Target.from_context(text)
@@ -194,7 +208,10 @@ def _client_process(
 
     async def main() -> None:
         await asyncio.gather(
-            *(_connection(target, state, counter, slot) for _ in range(connections))
+            *(
+                _connection(target, state, counter, welcomed, slot, barrier)
+                for _ in range(connections)
+            )
         )
 
     go.wait()
@@ -261,15 +278,21 @@ class Clients:
 
     They start at once and wait; :meth:`go` lets every connection open together (a burst,
     as when a cluster starts many workers at once). ``counter[i]`` is how many blocks
-    process ``i`` has been handed so far (shared memory, readable while they run).
+    process ``i`` has been handed so far (shared memory, readable while they run). With
+    ``barrier``, no connection asks for a block before all of them have been welcomed
+    (every connection then takes part in the hand-out, however short the run).
     """
 
-    def __init__(self, context_text: str, connections: int, processes: int) -> None:
+    def __init__(
+        self, context_text: str, connections: int, processes: int, barrier: bool = False
+    ) -> None:
         methods = mp.get_all_start_methods()
         ctx = mp.get_context("fork" if "fork" in methods else "spawn")
         processes = max(1, min(processes, connections))
         self.connections = connections
         self.counter = ctx.Array("q", processes, lock=False)
+        self.welcomed = ctx.Array("q", processes, lock=False)
+        wait_for = connections if barrier else 0
         self._go = ctx.Event()
         self._t_go = 0.0
         self._pipes = []
@@ -279,7 +302,16 @@ class Clients:
             recv_end, send_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_client_process,
-                args=(context_text, share, i, self.counter, self._go, send_end),
+                args=(
+                    context_text,
+                    share,
+                    i,
+                    self.counter,
+                    self.welcomed,
+                    wait_for,
+                    self._go,
+                    send_end,
+                ),
                 daemon=True,
             )
             proc.start()
@@ -324,10 +356,6 @@ class Clients:
         )
 
 
-def start_clients(context_text: str, connections: int, processes: int) -> Clients:
-    return Clients(context_text, connections, processes)
-
-
 def _read_context(args: argparse.Namespace) -> str:
     if args.context:
         return str(args.context)
@@ -347,11 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=100)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--barrier", action="store_true", help="no block before every connection is welcomed"
+    )
     parser.add_argument("--json", required=True, help="where to write what the clients saw")
     args = parser.parse_args(argv)
     if not (args.context or args.context_file):
         parser.error("give --context or --context-file")
-    clients = Clients(_read_context(args), args.connections, args.processes)
+    clients = Clients(_read_context(args), args.connections, args.processes, args.barrier)
     clients.go()
     result = clients.join(args.timeout)
     record = result.summary()
