@@ -112,6 +112,8 @@ class _State:
     shutdowns: int = 0
     round_trips: int = 0
     errors: list[str] = field(default_factory=list)
+    #: connections that failed before their WELCOME (refused or closed: the run had ended)
+    unwelcomed: int = 0
 
 
 async def _connection(
@@ -122,6 +124,7 @@ async def _connection(
     try:
         reader, writer = await asyncio.open_connection(target.host, target.port)
     except OSError as exc:
+        state.unwelcomed += 1
         state.errors.append(f"connect: {exc}")
         return
     sock = writer.get_extra_info("socket")
@@ -140,6 +143,7 @@ async def _connection(
                     raise ConnectionError(f"{len(msgs)} replies to one request")
                 return msgs[0]  # type: ignore[no-any-return]
 
+    welcome: list[Any] = []
     try:
         challenge = await recv()
         if challenge[0] != CHALLENGE:
@@ -184,6 +188,8 @@ async def _connection(
                 for k in ks:
                     message += (k, SUCCESS, -1, None)
     except (ConnectionError, OSError) as exc:
+        if not welcome or welcome[0] != WELCOME:
+            state.unwelcomed += 1
         state.errors.append(str(exc))
     finally:
         writer.close()
@@ -229,6 +235,7 @@ def _client_process(
             "shutdowns": state.shutdowns,
             "round_trips": state.round_trips,
             "errors": state.errors,
+            "unwelcomed": state.unwelcomed,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "started": started,
             "ended": time.monotonic(),
@@ -248,6 +255,7 @@ class ClientsResult:
     shutdowns: int
     round_trips: int
     errors: list[str]
+    unwelcomed: int  # of the errors, those of connections that never got a WELCOME
     cpu_s: float  # the client processes' CPU, all together
     go: float  # time.monotonic() when the connections were let go
     ended: float  # ... when the last client process finished
@@ -267,6 +275,7 @@ class ClientsResult:
             "round_trips": self.round_trips,
             "errors": self.errors[:20],
             "error_count": len(self.errors),
+            "unwelcomed": self.unwelcomed,
             "clients_cpu_s": self.cpu_s,
             "all_first_block_s": (max(self.first) - self.go) if self.first else None,
             "clients_wall_s": self.ended - self.go,
@@ -350,6 +359,7 @@ class Clients:
             shutdowns=sum(r["shutdowns"] for r in reports),
             round_trips=sum(r["round_trips"] for r in reports),
             errors=[e for r in reports for e in r["errors"]],
+            unwelcomed=sum(r["unwelcomed"] for r in reports),
             cpu_s=sum(r["cpu_s"] for r in reports),
             go=self._t_go,
             ended=max(r["ended"] for r in reports),

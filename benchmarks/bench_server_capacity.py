@@ -57,6 +57,20 @@ need = connections + 256
 if soft != resource.RLIM_INFINITY and soft < need:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
 import bellis
+import bellis._server as _srv
+
+# the run loop's tick, timed from outside (bellis's code unchanged): how long each takes
+_ticks = []
+_tick = _srv.RunLoop._tick
+
+
+def _timed_tick(self, now):
+    t = time.perf_counter()
+    _tick(self, now)
+    _ticks.append(time.perf_counter() - t)
+
+
+_srv.RunLoop._tick = _timed_tick
 
 total = bellis.Roi((0,), (blocks,))
 one = bellis.Roi((0,), (1,))
@@ -86,7 +100,12 @@ if prof is not None:
     prof.dump_stats(profile)
 s = states["capacity"]
 usage = resource.getrusage(resource.RUSAGE_SELF)
+_ticks.sort()
 print(json.dumps({
+    "ticks": len(_ticks),
+    "tick_median_ms": 1e3 * _ticks[len(_ticks) // 2] if _ticks else None,
+    "tick_p90_ms": 1e3 * _ticks[int(0.9 * len(_ticks))] if _ticks else None,
+    "tick_max_ms": 1e3 * _ticks[-1] if _ticks else None,
     "total": s.total_block_count, "completed": s.completed_count, "failed": s.failed_count,
     "orphaned": s.orphaned_count, "wall_s": wall,
     "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -97,11 +116,18 @@ print(json.dumps({
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of process ``pid`` (all its threads, ended ones included)."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU of process ``pid`` (all its threads, ended ones included)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def _listen_overflows() -> int:
+    """This host's count of connections dropped because a listen queue was full."""
+    with open("/proc/net/netstat") as f:
+        lines = [line.split() for line in f if line.startswith("TcpExt:")]
+    return int(lines[1][lines[0].index("ListenOverflows")])
 
 
 def _load() -> float:
@@ -109,11 +135,17 @@ def _load() -> float:
 
 
 def measure(
-    connections: int, blocks: int, processes: int, track: bool, profile: Path | None
+    connections: int,
+    blocks: int,
+    processes: int,
+    track: bool,
+    profile: Path | None,
+    src: Path = SRC,
+    barrier: bool = False,
 ) -> dict[str, Any]:
-    """One run of the server with ``connections`` simulated workers."""
+    """One run of the server (bellis from ``src``) with ``connections`` simulated workers."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
         ctx_file = Path(tmp) / "context"
@@ -139,19 +171,21 @@ def measure(
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start (exit code {server.poll()})")
                 time.sleep(0.02)
-            clients = Clients(ctx_file.read_text(), connections, processes)
+            clients = Clients(ctx_file.read_text(), connections, processes, barrier)
             time.sleep(0.3)  # let the client processes start before the clock does
-            cpu0 = _cpu_seconds(server.pid)
+            overflows0 = _listen_overflows()
+            user0, sys0 = _cpu_seconds(server.pid)
             t_go = clients.go()
-            samples: list[tuple[float, int, float]] = [(t_go, 0, cpu0)]
+            samples: list[tuple[float, int, float, float]] = [(t_go, 0, user0, sys0)]
             while server.poll() is None:
                 time.sleep(0.02)
                 try:
-                    cpu = _cpu_seconds(server.pid)
+                    user, system = _cpu_seconds(server.pid)
                 except (FileNotFoundError, ProcessLookupError):
                     break
-                samples.append((time.monotonic(), clients.handed_out(), cpu))
+                samples.append((time.monotonic(), clients.handed_out(), user, system))
             result = clients.join(60)
+            overflows = _listen_overflows() - overflows0
             out, _ = server.communicate(timeout=60)
         finally:
             if server.poll() is None:
@@ -166,8 +200,9 @@ def measure(
         states["completed"] == states["total"] == blocks
         and len(result.blocks) == blocks
         and dup == 0
-        and not result.errors
-        and result.shutdowns == connections
+        # a connection refused or closed before its WELCOME came after the run had ended
+        and len(result.errors) == result.unwelcomed
+        and result.shutdowns == result.welcomed == connections - result.unwelcomed
     )
     if not ok:
         raise RuntimeError(
@@ -186,7 +221,10 @@ def measure(
         start = next(s for s in samples if s[1] >= lo)
         end = next(s for s in reversed(samples) if s[1] <= hi)
     assert start is not None and end is not None
-    dt, dn, dcpu = end[0] - start[0], end[1] - start[1], end[2] - start[2]
+    dt, dn = end[0] - start[0], end[1] - start[1]
+    duser, dsys = end[2] - start[2], end[3] - start[3]
+    dcpu = duser + dsys
+    first = sorted(t - t_go for t in result.first)
     return {
         "connections": connections,
         "blocks": blocks,
@@ -195,18 +233,28 @@ def measure(
         "rate_blocks_per_s": dn / dt if dt > 0 else None,
         "server_cpu_us_per_block": 1e6 * dcpu / dn if dn else None,
         "server_cpu_share": dcpu / dt if dt > 0 else None,
+        "server_sys_share_of_cpu": dsys / dcpu if dcpu > 0 else None,
         "window_s": dt,
         "window_blocks": dn,
         "window_after_all_first": steady,
         "all_first_block_s": None if all_first is None else all_first - t_go,
         "served_first_block": len(result.first),
-        "first_block_median_s": sorted(result.first)[len(result.first) // 2] - t_go,
+        "too_late": result.unwelcomed,
+        "barrier": barrier,
+        "first_block_s_p50_p90_p99": [first[int(q * (len(first) - 1))] for q in (0.5, 0.9, 0.99)],
+        "listen_overflows": overflows,
         "run_s": result.ended - t_go,
         "round_trips": result.round_trips,
         "blocks_per_round_trip": blocks / max(1, result.round_trips),
         "server_cpu_total_s": states["cpu_s"],
         "clients_cpu_s": result.cpu_s,
         "server_nofile_soft": states["nofile_soft"],
+        "ticks": states["ticks"],
+        "tick_ms_median_p90_max": [
+            states["tick_median_ms"],
+            states["tick_p90_ms"],
+            states["tick_max_ms"],
+        ],
         "load_before": load_before,
         "load_after": load_after,
     }
@@ -218,8 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=500_000)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--track", action="store_true", help="block tracking on")
+    parser.add_argument(
+        "--barrier",
+        action="store_true",
+        help="no connection asks for a block before all N are welcomed",
+    )
     parser.add_argument("--profile", type=Path, help="cProfile each server into this folder")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
+    parser.add_argument(
+        "--src",
+        type=Path,
+        default=SRC,
+        help="the bellis sources the server runs (default: this checkout's)",
+    )
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.connections.split(",")]
     soft, _hard = raise_nofile(max(counts) + 256)
@@ -228,18 +287,21 @@ def main(argv: list[str] | None = None) -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     header = (
         f"{'N':>5} {'blocks/s':>9} {'srv µs/blk':>10} {'srv CPU':>7} {'all 1st s':>9} "
-        f"{'blk/rt':>6} {'load':>9}"
+        f"{'blk/rt':>6} {'tick ms':>7} {'sys%':>4} {'load':>9}"
     )
     print(header)
     for n in counts:
         profile = None if args.profile is None else args.profile / f"server-{n}.pstats"
-        r = measure(n, args.blocks, args.processes, args.track, profile)
+        r = measure(n, args.blocks, args.processes, args.track, profile, args.src, args.barrier)
+        r["src"] = str(args.src)
         first = r["all_first_block_s"]
         print(
             f"{n:>5} {r['rate_blocks_per_s']:>9.0f} {r['server_cpu_us_per_block']:>10.2f} "
             f"{r['server_cpu_share']:>7.2f} "
             f"{'-' if first is None else f'{first:.3f}':>9} "
             f"{r['blocks_per_round_trip']:>6.1f} "
+            f"{r['tick_ms_median_p90_max'][0]:>7.3f} "
+            f"{100 * r['server_sys_share_of_cpu']:>4.0f} "
             f"{r['load_before']:>4.2f}/{r['load_after']:<4.2f}",
             flush=True,
         )
