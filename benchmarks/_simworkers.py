@@ -112,19 +112,33 @@ class _State:
     shutdowns: int = 0
     round_trips: int = 0
     errors: list[str] = field(default_factory=list)
-    #: connections that failed before their WELCOME (refused or closed: the run had ended)
-    unwelcomed: int = 0
+    #: connections refused, or closed before their CHALLENGE: the run had ended
+    too_late: int = 0
+    #: connections the server closed after its CHALLENGE and before the WELCOME (its
+    #: handshake cap dropped them, or it judged the HELLO late)
+    dropped: int = 0
 
 
 async def _connection(
-    target: Target, state: _State, counter: Any, welcomed: Any, slot: int, barrier: int
+    target: Target,
+    state: _State,
+    counter: Any,
+    welcomed: Any,
+    slot: int,
+    barrier: int,
+    gate: asyncio.Semaphore | None,
 ) -> None:
     """One simulated worker; with ``barrier`` > 0 it asks for its first block only once
-    that many connections (of all the client processes) have been welcomed."""
+    that many connections (of all the client processes) have been welcomed. With a
+    ``gate``, it holds one of the gate's places from its connect to its WELCOME."""
+    if gate is not None:
+        await gate.acquire()
     try:
         reader, writer = await asyncio.open_connection(target.host, target.port)
     except OSError as exc:
-        state.unwelcomed += 1
+        if gate is not None:
+            gate.release()
+        state.too_late += 1
         state.errors.append(f"connect: {exc}")
         return
     sock = writer.get_extra_info("socket")
@@ -143,14 +157,19 @@ async def _connection(
                     raise ConnectionError(f"{len(msgs)} replies to one request")
                 return msgs[0]  # type: ignore[no-any-return]
 
+    challenge: list[Any] = []
     welcome: list[Any] = []
     try:
-        challenge = await recv()
-        if challenge[0] != CHALLENGE:
-            raise ConnectionError(f"opened with opcode {challenge[0]}, not a challenge")
-        mac = compute_mac(target.secret, challenge[1])
-        writer.write(encode([HELLO, mac, target.task_id, -1, os.getpid(), 0.0, None]))
-        welcome = await recv()
+        try:
+            challenge = await recv()
+            if challenge[0] != CHALLENGE:
+                raise ConnectionError(f"opened with opcode {challenge[0]}, not a challenge")
+            mac = compute_mac(target.secret, challenge[1])
+            writer.write(encode([HELLO, mac, target.task_id, -1, os.getpid(), 0.0, None]))
+            welcome = await recv()
+        finally:
+            if gate is not None:
+                gate.release()
         if welcome[0] == REJECT:
             raise ConnectionError(f"rejected: {welcome[1]}")
         if welcome[0] != WELCOME:
@@ -188,8 +207,10 @@ async def _connection(
                 for k in ks:
                     message += (k, SUCCESS, -1, None)
     except (ConnectionError, OSError) as exc:
-        if not welcome or welcome[0] != WELCOME:
-            state.unwelcomed += 1
+        if not challenge:
+            state.too_late += 1
+        elif not welcome:
+            state.dropped += 1
         state.errors.append(str(exc))
     finally:
         writer.close()
@@ -204,18 +225,21 @@ def _client_process(
     counter: Any,
     welcomed: Any,
     barrier: int,
+    handshakes: int,
     go: Any,
     out: Any,
 ) -> None:
-    """One client process: ``connections`` simulated workers, started when ``go`` is set."""
+    """One client process: ``connections`` simulated workers, started when ``go`` is set,
+    at most ``handshakes`` of them (0: any number) between connect and WELCOME at once."""
     target = Target.from_context(text)
     raise_nofile(connections + 64)
     state = _State()
 
     async def main() -> None:
+        gate = asyncio.Semaphore(handshakes) if handshakes > 0 else None
         await asyncio.gather(
             *(
-                _connection(target, state, counter, welcomed, slot, barrier)
+                _connection(target, state, counter, welcomed, slot, barrier, gate)
                 for _ in range(connections)
             )
         )
@@ -235,7 +259,8 @@ def _client_process(
             "shutdowns": state.shutdowns,
             "round_trips": state.round_trips,
             "errors": state.errors,
-            "unwelcomed": state.unwelcomed,
+            "too_late": state.too_late,
+            "dropped": state.dropped,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "started": started,
             "ended": time.monotonic(),
@@ -255,7 +280,8 @@ class ClientsResult:
     shutdowns: int
     round_trips: int
     errors: list[str]
-    unwelcomed: int  # of the errors, those of connections that never got a WELCOME
+    too_late: int  # of the errors: refused, or closed before the challenge (run over)
+    dropped: int  # ... closed by the server between its challenge and the welcome
     cpu_s: float  # the client processes' CPU, all together
     go: float  # time.monotonic() when the connections were let go
     ended: float  # ... when the last client process finished
@@ -275,7 +301,8 @@ class ClientsResult:
             "round_trips": self.round_trips,
             "errors": self.errors[:20],
             "error_count": len(self.errors),
-            "unwelcomed": self.unwelcomed,
+            "too_late": self.too_late,
+            "dropped_in_handshake": self.dropped,
             "clients_cpu_s": self.cpu_s,
             "all_first_block_s": (max(self.first) - self.go) if self.first else None,
             "clients_wall_s": self.ended - self.go,
@@ -289,11 +316,18 @@ class Clients:
     as when a cluster starts many workers at once). ``counter[i]`` is how many blocks
     process ``i`` has been handed so far (shared memory, readable while they run). With
     ``barrier``, no connection asks for a block before all of them have been welcomed
-    (every connection then takes part in the hand-out, however short the run).
+    (every connection then takes part in the hand-out, however short the run). With
+    ``handshakes``, each process has at most that many connections in their handshake at
+    once (workers that start over a moment rather than in the same millisecond).
     """
 
     def __init__(
-        self, context_text: str, connections: int, processes: int, barrier: bool = False
+        self,
+        context_text: str,
+        connections: int,
+        processes: int,
+        barrier: bool = False,
+        handshakes: int = 0,
     ) -> None:
         methods = mp.get_all_start_methods()
         ctx = mp.get_context("fork" if "fork" in methods else "spawn")
@@ -318,6 +352,7 @@ class Clients:
                     self.counter,
                     self.welcomed,
                     wait_for,
+                    handshakes,
                     self._go,
                     send_end,
                 ),
@@ -359,7 +394,8 @@ class Clients:
             shutdowns=sum(r["shutdowns"] for r in reports),
             round_trips=sum(r["round_trips"] for r in reports),
             errors=[e for r in reports for e in r["errors"]],
-            unwelcomed=sum(r["unwelcomed"] for r in reports),
+            too_late=sum(r["too_late"] for r in reports),
+            dropped=sum(r["dropped"] for r in reports),
             cpu_s=sum(r["cpu_s"] for r in reports),
             go=self._t_go,
             ended=max(r["ended"] for r in reports),
@@ -388,11 +424,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--barrier", action="store_true", help="no block before every connection is welcomed"
     )
+    parser.add_argument(
+        "--handshakes",
+        type=int,
+        default=0,
+        help="at most this many connections per process in their handshake at once (0: all)",
+    )
     parser.add_argument("--json", required=True, help="where to write what the clients saw")
     args = parser.parse_args(argv)
     if not (args.context or args.context_file):
         parser.error("give --context or --context-file")
-    clients = Clients(_read_context(args), args.connections, args.processes, args.barrier)
+    clients = Clients(
+        _read_context(args), args.connections, args.processes, args.barrier, args.handshakes
+    )
     clients.go()
     result = clients.join(args.timeout)
     record = result.summary()

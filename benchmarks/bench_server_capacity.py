@@ -142,6 +142,7 @@ def measure(
     profile: Path | None,
     src: Path = SRC,
     barrier: bool = False,
+    handshakes: int = 0,
 ) -> dict[str, Any]:
     """One run of the server (bellis from ``src``) with ``connections`` simulated workers."""
     env = dict(os.environ)
@@ -171,7 +172,7 @@ def measure(
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not start (exit code {server.poll()})")
                 time.sleep(0.02)
-            clients = Clients(ctx_file.read_text(), connections, processes, barrier)
+            clients = Clients(ctx_file.read_text(), connections, processes, barrier, handshakes)
             time.sleep(0.3)  # let the client processes start before the clock does
             overflows0 = _listen_overflows()
             user0, sys0 = _cpu_seconds(server.pid)
@@ -200,9 +201,10 @@ def measure(
         states["completed"] == states["total"] == blocks
         and len(result.blocks) == blocks
         and dup == 0
-        # a connection refused or closed before its WELCOME came after the run had ended
-        and len(result.errors) == result.unwelcomed
-        and result.shutdowns == result.welcomed == connections - result.unwelcomed
+        # errors only on connections that never got a WELCOME: too late (the run had
+        # ended) or dropped by the server in their handshake (counted and reported)
+        and len(result.errors) == result.too_late + result.dropped
+        and result.shutdowns == result.welcomed == connections - len(result.errors)
     )
     if not ok:
         raise RuntimeError(
@@ -239,8 +241,10 @@ def measure(
         "window_after_all_first": steady,
         "all_first_block_s": None if all_first is None else all_first - t_go,
         "served_first_block": len(result.first),
-        "too_late": result.unwelcomed,
+        "too_late": result.too_late,
+        "dropped_in_handshake": result.dropped,
         "barrier": barrier,
+        "handshakes_per_process": handshakes,
         "first_block_s_p50_p90_p99": [first[int(q * (len(first) - 1))] for q in (0.5, 0.9, 0.99)],
         "listen_overflows": overflows,
         "run_s": result.ended - t_go,
@@ -271,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no connection asks for a block before all N are welcomed",
     )
+    parser.add_argument(
+        "--handshakes",
+        type=int,
+        default=0,
+        help="at most this many connections per client process in their handshake at once",
+    )
     parser.add_argument("--profile", type=Path, help="cProfile each server into this folder")
     parser.add_argument("--json", type=Path, help="append one JSON line per N here")
     parser.add_argument(
@@ -287,12 +297,21 @@ def main(argv: list[str] | None = None) -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     header = (
         f"{'N':>5} {'blocks/s':>9} {'srv µs/blk':>10} {'srv CPU':>7} {'all 1st s':>9} "
-        f"{'blk/rt':>6} {'tick ms':>7} {'sys%':>4} {'load':>9}"
+        f"{'blk/rt':>6} {'tick ms':>7} {'sys%':>4} {'drop':>4} {'load':>9}"
     )
     print(header)
     for n in counts:
         profile = None if args.profile is None else args.profile / f"server-{n}.pstats"
-        r = measure(n, args.blocks, args.processes, args.track, profile, args.src, args.barrier)
+        r = measure(
+            n,
+            args.blocks,
+            args.processes,
+            args.track,
+            profile,
+            args.src,
+            args.barrier,
+            args.handshakes,
+        )
         r["src"] = str(args.src)
         first = r["all_first_block_s"]
         print(
@@ -302,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['blocks_per_round_trip']:>6.1f} "
             f"{r['tick_ms_median_p90_max'][0]:>7.3f} "
             f"{100 * r['server_sys_share_of_cpu']:>4.0f} "
+            f"{r['dropped_in_handshake']:>4} "
             f"{r['load_before']:>4.2f}/{r['load_after']:<4.2f}",
             flush=True,
         )
