@@ -117,6 +117,9 @@ class _State:
     #: connections the server closed after its CHALLENGE and before the WELCOME (its
     #: handshake cap dropped them, or it judged the HELLO late)
     dropped: int = 0
+    #: welcomed connections closed or reset while a request that returned no block was
+    #: unread: the run ended first (the server closes such a socket without a SHUTDOWN)
+    cut_off: int = 0
 
 
 async def _connection(
@@ -159,6 +162,7 @@ async def _connection(
 
     challenge: list[Any] = []
     welcome: list[Any] = []
+    message: list[Any] = [ACQUIRE]
     try:
         try:
             challenge = await recv()
@@ -179,7 +183,6 @@ async def _connection(
         while barrier and sum(welcomed) < barrier:
             await asyncio.sleep(0.01)
         tracking = bool(welcome[2])
-        message: list[Any] = [ACQUIRE]
         blocks = state.blocks
         served = False
         while True:
@@ -211,6 +214,8 @@ async def _connection(
             state.too_late += 1
         elif not welcome:
             state.dropped += 1
+        elif len(message) == 1:
+            state.cut_off += 1
         state.errors.append(str(exc))
     finally:
         writer.close()
@@ -261,6 +266,7 @@ def _client_process(
             "errors": state.errors,
             "too_late": state.too_late,
             "dropped": state.dropped,
+            "cut_off": state.cut_off,
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "started": started,
             "ended": time.monotonic(),
@@ -282,6 +288,7 @@ class ClientsResult:
     errors: list[str]
     too_late: int  # of the errors: refused, or closed before the challenge (run over)
     dropped: int  # ... closed by the server between its challenge and the welcome
+    cut_off: int  # ... welcomed, holding no block, closed at the end without a SHUTDOWN
     cpu_s: float  # the client processes' CPU, all together
     go: float  # time.monotonic() when the connections were let go
     ended: float  # ... when the last client process finished
@@ -303,6 +310,7 @@ class ClientsResult:
             "error_count": len(self.errors),
             "too_late": self.too_late,
             "dropped_in_handshake": self.dropped,
+            "cut_off_at_end": self.cut_off,
             "clients_cpu_s": self.cpu_s,
             "all_first_block_s": (max(self.first) - self.go) if self.first else None,
             "clients_wall_s": self.ended - self.go,
@@ -396,6 +404,7 @@ class Clients:
             errors=[e for r in reports for e in r["errors"]],
             too_late=sum(r["too_late"] for r in reports),
             dropped=sum(r["dropped"] for r in reports),
+            cut_off=sum(r["cut_off"] for r in reports),
             cpu_s=sum(r["cpu_s"] for r in reports),
             go=self._t_go,
             ended=max(r["ended"] for r in reports),

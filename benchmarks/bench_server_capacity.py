@@ -49,7 +49,7 @@ from _simworkers import Clients, raise_nofile  # noqa: E402
 
 _SERVER = r"""
 import json, os, resource, sys, time
-ctx_file, connections, blocks, track, profile = sys.argv[1:6]
+ctx_file, connections, blocks, track, profile, measure = sys.argv[1:7]
 connections, blocks = int(connections), int(blocks)
 # one descriptor per connection, plus the listener, the selector, logs and stores
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -75,7 +75,8 @@ _srv.RunLoop._tick = _timed_tick
 total = bellis.Roi((0,), (blocks,))
 one = bellis.Roi((0,), (1,))
 task = bellis.Task("capacity", total, one, one, None, read_write_conflict=False,
-                   max_retries=0)
+                   max_retries=0, resource_tracking=measure == "1",
+                   tracking_path="store" if track == "1" else None)
 
 
 def on_listen(server):
@@ -143,6 +144,7 @@ def measure(
     src: Path = SRC,
     barrier: bool = False,
     handshakes: int = 0,
+    resource_tracking: bool = False,
 ) -> dict[str, Any]:
     """One run of the server (bellis from ``src``) with ``connections`` simulated workers."""
     env = dict(os.environ)
@@ -150,6 +152,7 @@ def measure(
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
         ctx_file = Path(tmp) / "context"
+        log = (Path(tmp) / "server.err").open("w")
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -160,10 +163,14 @@ def measure(
                 str(blocks),
                 "1" if track else "0",
                 "-" if profile is None else str(profile),
+                "1" if resource_tracking else "0",
             ],
             cwd=tmp,
             env=env,
             stdout=subprocess.PIPE,
+            # to a file: a pipe nobody reads until the end would stall a server that logs
+            # many dropped connections
+            stderr=log,
             text=True,
         )
         try:
@@ -192,19 +199,30 @@ def measure(
             if server.poll() is None:
                 server.kill()
                 server.wait()
+            log.close()
+            err = (Path(tmp) / "server.err").read_text(errors="replace")
     if server.returncode != 0:
-        raise RuntimeError(f"the server exited with code {server.returncode}")
+        raise RuntimeError(f"the server exited with code {server.returncode}:\n{err[-3000:]}")
     states = json.loads(out.strip().splitlines()[-1])
+    # why the server dropped connections, from its log
+    drops = {
+        "handshake_cap": err.count("connections are in their handshake"),
+        "handshake_timeout": err.count("no handshake within"),
+        "other": err.count("dropping client"),
+    }
+    drops["other"] -= drops["handshake_cap"] + drops["handshake_timeout"]
     load_after = _load()
     dup = result.duplicates()
     ok = (
         states["completed"] == states["total"] == blocks
         and len(result.blocks) == blocks
         and dup == 0
-        # errors only on connections that never got a WELCOME: too late (the run had
-        # ended) or dropped by the server in their handshake (counted and reported)
-        and len(result.errors) == result.too_late + result.dropped
-        and result.shutdowns == result.welcomed == connections - len(result.errors)
+        # errors only on connections that never got a WELCOME (too late: the run had
+        # ended; or dropped by the server in their handshake), or that were closed at the
+        # end holding no block (cut off); each is counted and reported
+        and len(result.errors) == result.too_late + result.dropped + result.cut_off
+        and result.welcomed == connections - result.too_late - result.dropped
+        and result.shutdowns == result.welcomed - result.cut_off
     )
     if not ok:
         raise RuntimeError(
@@ -232,6 +250,7 @@ def measure(
         "blocks": blocks,
         "processes": processes,
         "track": track,
+        "resource_tracking": resource_tracking,
         "rate_blocks_per_s": dn / dt if dt > 0 else None,
         "server_cpu_us_per_block": 1e6 * dcpu / dn if dn else None,
         "server_cpu_share": dcpu / dt if dt > 0 else None,
@@ -243,6 +262,8 @@ def measure(
         "served_first_block": len(result.first),
         "too_late": result.too_late,
         "dropped_in_handshake": result.dropped,
+        "cut_off_at_end": result.cut_off,
+        "server_drops": drops,
         "barrier": barrier,
         "handshakes_per_process": handshakes,
         "first_block_s_p50_p90_p99": [first[int(q * (len(first) - 1))] for q in (0.5, 0.9, 0.99)],
@@ -271,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--track", action="store_true", help="block tracking on")
     parser.add_argument(
+        "--resource-tracking",
+        action="store_true",
+        help="the task measures its blocks (each comes back with a row); implies --track",
+    )
+    parser.add_argument(
         "--barrier",
         action="store_true",
         help="no connection asks for a block before all N are welcomed",
@@ -291,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.connections.split(",")]
+    if args.resource_tracking:
+        args.track = True
     soft, _hard = raise_nofile(max(counts) + 256)
     print(f"descriptor soft limit here: {soft}", file=sys.stderr)
     if args.profile is not None:
@@ -311,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             args.src,
             args.barrier,
             args.handshakes,
+            args.resource_tracking,
         )
         r["src"] = str(args.src)
         first = r["all_first_block_s"]
