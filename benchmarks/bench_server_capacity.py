@@ -1,8 +1,10 @@
 """Server capacity with many simulated external workers (issue 18, item 3).
 
 Run: ``python benchmarks/bench_server_capacity.py [--connections 2,16,128,512,1000]
-[--blocks 500000] [--processes 4] [--track] [--profile DIR] [--json out.json]``
-with this checkout's ``src`` on ``PYTHONPATH``.
+[--blocks 500000] [--processes 4] [--track] [--resource-tracking] [--handshakes K]
+[--barrier] [--src SRC] [--profile DIR] [--json out.json]`` with this checkout's ``src`` on
+``PYTHONPATH`` (``--src`` runs the server from other sources, to compare two versions).
+Results and what they mean: ``benchmarks/results/server-capacity.md``.
 
 For each N, a fresh server process runs what a user runs to serve external workers: a task
 of ``--blocks`` one-voxel blocks (no read/write conflicts, no process function) on
@@ -22,7 +24,10 @@ the client processes, and the server process's CPU time, from ``/proc/PID/stat``
   first block.
 
 Every block must be handed out exactly once (checked from the blocks the clients saw) and the
-server's task state must say all done; the bench fails otherwise. The load average is printed
+server's task state must say all done; the bench fails otherwise. Connections that never
+got in (too late, or dropped by the server in their handshake, with the server's reason from
+its log) and connections closed at the end holding nothing are counted and reported, not
+failed on: they are what is being measured. The load average is printed
 beside each figure: the machine is shared, so a figure means nothing without it.
 
 ``--profile DIR`` runs each server under cProfile and writes ``DIR/server-N.pstats`` (slower:
