@@ -27,7 +27,14 @@ from ._layout import (
 )
 from ._store import TrackingStore
 
-__all__ = ["StatusSnapshot", "failed_cells", "format_status", "read_status", "render_status"]
+__all__ = [
+    "SlabReader",
+    "StatusSnapshot",
+    "failed_cells",
+    "format_status",
+    "read_status",
+    "render_status",
+]
 
 _INDENT = "    "
 
@@ -109,7 +116,7 @@ class StatusSnapshot:
     """whether any cell has a ``returned_at`` stamp"""
 
 
-class _SlabReader:
+class SlabReader:
     """Copies of slabs of one mapped chunk, read with ``pread`` (no mapped pages stay
     resident) and skipping the file's holes: a slab wholly in a hole reads as None (all
     zeros), so a never-written ``failures`` chunk of 4 GB costs a few ``lseek`` calls."""
@@ -170,9 +177,7 @@ def _plane_index(grid: tuple[int, ...]) -> tuple[int, int] | None:
     return middle * plane, (middle + 1) * plane
 
 
-def read_status(
-    path: str | os.PathLike[str], *, stamps_after: float = 0.0
-) -> StatusSnapshot:
+def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> StatusSnapshot:
     """Read the store at ``path`` once, read-only (see :func:`format_status`).
 
     One pass over the arrays, a slab of cells at a time; each slab is copied once, so
@@ -193,9 +198,9 @@ def read_status(
         stamped = False
         recent: list[NDArray[np.float64]] = []
         readers = [
-            _SlabReader(store.done),
-            _SlabReader(store.failures),
-            *([_SlabReader(stats["returned_at"])] if "returned_at" in stats else []),
+            SlabReader(store.done),
+            SlabReader(store.failures),
+            *([SlabReader(stats["returned_at"])] if "returned_at" in stats else []),
         ]
         try:
             for a in range(0, cells, _SLAB):
