@@ -122,9 +122,7 @@ def _run_until(daisy: Any, task: Any, n: int, multiprocessing: bool) -> tuple[St
     obs = StopAfter(task.task_id, n)
     interrupted = False
     try:
-        daisy.run_blockwise(
-            [task], multiprocessing=multiprocessing, progress=obs, summary=False
-        )
+        daisy.run_blockwise([task], multiprocessing=multiprocessing, progress=obs, summary=False)
     except KeyboardInterrupt:
         interrupted = True
     return obs, interrupted
@@ -298,7 +296,12 @@ def _pipeline(daisy: Any, shape: str, n: int, side: int) -> Any:
 
     tasks = [
         daisy.Task(
-            f"t{i:04d}", total, read, write, process_function=noop, fit="shrink",
+            f"t{i:04d}",
+            total,
+            read,
+            write,
+            process_function=noop,
+            fit="shrink",
             tracking_path=False,
         )
         for i in range(n)
@@ -321,7 +324,10 @@ def case_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     del scheduler
     t0 = time.perf_counter()
     states = daisy.run_blockwise(
-        tasks, multiprocessing=args.mode == "dist", progress=False, return_states=True,
+        tasks,
+        multiprocessing=args.mode == "dist",
+        progress=False,
+        return_states=True,
         summary=False,
     )
     wall = time.perf_counter() - t0
@@ -402,14 +408,30 @@ def main() -> int:
         elif args.command == "pipeline":
             for shape in ("chain", "fanin"):
                 for n in [int(x) for x in args.tasks_list.split(",")]:
-                    argv = ["--blocks", str(args.blocks), "--shape", shape, "--tasks", str(n),
-                            "--mode", args.mode]
+                    argv = [
+                        "--blocks",
+                        str(args.blocks),
+                        "--shape",
+                        shape,
+                        "--tasks",
+                        str(n),
+                        "--mode",
+                        args.mode,
+                    ]
                     print(json.dumps(run_case("pipeline", argv)))
         elif args.command == "perblock":
             for side in [int(s) for s in args.sides.split(",")]:
                 for mode in ("serial", "dist"):
-                    argv = ["--dir", str(base), "--side", str(side), "--blocks",
-                            str(args.blocks), "--mode", mode]
+                    argv = [
+                        "--dir",
+                        str(base),
+                        "--side",
+                        str(side),
+                        "--blocks",
+                        str(args.blocks),
+                        "--mode",
+                        mode,
+                    ]
                     print(json.dumps(run_case("perblock", argv)))
         return 0
     finally:

@@ -694,7 +694,7 @@ def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | N
     """
     flat_state = grid_state.reshape(grid_state.shape[0], -1)
     flat_deps = None if deps is None else deps.reshape(deps.shape[0], -1)
-    rows = max(1, _CHUNK * 16 // max(1, flat_state.shape[1]))
+    rows = max(1, _CHUNK // max(1, flat_state.shape[1]))
     ready = 0
     for r in range(0, flat_state.shape[0], rows):
         st = flat_state[r : r + rows]
