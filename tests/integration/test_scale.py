@@ -127,7 +127,7 @@ def test_status_counts_across_slabs(tmp_path: Path) -> None:
     n_done = 3_000_000 + (2100 * 2100 - 4_300_000)
     assert ["done", str(n_done)] in rows
     assert ["failed", "2", "(failures", ">", "0", "and", "not", "done)"] in rows
-    attempts = [r for r in rows if r[:1] == ["attempts"]][0]
+    attempts = next(r for r in rows if r[:1] == ["attempts"])
     assert attempts[1] == "7" and attempts[5] == "2", attempts
 
 
