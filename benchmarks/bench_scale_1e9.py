@@ -157,10 +157,36 @@ def case_perblock(args: argparse.Namespace) -> dict[str, Any]:
     import bellis as daisy
 
     mp = args.mode == "dist"
-    task = conflict_task(daisy, "pb", args.side, None)
     t0 = time.perf_counter()
-    obs, _ = _run_until(daisy, task, args.blocks, mp)
-    us, counted = obs.per_block_us()
+    if mp:
+        task = conflict_task(daisy, "pb", args.side, None)
+        obs, _ = _run_until(daisy, task, args.blocks, mp)
+        us, counted = obs.per_block_us()
+    else:
+        # serial: the block function runs here, so it times the blocks itself (from the
+        # first block to the n-th, or to the last block of a smaller task)
+        stamps: list[float] = []  # first block, last block
+        n = args.blocks
+
+        def timed(block: object) -> None:
+            now = time.perf_counter()
+            if stamps:
+                stamps[1] = now
+            else:
+                stamps.extend((now, now))
+            timed.count += 1  # type: ignore[attr-defined]
+            if timed.count == n:  # type: ignore[attr-defined]
+                os.kill(os.getpid(), signal.SIGINT)
+
+        timed.count = 0  # type: ignore[attr-defined]
+        task = conflict_task(daisy, "pb", args.side, None, timed)
+        try:
+            daisy.run_blockwise([task], multiprocessing=False, progress=False, summary=False)
+        except KeyboardInterrupt:
+            pass
+        counted = min(n, timed.count) - 1  # type: ignore[attr-defined]
+        end = stamps[1]
+        us = (end - stamps[0]) / counted * 1e6
     return {
         "case": f"perblock-{args.mode}",
         "blocks": args.side**3,

@@ -260,10 +260,13 @@ class TaskRun:
             dst = grid_deps[sl]
             axes = g.level_axis_counts(lvl)
             _store_product(dst, axes)
-            if any(not c.all() for c in axes):
-                # blocks with no in-grid upstream start ready
-                sub = grid_state[sl]
-                sub[(dst == 0) & (sub == PENDING)] = READY
+            # blocks with no in-grid upstream start ready: a count is a product of the
+            # axes' entries, so those blocks are the planes where an axis entry is 0
+            sub = grid_state[sl]
+            for i, c in enumerate(axes):
+                for j in np.flatnonzero(c == 0).tolist():
+                    plane = sub[(slice(None),) * i + (j,)]
+                    plane[plane == PENDING] = READY
             self.levels_ready = lvl + 1
 
     # -- the ready queue -----------------------------------------------------------------
@@ -371,6 +374,10 @@ class Scheduler:
                 run.deps_mv = _view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
+                # level 1 now: its blocks wait on the first releases, and it touches every
+                # page of ``deps`` (the kernel's first-touch cost, ~3 s per GiB here),
+                # which then falls on the start rather than on the first blocks
+                run.init_levels(2)
                 run.ready = sum(g.level_zero_count_blocks(lvl) for lvl in range(g.num_levels))
                 run.roots = run._initial_ready()
                 continue
@@ -707,15 +714,19 @@ def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | N
 
 
 def _store_product(dst: np.ndarray[Any, Any], vecs: list[np.ndarray[Any, Any]]) -> None:
-    """``dst[...] = vecs[0][:, None, ...] * vecs[1][None, :, ...] * ...`` in place."""
-    for i, c in enumerate(vecs):
-        view = [1] * dst.ndim
-        view[i] = len(c)
-        vec = c.astype(dst.dtype).reshape(view)
-        if i == 0:
-            dst[...] = vec
-        else:
-            dst *= vec
+    """``dst[...] = vecs[0][:, None, ...] * vecs[1][None, :, ...] * ...`` in one pass.
+
+    The product of all axes but the last is formed first (a ``1/n``-th of ``dst``),
+    then multiplied by the last axis straight into ``dst``.
+    """
+    dtype = dst.dtype
+    if dst.ndim == 1:
+        dst[...] = vecs[0].astype(dtype)
+        return
+    outer = vecs[0]
+    for v in vecs[1:-1]:
+        outer = np.multiply.outer(outer, v)
+    np.multiply(outer.astype(dtype)[..., None], vecs[-1].astype(dtype), out=dst)
 
 
 def _add_product(dst: np.ndarray[Any, Any], vecs: list[np.ndarray[Any, Any]]) -> None:
