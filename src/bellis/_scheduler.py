@@ -338,6 +338,7 @@ class Scheduler:
         for run in self.runs:
             if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
                 run.attach_store(_stores[run.task_id])
+        self._first_running = 0
         self._check_clock: Callable[[], float] | None = None
         self._check_slice_seconds = 0.0
         self._initialize()
@@ -414,7 +415,15 @@ class Scheduler:
         return {r.task_id: r.snapshot() for r in self.runs}
 
     def is_done(self) -> bool:
-        return all(r.status != RUNNING for r in self.runs)
+        """True when no task is running. Amortised O(1): terminal states are sticky, so
+        the scan resumes at the first task that was still running last time (the server
+        asks on every turn of its loop, and a pipeline may have hundreds of tasks)."""
+        runs = self.runs
+        i = self._first_running
+        while i < len(runs) and runs[i].status != RUNNING:
+            i += 1
+        self._first_running = i
+        return i == len(runs)
 
     def bound_checks(self, clock: Callable[[], float], slice_seconds: float) -> None:
         """Let one ``acquire_index`` call spend about ``slice_seconds`` (read on ``clock``)

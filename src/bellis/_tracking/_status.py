@@ -365,15 +365,38 @@ def failed_cells(path: str | os.PathLike[str], *, layout: StoreLayout | None = N
         return []
     try:
         with TrackingStore.open_readonly(root) as store:
+            if layout is None or (
+                store.task_hash is not None and store.task_hash == layout_hash(layout)
+            ):
+                return _failed_in_slabs(store)
             done = np.array(store.done, dtype=bool)
             failures = np.array(store.failures) > 0
-            if layout is not None:
-                done, failures = _as_layout(store, display, layout, done, failures)
+            done, failures = _as_layout(store, display, layout, done, failures)
     except TrackingError as exc:
         raise TrackingError(
             f"cannot open block tracking at {display}: {exc}", path=display
         ) from exc
     return [int(c) for c in np.flatnonzero(failures & ~done)]
+
+
+def _failed_in_slabs(store: TrackingStore) -> list[int]:
+    """The failed, not done cells of ``store``, read a slab at a time (holes skipped)."""
+    out: list[int] = []
+    readers = [SlabReader(store.done), SlabReader(store.failures)]
+    try:
+        cells = int(store.done.size)
+        for a in range(0, cells, _SLAB):
+            b = min(cells, a + _SLAB)
+            failures = readers[1].read(a, b)
+            if failures is None or not np.count_nonzero(failures):
+                continue
+            done = readers[0].read(a, b)
+            failed = failures > 0 if done is None else (failures > 0) & (done == 0)
+            out.extend((np.flatnonzero(failed) + a).tolist())
+    finally:
+        for reader in readers:
+            reader.close()
+    return out
 
 
 def _as_layout(
