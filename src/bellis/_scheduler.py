@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import mmap
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,6 +70,25 @@ def _view(arr: np.ndarray[Any, Any]) -> memoryview[int]:
     return view
 
 
+#: arrays of at least this many bytes are anonymous maps (see :func:`_zeros`)
+_MAP_BYTES = 1 << 24
+
+
+def _zeros(n: int, dtype: Any) -> np.ndarray[Any, Any]:
+    """A zeroed 1-D array of ``n`` elements for per-block state.
+
+    A large one is an anonymous memory map rather than numpy's allocation: numpy asks
+    for transparent huge pages on large arrays, and where the kernel compacts memory to
+    find them at first touch (THP ``defrag=madvise``), touching 1 GB of them took 8-9 s
+    instead of 3-4 s with ordinary pages. The map is freed with the array.
+    """
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes < _MAP_BYTES:
+        return np.zeros(n, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes)
+    return np.frombuffer(buf, dtype=dtype, count=n)
+
+
 def _dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
     if max_count < 1 << 8:
         return np.uint8
@@ -91,7 +111,7 @@ class TaskRun:
         self.check_function = task.check_function
         self.status = RUNNING
         self.abandon_reason: str | None = None
-        self.state = np.zeros(self.total, dtype=np.uint8)
+        self.state = _zeros(self.total, np.uint8)
         self.state_mv = _view(self.state)
         self.deps: np.ndarray[Any, Any] | None = None
         self.deps_mv: memoryview[int] | None = None
@@ -371,7 +391,7 @@ class Scheduler:
             if run.intra and not run.up_edges and skip is None:
                 # nothing resolved in bulk: count level by level as the run reaches them
                 dtype = _dtype_for(g.max_level_count())
-                run.deps = np.zeros(run.total, dtype=dtype)
+                run.deps = _zeros(run.total, dtype)
                 run.deps_mv = _view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
@@ -386,7 +406,7 @@ class Scheduler:
                 edge_vecs = [_edge_axis_counts(edge) for edge, _ in run.up_edges]
                 bound = g.max_level_count() if run.intra else 0
                 bound += sum(math.prod(int(v.max(initial=0)) for v in vecs) for vecs in edge_vecs)
-                deps = np.zeros(g.grid, dtype=_dtype_for(bound))
+                deps = _zeros(run.total, _dtype_for(bound)).reshape(g.grid)
                 if run.intra:
                     for lvl in range(1, g.num_levels):
                         dst = deps[g.level_slices(lvl)]
