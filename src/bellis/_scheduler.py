@@ -30,10 +30,8 @@ calls again.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import mmap
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,7 +39,15 @@ from typing import Any
 import numpy as np
 
 from ._block import Block, BlockStatus
-from ._graph import InterTaskEdge, TaskGeometry
+from ._graph import (
+    InterTaskEdge,
+    TaskGeometry,
+    add_product,
+    edge_axis_counts,
+    store_product,
+    subtract_shifted,
+    zeroed,
+)
 from ._state import TaskState
 from ._task import Pipeline, Task, topological_order
 from .errors import ConfigurationError
@@ -70,25 +76,6 @@ def _view(arr: np.ndarray[Any, Any]) -> memoryview[int]:
     return view
 
 
-#: arrays of at least this many bytes are anonymous maps (see :func:`_zeros`)
-_MAP_BYTES = 1 << 24
-
-
-def _zeros(n: int, dtype: Any) -> np.ndarray[Any, Any]:
-    """A zeroed 1-D array of ``n`` elements for per-block state.
-
-    A large one is an anonymous memory map rather than numpy's allocation: numpy asks
-    for transparent huge pages on large arrays, and where the kernel compacts memory to
-    find them at first touch (THP ``defrag=madvise``), touching 1 GB of them took 8-9 s
-    instead of 3-4 s with ordinary pages. The map is freed with the array.
-    """
-    nbytes = n * np.dtype(dtype).itemsize
-    if nbytes < _MAP_BYTES:
-        return np.zeros(n, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes)
-    return np.frombuffer(buf, dtype=dtype, count=n)
-
-
 def _dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
     if max_count < 1 << 8:
         return np.uint8
@@ -111,7 +98,7 @@ class TaskRun:
         self.check_function = task.check_function
         self.status = RUNNING
         self.abandon_reason: str | None = None
-        self.state = _zeros(self.total, np.uint8)
+        self.state = zeroed(self.total, np.uint8)
         self.state_mv = _view(self.state)
         self.deps: np.ndarray[Any, Any] | None = None
         self.deps_mv: memoryview[int] | None = None
@@ -279,7 +266,7 @@ class TaskRun:
             sl = g.level_slices(lvl)
             dst = grid_deps[sl]
             axes = g.level_axis_counts(lvl)
-            _store_product(dst, axes)
+            store_product(dst, axes)
             # blocks with no in-grid upstream start ready: a count is a product of the
             # axes' entries, so those blocks are the planes where an axis entry is 0
             sub = grid_state[sl]
@@ -391,7 +378,7 @@ class Scheduler:
             if run.intra and not run.up_edges and skip is None:
                 # nothing resolved in bulk: count level by level as the run reaches them
                 dtype = _dtype_for(g.max_level_count())
-                run.deps = _zeros(run.total, dtype)
+                run.deps = zeroed(run.total, dtype)
                 run.deps_mv = _view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
@@ -403,18 +390,18 @@ class Scheduler:
                 run.roots = run._initial_ready()
                 continue
             if run.intra or run.up_edges:
-                edge_vecs = [_edge_axis_counts(edge) for edge, _ in run.up_edges]
+                edge_vecs = [edge_axis_counts(edge) for edge, _ in run.up_edges]
                 bound = g.max_level_count() if run.intra else 0
                 bound += sum(math.prod(int(v.max(initial=0)) for v in vecs) for vecs in edge_vecs)
-                deps = _zeros(run.total, _dtype_for(bound)).reshape(g.grid)
+                deps = zeroed(run.total, _dtype_for(bound)).reshape(g.grid)
                 if run.intra:
                     for lvl in range(1, g.num_levels):
                         dst = deps[g.level_slices(lvl)]
-                        _store_product(dst, g.level_axis_counts(lvl))
+                        store_product(dst, g.level_axis_counts(lvl))
                         if skip is not None:
-                            _subtract_shifted(g, lvl, skip, dst)
+                            subtract_shifted(g, lvl, skip, dst)
                 for (edge, up), vecs in zip(run.up_edges, edge_vecs, strict=True):
-                    _add_product(deps, vecs)
+                    add_product(deps, vecs)
                     if up.index in skipped:
                         np.subtract(
                             deps,
@@ -740,70 +727,6 @@ def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | N
         st[mask] = READY
         ready += int(np.count_nonzero(mask))
     return ready
-
-
-def _store_product(dst: np.ndarray[Any, Any], vecs: list[np.ndarray[Any, Any]]) -> None:
-    """``dst[...] = vecs[0][:, None, ...] * vecs[1][None, :, ...] * ...`` in one pass.
-
-    The product of all axes but the last is formed first (a ``1/n``-th of ``dst``),
-    then multiplied by the last axis straight into ``dst``.
-    """
-    dtype = dst.dtype
-    if dst.ndim == 1:
-        dst[...] = vecs[0].astype(dtype)
-        return
-    outer = vecs[0]
-    for v in vecs[1:-1]:
-        outer = np.multiply.outer(outer, v)
-    np.multiply(outer.astype(dtype)[..., None], vecs[-1].astype(dtype), out=dst)
-
-
-def _add_product(dst: np.ndarray[Any, Any], vecs: list[np.ndarray[Any, Any]]) -> None:
-    """``dst += outer product of vecs``, one axis-0 slab at a time (no grid-size temporary)."""
-    rest = vecs[1:]
-    tail = np.ones(dst.shape[1:], dtype=dst.dtype)
-    if rest:
-        _store_product(tail, rest)
-    for i, c in enumerate(vecs[0].tolist()):
-        if c:
-            dst[i] += tail * dst.dtype.type(c)
-
-
-def _edge_axis_counts(edge: InterTaskEdge) -> list[np.ndarray[Any, Any]]:
-    """Per axis of the downstream grid: how many upstream coordinates each one reads."""
-    return [
-        np.asarray(hi, dtype=np.int64) - np.asarray(lo, dtype=np.int64)
-        for lo, hi in zip(edge.up_lo, edge.up_hi, strict=True)
-    ]
-
-
-def _subtract_shifted(
-    g: TaskGeometry, lvl: int, done: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]
-) -> None:
-    """Subtract from every block of level ``lvl`` (``dst``, the level's view of the
-    dependency counts) how many of its upstream blocks are in ``done``; in place."""
-    shape = g.level_shape(lvl)
-    off = g.level_offsets[lvl]
-    for combo in itertools.product(*g.up_offsets[lvl]):
-        src = []
-        dsl = []
-        for i in range(g.dims):
-            e = combo[i]
-            s = g.level_stride[i]
-            # level coords j -> grid coords off + j*s + e, valid when in [0, grid)
-            lo = 0
-            while lo < shape[i] and off[i] + lo * s + e < 0:
-                lo += 1
-            hi = shape[i]
-            while hi > lo and off[i] + (hi - 1) * s + e >= g.grid[i]:
-                hi -= 1
-            dsl.append(slice(lo, hi))
-            start = off[i] + lo * s + e
-            src.append(slice(start, start + (hi - lo - 1) * s + 1 if hi > lo else start, s))
-        if any(d.stop <= d.start for d in dsl):
-            continue
-        part = dst[tuple(dsl)]
-        np.subtract(part, done[tuple(src)], out=part, casting="unsafe")
 
 
 def _check_overlap(up: TaskRun, down: TaskRun) -> None:
