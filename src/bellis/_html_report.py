@@ -134,8 +134,7 @@ def _summary(stores: list[StoreData]) -> str:
     rows = []
     for s in stores:
         cells = int(s.done.size)
-        done = int(s.done.sum())
-        failed = int(((s.failures > 0) & ~s.done).sum())
+        done, failed, attempts = s.counts
         last = s.runs[-1] if s.runs else {}
         rows.append(
             [
@@ -145,7 +144,7 @@ def _summary(stores: list[StoreData]) -> str:
                 done,
                 failed,
                 cells - done - failed,
-                int(s.failures.sum()),
+                attempts,
                 "in flight" if s.in_flight else last.get("outcome", "-"),
                 str(s.path) if s.path else "-",
             ]

@@ -45,7 +45,7 @@ def _column(s: StoreData, name: str) -> np.ndarray | None:  # type: ignore[type-
 def _task_advice(s: StoreData) -> list[str]:
     out: list[str] = []
     who = s.task_id
-    failed = int(((s.failures > 0) & ~s.done).sum())
+    failed = s.counts[1]
     if failed:
         out.append(
             f"{who}: {failed} block(s) failed and are not done: see the failure map for where "

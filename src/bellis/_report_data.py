@@ -3,7 +3,10 @@
 A PATH is a task's tracking store (a directory whose ``zarr.json`` is a group with a
 ``done`` array) or a folder that holds several (a pipeline's tracking basedir). Each
 store is opened read-only (:meth:`TrackingStore.open_readonly`), so this works while a
-run writes it and on stores written by daisy 2.0.0, and its arrays are copied once.
+run writes it and on stores written by daisy 2.0.0. A store of up to ``COPY_CELLS`` cells
+has its arrays copied once; a larger one keeps its read-only maps (nothing is copied
+whole), its counts come from one pass in slabs (:func:`read_status`) and its volume
+figure is downsampled slab by slab (``_report_figures.volume_payload``).
 
 A run is **in flight** when another process holds the store's lock file: the report
 is then partial (the blocks recorded so far), and its last run line belongs to an
@@ -25,7 +28,7 @@ from numpy.typing import NDArray
 
 from ._report import TaskReport
 from ._runlog import read_runs
-from ._tracking import STAT_ARRAYS, TrackingStore
+from ._tracking import STAT_ARRAYS, TrackingStore, read_status
 from .errors import TrackingError
 
 __all__ = ["StoreData", "find_stores", "load_stores"]
@@ -39,6 +42,8 @@ _LOST = {
     "returned_at": _STAMPS,
 }
 _MAX_DEPTH = 4
+#: stores with more cells than this are read through their maps, not copied
+COPY_CELLS = 1 << 24
 
 
 def _is_store(path: Path) -> bool:
@@ -149,6 +154,22 @@ class StoreData:
     write_stride: tuple[int, ...] | None = None
     total_shape: tuple[int, ...] | None = None
     notes: list[str] = field(default_factory=list)
+    #: a large store's (done, failed and not done, failed attempts), counted at load
+    precounted: tuple[int, int, int] | None = None
+    #: a large store's read-only maps of ``done`` and ``failures`` (``done`` and
+    #: ``failures`` above are then views of them, not copies); None when copied
+    maps: dict[str, Any] | None = None
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(done, failed and not done, failed attempts)."""
+        if self.precounted is not None:
+            return self.precounted
+        return (
+            int(np.count_nonzero(self.done)),
+            int(np.count_nonzero((self.failures > 0) & ~self.done)),
+            int(self.failures.sum(dtype=np.uint64)),
+        )
 
     @property
     def tracked(self) -> bool:
@@ -210,14 +231,26 @@ def load_store(path: Path) -> StoreData:
     holder = lock_holder(path)
     with TrackingStore.open_readonly(path) as store:
         grid = tuple(store.grid_shape)
-        done = np.array(store.done).astype(bool)
-        failures = np.array(store.failures, dtype=np.uint32)
-        stats = {name: np.array(a) for name, a in store.stats.items()}
+        maps: dict[str, Any] | None = None
+        counts: tuple[int, int, int] | None = None
+        if int(store.done.size) <= COPY_CELLS:
+            done = np.array(store.done) != 0
+            failures = np.array(store.failures, dtype=np.uint32)
+            stats = {name: np.array(a) for name, a in store.stats.items()}
+        else:
+            maps = {"done": store.done, "failures": store.failures}
+            done = store.done.view(bool)
+            failures = store.failures
+            stats = dict(store.stats.items())
+            snap = read_status(path)
+            counts = (snap.done_count, snap.failed_count, snap.attempts)
         record = store.record
         runs_file = store.runs_jsonl
     runs = read_runs(runs_file)
     task_id = str(runs[-1].get("task_id")) if runs else path.name
     data = StoreData(task_id, path, grid, done, failures, stats, runs, holder)
+    data.precounted = counts
+    data.maps = maps
     if record is not None:
         n = len(grid)
         data.grid_offset = _tuple(record.get("grid_offset"), n)
@@ -268,5 +301,6 @@ def from_task_report(report: TaskReport) -> StoreData:
     empty_b: NDArray[np.bool_] = np.zeros(0, dtype=bool)
     empty_u: NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)
     data = StoreData(report.task_id, None, (0,), empty_b, empty_u, {}, [report.to_json()])
+
     data.notes.append("no tracking store: only the run line's figures are shown")
     return data

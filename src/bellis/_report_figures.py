@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._report_data import StoreData
+from ._tracking import SlabReader
 
 __all__ = [
     "FAILED_COLOUR",
@@ -443,6 +444,55 @@ def volume_factor(grid: tuple[int, ...]) -> int:
     return max(1, k_all, k_plane)
 
 
+def _state_codes(done: NDArray[Any], failures: NDArray[Any]) -> NDArray[np.float32]:
+    """0 untouched, 1 done, 2 done after a failed attempt, 3 failed and not done."""
+    failed = failures > 0
+    out = done.astype(np.float32)
+    out += failed
+    out[failed & ~done] = 3.0
+    return out
+
+
+def _state_slabs(
+    s: StoreData, grid: tuple[int, ...], k: int
+) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    """The downsampled state and failures of a large store, read ``k`` planes at a time
+    (never a whole-grid copy; a never-written ``failures`` chunk is not read at all).
+
+    Each slab is reduced over its ``k`` planes first (a contiguous max), then the one
+    plane left is downsampled: the same max over ``k``-cubes as :func:`_downsample`.
+    """
+    assert s.maps is not None
+    rest = grid[1:]
+    plane = int(np.prod(rest))
+    out_rest = tuple(-(-n // k) for n in rest)
+    readers = [SlabReader(s.maps["done"]), SlabReader(s.maps["failures"])]
+    states, fails = [], []
+    try:
+        for z in range(0, grid[0], k):
+            a, b = z * plane, min(grid[0], z + k) * plane
+            rows = (b - a) // plane
+            raw_done = readers[0].read(a, b)
+            raw_failures = readers[1].read(a, b)
+            if raw_failures is None:
+                if raw_done is None:
+                    state = np.zeros(rest, dtype=np.uint8)
+                else:
+                    state = np.not_equal(raw_done, 0).reshape(rows, *rest).max(axis=0)
+                states.append(_downsample(state.astype(np.float32), k, 0.0).reshape(out_rest))
+                fails.append(np.zeros(out_rest, dtype=np.float32))
+                continue
+            done = np.zeros(b - a, dtype=bool) if raw_done is None else np.not_equal(raw_done, 0)
+            codes = _state_codes(done, raw_failures).reshape(rows, *rest).max(axis=0)
+            top = raw_failures.reshape(rows, *rest).max(axis=0).astype(np.float32)
+            states.append(_downsample(codes, k, 0.0).reshape(out_rest))
+            fails.append(_downsample(top, k, 0.0).reshape(out_rest))
+    finally:
+        for reader in readers:
+            reader.close()
+    return np.stack(states), np.stack(fails)
+
+
 def volume_payload(s: StoreData) -> dict[str, Any] | None:
     """The volume heatmaps' data for one store: metric arrays over the (downsampled) grid."""
     ndim = len(s.grid)
@@ -450,19 +500,24 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         return None
     grid = s.grid if ndim > 1 else (1, *s.grid)
     k = volume_factor(grid)
-    done = s.done.reshape(grid)
-    failures = s.failures.reshape(grid).astype(np.float32)
-    state = np.where(done, np.where(failures > 0, 2.0, 1.0), np.where(failures > 0, 3.0, 0.0))
     metrics: dict[str, Any] = {}
-    metrics["state"] = typed(_downsample(state.astype(np.float32), k, 0.0).reshape(-1))
-    metrics["failures"] = typed(_downsample(failures, k, 0.0).reshape(-1))
-    measured = np.zeros(int(np.prod(grid)), dtype=bool)
-    measured[s.measured()] = True
-    measured = measured.reshape(grid)
-    for name, _, _ in VOLUME_METRICS[2:]:
-        if name in s.stats:
-            v = np.where(measured, s.stats[name].reshape(grid).astype(np.float64), np.nan)
-            metrics[name] = typed(_downsample(v, k, np.nan).astype(np.float32).reshape(-1))
+    if s.maps is not None:
+        state_ds, failures_ds = _state_slabs(s, grid, k)
+    else:
+        done = s.done.reshape(grid)
+        failures = s.failures.reshape(grid).astype(np.float32)
+        state_ds = _downsample(_state_codes(done, failures), k, 0.0)
+        failures_ds = _downsample(failures, k, 0.0)
+    metrics["state"] = typed(state_ds.reshape(-1))
+    metrics["failures"] = typed(failures_ds.reshape(-1))
+    names = [name for name, _, _ in VOLUME_METRICS[2:] if name in s.stats]
+    if names:
+        measured = np.zeros(int(np.prod(grid)), dtype=bool)
+        measured[s.measured()] = True
+        measured = measured.reshape(grid)
+    for name in names:
+        v = np.where(measured, s.stats[name].reshape(grid).astype(np.float64), np.nan)
+        metrics[name] = typed(_downsample(v, k, np.nan).astype(np.float32).reshape(-1))
     shape = [-(-n // k) for n in grid]
     extra: dict[str, Any] = {}
     if k == 1 and s.stats and "worker_id" in s.stats:

@@ -31,6 +31,7 @@ calls again.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,7 +39,15 @@ from typing import Any
 import numpy as np
 
 from ._block import Block, BlockStatus
-from ._graph import InterTaskEdge, TaskGeometry
+from ._graph import (
+    InterTaskEdge,
+    TaskGeometry,
+    add_product,
+    edge_axis_counts,
+    store_product,
+    subtract_shifted,
+    zeroed,
+)
 from ._state import TaskState
 from ._task import Pipeline, Task, topological_order
 from .errors import ConfigurationError
@@ -89,7 +98,7 @@ class TaskRun:
         self.check_function = task.check_function
         self.status = RUNNING
         self.abandon_reason: str | None = None
-        self.state = np.zeros(self.total, dtype=np.uint8)
+        self.state = zeroed(self.total, np.uint8)
         self.state_mv = _view(self.state)
         self.deps: np.ndarray[Any, Any] | None = None
         self.deps_mv: memoryview[int] | None = None
@@ -257,18 +266,14 @@ class TaskRun:
             sl = g.level_slices(lvl)
             dst = grid_deps[sl]
             axes = g.level_axis_counts(lvl)
+            store_product(dst, axes)
+            # blocks with no in-grid upstream start ready: a count is a product of the
+            # axes' entries, so those blocks are the planes where an axis entry is 0
+            sub = grid_state[sl]
             for i, c in enumerate(axes):
-                view = [1] * g.dims
-                view[i] = len(c)
-                vec = c.astype(dst.dtype).reshape(view)
-                if i == 0:
-                    dst[...] = vec
-                else:
-                    dst *= vec
-            if any(not c.all() for c in axes):
-                # blocks with no in-grid upstream start ready
-                sub = grid_state[sl]
-                sub[(dst == 0) & (sub == PENDING)] = READY
+                for j in np.flatnonzero(c == 0).tolist():
+                    plane = sub[(slice(None),) * i + (j,)]
+                    plane[plane == PENDING] = READY
             self.levels_ready = lvl + 1
 
     # -- the ready queue -----------------------------------------------------------------
@@ -340,6 +345,7 @@ class Scheduler:
         for run in self.runs:
             if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
                 run.attach_store(_stores[run.task_id])
+        self._first_running = 0
         self._check_clock: Callable[[], float] | None = None
         self._check_slice_seconds = 0.0
         self._initialize()
@@ -347,6 +353,12 @@ class Scheduler:
 
     # -- initialisation (bulk) ---------------------------------------------------------
     def _initialize(self) -> None:
+        """Per task: mark done (store) and masked blocks, count dependencies, find roots.
+
+        Whole-grid work only, in numpy, and never a temporary wider than one byte per
+        block: a 10^9-block task holds ``state`` and ``deps`` (one byte each for a
+        conflict task) plus, while it resumes, one boolean per block of skipped blocks.
+        """
         skipped: dict[int, np.ndarray[Any, Any]] = {}
         for run in self.runs:
             g = run.geom
@@ -354,58 +366,55 @@ class Scheduler:
                 run.status = FINISHED
                 continue
             grid_state = run.state.reshape(g.grid)
-            mask = run.task._skip_mask
-            n_pre = n_mask = 0
-            skip: np.ndarray[Any, Any] | None = None
-            if run.store is not None or mask is not None:
-                pre = np.zeros(g.grid, dtype=bool)
-                if run.store is not None:
-                    view, dst = run.store_view(run.store.done)
-                    pre[dst] = view != 0
-                n_pre = int(np.count_nonzero(pre))
-                skip = pre
-                if mask is not None:
-                    masked = (mask != 0) & ~pre
-                    n_mask = int(np.count_nonzero(masked))
-                    skip = pre | masked
-            if skip is not None and (n_pre or n_mask):
-                grid_state[skip] = DONE
-                run.skipped_done = n_pre
-                run.skipped_mask = n_mask
-                run.completed = n_pre + n_mask
+            skip = _skipped_blocks(run)
+            if skip is not None:
+                np.copyto(grid_state, DONE, where=skip)
                 skipped[run.index] = skip
+            if run.remaining == 0:
+                # everything is done already (a resumed store): nothing to count or queue
+                run.status = FINISHED
+                continue
             # dependency counts
-            if run.intra and not run.up_edges and run.index not in skipped:
+            if run.intra and not run.up_edges and skip is None:
                 # nothing resolved in bulk: count level by level as the run reaches them
                 dtype = _dtype_for(g.max_level_count())
-                run.deps = np.zeros(run.total, dtype=dtype)
+                run.deps = zeroed(run.total, dtype)
                 run.deps_mv = _view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
+                # level 1 now: its blocks wait on the first releases, and it touches every
+                # page of ``deps`` (the kernel's first-touch cost, ~3 s per GiB here),
+                # which then falls on the start rather than on the first blocks
+                run.init_levels(2)
                 run.ready = sum(g.level_zero_count_blocks(lvl) for lvl in range(g.num_levels))
                 run.roots = run._initial_ready()
                 continue
             if run.intra or run.up_edges:
-                counts = np.zeros(g.grid, dtype=np.int64)
+                edge_vecs = [edge_axis_counts(edge) for edge, _ in run.up_edges]
+                bound = g.max_level_count() if run.intra else 0
+                bound += sum(math.prod(int(v.max(initial=0)) for v in vecs) for vecs in edge_vecs)
+                deps = zeroed(run.total, _dtype_for(bound)).reshape(g.grid)
                 if run.intra:
                     for lvl in range(1, g.num_levels):
-                        counts[g.level_slices(lvl)] = g.level_counts(lvl)
-                        if skip is not None and run.index in skipped:
-                            counts[g.level_slices(lvl)] -= _shifted_sums(g, lvl, skip)
-                for edge, up in run.up_edges:
-                    counts += edge.counts()
+                        dst = deps[g.level_slices(lvl)]
+                        store_product(dst, g.level_axis_counts(lvl))
+                        if skip is not None:
+                            subtract_shifted(g, lvl, skip, dst)
+                for (edge, up), vecs in zip(run.up_edges, edge_vecs, strict=True):
+                    add_product(deps, vecs)
                     if up.index in skipped:
-                        counts -= edge.done_counts(skipped[up.index])
-                run.deps = counts.astype(_dtype_for(int(counts.max()) if counts.size else 0))
+                        np.subtract(
+                            deps,
+                            edge.done_counts(skipped[up.index]),
+                            out=deps,
+                            casting="unsafe",
+                        )
+                run.deps = deps.reshape(-1)
                 run.deps_mv = _view(run.deps)
-                ready_mask = (grid_state == PENDING) & (run.deps.reshape(g.grid) == 0)
+                run.ready = _mark_ready(grid_state, deps)
             else:
-                ready_mask = grid_state == PENDING
-            grid_state[ready_mask] = READY
-            run.ready = int(np.count_nonzero(ready_mask))
+                run.ready = _mark_ready(grid_state, None)
             run.roots = run._initial_ready()
-            if run.remaining == 0:
-                run.status = FINISHED
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -413,7 +422,15 @@ class Scheduler:
         return {r.task_id: r.snapshot() for r in self.runs}
 
     def is_done(self) -> bool:
-        return all(r.status != RUNNING for r in self.runs)
+        """True when no task is running. Amortised O(1): terminal states are sticky, so
+        the scan resumes at the first task that was still running last time (the server
+        asks on every turn of its loop, and a pipeline may have hundreds of tasks)."""
+        runs = self.runs
+        i = self._first_running
+        while i < len(runs) and runs[i].status != RUNNING:
+            i += 1
+        self._first_running = i
+        return i == len(runs)
 
     def bound_checks(self, clock: Callable[[], float], slice_seconds: float) -> None:
         """Let one ``acquire_index`` call spend about ``slice_seconds`` (read on ``clock``)
@@ -659,33 +676,57 @@ class Scheduler:
         )
 
 
-def _shifted_sums(g: TaskGeometry, lvl: int, done: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """For every block of level ``lvl``: how many of its upstream blocks are in ``done``."""
-    shape = g.level_shape(lvl)
-    total = np.zeros(shape, dtype=np.int64)
-    off = g.level_offsets[lvl]
-    import itertools
+def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
+    """The blocks of ``run`` done in its store or masked, as one bool per block (None when
+    there are none); sets the skip counters and ``completed``."""
+    g = run.geom
+    mask = run.task._skip_mask
+    pre: np.ndarray[Any, Any] | None = None
+    n_pre = 0
+    store = run.store
+    if store is not None and not getattr(store, "created", False):
+        view, dst = run.store_view(store.done)
+        n_pre = int(np.count_nonzero(view))
+        if n_pre:
+            pre = np.zeros(g.grid, dtype=bool)
+            np.not_equal(view, 0, out=pre[dst])
+    n_mask = 0
+    if mask is not None:
+        masked = np.not_equal(mask, 0)
+        if pre is not None:
+            np.greater(masked, pre, out=masked)  # masked and not done
+        n_mask = int(np.count_nonzero(masked))
+        if n_mask:
+            if pre is None:
+                pre = masked
+            else:
+                np.logical_or(pre, masked, out=pre)
+        del masked
+    if pre is None:
+        return None
+    run.skipped_done = n_pre
+    run.skipped_mask = n_mask
+    run.completed = n_pre + n_mask
+    return pre
 
-    for combo in itertools.product(*g.up_offsets[lvl]):
-        src = []
-        dst = []
-        for i in range(g.dims):
-            e = combo[i]
-            s = g.level_stride[i]
-            # level coords j -> grid coords off + j*s + e, valid when in [0, grid)
-            lo = 0
-            while lo < shape[i] and off[i] + lo * s + e < 0:
-                lo += 1
-            hi = shape[i]
-            while hi > lo and off[i] + (hi - 1) * s + e >= g.grid[i]:
-                hi -= 1
-            dst.append(slice(lo, hi))
-            start = off[i] + lo * s + e
-            src.append(slice(start, start + (hi - lo - 1) * s + 1 if hi > lo else start, s))
-        if any(d.stop <= d.start for d in dst):
-            continue
-        total[tuple(dst)] += done[tuple(src)]
-    return total
+
+def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | None) -> int:
+    """PENDING blocks with no dependency left become READY; returns how many.
+
+    Slab by slab along axis 0, so the masks are a small fraction of the grid.
+    """
+    flat_state = grid_state.reshape(grid_state.shape[0], -1)
+    flat_deps = None if deps is None else deps.reshape(deps.shape[0], -1)
+    rows = max(1, _CHUNK // max(1, flat_state.shape[1]))
+    ready = 0
+    for r in range(0, flat_state.shape[0], rows):
+        st = flat_state[r : r + rows]
+        mask = st == PENDING
+        if flat_deps is not None:
+            mask &= flat_deps[r : r + rows] == 0
+        st[mask] = READY
+        ready += int(np.count_nonzero(mask))
+    return ready
 
 
 def _check_overlap(up: TaskRun, down: TaskRun) -> None:

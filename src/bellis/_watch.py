@@ -68,7 +68,7 @@ class _Rate:
         while len(self.seen) > 2 and self.seen[1][0] <= now - self.window:
             self.seen.popleft()
         stamps = snap.returned_at
-        if stamps is not None and stamps.any():
+        if stamps is not None and snap.stamped:
             since = now - self.window
             span = self.window
             if run_start is not None and run_start > since:
@@ -117,7 +117,7 @@ def watch_status(
     root = Path(path)
     tty = out.isatty()
     rate = _Rate(max(10.0, 4 * interval_seconds))
-    snap = read_status(path)
+    snap = read_status(path, stamps_after=clock() - rate.window - 1.0)
     first_runs = snap.runs
     running = is_run_in_progress(root)
     run_start = _run_started_at(root) if running else None
@@ -150,7 +150,7 @@ def watch_status(
         if ended:
             return 0
         sleep(interval_seconds)
-        snap = read_status(path)
+        snap = read_status(path, stamps_after=clock() - rate.window - 1.0)
         was_running = running
         running = is_run_in_progress(root)
         if running and not was_running:

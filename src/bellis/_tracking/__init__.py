@@ -6,12 +6,20 @@ blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it
 
 from ._disk import is_run_in_progress, read_lock_holder
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, layout_hash
-from ._status import StatusSnapshot, failed_cells, format_status, read_status, render_status
+from ._status import (
+    SlabReader,
+    StatusSnapshot,
+    failed_cells,
+    format_status,
+    read_status,
+    render_status,
+)
 from ._store import TrackingStore, delete_store
 
 __all__ = [
     "NO_WORKER",
     "STAT_ARRAYS",
+    "SlabReader",
     "StatusSnapshot",
     "StoreLayout",
     "TrackingStore",

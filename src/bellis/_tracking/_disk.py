@@ -53,6 +53,7 @@ __all__ = [
     "LOCK_NAME",
     "StoreLock",
     "check_space",
+    "data_ranges",
     "disk_full_error",
     "free_bytes",
     "is_no_space",
@@ -203,6 +204,24 @@ def _holes(fd: int, nbytes: int) -> list[tuple[int, int]] | None:
             return None
         raise
     return holes
+
+
+def data_ranges(fd: int, nbytes: int) -> list[tuple[int, int]] | None:
+    """The byte ranges of ``[0, nbytes)`` that may hold data (the complement of the
+    holes; a reserved, never-written range of ext4 and XFS is a hole too), or None when
+    the filesystem cannot say. A reader may take every other byte as zero."""
+    holes = _holes(fd, nbytes)
+    if holes is None:
+        return None
+    out = []
+    offset = 0
+    for start, end in holes:
+        if start > offset:
+            out.append((offset, start))
+        offset = max(offset, end)
+    if offset < nbytes:
+        out.append((offset, nbytes))
+    return out
 
 
 def reserve_by_writing(fd: int, nbytes: int) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ._disk import check_space
+from ._disk import check_space, data_ranges
 from ._files import (
     TMP_PREFIX,
     cell_count,
@@ -172,7 +172,7 @@ def migrate(
             rmtree(staging)
         new = map_writable(staging.joinpath(*parts), dtype, plan.new_grid)
         old = np.memmap(old_chunk, dtype=dtype, mode="r", shape=plan.old_grid, order="C")
-        new[target] = old
+        _copy_data(old_chunk, old, new, target)
         if name == "done":
             for axis, index in plan.clear_done:
                 new[(slice(None),) * axis + (index,)] = 0
@@ -215,3 +215,34 @@ def migrate(
         ", ".join(names) if names else "none",
     )
     return names
+
+
+#: bytes of the old chunk copied per step of :func:`_copy_data`
+_COPY_STEP = 1 << 26
+
+
+def _copy_data(
+    old_chunk: Path,
+    old: np.memmap[Any, Any],
+    new: np.memmap[Any, Any],
+    target: tuple[slice, ...],
+) -> None:
+    """``new[target] = old``, a slab of axis-0 planes at a time, leaving out slabs that
+    lie in a hole of the old chunk (never written, so zeros: the new chunk, just created,
+    reads zeros there already). A ``failures`` array without failures costs nothing."""
+    if old.size == 0:
+        return
+    plane = int(np.prod(old.shape[1:])) * old.dtype.itemsize
+    fd = os.open(old_chunk, os.O_RDONLY)
+    try:
+        ranges = data_ranges(fd, old.size * old.dtype.itemsize)
+    finally:
+        os.close(fd)
+    rows = max(1, _COPY_STEP // max(1, plane))
+    start = target[0].start
+    for z0 in range(0, old.shape[0], rows):
+        z1 = min(old.shape[0], z0 + rows)
+        lo, hi = z0 * plane, z1 * plane
+        if ranges is not None and not any(a < hi and b > lo for a, b in ranges):
+            continue
+        new[(slice(start + z0, start + z1), *target[1:])] = old[z0:z1]

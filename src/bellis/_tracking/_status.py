@@ -2,7 +2,7 @@
 
 Reads the store read-only through :meth:`TrackingStore.open_readonly`, so it works while
 a run is writing it and on stores written by daisy 2.0.0 (which carry only the hash).
-The arrays are copied once at the start, so every figure comes from one snapshot.
+The arrays are read in one pass, a slab at a time (never a whole-array copy).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
+from ._disk import data_ranges
 from ._layout import (
     STAT_ARRAYS,
     StoreLayout,
@@ -26,7 +27,14 @@ from ._layout import (
 )
 from ._store import TrackingStore
 
-__all__ = ["StatusSnapshot", "failed_cells", "format_status", "read_status", "render_status"]
+__all__ = [
+    "SlabReader",
+    "StatusSnapshot",
+    "failed_cells",
+    "format_status",
+    "read_status",
+    "render_status",
+]
 
 _INDENT = "    "
 
@@ -71,48 +79,169 @@ def _count_runs(path: os.PathLike[str] | str) -> int:
         return 0
 
 
+#: cells read per pass of :func:`read_status` (a few MiB of copies at a time)
+_SLAB = 1 << 22
+
+
 @dataclass(frozen=True)
 class StatusSnapshot:
-    """One read of a tracking store: what ``bellis status`` shows (copied arrays)."""
+    """One read of a tracking store: what ``bellis status`` shows.
+
+    Counts, and the two boolean planes the map is drawn from; never a copy of a whole
+    array, so a 10^9-cell store is read in one pass of a few MiB at a time.
+    """
 
     display: str
     grid: tuple[int, ...]
     task_hash: str | None
     record: dict[str, Any] | None
-    done: NDArray[np.bool_]
-    failures: NDArray[np.uint64]
+    cells: int
+    done_count: int
+    failed_count: int
+    """cells with ``failures > 0`` and not done"""
+    attempts: int
+    """failed attempts recorded, over every cell"""
+    retried: int
+    """done cells that failed before they succeeded"""
+    plane_done: NDArray[np.bool_]
+    plane_failed: NDArray[np.bool_]
+    """the map's 2-D plane: the grid (1-D: one row, 2-D: itself, 3-D: the middle slice
+    along axis 0); empty for an empty grid or more than three dimensions"""
     present: list[str]
     runs: int
     returned_at: NDArray[np.float64] | None
-    """``returned_at`` stamps, flat (0 where none); None in a store without them."""
-
-    @property
-    def cells(self) -> int:
-        return int(self.done.size)
-
-    @property
-    def done_count(self) -> int:
-        return int(self.done.sum())
-
-    @property
-    def failed_count(self) -> int:
-        return int(((self.failures > 0) & ~self.done).sum())
+    """``returned_at`` stamps later than ``read_status``'s ``stamps_after``, flat; None in
+    a store without them."""
+    stamped: bool = False
+    """whether any cell has a ``returned_at`` stamp"""
 
 
-def read_status(path: str | os.PathLike[str]) -> StatusSnapshot:
-    """Read the store at ``path`` once, read-only (see :func:`format_status`)."""
+class SlabReader:
+    """Copies of slabs of one mapped chunk, read with ``pread`` (no mapped pages stay
+    resident) and skipping the file's holes: a slab wholly in a hole reads as None (all
+    zeros), so a never-written ``failures`` chunk of 4 GB costs a few ``lseek`` calls."""
+
+    def __init__(self, arr: np.memmap[Any, Any]) -> None:
+        self.flat = arr.reshape(-1)
+        self.dtype = arr.dtype
+        self.size = int(arr.size)
+        self.fd = -1
+        self.ranges: list[tuple[int, int]] | None = None
+        self.base = 0
+        filename = getattr(arr, "filename", None)
+        if filename is not None and self.size:
+            self.fd = os.open(filename, os.O_RDONLY)
+            self.base = int(getattr(arr, "offset", 0))
+            itemsize = self.dtype.itemsize
+            ranges = data_ranges(self.fd, self.base + self.size * itemsize)
+            if ranges is not None:
+                self.ranges = [
+                    ((a - self.base) // itemsize, -(-(b - self.base) // itemsize))
+                    for a, b in ranges
+                    if b > self.base
+                ]
+
+    def read(self, a: int, b: int) -> NDArray[Any] | None:
+        """Cells ``[a, b)``, or None when they are all zero (a hole)."""
+        if self.ranges is not None and not any(lo < b and hi > a for lo, hi in self.ranges):
+            return None
+        if self.fd < 0:
+            return np.array(self.flat[a:b])
+        out = np.empty(b - a, dtype=self.dtype)
+        raw: Any = out.data
+        view = memoryview(raw).cast("B")
+        offset = self.base + a * self.dtype.itemsize
+        got = 0
+        while got < len(view):
+            n = os.preadv(self.fd, [view[got:]], offset + got)
+            if n <= 0:
+                raise TrackingError(f"short read of a tracking chunk at byte {offset + got}")
+            got += n
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _plane_index(grid: tuple[int, ...]) -> tuple[int, int] | None:
+    """The flat cell range of the map's plane, or None when there is no map."""
+    n = int(np.prod(grid)) if grid else 0
+    if n == 0 or len(grid) > 3:
+        return None
+    if len(grid) <= 2:
+        return 0, n
+    plane = grid[1] * grid[2]
+    middle = grid[0] // 2
+    return middle * plane, (middle + 1) * plane
+
+
+def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> StatusSnapshot:
+    """Read the store at ``path`` once, read-only (see :func:`format_status`).
+
+    One pass over the arrays, a slab of cells at a time; each slab is copied once, so
+    the counts of one slab agree with each other while a run writes the store.
+    """
     display = os.fspath(path)
     with TrackingStore.open_readonly(path) as store:
-        done = np.array(store.done) != 0
-        failures = np.array(store.failures, dtype=np.uint64)
+        grid = tuple(store.grid_shape)
         stats = store.stats
         present = [name for name in STAT_ARRAYS if name in stats]
-        returned = (
-            np.array(stats["returned_at"], dtype=np.float64).reshape(-1)
-            if "returned_at" in stats
-            else None
-        )
-        grid = store.grid_shape
+        cells = int(store.done.size)
+        window = _plane_index(grid)
+        plane_shape = (1, cells) if len(grid) == 1 else (grid[-2], grid[-1]) if window else (0, 0)
+        plane_done = np.zeros(plane_shape, dtype=bool)
+        plane_failed = np.zeros(plane_shape, dtype=bool)
+        pd, pf = plane_done.reshape(-1), plane_failed.reshape(-1)
+        n_done = n_failed = attempts = retried = 0
+        stamped = False
+        recent: list[NDArray[np.float64]] = []
+        readers = [
+            SlabReader(store.done),
+            SlabReader(store.failures),
+            *([SlabReader(stats["returned_at"])] if "returned_at" in stats else []),
+        ]
+        try:
+            for a in range(0, cells, _SLAB):
+                b = min(cells, a + _SLAB)
+                raw_done = readers[0].read(a, b)
+                raw_failures = readers[1].read(a, b)
+                if raw_failures is not None and not np.count_nonzero(raw_failures):
+                    raw_failures = None
+                in_plane = window is not None and a < window[1] and b > window[0]
+                done: NDArray[np.bool_] | None = None
+                if raw_done is not None:
+                    n_done += int(np.count_nonzero(raw_done))
+                    if raw_failures is not None or in_plane:
+                        done = raw_done != 0
+                failed: NDArray[np.bool_] | None = None
+                if raw_failures is not None:
+                    if done is None:
+                        done = np.zeros(b - a, dtype=bool)
+                    failed_any = raw_failures > 0
+                    attempts += int(raw_failures.sum(dtype=np.uint64))
+                    retried += int(np.count_nonzero(failed_any & done))
+                    failed = np.greater(failed_any, done)  # failed and not done
+                    n_failed += int(np.count_nonzero(failed))
+                if in_plane:
+                    assert window is not None
+                    lo, hi = max(a, window[0]), min(b, window[1])
+                    if done is not None:
+                        pd[lo - window[0] : hi - window[0]] = done[lo - a : hi - a]
+                    if failed is not None:
+                        pf[lo - window[0] : hi - window[0]] = failed[lo - a : hi - a]
+                if len(readers) > 2:
+                    stamps = readers[2].read(a, b)
+                    if stamps is not None:
+                        stamped = stamped or bool(stamps.any())
+                        recent.append(stamps[stamps > stamps_after])
+        finally:
+            for reader in readers:
+                reader.close()
+        returned = None
+        if "returned_at" in stats:
+            returned = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float64)
         task_hash = store.task_hash
         record: dict[str, Any] | None = store.record
         runs_file = store.runs_jsonl
@@ -121,7 +250,21 @@ def read_status(path: str | os.PathLike[str]) -> StatusSnapshot:
     except OSError as exc:
         raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
     return StatusSnapshot(
-        display, tuple(grid), task_hash, record, done, failures, present, runs, returned
+        display,
+        grid,
+        task_hash,
+        record,
+        cells,
+        n_done,
+        n_failed,
+        attempts,
+        retried,
+        plane_done,
+        plane_failed,
+        present,
+        runs,
+        returned,
+        stamped,
     )
 
 
@@ -142,14 +285,10 @@ def format_status(
 
 def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int = 40) -> str:
     """The text of :func:`format_status` for one snapshot."""
-    display, done, failures, present = snap.display, snap.done, snap.failures, snap.present
+    display, present = snap.display, snap.present
     grid, task_hash, record, runs = snap.grid, snap.task_hash, snap.record, snap.runs
-    failed = (failures > 0) & ~done
-    cells = int(done.size)
-    n_done = int(done.sum())
-    n_failed = int(failed.sum())
-    attempts = int(failures.sum())
-    retried = int(((failures > 0) & done).sum())
+    cells, n_done, n_failed = snap.cells, snap.done_count, snap.failed_count
+    attempts, retried = snap.attempts, snap.retried
 
     lines = [f"block tracking at {display}"]
     if task_hash is None:
@@ -187,15 +326,13 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
     if ndim > 3:
         lines.append(f"  map         (no map for a {ndim}-D grid)")
         return "\n".join(lines) + "\n"
+    plane_done, plane_failed = snap.plane_done, snap.plane_failed
     if ndim == 1:
-        plane_done, plane_failed = done.reshape(1, -1), failed.reshape(1, -1)
         axes = "one row, axis 0 left to right"
     elif ndim == 2:
-        plane_done, plane_failed = done, failed
         axes = "rows = axis 0, columns = axis 1"
     else:
         middle = grid[0] // 2
-        plane_done, plane_failed = done[middle], failed[middle]
         axes = (
             f"middle slice along axis 0 (index {middle} of 0..{grid[0] - 1}), "
             "rows = axis 1, columns = axis 2"
@@ -228,15 +365,38 @@ def failed_cells(path: str | os.PathLike[str], *, layout: StoreLayout | None = N
         return []
     try:
         with TrackingStore.open_readonly(root) as store:
+            if layout is None or (
+                store.task_hash is not None and store.task_hash == layout_hash(layout)
+            ):
+                return _failed_in_slabs(store)
             done = np.array(store.done, dtype=bool)
             failures = np.array(store.failures) > 0
-            if layout is not None:
-                done, failures = _as_layout(store, display, layout, done, failures)
+            done, failures = _as_layout(store, display, layout, done, failures)
     except TrackingError as exc:
         raise TrackingError(
             f"cannot open block tracking at {display}: {exc}", path=display
         ) from exc
     return [int(c) for c in np.flatnonzero(failures & ~done)]
+
+
+def _failed_in_slabs(store: TrackingStore) -> list[int]:
+    """The failed, not done cells of ``store``, read a slab at a time (holes skipped)."""
+    out: list[int] = []
+    readers = [SlabReader(store.done), SlabReader(store.failures)]
+    try:
+        cells = int(store.done.size)
+        for a in range(0, cells, _SLAB):
+            b = min(cells, a + _SLAB)
+            failures = readers[1].read(a, b)
+            if failures is None or not np.count_nonzero(failures):
+                continue
+            done = readers[0].read(a, b)
+            failed = failures > 0 if done is None else (failures > 0) & (done == 0)
+            out.extend((np.flatnonzero(failed) + a).tolist())
+    finally:
+        for reader in readers:
+            reader.close()
+    return out
 
 
 def _as_layout(

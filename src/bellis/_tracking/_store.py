@@ -136,6 +136,7 @@ class TrackingStore:
         "_wall_seconds",
         "_worker_id",
         "_writable",
+        "created",
         "grid_shape",
         "layout",
         "migrated_from",
@@ -164,6 +165,9 @@ class TrackingStore:
         self.layout = layout
         self.grid_shape = grid_shape
         self.migrated_from = migrated_from
+        #: True when this open created the ``done`` array: no block is done yet, and a
+        #: reader need not scan it
+        self.created = False
         self.runs_jsonl = path / "runs.jsonl"
         self.task_hash = task_hash
         self.record = record
@@ -293,6 +297,7 @@ class TrackingStore:
         check_space(display, unreserved_bytes(chunk_files(root, grid, names)), root)
         arrays: dict[str, np.memmap[Any, Any]] = {}
         missing: list[str] = []
+        created: list[str] = []
         for name in names:
             meta_file = root / name / "zarr.json"
             meta = read_json(meta_file)
@@ -300,6 +305,8 @@ class TrackingStore:
                 check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
                 arrays[name] = map_array(root, name, grid)
             elif name in BASE_ARRAYS:
+                if not root.joinpath(name, "c", *chunk_parts(len(grid))).exists():
+                    created.append(name)
                 arrays[name] = create_array(root, name, grid)
             else:
                 missing.append(name)  # created by open_stats()
@@ -316,6 +323,7 @@ class TrackingStore:
             lock=lock,
         )
         store._missing_stats = tuple(missing)
+        store.created = "done" in created
         if not missing and resource_tracking:
             store._map_stats()
         return store
