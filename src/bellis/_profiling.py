@@ -677,7 +677,8 @@ def setup_seconds_since_start() -> float:
     duration. With ``SETUP_ORIGIN == "process"`` it counts from the process's creation
     (10 ms kernel tick resolution for the origin, then ``perf_counter``), so interpreter
     start-up, imports and the user's set-up code are all in it. Otherwise it counts from
-    the import of ``bellis``.
+    the import of ``bellis``. A forked process (a worker forked from the fork server)
+    counts from its fork.
     """
     since_import = _perf_counter() - PROCESS_START
     if _AGE_AT_IMPORT is None:
