@@ -7,8 +7,9 @@ small process that has already done so costs about one. :class:`ForkServer` star
 *zygote* per run, the first time the :class:`~bellis._workers._launchers.LocalLauncher`
 launches a worker: ``python -c <ZYGOTE_MAIN> <fd>``, a fresh interpreter (never a fork of
 the driver, so nothing of the driver is in it) that imports only what every worker imports
-(``bellis._worker``, ``bellis._client`` and their modules, ``cloudpickle``), starts no
-thread, installs no signal handler, and then waits on a ``SOCK_SEQPACKET`` control socket.
+(``bellis._worker``, ``bellis._client`` and the modules they load, ``cloudpickle``, the
+idna codec), starts no thread, installs no signal handler, and then waits on a
+``SOCK_SEQPACKET`` control socket.
 
 Each launch sends one request: the worker's environment, the driver's working directory and
 umask, and three descriptors (``SCM_RIGHTS``): the read end of a pipe that holds the payload
@@ -130,10 +131,14 @@ def serve() -> None:
     """The zygote's loop. Returns only in a forked child, set up to run as a worker."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
     # what every worker imports, loaded once here (never numpy: a worker imports only what
-    # its user's code asks for)
+    # its user's code asks for); the idna codec is what connecting to a host name loads
+    import encodings.idna  # noqa: F401
+
     import cloudpickle  # noqa: F401
 
     import bellis._client
+    import bellis._code_origin
+    import bellis._graph
     import bellis._worker
     import bellis.logging  # noqa: F401
 
