@@ -46,6 +46,7 @@ from __future__ import annotations
 import array
 import contextlib
 import importlib
+import importlib.machinery
 import io
 import logging
 import os
@@ -256,8 +257,21 @@ def _become_worker(ctl: socket.socket, fds: list[int], request: dict[str, Any]) 
     os.environ.update(request["env"])
     time.tzset()
     sys.argv[:] = ["-c"]
-    importlib.invalidate_caches()  # the user may have written modules since the zygote began
     _open_std_streams(unbuffered=bool(request["env"].get("PYTHONUNBUFFERED")))
+    _resolve_sys_path()
+
+
+def _resolve_sys_path() -> None:
+    """Put the driver's ``sys.path`` in place and resolve every entry against the working
+    directory now, as a spawned worker's start-up imports do: a relative entry (``"lib"``)
+    then means the driver's directory, even after the user's code changes directory."""
+    from bellis._worker import _extend_sys_path
+
+    _extend_sys_path(os.environ.get("BELLIS_SYS_PATH", "").split(os.pathsep))
+    # drops the finders of relative entries (resolved in the zygote's directory) and the
+    # directory listings the zygote cached (the user may have written modules since)
+    importlib.invalidate_caches()
+    importlib.machinery.PathFinder.find_spec("_bellis_resolve_sys_path_")
 
 
 def _close_inherited_fds() -> None:
