@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["ZYGOTE_MAIN", "ForkServer", "ForkedProcess", "is_fork_server_supported", "serve"]
 
@@ -221,7 +221,7 @@ def _reap(ctl: socket.socket, poller: Any, children: dict[int, int], pidfd: int)
     _send(ctl, ("exit", pid, os.waitstatus_to_exitcode(status)))
 
 
-def _end_zygote(children: dict[int, int]) -> None:
+def _end_zygote(children: dict[int, int]) -> NoReturn:
     """Stop the workers still alive (SIGTERM, a grace period, SIGKILL), reap them, exit."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in children.values():
@@ -236,7 +236,8 @@ def _end_zygote(children: dict[int, int]) -> None:
                     del children[pidfd]
             if children:
                 time.sleep(0.01)
-    raise SystemExit(0)
+    # no interpreter finalization: it has nothing to flush, and the driver waits for it
+    os._exit(0)
 
 
 def _become_worker(ctl: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
