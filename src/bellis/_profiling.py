@@ -625,8 +625,8 @@ class profile_block:  # lower case: daisy's public name
 
 # ----------------------------------------------------------------- worker start-up clock
 
-#: ``time.perf_counter()`` when this module was imported.
-PROCESS_START: Final[float] = _perf_counter()
+#: ``time.perf_counter()`` when this module was imported (or this process was forked).
+PROCESS_START: float = _perf_counter()
 
 
 def _process_age_at_import() -> float | None:
@@ -648,7 +648,19 @@ def _process_age_at_import() -> float | None:
     return age if age > 0.0 else 0.0
 
 
-_AGE_AT_IMPORT: Final = _process_age_at_import()
+_AGE_AT_IMPORT = _process_age_at_import()
+
+
+def _restart_clock() -> None:
+    """In a forked child (a worker forked from the fork server): this process began now."""
+    global PROCESS_START, _AGE_AT_IMPORT
+    PROCESS_START = _perf_counter()
+    if _AGE_AT_IMPORT is not None:
+        _AGE_AT_IMPORT = 0.0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restart_clock)
 
 #: What :func:`setup_seconds_since_start` counts from: ``"process"`` (the process's
 #: creation, read from /proc, so interpreter start-up and imports are included) or
@@ -665,7 +677,8 @@ def setup_seconds_since_start() -> float:
     duration. With ``SETUP_ORIGIN == "process"`` it counts from the process's creation
     (10 ms kernel tick resolution for the origin, then ``perf_counter``), so interpreter
     start-up, imports and the user's set-up code are all in it. Otherwise it counts from
-    the import of ``bellis``.
+    the import of ``bellis``. A forked process (a worker forked from the fork server)
+    counts from its fork.
     """
     since_import = _perf_counter() - PROCESS_START
     if _AGE_AT_IMPORT is None:

@@ -93,6 +93,7 @@ ALLOWED_LAZY_UPWARD = {
     ("_task", "_runner"),  # Pipeline.run_blockwise (daisy's API; Task.run_blockwise calls it)
     ("_task", "_tracking"),  # Task.reset / Task.failed_blocks
     ("_workers", "_client"),  # the worker exit codes
+    ("_workers", "_worker"),  # the fork server (_zygote) preloads the worker's entry point
     # the views of a report import the report; its methods that show them import them when called
     ("_report", "_html_report"),  # TaskReport.to_html / RunReport.to_html
     ("_report", "_panel"),  # TaskReport.panel / RunReport.panel

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
+from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
 
@@ -211,17 +212,102 @@ def _echo(stream: StreamName, text: str) -> None:
 
 
 class LocalLauncher(WorkerLauncher):
-    """Worker subprocesses on this machine (``python -m bellis._worker``)."""
+    """Worker processes on this machine: forked from a preloaded zygote on Linux
+    (``_zygote``), else subprocesses (``python -c``, the fallback)."""
 
     name = "local"
     is_local = True
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
         self.python = python or sys.executable
-        self._tees: dict[int, list[threading.Thread]] = {}  # by worker pid
-        self._tee_deadlines: dict[int, float] = {}
+        #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): None means
+        #: yes where supported, unless ``BELLIS_WORKER_START=spawn``
+        self.fork_server = fork_server
+        self._zygote: ForkServer | None = None
+        self._tees: dict[Any, list[threading.Thread]] = {}  # by worker process object
+        self._tee_deadlines: dict[Any, float] = {}
+
+    def _wants_fork_server(self) -> bool:
+        if self.fork_server is None:
+            self.fork_server = (
+                os.environ.get("BELLIS_WORKER_START", "fork") != "spawn"
+                and is_fork_server_supported()
+            )
+        return self.fork_server
+
+    def _launch_forked(self, spec: WorkerSpec, env: dict[str, str], echo: bool) -> Any:
+        """Fork the worker from the run's zygote; None where it must be spawned instead."""
+        frame = struct.pack("<Q", len(spec.payload)) + spec.payload
+        zygote = self._zygote
+        if zygote is None:
+            try:
+                zygote = self._zygote = ForkServer(
+                    self.python, env, [self.python, "-c", _WORKER_MAIN]
+                )
+            except OSError as exc:
+                logging.getLogger("bellis").warning(
+                    "could not start the worker fork server (%s): workers start as "
+                    "subprocesses; BELLIS_WORKER_START=spawn skips the attempt",
+                    exc,
+                )
+                self.fork_server = False
+                return None
+        if not zygote.accepts(env, len(frame)):
+            return None
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        opened: list[int] = []
+        logs: list[Any] = []
+        try:
+            if echo:
+                out = open(spec.out_path, "ab") if spec.out_path else None
+                logs.append(out)
+                err = open(spec.err_path, "ab") if spec.err_path else None
+                logs.append(err)
+                out_r, out_w = os.pipe()
+                opened += [out_r, out_w]
+                err_r, err_w = os.pipe()
+                opened += [err_r, err_w]
+            else:
+                assert spec.out_path is not None and spec.err_path is not None
+                out_w = os.open(spec.out_path, flags, 0o666)
+                opened.append(out_w)
+                err_w = os.open(spec.err_path, flags, 0o666)
+                opened.append(err_w)
+            proc = zygote.launch(env, out_w, err_w, frame)
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            for f in logs:
+                if f is not None:
+                    f.close()
+            raise
+        if proc is None:
+            for fd in opened:
+                os.close(fd)
+            for f in logs:
+                if f is not None:
+                    f.close()
+            return None
+        if echo:
+            self._tees[proc] = [
+                _start_tee(
+                    open(out_r, "rb"), logs[0], "stdout", f"bellis-tee-{spec.worker_id}-out"
+                ),
+                _start_tee(
+                    open(err_r, "rb"), logs[1], "stderr", f"bellis-tee-{spec.worker_id}-err"
+                ),
+            ]
+        return proc
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        if self._wants_fork_server():
+            echo = spec.tee or spec.out_path is None or spec.err_path is None
+            env = spec.env
+            if echo and "PYTHONUNBUFFERED" not in env:
+                env = {**env, "PYTHONUNBUFFERED": "1"}
+            forked = self._launch_forked(spec, env, echo)
+            if forked is not None:
+                return WorkerHandle(spec, forked)
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
         # log mode "both" (tee) and console mode (no files): the worker's output is echoed
@@ -249,7 +335,7 @@ class LocalLauncher(WorkerLauncher):
             raise
         if echo:
             assert proc.stdout is not None and proc.stderr is not None
-            self._tees[proc.pid] = [
+            self._tees[proc] = [
                 _start_tee(proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out"),
                 _start_tee(proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err"),
             ]
@@ -266,20 +352,20 @@ class LocalLauncher(WorkerLauncher):
         return WorkerHandle(spec, proc)
 
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:
-        proc: subprocess.Popen[bytes] = handle.native
+        proc: subprocess.Popen[bytes] | ForkedProcess = handle.native
         code = proc.poll()
         if code is None:
             return None
-        tees = self._tees.get(proc.pid)
+        tees = self._tees.get(proc)
         if tees:
             # its last output reaches the log files (and the exit message's tail) first; a
             # descendant it left holding the pipes open is not waited for past a few
             # seconds. The event loop is not blocked meanwhile: the exit is reported later
-            deadline = self._tee_deadlines.setdefault(proc.pid, time.monotonic() + 3.0)
+            deadline = self._tee_deadlines.setdefault(proc, time.monotonic() + 3.0)
             if any(t.is_alive() for t in tees) and time.monotonic() < deadline:
                 return None
-            del self._tees[proc.pid]
-            self._tee_deadlines.pop(proc.pid, None)
+            del self._tees[proc]
+            self._tee_deadlines.pop(proc, None)
         return describe_exit(code, handle.spec)
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
@@ -311,3 +397,9 @@ class LocalLauncher(WorkerLauncher):
                 os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 p.kill()
+
+    def close(self) -> None:
+        """End the run's fork server (its workers have been stopped by now) and reap it."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
