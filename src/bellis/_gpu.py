@@ -23,7 +23,10 @@ driver is present (``/proc/driver/nvidia/version``, checked before anything is i
     sampling thread (:meth:`GpuMeter.sample`, never the per-block path) reads
     ``nvmlDeviceGetComputeRunningProcesses`` and keeps the largest total the process's pids
     held on the visible devices during the block; a block no sample fell in has 0, the
-    seed's "not measured".
+    seed's "not measured". The thread is the meter's own (``bellis-gpu-sampler``, started at
+    the first block, a daemon): it samples every :data:`SAMPLE_PERIOD_SECONDS` while a block
+    runs and sleeps on an event between blocks. It exists only in a process that found a
+    device, in serial runs as in workers.
 
 Devices
 -------
@@ -45,6 +48,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -53,6 +57,8 @@ __all__ = ["GpuMeter", "NvmlBinding", "now_us", "open_gpu_meter", "visible_devic
 
 _DRIVER_MARKER = "/proc/driver/nvidia/version"
 _log = logging.getLogger("bellis")
+#: how often the sampling thread reads the device memory the process holds, while a block runs
+SAMPLE_PERIOD_SECONDS = 0.05
 
 
 class NvmlBinding(Protocol):
@@ -177,11 +183,20 @@ class GpuMeter:
         "_pids",
         "_sampling",
         "_since_us",
+        "_stop",
+        "_thread",
+        "_threaded",
         "_torch",
+        "_wake",
     )
 
     def __init__(
-        self, binding: NvmlBinding, devices: list[Any], pids: Callable[[], Iterable[int]]
+        self,
+        binding: NvmlBinding,
+        devices: list[Any],
+        pids: Callable[[], Iterable[int]],
+        *,
+        threaded: bool = True,
     ) -> None:
         self._binding = binding
         self._devices: list[tuple[Any, list[Any]]] = [(d, binding.mig_handles(d)) for d in devices]
@@ -192,6 +207,11 @@ class GpuMeter:
         self._torch: Any = None
         #: an NVML call failed: warned once, and no figure is measured from then on
         self._broken = False
+        self._wake = threading.Event()  # set while a block runs
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: False: no thread, :meth:`sample` is called by the owner (the tests)
+        self._threaded = threaded
 
     def begin(self, now_us: int) -> None:
         """A block starts at ``now_us`` (wall clock, µs since the epoch, NVML's timebase)."""
@@ -202,6 +222,34 @@ class GpuMeter:
             for i in range(self._torch.device_count()):
                 self._torch.reset_peak_memory_stats(i)
         self._sampling = not self._broken
+        if self._sampling and self._torch is None and self._threaded:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._sample_while_blocks_run, name="bellis-gpu-sampler", daemon=True
+                )
+                self._thread.start()
+            self._wake.set()
+
+    def close(self) -> None:
+        """Stop the sampling thread (it is a daemon: a process may also just exit)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def sampler_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _sample_while_blocks_run(self) -> None:
+        wake, stop = self._wake, self._stop
+        while not stop.is_set():
+            wake.wait()
+            if stop.is_set():
+                return
+            self.sample()
+            stop.wait(SAMPLE_PERIOD_SECONDS)
 
     def sample(self) -> None:
         """Sampling thread: note the device memory the process holds now."""
@@ -219,6 +267,7 @@ class GpuMeter:
         """``(gpu_util_pct, gpu_mem_bytes)`` of the block that :meth:`begin` opened: NaN
         and 0 when nothing could be measured."""
         self._sampling = False
+        self._wake.clear()
         if self._broken:
             return math.nan, 0
         try:

@@ -25,7 +25,10 @@ threads, user thread pools) and per-thread counters would miss it:
     :class:`Meter`). Where the reset is unavailable the figure falls back to
     ``ru_maxrss``, the process's peak so far.
 ``gpu_util_pct`` / ``gpu_mem_bytes``
-    Reserved: NaN and 0, never a made-up measurement.
+    From NVML when the process can measure them (see :mod:`bellis._gpu`): the mean SM
+    utilisation attributed to the process and its children during the block, and its peak
+    device memory. Without a device, NVML or ``bellis[gpu]``: NaN and 0, never a made-up
+    measurement.
 
 Deltas saturate at zero. An unsupported platform reports zeros and never raises.
 
@@ -64,6 +67,7 @@ from ._block import BlockStats
 
 if TYPE_CHECKING:
     from ._block import Block
+    from ._gpu import GpuMeter
 
 try:
     import resource as _resource
@@ -74,7 +78,9 @@ __all__ = [
     "PROCESS_START",
     "SETUP_ORIGIN",
     "Meter",
+    "attach_gpu",
     "live_descendant_pids",
+    "process_gpu_meter",
     "profile_block",
     "setup_seconds_since_start",
 ]
@@ -419,6 +425,7 @@ class Meter:
         "_ru_tracks",
         "_t0",
         "_wchar0",
+        "gpu",
         "started",
     )
 
@@ -435,6 +442,8 @@ class Meter:
         self._t0 = 0.0
         #: whether a measurement was ever opened (so :meth:`restart` has readings to reuse)
         self.started = False
+        #: this process's GPU figures (:func:`attach_gpu`); None: the seed's NaN and 0
+        self.gpu: GpuMeter | None = None
 
     def start(self) -> None:
         """Snapshot every counter: a block starts now."""
@@ -502,6 +511,8 @@ class Meter:
         # even after faults. (Read before a reset, it can only be larger: on the safe side.)
         self._ru_tracks = 0 <= rss and 0 <= maxrss <= rss + _MAXRSS_SLACK_BYTES
         self._cpu0 = cpu
+        if self.gpu is not None:
+            self.gpu.begin(_gpu_now_us())
         self._t0 = _perf_counter()
 
     def finish(self) -> WireStats:
@@ -572,6 +583,18 @@ class Meter:
         else:
             rd = wr = 0  # a reading is missing at one end: no figure rather than a wrong one
         children -= self._child0
+        if self.gpu is not None:
+            gpu_util, gpu_mem = self.gpu.finish()
+            return [
+                wall if wall > 0.0 else 0.0,
+                cpu if cpu > 0.0 else 0.0,
+                peak,
+                rd if rd > 0 else 0,
+                wr if wr > 0 else 0,
+                gpu_util,
+                gpu_mem,
+                children if children > 0.0 else 0.0,
+            ]
         return [
             wall if wall > 0.0 else 0.0,
             cpu if cpu > 0.0 else 0.0,
@@ -627,6 +650,36 @@ class profile_block:  # lower case: daisy's public name
 
 #: ``time.perf_counter()`` when this module was imported (or this process was forked).
 PROCESS_START: float = _perf_counter()
+
+
+# ---------------------------------------------------------------------- GPU figures
+
+_gpu_state: list[Any] = []  # [GpuMeter | None] once this process has looked
+
+
+def _gpu_now_us() -> int:
+    return time.time_ns() // 1000  # NVML's timebase: wall clock, µs since the epoch
+
+
+def process_gpu_meter() -> GpuMeter | None:
+    """This process's :class:`~bellis._gpu.GpuMeter`, opened on first use; None when there
+    is no NVIDIA device to measure (then nothing GPU-related was imported). A forked child
+    looks again: NVML handles do not survive a fork."""
+    if not _gpu_state or _gpu_state[1] != os.getpid():
+        from ._gpu import open_gpu_meter
+
+        _gpu_state[:] = [open_gpu_meter(_own_pids), os.getpid()]
+    meter: GpuMeter | None = _gpu_state[0]
+    return meter
+
+
+def _own_pids() -> list[int]:
+    return [os.getpid(), *live_descendant_pids()]
+
+
+def attach_gpu(meter: Meter) -> None:
+    """Let ``meter`` fill the GPU figures when this process can measure them."""
+    meter.gpu = process_gpu_meter()
 
 
 def _process_age_at_import() -> float | None:

@@ -111,10 +111,9 @@ def test_no_visible_device_means_no_meter() -> None:
 
 
 def meter(nv: FakeNvml, pids: list[int], spec: str | None = None) -> GpuMeter:
+    """A meter whose samples the test takes itself (no thread)."""
     env = {} if spec is None else {"CUDA_VISIBLE_DEVICES": spec}
-    m = open_gpu_meter(lambda: pids, env=env, load=lambda: nv)
-    assert m is not None
-    return m
+    return GpuMeter(nv, visible_devices(nv, env), lambda: pids, threaded=False)
 
 
 def test_util_is_the_mean_of_this_process_samples_during_the_block() -> None:
@@ -260,6 +259,35 @@ def test_torch_without_cuda_initialised_is_sampled(monkeypatch: pytest.MonkeyPat
     nv.devices[0].procs = [(100, 1 << 30)]
     m.sample()
     assert m.finish()[1] == 1 << 30
+
+
+def test_the_sampling_thread_samples_only_while_a_block_runs() -> None:
+    import threading
+
+    nv = node(1)
+    nv.devices[0].procs = [(100, 2 << 30)]
+    sampled = threading.Event()
+    calls: list[int] = []
+    real = nv.running_processes
+
+    def counting(handle: Any) -> list[tuple[int, int]]:
+        calls.append(1)
+        if len(calls) == 2:  # the first sample is complete
+            sampled.set()
+        return real(handle)
+
+    nv.running_processes = counting  # type: ignore[method-assign]
+    m = open_gpu_meter(lambda: [100], env={}, load=lambda: nv)
+    assert m is not None
+    assert not m.sampler_alive  # nothing starts before the first block
+    m.begin(1_000)
+    assert m.sampler_alive
+    assert sampled.wait(30), "the sampling thread took no second sample during the block"
+    _, mem = m.finish()
+    assert mem == 2 << 30
+    m.close()
+    assert not m.sampler_alive
+    assert [t for t in threading.enumerate() if t.name == "bellis-gpu-sampler"] == []
 
 
 # ---------------------------------------------------------------- the pynvml adapter

@@ -20,6 +20,7 @@ RANK = {
     "_streams": 0,
     "_version": 0,
     "_names": 0,
+    "_gpu": 0,
     "_code_origin": 0,
     "logging": 0,
     "_block": 1,
@@ -69,7 +70,7 @@ RANK = {
 # these see only what is listed (plus themselves), at any depth of the file
 RESTRICTED = {
     "_tracking": {"errors", "_block"},
-    "_profiling": {"errors", "_block"},
+    "_profiling": {"errors", "_block", "_gpu"},
     # _html_report: TaskReport.to_html / RunReport.to_html, imported when called
     "_report": {
         "errors",
