@@ -237,6 +237,8 @@ class TaskAggregates:
         "_chunks",
         "_cpu",
         "_cpu_children",
+        "_gpu_mem",
+        "_gpu_util",
         "_io_read",
         "_io_write",
         "_overhead",
@@ -263,10 +265,14 @@ class TaskAggregates:
         self._io_read = Welford()
         self._io_write = Welford()
         self._overhead = Welford()
+        # GPU figures of the blocks that measured them (util not NaN; memory also > 0)
+        self._gpu_util = Welford()
+        self._gpu_mem = Welford()
         self._trend = Trend()
         self._rts: list[float] = []  # round trips of blocks without stats
-        self._rows: list[tuple[float, ...]] = []  # (rt or nan, wall, cpu, rss, ior, iow, cc)
-        self._chunks: list[np.ndarray[Any, Any]] = []  # batches of such rows, (n, 7) arrays
+        # (rt or nan, wall, cpu, rss, ior, iow, cc, gpu util or nan, gpu mem)
+        self._rows: list[tuple[float, ...]] = []
+        self._chunks: list[np.ndarray[Any, Any]] = []  # batches of such rows, (n, 9) arrays
         self._chunk_rows = 0
 
     def add_block(
@@ -296,6 +302,8 @@ class TaskAggregates:
                 stats[3],
                 stats[4],
                 stats[7] if len(stats) > 7 else math.nan,
+                stats[5] if len(stats) > 7 else math.nan,
+                stats[6] if len(stats) > 7 else 0,
             )
         )
         if len(self._rows) >= self._FOLD_ROWS:
@@ -309,10 +317,12 @@ class TaskAggregates:
             return
         if self._rows:
             self._fold()
-        a = np.empty((n, 7), dtype=np.float64)
+        a = np.empty((n, 9), dtype=np.float64)
         a[:, 0] = round_trips
         for i, name in enumerate(MEASURED_ARRAYS, 1):
             a[:, i] = table[name]
+        a[:, 7] = table["gpu_util_pct"]
+        a[:, 8] = table["gpu_mem_bytes"]
         self.count += n
         self._chunks.append(a)
         self._chunk_rows += n
@@ -343,6 +353,9 @@ class TaskAggregates:
         self._io_write.add_many(a[:, 5])
         cc = a[:, 6]
         self._cpu_children.add_many(cc[~np.isnan(cc)])
+        util, mem = a[:, 7], a[:, 8]
+        self._gpu_util.add_many(util[~np.isnan(util)])
+        self._gpu_mem.add_many(mem[~np.isnan(util) | (mem > 0)])
         self._trend.add_many(wall * 1000.0)
         self._overhead.add_many(rt[has_rt] - wall[has_rt])
 
@@ -359,6 +372,8 @@ class TaskAggregates:
     io_read = property(lambda self: self._folded(self._io_read))
     io_write = property(lambda self: self._folded(self._io_write))
     overhead = property(lambda self: self._folded(self._overhead))
+    gpu_util = property(lambda self: self._folded(self._gpu_util))
+    gpu_mem = property(lambda self: self._folded(self._gpu_mem))
 
     @property
     def trend(self) -> Trend:
@@ -388,6 +403,8 @@ class TaskAggregates:
             "io_read": _stat_json(self._io_read),
             "io_write": _stat_json(self._io_write),
             "overhead": _stat_json(self._overhead),
+            "gpu_util": _stat_json(self._gpu_util),
+            "gpu_mem": _stat_json(self._gpu_mem),
             "io_read_bytes": int(self._io_read.total) if measured else None,
             "io_write_bytes": int(self._io_write.total) if measured else None,
             "trend_ms_per_block": self._trend.slope if measured else None,

@@ -162,6 +162,10 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
             rows.append(("cpu children", _duration_pm(b.cpu_children)))
         if b.peak_rss is not None:
             rows.append(("peak RSS", _bytes_pm(b.peak_rss)))
+        if b.gpu_util is not None:  # only when some block's process measured a GPU
+            rows.append(("gpu util", f"{b.gpu_util.mean:.1f} % ± {b.gpu_util.std:.1f} %"))
+        if b.gpu_mem is not None:
+            rows.append(("gpu mem", _bytes_pm(b.gpu_mem)))
         read = b.io_read.total if b.io_read is not None else 0.0
         write = b.io_write.total if b.io_write is not None else 0.0
         rows.append(("io", f"read {format_bytes(read)}  write {format_bytes(write)}"))

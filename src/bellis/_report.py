@@ -12,7 +12,8 @@ a run returns and the record left on disk therefore cannot drift apart. The view
 report (the panel, the notebook HTML, the HTML report) import this module, never the
 other way round: the methods that show them import their view when called.
 
-The JSON schema is versioned (``"schema": 1``) and documented in ``docs/statistics.md``;
+The JSON schema is versioned (``"schema": 2``; lines of schema 1 are still read) and
+documented in ``docs/statistics.md``;
 :func:`validate_run_line` checks a line against it. New fields are added, never
 redefined, and readers ignore keys they do not know.
 
@@ -349,6 +350,9 @@ class BlocksSection:
     io_read: Stat | None
     io_write: Stat | None
     overhead: Stat | None
+    #: GPU figures over the blocks that measured them (None: no block did)
+    gpu_util: Stat | None
+    gpu_mem: Stat | None
     trend: float | None
 
 

@@ -1,7 +1,8 @@
 """``runs.jsonl``: append one run line, read the last one back, validate the schema.
 
-The line format (schema 1) is documented in ``docs/statistics.md``. Appends are one
-``write`` of one line followed by ``fsync``; readers skip a torn last line.
+The line format (schema 2; schema 1 lines, without the GPU figures, are still read) is
+documented in ``docs/statistics.md``. Appends are one ``write`` of one line followed by
+``fsync``; readers skip a torn last line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ __all__ = [
     "validate_run_line",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+#: the schemas this version reads: 1 lacks the blocks' gpu_util and gpu_mem
+READABLE_SCHEMAS: Final = (1, 2)
 OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
 MODES: Final = ("distributed", "serial")
 EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
@@ -51,6 +54,8 @@ BLOCK_STAT_KEYS: Final = (
     "io_read",
     "io_write",
     "overhead",
+    "gpu_util",
+    "gpu_mem",
 )
 WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown")
 
@@ -184,12 +189,13 @@ _RECORD_SPEC: Final = {
 
 
 def validate_run_line(d: Any) -> list[str]:
-    """Problems of one run line against schema 1 (empty: valid). Unknown keys are allowed."""
+    """Problems of one run line against its schema, 1 or 2 (empty: valid). Unknown keys are
+    allowed."""
     if not isinstance(d, dict):
         return [f"a run line must be a JSON object, got {type(d).__name__}"]
     out: list[str] = []
-    if d.get("schema") != SCHEMA_VERSION:
-        out.append(f"schema: must be {SCHEMA_VERSION}, got {d.get('schema')!r}")
+    if d.get("schema") not in READABLE_SCHEMAS:
+        out.append(f"schema: must be one of {READABLE_SCHEMAS}, got {d.get('schema')!r}")
     if not isinstance(d.get("task_id"), str):
         out.append("task_id: must be a string")
     if d.get("outcome") not in OUTCOMES:

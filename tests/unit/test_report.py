@@ -245,7 +245,7 @@ def _distributed_line(
 def test_run_line_is_valid_and_round_trips() -> None:
     line = _distributed_line()
     assert validate_run_line(line) == []
-    assert line["schema"] == 1 and line["wall_seconds"] == pytest.approx(0.29)
+    assert line["schema"] == 2 and line["wall_seconds"] == pytest.approx(0.29)
     assert json.loads(json.dumps(line, allow_nan=False)) == line
     r = TaskReport.from_json(line)
     assert r.to_json() == line
@@ -306,7 +306,7 @@ def test_counters_from_state() -> None:
 @pytest.mark.parametrize(
     ("mutate", "fragment"),
     [
-        (lambda d: d.update(schema=2), "schema"),
+        (lambda d: d.update(schema=3), "schema"),
         (lambda d: d.update(outcome="done"), "outcome"),
         (lambda d: d.update(mode="threads"), "mode"),
         (lambda d: d.update(wall_seconds=-1.0), "wall_seconds"),
@@ -345,7 +345,7 @@ def test_run_report_holds_task_reports() -> None:
     assert run["a"] is a and run.task("b") is b and "a" in run and len(run) == 2
     assert list(run) == ["a", "b"]
     j = run.to_json()
-    assert j["schema"] == 1 and set(j["tasks"]) == {"a", "b"}
+    assert j["schema"] == 2 and set(j["tasks"]) == {"a", "b"}
     back = RunReport.from_json(j)
     assert back["b"].to_json() == b.to_json()
 
@@ -701,3 +701,65 @@ def test_trend_prints_signed_with_four_decimals() -> None:
     assert "∠ -0.0027 ms/block" in render_panel([TaskReport(line)])
     line["blocks"]["trend_ms_per_block"] = 0.0027
     assert "∠ +0.0027 ms/block" in render_panel([TaskReport(line)])
+
+
+def test_gpu_figures_count_only_the_blocks_that_measured_them() -> None:
+    from bellis._aggregates import STATS_DTYPE, TaskAggregates
+
+    nan = math.nan
+    agg = TaskAggregates()
+    agg.add_block(0.1, (0.05, 0.01, 1 << 20, 0, 0, nan, 0, 0.0), False)  # no GPU here
+    agg.add_block(0.1, (0.05, 0.01, 1 << 20, 0, 0, 80.0, 2 << 30, 0.0), False)
+    agg.add_block(0.1, (0.05, 0.01, 1 << 20, 0, 0, 0.0, 0, 0.0), False)  # a measured zero
+    table = np.zeros(3, dtype=STATS_DTYPE)
+    table["gpu_util_pct"] = [nan, 40.0, nan]
+    table["gpu_mem_bytes"] = [0, 1 << 30, 3 << 30]  # the last: memory sampled, no util sample
+    agg.add_measured(np.full(3, 0.1), table)
+    j = agg.to_json()
+    assert j["gpu_util"]["n"] == 3
+    assert j["gpu_util"]["mean"] == pytest.approx(40.0)
+    assert j["gpu_mem"]["n"] == 4
+    assert j["gpu_mem"]["max"] == 3 << 30
+    assert j["wall"]["n"] == 6
+    # nothing measured: no figure at all rather than zeros
+    none = TaskAggregates()
+    none.add_block(0.1, (0.05, 0.01, 1 << 20, 0, 0, nan, 0, 0.0), False)
+    assert none.to_json()["gpu_util"] is None and none.to_json()["gpu_mem"] is None
+
+
+def test_a_schema_1_line_without_gpu_figures_still_reads() -> None:
+    line = _distributed_line()
+    line["schema"] = 1
+    line["blocks"].pop("gpu_util", None)
+    line["blocks"].pop("gpu_mem", None)
+    assert validate_run_line(line) == []
+    report = TaskReport(line)
+    assert report.schema == 1
+    assert report.blocks.gpu_util is None and report.blocks.gpu_mem is None
+
+
+def test_the_panel_names_gpu_figures_only_when_measured() -> None:
+    from bellis._panel import panel_rows
+
+    line = _distributed_line()
+    labels = [label for label, _ in panel_rows(TaskReport(line))[0]]
+    assert "gpu util" not in labels and "gpu mem" not in labels
+    line["blocks"]["gpu_util"] = {
+        "n": 4,
+        "mean": 61.5,
+        "std": 2.0,
+        "min": 58,
+        "max": 64,
+        "total": 246.0,
+    }
+    line["blocks"]["gpu_mem"] = {
+        "n": 4,
+        "mean": 2 << 30,
+        "std": 0.0,
+        "min": 2 << 30,
+        "max": 2 << 30,
+        "total": 8 << 30,
+    }
+    rows = dict(panel_rows(TaskReport(line))[0])
+    assert rows["gpu util"] == "61.5 % ± 2.0 %"
+    assert rows["gpu mem"] == "2.0 GB ± 0.0 B"

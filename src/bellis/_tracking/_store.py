@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._block import MEASURED_ARRAYS
+from .._block import STATS_ARRAYS
 from ..errors import TrackingError
 from ._disk import (
     LOCK_NAME,
@@ -529,8 +529,9 @@ class TrackingStore:
         """Mark ``cell`` done and, with resource tracking and ``stats``, store the figures.
 
         ``stats`` is ``BlockStats.to_tuple()``: wall, cpu, peak_rss, io_read, io_write,
-        gpu_util, gpu_mem, cpu_children. The reserved GPU slots are written NaN and 0.
-        A cell outside the grid is not addressable and is ignored (SPEC §4.3).
+        gpu_util, gpu_mem, cpu_children (the GPU figures are NaN and 0 where the block's
+        process could not measure them). A cell outside the grid is not addressable and is
+        ignored (SPEC §4.3).
         """
         if not self._writable:
             raise self._refuse_write()
@@ -546,8 +547,8 @@ class TrackingStore:
         self._peak_rss[cell] = stats[2]
         self._io_read[cell] = stats[3]
         self._io_write[cell] = stats[4]
-        self._gpu_util[cell] = _NAN
-        self._gpu_mem[cell] = 0
+        self._gpu_util[cell] = stats[5] if len(stats) > 7 else _NAN
+        self._gpu_mem[cell] = stats[6] if len(stats) > 7 else 0
         self._cpu_children[cell] = stats[7] if len(stats) > 7 else 0.0
         # serial runs and unmanaged clients have no worker id (-1): stored as NO_WORKER
         self._worker_id[cell] = worker_id if worker_id >= 0 else NO_WORKER
@@ -566,7 +567,7 @@ class TrackingStore:
 
         ``table`` is a structured array whose field names are the store's resource array
         names (the server's ``STATS_DTYPE``), one record per cell of ``cells`` (every cell
-        inside the grid). The reserved GPU slots are written NaN and 0. The caller marks
+        inside the grid), GPU figures included. The caller marks
         the cells done afterwards, so a crash in between leaves figures but no done marker:
         the blocks run again and overwrite them. A store without resource tracking takes
         nothing.
@@ -578,10 +579,8 @@ class TrackingStore:
         if self._missing_stats:
             self.open_stats()
         columns = self._columns
-        for name in MEASURED_ARRAYS:
+        for name in STATS_ARRAYS:
             columns[name][cells] = table[name]
-        columns["gpu_util_pct"][cells] = _NAN
-        columns["gpu_mem_bytes"][cells] = 0
         columns["worker_id"][cells] = worker_id if worker_id >= 0 else NO_WORKER
         columns["sent_at"][cells] = sent_at
         columns["returned_at"][cells] = returned_at
