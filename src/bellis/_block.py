@@ -205,6 +205,12 @@ def stats_problem(stats: Any) -> str | None:
                 f"block.stats.{name} is {x!r}; times must be finite and non-negative "
                 "(bellis.profile_block measures a block)"
             )
+    util = values[5]
+    if not (util != util or 0.0 <= util <= 100.0):  # NaN: not measured
+        return (
+            f"block.stats.gpu_util_pct is {util!r}; a utilisation is a percentage, 0 .. 100, "
+            "or NaN when not measured (bellis.profile_block measures a block)"
+        )
     for name, i in (
         ("peak_rss_bytes", 2),
         ("io_read_bytes", 3),

@@ -14,7 +14,7 @@ from typing import IO, Any, cast
 
 from . import logging as blog
 from ._block import Block, BlockStatus, stats_problem
-from ._profiling import Meter
+from ._profiling import Meter, attach_gpu
 from ._scheduler import Scheduler
 
 __all__ = ["run_blocks_serially"]
@@ -108,6 +108,8 @@ def run_blocks_serially(
             agg = aggregates[run.task_id]
             tracked = run.task.resource_tracking
             meter = Meter() if tracked else None
+            if meter is not None:
+                attach_gpu(meter)
             geom = run.geom
             acquire = scheduler.acquire_index
             release = scheduler.release_index
