@@ -35,6 +35,7 @@ from ._report import (
     task_report_json,
 )
 from ._report_load import append_report, remember_report
+from ._run_state import TaskPlan
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._serial import run_blocks_serially
 from ._server import RunLoop, install_abort_handlers
@@ -44,7 +45,6 @@ from ._task import Pipeline, Task, function_arity
 from ._timeline import TimelineSet
 from ._tracking import TrackingStore
 from ._workers._launchers import LocalLauncher
-from ._workers._pool import TaskPlan
 from .errors import (
     BellisDeprecationWarning,
     ConfigurationError,
