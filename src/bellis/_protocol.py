@@ -14,9 +14,9 @@ Messages are msgpack arrays whose first element is an opcode:
 opcode      direction  fields
 ==========  =========  ==================================================================
 CHALLENGE   s -> c     nonce (bytes)
-HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s,
+HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_seconds,
                        [worker_mac]   (the nonce signed with the worker's own token)
-WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
+WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)

@@ -38,7 +38,8 @@ from ._report_load import append_report, remember_report
 from ._run_state import TaskPlan
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._serial import run_blocks_serially
-from ._server import RunLoop, install_abort_handlers
+from ._server import RunLoop
+from ._signals import install_abort_handlers
 from ._state import TaskState
 from ._streams import print_to_stdout
 from ._task import Pipeline, Task, function_arity

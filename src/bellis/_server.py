@@ -20,9 +20,7 @@ progress.
 from __future__ import annotations
 
 import logging
-import os
 import selectors
-import signal
 import socket
 import threading
 import time
@@ -40,11 +38,10 @@ from ._protocol import (
 )
 from ._run_state import Peer, TaskPlan
 from ._scheduler import Scheduler, TaskRun
-from ._signals import handle_as_before, install_handler, restore_handler
 from ._workers._pool import WorkerPool
 from .errors import ProtocolError, TrackingError
 
-__all__ = ["RunLoop", "install_abort_handlers"]
+__all__ = ["RunLoop"]
 
 logger = logging.getLogger("bellis")
 
@@ -429,32 +426,3 @@ class RunLoop:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-
-
-def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], None]]:
-    """SIGINT/SIGTERM set a flag the loop polls; returns (poll, restore)."""
-    flag: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        return (lambda: None), (lambda: None)
-
-    owner = os.getpid()
-
-    def handler(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:
-            # a child forked during the run (a pool started by a check_function): it ends
-            # as it would have without bellis, instead of setting a flag nobody reads
-            handle_as_before(signum, frame, old_int if signum == signal.SIGINT else old_term)
-            return
-        flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
-
-    old_int = install_handler(signal.SIGINT, handler)
-    old_term = install_handler(signal.SIGTERM, handler)
-
-    def poll() -> str | None:
-        return flag[0] if flag else None
-
-    def restore() -> None:
-        restore_handler(signal.SIGINT, old_int)
-        restore_handler(signal.SIGTERM, old_term)
-
-    return poll, restore

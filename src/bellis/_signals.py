@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["handle_as_before", "install_handler", "restore_handler"]
+__all__ = ["handle_as_before", "install_abort_handlers", "install_handler", "restore_handler"]
 
 #: bellis's signal handlers in place: signum -> (the handler, the one it replaced)
 _INSTALLED: dict[int, tuple[Any, Any]] = {}
@@ -73,3 +75,32 @@ def handle_as_before(signum: int, frame: Any, previous: Any) -> None:
         previous(signum, frame)
     elif previous != signal.SIG_IGN:
         os.kill(os.getpid(), signum)  # SIG_DFL, now in place, ends the process
+
+
+def install_abort_handlers() -> tuple[Callable[[], str | None], Callable[[], None]]:
+    """SIGINT/SIGTERM set a flag the loop polls; returns (poll, restore)."""
+    flag: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        return (lambda: None), (lambda: None)
+
+    owner = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            # a child forked during the run (a pool started by a check_function): it ends
+            # as it would have without bellis, instead of setting a flag nobody reads
+            handle_as_before(signum, frame, old_int if signum == signal.SIGINT else old_term)
+            return
+        flag.append("SIGINT" if signum == signal.SIGINT else "SIGTERM")
+
+    old_int = install_handler(signal.SIGINT, handler)
+    old_term = install_handler(signal.SIGTERM, handler)
+
+    def poll() -> str | None:
+        return flag[0] if flag else None
+
+    def restore() -> None:
+        restore_handler(signal.SIGINT, old_int)
+        restore_handler(signal.SIGTERM, old_term)
+
+    return poll, restore
