@@ -232,21 +232,23 @@ class RunLoop:
         """Carry out the dispatcher's instructions, in order (carrying one out may add more)."""
         out = self.d.out
         i = 0
-        while i < len(out):
-            instr = out[i]
-            i += 1
-            op = instr[0]
-            if op == SEND_FRAME:
-                self._reply(instr[1], instr[2])
-            elif op == CLOSE:
-                self._close_socket(instr[1])
-            elif op == LAUNCH:
-                self._launch(instr[1], instr[2])
-            elif op == KILL:
-                self.pool.kill(instr[1])
-            elif op == PROGRESS:
-                self._notify("on_progress")
-        out.clear()
+        try:
+            while i < len(out):
+                instr = out[i]
+                i += 1
+                op = instr[0]
+                if op == SEND_FRAME:
+                    self._reply(instr[1], instr[2])
+                elif op == CLOSE:
+                    self._close_socket(instr[1])
+                elif op == LAUNCH:
+                    self._launch(instr[1], instr[2])
+                elif op == KILL:
+                    self.pool.kill(instr[1])
+                elif op == PROGRESS:
+                    self._notify("on_progress")
+        finally:
+            del out[:i]  # each is carried out once, even when one raised
 
     def _launch(self, plan: TaskPlan, bookings: list[Any]) -> None:
         for booking, handle, exc in self.pool.start(plan, bookings):
