@@ -177,7 +177,7 @@ class Dispatcher:
         self.dirty = True
         self.shutdown_started: float | None = None
         self._last_progress = 0.0
-        #: wall clock minus monotonic clock, as of the last tick
+        #: wall clock minus monotonic clock, as of the last tick (:meth:`sync_clock`)
         self._wall_offset = 0.0
         #: tasks with a request parked in the middle of check_function skips
         self.checking: set[int] = set()
@@ -635,6 +635,11 @@ class Dispatcher:
         self.close(peer, now)
 
     # -- the clock ------------------------------------------------------------------------
+    def sync_clock(self, now: float, wall_now: float) -> None:
+        """The wall clock reads ``wall_now`` at monotonic ``now`` (the wall times of blocks
+        sent from then on follow it)."""
+        self._wall_offset = wall_now - now
+
     def tick(self, now: float, wall_now: float) -> None:
         """The periodic tick, after :meth:`expire` and the worker poll: abandon tasks that
         cannot go on, start workers, serve parked requests, report progress."""

@@ -137,6 +137,7 @@ class RunLoop:
         next_tick = time.monotonic() + _TICK_SECONDS
         select = self.sel.select
         try:
+            d.sync_clock(time.monotonic(), time.time())
             d.rebalance(time.monotonic())
             self._carry_out()
             # the workers just spawned take a while to start: create the resource arrays

@@ -649,11 +649,15 @@ def test_progress_is_reported_when_something_changed_at_most_twice_a_second() ->
     assert (PROGRESS,) in sc.take()
 
 
-def test_wall_times_follow_the_offset_given_at_the_tick() -> None:
+def test_wall_times_follow_the_clock_given_at_the_start_and_each_tick() -> None:
     sc = Script(task())
-    sc.d.tick(sc.now, 1_700_000_000.0 + sc.now)
-    sc.take()
+    sc.d.sync_clock(sc.now, 1_700_000_000.0)
     peer = sc.connect()
-    send_of(sc.acquire(peer), peer)
-    assert peer.sent_wall == pytest.approx(1_700_000_000.0 + sc.now)
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_000.0)
+    sc.now += 1.0
+    sc.d.tick(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
+    sc.take()
+    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_002.0)
     assert sc.run().status == RUNNING
