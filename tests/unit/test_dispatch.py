@@ -40,7 +40,7 @@ from bellis._protocol import (
 from bellis._run_state import ManagedWorker, Peer, TaskPlan
 from bellis._scheduler import ABANDONED, FINISHED, RUNNING, Scheduler
 from bellis._timeline import TimelineSet
-from bellis.errors import ConfigurationError
+from bellis.errors import ConfigurationError, ProtocolError
 
 SECRET = b"s" * 32
 KEY = b"k" * 32
@@ -661,3 +661,27 @@ def test_wall_times_follow_the_clock_given_at_the_start_and_each_tick() -> None:
     send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_002.0)
     assert sc.run().status == RUNNING
+
+
+# -- the protocol's parsing -------------------------------------------------------------
+def test_a_hello_parses_into_its_typed_fields() -> None:
+    from bellis._protocol import Hello, parse_hello
+
+    mac = compute_mac(SECRET, b"nonce")
+    assert parse_hello([HELLO, mac, "t", 3, 99, 0.25, b"w"], SECRET, b"nonce") == Hello(
+        "t", 3, 99, 0.25, b"w"
+    )
+    assert parse_hello([HELLO, mac, "t", -1, 99, 0.25], SECRET, b"nonce").worker_mac is None
+    with pytest.raises(ProtocolError, match="malformed hello"):
+        parse_hello([HELLO, mac, 7, -1, 99, 0.25], SECRET, b"nonce")
+
+
+def test_a_block_returned_twice_in_one_message_is_refused_before_anything_is_taken() -> None:
+    from bellis._protocol import parse_returns
+
+    msg = [ACQUIRE, 4, OK, -1, None, 4, OK, -1, None]
+    with pytest.raises(ProtocolError, match="not held"):
+        parse_returns(msg, 8, 0, {4, 5}, False, "t")
+    assert parse_returns([ACQUIRE, -1, OK, -1, None, 5, FAIL, 0, "e"], 8, 1, {5}, False, "t") == [
+        (5, FAIL, 0, "e")
+    ]
