@@ -21,7 +21,6 @@ from bellis._dispatch import (
     Dispatcher,
     watchdog_margin_seconds,
 )
-from bellis._progress import ErrorCollector
 from bellis._protocol import (
     ACQUIRE,
     BYE,
@@ -39,6 +38,7 @@ from bellis._protocol import (
 )
 from bellis._run_state import ManagedWorker, Peer, TaskPlan
 from bellis._scheduler import ABANDONED, FINISHED, RUNNING, Scheduler
+from bellis._summary import ErrorCollector
 from bellis._timeline import TimelineSet
 from bellis.errors import ConfigurationError, ProtocolError
 
