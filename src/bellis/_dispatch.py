@@ -177,7 +177,7 @@ class Dispatcher:
         self.dirty = True
         self.shutdown_started: float | None = None
         self._last_progress = 0.0
-        #: wall clock minus monotonic clock, as of the last tick (:meth:`sync_clock`)
+        #: wall clock minus monotonic clock, as of the last :meth:`sync_clock`
         self._wall_offset = 0.0
         #: tasks with a request parked in the middle of check_function skips
         self.checking: set[int] = set()
@@ -564,9 +564,16 @@ class Dispatcher:
                             self.s.requeue_index(run, k)
                             break
                         held.append(k)
+                wall = now + self._wall_offset
+                if peer.sent_at:
+                    # never before the end of its last batch, whatever the clock sync did
+                    # in between: one worker's blocks do not overlap in time
+                    last_end = peer.sent_wall + (now - peer.sent_at)
+                    if wall < last_end:
+                        wall = last_end
                 peer.held = held
                 peer.sent_at = now
-                peer.sent_wall = now + self._wall_offset
+                peer.sent_wall = wall
                 peer.deadline = now + run.task.timeout_secs * len(held)
                 self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
                 return
@@ -636,14 +643,13 @@ class Dispatcher:
 
     # -- the clock ------------------------------------------------------------------------
     def sync_clock(self, now: float, wall_now: float) -> None:
-        """The wall clock reads ``wall_now`` at monotonic ``now`` (the wall times of blocks
-        sent from then on follow it)."""
+        """The wall clock reads ``wall_now`` at monotonic ``now``, both read at once (the
+        wall times of blocks sent from then on follow it; the shell syncs on every tick)."""
         self._wall_offset = wall_now - now
 
-    def tick(self, now: float, wall_now: float) -> None:
+    def tick(self, now: float) -> None:
         """The periodic tick, after :meth:`expire` and the worker poll: abandon tasks that
         cannot go on, start workers, serve parked requests, report progress."""
-        self._wall_offset = wall_now - now
         self._check_abandon(now)
         self._rebalance(now)
         for plan in self.plans.values():

@@ -287,7 +287,8 @@ class RunLoop:
         self.d.expire(list(self.conns.values()), now)
         self._carry_out()
         self._poll_workers(now)
-        self.d.tick(now, time.time())
+        self.d.sync_clock(time.monotonic(), time.time())
+        self.d.tick(now)
         self._carry_out()
 
     def _notify(self, method: str) -> None:

@@ -371,7 +371,7 @@ def test_a_parked_request_gets_the_shutdown_when_its_blocks_are_orphaned() -> No
     assert sc.acquire(dn) == [] and dn in sc.plans["down"].parked
     out = sc.acquire(u, (k, FAIL, -1, "boom"))
     assert sent(out, u) == [[SHUTDOWN]] and sc.run("down").orphaned == 1
-    sc.d.tick(sc.now, 0.0)  # the tick serves what no release woke
+    sc.d.tick(sc.now)  # the tick serves what no release woke
     assert sent(sc.take(), dn) == [[SHUTDOWN]]
 
 
@@ -542,7 +542,7 @@ def test_a_task_out_of_restarts_abandons_itself_and_its_downstream_tasks() -> No
     waiting = sc.connect("down")
     assert sc.acquire(waiting) == []  # parked: no block of "down" is ready
     sc.exit(w, WorkerExit("error", 1, "boom"))
-    sc.d.tick(sc.now, 0.0)
+    sc.d.tick(sc.now)
     out = sc.take()
     assert not any(i[0] == LAUNCH for i in out)
     assert sent(out, waiting) == [[SHUTDOWN]]
@@ -556,7 +556,7 @@ def test_no_worker_starts_once_the_budget_is_spent() -> None:
         sc.exit(w, WorkerExit("error", 1, "boom"))
     sc.d.rebalance(sc.now)
     assert sc.take() == []
-    sc.d.tick(sc.now, 0.0)
+    sc.d.tick(sc.now)
     assert sc.run().status == ABANDONED
 
 
@@ -617,7 +617,7 @@ def test_after_an_abort_requests_get_the_shutdown_and_no_worker_starts() -> None
     sc.d.abort("SIGINT")
     peer = sc.connect()
     assert sent(sc.acquire(peer), peer) == [[SHUTDOWN]]
-    sc.d.tick(sc.now, 0.0)
+    sc.d.tick(sc.now)
     assert not any(i[0] == LAUNCH for i in sc.take())
 
 
@@ -636,30 +636,33 @@ def test_the_shutdown_tells_parked_requests_to_stop_and_lists_the_live_workers()
 
 def test_progress_is_reported_when_something_changed_at_most_twice_a_second() -> None:
     sc = Script(task())
-    sc.d.tick(sc.now, 0.0)
+    sc.d.tick(sc.now)
     assert (PROGRESS,) in sc.take()
-    sc.d.tick(sc.now + 0.1, 0.0)
+    sc.d.tick(sc.now + 0.1)
     assert (PROGRESS,) not in sc.take()
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     assert (PROGRESS,) not in sc.acquire(peer, (k, OK, -1, None))  # progress waits for a tick
-    sc.d.tick(sc.now + 0.2, 0.0)
+    sc.d.tick(sc.now + 0.2)
     assert (PROGRESS,) not in sc.take()  # changed, but too soon
-    sc.d.tick(sc.now + 0.6, 0.0)
+    sc.d.tick(sc.now + 0.6)
     assert (PROGRESS,) in sc.take()
 
 
-def test_wall_times_follow_the_clock_given_at_the_start_and_each_tick() -> None:
+def test_wall_times_follow_the_synced_clock_yet_one_workers_batches_never_overlap() -> None:
     sc = Script(task())
     sc.d.sync_clock(sc.now, 1_700_000_000.0)
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_000.0)
     sc.now += 1.0
-    sc.d.tick(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
-    sc.take()
-    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    sc.d.sync_clock(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
+    (k,) = send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_002.0)
+    sc.now += 1.0
+    sc.d.sync_clock(sc.now, 1_700_000_001.0)  # and back by two: no overlap with the last
+    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_003.0)
     assert sc.run().status == RUNNING
 
 
