@@ -22,32 +22,29 @@ from ._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
+    EXIT_BLOCK_TIMEOUT,
     HELLO,
     REJECT,
     SEND,
     SHUTDOWN,
     STATS_ROW,
+    TIMED_OUT,
     WELCOME,
     FrameDecoder,
     compute_mac,
     encode,
 )
+from ._signals import handle_as_before, install_handler
 from .errors import ConnectionLostError, ProtocolError
 
 __all__ = [
-    "EXIT_BLOCK_TIMEOUT",
     "Client",
     "Context",
     "close_clients",
-    "handle_as_before",
-    "install_handler",
-    "restore_handler",
 ]
 
 logger = logging.getLogger("bellis")
 
-EXIT_BLOCK_TIMEOUT = 87
-_TIMED_OUT = 4  # wire-only status: the watchdog preempted this block
 ENV_VARIABLES = ("BELLIS_CONTEXT", "DAISY_CONTEXT")
 
 _SPECIAL = {"%": "%25", ":": "%3A", "=": "%3D"}
@@ -214,72 +211,6 @@ class _Watchdog:
                 if self.notify is not None:
                     self.notify(self.k, text)
                 os._exit(EXIT_BLOCK_TIMEOUT)
-
-
-#: bellis's signal handlers in place: signum -> (the handler, the one it replaced)
-_INSTALLED: dict[int, tuple[Any, Any]] = {}
-_fork_masks: list[Any] = []
-_fork_hooks: list[bool] = []
-
-
-def install_handler(signum: int, handler: Any) -> Any:
-    """``signal.signal(signum, handler)``; returns the handler it replaced.
-
-    A child forked while it is in place (a ``multiprocessing`` pool, ``os.fork()``) starts
-    with the replaced handler instead: ``signum`` is blocked across the fork and unblocked
-    in the child only once the old handler is back, so a ``Pool.terminate()`` that comes
-    before the child's Python is set up still ends it (a Python-level handler would lose
-    the signal there).
-    """
-    previous = signal.signal(signum, handler)
-    _INSTALLED[signum] = (handler, previous)
-    if not _fork_hooks:
-        os.register_at_fork(
-            before=_before_fork,
-            after_in_parent=_after_fork_in_parent,
-            after_in_child=_after_fork_in_child,
-        )
-        _fork_hooks.append(True)
-    return previous
-
-
-def restore_handler(signum: int, previous: Any) -> None:
-    """Put back the handler :func:`install_handler` replaced."""
-    _INSTALLED.pop(signum, None)
-    signal.signal(signum, previous)
-
-
-def _before_fork() -> None:
-    if _INSTALLED:
-        _fork_masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, set(_INSTALLED)))
-
-
-def _after_fork_in_parent() -> None:
-    if _fork_masks:
-        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_masks.pop())
-
-
-def _after_fork_in_child() -> None:
-    if not _fork_masks:
-        return
-    for signum, (ours, previous) in list(_INSTALLED.items()):
-        if signal.getsignal(signum) is ours:
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-    _INSTALLED.clear()
-    signal.pthread_sigmask(signal.SIG_SETMASK, _fork_masks.pop())
-
-
-def handle_as_before(signum: int, frame: Any, previous: Any) -> None:
-    """In a forked child that still has bellis's handler for ``signum`` (one forked without
-    the fork hooks): put back the ``previous`` handler and handle the signal with it, so
-    that the child behaves as it would have without bellis."""
-    if previous is None:
-        previous = signal.SIG_DFL  # installed outside Python: the default is the closest
-    signal.signal(signum, previous)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        os.kill(os.getpid(), signum)  # SIG_DFL, now in place, ends the process
 
 
 def _render_traceback() -> tuple[str, str]:
@@ -682,7 +613,7 @@ class Client:
             return
         with contextlib.suppress(OSError):
             sock.settimeout(1.0)
-            sock.sendall(self._final_frame((k, _TIMED_OUT, -1, text)))
+            sock.sendall(self._final_frame((k, TIMED_OUT, -1, text)))
 
     def _bye(self) -> None:
         sock = self._sock

@@ -14,9 +14,9 @@ Messages are msgpack arrays whose first element is an opcode:
 opcode      direction  fields
 ==========  =========  ==================================================================
 CHALLENGE   s -> c     nonce (bytes)
-HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s,
+HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_seconds,
                        [worker_mac]   (the nonce signed with the worker's own token)
-WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
+WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
@@ -30,6 +30,13 @@ without measurements, else the index of its row in ``rows``. ``rows`` (present o
 when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so a
 batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block.
+
+Besides the frames, both peers agree on a block status the wire alone carries
+(:data:`TIMED_OUT`: the worker's watchdog preempted the block) and on the exit code a
+worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`); a launcher turns
+exit codes into :class:`WorkerExit`. :func:`parse_hello` and :func:`parse_returns` read a
+client's HELLO and the blocks an ACQUIRE or BYE returns; the returns stay plain tuples,
+one per block, because the server reads them on its hot path.
 """
 
 from __future__ import annotations
@@ -38,17 +45,19 @@ import hashlib
 import hmac
 import os
 import struct
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
 
 import msgpack
 
-from ._block import STATS_FORMAT
+from ._block import STATS_FORMAT, BlockStatus
 from .errors import ProtocolError
 
 __all__ = [
     "ACQUIRE",
     "BYE",
     "CHALLENGE",
+    "EXIT_BLOCK_TIMEOUT",
     "HANDSHAKE_FRAME_BYTES",
     "HELLO",
     "MAX_CLIENT_FRAME_BYTES",
@@ -59,12 +68,17 @@ __all__ = [
     "SEND",
     "SHUTDOWN",
     "STATS_ROW",
+    "TIMED_OUT",
     "WELCOME",
     "FrameDecoder",
+    "Hello",
+    "WorkerExit",
     "compute_mac",
     "encode",
     "new_nonce",
     "new_secret",
+    "parse_hello",
+    "parse_returns",
     "verify_mac",
     "worker_token",
 ]
@@ -85,6 +99,13 @@ CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
 #: The server reads a message's rows with the matching numpy dtype
 #: ``_aggregates.STATS_DTYPE``; workers do not import numpy.
 STATS_ROW = struct.Struct(STATS_FORMAT)
+
+#: a returned block's status that only the wire carries: the worker's watchdog preempted it
+#: (the others are ``BlockStatus`` values)
+TIMED_OUT: Final = 4
+#: the exit code of a worker process whose watchdog preempted a block
+EXIT_BLOCK_TIMEOUT: Final = 87
+_CREATED: Final = int(BlockStatus.CREATED)  # returned unstarted
 
 _HEADER = struct.Struct(">IB")
 _AUTH_TAG = b"bellis-auth-v1"
@@ -192,3 +213,88 @@ def verify_mac(secret: bytes, nonce: bytes, mac: Any) -> bool:
     if not isinstance(mac, bytes):
         return False
     return hmac.compare_digest(compute_mac(secret, nonce), mac)
+
+
+class Hello(NamedTuple):
+    """A client's HELLO, authenticated."""
+
+    task_id: str
+    worker_id: int
+    pid: Any
+    #: seconds the worker spent starting up before it connected, as it measured them
+    setup_seconds: Any
+    #: the nonce signed with the worker's own token (:func:`worker_token`); None: none sent
+    worker_mac: Any
+
+
+def parse_hello(msg: list[Any], secret: bytes, nonce: bytes) -> Hello:
+    """The HELLO ``msg`` answering ``nonce``, checked against the run's ``secret``.
+
+    Raises :class:`ProtocolError` for anything else (another opcode, a wrong length, a
+    wrong MAC, fields of the wrong type).
+    """
+    if msg[0] != HELLO or len(msg) not in (6, 7) or not verify_mac(secret, nonce, msg[1]):
+        raise ProtocolError("client failed authentication (wrong or missing run secret)")
+    task_id, worker_id = msg[2], msg[3]
+    if not isinstance(task_id, str) or not isinstance(worker_id, int):
+        raise ProtocolError("malformed hello")
+    return Hello(task_id, worker_id, msg[4], msg[5], msg[6] if len(msg) == 7 else None)
+
+
+def parse_returns(
+    msg: list[Any],
+    n: int,
+    row_count: int,
+    held: set[int],
+    unstarted_ok: bool,
+    task_id: str,
+) -> list[tuple[int, int, int, Any]]:
+    """The blocks an ACQUIRE or BYE ``msg`` returns, as ``(k, status, row, error)`` tuples.
+
+    ``msg[1 : n + 1]`` holds the groups of four fields; ``row_count`` is how many
+    measurement rows came with them, ``held`` the blocks the client holds and
+    ``unstarted_ok`` whether it may give blocks back unstarted (only a client that stops
+    may). A negative index is a placeholder and is skipped. The whole message is checked
+    before anything is returned: :class:`ProtocolError` names the first bad field.
+    """
+    results: list[tuple[int, int, int, Any]] = []
+    taken: set[int] = set()
+    for i in range(1, n + 1, 4):
+        k = msg[i]
+        if type(k) is not int:
+            raise ProtocolError(f"malformed block index {k!r}")
+        if k < 0:
+            continue
+        if k not in held or k in taken:
+            # a well-behaved client only returns blocks it holds (a block reclaimed on
+            # timeout closes its connection first)
+            raise ProtocolError(f"invalid block return: block {task_id}/{k} is not held by it")
+        taken.add(k)
+        status, row, error = msg[i + 1], msg[i + 2], msg[i + 3]
+        if type(status) is not int:
+            raise ProtocolError(f"malformed status {status!r} for block {task_id}/{k}")
+        if status == _CREATED and not unstarted_ok:
+            raise ProtocolError(
+                f"block {task_id}/{k} returned unstarted by a client that asks for more"
+            )
+        if type(row) is not int or not -1 <= row < row_count:
+            raise ProtocolError(f"malformed measurements for block {task_id}/{k}")
+        if error is not None and type(error) is not str:
+            raise ProtocolError(f"malformed error text for block {task_id}/{k}")
+        results.append((k, status, row, error))
+    return results
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``error`` or ``interrupted``."""
+
+    kind: str
+    code: int | None
+    message: str
+
+    @property
+    def seen(self) -> bool:
+        """Whether the process was seen to end (it has an exit code), rather than given
+        up for lost (a launcher that lost track of it, a cancelled or vanished job)."""
+        return self.code is not None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._protocol import EXIT_BLOCK_TIMEOUT, WorkerExit
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
 from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
@@ -55,21 +56,6 @@ class WorkerSpec:
     def slot_index(self) -> int:
         """:attr:`slot`, or the worker id where none was given."""
         return self.worker_id if self.slot is None else self.slot
-
-
-@dataclass(frozen=True)
-class WorkerExit:
-    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``error`` or ``interrupted``."""
-
-    kind: str
-    code: int | None
-    message: str
-
-    @property
-    def seen(self) -> bool:
-        """Whether the process was seen to end (it has an exit code), rather than given
-        up for lost (a launcher that lost track of it, a cancelled or vanished job)."""
-        return self.code is not None
 
 
 class WorkerHandle:
@@ -131,8 +117,6 @@ def _stderr_tail(path: Path | None, lines: int = 50, start: int = 0) -> str:
 
 def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
     """Map a worker process exit code to a :class:`WorkerExit`."""
-    from .._client import EXIT_BLOCK_TIMEOUT
-
     if code == 0:
         return WorkerExit("clean", 0, "")
     if code == EXIT_BLOCK_TIMEOUT:

@@ -1,0 +1,877 @@
+"""The run's decisions, sans I/O: which block goes to which connection, and what happens
+to workers, blocks and tasks when something arrives, ends or runs late.
+
+Theory of operation
+-------------------
+:class:`Dispatcher` owns the scheduler, one :class:`Peer` per connection and one
+:class:`ManagedWorker` per worker started. Its inputs are events, each a method call:
+a connection's message (:meth:`~Dispatcher.receive`; its first is the HELLO), the loss of a
+connection (:meth:`~Dispatcher.close`), the clock (:meth:`~Dispatcher.expire` and
+:meth:`~Dispatcher.tick`), a worker's exit (:meth:`~Dispatcher.worker_exited`, then
+:meth:`~Dispatcher.settle_exit`), a launch that worked or failed (:meth:`~Dispatcher.launched`,
+:meth:`~Dispatcher.launch_failed`), an abort and the shutdown. Its outputs are instructions
+appended to :attr:`~Dispatcher.out`, plain tuples that the shell (``_server.py``) carries out
+in order: ``(SEND_FRAME, peer, frame)``, ``(CLOSE, peer)``, ``(LAUNCH, plan, bookings)``,
+``(KILL, worker)`` and ``(PROGRESS,)``. Time comes in as an argument (``now``, monotonic
+seconds; the wall clock as the offset :meth:`~Dispatcher.tick` is given): nothing here reads a
+clock, a socket or a process. The only I/O reached from here is through objects handed in:
+the task stores (which buffer the records), the error collector and the log.
+
+Invariants:
+
+* **Exactly-once hand-out.** A block the scheduler hands out is in exactly one peer's
+  ``held`` list until it comes back: returned (released or requeued unstarted), reclaimed at
+  its deadline, or lost with its connection. Each of these takes it out of ``held`` first,
+  so no path gives it back twice; a peer that returns a block it does not hold is dropped
+  (:func:`~bellis._protocol.parse_returns`). A peer with a request parked is in its task's
+  ``parked`` queue once, and a second request while it waits drops the peer.
+* **When a block is charged.** A block is charged a failed attempt when it comes back
+  failed, when it alone outlived its deadline, or when its worker's connection ended while
+  it alone was out. A block out with others in a *batch* is never charged for a lost
+  connection or an expired deadline (which block was at fault is unknown): the batch goes
+  back to the queue and each of its blocks is a *suspect*, which is sent alone from then
+  on, so a block that kills its worker is caught and charged by itself.
+* **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
+  exits cleanly after it returned a block or was told to stop (*earned*) gives its start
+  back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
+  fails, times out, is lost, exits at once or without ever connecting, and a launch that
+  fails. A task with work left, no worker alive and no start left is abandoned, and its
+  downstream tasks with it.
+
+A connection's *batch* (how many ready blocks it gets at once) aims at about
+:data:`BATCH_TARGET_SECONDS` of work per round trip: it at most doubles per round trip and
+shrinks at once when blocks get slow, and a batch never takes more than the connection's
+share of the ready blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import numpy as np
+
+from ._aggregates import STATS_DTYPE
+from ._block import BlockStatus
+from ._protocol import (
+    ACQUIRE,
+    BYE,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    STATS_ROW,
+    TIMED_OUT,
+    WorkerExit,
+    encode,
+    parse_hello,
+    parse_returns,
+    verify_mac,
+    worker_token,
+)
+from ._run_state import Booking, ManagedWorker, Peer, TaskPlan, replacing
+from ._scheduler import CHECKS_PENDING, RUNNING, Scheduler, TaskRun
+from .errors import ConfigurationError, ProtocolError
+
+__all__ = [
+    "BATCH_TARGET_SECONDS",
+    "CLOSE",
+    "KILL",
+    "LAUNCH",
+    "MAX_BATCH",
+    "PROGRESS",
+    "SEND_FRAME",
+    "Dispatcher",
+    "watchdog_margin_seconds",
+]
+
+logger = logging.getLogger("bellis")
+
+#: instructions, the first item of each tuple in :attr:`Dispatcher.out`
+SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
+
+#: adaptive batching: a connection gets as many ready blocks at once as fit in about this
+#: much time (measured per block, round trip included), so fast blocks share one round
+#: trip; blocks slower than this go one at a time
+BATCH_TARGET_SECONDS: Final = 0.02
+MAX_BATCH: Final = 64
+#: how often progress observers hear of a change at most
+_PROGRESS_SECONDS: Final = 0.5
+
+SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
+_CREATED: Final = int(BlockStatus.CREATED)
+_SUCCESS: Final = int(BlockStatus.SUCCESS)
+_ROW_BYTES: Final = STATS_ROW.size
+_SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
+_INF: Final = float("inf")
+
+
+def _measurements(rows: Any) -> np.ndarray[Any, Any]:
+    """A message's ``rows`` as a ``STATS_DTYPE`` array, checked as a whole: wall, CPU
+    and child CPU finite and non-negative (the integer fields are unsigned by type; the
+    GPU slots are reserved and never read)."""
+    if type(rows) is not bytes or not rows or len(rows) % _ROW_BYTES:
+        raise ProtocolError("malformed measurements: not a whole number of stats rows")
+    seconds = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)[:, _SECONDS_COLUMNS]
+    if not ((seconds >= 0.0) & (seconds < _INF)).all():
+        raise ProtocolError("malformed measurements: a time is negative, infinite or NaN")
+    return np.frombuffer(rows, dtype=STATS_DTYPE)
+
+
+def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
+    return RuntimeError(
+        f'task "{run.task_id}" has resource_tracking enabled but worker at '
+        f"{peer.addr[0]}:{peer.addr[1]} returned block {run.task_id}/{k} without "
+        "measurements. Wrap the block body in `with bellis.profile_block(block):` "
+        "(daisy.profile_block) — bellis's own workers do this automatically, so this "
+        "usually means a custom client is bypassing bellis.Client."
+    )
+
+
+def watchdog_margin_seconds(run: TaskRun | None) -> float:
+    """How long past a block's deadline the server waits before it reclaims the block.
+
+    The worker's own watchdog fires at the same deadline (measured from when it received
+    the block, so a little later) and polls every ``min(0.5, timeout / 20)`` seconds; it
+    exits with code 87 after writing why to the worker's log. The server reclaims (and
+    kills) only as the backstop for a worker whose watchdog cannot run; an EOF at or after
+    the deadline is accounted as the timeout either way (see :meth:`Dispatcher.close`).
+    """
+    timeout = run.task.timeout_secs if run is not None else 0.0
+    return min(0.5, max(0.01, timeout / 20)) + 0.25
+
+
+class Dispatcher:
+    """Every decision of one distributed run, driven by events (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        plans: dict[str, TaskPlan],
+        *,
+        secret: bytes,
+        worker_key: bytes,
+        resources: dict[str, int],
+        errors: Any,
+        address: tuple[str, int] = ("?", 0),
+    ) -> None:
+        self.s = scheduler
+        self.plans = plans
+        self.plan_of = {p.run.index: p for p in plans.values()}
+        self.secret = secret
+        self.worker_key = worker_key
+        self.resources = dict(resources)
+        self.used: dict[str, int] = {k: 0 for k in resources}
+        self.errors = errors
+        #: where workers reach the server (named when a worker never connected)
+        self.address = address
+        #: instructions for the shell, oldest first; it empties the list as it carries them out
+        self.out: list[tuple[Any, ...]] = []
+        self.workers: dict[int, ManagedWorker] = {}
+        #: workers whose process has ended, by id: a connection that claims one of them
+        #: comes from a worker that outlived its spawn function
+        self.gone: dict[int, ManagedWorker] = {}
+        self.next_worker_id = 0
+        self.unmanaged_clients = 0
+        self.abort_reason: str | None = None
+        self.fatal: BaseException | None = None
+        self.dirty = True
+        self.shutdown_started: float | None = None
+        self._last_progress = 0.0
+        #: wall clock minus monotonic clock, as of the last :meth:`sync_clock`
+        self._wall_offset = 0.0
+        #: tasks with a request parked in the middle of check_function skips
+        self.checking: set[int] = set()
+
+    # -- connections ----------------------------------------------------------------------
+    def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
+        """A message from ``peer`` (its first is the HELLO). ``draining``: the run is
+        stopping, or its worker is gone; what it returns is taken back, nothing is sent.
+        A malformed or unexpected message closes that connection only."""
+        try:
+            if not peer.authed:
+                self._greet(peer, msg, now)
+                return
+            self._handle(peer, msg, now, draining)
+        except ProtocolError as exc:
+            logger.warning("dropping client %s: %s", peer.addr, exc)
+            self.close(peer, now)
+        except Exception:
+            # whatever one client sent must not end the run for everyone: log it loudly,
+            # drop that client, and let its blocks take the retry path
+            logger.exception("error while serving client %s; dropping it", peer.addr)
+            self.close(peer, now)
+
+    def close(self, peer: Peer, now: float) -> None:
+        """``peer``'s connection ends (or is to be ended): the blocks it held go back."""
+        if peer.closed:
+            return
+        if peer.held and peer.run is not None and now >= peer.deadline:
+            # the worker's watchdog preempted a block (exit 87) before the tick saw the
+            # deadline pass: account it as the timeout it is, not as a plain disconnect
+            self._reclaim(peer, now)
+            return
+        peer.closed = True
+        self.out.append((CLOSE, peer))
+        run = peer.run
+        if run is not None:
+            plan = self.plan_of[run.index]
+            if peer in plan.parked:
+                plan.parked.remove(peer)
+        if peer.held and run is not None:
+            held = peer.held
+            peer.held = []
+            if len(held) == 1:
+                k = held[0]
+                sid = run.geom.spatial_id_of(k)
+                logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
+                self._release(peer, run, k, False, False, peer.sent_at, now, now)
+            else:
+                # which block of the batch was running is unknown: none of them is charged a
+                # failed attempt; they go back to the queue and each runs alone next time, so
+                # a block that kills its worker is then caught (and counted) on its own
+                plan = self.plan_of[run.index]
+                for k in held:
+                    self.s.requeue_index(run, k)
+                    plan.suspects.add(k)
+                logger.warning(
+                    "worker holding a batch of %d blocks of task %s disconnected; they run "
+                    "again one at a time",
+                    len(held),
+                    run.task_id,
+                )
+        if peer.worker is not None:
+            peer.worker.conn = None
+
+    def _send(self, peer: Peer, frame: bytes) -> None:
+        self.out.append((SEND_FRAME, peer, frame))
+
+    def _greet(self, peer: Peer, msg: list[Any], now: float) -> None:
+        hello = parse_hello(msg, self.secret, peer.nonce)
+        task_id, worker_id = hello.task_id, hello.worker_id
+        plan = self.plans.get(task_id)
+        if plan is None:
+            self._send(peer, encode([REJECT, f"no task {task_id!r} in this run"]))
+            self.close(peer, now)
+            return
+        peer.authed = True
+        peer.run = plan.run
+        worker = None
+        # only a client that proves it holds that worker's own token is the managed worker
+        # (anyone with the run's secret may connect, but only as an unmanaged client)
+        if worker_id >= 0 and hello.worker_mac is not None:
+            token = worker_token(self.worker_key, worker_id)
+            if verify_mac(token, peer.nonce, hello.worker_mac):
+                worker = self.workers.get(worker_id) or self.gone.get(worker_id)
+        if worker is not None and worker.run is plan.run and worker.conn is None:
+            if worker.exit is not None:
+                self._turn_away_late_worker(peer, worker.exit, worker_id, task_id, now)
+                return
+            peer.worker = worker
+            peer.worker_id = worker_id
+            worker.conn = peer
+            first = not worker.ever_connected
+            worker.ever_connected = True
+            if first:
+                setup = hello.setup_seconds
+                worker.timeline.first_acquire(now)
+                if isinstance(setup, int | float):
+                    worker.timeline.reported_setup(float(setup))
+        else:
+            self.unmanaged_clients += 1
+            plan.timelines.unmanaged_client()
+        self._send(peer, plan.welcome)
+
+    def _turn_away_late_worker(
+        self, peer: Peer, exit_: WorkerExit, worker_id: int, task_id: str, now: float
+    ) -> None:
+        """A managed worker connected after its exit: turned away. Seen to exit, it outlived
+        its spawn function (a configuration the run cannot work with); given up for lost,
+        its blocks went to others already."""
+        seen = exit_.seen
+        if seen:
+            reason = "this worker's process already exited"
+        else:
+            reason = "this worker was given up for lost"
+        self._send(peer, encode([REJECT, reason]))
+        self.close(peer, now)
+        if not seen:
+            logger.warning(
+                "worker %d of task '%s' connected after it was given up for lost; refused",
+                worker_id,
+                task_id,
+            )
+            return
+        self.fatal = ConfigurationError(
+            f"invalid configuration: worker {worker_id} for task {task_id!r} connected "
+            "after its spawn function had already returned. 0-arg spawn functions must "
+            "block until their worker exits (e.g. `sbatch --wait`, `srun`, "
+            "`subprocess.run`)"
+        )
+
+    # -- blocks ---------------------------------------------------------------------------
+    def _handle(self, peer: Peer, msg: list[Any], now: float, draining: bool) -> None:
+        op = msg[0]
+        if op != ACQUIRE and op != BYE:
+            raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
+        n = len(msg) - 1
+        rows = None
+        if n % 4 == 1:  # the blocks, then the measurement rows
+            n -= 1
+            rows = msg[-1]
+        elif n % 4:
+            raise ProtocolError(f"malformed message of {len(msg)} fields")
+        run = peer.run
+        assert run is not None
+        if peer in self.plan_of[run.index].parked:
+            # parked twice, it would be served twice and lose the first block
+            raise ProtocolError("sent a request while its previous one is still pending")
+        if n:
+            self._take_back(peer, run, msg, n, rows, now)
+            if self.fatal is not None or peer.closed:
+                return
+        elif rows is not None:
+            raise ProtocolError("measurement rows without blocks")
+        if op == BYE:
+            if peer.held:
+                # blocks the worker never started go back to the queue, uncounted
+                for k in peer.held:
+                    self.s.requeue_index(run, k)
+                peer.held = []
+            self.close(peer, now)
+            return
+        if peer.held:
+            raise ProtocolError(
+                f"asked for blocks while holding {len(peer.held)} of task {run.task_id} "
+                "without returning them"
+            )
+        self._serve(peer, run, draining, now)
+
+    def _take_back(
+        self, peer: Peer, run: TaskRun, msg: list[Any], n: int, rows: Any, now: float
+    ) -> None:
+        """Take back the blocks a message returns: ``n`` fields of (k, status, row,
+        error) groups, and the measurement ``rows`` they index (None when there are none)."""
+        table = None if rows is None else _measurements(rows)
+        held = peer.held
+        # validate the whole message before taking anything back: a malformed message
+        # drops the connection, and every block it held then goes to the retry path. Only
+        # a worker that stops gives blocks back unstarted; one asking for more would get
+        # the same block back with a fresh deadline, again and again
+        results = parse_returns(
+            msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
+        )
+        if not results:
+            return
+        processed = [r for r in results if r[1] != _CREATED]
+        # a batch's round trip is shared equally by the blocks it carried
+        step = (now - peer.sent_at) / max(1, len(processed))
+        if (table is not None or run.task.resource_tracking) and not self._record_measured(
+            peer, run, processed, table, step
+        ):
+            # the run fails on this batch: its blocks are not held any more (a close later
+            # must not charge them as lost attempts)
+            taken = {r[0] for r in results}
+            peer.held = [k for k in held if k not in taken]
+            return
+        t = peer.sent_at
+        suspects = self.plan_of[run.index].suspects
+        # a block stays held until it is taken back, so if anything below raises, the
+        # connection is dropped with the rest of the batch still held: those go to the
+        # retry path instead of staying out forever
+        back: set[int] = set()
+        try:
+            for k, status, row, error in results:
+                if suspects:
+                    suspects.discard(k)
+                if status == _CREATED:
+                    self.s.requeue_index(run, k)
+                elif status == TIMED_OUT:
+                    self._time_out_block(peer, run, k, t, t + step, now)
+                    t += step
+                else:
+                    self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
+                    t += step
+                # (a block whose release raised stays held too: the scheduler ignores a
+                # second release or requeue of a block it already took back)
+                back.add(k)
+                if self.fatal is not None:
+                    return
+        finally:
+            peer.held = [k for k in held if k not in back]
+        if processed and peer.held == []:
+            # aim for batches of about BATCH_TARGET_SECONDS: grow at most 2x per round
+            # trip, shrink at once when blocks get slow
+            ideal = int(BATCH_TARGET_SECONDS / step) if step > 0 else MAX_BATCH
+            if ideal > peer.batch:
+                peer.batch = min(ideal, peer.batch * 2, MAX_BATCH)
+            else:
+                peer.batch = max(1, ideal)
+
+    def _record_measured(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        processed: list[tuple[int, int, int, Any]],
+        table: np.ndarray[Any, Any] | None,
+        step: float,
+    ) -> bool:
+        """Aggregate and store the measurements of a batch's successful blocks at once,
+        before their releases mark them done (so a done block always has its figures).
+
+        ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
+        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``. Returns
+        False, recording nothing, when a task with resource tracking got a success without
+        measurements: the run then fails on it.
+        """
+        tracking = run.task.resource_tracking
+        ks: list[int] = []
+        picks: list[int] = []
+        slots: list[int] = []
+        for i, (k, status, row, _error) in enumerate(processed):
+            if status != _SUCCESS:
+                continue
+            if row >= 0:
+                ks.append(k)
+                picks.append(row)
+                slots.append(i)
+            elif tracking:
+                self.fatal = _unmeasured_error(peer, run, k)
+                return False
+        if not ks or table is None or run.status != RUNNING:
+            return True
+        measured = table[picks]
+        self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
+        if run.store is not None:
+            sent = peer.sent_wall + np.asarray(slots, dtype=np.float64) * step
+            wid = peer.worker_id if peer.worker is not None else -1
+            run.record_measured(ks, measured, wid, sent, sent + step)
+        return True
+
+    def _take_returned(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        status: Any,
+        measured: bool,
+        error: Any,
+        sent: float,
+        returned: float,
+        now: float,
+    ) -> None:
+        success = status == _SUCCESS
+        if peer.worker is not None:
+            peer.worker.earned = True
+        if not success:
+            text = error if isinstance(error, str) else "block failed"
+            self._record_error(peer, run, k, text)
+        self._release(peer, run, k, success, measured, sent, returned, now)
+
+    def _record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
+        if run.first_worker_error is None:
+            run.first_worker_error = text
+        run.last_worker_error = text
+        sid = run.geom.spatial_id_of(k)
+        log = peer.worker.log if peer.worker is not None else None
+        self.errors.add(run.task_id, sid, text, log)
+        logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
+
+    def _release(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        success: bool,
+        measured: bool,
+        sent: float,
+        returned: float,
+        now: float,
+    ) -> None:
+        """Release block ``k``; a measured success was stored and aggregated already (see
+        :meth:`_record_measured`)."""
+        wall0 = peer.sent_wall + (sent - peer.sent_at)
+        accepted = self.s.release_index(
+            run,
+            k,
+            success,
+            None,
+            peer.worker_id if peer.worker is not None else -1,
+            wall0,
+            wall0 + (returned - sent),
+        )
+        plan = self.plan_of[run.index]
+        if accepted and not (measured and success):
+            # (a release the scheduler ignores, of a task that already ended, counts in
+            # no block figure, like the measured ones _record_measured leaves out then)
+            plan.aggregates.add_block(returned - sent, None, not success)
+        if peer.worker is not None:
+            tl = peer.worker.timeline
+            tl.sent(sent)
+            tl.returned(returned, not success)
+        self.dirty = True
+        # wake parked requests (this task and downstream tasks)
+        if plan.parked:
+            self._serve_parked(plan, now)
+        for _edge, down in run.down_edges:
+            if down.ready:
+                dplan = self.plan_of[down.index]
+                if dplan.parked:
+                    self._serve_parked(dplan, now)
+                if dplan.alive == 0:
+                    self._rebalance(now)
+
+    def _serve_parked(self, plan: TaskPlan, now: float) -> None:
+        run = plan.run
+        while (
+            plan.parked
+            and run.index not in self.checking
+            and (run.ready > 0 or run.status != RUNNING or run.pending <= 0)
+        ):
+            c = plan.parked.popleft()
+            self._serve(c, run, False, now)
+
+    def continue_checks(self, now: float) -> None:
+        """Serve the requests parked by a check slice: the next slice of skips."""
+        todo, self.checking = self.checking, set()
+        for index in todo:
+            plan = self.plan_of[index]
+            if plan.parked:
+                self._serve_parked(plan, now)
+
+    def _serve(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
+        if not draining and self.abort_reason is None and self.shutdown_started is None:
+            k = self.s.acquire_index(run)
+            if k == CHECKS_PENDING:
+                # back to the loop (Ctrl-C, other workers); it serves this request next
+                self.plan_of[run.index].parked.appendleft(peer)
+                self.checking.add(run.index)
+                self.dirty = True
+                return
+            if k >= 0:
+                held = [k]
+                want = peer.batch
+                plan = self.plan_of[run.index]
+                suspects = plan.suspects
+                if want > 1 and not (suspects and k in suspects):
+                    # adaptive batching for fast blocks, never starving the other workers;
+                    # a block lost with a batch before always travels alone
+                    want = min(want, run.ready // max(1, plan.alive))
+                    while len(held) < want:
+                        k = self.s.acquire_index(run)
+                        if k < 0:
+                            break
+                        if suspects and k in suspects:
+                            self.s.requeue_index(run, k)
+                            break
+                        held.append(k)
+                wall = now + self._wall_offset
+                if peer.sent_at:
+                    # never before the end of its last batch, whatever the clock sync did
+                    # in between: one worker's blocks do not overlap in time
+                    last_end = peer.sent_wall + (now - peer.sent_at)
+                    if wall < last_end:
+                        wall = last_end
+                peer.held = held
+                peer.sent_at = now
+                peer.sent_wall = wall
+                peer.deadline = now + run.task.timeout_secs * len(held)
+                self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
+                return
+            if run.status == RUNNING and run.pending > 0:
+                self.plan_of[run.index].parked.append(peer)
+                return
+        if peer.worker is not None:
+            peer.worker.earned = True
+            peer.worker.timeline.shutdown_requested(now)
+        self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
+
+    # -- deadlines ------------------------------------------------------------------------
+    def expire(self, peers: Any, now: float) -> None:
+        """Reclaim the blocks of each of ``peers`` (the open connections) that outlived
+        their deadline and the watchdog's margin."""
+        for peer in peers:
+            if peer.held and now > peer.deadline + watchdog_margin_seconds(peer.run):
+                self._reclaim(peer, now)
+
+    def _time_out_block(
+        self, peer: Peer, run: TaskRun, k: int, sent: float, returned: float, now: float
+    ) -> None:
+        """Account one block as timed out (reclaimed) and release it to the retry path."""
+        run.timeout_reclaims += 1
+        sid = run.geom.spatial_id_of(k)
+        logger.warning(
+            "block lost block_id=%s/%d timed_out=true (timeout=%gs)",
+            run.task_id,
+            sid,
+            run.task.timeout_secs,
+        )
+        text = f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+        self._record_error(peer, run, k, text)
+        self._release(peer, run, k, False, False, sent, returned, now)
+        self._stop_timed_out_worker(peer.worker, text, now)
+
+    def _stop_timed_out_worker(self, worker: ManagedWorker | None, text: str, now: float) -> None:
+        if worker is not None and worker.exit is None:
+            worker.exit = WorkerExit("timeout", None, text)
+            worker.timeline.exited(now, "timeout")
+            self._retire(worker)
+            self.out.append((KILL, worker))
+
+    def _reclaim(self, peer: Peer, now: float) -> None:
+        """The backstop: a connection's blocks outlived their deadline."""
+        run = peer.run
+        assert run is not None
+        held = peer.held
+        peer.held = []
+        if len(held) == 1:
+            self._time_out_block(peer, run, held[0], peer.sent_at, now, now)
+            self.close(peer, now)
+            return
+        # a whole batch outlived its deadline and the worker's watchdog did not say which
+        # block hung: none is charged; each runs alone next time, where a hang is caught
+        plan = self.plan_of[run.index]
+        for k in held:
+            self.s.requeue_index(run, k)
+            plan.suspects.add(k)
+        text = (
+            f"a batch of {len(held)} blocks of task {run.task_id} outlived its deadline; "
+            "its worker was stopped and the blocks run again one at a time"
+        )
+        logger.warning("%s", text)
+        self._stop_timed_out_worker(peer.worker, text, now)
+        self.close(peer, now)
+
+    # -- the clock ------------------------------------------------------------------------
+    def sync_clock(self, now: float, wall_now: float) -> None:
+        """The wall clock reads ``wall_now`` at monotonic ``now``, both read at once (the
+        wall times of blocks sent from then on follow it; the shell syncs on every tick)."""
+        self._wall_offset = wall_now - now
+
+    def tick(self, now: float) -> None:
+        """The periodic tick, after :meth:`expire` and the worker poll: abandon tasks that
+        cannot go on, start workers, serve parked requests, report progress."""
+        self._check_abandon(now)
+        self._rebalance(now)
+        for plan in self.plans.values():
+            if plan.parked:
+                self._serve_parked(plan, now)
+        if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
+            self._last_progress = now
+            self.dirty = False
+            self.out.append((PROGRESS,))
+
+    def abort(self, reason: str) -> None:
+        """The run is interrupted (a signal): nothing more is handed out or started."""
+        self.abort_reason = reason
+
+    def begin_shutdown(self, now: float) -> list[ManagedWorker]:
+        """The run stops: parked requests are told to shut down. Returns the live workers."""
+        self.shutdown_started = now
+        for plan in self.plans.values():
+            while plan.parked:
+                c = plan.parked.popleft()
+                self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
+                if c.worker is not None:
+                    c.worker.earned = True
+                    c.worker.timeline.shutdown_requested(now)
+        live = [w for w in self.workers.values() if w.exit is None]
+        for w in live:
+            w.timeline.run_shutdown(now)
+        return live
+
+    # -- workers --------------------------------------------------------------------------
+    def worker_running_at_end(self, worker: ManagedWorker, now: float) -> None:
+        """The final poll found ``worker`` still running: it was interrupted."""
+        worker.timeline.exited(now, "interrupted")
+
+    def worker_exited(
+        self, worker: ManagedWorker, ex: WorkerExit, interrupted: bool = False
+    ) -> bool:
+        """A worker's process ended (or its launcher lost it), as ``ex`` says.
+
+        True when the exit is news (the worker was not retired already, after a timeout):
+        the shell then reads what the worker sent before it exited and may still be unread
+        on ``worker.conn`` (as :meth:`receive` with ``draining``), and calls
+        :meth:`settle_exit`. ``interrupted``: the final poll of an aborted run.
+        """
+        already = worker.exit is not None
+        self.workers.pop(worker.worker_id, None)
+        self.gone[worker.worker_id] = worker
+        plan = self.plan_of[worker.run.index]
+        if already:
+            assert worker.exit is not None
+            plan.release_slot(worker.slot, replacing(worker.worker_id, worker.exit))
+            return False
+        if interrupted:
+            # alive when the run was aborted (the final poll of an aborted run sees only
+            # those), however it then ended
+            ex = WorkerExit("interrupted", ex.code, ex.message)
+        worker.exit = ex
+        plan.release_slot(worker.slot, replacing(worker.worker_id, ex))
+        return True
+
+    def settle_exit(self, worker: ManagedWorker, now: float) -> None:
+        """Account the exit :meth:`worker_exited` recorded: close its connection, and
+        give its start back or charge the restart budget."""
+        ex = worker.exit
+        assert ex is not None
+        if worker.conn is not None:
+            self.close(worker.conn, now)
+        worker.timeline.exited(now, ex.kind)
+        self._retire(worker)
+        run = worker.run
+        plan = self.plan_of[run.index]
+        if ex.kind == "clean" and worker.earned:
+            plan.free_starts += 1
+        elif ex.kind == "clean" and worker.ever_connected:
+            logger.warning(
+                "worker %d of task '%s' exited without processing a block; it counts "
+                "against the restart budget",
+                worker.worker_id,
+                run.task_id,
+            )
+        elif ex.kind == "clean":
+            logger.warning(
+                "worker %d of task '%s' exited without ever connecting: its function "
+                "returned at once, or it could not reach this server at %s:%s (then set "
+                "BELLIS_HOST or run_blockwise(host=...) to an address the workers can "
+                "reach; its log says which)",
+                worker.worker_id,
+                run.task_id,
+                self.address[0],
+                self.address[1],
+            )
+        if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
+            run.worker_failures += 1
+            if run.first_worker_error is None:
+                run.first_worker_error = ex.message
+            run.last_worker_error = ex.message
+            logger.warning(
+                "worker exited with error worker_id=%d task_id=%s: %s",
+                worker.worker_id,
+                run.task_id,
+                ex.message.splitlines()[0] if ex.message else ex.kind,
+            )
+
+    def _retire(self, worker: ManagedWorker) -> None:
+        plan = self.plan_of[worker.run.index]
+        plan.alive -= 1
+        for k, v in worker.run.task.requires.items():
+            if k in self.used:
+                self.used[k] -= v
+
+    def _check_abandon(self, now: float) -> None:
+        for plan in self.plans.values():
+            run = plan.run
+            if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
+                continue
+            if run.remaining <= 0 or run.processing > 0:
+                continue
+            if plan.free_starts > 0 or run.worker_restarts < run.task.max_worker_restarts:
+                continue
+            hit = self.s.abandon(run, "worker restart cap exhausted")
+            for r in hit:
+                if r is run:
+                    logger.warning(
+                        "task '%s' abandoned: worker restart cap reached; its %d remaining "
+                        "blocks are lost (counted as orphaned)",
+                        r.task_id,
+                        r.lost_on_abandon,
+                    )
+                else:
+                    logger.warning(
+                        "downstream task '%s' abandoned: upstream input will never arrive, "
+                        "accounting remaining blocks as orphaned",
+                        r.task_id,
+                    )
+                p = self.plan_of[r.index]
+                while p.parked:
+                    self._serve(p.parked.popleft(), r, True, now)
+            self.dirty = True
+
+    def rebalance(self, now: float) -> None:
+        """Book new workers where tasks can use them (at the start of the run)."""
+        self._rebalance(now)
+
+    def _rebalance(self, now: float) -> None:
+        if (
+            self.abort_reason is not None
+            or self.fatal is not None
+            or self.shutdown_started is not None
+        ):
+            return
+        batches: dict[str, list[Booking]] = {}
+        grew = True
+        while grew:  # round robin: one worker per eligible task per pass
+            grew = False
+            for plan in self.plans.values():
+                if self._is_eligible(plan):
+                    batches.setdefault(plan.run.task_id, []).append(self._book(plan, now))
+                    grew = True
+        for task_id, bookings in batches.items():
+            self.out.append((LAUNCH, self.plans[task_id], bookings))
+
+    def _is_eligible(self, plan: TaskPlan) -> bool:
+        run = plan.run
+        task = run.task
+        if plan.payload is None or run.status != RUNNING or run.ready <= 0:
+            return False
+        if plan.alive >= task.max_workers or plan.alive >= run.ready + run.processing:
+            return False
+        if plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
+            return False
+        for k, v in task.requires.items():
+            if self.used.get(k, 0) + v > self.resources.get(k, 0):
+                return False
+        return True
+
+    def _book(self, plan: TaskPlan, now: float) -> Booking:
+        """Book one new worker of ``plan``'s task: its id, budget, resources, log slot."""
+        run = plan.run
+        wid = self.next_worker_id
+        self.next_worker_id += 1
+        if plan.free_starts > 0:
+            plan.free_starts -= 1
+        else:
+            run.worker_restarts += 1
+        run.worker_starts += 1
+        for k, v in run.task.requires.items():
+            self.used[k] = self.used.get(k, 0) + v
+        plan.alive += 1
+        timeline = plan.timelines.spawned(wid, now)
+        slot, before = plan.take_slot()
+        if before is None and any(
+            w.exit is not None and w.run is run for w in self.workers.values()
+        ):
+            # a new slot while a worker retired after a block timeout is yet to be seen
+            # to end: it holds its slot until then
+            before = "restart in a new slot (the worker it replaces has not ended yet)"
+        timeline.slot = slot
+        return Booking(wid, slot, before, timeline)
+
+    def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
+        """The shell started the booked worker: ``handle`` is its launcher's handle."""
+        worker = ManagedWorker(booking.worker_id, plan.run, handle, booking.timeline)
+        worker.log = log
+        worker.slot = booking.slot
+        self.workers[booking.worker_id] = worker
+        plan.workers.append(worker)
+
+    def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
+        """The booked worker could not be started (its log files, or its launcher, failed):
+        the launcher will report nothing on it, so the booking is undone; the start it used
+        stays spent."""
+        run = plan.run
+        plan.alive -= 1
+        plan.release_slot(
+            booking.slot, f"replacing worker {booking.worker_id}, which could not be started"
+        )
+        for k, v in run.task.requires.items():
+            self.used[k] -= v
+        msg = f"could not start a worker for task '{run.task_id}': {exc}"
+        run.worker_failures += 1
+        if run.first_worker_error is None:
+            run.first_worker_error = msg
+        run.last_worker_error = msg
+        booking.timeline.exited(now, "error")
+        logger.warning("%s", msg)

@@ -1,0 +1,690 @@
+"""The dispatcher by scripted events: each test feeds events with a fake clock (plain
+floats) and asserts the instructions that come back. No sockets, processes or sleeps."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+import bellis as daisy
+from bellis._aggregates import TaskAggregates
+from bellis._dispatch import (
+    BATCH_TARGET_SECONDS,
+    CLOSE,
+    KILL,
+    LAUNCH,
+    MAX_BATCH,
+    PROGRESS,
+    SEND_FRAME,
+    Dispatcher,
+    watchdog_margin_seconds,
+)
+from bellis._protocol import (
+    ACQUIRE,
+    BYE,
+    HELLO,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    STATS_ROW,
+    TIMED_OUT,
+    WELCOME,
+    FrameDecoder,
+    WorkerExit,
+    compute_mac,
+    worker_token,
+)
+from bellis._run_state import ManagedWorker, Peer, TaskPlan
+from bellis._scheduler import ABANDONED, FINISHED, RUNNING, Scheduler
+from bellis._summary import ErrorCollector
+from bellis._timeline import TimelineSet
+from bellis.errors import ConfigurationError, ProtocolError
+
+SECRET = b"s" * 32
+KEY = b"k" * 32
+OK, FAIL, CREATED = 2, 3, 0
+
+
+def task(task_id: str = "t", blocks: int = 8, **kw: Any) -> daisy.Task:
+    kw.setdefault("process_function", lambda b: None)
+    kw.setdefault("read_write_conflict", False)
+    return daisy.Task(
+        task_id,
+        daisy.Roi((0,), (10 * blocks,)),
+        daisy.Roi((0,), (10,)),
+        daisy.Roi((0,), (10,)),
+        **kw,
+    )
+
+
+class Script:
+    """A dispatcher over ``pipeline``, the clock at ``now``, and what it said."""
+
+    def __init__(self, pipeline: Any, resources: dict[str, int] | None = None) -> None:
+        self.s = Scheduler(pipeline)
+        self.errors = ErrorCollector()
+        self.plans = {
+            r.task_id: TaskPlan(r, b"fn", None, TaskAggregates(), TimelineSet())
+            for r in self.s.runs
+        }
+        self.d = Dispatcher(
+            self.s,
+            self.plans,
+            secret=SECRET,
+            worker_key=KEY,
+            resources=resources or {},
+            errors=self.errors,
+            address=("127.0.0.1", 4242),
+        )
+        self.now = 100.0
+        self.peers = 0
+
+    def run(self, task_id: str = "t") -> Any:
+        return self.plans[task_id].run
+
+    def take(self) -> list[tuple[Any, ...]]:
+        out = list(self.d.out)
+        self.d.out.clear()
+        return out
+
+    def frames(self, peer: Peer) -> list[list[Any]]:
+        """The messages sent to ``peer`` since the last take (the rest is dropped)."""
+        dec = FrameDecoder()
+        return [
+            m for i in self.take() if i[0] == SEND_FRAME and i[1] is peer for m in dec.feed(i[2])
+        ]
+
+    def connect(self, task_id: str = "t", worker: ManagedWorker | None = None) -> Peer:
+        self.peers += 1
+        peer = Peer(("127.0.0.1", 5000 + self.peers), b"n%d" % self.peers, self.now)
+        wid = -1 if worker is None else worker.worker_id
+        msg = [HELLO, compute_mac(SECRET, peer.nonce), task_id, wid, 1234, 0.5]
+        if worker is not None:
+            msg.append(compute_mac(worker_token(KEY, wid), peer.nonce))
+        self.d.receive(peer, msg, self.now)
+        assert self.frames(peer)[0][0] == WELCOME
+        return peer
+
+    def acquire(
+        self,
+        peer: Peer,
+        *returns: tuple[int, int, int, Any],
+        rows: bytes | None = None,
+        op: int = ACQUIRE,
+    ) -> list[Any]:
+        """Send ``returns`` and ask for more; the reply (None: parked) or CLOSE."""
+        msg: list[Any] = [op]
+        for r in returns:
+            msg.extend(r)
+        if rows is not None:
+            msg.append(rows)
+        self.d.receive(peer, msg, self.now)
+        return self.take()
+
+    def start_workers(self) -> list[ManagedWorker]:
+        """Carry out the LAUNCH instructions of a rebalance: every booking starts."""
+        self.d.rebalance(self.now)
+        started = []
+        for instr in self.take():
+            assert instr[0] == LAUNCH
+            for booking in instr[2]:
+                self.d.launched(instr[1], booking, object(), None)
+                started.append(self.d.workers[booking.worker_id])
+        return started
+
+    def exit(self, worker: ManagedWorker, ex: WorkerExit) -> list[tuple[Any, ...]]:
+        if self.d.worker_exited(worker, ex):
+            self.d.settle_exit(worker, self.now)
+        return self.take()
+
+
+def sent(instrs: list[tuple[Any, ...]], peer: Peer) -> list[list[Any]]:
+    dec = FrameDecoder()
+    return [m for i in instrs if i[0] == SEND_FRAME and i[1] is peer for m in dec.feed(i[2])]
+
+
+def closed(instrs: list[tuple[Any, ...]], peer: Peer) -> bool:
+    return any(i[0] == CLOSE and i[1] is peer for i in instrs)
+
+
+def send_of(instrs: list[tuple[Any, ...]], peer: Peer) -> list[int]:
+    (msg,) = sent(instrs, peer)
+    assert msg[0] == SEND, msg
+    return msg[1:]
+
+
+# -- hello ------------------------------------------------------------------------------
+def test_a_hello_with_a_wrong_secret_closes_the_connection_and_sends_nothing() -> None:
+    sc = Script(task())
+    peer = Peer(("h", 1), b"nonce", sc.now)
+    sc.d.receive(peer, [HELLO, compute_mac(b"x" * 32, b"nonce"), "t", -1, 1, 0.0], sc.now)
+    out = sc.take()
+    assert out == [(CLOSE, peer)] and peer.closed and not peer.authed
+
+
+def test_a_hello_for_another_task_is_rejected_then_closed() -> None:
+    sc = Script(task())
+    peer = Peer(("h", 1), b"nonce", sc.now)
+    sc.d.receive(peer, [HELLO, compute_mac(SECRET, b"nonce"), "nope", -1, 1, 0.0], sc.now)
+    out = sc.take()
+    assert sent(out, peer) == [[REJECT, "no task 'nope' in this run"]]
+    assert [i[0] for i in out] == [SEND_FRAME, CLOSE]
+
+
+def test_an_unmanaged_client_is_welcomed_and_counted() -> None:
+    sc = Script(task())
+    peer = sc.connect()
+    assert peer.authed and peer.worker is None and peer.run is sc.run()
+    assert sc.plans["t"].timelines.unmanaged_clients == 1
+
+
+def test_a_managed_worker_is_known_by_its_token_and_stamped() -> None:
+    sc = Script(task())
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    assert peer.worker is w and w.conn is peer and w.ever_connected
+    assert peer.worker_id == w.worker_id
+    assert sc.plans["t"].timelines.unmanaged_clients == 0
+
+
+def test_a_worker_id_without_its_token_is_an_unmanaged_client() -> None:
+    sc = Script(task())
+    (w,) = sc.start_workers()
+    peer = Peer(("h", 1), b"nonce", sc.now)
+    msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0, b"forged"]
+    sc.d.receive(peer, msg, sc.now)
+    assert sent(sc.take(), peer)[0][0] == WELCOME
+    assert peer.worker is None and w.conn is None
+
+
+# -- batching ---------------------------------------------------------------------------
+def test_the_first_request_gets_one_block_with_its_deadline() -> None:
+    sc = Script(task(timeout=30))
+    peer = sc.connect()
+    ks = send_of(sc.acquire(peer), peer)
+    assert len(ks) == 1 and peer.held == ks
+    assert peer.sent_at == sc.now and peer.deadline == sc.now + 30
+
+
+def test_a_returned_block_is_released_and_the_next_one_sent_in_the_same_reply() -> None:
+    sc = Script(task())
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 1.0
+    out = sc.acquire(peer, (k, OK, -1, None))
+    assert len(send_of(out, peer)) == 1
+    assert sc.run().completed == 1
+
+
+def test_fast_blocks_grow_the_batch_at_most_twofold_per_round_trip() -> None:
+    sc = Script(task(blocks=200))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    held = send_of(sc.acquire(peer), peer)
+    sizes = []
+    for _ in range(4):
+        sc.now += 0.0001 * len(held)
+        held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
+        sizes.append(len(held))
+    assert sizes == [2, 4, 8, 16]
+
+
+def test_the_batch_never_exceeds_its_cap() -> None:
+    sc = Script(task(blocks=2000))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    held = send_of(sc.acquire(peer), peer)
+    for _ in range(10):
+        sc.now += 1e-6
+        held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
+    assert peer.batch == MAX_BATCH and len(held) == MAX_BATCH
+
+
+def test_a_slow_block_shrinks_the_batch_at_once() -> None:
+    sc = Script(task(blocks=200))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    peer.batch = 32
+    held = send_of(sc.acquire(peer), peer)
+    assert len(held) == 32
+    sc.now += 32 * BATCH_TARGET_SECONDS * 4  # four times the target per block
+    held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
+    assert peer.batch == 1 and len(held) == 1
+
+
+def test_a_batch_takes_no_more_than_its_share_of_the_ready_blocks() -> None:
+    sc = Script(task(blocks=20))
+    sc.plans["t"].alive = 4
+    peer = sc.connect()
+    peer.batch = 64
+    # one block, then up to a quarter of the 19 still ready
+    assert len(send_of(sc.acquire(peer), peer)) == 19 // 4
+
+
+# -- failures and rogue messages --------------------------------------------------------
+def test_a_failed_block_is_recorded_and_goes_back_to_the_queue() -> None:
+    sc = Script(task(blocks=1, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    out = sc.acquire(peer, (k, FAIL, -1, "ValueError: boom"))
+    assert send_of(out, peer) == [k]  # the retry
+    run = sc.run()
+    assert run.first_worker_error == run.last_worker_error == "ValueError: boom"
+    (group,) = sc.errors.groups("t")
+    assert group.count == 1
+
+
+def test_returning_a_block_it_does_not_hold_drops_the_client_and_its_blocks_go_back() -> None:
+    sc = Script(task(blocks=2, max_retries=0))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    out = sc.acquire(peer, (k + 1, OK, -1, None))
+    assert closed(out, peer) and not sent(out, peer)
+    # the block it held was lost with it: one failed attempt, no retries left
+    assert sc.run().failed == 1 and sc.run().completed == 0
+
+
+def test_a_malformed_status_drops_the_client() -> None:
+    sc = Script(task())
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer, (k, "ok", -1, None)), peer)
+
+
+def test_a_rogue_opcode_from_an_authenticated_client_drops_it() -> None:
+    sc = Script(task())
+    peer = sc.connect()
+    out = sc.acquire(peer, op=HELLO)
+    assert out == [(CLOSE, peer)]
+
+
+def test_asking_for_more_while_holding_blocks_drops_the_client() -> None:
+    sc = Script(task(blocks=2, max_retries=1))
+    peer = sc.connect()
+    send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer), peer)
+    assert peer.held == [] and sc.run().ready == 2  # the lost block is ready again
+
+
+def test_a_second_request_while_parked_drops_the_client() -> None:
+    sc = Script(task("up", blocks=1) + task("down", blocks=1))
+    b = sc.connect("down")
+    assert sc.acquire(b) == []  # parked: its block waits for "up"
+    assert closed(sc.acquire(b), b)
+    assert b not in sc.plans["down"].parked
+
+
+def test_an_unstarted_block_may_come_back_only_with_a_bye() -> None:
+    sc = Script(task(blocks=2))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer, (k, CREATED, -1, None)), peer)
+    other = sc.connect()
+    (k2,) = send_of(sc.acquire(other), other)
+    out = sc.acquire(other, (k2, CREATED, -1, None), op=BYE)
+    assert closed(out, other) and not sent(out, other)
+    run = sc.run()
+    assert run.failed == 0 and run.ready == 2 - run.completed  # requeued, uncounted
+
+
+def test_measurement_rows_that_are_not_whole_rows_drop_the_client() -> None:
+    sc = Script(task())
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer, (k, OK, 0, None), rows=b"\x00" * 7), peer)
+
+
+def test_a_success_without_measurements_under_resource_tracking_is_fatal() -> None:
+    sc = Script(task(resource_tracking=True))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.acquire(peer, (k, OK, -1, None))
+    assert isinstance(sc.d.fatal, RuntimeError) and "resource_tracking" in str(sc.d.fatal)
+    assert peer.held == []  # not charged later as a lost attempt
+
+
+def test_measured_blocks_are_aggregated_before_their_release() -> None:
+    sc = Script(task(resource_tracking=True))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 0.5
+    row = STATS_ROW.pack(0.4, 0.3, 1, 2, 3, 0.0, 0, 0.0)
+    send_of(sc.acquire(peer, (k, OK, 0, None), rows=row), peer)
+    assert sc.d.fatal is None and sc.run().completed == 1
+
+
+# -- parking ----------------------------------------------------------------------------
+def test_a_request_with_no_block_ready_or_pending_gets_the_shutdown() -> None:
+    sc = Script(task(blocks=1))
+    a, b = sc.connect(), sc.connect()
+    send_of(sc.acquire(a), a)
+    assert sent(sc.acquire(b), b) == [[SHUTDOWN]]
+    assert b not in sc.plans["t"].parked
+
+
+def test_a_parked_request_gets_the_shutdown_when_its_blocks_are_orphaned() -> None:
+    sc = Script(task("up", blocks=1, max_retries=0) + task("down", blocks=1))
+    u, dn = sc.connect("up"), sc.connect("down")
+    (k,) = send_of(sc.acquire(u), u)
+    assert sc.acquire(dn) == [] and dn in sc.plans["down"].parked
+    out = sc.acquire(u, (k, FAIL, -1, "boom"))
+    assert sent(out, u) == [[SHUTDOWN]] and sc.run("down").orphaned == 1
+    sc.d.tick(sc.now)  # the tick serves what no release woke
+    assert sent(sc.take(), dn) == [[SHUTDOWN]]
+
+
+def test_a_downstream_request_parks_until_its_upstream_block_is_done() -> None:
+    sc = Script(task("up", blocks=1) + task("down", blocks=1))
+    u, dn = sc.connect("up"), sc.connect("down")
+    (k,) = send_of(sc.acquire(u), u)
+    assert sc.acquire(dn) == []
+    out = sc.acquire(u, (k, OK, -1, None))
+    assert len(send_of(out, dn)) == 1
+
+
+# -- deadlines --------------------------------------------------------------------------
+def test_a_block_is_reclaimed_only_after_its_deadline_and_the_watchdog_margin() -> None:
+    sc = Script(task(timeout=10, max_retries=1))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    send_of(sc.acquire(peer), peer)
+    margin = watchdog_margin_seconds(sc.run())
+    sc.d.expire([peer], peer.deadline + margin)
+    assert sc.take() == []
+    sc.now = peer.deadline + margin + 0.01
+    sc.d.expire([peer], sc.now)
+    out = sc.take()
+    assert (KILL, w) in out and closed(out, peer)
+    assert sc.run().timeout_reclaims == 1 and w.exit is not None and w.exit.kind == "timeout"
+    assert sc.plans["t"].alive == 0  # retired at once: a replacement may start
+
+
+def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_suspects() -> None:
+    sc = Script(task(blocks=40, timeout=1, max_retries=0))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    peer.batch = 4
+    held = send_of(sc.acquire(peer), peer)
+    assert len(held) == 4
+    sc.now = peer.deadline + 10
+    sc.d.expire([peer], sc.now)
+    out = sc.take()
+    assert (KILL, w) in out and closed(out, peer)
+    run = sc.run()
+    assert run.failed == 0 and run.timeout_reclaims == 0
+    assert sc.plans["t"].suspects == set(held)
+
+
+def test_a_suspect_block_travels_alone() -> None:
+    sc = Script(task(blocks=9))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    peer.batch = 8
+    held = send_of(sc.acquire(peer), peer)
+    assert len(held) == 8
+    sc.d.close(peer, sc.now)  # lost mid-batch
+    sc.take()
+    other = sc.connect()
+    (first,) = send_of(sc.acquire(other), other)
+    assert first not in held
+    sc.now += 0.001
+    (k,) = send_of(sc.acquire(other, (first, OK, -1, None)), other)
+    assert other.batch == 2 and k in held  # the batch grew, yet a suspect goes alone
+    sc.now += 0.001
+    send_of(sc.acquire(other, (k, OK, -1, None)), other)
+    assert k not in sc.plans["t"].suspects  # returned, it is no suspect any more
+
+
+def test_a_watchdog_timeout_reported_by_the_worker_is_charged_and_the_worker_killed() -> None:
+    sc = Script(task(timeout=5))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    out = sc.acquire(peer, (k, TIMED_OUT, -1, "watchdog"), op=BYE)
+    assert (KILL, w) in out and closed(out, peer)
+    assert sc.run().timeout_reclaims == 1
+
+
+def test_a_disconnect_at_or_after_the_deadline_counts_as_the_timeout() -> None:
+    sc = Script(task(timeout=5))
+    peer = sc.connect()
+    send_of(sc.acquire(peer), peer)
+    sc.d.close(peer, peer.deadline)
+    assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
+
+
+# -- lost workers -----------------------------------------------------------------------
+def test_a_worker_lost_with_one_block_charges_that_block() -> None:
+    sc = Script(task(blocks=1, max_retries=0))
+    peer = sc.connect()
+    send_of(sc.acquire(peer), peer)
+    sc.now += 1
+    sc.d.close(peer, sc.now)
+    assert closed(sc.take(), peer)
+    assert sc.run().failed == 1 and sc.run().status == FINISHED
+
+
+def test_a_worker_lost_mid_batch_charges_none_of_its_blocks() -> None:
+    sc = Script(task(blocks=40, max_retries=0))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    peer.batch = 5
+    held = send_of(sc.acquire(peer), peer)
+    sc.d.close(peer, sc.now + 1)
+    assert sc.run().failed == 0 and sc.run().ready == 40
+    assert sc.plans["t"].suspects == set(held)
+
+
+def test_the_blocks_a_gone_worker_returned_before_its_exit_count_as_done() -> None:
+    sc = Script(task(blocks=2))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert sc.d.worker_exited(w, WorkerExit("error", 1, "exited with code 1"))
+    sc.d.receive(peer, [BYE, k, OK, -1, None], sc.now, draining=True)
+    sc.d.settle_exit(w, sc.now)
+    assert sc.run().completed == 1 and sc.run().failed == 0
+    assert sc.run().worker_failures == 1
+
+
+# -- workers and the restart budget -----------------------------------------------------
+def test_a_rebalance_books_up_to_max_workers_within_the_resources() -> None:
+    sc = Script(task(blocks=10, max_workers=4, requires={"gpu": 1}), resources={"gpu": 3})
+    sc.d.rebalance(sc.now)
+    ((op, plan, bookings),) = sc.take()
+    assert op == LAUNCH and plan is sc.plans["t"]
+    assert [b.slot for b in bookings] == [0, 1, 2]
+    assert sc.d.used == {"gpu": 3} and plan.alive == 3 and plan.free_starts == 1
+
+
+def test_a_clean_exit_after_work_gives_its_start_back() -> None:
+    sc = Script(task(blocks=2, max_workers=1))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.acquire(peer, (k, OK, -1, None), op=BYE)
+    assert sc.plans["t"].free_starts == 0
+    sc.exit(w, WorkerExit("clean", 0, ""))
+    assert sc.plans["t"].free_starts == 1 and sc.run().worker_restarts == 0
+
+
+def test_a_clean_exit_without_connecting_counts_against_the_budget(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sc = Script(task(blocks=2, max_workers=1, max_worker_restarts=1))
+    (w,) = sc.start_workers()
+    with caplog.at_level(logging.WARNING, logger="bellis"):
+        sc.exit(w, WorkerExit("clean", 0, ""))
+    assert "without ever connecting" in caplog.text and "127.0.0.1:4242" in caplog.text
+    assert sc.plans["t"].free_starts == 0
+    sc.start_workers()  # the replacement is a restart
+    assert sc.run().worker_restarts == 1 and sc.run().worker_starts == 2
+
+
+def test_a_failed_exit_is_a_worker_failure_and_its_replacement_a_restart() -> None:
+    sc = Script(task(blocks=2, max_workers=1, max_worker_restarts=2))
+    (w,) = sc.start_workers()
+    sc.exit(w, WorkerExit("error", 1, "exited with code 1\nstderr tail"))
+    run = sc.run()
+    assert run.worker_failures == 1 and run.first_worker_error.startswith("exited with code 1")
+    sc.start_workers()
+    assert run.worker_restarts == 1
+
+
+def test_a_task_out_of_restarts_abandons_itself_and_its_downstream_tasks() -> None:
+    sc = Script(task("up", blocks=2, max_workers=1, max_worker_restarts=0) + task("down", blocks=2))
+    sc.d.rebalance(sc.now)
+    ((_op, plan, (booking,)),) = sc.take()  # only "up" has ready blocks
+    sc.d.launched(plan, booking, object(), None)
+    w = sc.d.workers[booking.worker_id]
+    waiting = sc.connect("down")
+    assert sc.acquire(waiting) == []  # parked: no block of "down" is ready
+    sc.exit(w, WorkerExit("error", 1, "boom"))
+    sc.d.tick(sc.now)
+    out = sc.take()
+    assert not any(i[0] == LAUNCH for i in out)
+    assert sent(out, waiting) == [[SHUTDOWN]]
+    assert sc.run("up").status == ABANDONED and sc.run("down").status == ABANDONED
+
+
+def test_no_worker_starts_once_the_budget_is_spent() -> None:
+    sc = Script(task(blocks=4, max_workers=1, max_worker_restarts=1))
+    for _ in range(2):
+        (w,) = sc.start_workers()
+        sc.exit(w, WorkerExit("error", 1, "boom"))
+    sc.d.rebalance(sc.now)
+    assert sc.take() == []
+    sc.d.tick(sc.now)
+    assert sc.run().status == ABANDONED
+
+
+def test_a_failed_launch_undoes_its_booking_but_spends_its_start() -> None:
+    sc = Script(task(blocks=4, max_workers=1, requires={"cpu": 1}), resources={"cpu": 1})
+    sc.d.rebalance(sc.now)
+    ((_op, plan, (booking,)),) = sc.take()
+    sc.d.launch_failed(plan, booking, OSError("no such file"), sc.now)
+    run = sc.run()
+    assert plan.alive == 0 and sc.d.used == {"cpu": 0} and plan.free_starts == 0
+    assert run.worker_failures == 1 and "could not start a worker" in run.last_worker_error
+    assert plan.take_slot() == (0, "replacing worker 0, which could not be started")
+
+
+def test_a_worker_that_connects_after_its_exit_was_seen_is_a_fatal_configuration() -> None:
+    sc = Script(task())
+    (w,) = sc.start_workers()
+    sc.exit(w, WorkerExit("clean", 0, ""))
+    peer = Peer(("h", 1), b"nonce", sc.now)
+    msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0]
+    msg.append(compute_mac(worker_token(KEY, w.worker_id), b"nonce"))
+    sc.d.receive(peer, msg, sc.now)
+    out = sc.take()
+    assert sent(out, peer) == [[REJECT, "this worker's process already exited"]]
+    assert isinstance(sc.d.fatal, ConfigurationError)
+
+
+def test_a_worker_given_up_for_lost_is_turned_away_without_failing_the_run() -> None:
+    sc = Script(task())
+    (w,) = sc.start_workers()
+    sc.exit(w, WorkerExit("error", None, "the launcher lost track of this worker"))
+    peer = Peer(("h", 1), b"nonce", sc.now)
+    msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0]
+    msg.append(compute_mac(worker_token(KEY, w.worker_id), b"nonce"))
+    sc.d.receive(peer, msg, sc.now)
+    assert sent(sc.take(), peer) == [[REJECT, "this worker was given up for lost"]]
+    assert sc.d.fatal is None
+
+
+def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> None:
+    sc = Script(task(timeout=1, max_workers=1))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    send_of(sc.acquire(peer), peer)
+    sc.d.expire([peer], peer.deadline + 5)
+    sc.take()
+    failures = sc.run().worker_failures
+    assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
+    assert sc.run().worker_failures == failures
+    assert sc.plans["t"].take_slot()[1] == (
+        f"replacing worker {w.worker_id}, whose block exceeded the block timeout"
+    )
+
+
+# -- abort, shutdown, progress ----------------------------------------------------------
+def test_after_an_abort_requests_get_the_shutdown_and_no_worker_starts() -> None:
+    sc = Script(task())
+    sc.d.abort("SIGINT")
+    peer = sc.connect()
+    assert sent(sc.acquire(peer), peer) == [[SHUTDOWN]]
+    sc.d.tick(sc.now)
+    assert not any(i[0] == LAUNCH for i in sc.take())
+
+
+def test_the_shutdown_tells_parked_requests_to_stop_and_lists_the_live_workers() -> None:
+    sc = Script(task("up", blocks=1) + task("down", blocks=1))
+    sc.d.rebalance(sc.now)
+    ((_op, plan, (booking,)),) = sc.take()
+    sc.d.launched(plan, booking, object(), None)
+    w = sc.d.workers[booking.worker_id]
+    b = sc.connect("down")
+    sc.acquire(b)  # parked
+    live = sc.d.begin_shutdown(sc.now)
+    assert sent(sc.take(), b) == [[SHUTDOWN]]
+    assert live == [w] and w.timeline is booking.timeline
+
+
+def test_progress_is_reported_when_something_changed_at_most_twice_a_second() -> None:
+    sc = Script(task())
+    sc.d.tick(sc.now)
+    assert (PROGRESS,) in sc.take()
+    sc.d.tick(sc.now + 0.1)
+    assert (PROGRESS,) not in sc.take()
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert (PROGRESS,) not in sc.acquire(peer, (k, OK, -1, None))  # progress waits for a tick
+    sc.d.tick(sc.now + 0.2)
+    assert (PROGRESS,) not in sc.take()  # changed, but too soon
+    sc.d.tick(sc.now + 0.6)
+    assert (PROGRESS,) in sc.take()
+
+
+def test_wall_times_follow_the_synced_clock_yet_one_workers_batches_never_overlap() -> None:
+    sc = Script(task())
+    sc.d.sync_clock(sc.now, 1_700_000_000.0)
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_000.0)
+    sc.now += 1.0
+    sc.d.sync_clock(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
+    (k,) = send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_002.0)
+    sc.now += 1.0
+    sc.d.sync_clock(sc.now, 1_700_000_001.0)  # and back by two: no overlap with the last
+    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    assert peer.sent_wall == pytest.approx(1_700_000_003.0)
+    assert sc.run().status == RUNNING
+
+
+# -- the protocol's parsing -------------------------------------------------------------
+def test_a_hello_parses_into_its_typed_fields() -> None:
+    from bellis._protocol import Hello, parse_hello
+
+    mac = compute_mac(SECRET, b"nonce")
+    assert parse_hello([HELLO, mac, "t", 3, 99, 0.25, b"w"], SECRET, b"nonce") == Hello(
+        "t", 3, 99, 0.25, b"w"
+    )
+    assert parse_hello([HELLO, mac, "t", -1, 99, 0.25], SECRET, b"nonce").worker_mac is None
+    with pytest.raises(ProtocolError, match="malformed hello"):
+        parse_hello([HELLO, mac, 7, -1, 99, 0.25], SECRET, b"nonce")
+
+
+def test_a_block_returned_twice_in_one_message_is_refused_before_anything_is_taken() -> None:
+    from bellis._protocol import parse_returns
+
+    msg = [ACQUIRE, 4, OK, -1, None, 4, OK, -1, None]
+    with pytest.raises(ProtocolError, match="not held"):
+        parse_returns(msg, 8, 0, {4, 5}, False, "t")
+    assert parse_returns([ACQUIRE, -1, OK, -1, None, 5, FAIL, 0, "e"], 8, 1, {5}, False, "t") == [
+        (5, FAIL, 0, "e")
+    ]
