@@ -102,18 +102,23 @@ _CREATED: Final = int(BlockStatus.CREATED)
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
 _ROW_BYTES: Final = STATS_ROW.size
 _SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
+_GPU_UTIL_COLUMN: Final = 5
 _INF: Final = float("inf")
 
 
 def _measurements(rows: Any) -> np.ndarray[Any, Any]:
     """A message's ``rows`` as a ``STATS_DTYPE`` array, checked as a whole: wall, CPU
-    and child CPU finite and non-negative (the integer fields are unsigned by type; the
-    GPU slots are reserved and never read)."""
+    and child CPU finite and non-negative, GPU utilisation NaN (not measured) or a
+    percentage (the integer fields are unsigned by type)."""
     if type(rows) is not bytes or not rows or len(rows) % _ROW_BYTES:
         raise ProtocolError("malformed measurements: not a whole number of stats rows")
-    seconds = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)[:, _SECONDS_COLUMNS]
+    floats = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)
+    seconds = floats[:, _SECONDS_COLUMNS]
     if not ((seconds >= 0.0) & (seconds < _INF)).all():
         raise ProtocolError("malformed measurements: a time is negative, infinite or NaN")
+    util = floats[:, _GPU_UTIL_COLUMN]
+    if not (np.isnan(util) | ((util >= 0.0) & (util <= 100.0))).all():
+        raise ProtocolError("malformed measurements: a GPU utilisation outside 0..100")
     return np.frombuffer(rows, dtype=STATS_DTYPE)
 
 

@@ -355,6 +355,28 @@ def test_measured_blocks_are_aggregated_before_their_release() -> None:
     assert sc.d.fatal is None and sc.run().completed == 1
 
 
+@pytest.mark.parametrize("util", [101.0, -1.0, float("inf")])
+def test_a_gpu_utilisation_outside_a_percentage_drops_the_client(util: float) -> None:
+    sc = Script(task(resource_tracking=True))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    row = STATS_ROW.pack(0.4, 0.3, 1, 2, 3, util, 0, 0.0)
+    assert closed(sc.acquire(peer, (k, OK, 0, None), rows=row), peer)
+    assert sc.run().completed == 0
+
+
+def test_measured_gpu_figures_reach_the_aggregates() -> None:
+    sc = Script(task(resource_tracking=True))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    row = STATS_ROW.pack(0.4, 0.3, 1, 2, 3, 75.0, 3 << 30, 0.0)
+    send_of(sc.acquire(peer, (k, OK, 0, None), rows=row), peer)
+    assert sc.d.fatal is None and sc.run().completed == 1
+    agg = sc.d.plan_of[sc.run().index].aggregates
+    assert agg.gpu_util.n == 1 and agg.gpu_util.mean == 75.0
+    assert agg.gpu_mem.n == 1 and agg.gpu_mem.max == 3 << 30
+
+
 # -- parking ----------------------------------------------------------------------------
 def test_a_request_with_no_block_ready_or_pending_gets_the_shutdown() -> None:
     sc = Script(task(blocks=1))
