@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from funlib.geometry import Roi
 
+from ._stall import heartbeat as _heartbeat
+
 __all__ = [
     "MEASURED_ARRAYS",
     "NO_WORKER",
@@ -287,6 +289,16 @@ class Block:
         b._status = status
         b.stats = None
         return b
+
+    def heartbeat(self) -> None:
+        """Say that this block is alive although it uses no CPU and does no IO.
+
+        For a block that legitimately waits (on a GPU, a remote service) longer than its
+        task's ``stall_timeout``: call this more often than that, and stall detection does
+        not reclaim it. The same as :func:`bellis.heartbeat`; it costs an integer
+        increment, and nothing reads it without ``stall_timeout`` or in serial mode.
+        """
+        _heartbeat()
 
     @property
     def read_roi(self) -> Roi:

@@ -77,6 +77,7 @@ _MAX_OUTBUF = 1 << 20
 _BATCH_TARGET_SECONDS = 0.02
 _MAX_BATCH = 64
 _TIMED_OUT = 4  # wire-only status: the worker's watchdog preempted this block
+_STALLED = 5  # wire-only status: the worker's watchdog found this block stalled
 _CREATED: Final = int(BlockStatus.CREATED)
 
 
@@ -601,8 +602,8 @@ class RunLoop(WorkerPool):
                     suspects.discard(k)
                 if status == BlockStatus.CREATED:
                     self.s.requeue_index(run, k)
-                elif status == _TIMED_OUT:
-                    self._timed_out_block(conn, run, k, t, t + step)
+                elif status == _TIMED_OUT or status == _STALLED:
+                    self._timed_out_block(conn, run, k, t, t + step, stalled=status == _STALLED)
                     t += step
                 else:
                     self._returned(conn, run, k, status, row >= 0, error, t, t + step)
@@ -888,24 +889,39 @@ class RunLoop(WorkerPool):
             self._notify("on_progress")
 
     def _timed_out_block(
-        self, conn: _Conn, run: TaskRun, k: int, sent: float, returned: float
+        self,
+        conn: _Conn,
+        run: TaskRun,
+        k: int,
+        sent: float,
+        returned: float,
+        *,
+        stalled: bool = False,
     ) -> None:
-        """Account one block as timed out (reclaimed) and release it to the retry path."""
-        run.timeout_reclaims += 1
+        """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
+        the retry path."""
         sid = run.geom.spatial_id_of(k)
-        logger.warning(
-            "block lost block_id=%s/%d timed_out=true (timeout=%gs)",
-            run.task_id,
-            sid,
-            run.task.timeout_secs,
-        )
-        text = f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+        if stalled:
+            run.stall_reclaims += 1
+            kind, limit = "stalled", f"stall_timeout={run.task.stall_timeout_secs or 0.0:g}s"
+            text = (
+                f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
+                f"stall_timeout ({run.task.stall_timeout_secs or 0.0:g}s)"
+            )
+        else:
+            run.timeout_reclaims += 1
+            kind, limit = "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            text = (
+                f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+            )
+        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
         self._record_error(conn, run, k, text)
         self._release(conn, run, k, False, False, sent, returned)
         worker = conn.worker
         if worker is not None and worker.exit is None:
-            worker.exit = WorkerExit("timeout", None, text)
-            worker.timeline.exited(time.monotonic(), "timeout")
+            exit_kind = "stalled" if stalled else "timeout"
+            worker.exit = WorkerExit(exit_kind, None, text)
+            worker.timeline.exited(time.monotonic(), exit_kind)
             self._retire(worker)
             launcher = self.plan_of[run.index].launcher
             kill = getattr(launcher, "kill", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -117,6 +118,7 @@ class Task:
         *,
         tracking_path: Any = _UNSET,
         launcher: Any = None,
+        stall_timeout: float | timedelta | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -156,6 +158,7 @@ class Task:
             "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
         )
         self._timeout_secs = _parse_timeout(timeout)
+        self._stall_timeout_secs = _parse_stall_timeout(stall_timeout)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -236,6 +239,11 @@ class Task:
     @property
     def timeout_secs(self) -> float:
         return self._timeout_secs
+
+    @property
+    def stall_timeout_secs(self) -> float | None:
+        """``stall_timeout`` in seconds, or None when stall detection is off."""
+        return self._stall_timeout_secs
 
     @property
     def requires(self) -> dict[str, int]:
@@ -420,6 +428,29 @@ def _parse_timeout(timeout: Any) -> float:
             "block timeout must be positive; blocks are expected to be fast — raise the "
             "timeout instead of disabling it",
             parameter="timeout",
+        )
+    return secs
+
+
+def _parse_stall_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        secs = value.total_seconds()
+    elif isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+        secs = float(value)
+    else:
+        raise ConfigurationError(
+            f"stall_timeout={value!r} is not a duration: pass seconds (a positive number), "
+            "a timedelta, or None to turn stall detection off",
+            parameter="stall_timeout",
+        )
+    if not (secs > 0 and math.isfinite(secs)):
+        raise ConfigurationError(
+            f"stall_timeout={value!r} must be a positive, finite number of seconds (how long "
+            "a block may go without CPU, IO or heartbeat before its worker is replaced); "
+            "pass None to turn stall detection off",
+            parameter="stall_timeout",
         )
     return secs
 

@@ -23,6 +23,7 @@ from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
 from ._runner import SerialServer, Server, _pipeline_from_list, run_blockwise
 from ._scheduler import Scheduler as _Scheduler
 from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
+from ._stall import heartbeat
 from ._state import TaskState
 from ._task import (
     Pipeline,
@@ -80,6 +81,7 @@ __all__ = [
     "get_done_marker_basedir",
     "get_tracking_basedir",
     "get_worker_log_basename",
+    "heartbeat",
     "logging",
     "profile_block",
     "run_blockwise",

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ._runner import Server, run_blockwise
     from ._scheduler import Scheduler
     from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
+    from ._stall import heartbeat
     from ._state import TaskState
     from ._task import (
         Pipeline,
@@ -82,6 +83,7 @@ __all__ = [
     "__version__",
     "get_done_marker_basedir",
     "get_tracking_basedir",
+    "heartbeat",
     "logging",
     "profile_block",
     "run_blockwise",

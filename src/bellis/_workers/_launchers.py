@@ -57,7 +57,8 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``error`` or ``interrupted``."""
+    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``stalled``, ``error`` or
+    ``interrupted``."""
 
     kind: str
     code: int | None
@@ -129,7 +130,7 @@ def _stderr_tail(path: Path | None, lines: int = 50, start: int = 0) -> str:
 
 def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
     """Map a worker process exit code to a :class:`WorkerExit`."""
-    from .._client import EXIT_BLOCK_TIMEOUT
+    from .._client import EXIT_BLOCK_STALLED, EXIT_BLOCK_TIMEOUT
 
     if code == 0:
         return WorkerExit("clean", 0, "")
@@ -140,6 +141,12 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
             "max_retries)"
         )
         kind = "timeout"
+    elif code == EXIT_BLOCK_STALLED:
+        msg = (
+            "bellis worker subprocess killed after a block stalled: no CPU, IO or heartbeat "
+            "for stall_timeout (the server retries the block under max_retries)"
+        )
+        kind = "stalled"
     elif code < 0:
         try:
             name = signal.Signals(-code).name

@@ -1,0 +1,249 @@
+"""Stall detection: is a running block still doing anything?
+
+``Task(stall_timeout=s)`` asks each worker's watchdog thread (``bellis._client._Watchdog``)
+to look at its process every ``s / 10`` seconds while a block runs. A block is *stalled*
+when, for ``s`` seconds, none of these moved:
+
+* the CPU time of the worker process, less the watchdog thread's own;
+* the CPU time of its children: the ones it waited for (``RUSAGE_CHILDREN``) and, when that
+  did not move, the ones still running (read from ``/proc``);
+* its IO counters (``/proc/self/io``: bytes passed to ``read``/``write`` calls of any kind,
+  files, pipes and sockets alike), less what the watchdog itself read;
+* the heartbeat counter, which :func:`heartbeat` (``block.heartbeat()``) advances.
+
+Everything here runs in the watchdog thread; a block pays nothing. :class:`StallMonitor` is
+the decision, fed by two callables, so it is tested with scripted readings and a fake
+clock; :class:`ProcessSampler` reads the real counters. Only the standard library is
+imported (psutil is used where ``/proc`` is missing, and only if the worker already
+imported it).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+
+__all__ = [
+    "CPU_EPSILON",
+    "ProcessSampler",
+    "StallMonitor",
+    "heartbeat",
+    "heartbeats",
+]
+
+#: CPU seconds that must accumulate (since the last sign of life) to count as movement:
+#: above the error of subtracting the watchdog thread's own CPU from its process's
+CPU_EPSILON = 0.005
+
+_beats = 0
+
+
+def heartbeat() -> None:
+    """Tell bellis that the running block is alive although it uses no CPU and does no IO.
+
+    A block that legitimately waits (on a GPU kernel, a remote service, a lock held by
+    another process) calls this now and then, more often than its task's
+    ``stall_timeout``, so that stall detection does not reclaim it. It costs one integer
+    increment; without ``stall_timeout``, and in serial mode, nothing reads it.
+    """
+    global _beats
+    _beats += 1
+
+
+def heartbeats() -> int:
+    """How many times :func:`heartbeat` was called in this process."""
+    return _beats
+
+
+#: a cheap reading: (process CPU less the sampler's own, reaped children's CPU, IO
+#: counter, heartbeats)
+Reading = tuple[float, float, int, int]
+
+
+class StallMonitor:
+    """The stall decision for one process, fed readings through two callables.
+
+    ``cheap()`` returns a :data:`Reading`; ``live_children()`` the CPU seconds of the
+    still-running descendants (a walk of ``/proc``, so it is called only when the cheap
+    reading has not moved). :meth:`begin` starts watching a block at time ``now``;
+    :meth:`check` returns True once nothing moved for ``stall_timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        stall_timeout: float,
+        cheap: Callable[[], Reading],
+        live_children: Callable[[], float],
+        cpu_epsilon: float = CPU_EPSILON,
+    ) -> None:
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be positive, got {stall_timeout!r}")
+        self.stall_timeout = stall_timeout
+        self._cheap = cheap
+        self._live_children = live_children
+        self._eps = cpu_epsilon
+        self._ref: Reading = (0.0, 0.0, 0, 0)
+        self._ref_live: float | None = None
+        #: when the block was last seen to move (or began)
+        self.last_moved = 0.0
+
+    def begin(self, now: float) -> None:
+        """Start watching a new block at ``now``."""
+        self._ref = self._cheap()
+        self._ref_live = None
+        self.last_moved = now
+
+    def _moved(self, r: Reading) -> bool:
+        ref, eps = self._ref, self._eps
+        return r[0] - ref[0] > eps or abs(r[1] - ref[1]) > eps or r[2] != ref[2] or r[3] != ref[3]
+
+    def check(self, now: float) -> bool:
+        """Sample at ``now``; True when the block has shown no sign of life for
+        ``stall_timeout`` seconds."""
+        r = self._cheap()
+        if self._moved(r):
+            self._ref = r
+            self._ref_live = None
+            self.last_moved = now
+            return False
+        live = self._live_children()
+        ref_live = self._ref_live
+        self._ref_live = live
+        if ref_live is not None and abs(live - ref_live) > self._eps:
+            self.last_moved = now
+            return False
+        # a first look at the live children sets their reference: a child that works
+        # moves it by the next sample
+        return now - self.last_moved >= self.stall_timeout
+
+    def idle_seconds(self, now: float) -> float:
+        """Seconds since the block last moved."""
+        return now - self.last_moved
+
+
+class ProcessSampler:
+    """Reads this process's counters for :class:`StallMonitor`, from the watchdog thread.
+
+    The watchdog thread's own CPU (``time.thread_time``) and the bytes it reads from
+    ``/proc`` are subtracted, so that watching does not look like progress.
+    """
+
+    def __init__(self) -> None:
+        self._own_bytes = 0
+        self._pid = os.getpid()
+        self._proc = os.path.isdir("/proc/self")
+        self._io_path = "/proc/self/io" if os.access("/proc/self/io", os.R_OK) else None
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._children_files = self._proc and os.path.exists(
+            f"/proc/self/task/{self._pid}/children"
+        )
+
+    def _read(self, path: str) -> bytes:
+        """One ``read`` of a small ``/proc`` file, counted as the sampler's own IO."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+        self._own_bytes += len(data)
+        return data
+
+    def cheap(self) -> Reading:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        # read after the process total, so the sampler's own CPU in between is subtracted
+        # too (an error downwards, never towards movement)
+        own_cpu = time.thread_time()
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = me.ru_utime + me.ru_stime - own_cpu
+        return (cpu, kids.ru_utime + kids.ru_stime, self._io(), _beats)
+
+    def _io(self) -> int:
+        if self._io_path is not None:
+            before = self._own_bytes  # /proc/self/io counts a read once it has returned
+            try:
+                data = self._read(self._io_path)
+            except OSError:
+                self._io_path = None
+                return 0
+            total = 0
+            for line in data.splitlines():
+                if line.startswith((b"rchar:", b"wchar:")):
+                    total += int(line.split()[1])
+            return total - before
+        psutil = sys.modules.get("psutil")
+        if psutil is not None:
+            try:
+                c = psutil.Process().io_counters()
+            except Exception:  # no IO counters on this platform
+                return 0
+            return int(getattr(c, "read_chars", c.read_count) + getattr(c, "write_chars", 0))
+        return 0
+
+    def live_children(self) -> float:
+        """CPU seconds of this process's running descendants (0.0 where unknown)."""
+        if not self._proc:
+            return self._psutil_children()
+        try:
+            pids = self._descendants()
+        except OSError:
+            return 0.0
+        total = 0
+        for pid in pids:
+            try:
+                stat = self._read(f"/proc/{pid}/stat")
+            except OSError:
+                continue  # it ended meanwhile: its CPU moves to RUSAGE_CHILDREN
+            fields = stat.rsplit(b")", 1)[-1].split()
+            # utime stime cutime cstime: fields 14-17 of stat(5); [0] here is field 3
+            total += sum(int(x) for x in fields[11:15])
+        return total / self._tick
+
+    def _descendants(self) -> list[int]:
+        if self._children_files:
+            out: list[int] = []
+            todo = [self._pid]
+            while todo:
+                pid = todo.pop()
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    try:
+                        kids = self._read(f"/proc/{pid}/task/{tid}/children").split()
+                    except OSError:
+                        continue
+                    for kid in kids:
+                        out.append(int(kid))
+                        todo.append(int(kid))
+            return out
+        # no children files: one pass over /proc, parent links from each stat
+        parent: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                stat = self._read(f"/proc/{name}/stat")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(b")", 1)[-1].split()[1])
+            parent.setdefault(ppid, []).append(int(name))
+        out = []
+        todo = [self._pid]
+        while todo:
+            for k in parent.get(todo.pop(), ()):
+                out.append(k)
+                todo.append(k)
+        return out
+
+    def _psutil_children(self) -> float:
+        psutil = sys.modules.get("psutil")
+        if psutil is None:
+            return 0.0
+        total = 0.0
+        try:
+            for child in psutil.Process().children(recursive=True):
+                t = child.cpu_times()
+                total += t.user + t.system
+        except Exception:  # a child that ended meanwhile, or no access
+            return total
+        return total
