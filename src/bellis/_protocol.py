@@ -16,7 +16,7 @@ opcode      direction  fields
 CHALLENGE   s -> c     nonce (bytes)
 HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_s,
                        [worker_mac]   (the nonce signed with the worker's own token)
-WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict)
+WELCOME     s -> c     timeout_s, resource_tracking (bool), geometry (dict), [stall_s]
 ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
@@ -30,6 +30,10 @@ without measurements, else the index of its row in ``rows``. ``rows`` (present o
 when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so a
 batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block.
+
+Besides the ``BlockStatus`` values, a worker's watchdog sends ``status`` 4 (the block
+timed out) or 5 (it stalled, see ``bellis._stall``) just before it exits. ``stall_s`` is
+sent only for a task with ``stall_timeout``.
 """
 
 from __future__ import annotations
