@@ -95,6 +95,11 @@ class Task:
     template, relative to each other. ``process_function`` with one positional parameter
     is a *block function* ``f(block)``; with none it is a *worker function* that runs
     its own ``Client().acquire_block()`` loop.
+
+    ``stall_timeout`` (seconds or a ``timedelta``; None, the default, turns it off): in a
+    distributed run, a block that shows no CPU, IO or heartbeat (``block.heartbeat()``) for
+    that long is reclaimed as *stalled*, its worker replaced and the block retried (see
+    ``docs/failures.md``). Serial mode ignores it, with a warning.
     """
 
     def __init__(
