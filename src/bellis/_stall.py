@@ -6,16 +6,17 @@ when, for ``s`` seconds, none of these moved:
 
 * the CPU time of the worker process, less the watchdog thread's own;
 * the CPU time of its children: the ones it waited for (``RUSAGE_CHILDREN``) and, when that
-  did not move, the ones still running (read from ``/proc``);
+  did not move and the process has a child, the ones still running (the ``/proc`` walk of
+  :mod:`bellis._profiling`);
 * its IO counters (``/proc/self/io``: bytes passed to ``read``/``write`` calls of any kind,
   files, pipes and sockets alike), less what the watchdog itself read;
-* the heartbeat counter, which :func:`heartbeat` (``block.heartbeat()``) advances.
+* the heartbeat counter, which :func:`bellis.heartbeat` (``block.heartbeat()``) advances.
 
 Everything here runs in the watchdog thread; a block pays nothing. :class:`StallMonitor` is
 the decision, fed by two callables, so it is tested with scripted readings and a fake
-clock; :class:`ProcessSampler` reads the real counters. Only the standard library is
-imported (psutil is used where ``/proc`` is missing, and only if the worker already
-imported it).
+clock; :class:`ProcessSampler` reads the real counters. Nothing beyond the standard library
+and bellis's worker-side modules is imported (psutil is used where ``/proc`` is missing, and
+only if the worker already imported it).
 """
 
 from __future__ import annotations
@@ -26,37 +27,24 @@ import sys
 import time
 from collections.abc import Callable
 
+from ._block import heartbeats
+from ._profiling import (
+    _IS_LINUX,
+    _SECONDS_PER_TICK,
+    _descendant_cpu_ticks,
+    _has_children,
+    _walk_bytes,
+)
+
 __all__ = [
     "CPU_EPSILON",
     "ProcessSampler",
     "StallMonitor",
-    "heartbeat",
-    "heartbeats",
 ]
 
 #: CPU seconds that must accumulate (since the last sign of life) to count as movement:
 #: above the error of subtracting the watchdog thread's own CPU from its process's
 CPU_EPSILON = 0.005
-
-_beats = 0
-
-
-def heartbeat() -> None:
-    """Tell bellis that the running block is alive although it uses no CPU and does no IO.
-
-    A block that legitimately waits (on a GPU kernel, a remote service, a lock held by
-    another process) calls this now and then, more often than its task's
-    ``stall_timeout``, so that stall detection does not reclaim it. It costs one integer
-    increment; without ``stall_timeout``, and in serial mode, nothing reads it.
-    """
-    global _beats
-    _beats += 1
-
-
-def heartbeats() -> int:
-    """How many times :func:`heartbeat` was called in this process."""
-    return _beats
-
 
 #: a cheap reading: (process CPU less the sampler's own, reaped children's CPU, IO
 #: counter, heartbeats)
@@ -133,13 +121,7 @@ class ProcessSampler:
 
     def __init__(self) -> None:
         self._own_bytes = 0
-        self._pid = os.getpid()
-        self._proc = os.path.isdir("/proc/self")
         self._io_path = "/proc/self/io" if os.access("/proc/self/io", os.R_OK) else None
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._children_files = self._proc and os.path.exists(
-            f"/proc/self/task/{self._pid}/children"
-        )
 
     def _read(self, path: str) -> bytes:
         """One ``read`` of a small ``/proc`` file, counted as the sampler's own IO."""
@@ -158,7 +140,7 @@ class ProcessSampler:
         own_cpu = time.thread_time()
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = me.ru_utime + me.ru_stime - own_cpu
-        return (cpu, kids.ru_utime + kids.ru_stime, self._io(), _beats)
+        return (cpu, kids.ru_utime + kids.ru_stime, self._io(), heartbeats())
 
     def _io(self) -> int:
         if self._io_path is not None:
@@ -183,57 +165,19 @@ class ProcessSampler:
         return 0
 
     def live_children(self) -> float:
-        """CPU seconds of this process's running descendants (0.0 where unknown)."""
-        if not self._proc:
-            return self._psutil_children()
-        try:
-            pids = self._descendants()
-        except OSError:
-            return 0.0
-        total = 0
-        for pid in pids:
-            try:
-                stat = self._read(f"/proc/{pid}/stat")
-            except OSError:
-                continue  # it ended meanwhile: its CPU moves to RUSAGE_CHILDREN
-            fields = stat.rsplit(b")", 1)[-1].split()
-            # utime stime cutime cstime: fields 14-17 of stat(5); [0] here is field 3
-            total += sum(int(x) for x in fields[11:15])
-        return total / self._tick
+        """CPU seconds of this process's running descendants (0.0 where unknown).
 
-    def _descendants(self) -> list[int]:
-        if self._children_files:
-            out: list[int] = []
-            todo = [self._pid]
-            while todo:
-                pid = todo.pop()
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    try:
-                        kids = self._read(f"/proc/{pid}/task/{tid}/children").split()
-                    except OSError:
-                        continue
-                    for kid in kids:
-                        out.append(int(kid))
-                        todo.append(int(kid))
-            return out
-        # no children files: one pass over /proc, parent links from each stat
-        parent: dict[int, list[int]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                stat = self._read(f"/proc/{name}/stat")
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(b")", 1)[-1].split()[1])
-            parent.setdefault(ppid, []).append(int(name))
-        out = []
-        todo = [self._pid]
-        while todo:
-            for k in parent.get(todo.pop(), ()):
-                out.append(k)
-                todo.append(k)
-        return out
+        The walk of ``/proc`` is :mod:`bellis._profiling`'s, done only when this process
+        has a child at all; what it reads is the sampler's own IO.
+        """
+        if not _IS_LINUX:
+            return self._psutil_children()
+        if not _has_children():
+            return 0.0
+        walked = _walk_bytes[0]
+        ticks = _descendant_cpu_ticks()
+        self._own_bytes += _walk_bytes[0] - walked
+        return ticks * _SECONDS_PER_TICK
 
     def _psutil_children(self) -> float:
         psutil = sys.modules.get("psutil")

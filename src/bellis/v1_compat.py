@@ -13,7 +13,7 @@ from typing import Any
 from funlib.geometry import Coordinate, Roi
 
 from . import logging
-from ._block import Block, BlockStats, BlockStatus
+from ._block import Block, BlockStats, BlockStatus, heartbeat
 from ._client import Client, Context
 from ._graph import BlockwiseDependencyGraph
 from ._html_report import write_report
@@ -23,7 +23,6 @@ from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
 from ._runner import SerialServer, Server, _pipeline_from_list, run_blockwise
 from ._scheduler import Scheduler as _Scheduler
 from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
-from ._stall import heartbeat
 from ._state import TaskState
 from ._task import (
     Pipeline,

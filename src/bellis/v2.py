@@ -15,7 +15,7 @@ from . import _HOMES, _load_public_name, logging
 if TYPE_CHECKING:
     from funlib.geometry import Coordinate, Roi
 
-    from ._block import Block, BlockStats, BlockStatus
+    from ._block import Block, BlockStats, BlockStatus, heartbeat
     from ._client import Client, Context
     from ._graph import BlockwiseDependencyGraph
     from ._html_report import write_report
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from ._runner import Server, run_blockwise
     from ._scheduler import Scheduler
     from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
-    from ._stall import heartbeat
     from ._state import TaskState
     from ._task import (
         Pipeline,

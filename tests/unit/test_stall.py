@@ -13,9 +13,10 @@ import pytest
 
 import bellis
 from bellis import Roi
+from bellis._block import heartbeats
 from bellis._progress import format_summary
 from bellis._runlog import EXIT_KINDS, validate_run_line
-from bellis._stall import CPU_EPSILON, ProcessSampler, Reading, StallMonitor, heartbeats
+from bellis._stall import CPU_EPSILON, ProcessSampler, Reading, StallMonitor
 from bellis._state import TaskState
 from bellis._workers._launchers import WorkerSpec, describe_exit
 from bellis.errors import ConfigurationError
