@@ -147,8 +147,10 @@ class ProcessSampler:
             before = self._own_bytes  # /proc/self/io counts a read once it has returned
             try:
                 data = self._read(self._io_path)
-            except OSError:
+            except OSError as exc:
+                # the watchdog thread has no caller to raise to: say so in the worker's log
                 self._io_path = None
+                sys.stderr.write(f"bellis stall watchdog: IO is not watched, {exc}\n")
                 return 0
             total = 0
             for line in data.splitlines():
