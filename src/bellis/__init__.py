@@ -18,7 +18,12 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     from funlib.geometry import Coordinate as Coordinate, Roi as Roi
 
     from . import logging as logging
-    from ._block import Block as Block, BlockStats as BlockStats, BlockStatus as BlockStatus
+    from ._block import (
+        Block as Block,
+        BlockStats as BlockStats,
+        BlockStatus as BlockStatus,
+        heartbeat as heartbeat,
+    )
     from ._client import Client as Client, Context as Context
     from ._graph import BlockwiseDependencyGraph as BlockwiseDependencyGraph
     from ._html_report import write_report as write_report

@@ -24,6 +24,8 @@ __all__ = [
     "BlockStats",
     "BlockStatus",
     "cantor_number",
+    "heartbeat",
+    "heartbeats",
     "stats_problem",
 ]
 
@@ -47,6 +49,28 @@ MEASURED_ARRAYS = tuple(name for name in STATS_ARRAYS if not name.startswith("gp
 STAMP_ARRAYS = ("worker_id", "sent_at", "returned_at")
 #: ``worker_id`` of a block completed outside any managed worker (serial, unmanaged)
 NO_WORKER = 2**32 - 1
+
+
+_beats = 0
+
+
+def heartbeat() -> None:
+    """Tell bellis that the running block is alive although it uses no CPU and does no IO.
+
+    A block that legitimately waits (on a GPU kernel, a remote service, a lock held by
+    another process) calls this more often than its task's ``stall_timeout``, so that
+    stall detection does not reclaim it (``Task(stall_timeout=...)``, see
+    ``docs/failures.md``). It costs one integer increment; without ``stall_timeout``, and
+    in serial mode, nothing reads it. ``block.heartbeat()`` is the same.
+    """
+    global _beats
+    _beats += 1
+
+
+def heartbeats() -> int:
+    """How many times :func:`heartbeat` was called in this process (the stall watchdog
+    reads this)."""
+    return _beats
 
 
 class BlockGeometry(Protocol):
@@ -293,6 +317,17 @@ class Block:
         b._status = status
         b.stats = None
         return b
+
+    def heartbeat(self) -> None:
+        """Say that this block is alive although it uses no CPU and does no IO.
+
+        For a block that legitimately waits (on a GPU, a remote service) longer than its
+        task's ``stall_timeout``: call this more often than that, and stall detection does
+        not reclaim it. The same as :func:`bellis.heartbeat`; it costs an integer
+        increment, and nothing reads it without ``stall_timeout`` or in serial mode.
+        """
+        global _beats
+        _beats += 1
 
     @property
     def read_roi(self) -> Roi:

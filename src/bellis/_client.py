@@ -22,11 +22,13 @@ from ._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
+    EXIT_BLOCK_STALLED,
     EXIT_BLOCK_TIMEOUT,
     HELLO,
     REJECT,
     SEND,
     SHUTDOWN,
+    STALLED,
     STATS_ROW,
     TIMED_OUT,
     WELCOME,
@@ -171,18 +173,21 @@ class Context:
 
 
 class _Watchdog:
-    """Kills this process when a block overruns its deadline, even inside C code.
+    """Kills this process when a block overruns its deadline, even inside C code, or,
+    with ``stall`` seconds set (``Task(stall_timeout=...)``), when a block stalls.
 
-    Arming costs one float store; a daemon thread polls the deadline.
+    Arming costs one float store; a daemon thread polls the deadline and, with ``stall``,
+    samples the process (:mod:`bellis._stall`) while a block runs.
     """
 
     def __init__(self, worker_id: int) -> None:
         self.deadline = 0.0
         self.task_id = ""
         self.timeout = 0.0
+        self.stall = 0.0  # stall_timeout in seconds, 0.0: off (set before the first arm)
         self.worker_id = worker_id
         self.k = -1
-        self.notify: Any = None  # notify(k, text): tell the server before dying
+        self.notify: Any = None  # notify(k, text, status): tell the server before dying
         self._thread: threading.Thread | None = None
 
     def arm(self, timeout: float, k: int) -> None:
@@ -198,19 +203,49 @@ class _Watchdog:
 
     def _run(self) -> None:
         period = min(0.5, max(0.01, self.timeout / 20))
+        monitor = None
+        if self.stall > 0:
+            from ._stall import ProcessSampler, StallMonitor
+
+            sampler = ProcessSampler()
+            monitor = StallMonitor(self.stall, sampler.cheap, sampler.live_children)
+            period = min(period, max(0.01, self.stall / 10))
+        watched = 0.0  # the deadline of the block the monitor watches: a new one restarts it
         while True:
             time.sleep(period)
             d = self.deadline
-            if d and time.monotonic() > d:
-                text = (
-                    f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} still "
-                    f"running after timeout={self.timeout:g}s; killing worker process"
+            if not d:
+                continue
+            now = time.monotonic()
+            if now > d:
+                self._die(
+                    f"still running after timeout={self.timeout:g}s",
+                    TIMED_OUT,
+                    EXIT_BLOCK_TIMEOUT,
                 )
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
-                if self.notify is not None:
-                    self.notify(self.k, text)
-                os._exit(EXIT_BLOCK_TIMEOUT)
+            if monitor is None:
+                continue
+            if d != watched:
+                watched = d
+                monitor.begin(now)
+            elif monitor.check(now) and self.deadline == d:
+                self._die(
+                    f"stalled: no CPU, IO or heartbeat for {monitor.idle_seconds(now):.1f}s "
+                    f"(stall_timeout={self.stall:g}s)",
+                    STALLED,
+                    EXIT_BLOCK_STALLED,
+                )
+
+    def _die(self, why: str, status: int, code: int) -> None:
+        text = (
+            f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} {why}; "
+            "killing worker process"
+        )
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        if self.notify is not None:
+            self.notify(self.k, text, status)
+        os._exit(code)
 
 
 def _render_traceback() -> tuple[str, str]:
@@ -401,6 +436,8 @@ class Client:
             raise ProtocolError(f"unexpected reply to hello: opcode {reply[0]}")
         self.timeout_secs = float(reply[1])
         self.resource_tracking = bool(reply[2])
+        # a task with stall_timeout sends it as a fifth field
+        self._watchdog.stall = float(reply[4]) if len(reply) > 4 else 0.0
         from ._graph import TaskGeometry
 
         g = reply[3]
@@ -606,14 +643,15 @@ class Client:
         self._queue.clear()
         return encode(self._message(BYE, tuple(groups)))
 
-    def _timeout_notice(self, k: int, text: str) -> None:
-        """Called by the watchdog thread just before it kills this process."""
+    def _timeout_notice(self, k: int, text: str, status: int = TIMED_OUT) -> None:
+        """Called by the watchdog thread just before it kills this process: block ``k``
+        ends with ``status`` (timed out or stalled)."""
         sock = self._sock
         if sock is None:
             return
         with contextlib.suppress(OSError):
             sock.settimeout(1.0)
-            sock.sendall(self._final_frame((k, TIMED_OUT, -1, text)))
+            sock.sendall(self._final_frame((k, status, -1, text)))
 
     def _bye(self) -> None:
         sock = self._sock

@@ -59,6 +59,7 @@ from ._protocol import (
     REJECT,
     SEND,
     SHUTDOWN,
+    STALLED,
     STATS_ROW,
     TIMED_OUT,
     WorkerExit,
@@ -390,8 +391,8 @@ class Dispatcher:
                     suspects.discard(k)
                 if status == _CREATED:
                     self.s.requeue_index(run, k)
-                elif status == TIMED_OUT:
-                    self._time_out_block(peer, run, k, t, t + step, now)
+                elif status == TIMED_OUT or status == STALLED:
+                    self._time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
                     t += step
                 else:
                     self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
@@ -599,26 +600,44 @@ class Dispatcher:
                 self._reclaim(peer, now)
 
     def _time_out_block(
-        self, peer: Peer, run: TaskRun, k: int, sent: float, returned: float, now: float
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        sent: float,
+        returned: float,
+        now: float,
+        *,
+        stalled: bool = False,
     ) -> None:
-        """Account one block as timed out (reclaimed) and release it to the retry path."""
-        run.timeout_reclaims += 1
+        """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
+        the retry path."""
         sid = run.geom.spatial_id_of(k)
-        logger.warning(
-            "block lost block_id=%s/%d timed_out=true (timeout=%gs)",
-            run.task_id,
-            sid,
-            run.task.timeout_secs,
-        )
-        text = f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+        if stalled:
+            run.stall_reclaims += 1
+            stall = run.task.stall_timeout_secs or 0.0
+            kind, limit = "stalled", f"stall_timeout={stall:g}s"
+            text = (
+                f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
+                f"stall_timeout ({stall:g}s)"
+            )
+        else:
+            run.timeout_reclaims += 1
+            kind, limit = "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            text = (
+                f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+            )
+        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
         self._record_error(peer, run, k, text)
         self._release(peer, run, k, False, False, sent, returned, now)
-        self._stop_timed_out_worker(peer.worker, text, now)
+        self._stop_timed_out_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
 
-    def _stop_timed_out_worker(self, worker: ManagedWorker | None, text: str, now: float) -> None:
+    def _stop_timed_out_worker(
+        self, worker: ManagedWorker | None, text: str, now: float, kind: str = "timeout"
+    ) -> None:
         if worker is not None and worker.exit is None:
-            worker.exit = WorkerExit("timeout", None, text)
-            worker.timeline.exited(now, "timeout")
+            worker.exit = WorkerExit(kind, None, text)
+            worker.timeline.exited(now, kind)
             self._retire(worker)
             self.out.append((KILL, worker))
 

@@ -51,6 +51,7 @@ HOMES: dict[str, tuple[str, str]] = {
     "get_done_marker_basedir": ("bellis._task", "get_done_marker_basedir"),
     "get_tracking_basedir": ("bellis._task", "get_tracking_basedir"),
     "get_worker_log_basename": ("bellis.logging", "get_worker_log_basename"),
+    "heartbeat": ("bellis._block", "heartbeat"),
     "profile_block": ("bellis._profiling", "profile_block"),
     "run_blockwise": ("bellis._runner", "run_blockwise"),
     "set_done_marker_basedir": ("bellis._task", "set_done_marker_basedir"),

@@ -16,7 +16,8 @@ opcode      direction  fields
 CHALLENGE   s -> c     nonce (bytes)
 HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_seconds,
                        [worker_mac]   (the nonce signed with the worker's own token)
-WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict)
+WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict),
+                       [stall_timeout_seconds]   (only for a task with ``stall_timeout``)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
@@ -31,12 +32,14 @@ when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so 
 batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block.
 
-Besides the frames, both peers agree on a block status the wire alone carries
-(:data:`TIMED_OUT`: the worker's watchdog preempted the block) and on the exit code a
-worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`); a launcher turns
-exit codes into :class:`WorkerExit`. :func:`parse_hello` and :func:`parse_returns` read a
-client's HELLO and the blocks an ACQUIRE or BYE returns; the returns stay plain tuples,
-one per block, because the server reads them on its hot path.
+Besides the frames, both peers agree on the block statuses the wire alone carries
+(:data:`TIMED_OUT`: the worker's watchdog preempted the block; :data:`STALLED`: it showed
+no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._stall``) and on the exit codes
+a worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`,
+:data:`EXIT_BLOCK_STALLED`); a launcher turns exit codes into :class:`WorkerExit`.
+:func:`parse_hello` and :func:`parse_returns` read a client's HELLO and the blocks an
+ACQUIRE or BYE returns; the returns stay plain tuples, one per block, because the server
+reads them on its hot path.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ __all__ = [
     "ACQUIRE",
     "BYE",
     "CHALLENGE",
+    "EXIT_BLOCK_STALLED",
     "EXIT_BLOCK_TIMEOUT",
     "HANDSHAKE_FRAME_BYTES",
     "HELLO",
@@ -67,6 +71,7 @@ __all__ = [
     "REJECT",
     "SEND",
     "SHUTDOWN",
+    "STALLED",
     "STATS_ROW",
     "TIMED_OUT",
     "WELCOME",
@@ -103,8 +108,12 @@ STATS_ROW = struct.Struct(STATS_FORMAT)
 #: a returned block's status that only the wire carries: the worker's watchdog preempted it
 #: (the others are ``BlockStatus`` values)
 TIMED_OUT: Final = 4
+#: the wire-only status of a block the worker's watchdog found stalled
+STALLED: Final = 5
 #: the exit code of a worker process whose watchdog preempted a block
 EXIT_BLOCK_TIMEOUT: Final = 87
+#: the exit code of a worker process whose watchdog found its block stalled
+EXIT_BLOCK_STALLED: Final = 88
 _CREATED: Final = int(BlockStatus.CREATED)  # returned unstarted
 
 _HEADER = struct.Struct(">IB")
@@ -287,7 +296,8 @@ def parse_returns(
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``error`` or ``interrupted``."""
+    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``stalled``, ``error`` or
+    ``interrupted``."""
 
     kind: str
     code: int | None

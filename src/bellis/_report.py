@@ -91,6 +91,7 @@ def counters_from_state(state: Any) -> dict[str, int]:
         "worker_restarts": int(state.worker_restart_count),
         "worker_starts": int(state.worker_start_count),
         "timeout_reclaims": int(state.timeout_reclaim_count),
+        "stall_reclaims": int(getattr(state, "stall_reclaim_count", 0)),
     }
 
 

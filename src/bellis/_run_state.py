@@ -141,7 +141,10 @@ class TaskPlan:
             "fit": g.fit,
             "conflict": g.read_write_conflict,
         }
-        self.welcome = encode([WELCOME, task.timeout_secs, task.resource_tracking, self.geometry])
+        welcome = [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
+        if task.stall_timeout_secs is not None:
+            welcome.append(task.stall_timeout_secs)  # absent: stall detection off
+        self.welcome = encode(welcome)
 
     def take_slot(self) -> tuple[int, str | None]:
         """The lowest free log slot, and why its last worker of this run left (None: it
@@ -167,6 +170,8 @@ def replacing(worker_id: int, ex: WorkerExit) -> str:
 def _how_it_ended(ex: WorkerExit) -> str:
     if ex.kind == "timeout":
         return "whose block exceeded the block timeout"
+    if ex.kind == "stalled":
+        return "whose block stalled"
     if ex.kind == "interrupted":
         return "which was interrupted"
     first = ex.message.splitlines()[0] if ex.message else ""

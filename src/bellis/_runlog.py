@@ -33,7 +33,7 @@ SCHEMA_VERSION: Final = 2
 READABLE_SCHEMAS: Final = (1, 2)
 OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
 MODES: Final = ("distributed", "serial")
-EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
+EXIT_KINDS: Final = ("clean", "timeout", "stalled", "error", "interrupted")
 COUNTER_KEYS: Final = (
     "total",
     "completed",
@@ -44,7 +44,10 @@ COUNTER_KEYS: Final = (
     "worker_restarts",
     "worker_starts",
     "timeout_reclaims",
+    "stall_reclaims",
 )
+#: counters added after schema 1's first lines: absent from older lines
+_NEWER_COUNTERS: Final = ("stall_reclaims",)
 BLOCK_STAT_KEYS: Final = (
     "round_trip",
     "wall",
@@ -211,7 +214,8 @@ def validate_run_line(d: Any) -> list[str]:
             out.append(f"{key}: must be an object")
     counters, blocks, workers = (v if isinstance(v, dict) else None for v in sections.values())
     if counters is not None:
-        _check(counters, "counters.", dict.fromkeys(COUNTER_KEYS, "count"), out)
+        spec = dict.fromkeys(COUNTER_KEYS, "count") | dict.fromkeys(_NEWER_COUNTERS, "count?")
+        _check(counters, "counters.", spec, out)
     if blocks is not None:
         spec = {"count": "count", "skipped": "count", "failed_attempts": "count"}
         spec |= dict.fromkeys(BLOCK_STAT_KEYS, "stat?")

@@ -248,6 +248,11 @@ def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[
                 f"({s.timeout_secs:g}s{default}; pass Task(timeout=...) to raise it for slow "
                 "blocks)."
             )
+        if s.stall_reclaim_count:
+            text += (
+                f" {s.stall_reclaim_count} block attempt(s) stalled (no CPU, IO or heartbeat "
+                f"for stall_timeout={s.stall_timeout_secs or 0.0:g}s)."
+            )
         err = s.last_worker_error
         if not err:
             text += " No worker error was captured."

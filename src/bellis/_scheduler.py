@@ -133,6 +133,7 @@ class TaskRun:
         self.first_worker_error: str | None = None
         self.last_worker_error: str | None = None
         self.timeout_reclaims = 0
+        self.stall_reclaims = 0
         # tracking
         self.store: Any = None
         self.cell_identity = True
@@ -182,6 +183,8 @@ class TaskRun:
             skipped_mask_count=self.skipped_mask,
             skipped_check_count=self.skipped_check,
             failed_attempt_count=self.failed_attempts,
+            stall_reclaim_count=self.stall_reclaims,
+            stall_timeout_secs=self.task.stall_timeout_secs,
         )
 
     # -- tracking cells ----------------------------------------------------------------

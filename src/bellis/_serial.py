@@ -98,7 +98,19 @@ def run_blocks_serially(
 ) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
     block function propagates at once, with its own type. ``on_block()``, when given, is
-    called after each block (a SerialServer's attached observers, see run_observed)."""
+    called after each block (a SerialServer's attached observers, see run_observed).
+
+    ``Task(timeout=...)`` and ``Task(stall_timeout=...)`` are not enforced here: a block
+    runs in the caller's own thread, and there is no worker process to replace."""
+    for run in scheduler.runs:
+        if run.task.stall_timeout_secs is not None:
+            logger.warning(
+                "task '%s': stall_timeout=%gs is ignored in serial mode "
+                "(multiprocessing=False): blocks run in this process, and there is no worker "
+                "to replace; block.heartbeat() does nothing here",
+                run.task_id,
+                run.task.stall_timeout_secs,
+            )
     progressed = True
     while progressed:
         progressed = False

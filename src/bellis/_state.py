@@ -42,6 +42,8 @@ class TaskState:
     skipped_mask_count: int = 0
     skipped_check_count: int = 0
     failed_attempt_count: int = 0
+    stall_reclaim_count: int = 0
+    stall_timeout_secs: float | None = None
 
     @property
     def pending_count(self) -> int:

@@ -218,6 +218,9 @@ def format_summary(
         timeout = _timeout_line(task_id, states[task_id])
         if timeout:
             lines += ["", timeout]
+        stall = _stall_line(task_id, states[task_id])
+        if stall:
+            lines += ["", stall]
 
     troubled = [task_id for task_id in ordered if _has_trouble(states[task_id])]
     if troubled and log_dir is not None:
@@ -347,6 +350,16 @@ def _timeout_line(task_id: str, state: TaskState) -> str | None:
         f"{_INDENT}{state.timeout_reclaim_count} block attempt(s) in task '{task_id}' exceeded "
         f"the block timeout ({state.timeout_secs:g}s{default}; pass Task(timeout=...) to raise "
         "it for slow blocks)"
+    )
+
+
+def _stall_line(task_id: str, state: TaskState) -> str | None:
+    if state.stall_reclaim_count <= 0:
+        return None
+    return (
+        f"{_INDENT}{state.stall_reclaim_count} block attempt(s) in task '{task_id}' stalled: "
+        f"no CPU, IO or heartbeat for {state.stall_timeout_secs or 0.0:g}s (stall_timeout; "
+        "a block that waits legitimately calls block.heartbeat())"
     )
 
 

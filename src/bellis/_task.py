@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -93,6 +94,11 @@ class Task:
     template, relative to each other. ``process_function`` with one positional parameter
     is a *block function* ``f(block)``; with none it is a *worker function* that runs
     its own ``Client().acquire_block()`` loop.
+
+    ``stall_timeout`` (seconds or a ``timedelta``; None, the default, turns it off): in a
+    distributed run, a block that shows no CPU, IO or heartbeat (``block.heartbeat()``) for
+    that long is reclaimed as *stalled*, its worker replaced and the block retried (see
+    ``docs/failures.md``). Serial mode ignores it, with a warning.
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class Task:
         *,
         tracking_path: Any = _UNSET,
         launcher: Any = None,
+        stall_timeout: float | timedelta | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -155,6 +162,7 @@ class Task:
             "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
         )
         self._timeout_seconds = _parse_timeout(timeout)
+        self._stall_timeout_seconds = _parse_stall_timeout(stall_timeout)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -235,6 +243,11 @@ class Task:
     @property
     def timeout_secs(self) -> float:
         return self._timeout_seconds
+
+    @property
+    def stall_timeout_secs(self) -> float | None:
+        """``stall_timeout`` in seconds, or None when stall detection is off."""
+        return self._stall_timeout_seconds
 
     @property
     def requires(self) -> dict[str, int]:
@@ -420,6 +433,29 @@ def _parse_timeout(timeout: Any) -> float:
             "block timeout must be positive; blocks are expected to be fast — raise the "
             "timeout instead of disabling it",
             parameter="timeout",
+        )
+    return seconds
+
+
+def _parse_stall_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"stall_timeout={value!r} is not a duration: pass seconds (a positive number), "
+            "a timedelta, or None to turn stall detection off",
+            parameter="stall_timeout",
+        )
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ConfigurationError(
+            f"stall_timeout={value!r} must be a positive, finite number of seconds (how long "
+            "a block may go without CPU, IO or heartbeat before its worker is replaced); "
+            "pass None to turn stall detection off",
+            parameter="stall_timeout",
         )
     return seconds
 

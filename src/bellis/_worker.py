@@ -8,7 +8,7 @@ function from a module that only the driver's path can find loads by reference. 
 shipped by value get their source files back (``_code_origin``). Nothing here relies on
 fork or on inherited globals, so it works with any start method and on any node.
 
-Exit codes: 0 clean, 87 block timeout (watchdog), 1 an exception escaped.
+Exit codes: 0 clean, 87 block timeout, 88 block stalled (watchdog), 1 an exception escaped.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ EXPECTED_ALL = {
     "get_done_marker_basedir",
     "get_tracking_basedir",
     "get_worker_log_basename",
+    "heartbeat",
     "logging",
     "profile_block",
     "run_blockwise",

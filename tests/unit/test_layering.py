@@ -42,6 +42,7 @@ RANK = {
     "_html_report": 3,
     "_report_load": 3,
     "_task": 3,
+    "_stall": 3,
     "_trace": 3,
     "_scheduler": 4,
     "_serial": 5,

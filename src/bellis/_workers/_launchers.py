@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._protocol import EXIT_BLOCK_TIMEOUT, WorkerExit
+from .._protocol import EXIT_BLOCK_STALLED, EXIT_BLOCK_TIMEOUT, WorkerExit
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
 from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
@@ -126,6 +126,12 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
             "max_retries)"
         )
         kind = "timeout"
+    elif code == EXIT_BLOCK_STALLED:
+        msg = (
+            "bellis worker subprocess killed after a block stalled: no CPU, IO or heartbeat "
+            "for stall_timeout (the server retries the block under max_retries)"
+        )
+        kind = "stalled"
     elif code < 0:
         try:
             name = signal.Signals(-code).name
