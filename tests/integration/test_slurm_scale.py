@@ -1,0 +1,148 @@
+"""Many SLURM workers, and workers that leave before their job's time limit, on the
+single-node CI cluster (``.ci/slurm_setup.sh``; its ``oversub`` partition lets one CPU
+hold many jobs). The SLURM commands on PATH are wrapped to count their calls."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import done_count, done_ids, make_task, read_records, sleep_block
+
+import bellis
+from bellis._workers._slurm import SlurmLauncher
+
+
+def _slurm_available() -> str | None:
+    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH"
+    try:
+        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed: {exc}"
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"sinfo failed: {out.stderr.strip()}"
+    return None
+
+
+_REASON = _slurm_available()
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),
+]
+
+_COMMANDS = ("sbatch", "squeue", "scontrol", "scancel")
+
+
+def _prefix(tmp_path: Path) -> str:
+    return "bs" + str(abs(hash(str(tmp_path))) % 10**8)
+
+
+def _jobs_named(prefix: str, states: str = "all") -> list[tuple[str, str, str]]:
+    """(job id, state, name) of every job whose name starts with ``prefix``."""
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-t", states, "-o", "%i|%T|%j"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    rows = [line.split("|", 2) for line in out.stdout.splitlines() if line.count("|") >= 2]
+    return [(r[0], r[1], r[2]) for r in rows if r[2].startswith(prefix)]
+
+
+def _active_jobs(prefix: str) -> list[tuple[str, str, str]]:
+    return _jobs_named(prefix, "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED")
+
+
+def _count_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put counting wrappers of the SLURM commands first on PATH: each call appends one
+    line, ``<command> <args>``, to the returned file, then runs the real command."""
+    log = tmp_path / "slurm-calls"
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    for name in _COMMANDS:
+        real = shutil.which(name)
+        assert real is not None
+        (shim / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexec {real} "$@"\n')
+        (shim / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def _calls(log: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {name: [] for name in _COMMANDS}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        name, _, args = line.partition(" ")
+        out[name].append(args)
+    return out
+
+
+def _squeue_ids(args: str) -> list[str]:
+    words = args.split()
+    return words[words.index("-j") + 1].split(",") if "-j" in words else []
+
+
+def _oversub_partition() -> str | None:
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", "oversub", "-o", "%P"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return "oversub" if out.stdout.strip() else None
+
+
+N_WORKERS = 200
+N_BLOCKS = 2000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = _oversub_partition()
+    if partition is None:
+        pytest.skip("no 'oversub' partition (see .ci/slurm_setup.sh): 200 jobs need one")
+    log = _count_calls(tmp_path, monkeypatch)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    launcher = SlurmLauncher(
+        job_name_prefix=prefix, partition=partition, mem="100M", poll_interval=1.0
+    )
+    task = make_task(
+        "many", N_BLOCKS, functools.partial(sleep_block, str(rec), 0.01), max_workers=N_WORKERS
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    state = states["many"]
+    records = read_records(rec)
+    assert (state.completed_count, state.failed_count, state.orphaned_count) == (N_BLOCKS, 0, 0)
+    assert done_ids(records, "many") == list(range(N_BLOCKS))
+    assert all(done_count(records, "many", sid) == 1 for sid in range(N_BLOCKS))
+    calls = _calls(log)
+    # the 200 workers went as one array job; any further sbatch replaced a worker that failed
+    arrays = [a for a in calls["sbatch"] if "--array=" in a]
+    assert len(arrays) == 1 and f"--array=0-{N_WORKERS - 1} " in arrays[0], calls["sbatch"]
+    assert len(calls["sbatch"]) <= 1 + state.worker_failure_count
+    assert state.worker_start_count == N_WORKERS + len(calls["sbatch"]) - 1
+    # one squeue call per poll for all jobs (the array by its id), never one per job ...
+    assert 0 < len(calls["squeue"]) < N_WORKERS
+    assert all(len(_squeue_ids(a)) <= len(calls["sbatch"]) for a in calls["squeue"]), calls
+    # ... and their exit codes come with it: scontrol only read the array size limit
+    assert [a for a in calls["scontrol"] if a != "show config"] == []
+    report = task.report()
+    assert sum(report.workers.exits.values()) == state.worker_start_count
+    assert _active_jobs(prefix) == []
+    # the blocks went round: many workers, in many jobs, did some
+    pids = {a.pid for rows in records.values() for a in rows if a.kind == "done"}
+    assert len(pids) > 10
