@@ -322,7 +322,12 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     ]
     kinds = sorted({k for _, k in exits})
     tasks = [s.task_id for s in stores if s.last_report is not None]
-    exit_colours = {"clean": "#4c78a8", "timeout": "#ff7f0e", "error": "#d62728"}
+    exit_colours = {
+        "clean": "#4c78a8",
+        "walltime": "#72b7b2",
+        "timeout": "#ff7f0e",
+        "error": "#d62728",
+    }
     for kind in kinds:
         data.append(
             {

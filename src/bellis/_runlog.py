@@ -30,7 +30,7 @@ __all__ = [
 SCHEMA_VERSION: Final = 1
 OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
 MODES: Final = ("distributed", "serial")
-EXIT_KINDS: Final = ("clean", "timeout", "error", "interrupted")
+EXIT_KINDS: Final = ("clean", "walltime", "timeout", "error", "interrupted")
 COUNTER_KEYS: Final = (
     "total",
     "completed",

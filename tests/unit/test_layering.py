@@ -20,6 +20,7 @@ RANK = {
     "_streams": 0,
     "_version": 0,
     "_code_origin": 0,
+    "_walltime": 0,
     "logging": 0,
     "_block": 1,
     "_graph": 2,

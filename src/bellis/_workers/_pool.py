@@ -257,7 +257,8 @@ class WorkerPool:
             w.timeline.exited(now, ex.kind)
             self._retire(w)
             run = w.run
-            if ex.kind == "clean" and w.earned:
+            if ex.kind in ("clean", "walltime") and w.earned:
+                # (walltime: it left before its cluster job's time limit, blocks remaining)
                 plan.free_starts += 1
             elif ex.kind == "clean" and w.ever_connected:
                 logger.warning(
@@ -277,7 +278,7 @@ class WorkerPool:
                     self.host,
                     self.port,
                 )
-            if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
+            if ex.kind not in ("clean", "walltime", "interrupted") and run.status == RUNNING:
                 run.worker_failures += 1
                 if run.first_worker_error is None:
                     run.first_worker_error = ex.message
