@@ -146,3 +146,49 @@ def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
     # the blocks went round: many workers, in many jobs, did some
     pids = {a.pid for rows in records.values() for a in rows if a.kind == "done"}
     assert len(pids) > 10
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_workers_leave_before_their_job_time_limit_and_are_replaced(tmp_path: Path) -> None:
+    from bellis._walltime import LEAVING_MARKER
+
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = _prefix(tmp_path)
+    # a one-minute limit and 2 s blocks: 64 blocks on 2 workers outlast one job each
+    launcher = SlurmLauncher(
+        job_name_prefix=prefix, time_limit=1, walltime_margin=15, poll_interval=1.0
+    )
+    # no restarts at all: leaving for the time limit must not spend any
+    task = make_task(
+        "wt",
+        64,
+        functools.partial(sleep_block, str(rec), 2.0),
+        max_workers=2,
+        max_worker_restarts=0,
+        max_retries=0,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    state = states["wt"]
+    assert (state.completed_count, state.failed_count, state.orphaned_count) == (64, 0, 0)
+    assert state.worker_failure_count == 0 and state.worker_restart_count == 0
+    records = read_records(rec)
+    assert done_ids(records, "wt") == list(range(64))
+    # no block was cut off: each ran once, to its end
+    assert all(len(records[("wt", sid)]) == 2 for sid in range(64))
+    jobs = _jobs_named(prefix)
+    # no job reached its limit; the first two left before it and were replaced
+    assert {s for _, s, _ in jobs} == {"COMPLETED"}, jobs
+    assert len(jobs) == state.worker_start_count >= 3
+    exits = task.report().workers.exits
+    assert exits.get("walltime", 0) >= 2 and sum(exits.values()) == len(jobs), exits
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "wt").glob("worker_*.err"))
+    assert logs.count(LEAVING_MARKER) == exits["walltime"]
+    assert "replacing worker 0, which left before its job time limit" in logs
+    # every job script says when its job started, for its worker to know when it ends
+    script = (tmp_path / "logs" / "wt" / "worker_0.sbatch").read_text()
+    assert "BELLIS_JOB_STARTED=$(date +%s)" in script and "BELLIS_JOB_TIME_LIMIT=60 " in script
+    assert _active_jobs(prefix) == []
