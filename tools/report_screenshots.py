@@ -4,19 +4,23 @@
 
 Runs ``bellis demo`` (two tasks on a 96^3 volume), which writes ``report.html``, then
 shows each section of that page alone in headless Chromium (``chromium`` on the PATH)
-and saves a PNG of it.
+and saves a PNG of it. Chromium is started as the report tests start it
+(``tests/integration/browser.py``: one set of flags).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+import browser  # noqa: E402  (tests/integration/browser.py: how Chromium is started)
+
 SECTIONS = {
     "advice": "900,330",
     "timeline": "900,420",
@@ -26,17 +30,6 @@ SECTIONS = {
     "workers": "900,500",
     "history": "900,520",
 }
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
 
 
 _SHOW_WALL = """<script>
@@ -49,19 +42,13 @@ var iv = setInterval(function () {
 </script>"""
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return name
-    raise SystemExit("tools/report_screenshots.py needs chromium on the PATH")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", help="where the demo runs (default: a temporary folder)")
     p.add_argument("--out", default=str(ROOT / "docs" / "img"), help="where the PNGs go")
     args = p.parse_args()
-    exe = _chromium()
+    if browser.chromium() is None:
+        raise SystemExit("tools/report_screenshots.py needs chromium on the PATH")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bellis-shots-")).resolve()
     subprocess.run(
         [sys.executable, "-m", "bellis", "demo", "--workdir", str(work), "--fresh"], check=True
@@ -81,20 +68,8 @@ def main() -> int:
         one = work / f"only-{section}.html"
         one.write_text(text, encoding="utf-8")
         png = out / f"report-{section}.png"
-        with tempfile.TemporaryDirectory() as profile:
-            subprocess.run(
-                [
-                    exe,
-                    *FLAGS,
-                    f"--user-data-dir={profile}",
-                    f"--window-size={size}",
-                    "--virtual-time-budget=20000",
-                    f"--screenshot={png}",
-                    one.as_uri(),
-                ],
-                check=True,
-                capture_output=True,
-            )
+        png.unlink(missing_ok=True)  # browser.screenshot checks that a new one was written
+        browser.screenshot(one, png, size=size, wait_ms=20_000)
         print(f"wrote {png}")
     return 0
 

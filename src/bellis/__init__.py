@@ -10,159 +10,68 @@ zarr.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "BellisError",
-    "Block",
-    "BlockRecord",
-    "BlockStats",
-    "BlockStatus",
-    "BlockwiseDependencyGraph",
-    "Client",
-    "ConfigurationError",
-    "Context",
-    "Coordinate",
-    "DaskLauncher",
-    "DependencyGraph",
-    "JsonProgressObserver",
-    "LayoutMismatch",
-    "LocalLauncher",
-    "Pipeline",
-    "Roi",
-    "RunReport",
-    "Scheduler",
-    "SerialServer",
-    "Server",
-    "SlurmLauncher",
-    "Stat",
-    "Task",
-    "TaskAbandonedError",
-    "TaskReport",
-    "TaskState",
-    "TrackingError",
-    "WorkerLauncher",
-    "WorkerRecord",
-    "__version__",
-    "get_done_marker_basedir",
-    "get_tracking_basedir",
-    "get_worker_log_basename",
-    "logging",
-    "profile_block",
-    "run_blockwise",
-    "set_done_marker_basedir",
-    "set_tracking_basedir",
-    "skip_mask_from_rois",
-    "skip_mask_from_volume",
-    "write_report",
-    "write_trace",
-]
+from ._names import HOMES, PUBLIC_NAMES, import_numpy, load_public_name
 
+if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against HOMES
+    from funlib.geometry import Coordinate as Coordinate, Roi as Roi
+
+    from . import logging as logging
+    from ._block import Block as Block, BlockStats as BlockStats, BlockStatus as BlockStatus
+    from ._client import Client as Client, Context as Context
+    from ._graph import BlockwiseDependencyGraph as BlockwiseDependencyGraph
+    from ._html_report import write_report as write_report
+    from ._profiling import profile_block as profile_block
+    from ._progress import JsonProgressObserver as JsonProgressObserver
+    from ._report import (
+        BlockRecord as BlockRecord,
+        RunReport as RunReport,
+        Stat as Stat,
+        TaskReport as TaskReport,
+        WorkerRecord as WorkerRecord,
+    )
+    from ._runner import (
+        SerialServer as SerialServer,
+        Server as Server,
+        run_blockwise as run_blockwise,
+    )
+    from ._skipmask import (
+        skip_mask_from_rois as skip_mask_from_rois,
+        skip_mask_from_volume as skip_mask_from_volume,
+    )
+    from ._state import TaskState as TaskState
+    from ._task import (
+        Pipeline as Pipeline,
+        get_done_marker_basedir as get_done_marker_basedir,
+        get_tracking_basedir as get_tracking_basedir,
+        set_done_marker_basedir as set_done_marker_basedir,
+        set_tracking_basedir as set_tracking_basedir,
+    )
+    from ._trace import write_trace as write_trace
+    from ._version import __version__ as __version__
+    from ._workers._dask import DaskLauncher as DaskLauncher
+    from ._workers._launchers import (
+        LocalLauncher as LocalLauncher,
+        WorkerLauncher as WorkerLauncher,
+    )
+    from ._workers._slurm import SlurmLauncher as SlurmLauncher
+    from .errors import (
+        BellisError as BellisError,
+        ConfigurationError as ConfigurationError,
+        LayoutMismatch as LayoutMismatch,
+        TaskAbandonedError as TaskAbandonedError,
+        TrackingError as TrackingError,
+    )
+    from .logging import get_worker_log_basename as get_worker_log_basename
+    from .v1_compat import Scheduler as Scheduler, Task as Task
+
+    DependencyGraph = BlockwiseDependencyGraph
 
 _SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
 _NEED_NUMPY = ("v1_compat",)
 
-# Where each public name is defined, loaded on first use. Only ``Task`` and ``Scheduler``
-# are v1_compat's own (they accept the 1.x forms); everything else comes from its home
-# module, so a worker function that touches ``bellis.Client`` loads the client and no more.
-_HOMES: dict[str, tuple[str, str]] = {
-    "BellisError": ("bellis.errors", "BellisError"),
-    "Block": ("bellis._block", "Block"),
-    "BlockRecord": ("bellis._report", "BlockRecord"),
-    "BlockStats": ("bellis._block", "BlockStats"),
-    "BlockStatus": ("bellis._block", "BlockStatus"),
-    "BlockwiseDependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
-    "Client": ("bellis._client", "Client"),
-    "ConfigurationError": ("bellis.errors", "ConfigurationError"),
-    "Context": ("bellis._client", "Context"),
-    "Coordinate": ("funlib.geometry", "Coordinate"),
-    "DaskLauncher": ("bellis._workers._dask", "DaskLauncher"),
-    "DependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
-    "JsonProgressObserver": ("bellis._progress", "JsonProgressObserver"),
-    "LayoutMismatch": ("bellis.errors", "LayoutMismatch"),
-    "LocalLauncher": ("bellis._workers._launchers", "LocalLauncher"),
-    "Pipeline": ("bellis._task", "Pipeline"),
-    "Roi": ("funlib.geometry", "Roi"),
-    "RunReport": ("bellis._report", "RunReport"),
-    "Scheduler": ("bellis.v1_compat", "Scheduler"),
-    "SerialServer": ("bellis._runner", "SerialServer"),
-    "Server": ("bellis._runner", "Server"),
-    "SlurmLauncher": ("bellis._workers._slurm", "SlurmLauncher"),
-    "Stat": ("bellis._report", "Stat"),
-    "Task": ("bellis.v1_compat", "Task"),
-    "TaskAbandonedError": ("bellis.errors", "TaskAbandonedError"),
-    "TaskReport": ("bellis._report", "TaskReport"),
-    "TaskState": ("bellis._state", "TaskState"),
-    "TrackingError": ("bellis.errors", "TrackingError"),
-    "WorkerLauncher": ("bellis._workers._launchers", "WorkerLauncher"),
-    "WorkerRecord": ("bellis._report", "WorkerRecord"),
-    "__version__": ("bellis._version", "__version__"),
-    "get_done_marker_basedir": ("bellis._task", "get_done_marker_basedir"),
-    "get_tracking_basedir": ("bellis._task", "get_tracking_basedir"),
-    "get_worker_log_basename": ("bellis.logging", "get_worker_log_basename"),
-    "profile_block": ("bellis._profiling", "profile_block"),
-    "run_blockwise": ("bellis._runner", "run_blockwise"),
-    "set_done_marker_basedir": ("bellis._task", "set_done_marker_basedir"),
-    "set_tracking_basedir": ("bellis._task", "set_tracking_basedir"),
-    "skip_mask_from_rois": ("bellis._skipmask", "skip_mask_from_rois"),
-    "skip_mask_from_volume": ("bellis._skipmask", "skip_mask_from_volume"),
-    "write_trace": ("bellis._trace", "write_trace"),
-    "write_report": ("bellis._html_report", "write_report"),
-}
-# the homes that neither import numpy nor compute with it: the names a worker uses
-_LIGHT_HOMES = frozenset(
-    {
-        "bellis.errors",
-        "bellis._block",
-        "bellis._client",
-        "bellis._state",
-        "bellis._version",
-        "bellis._profiling",
-        "bellis._progress",
-        "bellis.logging",
-        "bellis._workers._launchers",
-        "bellis._workers._slurm",
-        "bellis._workers._dask",
-        "funlib.geometry",
-    }
-)
-
-# OpenBLAS (numpy's BLAS) starts a helper thread per core when numpy is imported, and
-# each spins for about 2**28 CPU cycles (~0.1 s of a core) after start-up and after
-# every BLAS call before it sleeps. In a driver whose workers start at the same moment,
-# on a small machine, that spin takes a core from them (measured on a 2-core VM: 62 ms
-# of CPU right after `import numpy`; a 2-worker run started 25 ms later). When bellis is
-# the first to import numpy and the user has not chosen a value, it loads numpy with the
-# spin bounded to 2**20 cycles (well under a millisecond), and restores the environment
-# at once, so the setting stays with this process's OpenBLAS and reaches no child.
-_BLAS_SPIN_VARIABLE = "OPENBLAS_THREAD_TIMEOUT"
-_BLAS_SPIN_LOG2_CYCLES = "20"
-
-
-def _import_numpy() -> None:
-    if "numpy" in sys.modules or _BLAS_SPIN_VARIABLE in os.environ:
-        return
-    os.environ[_BLAS_SPIN_VARIABLE] = _BLAS_SPIN_LOG2_CYCLES
-    try:
-        importlib.import_module("numpy")
-    finally:
-        os.environ.pop(_BLAS_SPIN_VARIABLE, None)
-
-
-def _load_public_name(
-    name: str, homes: Mapping[str, tuple[str, str]], namespace: dict[str, Any]
-) -> Any:
-    """Import ``name`` from its home module (numpy first, bounded, where that needs it) and
-    keep it in ``namespace``, the globals of the public module asking for it."""
-    module_name, attribute = homes[name]
-    if module_name not in _LIGHT_HOMES:
-        _import_numpy()
-    value = getattr(importlib.import_module(module_name), attribute)
-    namespace[name] = value
-    return value
+__all__ = list(PUBLIC_NAMES)
 
 
 def __getattr__(name: str) -> Any:
@@ -170,10 +79,10 @@ def __getattr__(name: str) -> Any:
         # submodules load on their own: `from . import logging` inside bellis must not
         # pull in the whole public surface (worker processes stay light)
         if name in _NEED_NUMPY:
-            _import_numpy()
+            import_numpy()
         return importlib.import_module(f"bellis.{name}")
-    if name in _HOMES:
-        return _load_public_name(name, _HOMES, globals())
+    if name in HOMES:
+        return load_public_name(name, HOMES, globals())
     raise AttributeError(f"module 'bellis' has no attribute {name!r}")
 
 

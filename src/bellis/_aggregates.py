@@ -271,7 +271,7 @@ class TaskAggregates:
 
     def add_block(
         self,
-        round_trip_s: float | None,
+        round_trip_seconds: float | None,
         stats: Sequence[float] | None,
         failed: bool,
     ) -> None:
@@ -280,8 +280,8 @@ class TaskAggregates:
             return
         self.count += 1
         if stats is None:
-            if round_trip_s is not None:
-                self._rts.append(round_trip_s)
+            if round_trip_seconds is not None:
+                self._rts.append(round_trip_seconds)
                 if len(self._rts) >= self._FOLD_ROWS:
                     self._fold()
             return
@@ -289,7 +289,7 @@ class TaskAggregates:
             self._fold()
         self._rows.append(
             (
-                math.nan if round_trip_s is None else round_trip_s,
+                math.nan if round_trip_seconds is None else round_trip_seconds,
                 stats[0],
                 stats[1],
                 stats[2],

@@ -19,11 +19,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._panel import format_bytes, format_duration
+from ._panel import format_duration
 from ._report import RunReport, TaskReport
 from ._report_advice import advice
 from ._report_data import StoreData, from_task_report, load_stores
 from ._report_figures import (
+    format_size,
     histogram_figure,
     run_history_figure,
     throughput_figure,
@@ -93,7 +94,7 @@ def _top_table(s: StoreData, name: str) -> str:
                 "-" if w is None or w == 2**32 - 1 else w,
                 format_duration(float(f["wall_seconds"][c])) if "wall_seconds" in f else "-",
                 format_duration(float(f["cpu_seconds"][c])) if "cpu_seconds" in f else "-",
-                format_bytes(float(f["peak_rss_bytes"][c])) if "peak_rss_bytes" in f else "-",
+                format_size(float(f["peak_rss_bytes"][c])) if "peak_rss_bytes" in f else "-",
                 int(s.failures.reshape(-1)[c]),
             ]
         )

@@ -10,8 +10,9 @@ from typing import Final
 
 import numpy as np
 
-from ._panel import format_bytes, format_duration
+from ._panel import format_duration
 from ._report_data import StoreData
+from ._report_figures import format_size
 
 __all__ = ["advice", "memory_request"]
 
@@ -54,8 +55,8 @@ def _task_advice(s: StoreData) -> list[str]:
     if rss is not None and len(rss) >= MIN_BLOCKS and rss.max() > 0:
         p99, top = float(np.percentile(rss, 99)), float(rss.max())
         out.append(
-            f"{who}: p99 peak RSS {format_bytes(p99)}, max {format_bytes(top)}: a memory "
-            f"request of {format_bytes(memory_request(top))} covers every block"
+            f"{who}: p99 peak RSS {format_size(p99)}, max {format_size(top)}: a memory "
+            f"request of {format_size(memory_request(top))} covers every block"
         )
     wall = _column(s, "wall_seconds")
     cpu = _column(s, "cpu_seconds")

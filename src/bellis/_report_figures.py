@@ -29,6 +29,7 @@ __all__ = [
     "VOLUME_METRICS",
     "base_layout",
     "colour",
+    "format_size",
     "histogram_figure",
     "origin_label",
     "run_history_figure",
@@ -57,6 +58,9 @@ PALETTE: Final = (
     "#e377c2",
 )
 FAILED_COLOUR: Final = "#d62728"
+#: The report's byte units: binary, named as IEC names them (the page's scripts use the
+#: same). The terminal panel keeps daisy's KB/MB/GB labels (SPEC §5.9); the report does not.
+BYTE_UNITS: Final = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 VOLUME_METRICS: Final = (
     ("state", "state (done, failed ...)", ""),
     ("failures", "failed attempts", ""),
@@ -196,11 +200,22 @@ def histogram_figure(stores: list[StoreData], name: str, label: str) -> dict[str
 
 def _unit(vmax: float, is_bytes: bool) -> tuple[float, str]:
     if is_bytes:
-        for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        for scale, unit in BYTE_UNITS:
             if vmax >= scale:
                 return float(scale), unit
         return 1.0, "B"
     return 1.0, "s"
+
+
+def format_size(n: float) -> str:
+    """``25.5 MiB``: a byte count in :data:`BYTE_UNITS`, one decimal (``512 B`` below a
+    KiB), as the page's scripts write it; ``-`` for NaN or infinity."""
+    if not math.isfinite(n):
+        return "-"
+    for scale, unit in BYTE_UNITS:
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._block import NO_WORKER
-from ._panel import format_bytes, format_duration
+from ._panel import format_duration
 from ._report_data import StoreData
 from ._report_figures import (
     FAILED_COLOUR,
@@ -28,6 +28,7 @@ from ._report_figures import (
     VOLUME_METRICS,
     base_layout,
     colour,
+    format_size,
     origin_label,
     time_origin,
     typed,
@@ -53,7 +54,7 @@ def _block_text(s: StoreData, k: int, t0: float) -> str:
     for name, label, unit in VOLUME_METRICS[2:]:
         if name in f:
             v = float(f[name][k])
-            parts.append(f"{label} {format_bytes(v) if unit == 'B' else format_duration(v)}")
+            parts.append(f"{label} {format_size(v) if unit == 'B' else format_duration(v)}")
     fails = int(s.failures.reshape(-1)[k])
     if fails:
         parts.append(f"<b>{fails} failed attempt(s) before it succeeded</b>")

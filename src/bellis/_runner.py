@@ -20,12 +20,7 @@ from ._client import Context
 from ._code_origin import collect as collect_code_origins
 from ._observers import AttachableObservers, run_observed
 from ._panel import render_panel
-from ._progress import (
-    ErrorCollector,
-    format_summary,
-    make_observer,
-    resume_message,
-)
+from ._progress import make_observer
 from ._protocol import new_secret, worker_token
 from ._report import (
     RunReport,
@@ -38,8 +33,9 @@ from ._report_load import append_report, remember_report
 from ._scheduler import ABANDONED, Scheduler, TaskRun
 from ._serial import run_blocks_serially
 from ._server import RunLoop, install_abort_handlers
-from ._state import TaskState
+from ._state import DEFAULT_TIMEOUT_SECONDS, TaskState
 from ._streams import print_to_stdout
+from ._summary import ErrorCollector, format_summary, resume_message
 from ._task import Pipeline, Task, function_arity
 from ._timeline import TimelineSet
 from ._tracking import TrackingStore
@@ -245,7 +241,7 @@ def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[
         text += "."
 
         if s.timeout_reclaim_count:
-            default = " — the default" if s.timeout_secs == 600 else ""
+            default = " — the default" if s.timeout_secs == DEFAULT_TIMEOUT_SECONDS else ""
             text += (
                 f" {s.timeout_reclaim_count} block attempt(s) exceeded the block timeout "
                 f"({s.timeout_secs:g}s{default}; pass Task(timeout=...) to raise it for slow "

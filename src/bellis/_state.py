@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TaskState"]
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "TaskState"]
+
+#: The block timeout of a task that passes none (daisy 2.0.0's default). Every module that
+#: needs it imports it from here: the task, the launchers, the summary and the abandonment
+#: message.
+DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +37,7 @@ class TaskState:
     first_worker_error: str | None = None
     last_worker_error: str | None = None
     timeout_reclaim_count: int = 0
-    timeout_secs: float = 600.0
+    timeout_secs: float = DEFAULT_TIMEOUT_SECONDS
     skipped_done_count: int = 0
     skipped_mask_count: int = 0
     skipped_check_count: int = 0

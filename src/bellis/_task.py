@@ -16,14 +16,13 @@ import numpy as np
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
+from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
 
 if TYPE_CHECKING:
     from funlib.geometry import Roi
 
-__all__ = ["DEFAULT_BLOCK_TIMEOUT_SECS", "Pipeline", "Task", "function_arity"]
-
-DEFAULT_BLOCK_TIMEOUT_SECS = 600
+__all__ = ["Pipeline", "Task", "function_arity"]
 
 _UNSET: Any = object()
 
@@ -155,7 +154,7 @@ class Task:
         self._max_worker_restarts = _check_count(
             "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
         )
-        self._timeout_secs = _parse_timeout(timeout)
+        self._timeout_seconds = _parse_timeout(timeout)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -235,7 +234,7 @@ class Task:
 
     @property
     def timeout_secs(self) -> float:
-        return self._timeout_secs
+        return self._timeout_seconds
 
     @property
     def requires(self) -> dict[str, int]:
@@ -368,9 +367,9 @@ class Task:
         return _as_pipeline(other) | Pipeline.from_task(self)
 
     def run_blockwise(self, **kwargs: Any) -> Any:
-        from ._runner import run_blockwise
-
-        return run_blockwise(self, **kwargs)
+        """Run this task alone: :meth:`Pipeline.run_blockwise` of a one-task pipeline, as
+        ``run_blockwise(task, ...)`` does (daisy 2.0.0's Task has no such method)."""
+        return Pipeline.from_task(self).run_blockwise(**kwargs)
 
     def __copy__(self) -> Task:
         new = object.__new__(type(self))
@@ -404,24 +403,25 @@ def _user_stacklevel() -> int:
 
 def _parse_timeout(timeout: Any) -> float:
     if timeout is None:
-        return float(DEFAULT_BLOCK_TIMEOUT_SECS)
+        return DEFAULT_TIMEOUT_SECONDS
     if isinstance(timeout, timedelta):
-        secs = timeout.total_seconds()
+        seconds = timeout.total_seconds()
     elif isinstance(timeout, int | float | np.integer | np.floating) and not isinstance(
         timeout, bool
     ):
-        secs = float(timeout)
+        seconds = float(timeout)
     else:
         raise TypeError(
-            "timeout must be a float seconds, a timedelta, or None (None means the 600s default)"
+            "timeout must be a float seconds, a timedelta, or None (None means the "
+            f"{DEFAULT_TIMEOUT_SECONDS:g}s default)"
         )
-    if not secs > 0:
+    if not seconds > 0:
         raise ConfigurationError(
             "block timeout must be positive; blocks are expected to be fast — raise the "
             "timeout instead of disabling it",
             parameter="timeout",
         )
-    return secs
+    return seconds
 
 
 def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:
@@ -610,6 +610,8 @@ class Pipeline:
             t.reset()
 
     def run_blockwise(self, **kwargs: Any) -> Any:
+        """``run_blockwise(self, ...)`` (daisy's API). The runner sits above the tasks, so it
+        is imported when called: the one upward import the layering test allows."""
         from ._runner import run_blockwise
 
         return run_blockwise(self, **kwargs)

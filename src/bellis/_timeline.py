@@ -46,7 +46,7 @@ class WorkerTimeline:
         "_first_acquire_t",
         "_last_mark_t",
         "_sent_t",
-        "_setup_s",
+        "_setup_seconds",
         "_shutdown_t",
         "_spawn_t",
         "blocks",
@@ -63,7 +63,7 @@ class WorkerTimeline:
     def __init__(self, worker_id: int, spawned_at: float | None = None) -> None:
         self.worker_id = worker_id
         self._spawn_t = spawned_at
-        self._setup_s: float | None = None
+        self._setup_seconds: float | None = None
         self._first_acquire_t: float | None = None
         self._last_mark_t: float | None = None
         self._sent_t: float | None = None
@@ -88,7 +88,7 @@ class WorkerTimeline:
 
     def reported_setup(self, setup_seconds: float) -> None:
         """The worker's own setup duration (its process age at its first acquire)."""
-        self._setup_s = setup_seconds if setup_seconds > 0.0 else 0.0
+        self._setup_seconds = setup_seconds if setup_seconds > 0.0 else 0.0
 
     def first_acquire(self, t: float) -> None:
         """The worker's first ``AcquireBlock`` arrived at ``t`` (later calls are ignored)."""
@@ -162,7 +162,7 @@ class WorkerTimeline:
     @property
     def setup(self) -> float | None:
         """The reported setup, capped at the startup the server saw."""
-        s = self._setup_s
+        s = self._setup_seconds
         startup = self.startup
         if s is None or startup is None:
             return s

@@ -9,17 +9,20 @@ The tree::
     │   └─ LayoutMismatch
     ├─ ProtocolError
     ├─ ConnectionLostError(ConnectionError)
-    ├─ WorkerError(RuntimeError)
-    │   ├─ WorkerStartError
-    │   ├─ WorkerDiedError
-    │   └─ TaskAbandonedError
-    └─ BlockTimeoutError(TimeoutError)
+    └─ WorkerError(RuntimeError)
+        ├─ WorkerStartError
+        └─ TaskAbandonedError
     BellisDeprecationWarning(DeprecationWarning)
 
 The builtin bases keep code written for daisy working: daisy raises ``ValueError`` for
 a bad parameter at construction and ``RuntimeError("invalid configuration: ...")`` at
 run start, so :class:`ConfigurationError` is both. :class:`LayoutMismatch` and
 abandonment are ``RuntimeError`` subclasses for the same reason.
+
+A worker that dies and a block that outlives its timeout raise nothing: the run restarts
+the worker, retries the block and counts the event in the task's state
+(``worker_failure_count``, ``timeout_reclaim_count``; the summary names the timeouts). A
+task that runs out of worker restarts ends in :class:`TaskAbandonedError`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any
 __all__ = [
     "BellisDeprecationWarning",
     "BellisError",
-    "BlockTimeoutError",
     "ConfigurationError",
     "ConnectionLostError",
     "DependencyCycleError",
@@ -37,7 +39,6 @@ __all__ = [
     "ProtocolError",
     "TaskAbandonedError",
     "TrackingError",
-    "WorkerDiedError",
     "WorkerError",
     "WorkerStartError",
 ]
@@ -117,10 +118,6 @@ class WorkerStartError(WorkerError):
     """Raised when a worker cannot be started, e.g. its function cannot be serialized."""
 
 
-class WorkerDiedError(WorkerError):
-    """Raised when a worker process exits abnormally and the run cannot continue."""
-
-
 class TaskAbandonedError(WorkerError):
     """Raised by ``run_blockwise`` when a task exhausted its worker restart budget.
 
@@ -132,10 +129,6 @@ class TaskAbandonedError(WorkerError):
     daisy_run_stats: dict[str, Any]
     daisy_task_order: list[str]
     daisy_run_report: Any
-
-
-class BlockTimeoutError(BellisError, TimeoutError):
-    """Raised inside a worker when a block exceeds its task's timeout."""
 
 
 class BellisDeprecationWarning(DeprecationWarning):

@@ -10,88 +10,17 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from funlib.geometry import Coordinate, Roi
-
-from . import logging
-from ._block import Block, BlockStats, BlockStatus
-from ._client import Client, Context
-from ._graph import BlockwiseDependencyGraph
-from ._html_report import write_report
-from ._profiling import profile_block
-from ._progress import JsonProgressObserver
-from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
-from ._runner import SerialServer, Server, _pipeline_from_list, run_blockwise
+from . import logging as logging
+from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, load_public_name
+from ._runner import _pipeline_from_list
 from ._scheduler import Scheduler as _Scheduler
-from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
-from ._state import TaskState
-from ._task import (
-    Pipeline,
-    get_done_marker_basedir,
-    get_tracking_basedir,
-    set_done_marker_basedir,
-    set_tracking_basedir,
-)
 from ._task import Task as _V2Task
-from ._trace import write_trace
-from ._version import __version__
-from ._workers._launchers import LocalLauncher, WorkerLauncher
-from .errors import (
-    BellisError,
-    ConfigurationError,
-    LayoutMismatch,
-    TaskAbandonedError,
-    TrackingError,
-)
-from .logging import get_worker_log_basename
-from .v2 import _cluster_launcher
+from .errors import BellisDeprecationWarning
 
-__all__ = [
-    "BellisError",
-    "Block",
-    "BlockRecord",
-    "BlockStats",
-    "BlockStatus",
-    "BlockwiseDependencyGraph",
-    "Client",
-    "ConfigurationError",
-    "Context",
-    "Coordinate",
-    "DaskLauncher",  # noqa: F822 - loaded on first use (needs distributed)
-    "DependencyGraph",
-    "JsonProgressObserver",
-    "LayoutMismatch",
-    "LocalLauncher",
-    "Pipeline",
-    "Roi",
-    "RunReport",
-    "Scheduler",
-    "SerialServer",
-    "Server",
-    "SlurmLauncher",  # noqa: F822 - loaded on first use
-    "Stat",
-    "Task",
-    "TaskAbandonedError",
-    "TaskReport",
-    "TaskState",
-    "TrackingError",
-    "WorkerLauncher",
-    "WorkerRecord",
-    "__version__",
-    "get_done_marker_basedir",
-    "get_tracking_basedir",
-    "get_worker_log_basename",
-    "logging",
-    "profile_block",
-    "run_blockwise",
-    "set_done_marker_basedir",
-    "set_tracking_basedir",
-    "skip_mask_from_rois",
-    "skip_mask_from_volume",
-    "write_report",
-    "write_trace",
-]
-
-DependencyGraph = BlockwiseDependencyGraph
+# ``import bellis`` offers this module's names: the one list is ``bellis.__all__``. Task and
+# Scheduler are defined below; every other name loads on first use from its home
+# (``bellis.HOMES``), the same object ``bellis`` gives.
+__all__ = list(_PUBLIC_NAMES)
 
 
 class Task(_V2Task):
@@ -104,7 +33,7 @@ class Task(_V2Task):
                 raise TypeError("pass either max_workers (v2) or num_workers (v1.x), not both")
             warnings.warn(
                 "num_workers is deprecated; use max_workers",
-                DeprecationWarning,
+                BellisDeprecationWarning,
                 stacklevel=2,
             )
             kwargs["max_workers"] = kwargs.pop("num_workers")
@@ -112,7 +41,7 @@ class Task(_V2Task):
         if upstream:
             warnings.warn(
                 "upstream_tasks is deprecated; compose tasks with `up + down` (Pipeline)",
-                DeprecationWarning,
+                BellisDeprecationWarning,
                 stacklevel=2,
             )
         self.upstream_tasks: list[Any] = list(upstream or [])
@@ -128,7 +57,10 @@ class Scheduler(_Scheduler):
 
 
 def __getattr__(name: str) -> Any:
-    launcher = _cluster_launcher(name)
-    if launcher is None:
-        raise AttributeError(f"module 'bellis' has no attribute {name!r}")
-    return launcher
+    if name in HOMES:
+        return load_public_name(name, HOMES, globals())
+    raise AttributeError(f"module 'bellis.v1_compat' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

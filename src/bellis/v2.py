@@ -8,117 +8,25 @@ As in daisy 2.0.0's ``daisy.v2``, the deprecated done-marker names are here too
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _HOMES, _load_public_name, logging
+from . import logging as logging
+from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, V1_ONLY, load_public_name
 
-if TYPE_CHECKING:
-    from funlib.geometry import Coordinate, Roi
-
-    from ._block import Block, BlockStats, BlockStatus
-    from ._client import Client, Context
-    from ._graph import BlockwiseDependencyGraph
-    from ._html_report import write_report
-    from ._profiling import profile_block
-    from ._progress import JsonProgressObserver
-    from ._report import BlockRecord, RunReport, Stat, TaskReport, WorkerRecord
-    from ._runner import Server, run_blockwise
-    from ._scheduler import Scheduler
-    from ._skipmask import skip_mask_from_rois, skip_mask_from_volume
-    from ._state import TaskState
-    from ._task import (
-        Pipeline,
-        Task,
-        get_done_marker_basedir,
-        get_tracking_basedir,
-        set_done_marker_basedir,
-        set_tracking_basedir,
-    )
-    from ._trace import write_trace
-    from ._version import __version__
-    from ._workers._dask import DaskLauncher
-    from ._workers._launchers import LocalLauncher, WorkerLauncher
-    from ._workers._slurm import SlurmLauncher
-    from .errors import (
-        BellisError,
-        ConfigurationError,
-        LayoutMismatch,
-        TaskAbandonedError,
-        TrackingError,
-    )
-
-    DependencyGraph = BlockwiseDependencyGraph
-
-__all__ = [
-    "BellisError",
-    "Block",
-    "BlockRecord",
-    "BlockStats",
-    "BlockStatus",
-    "BlockwiseDependencyGraph",
-    "Client",
-    "ConfigurationError",
-    "Context",
-    "Coordinate",
-    "DaskLauncher",
-    "DependencyGraph",
-    "JsonProgressObserver",
-    "LayoutMismatch",
-    "LocalLauncher",
-    "Pipeline",
-    "Roi",
-    "RunReport",
-    "Scheduler",
-    "Server",
-    "SlurmLauncher",
-    "Stat",
-    "Task",
-    "TaskAbandonedError",
-    "TaskReport",
-    "TaskState",
-    "TrackingError",
-    "WorkerLauncher",
-    "WorkerRecord",
-    "__version__",
-    "get_done_marker_basedir",
-    "get_tracking_basedir",
-    "logging",
-    "profile_block",
-    "run_blockwise",
-    "set_done_marker_basedir",
-    "set_tracking_basedir",
-    "skip_mask_from_rois",
-    "skip_mask_from_volume",
-    "write_report",
-    "write_trace",
-]
-
-# Names load on first use, each from the module that defines it (as ``bellis``'s do), so a
-# worker function of an ``import bellis.v2 as daisy`` script that touches ``daisy.Client``
-# loads neither numpy nor the driver's modules. v2's Task and Scheduler are the native ones.
-_V2_HOMES = {name: _HOMES[name] for name in __all__ if name in _HOMES} | {
+# One list (``bellis.__all__``, from ``bellis.HOMES``) less the 1.x-only names. Names load
+# on first use, each from the module that defines it (as ``bellis``'s do), so a worker
+# function of an ``import bellis.v2 as daisy`` script that touches ``daisy.Client`` loads
+# neither numpy nor the driver's modules. v2's Task and Scheduler are the native ones.
+__all__ = [name for name in _PUBLIC_NAMES if name not in V1_ONLY]
+_V2_HOMES = {name: HOMES[name] for name in __all__ if name in HOMES} | {
     "Task": ("bellis._task", "Task"),
     "Scheduler": ("bellis._scheduler", "Scheduler"),
 }
 
 
-def _cluster_launcher(name: str) -> Any:
-    """``SlurmLauncher`` or ``DaskLauncher``, imported on first use (the Dask one needs
-    ``distributed``); None for any other name."""
-    if name == "SlurmLauncher":
-        from ._workers._slurm import SlurmLauncher
-
-        return SlurmLauncher
-    if name == "DaskLauncher":
-        from ._workers._dask import DaskLauncher
-
-        return DaskLauncher
-    return None
-
-
 def __getattr__(name: str) -> Any:
     if name in _V2_HOMES:
-        return _load_public_name(name, _V2_HOMES, globals())
+        return load_public_name(name, _V2_HOMES, globals())
     raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
 
 

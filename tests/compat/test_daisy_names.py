@@ -77,7 +77,8 @@ def test_exceptions_name_real_daisy_names() -> None:
 
 @pytest.mark.parametrize("name", FIXTURE["submodules"])
 def test_every_daisy_submodule_is_offered(name: str) -> None:
-    assert importlib.import_module(f"bellis.{name}") is not None
+    module = importlib.import_module(f"bellis.{name}")
+    assert module.__name__ == f"bellis.{name}" and getattr(bellis, name) is module
 
 
 def test_v2_has_daisy_v2_s_done_marker_aliases_and_version(tmp_path: Path) -> None:

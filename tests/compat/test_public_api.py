@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
+import sys
+import types
 
 import funlib.geometry
 import pytest
 
 import bellis
 import bellis.v2 as v2
+from bellis import _task
 
 EXPECTED_ALL = {
     "BellisError",
@@ -95,17 +100,44 @@ def test_all_is_the_expected_set() -> None:
         assert getattr(bellis, name) is getattr(compat, name)
 
 
+# what each name is: a module, a string, or a class or function of bellis's (or funlib's)
+SUBMODULE_NAMES = {"logging"}
+STRING_NAMES = {"__version__"}
+FUNLIB_NAMES = {"Roi", "Coordinate"}
+ALIASES = {"DependencyGraph": "BlockwiseDependencyGraph"}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_ALL))
 def test_every_exported_name_resolves(name: str) -> None:
-    assert getattr(bellis, name) is not None
-    assert name in dir(bellis)
+    """Each name is the object its defining module holds under its own name, so
+    ``from bellis import X`` and ``from <home> import X`` give one object."""
+    value = getattr(bellis, name)
+    namespace: dict[str, object] = {}
+    exec(f"from bellis import {name}", namespace)
+    assert namespace[name] is value
+    if name in SUBMODULE_NAMES:
+        assert isinstance(value, types.ModuleType) and value.__name__ == f"bellis.{name}"
+        assert value is sys.modules[f"bellis.{name}"]
+        return
+    if name in STRING_NAMES:
+        assert isinstance(value, str) and re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", value), value
+        return
+    assert isinstance(value, type) or inspect.isfunction(value), (name, value)
+    assert value.__name__ == ALIASES.get(name, name)
+    home = value.__module__
+    assert home.split(".")[0] == ("funlib" if name in FUNLIB_NAMES else "bellis"), home
+    assert getattr(sys.modules[home], value.__name__) is value
 
 
 def test_daisy_surface_and_submodules() -> None:
     for name in DAISY_SURFACE:
         assert hasattr(bellis, name), name
-    for sub in ("logging", "block", "v2"):
-        assert importlib.import_module(f"bellis.{sub}") is not None
+    for sub in ("logging", "block", "v2", "v1_compat", "errors", "cl_monitor"):
+        module = importlib.import_module(f"bellis.{sub}")
+        assert module.__name__ == f"bellis.{sub}" and getattr(bellis, sub) is module
+    assert bellis.block.Block is bellis.Block
+    assert bellis.v2.Task is _task.Task and issubclass(bellis.Task, bellis.v2.Task)
+    assert bellis.cl_monitor.CLMonitor.__module__ == "bellis.cl_monitor"
     assert isinstance(bellis.__version__, str)
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         bellis.nope  # noqa: B018
@@ -139,8 +171,14 @@ def test_v2_has_no_compat_shims() -> None:
                  "TaskAbandonedError", "LayoutMismatch", "skip_mask_from_rois",
                  "write_report"):  # fmt: skip
         assert name in v2.__all__ and getattr(v2, name) is getattr(bellis, name), name
+    # the rest is bellis's, except the native Task and Scheduler, which the 1.x ones extend
     for name in v2.__all__:
-        assert getattr(v2, name) is not None, name
+        if name in ("Task", "Scheduler"):
+            assert issubclass(getattr(bellis, name), getattr(v2, name)), name
+            assert getattr(v2, name) is not getattr(bellis, name), name
+        else:
+            assert getattr(v2, name) is getattr(bellis, name), name
+    assert set(v2.__all__) == EXPECTED_ALL - {"SerialServer", "get_worker_log_basename"}
     with pytest.raises(TypeError, match="num_workers"):
         v2.Task(
             "t",
@@ -154,3 +192,36 @@ def test_v2_has_no_compat_shims() -> None:
 def test_v2_scheduler_accepts_only_pipeline_or_task() -> None:
     with pytest.raises(TypeError, match="expects a Pipeline or a Task"):
         v2.Scheduler([])
+
+
+def test_type_checkers_see_every_public_name_from_its_home() -> None:
+    """``bellis/__init__.py`` names each public object for type checkers (names load lazily
+    at run time, so without this a user's mypy sees ``Any``): the block must name exactly
+    the public names, each from the module it loads from."""
+    import ast
+    from pathlib import Path
+
+    from bellis._names import HOMES
+
+    tree = ast.parse(Path(bellis.__file__).read_text())
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    seen: dict[str, tuple[str, str]] = {}
+    for node in block.body:
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = "bellis" + ("." + module if module else "")
+            for alias in node.names:
+                # an explicit re-export: `X as X`
+                assert alias.asname == alias.name, ast.unparse(node)
+                seen[alias.name] = (module, alias.name)
+        elif isinstance(node, ast.Assign):
+            (target,) = node.targets
+            assert isinstance(target, ast.Name) and isinstance(node.value, ast.Name)
+            seen[target.id] = seen[node.value.id]
+    assert seen.pop("logging") == ("bellis", "logging")
+    assert seen == HOMES

@@ -224,3 +224,23 @@ def test_worker_logs_capture_block_stdout(recdir: str, tmp_path: Path) -> None:
     out_text = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*.out"))
     for sid in range(3):
         assert f"processed block {sid}" in out_text
+
+
+def test_task_run_blockwise_runs_the_task_alone(
+    recdir: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``Task.run_blockwise`` (bellis's, not daisy's) is ``run_blockwise(task)``: it runs the
+    task's blocks in workers, returns False when a block failed and prints the summary; in
+    serial mode a block's error propagates, as ``run_blockwise(task, multiprocessing=False)``
+    does."""
+    task = make_task("alone", 6, functools.partial(fail_block, recdir, (4,)), max_retries=0)
+    assert task.run_blockwise(progress=False) is False
+    recs = read_records(recdir)
+    assert done_ids(recs, "alone") == [0, 1, 2, 3, 5]
+    assert all(a.pid != os.getpid() for a in all_attempts(recs))
+    out = capfd.readouterr().out
+    assert "Execution Summary" in out and "alone ✗" in out
+    assert "ValueError: injected failure in block 4" in out
+    serial = make_task("serial", 3, functools.partial(fail_block, recdir, (1,)))
+    with pytest.raises(ValueError, match="injected failure in block 1"):
+        serial.run_blockwise(multiprocessing=False, progress=False)

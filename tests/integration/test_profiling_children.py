@@ -44,10 +44,10 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _wait_for_cpu(pid: int, seconds: float, deadline_s: float = 30.0) -> None:
+def _wait_for_cpu(pid: int, seconds: float, deadline_seconds: float = 30.0) -> None:
     """Wait until ``pid`` shows ``seconds`` of CPU in /proc, less two clock ticks: /proc
     has tick resolution, so a child that burned exactly that much may read a tick short."""
-    deadline = time.monotonic() + deadline_s
+    deadline = time.monotonic() + deadline_seconds
     target = seconds - 2 / os.sysconf("SC_CLK_TCK")
     while _proc_cpu_seconds(pid) < target:
         assert time.monotonic() < deadline, "the child never burned its CPU"

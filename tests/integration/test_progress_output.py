@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 import bellis
-from bellis import Roi
-from bellis import logging as blog
+from bellis import Roi, logging as blog
 
 
 def slow(block: Any) -> None:

@@ -337,8 +337,7 @@ def test_unmeasured_block_to_a_tracked_task_fails_naming_profile_block(tmp_path:
 def test_a_batch_with_an_unmeasured_block_records_none_of_its_blocks(tmp_path: Path) -> None:
     """The run fails on an unmeasured success before anything of its batch is stored: a
     measured block returned with it gets neither figures nor a done marker."""
-    from bellis._protocol import ACQUIRE, SEND, STATS_ROW
-    from bellis._protocol import encode as enc
+    from bellis._protocol import ACQUIRE, SEND, STATS_ROW, encode as enc
 
     seen: dict[str, Any] = {}
     row = STATS_ROW.pack(0.01, 0.01, 1 << 20, 0, 0, math.nan, 0, 0.0)

@@ -11,8 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import bellis as daisy
 from bellis._block import cantor_number

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from bellis._block import BlockStats
 from bellis._panel import format_bytes, format_duration, render_panel

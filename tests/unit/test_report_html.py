@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bellis._report_advice import advice, memory_request
 from bellis._report_data import StoreData
 from bellis._report_figures import (
     TIMELINE_BLOCKS,
     _downsample,
+    format_size,
     run_windows,
     volume_factor,
     volume_payload,
@@ -44,9 +46,40 @@ def test_advice_reads_the_figures() -> None:
     s.done[99] = False
     lines = advice([s])
     assert "t: 1 block(s) failed and are not done" in lines[0]
-    assert any("a memory request of 4.0 GB covers every block" in x for x in lines), lines
+    assert (
+        "t: p99 peak RSS 3.0 GiB, max 3.0 GiB: a memory request of 4.0 GiB covers every block"
+        in lines
+    ), lines
     assert any("cpu / wall = 0.20: blocks mostly wait" in x for x in lines), lines
     assert any("7 block(s) took more than 5x the median" in x for x in lines), lines
+
+
+def test_advice_names_binary_sizes_in_binary_units() -> None:
+    """300 * 2**20 bytes is 300 MiB (314.6 MB): the advice says MiB, as the page's axes and
+    hover texts do, never a binary count labelled MB."""
+    rss = np.full(100, 300 << 20, dtype=np.uint64)
+    rss[0] = 1536  # 1.5 KiB: the smallest block
+    ones = np.ones(100)
+    lines = advice([_store(peak_rss_bytes=rss, wall_seconds=ones, cpu_seconds=ones)])
+    assert lines == [
+        "t: p99 peak RSS 300.0 MiB, max 300.0 MiB: a memory request of 512.0 MiB covers every block"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1536, "1.5 KiB"),
+        (int(25.5 * 2**20), "25.5 MiB"),
+        (3 << 30, "3.0 GiB"),
+        (2 << 40, "2.0 TiB"),
+        (float("nan"), "-"),
+    ],
+)
+def test_format_size_uses_the_page_units(n: float, text: str) -> None:
+    assert format_size(n) == text
 
 
 def test_no_advice_without_data() -> None:

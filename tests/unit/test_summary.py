@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from bellis._progress import (
+from bellis._state import TaskState
+from bellis._streams import print_to_stdout
+from bellis._summary import (
     MAX_BLOCK_IDS_PER_GROUP,
     OTHER_ERRORS_SUMMARY,
     ErrorCollector,
@@ -16,8 +18,6 @@ from bellis._progress import (
     resume_message,
     status_symbol,
 )
-from bellis._state import TaskState
-from bellis._streams import print_to_stdout
 
 TABLE_HEAD = (
     "\n"

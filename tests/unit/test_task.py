@@ -14,6 +14,7 @@ import pytest
 
 import bellis as daisy
 import bellis.v2 as v2
+from bellis.errors import BellisDeprecationWarning
 
 
 def noop(block: Any) -> None:
@@ -154,6 +155,28 @@ def test_num_workers_alias() -> None:
     assert task.max_workers == 3
     with pytest.raises(TypeError, match=r"pass either max_workers \(v2\) or num_workers"):
         make(num_workers=3, max_workers=2)
+
+
+def test_v1_compat_warns_with_bellis_deprecation_warning() -> None:
+    """The 1.x forms warn with bellis's own class (a DeprecationWarning), pointing at the
+    caller's line, so ``-W error::bellis.errors.BellisDeprecationWarning`` catches them."""
+    with pytest.warns(BellisDeprecationWarning, match="num_workers is deprecated") as caught:
+        make(num_workers=2)
+    assert [w.category for w in caught] == [BellisDeprecationWarning]
+    up = make("up")
+    with pytest.warns(BellisDeprecationWarning, match="upstream_tasks is deprecated") as caught:
+        down = daisy.Task(
+            "down",
+            daisy.Roi((0, 0), (30, 20)),
+            daisy.Roi((0, 0), (10, 10)),
+            daisy.Roi((0, 0), (10, 10)),
+            process_function=noop,
+            upstream_tasks=[up],
+        )
+    assert [w.category for w in caught] == [BellisDeprecationWarning]
+    assert caught[0].filename == __file__
+    assert down.upstream_tasks == [up]
+    assert issubclass(BellisDeprecationWarning, DeprecationWarning)
 
 
 def test_v2_task_rejects_num_workers() -> None:

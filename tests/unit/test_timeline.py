@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bellis._report import COUNTER_KEYS, TaskAggregates, TaskReport, task_report_json
-from bellis._report import validate_run_line as validate
+from bellis._report import (
+    COUNTER_KEYS,
+    TaskAggregates,
+    TaskReport,
+    task_report_json,
+    validate_run_line as validate,
+)
 from bellis._timeline import TimelineSet, WorkerTimeline
 
 

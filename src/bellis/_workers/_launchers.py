@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
@@ -37,7 +38,7 @@ class WorkerSpec:
     out_path: Path | None
     err_path: Path | None
     requires: dict[str, int] = field(default_factory=dict)
-    timeout_secs: float = 600.0
+    timeout_secs: float = DEFAULT_TIMEOUT_SECONDS
     run_name: str = "bellis"
     #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
     #: terminal (launchers that cannot reach the driver's terminal write the files only)

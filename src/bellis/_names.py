@@ -1,0 +1,118 @@
+"""The public names of ``bellis``, ``bellis.v1_compat`` and ``bellis.v2``: one table, and
+the loader that imports each name from its home module on first use.
+
+Kept apart from ``bellis/__init__.py`` so that the public modules read the table without
+importing each other (``bellis`` names ``v1_compat``'s classes for type checkers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+# Where each public name is defined, loaded on first use. Only ``Task`` and ``Scheduler``
+# are v1_compat's own (they accept the 1.x forms); everything else comes from its home
+# module, so a worker function that touches ``bellis.Client`` loads the client and no more.
+HOMES: dict[str, tuple[str, str]] = {
+    "BellisError": ("bellis.errors", "BellisError"),
+    "Block": ("bellis._block", "Block"),
+    "BlockRecord": ("bellis._report", "BlockRecord"),
+    "BlockStats": ("bellis._block", "BlockStats"),
+    "BlockStatus": ("bellis._block", "BlockStatus"),
+    "BlockwiseDependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
+    "Client": ("bellis._client", "Client"),
+    "ConfigurationError": ("bellis.errors", "ConfigurationError"),
+    "Context": ("bellis._client", "Context"),
+    "Coordinate": ("funlib.geometry", "Coordinate"),
+    "DaskLauncher": ("bellis._workers._dask", "DaskLauncher"),
+    "DependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
+    "JsonProgressObserver": ("bellis._progress", "JsonProgressObserver"),
+    "LayoutMismatch": ("bellis.errors", "LayoutMismatch"),
+    "LocalLauncher": ("bellis._workers._launchers", "LocalLauncher"),
+    "Pipeline": ("bellis._task", "Pipeline"),
+    "Roi": ("funlib.geometry", "Roi"),
+    "RunReport": ("bellis._report", "RunReport"),
+    "Scheduler": ("bellis.v1_compat", "Scheduler"),
+    "SerialServer": ("bellis._runner", "SerialServer"),
+    "Server": ("bellis._runner", "Server"),
+    "SlurmLauncher": ("bellis._workers._slurm", "SlurmLauncher"),
+    "Stat": ("bellis._report", "Stat"),
+    "Task": ("bellis.v1_compat", "Task"),
+    "TaskAbandonedError": ("bellis.errors", "TaskAbandonedError"),
+    "TaskReport": ("bellis._report", "TaskReport"),
+    "TaskState": ("bellis._state", "TaskState"),
+    "TrackingError": ("bellis.errors", "TrackingError"),
+    "WorkerLauncher": ("bellis._workers._launchers", "WorkerLauncher"),
+    "WorkerRecord": ("bellis._report", "WorkerRecord"),
+    "__version__": ("bellis._version", "__version__"),
+    "get_done_marker_basedir": ("bellis._task", "get_done_marker_basedir"),
+    "get_tracking_basedir": ("bellis._task", "get_tracking_basedir"),
+    "get_worker_log_basename": ("bellis.logging", "get_worker_log_basename"),
+    "profile_block": ("bellis._profiling", "profile_block"),
+    "run_blockwise": ("bellis._runner", "run_blockwise"),
+    "set_done_marker_basedir": ("bellis._task", "set_done_marker_basedir"),
+    "set_tracking_basedir": ("bellis._task", "set_tracking_basedir"),
+    "skip_mask_from_rois": ("bellis._skipmask", "skip_mask_from_rois"),
+    "skip_mask_from_volume": ("bellis._skipmask", "skip_mask_from_volume"),
+    "write_trace": ("bellis._trace", "write_trace"),
+    "write_report": ("bellis._html_report", "write_report"),
+}
+#: The public names: those above and the submodule ``logging`` (daisy's ``daisy.logging``).
+#: ``bellis.v1_compat`` has the same list and ``bellis.v2`` all of it but :data:`V1_ONLY`.
+PUBLIC_NAMES = sorted([*HOMES, "logging"])
+#: The names only the daisy 1.x surface has; the native ``bellis.v2`` leaves them out.
+V1_ONLY = frozenset({"SerialServer", "get_worker_log_basename"})
+# the homes that neither import numpy nor compute with it: the names a worker uses
+LIGHT_HOMES = frozenset(
+    {
+        "bellis.errors",
+        "bellis._block",
+        "bellis._client",
+        "bellis._state",
+        "bellis._version",
+        "bellis._profiling",
+        "bellis._progress",
+        "bellis.logging",
+        "bellis._workers._launchers",
+        "bellis._workers._slurm",
+        "bellis._workers._dask",
+        "funlib.geometry",
+    }
+)
+
+# OpenBLAS (numpy's BLAS) starts a helper thread per core when numpy is imported, and
+# each spins for about 2**28 CPU cycles (~0.1 s of a core) after start-up and after
+# every BLAS call before it sleeps. In a driver whose workers start at the same moment,
+# on a small machine, that spin takes a core from them (measured on a 2-core VM: 62 ms
+# of CPU right after `import numpy`; a 2-worker run started 25 ms later). When bellis is
+# the first to import numpy and the user has not chosen a value, it loads numpy with the
+# spin bounded to 2**20 cycles (well under a millisecond), and restores the environment
+# at once, so the setting stays with this process's OpenBLAS and reaches no child.
+_BLAS_SPIN_VARIABLE = "OPENBLAS_THREAD_TIMEOUT"
+_BLAS_SPIN_LOG2_CYCLES = "20"
+
+
+def import_numpy() -> None:
+    if "numpy" in sys.modules or _BLAS_SPIN_VARIABLE in os.environ:
+        return
+    os.environ[_BLAS_SPIN_VARIABLE] = _BLAS_SPIN_LOG2_CYCLES
+    try:
+        importlib.import_module("numpy")
+    finally:
+        os.environ.pop(_BLAS_SPIN_VARIABLE, None)
+
+
+def load_public_name(
+    name: str, homes: Mapping[str, tuple[str, str]], namespace: dict[str, Any]
+) -> Any:
+    """Import ``name`` from its home module (numpy first, bounded, where that needs it) and
+    keep it in ``namespace``, the globals of the public module asking for it."""
+    module_name, attribute = homes[name]
+    if module_name not in LIGHT_HOMES:
+        import_numpy()
+    value = getattr(importlib.import_module(module_name), attribute)
+    namespace[name] = value
+    return value
