@@ -8,6 +8,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,14 @@ def _squeue_ids(args: str) -> list[str]:
     return words[words.index("-j") + 1].split(",") if "-j" in words else []
 
 
+def _drained(prefix: str, seconds: float) -> list[tuple[str, str, str]]:
+    """The jobs of ``prefix`` still active after waiting up to ``seconds`` for none to be."""
+    deadline = time.monotonic() + seconds
+    while (active := _active_jobs(prefix)) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return active
+
+
 def _oversub_partition() -> str | None:
     out = subprocess.run(
         ["sinfo", "-h", "-p", "oversub", "-o", "%P"],
@@ -142,7 +151,9 @@ def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
     assert [a for a in calls["scontrol"] if a != "show config"] == []
     report = task.report()
     assert sum(report.workers.exits.values()) == state.worker_start_count
-    assert _active_jobs(prefix) == []
+    # every job was cancelled or ended; on this overloaded node SLURM itself may still be
+    # tearing some down (COMPLETING for a minute after a failed launch)
+    assert _drained(prefix, 180.0) == []
     # the blocks went round: many workers, in many jobs, did some
     pids = {a.pid for rows in records.values() for a in rows if a.kind == "done"}
     assert len(pids) > 10
