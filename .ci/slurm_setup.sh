@@ -12,6 +12,7 @@
 # Environment overrides:
 #   SLURM_CI_CPUS          CPUs to declare for the node (default: nproc; more than nproc oversubscribes)
 #   SLURM_CI_MEM_MARGIN_MB memory left out of RealMemory (default: 512)
+#   SLURM_CI_OVERSUBSCRIBE jobs that may share one CPU in the "oversub" partition (default: 128)
 #   SLURM_CI_TIMEOUT       seconds to wait for the node to become idle (default: 60)
 set -euo pipefail
 
@@ -73,6 +74,8 @@ REAL_MEM_MB=$((MEM_TOTAL_MB - MEM_MARGIN_MB))
 if [ "$REAL_MEM_MB" -lt 256 ]; then REAL_MEM_MB=$((MEM_TOTAL_MB * 3 / 4)); fi
 # Jobs that do not pass --mem get an equal share per CPU, so that several of them can run at once.
 DEF_MEM_PER_CPU=$((REAL_MEM_MB / CPUS))
+# Jobs per CPU in the "oversub" partition (SLURM_CI_OVERSUBSCRIBE overrides).
+OVERSUB=${SLURM_CI_OVERSUBSCRIBE:-128}
 
 new_conf=$(mktemp)
 cat >"$new_conf" <<EOF
@@ -99,7 +102,7 @@ TaskPlugin=task/none
 SwitchType=switch/none
 SchedulerType=sched/backfill
 # Start queued jobs as soon as resources free up (the default defers batch scheduling by 3 s).
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,default_queue_depth=1000
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$DEF_MEM_PER_CPU
@@ -123,6 +126,9 @@ SlurmctldTimeout=60
 Waittime=0
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$REAL_MEM_MB State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+# The same node, shared: up to OVERSUB jobs per CPU, for tests that start many small workers at once
+# (they pass a small --mem: memory is still allocated and enforced per job).
+PartitionName=oversub Nodes=$NODE Default=NO MaxTime=INFINITE State=UP OverSubscribe=FORCE:$OVERSUB
 EOF
 
 if is_up && [ -f "$CONF" ] && cmp -s "$new_conf" "$CONF"; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import _walltime
 from ._block import Block, BlockStats, BlockStatus, stats_problem
 from ._profiling import Meter
 from ._protocol import (
@@ -376,6 +378,9 @@ class Client:
         #: ``multiprocessing`` pool, ``os.fork()``) shares the socket but must never use it
         self._owner_pid = os.getpid()
         self._connect()
+        # a cluster job's time limit (SlurmLauncher(time_limit=...)): checked in _begin
+        self._walltime = _walltime.from_env()
+        self._walltime_at = math.inf if self._walltime is None else -math.inf
 
     # -- connection ---------------------------------------------------------------------
     def _connect(self) -> None:
@@ -519,11 +524,33 @@ class Client:
             queue.extend(reply[1:])
         return queue.popleft()
 
-    def _begin(self, k: int) -> Block:
-        block = Block._lazy(self._geom, k, BlockStatus.PROCESSING)
+    def _begin(self, k: int) -> Block | None:
+        """Block ``k``, started; None when this worker left for its job's time limit
+        instead (``k`` went back unstarted)."""
         self._watchdog.arm(self.timeout_secs, k)
+        if self._watchdog.deadline > self._walltime_at and self._walltime_leaves(k):
+            return None
         self._in_block = True
-        return block
+        return Block._lazy(self._geom, k, BlockStatus.PROCESSING)
+
+    def _walltime_leaves(self, k: int) -> bool:
+        """The job time limit check, past its threshold (see ``_walltime``): True when
+        this worker gave ``k`` (and the rest of its batch) back and said goodbye."""
+        guard = self._walltime
+        assert guard is not None
+        timeout = self.timeout_secs
+        # the clock as the watchdog just read it
+        now = self._watchdog.deadline - timeout if math.isfinite(timeout) else time.monotonic()
+        if not guard.check(now):
+            self._walltime_at = guard.next_check + timeout
+            return False
+        self._watchdog.disarm()
+        self._queue.appendleft(k)
+        sys.stderr.write(guard.leaving(now, self.worker_id) + "\n")
+        sys.stderr.flush()
+        with contextlib.suppress(ConnectionLostError):
+            self._bye()
+        return True
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
         """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
@@ -591,6 +618,9 @@ class Client:
             yield None
             return
         block = self._begin(k)
+        if block is None:
+            yield None
+            return
         meter = None
         if self.resource_tracking:
             meter = Meter()
@@ -620,6 +650,8 @@ class Client:
                 if k < 0:
                     return
                 block = self._begin(k)
+                if block is None:
+                    return
                 if meter is not None:
                     meter.begin(back_to_back=in_batch)
                 try:

@@ -745,7 +745,8 @@ class Dispatcher:
         self._retire(worker)
         run = worker.run
         plan = self.plan_of[run.index]
-        if ex.kind == "clean" and worker.earned:
+        if ex.kind in ("clean", "walltime") and worker.earned:
+            # (walltime: it left before its cluster job's time limit, blocks remaining)
             plan.free_starts += 1
         elif ex.kind == "clean" and worker.ever_connected:
             logger.warning(
@@ -765,7 +766,7 @@ class Dispatcher:
                 self.address[0],
                 self.address[1],
             )
-        if ex.kind not in ("clean", "interrupted") and run.status == RUNNING:
+        if ex.kind not in ("clean", "walltime", "interrupted") and run.status == RUNNING:
             run.worker_failures += 1
             if run.first_worker_error is None:
                 run.first_worker_error = ex.message

@@ -340,6 +340,7 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     tasks = [s.task_id for s in stores if s.last_report is not None]
     exit_colours = {
         "clean": "#4c78a8",
+        "walltime": "#72b7b2",
         "timeout": "#ff7f0e",
         "stalled": "#9467bd",
         "error": "#d62728",

@@ -174,6 +174,8 @@ def _how_it_ended(ex: WorkerExit) -> str:
         return "whose block stalled"
     if ex.kind == "interrupted":
         return "which was interrupted"
+    if ex.kind == "walltime":
+        return "which left before its job time limit"
     first = ex.message.splitlines()[0] if ex.message else ""
     if first.startswith("out of memory"):
         return "which ran out of memory"

@@ -33,7 +33,7 @@ SCHEMA_VERSION: Final = 2
 READABLE_SCHEMAS: Final = (1, 2)
 OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
 MODES: Final = ("distributed", "serial")
-EXIT_KINDS: Final = ("clean", "timeout", "stalled", "error", "interrupted")
+EXIT_KINDS: Final = ("clean", "walltime", "timeout", "stalled", "error", "interrupted")
 COUNTER_KEYS: Final = (
     "total",
     "completed",

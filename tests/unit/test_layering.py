@@ -22,6 +22,7 @@ RANK = {
     "_names": 0,
     "_gpu": 0,
     "_code_origin": 0,
+    "_walltime": 0,
     "logging": 0,
     "_block": 1,
     "_graph": 2,

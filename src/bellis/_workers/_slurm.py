@@ -2,8 +2,15 @@
 
 The job script runs ``python -m bellis._worker``; the worker reads its payload from a file
 next to its logs (``BELLIS_PAYLOAD_FILE``) and connects back to the server over TCP. Job
-states are read with one ``squeue`` call per ``poll_interval`` for all jobs of the run, and
-a finished job's ``ExitCode`` once with ``scontrol show job``.
+states, reasons and exit codes are read with one ``squeue`` call per ``poll_interval`` for
+all jobs of the launcher, whatever their number (``scontrol show job`` only for a job gone
+from ``squeue``, or where ``squeue`` cannot print exit codes).
+
+With a ``time_limit`` the workers are walltime-aware (``bellis._walltime``): the job script
+exports the limit and the job's start, and a worker stops taking blocks when its job's
+remaining time is below ``walltime_margin`` plus the p95 of its block walls, then exits 0
+after writing :data:`~bellis._walltime.LEAVING_MARKER` to its stderr; that exit is kind
+``walltime`` and the server starts a replacement while blocks remain.
 
 Files go per log slot, as the workers' logs do: the job script and payload of the worker
 in slot ``n`` of a task are ``worker_<n>.sbatch`` and ``worker_<n>.payload`` next to its
@@ -29,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._walltime import LEAVING_MARKER
 from ..errors import WorkerStartError
 from ..logging import task_log_dirname
 from ._launchers import (
@@ -38,6 +46,19 @@ from ._launchers import (
     WorkerSpec,
     _stderr_tail,
     describe_exit,
+)
+from ._slurm_text import (
+    array_ranges,
+    default_margin,
+    exit_status,
+    file_size,
+    format_mem,
+    format_time_limit,
+    parse_fields,
+    sanitize,
+    slurm_pattern,
+    time_limit_seconds,
+    write_private,
 )
 
 __all__ = ["SlurmLauncher"]
@@ -70,12 +91,24 @@ _HOPELESS_REASONS = frozenset(
         "PartitionConfig",
         "PartitionNodeLimit",
         "PartitionTimeLimit",
+        # the node could not start the job, which SLURM then requeued and held: only an
+        # administrator's release would start it
+        "launch failed requeued held",
+        "launch_failed_requeued_held",
     }
 )
 _OOM_MARKERS = ("Exceeded job memory limit", "oom-kill", "Out Of Memory")
 _COMMAND_TIMEOUT_SECONDS = 30.0
+#: squeue's columns: the array task id (``<array>_<index>``), state, reason, exit status
+_SQUEUE_FIELDS = "JobArrayID:|,State:|,Reason:|,exit_code:|"
+#: SLURM's default MaxArraySize, where ``scontrol show config`` does not say
+_DEFAULT_MAX_ARRAY_SIZE = 1001
 #: how often jobs are polled once the run told them to stop (whatever poll_interval is)
 _SHUTDOWN_POLL_SECONDS = 0.5
+
+
+class _FormatUnsupported(Exception):
+    """squeue rejected the output format, or printed lines it does not parse."""
 
 
 @dataclass
@@ -99,64 +132,6 @@ class _Job:
     warn_pending_at: float = 0.0
 
 
-def _sanitize(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
-
-
-def _format_time_limit(value: int | float | str) -> str:
-    if isinstance(value, str):
-        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", value):
-            raise ValueError(f"time_limit={value!r} is not minutes or 'HH:MM:SS'")
-        return value
-    minutes = int(value)
-    if minutes < 1:
-        raise ValueError(f"time_limit must be at least 1 minute (got {value!r})")
-    return str(minutes)
-
-
-def _format_mem(value: int | str) -> str:
-    if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"mem must be positive (got {value!r})")
-        return f"{value}M"
-    if not re.fullmatch(r"\d+[KMGT]?", value.strip().upper()):
-        raise ValueError(f"mem={value!r} is not a SLURM memory size such as '4G' or '500M'")
-    return value.strip().upper()
-
-
-def _parse_fields(line: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for item in line.split():
-        key, sep, value = item.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
-
-
-def _slurm_pattern(path: Path | str) -> str:
-    """``path`` for an ``#SBATCH --output``/``--error`` line: SLURM reads ``%`` as the start
-    of a replacement symbol there (task directories can hold ``%25``-style escapes)."""
-    return str(path).replace("%", "%%")
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner can read: job scripts hold the run's secret, and the
-    payload is the pickled function the worker will run."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 class SlurmLauncher(WorkerLauncher):
     """Start workers as SLURM batch jobs (``sbatch``), one job per worker.
 
@@ -167,6 +142,11 @@ class SlurmLauncher(WorkerLauncher):
     A job still pending after ``pending_warning`` seconds is reported at WARNING with
     SLURM's reason (again every ten times as long), so a queue that never starts the job
     is visible instead of a silent wait.
+
+    With a ``time_limit``, a worker takes no new block once its job's remaining time is
+    less than ``walltime_margin`` seconds (default 5% of the limit, 10 s to 60 s) plus the
+    p95 wall of its blocks so far; it exits cleanly (exit kind ``walltime``) and a new job
+    takes over while blocks remain. ``walltime_aware=False`` turns this off.
     """
 
     name = "slurm"
@@ -185,6 +165,8 @@ class SlurmLauncher(WorkerLauncher):
         poll_interval: float = 1.0,
         array_threshold: int = 4,
         pending_warning: float = 300.0,
+        walltime_margin: float | None = None,
+        walltime_aware: bool = True,
     ) -> None:
         if cpus_per_worker < 1:
             raise ValueError(f"cpus_per_worker must be at least 1 (got {cpus_per_worker})")
@@ -193,13 +175,29 @@ class SlurmLauncher(WorkerLauncher):
         if pending_warning <= 0:
             raise ValueError(f"pending_warning must be positive seconds (got {pending_warning})")
         self.partition = partition
-        self.time_limit = None if time_limit is None else _format_time_limit(time_limit)
+        self.time_limit = None if time_limit is None else format_time_limit(time_limit)
+        #: the limit in seconds when workers watch it (None: they do not)
+        self.walltime_seconds: int | None = None
+        self.walltime_margin = 0.0
+        if self.time_limit is not None and walltime_aware:
+            self.walltime_seconds = time_limit_seconds(self.time_limit)
+            margin = (
+                default_margin(self.walltime_seconds)
+                if walltime_margin is None
+                else float(walltime_margin)
+            )
+            if not 0.0 <= margin < self.walltime_seconds:
+                raise ValueError(
+                    f"walltime_margin must be seconds >= 0 and below the time limit "
+                    f"({self.walltime_seconds} s), got {walltime_margin!r}"
+                )
+            self.walltime_margin = margin
         self.cpus_per_worker = int(cpus_per_worker)
-        self.mem = None if mem is None else _format_mem(mem)
+        self.mem = None if mem is None else format_mem(mem)
         self.gres = gres
         self.extra_args = tuple(extra_args)
         self.python = python
-        self.job_name_prefix = _sanitize(job_name_prefix)
+        self.job_name_prefix = sanitize(job_name_prefix)
         self.poll_interval_seconds = float(poll_interval)
         self.array_threshold = max(2, int(array_threshold))
         self.pending_warning_seconds = float(pending_warning)
@@ -208,12 +206,15 @@ class SlurmLauncher(WorkerLauncher):
         self._shutting_down = False
         self._scratch: Path | None = None
         self._atexit_registered = False
+        #: whether squeue prints exit codes (``-O exit_code``); False: scontrol per job end
+        self._squeue_exit_codes = True
+        self._max_array_size: int | None = None
 
     # -- submission ---------------------------------------------------------------------
     def job_name(self, spec: WorkerSpec) -> str:
         """``{prefix}-{run}-{task}-w{worker_id}``, restricted to ``[A-Za-z0-9_.-]``."""
         return (
-            f"{self.job_name_prefix}-{_sanitize(spec.run_name)}-{_sanitize(spec.task_id)}"
+            f"{self.job_name_prefix}-{sanitize(spec.run_name)}-{sanitize(spec.task_id)}"
             f"-w{spec.worker_id}"
         )
 
@@ -222,7 +223,7 @@ class SlurmLauncher(WorkerLauncher):
         cpus = req.get("cpus", req.get("cpu", self.cpus_per_worker))
         flags = [f"--cpus-per-task={int(cpus)}"]
         mem_mb = req.get("mem_mb", req.get("mem"))
-        mem = _format_mem(int(mem_mb)) if mem_mb else self.mem
+        mem = format_mem(int(mem_mb)) if mem_mb else self.mem
         if mem is not None:
             flags.append(f"--mem={mem}")
         gres = f"gpu:{int(req['gpu'])}" if req.get("gpu") else self.gres
@@ -248,7 +249,7 @@ class SlurmLauncher(WorkerLauncher):
     def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
         path = directory / f"{stem}.payload"
         tmp = path.with_suffix(".payload.tmp")
-        _write_private(tmp, struct.pack("<Q", len(spec.payload)) + spec.payload)
+        write_private(tmp, struct.pack("<Q", len(spec.payload)) + spec.payload)
         tmp.replace(path)
         return path
 
@@ -258,6 +259,17 @@ class SlurmLauncher(WorkerLauncher):
             if key in spec.env:
                 lines.append(f"export {key}={shlex.quote(spec.env[key])}")
         return lines
+
+    def _walltime_lines(self) -> list[str]:
+        """The job script's first commands when workers watch the time limit: the job's
+        start (epoch seconds), the limit and the margin (see ``bellis._walltime``)."""
+        if self.walltime_seconds is None:
+            return []
+        return [
+            "BELLIS_JOB_STARTED=$(date +%s)",
+            f"export BELLIS_JOB_STARTED BELLIS_JOB_TIME_LIMIT={self.walltime_seconds} "
+            f"BELLIS_WALLTIME_MARGIN={self.walltime_margin:g}",
+        ]
 
     def _submit(self, script: Path, spec: WorkerSpec, extra: list[str]) -> str:
         if shutil.which("sbatch") is None:
@@ -287,6 +299,9 @@ class SlurmLauncher(WorkerLauncher):
     def _script_header(self, name: str, spec: WorkerSpec) -> list[str]:
         lines = ["#!/bin/sh", f"#SBATCH --job-name={name}"]
         lines += [f"#SBATCH {flag}" for flag in self._resource_flags(spec)]
+        # the server replaces a worker whose job ended; SLURM must not run it a second time
+        # (after a failed launch, a node failure or a preemption)
+        lines.append("#SBATCH --no-requeue")
         return lines
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
@@ -294,16 +309,17 @@ class SlurmLauncher(WorkerLauncher):
         directory = self._work_dir(spec)
         stem = f"worker_{spec.slot_index}"
         payload = self._write_payload(spec, directory, stem)
-        out = _slurm_pattern(spec.out_path) if spec.out_path is not None else "/dev/null"
-        err = _slurm_pattern(spec.err_path) if spec.err_path is not None else "/dev/null"
+        out = slurm_pattern(spec.out_path) if spec.out_path is not None else "/dev/null"
+        err = slurm_pattern(spec.err_path) if spec.err_path is not None else "/dev/null"
         lines = self._script_header(name, spec)
         # append, as local workers do: the files hold earlier runs and the driver's
         # separator line (SLURM's default open mode would truncate them)
         lines += [f"#SBATCH --output={out}", f"#SBATCH --error={err}", "#SBATCH --open-mode=append"]
+        lines += self._walltime_lines()
         lines += self._worker_lines(spec, payload)
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / f"{stem}.sbatch"
-        _write_private(script, ("\n".join(lines) + "\n").encode())
+        write_private(script, ("\n".join(lines) + "\n").encode())
         try:
             job_id = self._submit(script, spec, [])
         except BaseException:
@@ -316,26 +332,60 @@ class SlurmLauncher(WorkerLauncher):
         return WorkerHandle(spec, job)
 
     def launch_many(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
-        """Start several workers of one task; one job array when there are enough of them."""
-        if len(specs) < self.array_threshold or len({s.task_id for s in specs}) != 1:
-            # one job each, all or nothing like an array: a failed submission cancels the
-            # jobs submitted before it, which the caller will not watch
-            handles: list[WorkerHandle] = []
+        """Start several workers of one task, all or none: one job array for those whose
+        slot is a valid array index when there are enough of them, one job each for the
+        others. A failed submission cancels the jobs submitted before it, which the
+        caller will not watch."""
+        in_array: list[WorkerSpec] = []
+        if len(specs) >= self.array_threshold and len({s.task_id for s in specs}) == 1:
+            slots = [spec.slot_index for spec in specs]
+            if len(set(slots)) != len(slots):
+                raise WorkerStartError(
+                    f"the workers of one SLURM job array need distinct log slots, got "
+                    f"{slots}: start them one by one with launch()"
+                )
+            limit = self._array_size_limit()
+            in_array = [spec for spec in specs if spec.slot_index < limit]
+            if len(in_array) < self.array_threshold:
+                in_array = []
+        handles: dict[int, WorkerHandle] = {}
+        try:
+            if in_array:
+                for h in self._launch_array(in_array):
+                    handles[id(h.spec)] = h
+            for spec in specs:
+                if id(spec) not in handles:
+                    handles[id(spec)] = self.launch(spec)
+        except BaseException:
+            self._forget([h.native for h in handles.values()])
+            raise
+        return [handles[id(spec)] for spec in specs]
+
+    def _array_size_limit(self) -> int:
+        """SLURM's ``MaxArraySize`` (array indices are below it), read once."""
+        if self._max_array_size is None:
+            self._max_array_size = _DEFAULT_MAX_ARRAY_SIZE
             try:
-                for spec in specs:
-                    handles.append(self.launch(spec))
-            except BaseException:
-                self._forget([h.native for h in handles])
-                raise
-            return handles
+                out = subprocess.run(
+                    ["scontrol", "show", "config"],
+                    capture_output=True,
+                    text=True,
+                    timeout=_COMMAND_TIMEOUT_SECONDS,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                logger.debug("scontrol show config failed: %s", exc)
+                return self._max_array_size
+            m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.M)
+            if m is not None:
+                self._max_array_size = int(m[1])
+        return self._max_array_size
+
+    def _launch_array(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
+        """``specs`` (one task, distinct slots below MaxArraySize) as one job array."""
         first = specs[0]
         directory = self._work_dir(first)
         slots = [spec.slot_index for spec in specs]
-        if len(set(slots)) != len(slots):
-            raise WorkerStartError(
-                f"the workers of one SLURM job array need distinct log slots, got {slots}: "
-                "start them one by one with launch()"
-            )
         name = self.job_name(first) + "-array"
         # the array indices are the slots: SLURM's own messages for array task n go to
         # worker_<n>.err (the worker's own log) where the logs follow that naming
@@ -351,10 +401,11 @@ class SlurmLauncher(WorkerLauncher):
         slurm_log = directory / err_name
         lines = self._script_header(name, first)
         lines += [
-            f"#SBATCH --output={_slurm_pattern(directory)}{os.sep}{out_name}",
-            f"#SBATCH --error={_slurm_pattern(directory)}{os.sep}{err_name}",
+            f"#SBATCH --output={slurm_pattern(directory)}{os.sep}{out_name}",
+            f"#SBATCH --error={slurm_pattern(directory)}{os.sep}{err_name}",
             "#SBATCH --open-mode=append",
         ]
+        lines += self._walltime_lines()
         lines.append('case "$SLURM_ARRAY_TASK_ID" in')
         payloads: list[Path] = []
         for spec in specs:
@@ -370,11 +421,11 @@ class SlurmLauncher(WorkerLauncher):
         lines.append("esac")
         lines.append(f"exec {shlex.quote(self.python)} -m bellis._worker")
         script = directory / "worker_array.sbatch"
-        _write_private(script, ("\n".join(lines) + "\n").encode())
+        write_private(script, ("\n".join(lines) + "\n").encode())
         slurm_errs = [Path(str(slurm_log).replace("%a", str(slot))) for slot in slots]
-        offsets = [_file_size(path) for path in slurm_errs]
+        offsets = [file_size(path) for path in slurm_errs]
         try:
-            array_id = self._submit(script, first, [f"--array={','.join(map(str, slots))}"])
+            array_id = self._submit(script, first, [f"--array={array_ranges(slots)}"])
         except BaseException:
             for payload in payloads:
                 payload.unlink(missing_ok=True)
@@ -412,13 +463,45 @@ class SlurmLauncher(WorkerLauncher):
 
     # -- watching -----------------------------------------------------------------------
     def _query(self, jobs: list[_Job]) -> None:
-        """Update ``state``/``reason`` of ``jobs`` with one squeue call."""
+        """Update ``state``/``reason`` (and, once finished, the exit code) of ``jobs`` with
+        one squeue call, however many there are: an array's tasks are asked for by the
+        array's id (``-r`` lists them one per line)."""
         if not jobs:
             return
-        ids = ",".join(j.job_id for j in jobs)
+        ids = ",".join(dict.fromkeys(j.job_id.split("_")[0] for j in jobs))
+        try:
+            seen = self._squeue(ids)
+        except _FormatUnsupported:
+            # a squeue that cannot print exit codes (or this -O syntax): read them with
+            # scontrol once per finished job from now on
+            self._squeue_exit_codes = False
+            try:
+                seen = self._squeue(ids)
+            except _FormatUnsupported:
+                seen = None
+        if seen is None:
+            return
+        for job in jobs:
+            row = seen.get(job.job_id)
+            if row is None:
+                job.missing_count += 1
+                continue
+            job.state, job.reason = row[0], row[1]
+            job.missing_count = 0
+            if job.state in _FINISHED_STATES and row[2] and not job.extra:
+                job.extra = {"ExitCode": row[2]}
+
+    def _squeue(self, ids: str) -> dict[str, tuple[str, str, str]] | None:
+        """job id -> (state, reason, ``code:signal`` or "") for the jobs ``ids`` lists;
+        None when squeue failed (nothing is known then). Raises :class:`_FormatUnsupported`
+        when squeue rejects the format or prints what it does not parse."""
+        if self._squeue_exit_codes:
+            fmt = ["-O", _SQUEUE_FIELDS]
+        else:
+            fmt = ["-o", "%i|%T|%r||"]
         try:
             out = subprocess.run(
-                ["squeue", "-r", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%r"],
+                ["squeue", "-r", "-h", "-t", "all", "-j", ids, *fmt],
                 capture_output=True,
                 text=True,
                 timeout=_COMMAND_TIMEOUT_SECONDS,
@@ -426,21 +509,19 @@ class SlurmLauncher(WorkerLauncher):
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             logger.debug("squeue failed: %s", exc)
-            return
+            return None
+        if "format" in out.stderr.lower():
+            raise _FormatUnsupported(out.stderr.strip())
         if out.returncode != 0 and "Invalid job id" not in out.stderr:
             logger.debug("squeue exited with %d: %s", out.returncode, out.stderr.strip())
-            return
-        seen: dict[str, tuple[str, str]] = {}
+            return None
+        seen: dict[str, tuple[str, str, str]] = {}
         for line in out.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 3:
-                seen[parts[0]] = (parts[1], parts[2])
-        for job in jobs:
-            if job.job_id in seen:
-                job.state, job.reason = seen[job.job_id]
-                job.missing_count = 0
-            else:
-                job.missing_count += 1
+            parts = [p.strip() for p in line.split("|")]
+            if len(parts) != 5 or not parts[0]:
+                raise _FormatUnsupported(f"unexpected squeue line {line!r}")
+            seen[parts[0]] = (parts[1], parts[2], exit_status(parts[3]))
+        return seen
 
     def _scontrol(self, job_id: str) -> dict[str, str] | None:
         try:
@@ -456,7 +537,7 @@ class SlurmLauncher(WorkerLauncher):
         if out.returncode != 0:
             return None if "Invalid job id" in out.stderr else {}
         for line in out.stdout.splitlines():
-            fields = _parse_fields(line)
+            fields = parse_fields(line)
             if fields.get("JobId") == job_id or (
                 "ArrayTaskId" in fields
                 and f"{fields.get('ArrayJobId')}_{fields['ArrayTaskId']}" == job_id
@@ -531,15 +612,43 @@ class SlurmLauncher(WorkerLauncher):
                 f"out of memory: {where} exceeded its memory limit; raise mem=\n{slurm_tail}",
             )
         if state == "TIMEOUT":
-            return WorkerExit("error", None, f"{where}: job exceeded its SLURM time limit")
+            if self.walltime_seconds is None:
+                return WorkerExit("error", None, f"{where}: job exceeded its SLURM time limit")
+            # its worker takes no block it expects to outlast the job: the block it ran
+            # alone outlasted what was left of the limit
+            return WorkerExit(
+                "error",
+                None,
+                f"{where}: a block ran longer than the job time limit allowed "
+                f"(time_limit={self.time_limit}, walltime_margin={self.walltime_margin:g} s): "
+                "SLURM stopped the job at its limit; raise time_limit= above the longest "
+                "block's wall, or make the blocks smaller",
+            )
         if state == "CANCELLED":
             return WorkerExit("error", None, f"{where} was cancelled (scancel or preemption)")
+        if state == "FAILED" and not code and not sig:
+            # failed without an exit status: the job's script never ran (a failed launch)
+            return WorkerExit(
+                "error", None, f"{where} failed to start (Reason={job.reason or 'unknown'})"
+            )
         if state in ("COMPLETED", "FAILED"):
             result = describe_exit(code if code or not sig else -sig, spec)
             if result.kind == "clean":
-                return result
+                return self._walltime_exit(job) or result
             return WorkerExit(result.kind, result.code, f"{where}: {result.message}")
         return WorkerExit("error", code or None, f"{where} ended in state {state}")
+
+    def _walltime_exit(self, job: _Job) -> WorkerExit | None:
+        """The exit of a worker that left before its job's time limit (it says so in its
+        own stderr); None for any other clean exit."""
+        spec = job.spec
+        if self.walltime_seconds is None or spec.err_path is None:
+            return None
+        tail = _stderr_tail(spec.err_path, lines=20, start=spec.err_offset)
+        for line in reversed(tail.splitlines()):
+            if line.startswith(LEAVING_MARKER):
+                return WorkerExit("walltime", 0, f"SLURM job {job.job_id} ({job.job_name}): {line}")
+        return None
 
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:
         job: _Job = handle.native
