@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _walltime
 from ._block import Block, BlockStats, BlockStatus, stats_problem
-from ._profiling import Meter
+from ._profiling import Meter, attach_gpu
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -624,6 +624,7 @@ class Client:
         meter = None
         if self.resource_tracking:
             meter = Meter()
+            attach_gpu(meter)
             meter.start()
         try:
             yield block
@@ -642,6 +643,8 @@ class Client:
         previous block's closing readings (:meth:`Meter.restart`).
         """
         meter = Meter() if self.resource_tracking else None
+        if meter is not None:
+            attach_gpu(meter)
         queue = self._queue
         try:
             while True:
