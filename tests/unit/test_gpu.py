@@ -354,3 +354,34 @@ def test_adapter_no_samples_is_an_empty_list(code: int) -> None:
 def test_adapter_other_errors_propagate() -> None:
     with pytest.raises(_NVMLError):
         _Pynvml(fake_pynvml(util_error=15)).process_utilization("dev-0", 0)
+
+
+# ---------------------------------------------------------------- SLURM GPU requests
+
+
+def test_slurm_gpus_per_worker_requests_gres() -> None:
+    from pathlib import Path
+
+    from bellis import ConfigurationError, SlurmLauncher
+    from bellis._workers._launchers import WorkerSpec
+
+    spec = WorkerSpec(task_id="t", worker_id=0, env={}, payload=b"", out_path=None, err_path=None)
+    flags = SlurmLauncher(gpus_per_worker=2)._resource_flags(spec)
+    assert "--gres=gpu:2" in flags
+    # a task's requires={"gpu": n} still overrides the launcher's default
+    spec_req = WorkerSpec(
+        task_id="t",
+        worker_id=0,
+        env={},
+        payload=b"",
+        out_path=Path("o"),
+        err_path=Path("e"),
+        requires={"gpu": 1},
+    )
+    assert "--gres=gpu:1" in SlurmLauncher(gpus_per_worker=2)._resource_flags(spec_req)
+    assert not any(f.startswith("--gres") for f in SlurmLauncher()._resource_flags(spec))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="gpus_per_worker"):
+            SlurmLauncher(gpus_per_worker=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="not both"):
+        SlurmLauncher(gpus_per_worker=1, gres="gpu:a100:1")

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._walltime import LEAVING_MARKER
-from ..errors import WorkerStartError
+from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
 from ._launchers import (
     WorkerExit,
@@ -136,8 +136,9 @@ class SlurmLauncher(WorkerLauncher):
     """Start workers as SLURM batch jobs (``sbatch``), one job per worker.
 
     ``time_limit`` is minutes or ``"HH:MM:SS"``; ``mem`` is ``"4G"``-style or megabytes;
-    ``gres`` e.g. ``"gpu:1"``. A task's ``requires`` keys ``cpu``/``cpus``, ``mem``/``mem_mb``
-    (megabytes) and ``gpu`` override the per-worker CPUs, memory and GPU count.
+    ``gres`` e.g. ``"gpu:1"``, or ``gpus_per_worker=N`` for ``--gres=gpu:N``. A task's
+    ``requires`` keys ``cpu``/``cpus``, ``mem``/``mem_mb`` (megabytes) and ``gpu`` override
+    the per-worker CPUs, memory and GPU count.
     ``launch_many`` submits a job array when at least ``array_threshold`` workers start at once.
     A job still pending after ``pending_warning`` seconds is reported at WARNING with
     SLURM's reason (again every ten times as long), so a queue that never starts the job
@@ -159,6 +160,7 @@ class SlurmLauncher(WorkerLauncher):
         cpus_per_worker: int = 1,
         mem: int | str | None = None,
         gres: str | None = None,
+        gpus_per_worker: int | None = None,
         extra_args: Sequence[str] = (),
         python: str = sys.executable,
         job_name_prefix: str = "bellis",
@@ -194,6 +196,21 @@ class SlurmLauncher(WorkerLauncher):
             self.walltime_margin = margin
         self.cpus_per_worker = int(cpus_per_worker)
         self.mem = None if mem is None else format_mem(mem)
+        if gpus_per_worker is not None:
+            if isinstance(gpus_per_worker, bool) or not isinstance(gpus_per_worker, int):
+                raise ConfigurationError(
+                    f"gpus_per_worker={gpus_per_worker!r} is not a number of GPUs: pass an "
+                    "int >= 1, or None for no GPU",
+                    parameter="gpus_per_worker",
+                )
+            if gpus_per_worker < 1 or gres is not None:
+                raise ConfigurationError(
+                    f"gpus_per_worker={gpus_per_worker!r} with gres={gres!r}: pass a number of "
+                    "GPUs >= 1, and either gpus_per_worker (it requests --gres=gpu:N) or gres, "
+                    "not both",
+                    parameter="gpus_per_worker",
+                )
+            gres = f"gpu:{gpus_per_worker}"
         self.gres = gres
         self.extra_args = tuple(extra_args)
         self.python = python
