@@ -19,6 +19,8 @@ __all__ = ["advice", "memory_request"]
 MIN_BLOCKS: Final = 20
 OUTLIER_FACTOR: Final = 5.0
 WAIT_RATIO: Final = 0.5
+#: below this share of block time with the GPU busy (mean SM utilisation), the blocks wait
+GPU_BUSY_SHARE: Final = 0.5
 IDLE_SHARE: Final = 0.25
 STARTUP_SHARE: Final = 0.25
 TAIL_SHARE: Final = 0.2
@@ -70,6 +72,15 @@ def _task_advice(s: StoreData) -> list[str]:
             out.append(
                 f"{who}: cpu / wall = {ratio:.2f}: blocks use about {ratio:.0f} cores each; "
                 "request that many cores per worker"
+            )
+    util = _column(s, "gpu_util_pct")
+    if util is not None:
+        util = util[np.isfinite(util)]
+        if len(util) >= MIN_BLOCKS and float(util.mean()) < GPU_BUSY_SHARE * 100:
+            out.append(
+                f"{who}: the GPU is busy {util.mean():.0f}% of block time (mean SM "
+                "utilisation): the blocks wait on IO or on the CPU; read ahead, or give each "
+                "worker more CPUs"
             )
     if wall is not None and len(wall) >= MIN_BLOCKS:
         median = float(np.median(wall))

@@ -71,6 +71,8 @@ VOLUME_METRICS: Final = (
     ("peak_rss_bytes", "peak RSS", "B"),
     ("io_read_bytes", "IO read", "B"),
     ("io_write_bytes", "IO written", "B"),
+    ("gpu_util_pct", "GPU utilisation", "%"),
+    ("gpu_mem_bytes", "GPU memory", "B"),
 )
 
 
@@ -516,7 +518,7 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         failures_ds = _downsample(failures, k, 0.0)
     metrics["state"] = typed(state_ds.reshape(-1))
     metrics["failures"] = typed(failures_ds.reshape(-1))
-    names = [name for name, _, _ in VOLUME_METRICS[2:] if name in s.stats]
+    names = [name for name, _, _ in VOLUME_METRICS[2:] if name in s.stats and _shown(s, name)]
     if names:
         measured = np.zeros(int(np.prod(grid)), dtype=bool)
         measured[s.measured()] = True
@@ -539,3 +541,13 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         "labels": {n: [label, unit] for n, label, unit in VOLUME_METRICS if n in metrics},
         **extra,
     }
+
+
+def _shown(s: StoreData, name: str) -> bool:
+    """Whether a figure has anything to show: the GPU figures only where some block's
+    process measured them (elsewhere they are the seed's NaN and 0 throughout)."""
+    if name == "gpu_util_pct":
+        return bool(np.isfinite(s.stats[name].reshape(-1)[s.measured()]).any())
+    if name == "gpu_mem_bytes":
+        return bool((s.stats[name].reshape(-1)[s.measured()] > 0).any())
+    return True

@@ -206,3 +206,33 @@ def test_run_menu_labels_every_run() -> None:
     assert labels[0] == "all runs"
     assert labels[1].startswith("run 1: 1970-01-01 00:00:00 UTC, 3 blocks, wall ")
     assert labels[2].startswith("run 2: 1970-01-02 00:00:00 UTC, 1 blocks (3 skipped), wall ")
+
+
+def test_gpu_advice_and_maps_only_where_the_gpu_was_measured() -> None:
+    from bellis._report_figures import volume_payload
+
+    ones = np.ones(100)
+    util = np.full(100, 23.0, dtype=np.float32)
+    util[:10] = np.nan  # blocks whose process had no GPU
+    mem = np.full(100, 2 << 30, dtype=np.uint64)
+    s = _store(wall_seconds=ones, cpu_seconds=ones, gpu_util_pct=util, gpu_mem_bytes=mem)
+    assert advice([s]) == [
+        "t: the GPU is busy 23% of block time (mean SM utilisation): the blocks wait on IO "
+        "or on the CPU; read ahead, or give each worker more CPUs"
+    ]
+    payload = volume_payload(s)
+    assert payload is not None
+    assert {"gpu_util_pct", "gpu_mem_bytes"} <= set(payload["labels"])
+    # the seed's NaN and 0 everywhere: no GPU line, no GPU map
+    none = _store(
+        wall_seconds=ones,
+        cpu_seconds=ones,
+        gpu_util_pct=np.full(100, np.nan, dtype=np.float32),
+        gpu_mem_bytes=np.zeros(100, dtype=np.uint64),
+    )
+    assert advice([none]) == []
+    payload = volume_payload(none)
+    assert payload is not None
+    assert not {"gpu_util_pct", "gpu_mem_bytes"} & set(payload["labels"])
+    busy = _store(wall_seconds=ones, cpu_seconds=ones, gpu_util_pct=np.full(100, 90.0))
+    assert advice([busy]) == []
