@@ -434,9 +434,10 @@ def test_record_success_writes_every_stat_array(store_path: Path) -> None:
     assert flat["peak_rss_bytes"][6] == 123_456_789
     assert flat["io_read_bytes"][6] == 1000
     assert flat["io_write_bytes"][6] == 2000
-    assert math.isnan(flat["gpu_util_pct"][6])
-    assert chunk(store_path, "gpu_util_pct", 2).read_bytes()[24:28] == b"\x00\x00\xc0\x7f"
-    assert flat["gpu_mem_bytes"][6] == 0
+    # the GPU figures as measured (42 %, 7 bytes): stored as given
+    assert flat["gpu_util_pct"][6] == np.float32(42.0)
+    assert chunk(store_path, "gpu_util_pct", 2).read_bytes()[24:28] == np.float32(42.0).tobytes()
+    assert flat["gpu_mem_bytes"][6] == 7
     assert flat["worker_id"][6] == 4
     assert flat["sent_at"][6] == 1_700_000_000.25
     assert flat["returned_at"][6] == 1_700_000_001.5
@@ -444,10 +445,11 @@ def test_record_success_writes_every_stat_array(store_path: Path) -> None:
     # A block without stats only marks done.
     assert flat["worker_id"][2] == 0 and flat["sent_at"][2] == 0.0
     assert flat["gpu_util_pct"][2] == 0.0
-    # A 7-tuple (no child CPU) records zero child CPU.
+    # A 7-tuple (an old client: no child CPU) records zero child CPU and no GPU figure.
     assert flat["worker_id"][8] == NO_WORKER
     assert flat["cpu_children_seconds"][8] == 0.0
     assert math.isnan(flat["gpu_util_pct"][8])
+    assert flat["gpu_mem_bytes"][8] == 0
 
 
 def test_record_failure_stamps_a_cell_that_is_not_done(store_path: Path) -> None:
@@ -506,7 +508,7 @@ def test_zarr_python_reads_while_the_store_is_being_written(store_path: Path) ->
         group = zarr.open_group(store_path, mode="r")
         assert group["done"][:].tolist() == [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
         assert int(group["failures"][0, 2]) == 1
-        assert math.isnan(float(group["gpu_util_pct"][0, 1]))
+        assert float(group["gpu_util_pct"][0, 1]) == 42.0
         store.record_success(11, STATS, 3, 1.0, 2.0)
         assert int(zarr.open_group(store_path, mode="r")["done"][2, 3]) == 1
         assert int(group["worker_id"][2, 3]) == 3
