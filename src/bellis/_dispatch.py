@@ -47,6 +47,8 @@ share of the ready blocks.
 from __future__ import annotations
 
 import logging
+from heapq import heapify, heappop, heappush
+from itertools import count
 from typing import Any, Final
 
 import numpy as np
@@ -187,6 +189,12 @@ class Dispatcher:
         self._wall_offset = 0.0
         #: tasks with a request parked in the middle of check_function skips
         self.checking: set[int] = set()
+        #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
+        #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
+        self._deadlines: list[tuple[float, int, Peer]] = []
+        self._deadline_seq = count()
+        #: peers with a live entry in ``_deadlines``
+        self._tracked = 0
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -581,6 +589,9 @@ class Dispatcher:
                 peer.sent_at = now
                 peer.sent_wall = wall
                 peer.deadline = now + run.task.timeout_secs * len(held)
+                due = peer.deadline + watchdog_margin_seconds(run)
+                if due < peer.due:
+                    self._watch(peer, due)
                 self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
                 return
             if run.status == RUNNING and run.pending > 0:
@@ -592,12 +603,38 @@ class Dispatcher:
         self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
 
     # -- deadlines ------------------------------------------------------------------------
-    def expire(self, peers: Any, now: float) -> None:
-        """Reclaim the blocks of each of ``peers`` (the open connections) that outlived
-        their deadline and the watchdog's margin."""
-        for peer in peers:
-            if peer.held and now > peer.deadline + watchdog_margin_seconds(peer.run):
+    def _watch(self, peer: Peer, due: float) -> None:
+        """Have :meth:`expire` look at ``peer`` at ``due`` (earlier than its entry so far)."""
+        heap = self._deadlines
+        if peer.due == _INF:
+            self._tracked += 1
+        peer.due = due
+        heappush(heap, (due, next(self._deadline_seq), peer))
+        if len(heap) > 2 * self._tracked + 64:
+            # drop the stale entries (superseded by an earlier one) so the heap stays O(peers)
+            self._deadlines = [e for e in heap if e[0] == e[2].due]
+            heapify(self._deadlines)
+
+    def expire(self, now: float) -> None:
+        """Reclaim the blocks of the connections that outlived their deadline and the
+        watchdog's margin. Only entries of the deadline heap that fell due are looked at:
+        O(expired + log N), whatever the number of connections."""
+        heap = self._deadlines
+        while heap and heap[0][0] < now:
+            due, _, peer = heappop(heap)
+            if due != peer.due:
+                continue  # stale: the peer has an earlier entry
+            peer.due = _INF
+            self._tracked -= 1
+            if peer.closed or not peer.held:
+                continue
+            real = peer.deadline + watchdog_margin_seconds(peer.run)
+            if now > real:
                 self._reclaim(peer, now)
+            else:
+                # a later batch with a later deadline: look again then
+                self._watch(peer, real)
+            heap = self._deadlines
 
     def _time_out_block(
         self,

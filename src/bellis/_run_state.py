@@ -32,6 +32,7 @@ class Peer:
         "batch",
         "closed",
         "deadline",
+        "due",
         "held",
         "nonce",
         "opened_at",
@@ -56,6 +57,8 @@ class Peer:
         self.sent_at = 0.0
         self.sent_wall = 0.0
         self.deadline = 0.0
+        #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
+        self.due = float("inf")
         self.opened_at = now
 
 

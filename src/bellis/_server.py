@@ -278,13 +278,18 @@ class RunLoop:
         if not self._listening and self.d.shutdown_started is None:
             self.sel.register(self.listener, selectors.EVENT_READ, None)
             self._listening = True
-        for conn in list(self.handshaking.values()):
-            if not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
-                logger.warning(
-                    "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
-                )
-                self.d.close(conn, now)
-        self.d.expire(list(self.conns.values()), now)
+        # in the order they connected: only the too old at the front are looked at
+        old = []
+        for conn in self.handshaking.values():
+            if now - conn.opened_at <= _HANDSHAKE_SECONDS:
+                break
+            old.append(conn)
+        for conn in old:
+            logger.warning(
+                "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
+            )
+            self.d.close(conn, now)
+        self.d.expire(now)
         self._carry_out()
         self._poll_workers(now)
         self.d.sync_clock(time.monotonic(), time.time())

@@ -413,14 +413,87 @@ def test_a_block_is_reclaimed_only_after_its_deadline_and_the_watchdog_margin() 
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
     margin = watchdog_margin_seconds(sc.run())
-    sc.d.expire([peer], peer.deadline + margin)
+    sc.d.expire(peer.deadline + margin)
     assert sc.take() == []
     sc.now = peer.deadline + margin + 0.01
-    sc.d.expire([peer], sc.now)
+    sc.d.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     assert sc.run().timeout_reclaims == 1 and w.exit is not None and w.exit.kind == "timeout"
     assert sc.plans["t"].alive == 0  # retired at once: a replacement may start
+
+
+class CountingPeer(Peer):
+    """A peer that counts how often the dispatcher looks at what it holds."""
+
+    __slots__ = ("looks",)
+
+    def __init__(self, *args: Any) -> None:
+        self.looks = 0
+        super().__init__(*args)
+
+    @property  # type: ignore[override]
+    def held(self) -> list[int]:
+        self.looks += 1
+        return Peer.held.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @held.setter
+    def held(self, value: list[int]) -> None:
+        Peer.held.__set__(self, value)  # type: ignore[attr-defined]
+
+
+def test_a_tick_looks_only_at_the_connections_whose_deadline_passed() -> None:
+    sc = Script(task(blocks=2000, timeout=10, max_retries=1))
+    peers = []
+    for i in range(1000):
+        sc.now = 100.0 + i  # one block each, deadlines 1 s apart
+        peer = CountingPeer(("127.0.0.1", 6000 + i), b"c%d" % i, sc.now)
+        sc.d.receive(peer, [HELLO, compute_mac(SECRET, peer.nonce), "t", -1, 1, 0.0], sc.now)
+        sc.take()  # the WELCOME
+        assert len(send_of(sc.acquire(peer), peer)) == 1
+        peers.append(peer)
+    margin = watchdog_margin_seconds(sc.run())
+    for peer in peers:
+        peer.looks = 0
+    sc.now = peers[2].deadline + margin + 0.01  # the first three are past their deadline
+    sc.d.expire(sc.now)
+    out = sc.take()
+    assert [p for p in peers if closed(out, p)] == peers[:3]
+    assert sc.run().timeout_reclaims == 3
+    assert all(p.looks == 0 for p in peers[3:])  # the other 997 were not even looked at
+
+
+def test_a_later_batch_with_an_earlier_deadline_is_reclaimed_at_that_deadline() -> None:
+    sc = Script(task(blocks=40, timeout=10, max_retries=1))
+    peer = sc.connect()
+    peer.batch = 8
+    held = send_of(sc.acquire(peer), peer)
+    assert len(held) == 8  # deadline 80 s away
+    sc.now += 1
+    peer.batch = 1
+    returns = [(k, OK, -1, None) for k in held]
+    assert len(send_of(sc.acquire(peer, *returns), peer)) >= 1
+    peer.batch = 1
+    sc.now += 1
+    # the first batch's deadline has not passed, the second's (one block, 10 s) is past
+    sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
+    assert len(peer.held) == 1
+    sc.d.expire(sc.now)
+    assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
+
+
+def test_a_connection_served_again_is_not_reclaimed_at_its_old_deadline() -> None:
+    sc = Script(task(blocks=40, timeout=10, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 9
+    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    sc.now += 5  # past the first block's deadline, not the second's
+    sc.d.expire(sc.now)
+    assert sc.take() == [] and sc.run().timeout_reclaims == 0
+    sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
+    sc.d.expire(sc.now)
+    assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
 
 
 def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_suspects() -> None:
@@ -431,7 +504,7 @@ def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_s
     held = send_of(sc.acquire(peer), peer)
     assert len(held) == 4
     sc.now = peer.deadline + 10
-    sc.d.expire([peer], sc.now)
+    sc.d.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     run = sc.run()
@@ -623,7 +696,7 @@ def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> N
     (w,) = sc.start_workers()
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
-    sc.d.expire([peer], peer.deadline + 5)
+    sc.d.expire(peer.deadline + 5)
     sc.take()
     failures = sc.run().worker_failures
     assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
