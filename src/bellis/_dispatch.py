@@ -227,10 +227,7 @@ class Dispatcher:
         peer.closed = True
         self.out.append((CLOSE, peer))
         run = peer.run
-        if run is not None:
-            plan = self.plan_of[run.index]
-            if peer in plan.parked:
-                plan.parked.remove(peer)
+        peer.parked = False  # its entry in the parked queue, if any, is skipped
         if peer.held and run is not None:
             held = peer.held
             peer.held = []
@@ -336,7 +333,7 @@ class Dispatcher:
             raise ProtocolError(f"malformed message of {len(msg)} fields")
         run = peer.run
         assert run is not None
-        if peer in self.plan_of[run.index].parked:
+        if peer.parked:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
@@ -542,7 +539,9 @@ class Dispatcher:
             and (run.ready > 0 or run.status != RUNNING or run.pending <= 0)
         ):
             c = plan.parked.popleft()
-            self._serve(c, run, False, now)
+            if c.parked:
+                c.parked = False
+                self._serve(c, run, False, now)
 
     def continue_checks(self, now: float) -> None:
         """Serve the requests parked by a check slice: the next slice of skips."""
@@ -558,6 +557,7 @@ class Dispatcher:
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
                 self.plan_of[run.index].parked.appendleft(peer)
+                peer.parked = True
                 self.checking.add(run.index)
                 self.dirty = True
                 return
@@ -596,6 +596,7 @@ class Dispatcher:
                 return
             if run.status == RUNNING and run.pending > 0:
                 self.plan_of[run.index].parked.append(peer)
+                peer.parked = True
                 return
         if peer.worker is not None:
             peer.worker.earned = True
@@ -731,6 +732,9 @@ class Dispatcher:
         for plan in self.plans.values():
             while plan.parked:
                 c = plan.parked.popleft()
+                if not c.parked:
+                    continue
+                c.parked = False
                 self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
                 if c.worker is not None:
                     c.worker.earned = True
@@ -848,7 +852,10 @@ class Dispatcher:
                     )
                 p = self.plan_of[r.index]
                 while p.parked:
-                    self._serve(p.parked.popleft(), r, True, now)
+                    c = p.parked.popleft()
+                    if c.parked:
+                        c.parked = False
+                        self._serve(c, r, True, now)
             self.dirty = True
 
     def rebalance(self, now: float) -> None:

@@ -36,6 +36,7 @@ class Peer:
         "held",
         "nonce",
         "opened_at",
+        "parked",
         "run",
         "sent_at",
         "sent_wall",
@@ -53,6 +54,9 @@ class Peer:
         self.worker: ManagedWorker | None = None
         self.worker_id = -1
         self.held: list[int] = []
+        #: its request waits in its task's ``parked`` queue (an entry there whose peer's
+        #: flag is clear is stale: skipped when popped)
+        self.parked = False
         self.batch = 1
         self.sent_at = 0.0
         self.sent_wall = 0.0

@@ -313,7 +313,7 @@ def test_a_second_request_while_parked_drops_the_client() -> None:
     b = sc.connect("down")
     assert sc.acquire(b) == []  # parked: its block waits for "up"
     assert closed(sc.acquire(b), b)
-    assert b not in sc.plans["down"].parked
+    assert not b.parked
 
 
 def test_an_unstarted_block_may_come_back_only_with_a_bye() -> None:
@@ -383,18 +383,36 @@ def test_a_request_with_no_block_ready_or_pending_gets_the_shutdown() -> None:
     a, b = sc.connect(), sc.connect()
     send_of(sc.acquire(a), a)
     assert sent(sc.acquire(b), b) == [[SHUTDOWN]]
-    assert b not in sc.plans["t"].parked
+    assert not b.parked and b not in sc.plans["t"].parked
 
 
 def test_a_parked_request_gets_the_shutdown_when_its_blocks_are_orphaned() -> None:
     sc = Script(task("up", blocks=1, max_retries=0) + task("down", blocks=1))
     u, dn = sc.connect("up"), sc.connect("down")
     (k,) = send_of(sc.acquire(u), u)
-    assert sc.acquire(dn) == [] and dn in sc.plans["down"].parked
+    assert sc.acquire(dn) == [] and dn.parked and dn in sc.plans["down"].parked
     out = sc.acquire(u, (k, FAIL, -1, "boom"))
     assert sent(out, u) == [[SHUTDOWN]] and sc.run("down").orphaned == 1
     sc.d.tick(sc.now)  # the tick serves what no release woke
     assert sent(sc.take(), dn) == [[SHUTDOWN]]
+
+
+def test_a_closed_parked_request_is_skipped_when_blocks_get_ready() -> None:
+    sc = Script(task("up", blocks=2) + task("down", blocks=2, read_write_conflict=False))
+    u1, u2 = sc.connect("up"), sc.connect("up")
+    (k1,) = send_of(sc.acquire(u1), u1)
+    (k2,) = send_of(sc.acquire(u2), u2)
+    waiting = [sc.connect("down") for _ in range(3)]
+    for w in waiting:
+        assert sc.acquire(w) == [] and w.parked
+    sc.d.close(waiting[0], sc.now)
+    sc.take()
+    assert not waiting[0].parked
+    out = sc.acquire(u1, (k1, OK, -1, None)) + sc.acquire(u2, (k2, OK, -1, None))
+    # the two blocks of "down" go to the two open requests, in the order they came
+    assert not sent(out, waiting[0])
+    assert len(send_of(out, waiting[1])) == 1 and len(send_of(out, waiting[2])) == 1
+    assert not any(w.parked for w in waiting) and not sc.plans["down"].parked
 
 
 def test_a_downstream_request_parks_until_its_upstream_block_is_done() -> None:
