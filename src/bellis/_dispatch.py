@@ -675,6 +675,7 @@ class Dispatcher:
     ) -> None:
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit(kind, None, text)
+            self.plan_of[worker.run.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
             self._retire(worker)
             self.out.append((KILL, worker))
@@ -765,6 +766,7 @@ class Dispatcher:
         plan = self.plan_of[worker.run.index]
         if already:
             assert worker.exit is not None
+            plan.retired_unseen -= 1
             plan.release_slot(worker.slot, replacing(worker.worker_id, worker.exit))
             return False
         if interrupted:
@@ -909,9 +911,7 @@ class Dispatcher:
         plan.alive += 1
         timeline = plan.timelines.spawned(wid, now)
         slot, before = plan.take_slot()
-        if before is None and any(
-            w.exit is not None and w.run is run for w in self.workers.values()
-        ):
+        if before is None and plan.retired_unseen > 0:
             # a new slot while a worker retired after a block timeout is yet to be seen
             # to end: it holds its slot until then
             before = "restart in a new slot (the worker it replaces has not ended yet)"

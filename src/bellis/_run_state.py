@@ -125,6 +125,9 @@ class TaskPlan:
         self.aggregates = aggregates
         self.timelines = timelines
         self.alive = 0
+        #: workers stopped after a block timeout whose process is yet to be seen to end
+        #: (each still holds its log slot)
+        self.retired_unseen = 0
         self.free_starts = run.task.max_workers
         self.parked: deque[Peer] = deque()
         # blocks lost with a batch (which one killed the worker is unknown): sent alone

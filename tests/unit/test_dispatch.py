@@ -709,6 +709,23 @@ def test_a_worker_given_up_for_lost_is_turned_away_without_failing_the_run() -> 
     assert sc.d.fatal is None
 
 
+def test_a_replacement_takes_a_new_slot_until_the_timed_out_worker_is_seen_to_end() -> None:
+    sc = Script(task(blocks=4, timeout=1, max_workers=1, max_worker_restarts=5))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    send_of(sc.acquire(peer), peer)
+    sc.d.expire(peer.deadline + 5)
+    sc.take()
+    assert sc.plans["t"].retired_unseen == 1
+    sc.d.rebalance(sc.now)
+    ((op, _plan, (booking,)),) = sc.take()
+    assert op == LAUNCH and booking.slot != w.slot
+    assert booking.reason == "restart in a new slot (the worker it replaces has not ended yet)"
+    sc.d.launched(sc.plans["t"], booking, object(), None)
+    assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
+    assert sc.plans["t"].retired_unseen == 0
+
+
 def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> None:
     sc = Script(task(timeout=1, max_workers=1))
     (w,) = sc.start_workers()
