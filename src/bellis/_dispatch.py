@@ -529,7 +529,8 @@ class Dispatcher:
                 if dplan.parked:
                     self._serve_parked(dplan, now)
                 if dplan.alive == 0:
-                    self._rebalance(now)
+                    # only the task that just got ready blocks: O(1) in the number of tasks
+                    self._rebalance(now, (dplan,))
 
     def _serve_parked(self, plan: TaskPlan, now: float) -> None:
         run = plan.run
@@ -864,7 +865,10 @@ class Dispatcher:
         """Book new workers where tasks can use them (at the start of the run)."""
         self._rebalance(now)
 
-    def _rebalance(self, now: float) -> None:
+    def _rebalance(self, now: float, plans: Any = None) -> None:
+        """Book workers where tasks can use them: in ``plans``, or in every task."""
+        if plans is None:
+            plans = self.plans.values()
         if (
             self.abort_reason is not None
             or self.fatal is not None
@@ -875,7 +879,7 @@ class Dispatcher:
         grew = True
         while grew:  # round robin: one worker per eligible task per pass
             grew = False
-            for plan in self.plans.values():
+            for plan in plans:
                 if self._is_eligible(plan):
                     batches.setdefault(plan.run.task_id, []).append(self._book(plan, now))
                     grew = True

@@ -612,6 +612,25 @@ def test_a_rebalance_books_up_to_max_workers_within_the_resources() -> None:
     assert sc.d.used == {"gpu": 3} and plan.alive == 3 and plan.free_starts == 1
 
 
+def test_a_release_books_workers_only_for_the_task_it_made_ready() -> None:
+    pipeline = task("up", blocks=1, max_workers=1) + task("down", blocks=1, max_workers=1)
+    sc = Script(pipeline | task("other", blocks=3, max_workers=1))
+    ups = sc.start_workers()
+    assert sorted(w.run.task_id for w in ups) == ["other", "up"]
+    wo = next(w for w in ups if w.run.task_id == "other")
+    po = sc.connect("other", worker=wo)
+    (k,) = send_of(sc.acquire(po), po)
+    sc.acquire(po, (k, OK, -1, None), op=BYE)
+    sc.exit(wo, WorkerExit("clean", 0, ""))  # "other" could start a worker again
+    u = sc.connect("up")
+    (k,) = send_of(sc.acquire(u), u)
+    out = sc.acquire(u, (k, OK, -1, None))
+    # the release books for "down" (just made ready), not for every task of the run
+    assert [(i[0], i[1].run.task_id) for i in out if i[0] == LAUNCH] == [(LAUNCH, "down")]
+    sc.d.tick(sc.now)  # the tick books the rest
+    assert [i[1].run.task_id for i in sc.take() if i[0] == LAUNCH] == ["other"]
+
+
 def test_a_clean_exit_after_work_gives_its_start_back() -> None:
     sc = Script(task(blocks=2, max_workers=1))
     (w,) = sc.start_workers()
