@@ -39,8 +39,8 @@ Invariants:
   downstream tasks with it.
 
 A connection's *batch* (how many ready blocks it gets at once) aims at about
-:data:`BATCH_TARGET_SECONDS` of work per round trip: it at most doubles per round trip and
-shrinks at once when blocks get slow, and a batch never takes more than the connection's
+:data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
+the round trip; see :mod:`bellis._batching`), and never takes more than the connection's
 share of the ready blocks.
 """
 
@@ -53,7 +53,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._aggregates import STATS_DTYPE
+from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
 from ._protocol import (
     ACQUIRE,
@@ -62,7 +62,6 @@ from ._protocol import (
     SEND,
     SHUTDOWN,
     STALLED,
-    STATS_ROW,
     TIMED_OUT,
     WorkerExit,
     encode,
@@ -92,37 +91,13 @@ logger = logging.getLogger("bellis")
 #: instructions, the first item of each tuple in :attr:`Dispatcher.out`
 SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
 
-#: adaptive batching: a connection gets as many ready blocks at once as fit in about this
-#: much time (measured per block, round trip included), so fast blocks share one round
-#: trip; blocks slower than this go one at a time
-BATCH_TARGET_SECONDS: Final = 0.02
-MAX_BATCH: Final = 64
 #: how often progress observers hear of a change at most
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
 _CREATED: Final = int(BlockStatus.CREATED)
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
-_ROW_BYTES: Final = STATS_ROW.size
-_SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
-_GPU_UTIL_COLUMN: Final = 5
 _INF: Final = float("inf")
-
-
-def _measurements(rows: Any) -> np.ndarray[Any, Any]:
-    """A message's ``rows`` as a ``STATS_DTYPE`` array, checked as a whole: wall, CPU
-    and child CPU finite and non-negative, GPU utilisation NaN (not measured) or a
-    percentage (the integer fields are unsigned by type)."""
-    if type(rows) is not bytes or not rows or len(rows) % _ROW_BYTES:
-        raise ProtocolError("malformed measurements: not a whole number of stats rows")
-    floats = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)
-    seconds = floats[:, _SECONDS_COLUMNS]
-    if not ((seconds >= 0.0) & (seconds < _INF)).all():
-        raise ProtocolError("malformed measurements: a time is negative, infinite or NaN")
-    util = floats[:, _GPU_UTIL_COLUMN]
-    if not (np.isnan(util) | ((util >= 0.0) & (util <= 100.0))).all():
-        raise ProtocolError("malformed measurements: a GPU utilisation outside 0..100")
-    return np.frombuffer(rows, dtype=STATS_DTYPE)
 
 
 def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
@@ -325,10 +300,14 @@ class Dispatcher:
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1
-        rows = None
-        if n % 4 == 1:  # the blocks, then the measurement rows
+        # the blocks, then the measurement rows (bytes), then the busy time (a float)
+        busy = busy_seconds(msg[n]) if n and type(msg[n]) is float else None
+        if busy is not None:
             n -= 1
-            rows = msg[-1]
+        rows = None
+        if n % 4 == 1:
+            rows = msg[n]
+            n -= 1
         elif n % 4:
             raise ProtocolError(f"malformed message of {len(msg)} fields")
         run = peer.run
@@ -337,11 +316,11 @@ class Dispatcher:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
-            self._take_back(peer, run, msg, n, rows, now)
+            self._take_back(peer, run, msg, n, rows, busy, now)
             if self.fatal is not None or peer.closed:
                 return
-        elif rows is not None:
-            raise ProtocolError("measurement rows without blocks")
+        elif rows is not None or busy is not None:
+            raise ProtocolError("measurement rows or a busy time without blocks")
         if op == BYE:
             if peer.held:
                 # blocks the worker never started go back to the queue, uncounted
@@ -358,11 +337,19 @@ class Dispatcher:
         self._serve(peer, run, draining, now)
 
     def _take_back(
-        self, peer: Peer, run: TaskRun, msg: list[Any], n: int, rows: Any, now: float
+        self,
+        peer: Peer,
+        run: TaskRun,
+        msg: list[Any],
+        n: int,
+        rows: Any,
+        busy: float | None,
+        now: float,
     ) -> None:
         """Take back the blocks a message returns: ``n`` fields of (k, status, row,
-        error) groups, and the measurement ``rows`` they index (None when there are none)."""
-        table = None if rows is None else _measurements(rows)
+        error) groups, the measurement ``rows`` they index (None when there are none), and
+        the seconds the worker was ``busy`` with them (None: not reported)."""
+        table = None if rows is None else measurements(rows)
         held = peer.held
         # validate the whole message before taking anything back: a malformed message
         # drops the connection, and every block it held then goes to the retry path. Only
@@ -410,13 +397,8 @@ class Dispatcher:
         finally:
             peer.held = [k for k in held if k not in back]
         if processed and peer.held == []:
-            # aim for batches of about BATCH_TARGET_SECONDS: grow at most 2x per round
-            # trip, shrink at once when blocks get slow
-            ideal = int(BATCH_TARGET_SECONDS / step) if step > 0 else MAX_BATCH
-            if ideal > peer.batch:
-                peer.batch = min(ideal, peer.batch * 2, MAX_BATCH)
-            else:
-                peer.batch = max(1, ideal)
+            pace = step if busy is None else busy / len(processed)
+            peer.batch = next_batch(peer.batch, pace)
 
     def _record_measured(
         self,

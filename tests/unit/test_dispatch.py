@@ -113,13 +113,17 @@ class Script:
         *returns: tuple[int, int, int, Any],
         rows: bytes | None = None,
         op: int = ACQUIRE,
+        busy: float | None = None,
     ) -> list[Any]:
-        """Send ``returns`` and ask for more; the reply (None: parked) or CLOSE."""
+        """Send ``returns`` (with their measurement ``rows`` and the worker's ``busy``
+        seconds, if given) and ask for more; the reply (None: parked) or CLOSE."""
         msg: list[Any] = [op]
         for r in returns:
             msg.extend(r)
         if rows is not None:
             msg.append(rows)
+        if busy is not None:
+            msg.append(busy)
         self.d.receive(peer, msg, self.now)
         return self.take()
 
@@ -252,6 +256,61 @@ def test_a_slow_block_shrinks_the_batch_at_once() -> None:
     sc.now += 32 * BATCH_TARGET_SECONDS * 4  # four times the target per block
     held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
     assert peer.batch == 1 and len(held) == 1
+
+
+def test_a_batch_paced_by_the_reported_busy_time_grows_while_the_round_trip_is_long() -> None:
+    # a thousand connections: each batch waits a second in the server's queue, yet the
+    # worker spent 0.1 ms per block on it
+    sc = Script(task(blocks=2000))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    held = send_of(sc.acquire(peer), peer)
+    sizes = []
+    for _ in range(8):
+        sc.now += 1.0
+        returns = [(k, OK, -1, None) for k in held]
+        held = send_of(sc.acquire(peer, *returns, busy=0.0001 * len(held)), peer)
+        sizes.append(len(held))
+    assert sizes == [2, 4, 8, 16, 32, 64, 64, 64]
+    assert sc.run().completed == 1 + 2 + 4 + 8 + 16 + 32 + 64 + 64
+
+
+def test_without_a_busy_time_the_round_trip_paces_the_batch() -> None:
+    sc = Script(task(blocks=200))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    peer.batch = 32
+    held = send_of(sc.acquire(peer), peer)
+    sc.now += 1.0  # a long round trip, no busy time reported (an older or custom client)
+    held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
+    assert len(held) == 1
+
+
+def test_a_busy_time_with_measurement_rows_paces_the_batch_and_stores_the_rows() -> None:
+    sc = Script(task(blocks=200, resource_tracking=True))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 1.0
+    row = STATS_ROW.pack(0.0001, 0.0001, 1, 2, 3, float("nan"), 0, 0.0)
+    held = send_of(sc.acquire(peer, (k, OK, 0, None), rows=row, busy=0.0001), peer)
+    assert len(held) == 2 and sc.d.fatal is None and sc.run().completed == 1
+    assert sc.d.plan_of[sc.run().index].aggregates.wall.n == 1
+
+
+@pytest.mark.parametrize("busy", [-1.0, float("nan"), float("inf")])
+def test_a_busy_time_that_is_not_a_finite_positive_number_drops_the_client(busy: float) -> None:
+    sc = Script(task(blocks=4, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer, (k, OK, -1, None), busy=busy), peer)
+    assert sc.run().completed == 0  # nothing of the message was taken
+
+
+def test_a_busy_time_without_blocks_drops_the_client() -> None:
+    sc = Script(task(blocks=4))
+    peer = sc.connect()
+    assert closed(sc.acquire(peer, busy=0.5), peer)
 
 
 def test_a_batch_takes_no_more_than_its_share_of_the_ready_blocks() -> None:
