@@ -47,14 +47,13 @@ share of the ready blocks.
 from __future__ import annotations
 
 import logging
-from heapq import heapify, heappop, heappush
-from itertools import count
 from typing import Any, Final
 
 import numpy as np
 
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
+from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -97,7 +96,6 @@ _PROGRESS_SECONDS: Final = 0.5
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
 _CREATED: Final = int(BlockStatus.CREATED)
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
-_INF: Final = float("inf")
 
 
 def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
@@ -108,19 +106,6 @@ def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
         "(daisy.profile_block) — bellis's own workers do this automatically, so this "
         "usually means a custom client is bypassing bellis.Client."
     )
-
-
-def watchdog_margin_seconds(run: TaskRun | None) -> float:
-    """How long past a block's deadline the server waits before it reclaims the block.
-
-    The worker's own watchdog fires at the same deadline (measured from when it received
-    the block, so a little later) and polls every ``min(0.5, timeout / 20)`` seconds; it
-    exits with code 87 after writing why to the worker's log. The server reclaims (and
-    kills) only as the backstop for a worker whose watchdog cannot run; an EOF at or after
-    the deadline is accounted as the timeout either way (see :meth:`Dispatcher.close`).
-    """
-    timeout = run.task.timeout_secs if run is not None else 0.0
-    return min(0.5, max(0.01, timeout / 20)) + 0.25
 
 
 class Dispatcher:
@@ -166,10 +151,7 @@ class Dispatcher:
         self.checking: set[int] = set()
         #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
         #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
-        self._deadlines: list[tuple[float, int, Peer]] = []
-        self._deadline_seq = count()
-        #: peers with a live entry in ``_deadlines``
-        self._tracked = 0
+        self._deadlines = DeadlineHeap()
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -572,9 +554,7 @@ class Dispatcher:
                 peer.sent_at = now
                 peer.sent_wall = wall
                 peer.deadline = now + run.task.timeout_secs * len(held)
-                due = peer.deadline + watchdog_margin_seconds(run)
-                if due < peer.due:
-                    self._watch(peer, due)
+                self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
                 self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
                 return
             if run.status == RUNNING and run.pending > 0:
@@ -587,29 +567,11 @@ class Dispatcher:
         self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
 
     # -- deadlines ------------------------------------------------------------------------
-    def _watch(self, peer: Peer, due: float) -> None:
-        """Have :meth:`expire` look at ``peer`` at ``due`` (earlier than its entry so far)."""
-        heap = self._deadlines
-        if peer.due == _INF:
-            self._tracked += 1
-        peer.due = due
-        heappush(heap, (due, next(self._deadline_seq), peer))
-        if len(heap) > 2 * self._tracked + 64:
-            # drop the stale entries (superseded by an earlier one) so the heap stays O(peers)
-            self._deadlines = [e for e in heap if e[0] == e[2].due]
-            heapify(self._deadlines)
-
     def expire(self, now: float) -> None:
         """Reclaim the blocks of the connections that outlived their deadline and the
-        watchdog's margin. Only entries of the deadline heap that fell due are looked at:
-        O(expired + log N), whatever the number of connections."""
-        heap = self._deadlines
-        while heap and heap[0][0] < now:
-            due, _, peer = heappop(heap)
-            if due != peer.due:
-                continue  # stale: the peer has an earlier entry
-            peer.due = _INF
-            self._tracked -= 1
+        watchdog's margin. Only the connections whose entry in the deadline heap fell due
+        are looked at: O(expired + log N), whatever the number of connections."""
+        for peer in self._deadlines.due(now):
             if peer.closed or not peer.held:
                 continue
             real = peer.deadline + watchdog_margin_seconds(peer.run)
@@ -617,8 +579,7 @@ class Dispatcher:
                 self._reclaim(peer, now)
             else:
                 # a later batch with a later deadline: look again then
-                self._watch(peer, real)
-            heap = self._deadlines
+                self._deadlines.watch(peer, real)
 
     def _time_out_block(
         self,
