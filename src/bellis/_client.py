@@ -364,6 +364,8 @@ class Client:
         self._rows = bytearray()  # their measurements, STATS_ROW records
         self._nrows = 0
         self._queue: deque[int] = deque()
+        #: when the batch in hand arrived (the next ACQUIRE reports the time since)
+        self._served_at = 0.0
         self._geom: Any = None
         self.timeout_secs = 0.0
         self._watchdog = _Watchdog(self.worker_id)
@@ -511,7 +513,10 @@ class Client:
             return -1
         queue = self._queue
         if not queue:
-            self._send(self._message(ACQUIRE))
+            msg = self._message(ACQUIRE)
+            if len(msg) > 1:  # blocks go back: how long this worker spent on them
+                msg.append(time.monotonic() - self._served_at)
+            self._send(msg)
             try:
                 reply = self._recv()
             except ConnectionLostError:
@@ -522,6 +527,7 @@ class Client:
             if reply[0] != SEND or len(reply) < 2:
                 raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
             queue.extend(reply[1:])
+            self._served_at = time.monotonic()
         return queue.popleft()
 
     def _begin(self, k: int) -> Block | None:

@@ -39,8 +39,8 @@ Invariants:
   downstream tasks with it.
 
 A connection's *batch* (how many ready blocks it gets at once) aims at about
-:data:`BATCH_TARGET_SECONDS` of work per round trip: it at most doubles per round trip and
-shrinks at once when blocks get slow, and a batch never takes more than the connection's
+:data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
+the round trip; see :mod:`bellis._batching`), and never takes more than the connection's
 share of the ready blocks.
 """
 
@@ -51,8 +51,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._aggregates import STATS_DTYPE
+from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
+from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._protocol import (
     ACQUIRE,
     BYE,
@@ -60,7 +61,6 @@ from ._protocol import (
     SEND,
     SHUTDOWN,
     STALLED,
-    STATS_ROW,
     TIMED_OUT,
     WorkerExit,
     encode,
@@ -90,37 +90,12 @@ logger = logging.getLogger("bellis")
 #: instructions, the first item of each tuple in :attr:`Dispatcher.out`
 SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
 
-#: adaptive batching: a connection gets as many ready blocks at once as fit in about this
-#: much time (measured per block, round trip included), so fast blocks share one round
-#: trip; blocks slower than this go one at a time
-BATCH_TARGET_SECONDS: Final = 0.02
-MAX_BATCH: Final = 64
 #: how often progress observers hear of a change at most
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
 _CREATED: Final = int(BlockStatus.CREATED)
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
-_ROW_BYTES: Final = STATS_ROW.size
-_SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
-_GPU_UTIL_COLUMN: Final = 5
-_INF: Final = float("inf")
-
-
-def _measurements(rows: Any) -> np.ndarray[Any, Any]:
-    """A message's ``rows`` as a ``STATS_DTYPE`` array, checked as a whole: wall, CPU
-    and child CPU finite and non-negative, GPU utilisation NaN (not measured) or a
-    percentage (the integer fields are unsigned by type)."""
-    if type(rows) is not bytes or not rows or len(rows) % _ROW_BYTES:
-        raise ProtocolError("malformed measurements: not a whole number of stats rows")
-    floats = np.frombuffer(rows, dtype="<f8").reshape(-1, 8)
-    seconds = floats[:, _SECONDS_COLUMNS]
-    if not ((seconds >= 0.0) & (seconds < _INF)).all():
-        raise ProtocolError("malformed measurements: a time is negative, infinite or NaN")
-    util = floats[:, _GPU_UTIL_COLUMN]
-    if not (np.isnan(util) | ((util >= 0.0) & (util <= 100.0))).all():
-        raise ProtocolError("malformed measurements: a GPU utilisation outside 0..100")
-    return np.frombuffer(rows, dtype=STATS_DTYPE)
 
 
 def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
@@ -131,19 +106,6 @@ def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
         "(daisy.profile_block) — bellis's own workers do this automatically, so this "
         "usually means a custom client is bypassing bellis.Client."
     )
-
-
-def watchdog_margin_seconds(run: TaskRun | None) -> float:
-    """How long past a block's deadline the server waits before it reclaims the block.
-
-    The worker's own watchdog fires at the same deadline (measured from when it received
-    the block, so a little later) and polls every ``min(0.5, timeout / 20)`` seconds; it
-    exits with code 87 after writing why to the worker's log. The server reclaims (and
-    kills) only as the backstop for a worker whose watchdog cannot run; an EOF at or after
-    the deadline is accounted as the timeout either way (see :meth:`Dispatcher.close`).
-    """
-    timeout = run.task.timeout_secs if run is not None else 0.0
-    return min(0.5, max(0.01, timeout / 20)) + 0.25
 
 
 class Dispatcher:
@@ -187,6 +149,9 @@ class Dispatcher:
         self._wall_offset = 0.0
         #: tasks with a request parked in the middle of check_function skips
         self.checking: set[int] = set()
+        #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
+        #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
+        self._deadlines = DeadlineHeap()
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -219,10 +184,7 @@ class Dispatcher:
         peer.closed = True
         self.out.append((CLOSE, peer))
         run = peer.run
-        if run is not None:
-            plan = self.plan_of[run.index]
-            if peer in plan.parked:
-                plan.parked.remove(peer)
+        peer.parked = False  # its entry in the parked queue, if any, is skipped
         if peer.held and run is not None:
             held = peer.held
             peer.held = []
@@ -320,23 +282,27 @@ class Dispatcher:
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1
-        rows = None
-        if n % 4 == 1:  # the blocks, then the measurement rows
+        # the blocks, then the measurement rows (bytes), then the busy time (a float)
+        busy = busy_seconds(msg[n]) if n and type(msg[n]) is float else None
+        if busy is not None:
             n -= 1
-            rows = msg[-1]
+        rows = None
+        if n % 4 == 1:
+            rows = msg[n]
+            n -= 1
         elif n % 4:
             raise ProtocolError(f"malformed message of {len(msg)} fields")
         run = peer.run
         assert run is not None
-        if peer in self.plan_of[run.index].parked:
+        if peer.parked:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
-            self._take_back(peer, run, msg, n, rows, now)
+            self._take_back(peer, run, msg, n, rows, busy, now)
             if self.fatal is not None or peer.closed:
                 return
-        elif rows is not None:
-            raise ProtocolError("measurement rows without blocks")
+        elif rows is not None or busy is not None:
+            raise ProtocolError("measurement rows or a busy time without blocks")
         if op == BYE:
             if peer.held:
                 # blocks the worker never started go back to the queue, uncounted
@@ -353,11 +319,19 @@ class Dispatcher:
         self._serve(peer, run, draining, now)
 
     def _take_back(
-        self, peer: Peer, run: TaskRun, msg: list[Any], n: int, rows: Any, now: float
+        self,
+        peer: Peer,
+        run: TaskRun,
+        msg: list[Any],
+        n: int,
+        rows: Any,
+        busy: float | None,
+        now: float,
     ) -> None:
         """Take back the blocks a message returns: ``n`` fields of (k, status, row,
-        error) groups, and the measurement ``rows`` they index (None when there are none)."""
-        table = None if rows is None else _measurements(rows)
+        error) groups, the measurement ``rows`` they index (None when there are none), and
+        the seconds the worker was ``busy`` with them (None: not reported)."""
+        table = None if rows is None else measurements(rows)
         held = peer.held
         # validate the whole message before taking anything back: a malformed message
         # drops the connection, and every block it held then goes to the retry path. Only
@@ -405,13 +379,8 @@ class Dispatcher:
         finally:
             peer.held = [k for k in held if k not in back]
         if processed and peer.held == []:
-            # aim for batches of about BATCH_TARGET_SECONDS: grow at most 2x per round
-            # trip, shrink at once when blocks get slow
-            ideal = int(BATCH_TARGET_SECONDS / step) if step > 0 else MAX_BATCH
-            if ideal > peer.batch:
-                peer.batch = min(ideal, peer.batch * 2, MAX_BATCH)
-            else:
-                peer.batch = max(1, ideal)
+            pace = step if busy is None else busy / len(processed)
+            peer.batch = next_batch(peer.batch, pace)
 
     def _record_measured(
         self,
@@ -524,7 +493,8 @@ class Dispatcher:
                 if dplan.parked:
                     self._serve_parked(dplan, now)
                 if dplan.alive == 0:
-                    self._rebalance(now)
+                    # only the task that just got ready blocks: O(1) in the number of tasks
+                    self._rebalance(now, (dplan,))
 
     def _serve_parked(self, plan: TaskPlan, now: float) -> None:
         run = plan.run
@@ -534,7 +504,9 @@ class Dispatcher:
             and (run.ready > 0 or run.status != RUNNING or run.pending <= 0)
         ):
             c = plan.parked.popleft()
-            self._serve(c, run, False, now)
+            if c.parked:
+                c.parked = False
+                self._serve(c, run, False, now)
 
     def continue_checks(self, now: float) -> None:
         """Serve the requests parked by a check slice: the next slice of skips."""
@@ -550,6 +522,7 @@ class Dispatcher:
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
                 self.plan_of[run.index].parked.appendleft(peer)
+                peer.parked = True
                 self.checking.add(run.index)
                 self.dirty = True
                 return
@@ -581,10 +554,12 @@ class Dispatcher:
                 peer.sent_at = now
                 peer.sent_wall = wall
                 peer.deadline = now + run.task.timeout_secs * len(held)
+                self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
                 self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
                 return
             if run.status == RUNNING and run.pending > 0:
                 self.plan_of[run.index].parked.append(peer)
+                peer.parked = True
                 return
         if peer.worker is not None:
             peer.worker.earned = True
@@ -592,12 +567,19 @@ class Dispatcher:
         self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
 
     # -- deadlines ------------------------------------------------------------------------
-    def expire(self, peers: Any, now: float) -> None:
-        """Reclaim the blocks of each of ``peers`` (the open connections) that outlived
-        their deadline and the watchdog's margin."""
-        for peer in peers:
-            if peer.held and now > peer.deadline + watchdog_margin_seconds(peer.run):
+    def expire(self, now: float) -> None:
+        """Reclaim the blocks of the connections that outlived their deadline and the
+        watchdog's margin. Only the connections whose entry in the deadline heap fell due
+        are looked at: O(expired + log N), whatever the number of connections."""
+        for peer in self._deadlines.due(now):
+            if peer.closed or not peer.held:
+                continue
+            real = peer.deadline + watchdog_margin_seconds(peer.run)
+            if now > real:
                 self._reclaim(peer, now)
+            else:
+                # a later batch with a later deadline: look again then
+                self._deadlines.watch(peer, real)
 
     def _time_out_block(
         self,
@@ -637,6 +619,7 @@ class Dispatcher:
     ) -> None:
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit(kind, None, text)
+            self.plan_of[worker.run.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
             self._retire(worker)
             self.out.append((KILL, worker))
@@ -694,6 +677,9 @@ class Dispatcher:
         for plan in self.plans.values():
             while plan.parked:
                 c = plan.parked.popleft()
+                if not c.parked:
+                    continue
+                c.parked = False
                 self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
                 if c.worker is not None:
                     c.worker.earned = True
@@ -724,6 +710,7 @@ class Dispatcher:
         plan = self.plan_of[worker.run.index]
         if already:
             assert worker.exit is not None
+            plan.retired_unseen -= 1
             plan.release_slot(worker.slot, replacing(worker.worker_id, worker.exit))
             return False
         if interrupted:
@@ -811,14 +798,20 @@ class Dispatcher:
                     )
                 p = self.plan_of[r.index]
                 while p.parked:
-                    self._serve(p.parked.popleft(), r, True, now)
+                    c = p.parked.popleft()
+                    if c.parked:
+                        c.parked = False
+                        self._serve(c, r, True, now)
             self.dirty = True
 
     def rebalance(self, now: float) -> None:
         """Book new workers where tasks can use them (at the start of the run)."""
         self._rebalance(now)
 
-    def _rebalance(self, now: float) -> None:
+    def _rebalance(self, now: float, plans: Any = None) -> None:
+        """Book workers where tasks can use them: in ``plans``, or in every task."""
+        if plans is None:
+            plans = self.plans.values()
         if (
             self.abort_reason is not None
             or self.fatal is not None
@@ -829,7 +822,7 @@ class Dispatcher:
         grew = True
         while grew:  # round robin: one worker per eligible task per pass
             grew = False
-            for plan in self.plans.values():
+            for plan in plans:
                 if self._is_eligible(plan):
                     batches.setdefault(plan.run.task_id, []).append(self._book(plan, now))
                     grew = True
@@ -865,9 +858,7 @@ class Dispatcher:
         plan.alive += 1
         timeline = plan.timelines.spawned(wid, now)
         slot, before = plan.take_slot()
-        if before is None and any(
-            w.exit is not None and w.run is run for w in self.workers.values()
-        ):
+        if before is None and plan.retired_unseen > 0:
             # a new slot while a worker retired after a block timeout is yet to be seen
             # to end: it holds its slot until then
             before = "restart in a new slot (the worker it replaces has not ended yet)"

@@ -18,10 +18,10 @@ HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid,
                        [worker_mac]   (the nonce signed with the worker's own token)
 WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict),
                        [stall_timeout_seconds]   (only for a task with ``stall_timeout``)
-ACQUIRE     c -> s     (k, status, row, error)*, [rows]   (the finished blocks)
+ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     (k, status, row, error)*, [rows]   (final release, then close)
+BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (final release)
 REJECT      s -> c     reason (str)
 ==========  =========  ==================================================================
 
@@ -30,7 +30,10 @@ next ones. Each returned block is a group of four fields; ``row`` is -1 for a bl
 without measurements, else the index of its row in ``rows``. ``rows`` (present only
 when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so a
 batch's measurements cross the wire, and are checked and stored, as one array
-instead of eight Python numbers per block.
+instead of eight Python numbers per block. ``busy_seconds`` (a float, version 4; optional,
+only with returned blocks) is how long the worker spent on them, from the SEND to this
+message: the server sizes the next batch from it (``bellis._batching``), not from the round
+trip, which also counts the wait behind the server's other connections.
 
 Besides the frames, both peers agree on the block statuses the wire alone carries
 (:data:`TIMED_OUT`: the worker's watchdog preempted the block; :data:`STALLED`: it showed
@@ -88,7 +91,7 @@ __all__ = [
     "worker_token",
 ]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: what the server accepts from a client: a returned batch with its figures and one capped
 #: traceback is tens of KiB; a frame's msgpack values cost far more memory than its bytes

@@ -32,9 +32,11 @@ class Peer:
         "batch",
         "closed",
         "deadline",
+        "due",
         "held",
         "nonce",
         "opened_at",
+        "parked",
         "run",
         "sent_at",
         "sent_wall",
@@ -52,10 +54,15 @@ class Peer:
         self.worker: ManagedWorker | None = None
         self.worker_id = -1
         self.held: list[int] = []
+        #: its request waits in its task's ``parked`` queue (an entry there whose peer's
+        #: flag is clear is stale: skipped when popped)
+        self.parked = False
         self.batch = 1
         self.sent_at = 0.0
         self.sent_wall = 0.0
         self.deadline = 0.0
+        #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
+        self.due = float("inf")
         self.opened_at = now
 
 
@@ -118,6 +125,9 @@ class TaskPlan:
         self.aggregates = aggregates
         self.timelines = timelines
         self.alive = 0
+        #: workers stopped after a block timeout whose process is yet to be seen to end
+        #: (each still holds its log slot)
+        self.retired_unseen = 0
         self.free_starts = run.task.max_workers
         self.parked: deque[Peer] = deque()
         # blocks lost with a batch (which one killed the worker is unknown): sent alone

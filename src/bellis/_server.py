@@ -50,11 +50,11 @@ _TICK_SECONDS = 0.05
 #: sockets and the abort flag again (a resume can skip millions of blocks this way)
 _CHECK_SLICE_SECONDS = 0.05
 _HANDSHAKE_SECONDS = 10.0
-#: connections still in their handshake beyond this many: the oldest is dropped (a flood of
-#: silent connections must not use up the descriptors the run needs for workers and logs)
+#: with this many connections in their handshake the server stops accepting until one
+#: ends or is dropped after _HANDSHAKE_SECONDS (a flood of silent connections must not use
+#: up the descriptors the run needs for workers and logs: it holds at most these and the
+#: listen backlog); a burst of real workers waits in the backlog meanwhile
 _MAX_HANDSHAKING = 256
-#: ... unless the oldest of them connected less than this long ago: then the listener rests
-_HANDSHAKE_GRACE_SECONDS = 1.0
 _MAX_OUTBUF_BYTES = 1 << 20
 
 
@@ -94,7 +94,7 @@ class RunLoop:
         self.plans = plans
         self.observer = observer
         self.sel = selectors.DefaultSelector()
-        self.listener = socket.create_server((bind_host, 0), backlog=256)
+        self.listener = socket.create_server((bind_host, 0), backlog=socket.SOMAXCONN)
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
         self.host = advertise_host
@@ -117,6 +117,8 @@ class RunLoop:
         )
         self.conns: dict[int, _Conn] = {}
         #: connections that have not authenticated yet, oldest first
+        #: accepting was paused at the handshake cap (said once per run)
+        self._capped = False
         self.handshaking: dict[int, _Conn] = {}
         self._listening = True
         scheduler.bound_checks(time.monotonic, _CHECK_SLICE_SECONDS)
@@ -275,16 +277,25 @@ class RunLoop:
             self._carry_out()
 
     def _tick(self, now: float) -> None:
-        if not self._listening and self.d.shutdown_started is None:
+        if (
+            not self._listening
+            and self.d.shutdown_started is None
+            and len(self.handshaking) < _MAX_HANDSHAKING
+        ):
             self.sel.register(self.listener, selectors.EVENT_READ, None)
             self._listening = True
-        for conn in list(self.handshaking.values()):
-            if not conn.authed and now - conn.opened_at > _HANDSHAKE_SECONDS:
-                logger.warning(
-                    "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
-                )
-                self.d.close(conn, now)
-        self.d.expire(list(self.conns.values()), now)
+        # in the order they connected: only the too old at the front are looked at
+        old = []
+        for conn in self.handshaking.values():
+            if now - conn.opened_at <= _HANDSHAKE_SECONDS:
+                break
+            old.append(conn)
+        for conn in old:
+            logger.warning(
+                "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
+            )
+            self.d.close(conn, now)
+        self.d.expire(now)
         self._carry_out()
         self._poll_workers(now)
         self.d.sync_clock(time.monotonic(), time.time())
@@ -329,18 +340,18 @@ class RunLoop:
             self._reply(conn, encode([CHALLENGE, conn.nonce]))
             self._carry_out()
             if len(self.handshaking) >= _MAX_HANDSHAKING:
-                oldest = next(iter(self.handshaking.values()))
-                if now - oldest.opened_at < _HANDSHAKE_GRACE_SECONDS:
-                    # a burst (many workers starting at once): read their HELLOs first
-                    self._pause_listening()
-                    return
-                logger.warning(
-                    "dropping client %s: %d connections are in their handshake",
-                    oldest.addr,
-                    _MAX_HANDSHAKING,
-                )
-                self.d.close(oldest, now)
-                self._carry_out()
+                # a burst (many workers starting at once) or a flood: read their HELLOs
+                # first; the rest wait in the listen backlog
+                if not self._capped:
+                    self._capped = True
+                    logger.warning(
+                        "not accepting for now: %d connections are in their handshake "
+                        "(silent ones are dropped after %gs)",
+                        _MAX_HANDSHAKING,
+                        _HANDSHAKE_SECONDS,
+                    )
+                self._pause_listening()
+                return
 
     def _pause_listening(self) -> None:
         """Accept nothing more until the next tick (which listens again)."""

@@ -20,6 +20,7 @@ import bellis
 import bellis._server as server_module
 from bellis._protocol import (
     ACQUIRE,
+    BYE,
     CHALLENGE,
     HELLO,
     PROTOCOL_VERSION,
@@ -413,5 +414,56 @@ def test_a_flood_of_silent_connections_cannot_hold_more_than_its_share(
     s = states["a"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
     capped = [r for r in caplog.records if "connections are in their handshake" in r.getMessage()]
-    # silent connections older than a second made room for newer ones and for the worker
-    assert capped
+    silent = [r for r in caplog.records if "no handshake within" in r.getMessage()]
+    # the server held at most its cap of silent connections, stopped accepting, and made
+    # room (for the rest of the flood and for the worker) by dropping the silent ones
+    assert capped and silent
+
+
+def test_a_connection_at_the_handshake_cap_is_not_dropped_before_the_handshake_timeout(
+    tmp_path: Path,
+) -> None:
+    # a burst of real workers: the first connection says its HELLO only after 2 s, while
+    # the cap is reached behind it. It is dropped only past the handshake timeout (10 s)
+    recdir = tmp_path / "rec"
+    recdir.mkdir()
+    n = 8
+    task = make_task("a", n, functools.partial(sleep_block, str(recdir), 0.5), max_workers=1)
+    outcome: dict[str, Any] = {}
+    floods: list[subprocess.Popen[str]] = []
+
+    def late_hello(server: Any) -> None:
+        try:
+            sock, nonce = connect(server.port)
+            floods.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _FLOOD, str(server.port)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            assert floods[0].stdout is not None
+            floods[0].stdout.readline()  # the 300 are connected
+            time.sleep(2.0)
+            sock.sendall(encode([HELLO, compute_mac(server.secret, nonce), "a", -1, 0, 0.0]))
+            outcome["reply"] = recv_msg(sock)
+            sock.sendall(encode([BYE]))
+            sock.close()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    def on_listen(server: Any) -> None:
+        threading.Thread(target=late_hello, args=(server,), daemon=True).start()
+
+    try:
+        states = bellis.Server(on_listen=on_listen).run_blockwise(
+            [task], progress=False, summary=False
+        )
+    finally:
+        for p in floods:
+            p.kill()
+            p.communicate()
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["reply"][0] == WELCOME
+    s = states["a"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)

@@ -113,13 +113,17 @@ class Script:
         *returns: tuple[int, int, int, Any],
         rows: bytes | None = None,
         op: int = ACQUIRE,
+        busy: float | None = None,
     ) -> list[Any]:
-        """Send ``returns`` and ask for more; the reply (None: parked) or CLOSE."""
+        """Send ``returns`` (with their measurement ``rows`` and the worker's ``busy``
+        seconds, if given) and ask for more; the reply (None: parked) or CLOSE."""
         msg: list[Any] = [op]
         for r in returns:
             msg.extend(r)
         if rows is not None:
             msg.append(rows)
+        if busy is not None:
+            msg.append(busy)
         self.d.receive(peer, msg, self.now)
         return self.take()
 
@@ -254,6 +258,61 @@ def test_a_slow_block_shrinks_the_batch_at_once() -> None:
     assert peer.batch == 1 and len(held) == 1
 
 
+def test_a_batch_paced_by_the_reported_busy_time_grows_while_the_round_trip_is_long() -> None:
+    # a thousand connections: each batch waits a second in the server's queue, yet the
+    # worker spent 0.1 ms per block on it
+    sc = Script(task(blocks=2000))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    held = send_of(sc.acquire(peer), peer)
+    sizes = []
+    for _ in range(8):
+        sc.now += 1.0
+        returns = [(k, OK, -1, None) for k in held]
+        held = send_of(sc.acquire(peer, *returns, busy=0.0001 * len(held)), peer)
+        sizes.append(len(held))
+    assert sizes == [2, 4, 8, 16, 32, 64, 64, 64]
+    assert sc.run().completed == 1 + 2 + 4 + 8 + 16 + 32 + 64 + 64
+
+
+def test_without_a_busy_time_the_round_trip_paces_the_batch() -> None:
+    sc = Script(task(blocks=200))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    peer.batch = 32
+    held = send_of(sc.acquire(peer), peer)
+    sc.now += 1.0  # a long round trip, no busy time reported (an older or custom client)
+    held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held]), peer)
+    assert len(held) == 1
+
+
+def test_a_busy_time_with_measurement_rows_paces_the_batch_and_stores_the_rows() -> None:
+    sc = Script(task(blocks=200, resource_tracking=True))
+    sc.plans["t"].alive = 1
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 1.0
+    row = STATS_ROW.pack(0.0001, 0.0001, 1, 2, 3, float("nan"), 0, 0.0)
+    held = send_of(sc.acquire(peer, (k, OK, 0, None), rows=row, busy=0.0001), peer)
+    assert len(held) == 2 and sc.d.fatal is None and sc.run().completed == 1
+    assert sc.d.plan_of[sc.run().index].aggregates.wall.n == 1
+
+
+@pytest.mark.parametrize("busy", [-1.0, float("nan"), float("inf")])
+def test_a_busy_time_that_is_not_a_finite_positive_number_drops_the_client(busy: float) -> None:
+    sc = Script(task(blocks=4, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    assert closed(sc.acquire(peer, (k, OK, -1, None), busy=busy), peer)
+    assert sc.run().completed == 0  # nothing of the message was taken
+
+
+def test_a_busy_time_without_blocks_drops_the_client() -> None:
+    sc = Script(task(blocks=4))
+    peer = sc.connect()
+    assert closed(sc.acquire(peer, busy=0.5), peer)
+
+
 def test_a_batch_takes_no_more_than_its_share_of_the_ready_blocks() -> None:
     sc = Script(task(blocks=20))
     sc.plans["t"].alive = 4
@@ -313,7 +372,7 @@ def test_a_second_request_while_parked_drops_the_client() -> None:
     b = sc.connect("down")
     assert sc.acquire(b) == []  # parked: its block waits for "up"
     assert closed(sc.acquire(b), b)
-    assert b not in sc.plans["down"].parked
+    assert not b.parked
 
 
 def test_an_unstarted_block_may_come_back_only_with_a_bye() -> None:
@@ -383,18 +442,36 @@ def test_a_request_with_no_block_ready_or_pending_gets_the_shutdown() -> None:
     a, b = sc.connect(), sc.connect()
     send_of(sc.acquire(a), a)
     assert sent(sc.acquire(b), b) == [[SHUTDOWN]]
-    assert b not in sc.plans["t"].parked
+    assert not b.parked and b not in sc.plans["t"].parked
 
 
 def test_a_parked_request_gets_the_shutdown_when_its_blocks_are_orphaned() -> None:
     sc = Script(task("up", blocks=1, max_retries=0) + task("down", blocks=1))
     u, dn = sc.connect("up"), sc.connect("down")
     (k,) = send_of(sc.acquire(u), u)
-    assert sc.acquire(dn) == [] and dn in sc.plans["down"].parked
+    assert sc.acquire(dn) == [] and dn.parked and dn in sc.plans["down"].parked
     out = sc.acquire(u, (k, FAIL, -1, "boom"))
     assert sent(out, u) == [[SHUTDOWN]] and sc.run("down").orphaned == 1
     sc.d.tick(sc.now)  # the tick serves what no release woke
     assert sent(sc.take(), dn) == [[SHUTDOWN]]
+
+
+def test_a_closed_parked_request_is_skipped_when_blocks_get_ready() -> None:
+    sc = Script(task("up", blocks=2) + task("down", blocks=2, read_write_conflict=False))
+    u1, u2 = sc.connect("up"), sc.connect("up")
+    (k1,) = send_of(sc.acquire(u1), u1)
+    (k2,) = send_of(sc.acquire(u2), u2)
+    waiting = [sc.connect("down") for _ in range(3)]
+    for w in waiting:
+        assert sc.acquire(w) == [] and w.parked
+    sc.d.close(waiting[0], sc.now)
+    sc.take()
+    assert not waiting[0].parked
+    out = sc.acquire(u1, (k1, OK, -1, None)) + sc.acquire(u2, (k2, OK, -1, None))
+    # the two blocks of "down" go to the two open requests, in the order they came
+    assert not sent(out, waiting[0])
+    assert len(send_of(out, waiting[1])) == 1 and len(send_of(out, waiting[2])) == 1
+    assert not any(w.parked for w in waiting) and not sc.plans["down"].parked
 
 
 def test_a_downstream_request_parks_until_its_upstream_block_is_done() -> None:
@@ -413,14 +490,87 @@ def test_a_block_is_reclaimed_only_after_its_deadline_and_the_watchdog_margin() 
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
     margin = watchdog_margin_seconds(sc.run())
-    sc.d.expire([peer], peer.deadline + margin)
+    sc.d.expire(peer.deadline + margin)
     assert sc.take() == []
     sc.now = peer.deadline + margin + 0.01
-    sc.d.expire([peer], sc.now)
+    sc.d.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     assert sc.run().timeout_reclaims == 1 and w.exit is not None and w.exit.kind == "timeout"
     assert sc.plans["t"].alive == 0  # retired at once: a replacement may start
+
+
+class CountingPeer(Peer):
+    """A peer that counts how often the dispatcher looks at what it holds."""
+
+    __slots__ = ("looks",)
+
+    def __init__(self, *args: Any) -> None:
+        self.looks = 0
+        super().__init__(*args)
+
+    @property  # type: ignore[override]
+    def held(self) -> list[int]:
+        self.looks += 1
+        return Peer.held.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+    @held.setter
+    def held(self, value: list[int]) -> None:
+        Peer.held.__set__(self, value)  # type: ignore[attr-defined]
+
+
+def test_a_tick_looks_only_at_the_connections_whose_deadline_passed() -> None:
+    sc = Script(task(blocks=2000, timeout=10, max_retries=1))
+    peers = []
+    for i in range(1000):
+        sc.now = 100.0 + i  # one block each, deadlines 1 s apart
+        peer = CountingPeer(("127.0.0.1", 6000 + i), b"c%d" % i, sc.now)
+        sc.d.receive(peer, [HELLO, compute_mac(SECRET, peer.nonce), "t", -1, 1, 0.0], sc.now)
+        sc.take()  # the WELCOME
+        assert len(send_of(sc.acquire(peer), peer)) == 1
+        peers.append(peer)
+    margin = watchdog_margin_seconds(sc.run())
+    for peer in peers:
+        peer.looks = 0
+    sc.now = peers[2].deadline + margin + 0.01  # the first three are past their deadline
+    sc.d.expire(sc.now)
+    out = sc.take()
+    assert [p for p in peers if closed(out, p)] == peers[:3]
+    assert sc.run().timeout_reclaims == 3
+    assert all(p.looks == 0 for p in peers[3:])  # the other 997 were not even looked at
+
+
+def test_a_later_batch_with_an_earlier_deadline_is_reclaimed_at_that_deadline() -> None:
+    sc = Script(task(blocks=40, timeout=10, max_retries=1))
+    peer = sc.connect()
+    peer.batch = 8
+    held = send_of(sc.acquire(peer), peer)
+    assert len(held) == 8  # deadline 80 s away
+    sc.now += 1
+    peer.batch = 1
+    returns = [(k, OK, -1, None) for k in held]
+    assert len(send_of(sc.acquire(peer, *returns), peer)) >= 1
+    peer.batch = 1
+    sc.now += 1
+    # the first batch's deadline has not passed, the second's (one block, 10 s) is past
+    sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
+    assert len(peer.held) == 1
+    sc.d.expire(sc.now)
+    assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
+
+
+def test_a_connection_served_again_is_not_reclaimed_at_its_old_deadline() -> None:
+    sc = Script(task(blocks=40, timeout=10, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.now += 9
+    send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
+    sc.now += 5  # past the first block's deadline, not the second's
+    sc.d.expire(sc.now)
+    assert sc.take() == [] and sc.run().timeout_reclaims == 0
+    sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
+    sc.d.expire(sc.now)
+    assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
 
 
 def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_suspects() -> None:
@@ -431,7 +581,7 @@ def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_s
     held = send_of(sc.acquire(peer), peer)
     assert len(held) == 4
     sc.now = peer.deadline + 10
-    sc.d.expire([peer], sc.now)
+    sc.d.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     run = sc.run()
@@ -519,6 +669,25 @@ def test_a_rebalance_books_up_to_max_workers_within_the_resources() -> None:
     assert op == LAUNCH and plan is sc.plans["t"]
     assert [b.slot for b in bookings] == [0, 1, 2]
     assert sc.d.used == {"gpu": 3} and plan.alive == 3 and plan.free_starts == 1
+
+
+def test_a_release_books_workers_only_for_the_task_it_made_ready() -> None:
+    pipeline = task("up", blocks=1, max_workers=1) + task("down", blocks=1, max_workers=1)
+    sc = Script(pipeline | task("other", blocks=3, max_workers=1))
+    ups = sc.start_workers()
+    assert sorted(w.run.task_id for w in ups) == ["other", "up"]
+    wo = next(w for w in ups if w.run.task_id == "other")
+    po = sc.connect("other", worker=wo)
+    (k,) = send_of(sc.acquire(po), po)
+    sc.acquire(po, (k, OK, -1, None), op=BYE)
+    sc.exit(wo, WorkerExit("clean", 0, ""))  # "other" could start a worker again
+    u = sc.connect("up")
+    (k,) = send_of(sc.acquire(u), u)
+    out = sc.acquire(u, (k, OK, -1, None))
+    # the release books for "down" (just made ready), not for every task of the run
+    assert [(i[0], i[1].run.task_id) for i in out if i[0] == LAUNCH] == [(LAUNCH, "down")]
+    sc.d.tick(sc.now)  # the tick books the rest
+    assert [i[1].run.task_id for i in sc.take() if i[0] == LAUNCH] == ["other"]
 
 
 def test_a_clean_exit_after_work_gives_its_start_back() -> None:
@@ -618,12 +787,29 @@ def test_a_worker_given_up_for_lost_is_turned_away_without_failing_the_run() -> 
     assert sc.d.fatal is None
 
 
+def test_a_replacement_takes_a_new_slot_until_the_timed_out_worker_is_seen_to_end() -> None:
+    sc = Script(task(blocks=4, timeout=1, max_workers=1, max_worker_restarts=5))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    send_of(sc.acquire(peer), peer)
+    sc.d.expire(peer.deadline + 5)
+    sc.take()
+    assert sc.plans["t"].retired_unseen == 1
+    sc.d.rebalance(sc.now)
+    ((op, _plan, (booking,)),) = sc.take()
+    assert op == LAUNCH and booking.slot != w.slot
+    assert booking.reason == "restart in a new slot (the worker it replaces has not ended yet)"
+    sc.d.launched(sc.plans["t"], booking, object(), None)
+    assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
+    assert sc.plans["t"].retired_unseen == 0
+
+
 def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> None:
     sc = Script(task(timeout=1, max_workers=1))
     (w,) = sc.start_workers()
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
-    sc.d.expire([peer], peer.deadline + 5)
+    sc.d.expire(peer.deadline + 5)
     sc.take()
     failures = sc.run().worker_failures
     assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
