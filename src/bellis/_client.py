@@ -410,32 +410,31 @@ class Client:
         except ConnectionLostError as exc:
             # closed before its challenge: the run ended while this connection waited to be
             # accepted (its listener closed), the straggler case again
-            logger.warning(
-                "bellis server at %s:%s closed the connection before the handshake (%s); "
-                "assuming the run has ended — this worker will exit without processing blocks",
-                self.host,
-                self.port,
-                exc.__cause__ or "end of stream",
-            )
-            with contextlib.suppress(OSError):
-                sock.close()
+            self._run_has_ended(sock, "before the handshake", exc)
             return
         if msg[0] != CHALLENGE or len(msg) < 2 or not isinstance(msg[1], bytes):
             raise ProtocolError("the server did not open with a challenge")
         from ._profiling import setup_seconds_since_start
 
-        self._send(
-            [
-                HELLO,
-                compute_mac(self._secret, msg[1]),
-                self.task_id,
-                self.worker_id,
-                os.getpid(),
-                setup_seconds_since_start(),
-                None if self._worker_token is None else compute_mac(self._worker_token, msg[1]),
-            ]
-        )
-        reply = self._recv()
+        try:
+            self._send(
+                [
+                    HELLO,
+                    compute_mac(self._secret, msg[1]),
+                    self.task_id,
+                    self.worker_id,
+                    os.getpid(),
+                    setup_seconds_since_start(),
+                    None if self._worker_token is None else compute_mac(self._worker_token, msg[1]),
+                ]
+            )
+            reply = self._recv()
+        except ConnectionLostError as exc:
+            # closed (or reset) after its challenge, before any reply to the HELLO: a server
+            # that runs answers a HELLO (WELCOME or REJECT) and only closes connections when
+            # its run ends, so this is the straggler case too (no block was handed out)
+            self._run_has_ended(sock, "during the handshake", exc)
+            return
         if reply[0] == REJECT:
             self.close()
             raise ConnectionRefusedError(f"the bellis server refused this worker: {reply[1]}")
@@ -461,6 +460,21 @@ class Client:
             _install_sigterm()
         except ValueError:
             pass  # not the main thread: the default SIGTERM behaviour stays
+
+    def _run_has_ended(self, sock: socket.socket, when: str, exc: ConnectionLostError) -> None:
+        """The server closed this connection ``when`` before handing out any block: the run
+        has ended; this worker will exit cleanly without blocks."""
+        logger.warning(
+            "bellis server at %s:%s closed the connection %s (%s); assuming the run has "
+            "ended — this worker will exit without processing blocks",
+            self.host,
+            self.port,
+            when,
+            exc.__cause__ or "end of stream",
+        )
+        self._sock = None
+        with contextlib.suppress(OSError):
+            sock.close()
 
     def _is_forked_copy(self) -> bool:
         """True in a child forked from the worker: its copy of this client is inert."""
@@ -516,7 +530,15 @@ class Client:
             msg = self._message(ACQUIRE)
             if len(msg) > 1:  # blocks go back: how long this worker spent on them
                 msg.append(time.monotonic() - self._served_at)
-            self._send(msg)
+            try:
+                self._send(msg)
+            except ConnectionLostError:
+                if len(msg) > 1:
+                    raise  # finished blocks that never reached the server: a real loss
+                # nothing held and nothing to report: the server closed this connection
+                # (as it does when the run ends) before it read this request, as when
+                # the reply below finds the connection closed
+                return -1
             try:
                 reply = self._recv()
             except ConnectionLostError:

@@ -56,6 +56,8 @@ _HANDSHAKE_SECONDS = 10.0
 #: listen backlog); a burst of real workers waits in the backlog meanwhile
 _MAX_HANDSHAKING = 256
 _MAX_OUTBUF_BYTES = 1 << 20
+# at the run's end, how long a half-closed connection waits for its peer to close its end
+_LINGER_SECONDS = 0.5
 
 
 class _Conn(Peer):
@@ -215,13 +217,52 @@ class RunLoop:
                     self.pool.cancel([w for w in d.workers.values() if w.exit is None])
                     break
         self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
-        for c in list(self.conns.values()):
-            d.close(c, time.monotonic())
-        self._carry_out()
+        self._end_connections()
         if self._listening:
             self.sel.unregister(self.listener)
         self.listener.close()
         self.sel.close()
+
+    def _end_connections(self) -> None:
+        """Close every connection at the end of the run so that each peer sees an orderly
+        end of stream, not a reset.
+
+        A socket closed while it holds bytes it never read (a straggler's HELLO, a request
+        that crossed the SHUTDOWN) makes the kernel send a TCP reset instead of a FIN, and
+        bytes that arrive after the close are answered with a reset too. So: the requests
+        already here are answered (a SHUTDOWN: the run is draining), then each connection
+        is half-closed (its peer reads the end of stream after whatever was sent) and what
+        its peer still sends is read and dropped until it closes its end, for at most
+        ``_LINGER_SECONDS``; only then is it closed.
+        """
+        conns = list(self.conns.values())
+        for c in conns:
+            self._read_what_is_left(c)
+        waiting = selectors.DefaultSelector()
+        for c in conns:
+            if c.sock.fileno() < 0:
+                continue  # closed while its last messages were read
+            try:
+                c.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                continue  # already reset by its peer: nothing to wait for
+            waiting.register(c.sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + _LINGER_SECONDS
+        while waiting.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in waiting.select(left):
+                sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    waiting.unregister(sock)
+        waiting.close()
+        for c in conns:
+            self.d.close(c, time.monotonic())
+        self._carry_out()
 
     def _serve_draining(self, timeout_seconds: float) -> None:
         for key, _ in self.sel.select(timeout_seconds):
@@ -440,4 +481,13 @@ class RunLoop:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
+        # bytes left unread at close() make the kernel reset the connection instead of
+        # ending it: the peer would read "connection reset" rather than the end of stream
+        try:
+            conn.sock.setblocking(False)
+            for _ in range(64):  # bounded: what is already buffered, not a peer's stream
+                if not conn.sock.recv(65536):
+                    break
+        except OSError:
+            pass  # nothing buffered (EAGAIN), or already reset
         conn.sock.close()

@@ -446,3 +446,96 @@ def test_a_worker_that_connects_as_the_run_ends_exits_cleanly(tmp_path: Path) ->
     assert "BLOCK None CONNECTED False" in proc.stdout
     assert "assuming the run has ended" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+LATE_HELLO_DRIVER = r"""
+import os
+import subprocess
+import sys
+import time
+
+import bellis
+
+here = os.path.dirname(os.path.abspath(__file__))
+procs = {}
+
+
+def on_listen(server):
+    env = dict(os.environ, BELLIS_CONTEXT=server.worker_context("t"), PYTHONPATH=os.pathsep.join(
+        [here, os.environ.get("PYTHONPATH", "")]))
+    for name in ("worker", "straggler"):
+        procs[name] = subprocess.Popen([sys.executable, os.path.join(here, name + ".py")],
+                                       env=env, cwd=here)
+
+
+task = bellis.Task("t", total_roi=bellis.Roi((0,), (1,)), read_roi=bellis.Roi((0,), (1,)),
+                   write_roi=bellis.Roi((0,), (1,)), process_function=None, max_workers=1)
+server = bellis.Server(external_workers=True, on_listen=on_listen)
+states = server.run_blockwise([task], progress=False, summary=False)
+open(os.path.join(here, "ended"), "w").close()  # the run is over: the straggler says HELLO
+codes = {name: p.wait(timeout=120) for name, p in procs.items()}
+print("COMPLETED", states["t"].completed_count, "CODES", codes["worker"], codes["straggler"])
+"""
+
+LATE_HELLO_WORKER = r"""
+import os
+import time
+
+import bellis
+
+client = bellis.Client()
+while True:
+    with client.acquire_block() as block:
+        if block is None:
+            break
+        # the run's only block ends once the straggler holds its challenge
+        while not os.path.exists("challenged"):
+            time.sleep(0.01)
+"""
+
+# a worker held up (as on a loaded node) between the server's challenge and its HELLO, until
+# the run has ended and the server has closed its connection: the HELLO gets an end of
+# stream or a reset back, and the worker must take the "run has ended" path (exit 0)
+LATE_HELLO_STRAGGLER = r"""
+import os
+import socket
+import time
+
+import bellis
+
+sendall = socket.socket.sendall
+
+
+def late_sendall(self, data, *args):
+    if not os.path.exists("challenged"):
+        open("challenged", "w").close()
+        while not os.path.exists("ended"):
+            time.sleep(0.01)
+        time.sleep(0.5)
+    return sendall(self, data, *args)
+
+
+socket.socket.sendall = late_sendall
+client = bellis.Client()
+with client.acquire_block() as block:
+    print("BLOCK", block, "CONNECTED", client.connected)
+"""
+
+
+def test_a_worker_whose_hello_arrives_after_the_run_ended_exits_cleanly(tmp_path: Path) -> None:
+    (tmp_path / "driver.py").write_text(LATE_HELLO_DRIVER)
+    (tmp_path / "worker.py").write_text(LATE_HELLO_WORKER)
+    (tmp_path / "straggler.py").write_text(LATE_HELLO_STRAGGLER)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "COMPLETED 1 CODES 0 0" in proc.stdout, text
+    assert "BLOCK None CONNECTED False" in proc.stdout, text
+    assert "during the handshake" in proc.stderr and "assuming the run has ended" in text, text
+    assert "Traceback" not in proc.stderr, text
