@@ -89,6 +89,7 @@ _IS_LINUX: Final = sys.platform.startswith("linux")
 _perf_counter = time.perf_counter
 _pread = os.pread
 _NAN: Final = math.nan
+_NO_GPU: Final = (_NAN, 0)  # the seed's figures where the GPU is not measured
 
 # ru_maxrss is KiB on Linux and the BSDs, bytes on macOS.
 _MAXRSS_UNIT: Final = 1 if sys.platform == "darwin" else 1024
@@ -583,26 +584,15 @@ class Meter:
         else:
             rd = wr = 0  # a reading is missing at one end: no figure rather than a wrong one
         children -= self._child0
-        if self.gpu is not None:
-            gpu_util, gpu_mem = self.gpu.finish()
-            return [
-                wall if wall > 0.0 else 0.0,
-                cpu if cpu > 0.0 else 0.0,
-                peak,
-                rd if rd > 0 else 0,
-                wr if wr > 0 else 0,
-                gpu_util,
-                gpu_mem,
-                children if children > 0.0 else 0.0,
-            ]
+        gpu_util, gpu_mem = _NO_GPU if self.gpu is None else self.gpu.finish()
         return [
             wall if wall > 0.0 else 0.0,
             cpu if cpu > 0.0 else 0.0,
             peak,
             rd if rd > 0 else 0,
             wr if wr > 0 else 0,
-            _NAN,
-            0,
+            gpu_util,
+            gpu_mem,
             children if children > 0.0 else 0.0,
         ]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -254,3 +255,17 @@ def detach_and_return() -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def slurm_unavailable_reason() -> str | None:
+    """Why no SLURM controller can take jobs here (None: one can)."""
+    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not on PATH"
+    try:
+        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed: {exc}"
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"sinfo failed: {out.stderr.strip()}"
+    return None

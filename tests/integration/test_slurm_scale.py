@@ -12,26 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import done_count, done_ids, make_task, read_records, sleep_block
+from helpers import (
+    done_count,
+    done_ids,
+    make_task,
+    read_records,
+    sleep_block,
+    slurm_unavailable_reason,
+)
 
 import bellis
 from bellis._workers._slurm import SlurmLauncher
 
-
-def _slurm_available() -> str | None:
-    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH"
-    try:
-        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo failed: {exc}"
-    if out.returncode != 0 or not out.stdout.strip():
-        return f"sinfo failed: {out.stderr.strip()}"
-    return None
-
-
-_REASON = _slurm_available()
+_REASON = slurm_unavailable_reason()
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),

@@ -14,7 +14,7 @@ import pytest
 import bellis
 from bellis import Roi
 from bellis._block import heartbeats
-from bellis._runlog import EXIT_KINDS, validate_run_line
+from bellis._runlog import COUNTER_KEYS, EXIT_KINDS, validate_run_line
 from bellis._stall import CPU_EPSILON, ProcessSampler, Reading, StallMonitor
 from bellis._state import TaskState
 from bellis._summary import format_summary
@@ -216,20 +216,7 @@ def test_a_run_line_without_stall_reclaims_is_still_valid() -> None:
         "mode": "serial",
         "resource_tracking": False,
         "wall_seconds": 1.0,
-        "counters": {
-            k: 0
-            for k in (
-                "total",
-                "completed",
-                "skipped",
-                "failed",
-                "orphaned",
-                "worker_failures",
-                "worker_restarts",
-                "worker_starts",
-                "timeout_reclaims",
-            )
-        },
+        "counters": {k: 0 for k in COUNTER_KEYS if k != "stall_reclaims"},
         "blocks": {"count": 0, "skipped": 0, "failed_attempts": 0},
         "workers": {"count": 0, "unmanaged_clients": 0, "exits": {"stalled": 0}, "records": []},
     }
