@@ -51,6 +51,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from ._backups import Backups, drop_lost, offer, settle_returns
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -152,6 +153,10 @@ class Dispatcher:
         #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
         #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
         self._deadlines = DeadlineHeap()
+        for p in plans.values():  # straggler backups (bellis._backups), opt-in per task
+            p.backups = (
+                None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
+            )
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -184,6 +189,8 @@ class Dispatcher:
         peer.closed = True
         self.out.append((CLOSE, peer))
         run = peer.run
+        if peer.held and run is not None and self.plan_of[run.index].backups is not None:
+            drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
         peer.parked = False  # its entry in the parked queue, if any, is skipped
         if peer.held and run is not None:
             held = peer.held
@@ -304,6 +311,9 @@ class Dispatcher:
         elif rows is not None or busy is not None:
             raise ProtocolError("measurement rows or a busy time without blocks")
         if op == BYE:
+            backups = self.plan_of[run.index].backups
+            if peer.held and backups is not None:
+                drop_lost(self, backups, peer, "its copy came back unstarted", now)
             if peer.held:
                 # blocks the worker never started go back to the queue, uncounted
                 for k in peer.held:
@@ -340,6 +350,9 @@ class Dispatcher:
         results = parse_returns(
             msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
         )
+        backups = self.plan_of[run.index].backups
+        if backups is not None:  # first success of a block's two copies wins
+            results = settle_returns(self, backups, peer, results, now)
         if not results:
             return
         processed = [r for r in results if r[1] != _CREATED]
@@ -526,6 +539,8 @@ class Dispatcher:
                 self.checking.add(run.index)
                 self.dirty = True
                 return
+            if k < 0 and self.plan_of[run.index].backups is not None:
+                k = self.plan_of[run.index].backups.copy_for(peer, now)  # a straggler's copy
             if k >= 0:
                 held = [k]
                 want = peer.batch
@@ -561,6 +576,9 @@ class Dispatcher:
                 self.plan_of[run.index].parked.append(peer)
                 peer.parked = True
                 return
+            backups = self.plan_of[run.index].backups
+            if backups is not None and backups.wait(peer):
+                return  # waits for a straggler to copy
         if peer.worker is not None:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
@@ -628,6 +646,12 @@ class Dispatcher:
         """The backstop: a connection's blocks outlived their deadline."""
         run = peer.run
         assert run is not None
+        backups = self.plan_of[run.index].backups
+        if backups is not None and drop_lost(self, backups, peer, "its copy timed out", now):
+            text = f"a copy of a block of task {run.task_id} outlived its deadline"
+            self._stop_timed_out_worker(peer.worker, text, now)
+            self.close(peer, now)
+            return
         held = peer.held
         peer.held = []
         if len(held) == 1:
@@ -662,6 +686,8 @@ class Dispatcher:
         for plan in self.plans.values():
             if plan.parked:
                 self._serve_parked(plan, now)
+            if plan.backups is not None and (plan.backups.idle or plan.parked):
+                offer(self, plan.backups, now)
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False
@@ -675,6 +701,9 @@ class Dispatcher:
         """The run stops: parked requests are told to shut down. Returns the live workers."""
         self.shutdown_started = now
         for plan in self.plans.values():
+            if plan.backups is not None:  # requests waiting for a straggler stop too
+                plan.parked.extend(plan.backups.idle)
+                plan.backups.idle.clear()
             while plan.parked:
                 c = plan.parked.popleft()
                 if not c.parked:
