@@ -24,13 +24,19 @@ Invariants:
   its deadline, or lost with its connection. Each of these takes it out of ``held`` first,
   so no path gives it back twice; a peer that returns a block it does not hold is dropped
   (:func:`~bellis._protocol.parse_returns`). A peer with a request parked is in its task's
-  ``parked`` queue once, and a second request while it waits drops the peer.
+  ``parked`` queue (or the backups' ``idle`` queue) once, and a second request while it
+  waits drops the peer. The one exception is a *backup* (``Task(speculative=True)``,
+  :mod:`bellis._backups`): a straggler held alone may be in a second peer's ``held`` too,
+  the two paired in ``Backups.copies``. The first success is released; the other copy
+  leaves its ``held`` at once and its worker is stopped (``preempted``, no restart), and a
+  copy that ends any other way leaves ``held`` unreleased while its twin runs on.
 * **When a block is charged.** A block is charged a failed attempt when it comes back
   failed, when it alone outlived its deadline, or when its worker's connection ended while
   it alone was out. A block out with others in a *batch* is never charged for a lost
   connection or an expired deadline (which block was at fault is unknown): the batch goes
   back to the queue and each of its blocks is a *suspect*, which is sent alone from then
-  on, so a block that kills its worker is caught and charged by itself.
+  on, so a block that kills its worker is caught and charged by itself. One of a backup's
+  two copies is never charged: only the last copy out that fails is.
 * **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
   exits cleanly after it returned a block or was told to stop (*earned*) gives its start
   back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
