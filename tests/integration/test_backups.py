@@ -15,10 +15,16 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+from helpers import slurm_unavailable_reason
+
 from bellis._runlog import validate_run_line
+
+_SLURM = slurm_unavailable_reason()
 
 BLOCKS = 40
 SLOW = 7  # the block that sleeps on its first attempt
@@ -55,6 +61,14 @@ def block_fn(block):
 
 def main():
     speculative = sys.argv[3] == "on"
+    launcher = None
+    if sys.argv[4].startswith("slurm:"):
+        from bellis import SlurmLauncher
+
+        prefix, _, partition = sys.argv[4][6:].partition(":")
+        launcher = SlurmLauncher(
+            job_name_prefix=prefix, partition=partition or None, poll_interval=0.5
+        )
     bellis.logging.set_log_basedir(HERE / "logs")
     bellis.set_tracking_basedir(HERE / "tracking")
     task = bellis.Task(
@@ -67,6 +81,7 @@ def main():
         max_workers=2,
         resource_tracking=True,
         speculative=speculative,
+        launcher=launcher,
     )
     t0 = time.monotonic()
     ok = bellis.run_blockwise([task], progress=False)
@@ -95,11 +110,13 @@ if __name__ == "__main__":
 """
 
 
-def _run(tmp_path: Path, sleep: float, mode: str) -> tuple[Any, dict[str, Any]]:
+def _run(
+    tmp_path: Path, sleep: float, mode: str, launcher: str = "local"
+) -> tuple[Any, dict[str, Any]]:
     script = tmp_path / "user_script.py"
     script.write_text(SCRIPT)
     proc = subprocess.run(
-        [sys.executable, str(script), str(SLOW), str(sleep), mode],
+        [sys.executable, str(script), str(SLOW), str(sleep), mode, launcher],
         capture_output=True,
         text=True,
         timeout=600,
@@ -118,6 +135,13 @@ def _pid_alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
+def _active_jobs(prefix: str) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return [line for line in out.stdout.splitlines() if f"|{prefix}" in line]
+
+
 def _runs_line(tmp_path: Path) -> dict[str, Any]:
     lines = (tmp_path / "tracking" / "t" / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 1
@@ -126,15 +150,22 @@ def _runs_line(tmp_path: Path) -> dict[str, Any]:
     return line
 
 
-def test_a_backup_copy_of_the_straggler_wins_and_the_slow_copy_is_stopped(
-    tmp_path: Path,
-) -> None:
-    proc, result = _run(tmp_path, 60.0, "on")
+def _gone(pid: int, within: float) -> bool:
+    end = time.monotonic() + within
+    while _pid_alive(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _assert_the_copy_won(tmp_path: Path, proc: Any, result: dict[str, Any]) -> None:
     assert result["ok"] is True
     assert result["elapsed"] < 60.0  # the run did not wait for the sleeper
-    # the slow copy's process is gone: stopped, not left to sleep on
+    # the slow copy's process is gone: stopped, not left to sleep on (a SLURM job's
+    # processes go when slurmd has carried out the scancel)
     slow_pid = int((tmp_path / "first_attempt").read_text())
-    assert not _pid_alive(slow_pid)
+    assert _gone(slow_pid, 30.0)
     assert int((tmp_path / "second_attempt").read_text()) != slow_pid
     report = result["report"]
     counters = report["counters"]
@@ -167,8 +198,34 @@ def test_a_backup_copy_of_the_straggler_wins_and_the_slow_copy_is_stopped(
     assert re.search(r"backups +1 started, 1 won, 0 lost", (tmp_path / "panel.txt").read_text())
     assert "1 straggler backup(s) in task 't': 1 won" in proc.stdout
     assert f"block t/{SLOW} has been out" in proc.stderr
-    # the preempted worker's slot says why it left, and no error was logged for it
     assert "Traceback" not in proc.stderr
+
+
+def test_a_backup_copy_of_the_straggler_wins_and_the_slow_copy_is_stopped(
+    tmp_path: Path,
+) -> None:
+    proc, result = _run(tmp_path, 60.0, "on")
+    _assert_the_copy_won(tmp_path, proc, result)
+    # the slot of the stopped worker says why it left, should a new worker take it
+    assert "worker exited with error" not in proc.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(_SLURM is not None, reason=f"no SLURM controller: {_SLURM}")
+def test_on_slurm_the_copy_wins_and_the_slow_job_is_cancelled(tmp_path: Path) -> None:
+    prefix = "bk" + str(abs(hash(str(tmp_path))) % 10**8)
+    # the CI cluster's oversubscribed partition, where there is one: both workers' jobs run
+    # at once even while other jobs hold the node's two CPUs
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", "oversub", "-o", "%P"], capture_output=True, text=True
+    )
+    partition = "oversub" if out.stdout.strip() else ""
+    proc, result = _run(tmp_path, 60.0, "on", f"slurm:{prefix}:{partition}")
+    _assert_the_copy_won(tmp_path, proc, result)
+    end = time.monotonic() + 60
+    while _active_jobs(prefix) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert _active_jobs(prefix) == []
 
 
 def test_without_backups_the_run_waits_for_the_straggler(tmp_path: Path) -> None:

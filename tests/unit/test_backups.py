@@ -320,9 +320,12 @@ def test_a_late_success_of_the_loser_cannot_come_back() -> None:
     send_of(r.last, r.b)
     sc.acquire(r.b, (r.x, OK, -1, None))
     # the shell reads nothing more from a closed connection; were it to, the block is no
-    # longer held there: the message is refused, and nothing is recorded twice
+    # longer held there: the message is refused, and nothing is released twice
     assert r.a.closed and r.a.held == []
-    assert sc.run.completed == MIN_FINISHED + 1
+    sc.d.receive(r.a, [ACQUIRE, r.x, OK, -1, None], sc.now)
+    assert not frames(sc.take(), r.a)
+    assert sc.run.completed == sc.plan.aggregates.count == MIN_FINISHED + 1
+    assert sc.run.backups_won == 1 and sc.run.backups_lost == 0
 
 
 @pytest.mark.parametrize("first", ["original", "copy"])
