@@ -156,8 +156,12 @@ class Backups:
 
     def wait(self, peer: Peer) -> bool:
         """Park ``peer``'s request (nothing ready, nothing pending) if a block may yet
-        become a straggler it could copy; False: it is told to stop."""
-        if peer.worker is None or self.plan.run.status != RUNNING or not self._open():
+        become a straggler it could copy; False: it is told to stop (so it is when too few
+        blocks are left for the median ever to be known)."""
+        run = self.plan.run
+        if peer.worker is None or run.status != RUNNING:
+            return False
+        if self.finished + run.processing < MIN_FINISHED or not self._open():
             return False
         self.idle.append(peer)
         peer.parked = True

@@ -218,11 +218,17 @@ def test_an_idle_worker_gets_a_copy_of_the_straggler_alone() -> None:
 
 
 def test_no_copy_before_enough_blocks_finished() -> None:
-    r = Race(blocks=MIN_FINISHED, speculative=True)  # 18 finished when b goes idle
-    assert not frames(r.last, r.b)  # it waits
+    r = Race(blocks=MIN_FINISHED, speculative=True)  # 19 finished when b goes idle
+    assert not frames(r.last, r.b)  # it waits: the block out may make it 20
     assert r.sc.run.backups_started == 0
     r.sc.now += 100.0
     assert not frames(r.sc.tick(), r.b)  # and waits on: no median yet
+
+
+def test_an_idle_worker_stops_when_too_few_blocks_are_left_for_a_median() -> None:
+    r = Race(blocks=MIN_FINISHED - 1, speculative=True)  # 18 finished, 1 out: never 20
+    assert told_to_stop(r.last, r.b)
+    assert r.sc.run.backups_started == 0
 
 
 def test_an_idle_worker_waits_until_the_block_is_a_straggler_then_gets_the_copy() -> None:
