@@ -24,13 +24,19 @@ Invariants:
   its deadline, or lost with its connection. Each of these takes it out of ``held`` first,
   so no path gives it back twice; a peer that returns a block it does not hold is dropped
   (:func:`~bellis._protocol.parse_returns`). A peer with a request parked is in its task's
-  ``parked`` queue once, and a second request while it waits drops the peer.
+  ``parked`` queue (or the backups' ``idle`` queue) once, and a second request while it
+  waits drops the peer. The one exception is a *backup* (``Task(speculative=True)``,
+  :mod:`bellis._backups`): a straggler held alone may be in a second peer's ``held`` too,
+  the two paired in ``Backups.copies``. The first success is released; the other copy
+  leaves its ``held`` at once and its worker is stopped (``preempted``, no restart), and a
+  copy that ends any other way leaves ``held`` unreleased while its twin runs on.
 * **When a block is charged.** A block is charged a failed attempt when it comes back
   failed, when it alone outlived its deadline, or when its worker's connection ended while
   it alone was out. A block out with others in a *batch* is never charged for a lost
   connection or an expired deadline (which block was at fault is unknown): the batch goes
   back to the queue and each of its blocks is a *suspect*, which is sent alone from then
-  on, so a block that kills its worker is caught and charged by itself.
+  on, so a block that kills its worker is caught and charged by itself. One of a backup's
+  two copies is never charged: only the last copy out that fails is.
 * **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
   exits cleanly after it returned a block or was told to stop (*earned*) gives its start
   back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
@@ -51,6 +57,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from ._backups import Backups, drop_lost, offer, settle_returns
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -152,6 +159,10 @@ class Dispatcher:
         #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
         #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
         self._deadlines = DeadlineHeap()
+        for p in plans.values():  # straggler backups (bellis._backups), opt-in per task
+            p.backups = (
+                None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
+            )
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -184,6 +195,8 @@ class Dispatcher:
         peer.closed = True
         self.out.append((CLOSE, peer))
         run = peer.run
+        if peer.held and run is not None and self.plan_of[run.index].backups is not None:
+            drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
         peer.parked = False  # its entry in the parked queue, if any, is skipped
         if peer.held and run is not None:
             held = peer.held
@@ -304,6 +317,9 @@ class Dispatcher:
         elif rows is not None or busy is not None:
             raise ProtocolError("measurement rows or a busy time without blocks")
         if op == BYE:
+            backups = self.plan_of[run.index].backups
+            if peer.held and backups is not None:
+                drop_lost(self, backups, peer, "its copy came back unstarted", now)
             if peer.held:
                 # blocks the worker never started go back to the queue, uncounted
                 for k in peer.held:
@@ -340,6 +356,9 @@ class Dispatcher:
         results = parse_returns(
             msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
         )
+        backups = self.plan_of[run.index].backups
+        if backups is not None:  # first success of a block's two copies wins
+            results = settle_returns(self, backups, peer, results, now)
         if not results:
             return
         processed = [r for r in results if r[1] != _CREATED]
@@ -526,6 +545,8 @@ class Dispatcher:
                 self.checking.add(run.index)
                 self.dirty = True
                 return
+            if k < 0 and self.plan_of[run.index].backups is not None:
+                k = self.plan_of[run.index].backups.copy_for(peer, now)  # a straggler's copy
             if k >= 0:
                 held = [k]
                 want = peer.batch
@@ -561,6 +582,9 @@ class Dispatcher:
                 self.plan_of[run.index].parked.append(peer)
                 peer.parked = True
                 return
+            backups = self.plan_of[run.index].backups
+            if backups is not None and backups.wait(peer):
+                return  # waits for a straggler to copy
         if peer.worker is not None:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
@@ -628,6 +652,12 @@ class Dispatcher:
         """The backstop: a connection's blocks outlived their deadline."""
         run = peer.run
         assert run is not None
+        backups = self.plan_of[run.index].backups
+        if backups is not None and drop_lost(self, backups, peer, "its copy timed out", now):
+            text = f"a copy of a block of task {run.task_id} outlived its deadline"
+            self._stop_timed_out_worker(peer.worker, text, now)
+            self.close(peer, now)
+            return
         held = peer.held
         peer.held = []
         if len(held) == 1:
@@ -662,6 +692,8 @@ class Dispatcher:
         for plan in self.plans.values():
             if plan.parked:
                 self._serve_parked(plan, now)
+            if plan.backups is not None and (plan.backups.idle or plan.parked):
+                offer(self, plan.backups, now)
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False
@@ -675,6 +707,9 @@ class Dispatcher:
         """The run stops: parked requests are told to shut down. Returns the live workers."""
         self.shutdown_started = now
         for plan in self.plans.values():
+            if plan.backups is not None:  # requests waiting for a straggler stop too
+                plan.parked.extend(plan.backups.idle)
+                plan.backups.idle.clear()
             while plan.parked:
                 c = plan.parked.popleft()
                 if not c.parked:

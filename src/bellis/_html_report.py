@@ -102,6 +102,14 @@ def _top_table(s: StoreData, name: str) -> str:
     return _table(head, rows, left=2)
 
 
+def _backups_cell(c: dict[str, Any]) -> str:
+    """Straggler backups of a run: ``2 (1 won, 1 lost)``; ``-`` for none."""
+    started = int(c.get("backups_started", 0))
+    if started <= 0:
+        return "-"
+    return f"{started} ({int(c.get('backups_won', 0))} won, {int(c.get('backups_lost', 0))} lost)"
+
+
 def _history_rows(stores: list[StoreData]) -> str:
     rows = []
     for s in stores:
@@ -123,10 +131,11 @@ def _history_rows(stores: list[StoreData]) -> str:
                     format_duration(wall),
                     f"{n / wall:.3g}" if wall > 0 else "-",
                     ", ".join(f"{k} {v}" for k, v in sorted(exits.items())) or "-",
+                    _backups_cell(c),
                 ]
             )
     head = ["task", "run", "started (UTC)", "outcome", "mode", "blocks run", "skipped"]
-    head += ["failed", "wall", "blocks/s", "exits"]
+    head += ["failed", "wall", "blocks/s", "exits", "backups"]
     return _table(head, rows, left=5) if rows else ""
 
 

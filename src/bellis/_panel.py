@@ -147,6 +147,16 @@ def _log_line(records: Sequence[WorkerRecord]) -> str | None:
     return f"{where}.out and .err"
 
 
+def _backups_row(c: Mapping[str, float]) -> str | None:
+    """``1 started, 1 won, 0 lost; losers 60.0 s`` (straggler backups; None: none)."""
+    started = int(c.get("backups_started", 0))
+    if started <= 0:
+        return None
+    won, lost = int(c.get("backups_won", 0)), int(c.get("backups_lost", 0))
+    loser = format_duration(float(c.get("backup_loser_seconds", 0.0)))
+    return f"{started} started, {won} won, {lost} lost; losers {loser}"
+
+
 def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The labelled rows of a task's panel: (blocks, workers); either may be empty."""
     b = r.blocks
@@ -179,6 +189,9 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
                 wrows.append((label, _duration_pm(s)))
         exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))
         wrows.append(("exits", exits or "-"))
+        backups = _backups_row(r.counters)
+        if backups is not None:
+            wrows.append(("backups", backups))
         logs = _log_line(w.records)
         if logs is not None:
             wrows.append(("logs", logs))

@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 
-def counters_from_state(state: Any) -> dict[str, int]:
+def counters_from_state(state: Any) -> dict[str, Any]:
     """The ``counters`` section from a ``TaskState``-like object."""
     return {
         "total": int(state.total_block_count),
@@ -92,6 +92,11 @@ def counters_from_state(state: Any) -> dict[str, int]:
         "worker_starts": int(state.worker_start_count),
         "timeout_reclaims": int(state.timeout_reclaim_count),
         "stall_reclaims": int(getattr(state, "stall_reclaim_count", 0)),
+        # straggler backups (Task(speculative=True)): a float for the losers' seconds
+        "backups_started": int(getattr(state, "backups_started", 0)),
+        "backups_won": int(getattr(state, "backups_won", 0)),
+        "backups_lost": int(getattr(state, "backups_lost", 0)),
+        "backup_loser_seconds": round(float(getattr(state, "backup_loser_seconds", 0.0)), 6),
     }
 
 
@@ -117,7 +122,7 @@ def task_report_json(
     run_started_at: float,
     run_finished_at: float,
     resource_tracking: bool,
-    counters: Mapping[str, int],
+    counters: Mapping[str, float],
     blocks: TaskAggregates,
     workers: Mapping[str, Any] | None = None,
     wall_seconds: float | None = None,
@@ -141,7 +146,7 @@ def task_report_json(
         "mode": mode,
         "wall_seconds": max(0.0, wall),
         "resource_tracking": bool(resource_tracking),
-        "counters": {k: int(v) for k, v in counters.items()},
+        "counters": {k: v if isinstance(v, float) else int(v) for k, v in counters.items()},
         "blocks": blocks.to_json(),
         "workers": dict(workers) if workers is not None else _empty_workers_json(),
     }
@@ -390,7 +395,8 @@ class TaskReport:
         self.run_started_at: float | None = d.get("run_started_at")
         self.run_finished_at: float | None = d.get("run_finished_at")
         self.resource_tracking = bool(d.get("resource_tracking", False))
-        self.counters: dict[str, int] = dict(d.get("counters") or {})
+        #: ints, but ``backup_loser_seconds``, a float
+        self.counters: dict[str, int | float] = dict(d.get("counters") or {})
         b = d.get("blocks") or {}
         trend = b.get("trend_ms_per_block")
         self.blocks = BlocksSection(

@@ -133,6 +133,8 @@ class TaskPlan:
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
+        #: straggler backups (a ``bellis._backups.Backups``), None when the task has none
+        self.backups: Any = None
         # log slots: the free ones (a heap), how many exist, and per slot why its last
         # worker of this run left (the next one's header says so)
         self._free_slots: list[int] = []
@@ -186,6 +188,8 @@ def _how_it_ended(ex: WorkerExit) -> str:
         return "which was interrupted"
     if ex.kind == "walltime":
         return "which left before its job time limit"
+    if ex.kind == "preempted":
+        return "which was stopped: the other copy of its block finished first"
     first = ex.message.splitlines()[0] if ex.message else ""
     if first.startswith("out of memory"):
         return "which ran out of memory"

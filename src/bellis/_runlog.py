@@ -33,7 +33,15 @@ SCHEMA_VERSION: Final = 2
 READABLE_SCHEMAS: Final = (1, 2)
 OUTCOMES: Final = ("completed", "failed", "interrupted", "abandoned")
 MODES: Final = ("distributed", "serial")
-EXIT_KINDS: Final = ("clean", "walltime", "timeout", "stalled", "error", "interrupted")
+EXIT_KINDS: Final = (
+    "clean",
+    "walltime",
+    "timeout",
+    "stalled",
+    "error",
+    "interrupted",
+    "preempted",
+)
 COUNTER_KEYS: Final = (
     "total",
     "completed",
@@ -45,9 +53,13 @@ COUNTER_KEYS: Final = (
     "worker_starts",
     "timeout_reclaims",
     "stall_reclaims",
+    "backups_started",
+    "backups_won",
+    "backups_lost",
+    "backup_loser_seconds",
 )
 #: counters added after schema 1's first lines: absent from older lines
-_NEWER_COUNTERS: Final = ("stall_reclaims",)
+_NEWER_COUNTERS: Final = ("stall_reclaims", "backups_started", "backups_won", "backups_lost")
 BLOCK_STAT_KEYS: Final = (
     "round_trip",
     "wall",
@@ -215,6 +227,7 @@ def validate_run_line(d: Any) -> list[str]:
     counters, blocks, workers = (v if isinstance(v, dict) else None for v in sections.values())
     if counters is not None:
         spec = dict.fromkeys(COUNTER_KEYS, "count") | dict.fromkeys(_NEWER_COUNTERS, "count?")
+        spec["backup_loser_seconds"] = "num?"  # seconds, not a count
         _check(counters, "counters.", spec, out)
     if blocks is not None:
         spec = {"count": "count", "skipped": "count", "failed_attempts": "count"}

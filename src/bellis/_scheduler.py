@@ -134,6 +134,11 @@ class TaskRun:
         self.last_worker_error: str | None = None
         self.timeout_reclaims = 0
         self.stall_reclaims = 0
+        # straggler backups (bellis._backups): copies started, won, lost, losers' seconds
+        self.backups_started = 0
+        self.backups_won = 0
+        self.backups_lost = 0
+        self.backup_loser_seconds = 0.0
         # tracking
         self.store: Any = None
         self.cell_identity = True
@@ -185,6 +190,10 @@ class TaskRun:
             failed_attempt_count=self.failed_attempts,
             stall_reclaim_count=self.stall_reclaims,
             stall_timeout_secs=self.task.stall_timeout_secs,
+            backups_started=self.backups_started,
+            backups_won=self.backups_won,
+            backups_lost=self.backups_lost,
+            backup_loser_seconds=self.backup_loser_seconds,
         )
 
     # -- tracking cells ----------------------------------------------------------------

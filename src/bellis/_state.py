@@ -44,6 +44,10 @@ class TaskState:
     failed_attempt_count: int = 0
     stall_reclaim_count: int = 0
     stall_timeout_secs: float | None = None
+    backups_started: int = 0
+    backups_won: int = 0
+    backups_lost: int = 0
+    backup_loser_seconds: float = 0.0
 
     @property
     def pending_count(self) -> int:

@@ -221,6 +221,9 @@ def format_summary(
         stall = _stall_line(task_id, states[task_id])
         if stall:
             lines += ["", stall]
+        backups = _backups_line(task_id, states[task_id])
+        if backups:
+            lines += ["", backups]
 
     troubled = [task_id for task_id in ordered if _has_trouble(states[task_id])]
     if troubled and log_dir is not None:
@@ -360,6 +363,16 @@ def _stall_line(task_id: str, state: TaskState) -> str | None:
         f"{_INDENT}{state.stall_reclaim_count} block attempt(s) in task '{task_id}' stalled: "
         f"no CPU, IO or heartbeat for {state.stall_timeout_secs or 0.0:g}s (stall_timeout; "
         "a block that waits legitimately calls block.heartbeat())"
+    )
+
+
+def _backups_line(task_id: str, state: TaskState) -> str | None:
+    if state.backups_started <= 0:
+        return None
+    return (
+        f"{_INDENT}{state.backups_started} straggler backup(s) in task '{task_id}': "
+        f"{state.backups_won} won (the copy finished first), {state.backups_lost} lost; "
+        f"the losing copies ran {state.backup_loser_seconds:.1f}s before they were stopped"
     )
 
 

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -75,6 +75,10 @@ def get_done_marker_basedir() -> Path | None:
     return _tracking_basedir
 
 
+#: ``Task(speculative=True)``: a block is a straggler after this many median blocks
+DEFAULT_BACKUP_AFTER: Final = 3.0
+
+
 def _check_count(name: str, value: Any, minimum: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int (got {type(value).__name__} {value!r})")
@@ -99,6 +103,13 @@ class Task:
     distributed run, a block that shows no CPU, IO or heartbeat (``block.heartbeat()``) for
     that long is reclaimed as *stalled*, its worker replaced and the block retried (see
     ``docs/failures.md``). Serial mode ignores it, with a warning.
+
+    ``speculative=True`` or ``backup_after=factor`` (default off): straggler backups. When
+    the task has no ready block left and one of its workers is idle, a block out longer
+    than ``factor`` (3.0 with ``speculative=True``) times the median of the task's finished
+    blocks (at least 20) runs a second time on that worker; the first copy to succeed wins
+    and the other's worker is stopped. The block function must be idempotent on its write
+    ROI (see ``docs/failures.md``).
     """
 
     def __init__(
@@ -123,6 +134,8 @@ class Task:
         tracking_path: Any = _UNSET,
         launcher: Any = None,
         stall_timeout: float | timedelta | None = None,
+        speculative: bool = False,
+        backup_after: float | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -163,6 +176,7 @@ class Task:
         )
         self._timeout_seconds = _parse_timeout(timeout)
         self._stall_timeout_seconds = _parse_stall_timeout(stall_timeout)
+        self._backup_after = _parse_backup_after(speculative, backup_after)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -248,6 +262,11 @@ class Task:
     def stall_timeout_secs(self) -> float | None:
         """``stall_timeout`` in seconds, or None when stall detection is off."""
         return self._stall_timeout_seconds
+
+    @property
+    def backup_after(self) -> float | None:
+        """The straggler factor of ``speculative`` / ``backup_after``; None: no backups."""
+        return self._backup_after
 
     @property
     def requires(self) -> dict[str, int]:
@@ -458,6 +477,29 @@ def _parse_stall_timeout(value: Any) -> float | None:
             parameter="stall_timeout",
         )
     return seconds
+
+
+def _parse_backup_after(speculative: Any, backup_after: Any) -> float | None:
+    if not isinstance(speculative, bool | np.bool_):
+        raise ConfigurationError(
+            f"speculative={speculative!r} must be True or False (True: back up straggler "
+            "blocks after 3x the median block; backup_after=factor sets another factor)",
+            parameter="speculative",
+        )
+    if backup_after is None:
+        return DEFAULT_BACKUP_AFTER if speculative else None
+    if (
+        isinstance(backup_after, bool)
+        or not isinstance(backup_after, int | float | np.integer | np.floating)
+        or not (1.0 < float(backup_after) < math.inf)
+    ):
+        raise ConfigurationError(
+            f"backup_after={backup_after!r} must be a finite number above 1: a block out "
+            "longer than this many times the median block gets a backup copy (e.g. "
+            "backup_after=3.0); pass None to turn backups off",
+            parameter="backup_after",
+        )
+    return float(backup_after)
 
 
 def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:

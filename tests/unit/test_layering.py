@@ -55,6 +55,7 @@ RANK = {
     "_run_state": 6,
     "_batching": 5,
     "_deadlines": 6,
+    "_backups": 6,
     "_dispatch": 6,
     "_signals": 0,
     "_server": 7,
@@ -187,7 +188,7 @@ def test_imports_run_one_way(path: Path) -> None:
 #: modules that decide without I/O: time comes in as an argument, and what they touch
 #: (a store, a launcher, a log) is an object handed in. None of them imports, anywhere in
 #: the file, a module that reads a clock, a socket, a process or a file
-SANS_IO = {"_batching", "_deadlines", "_dispatch", "_run_state", "_scheduler"}
+SANS_IO = {"_backups", "_batching", "_deadlines", "_dispatch", "_run_state", "_scheduler"}
 _IO_STDLIB = {
     "asyncio",
     "datetime",
