@@ -18,6 +18,7 @@ import cloudpickle
 from . import logging as blog
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
+from ._memory import MemoryPlan, ladder_for
 from ._observers import AttachableObservers, run_observed
 from ._panel import render_panel
 from ._progress import make_observer
@@ -451,6 +452,9 @@ def _run_distributed(
         plans[run.task_id] = TaskPlan(
             run, payloads[run.task_id], lau, aggregates[run.task_id], timelines[run.task_id]
         )
+        ladder = ladder_for(run.task, lau, budget)
+        if ladder is not None:
+            plans[run.task_id].memory = MemoryPlan(ladder, run)
     bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()

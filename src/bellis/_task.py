@@ -17,6 +17,7 @@ import numpy as np
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
+from ._memory import format_size, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
 
@@ -99,6 +100,12 @@ class Task:
     distributed run, a block that shows no CPU, IO or heartbeat (``block.heartbeat()``) for
     that long is reclaimed as *stalled*, its worker replaced and the block retried (see
     ``docs/failures.md``). Serial mode ignores it, with a warning.
+
+    ``memory_limit`` (``"4G"``, ``"500M"`` or bytes; default None): each worker's memory
+    (``RLIMIT_AS`` for local workers, ``--mem`` on SLURM). A block whose worker runs out of
+    memory runs again on a worker with ``memory_growth`` (default 2) times as much, up to
+    ``max_memory`` (default: the limit × growth²); only a block that runs out at that cap
+    fails (see ``docs/failures.md``).
     """
 
     def __init__(
@@ -123,6 +130,9 @@ class Task:
         tracking_path: Any = _UNSET,
         launcher: Any = None,
         stall_timeout: float | timedelta | None = None,
+        memory_limit: int | str | None = None,
+        memory_growth: float | None = None,
+        max_memory: int | str | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -163,6 +173,7 @@ class Task:
         )
         self._timeout_seconds = _parse_timeout(timeout)
         self._stall_timeout_seconds = _parse_stall_timeout(stall_timeout)
+        self._memory = _parse_memory(memory_limit, memory_growth, max_memory)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -248,6 +259,23 @@ class Task:
     def stall_timeout_secs(self) -> float | None:
         """``stall_timeout`` in seconds, or None when stall detection is off."""
         return self._stall_timeout_seconds
+
+    @property
+    def memory_limit(self) -> int | None:
+        """Each local worker's memory limit in bytes (``memory_limit``); None: none."""
+        return self._memory[0]
+
+    @property
+    def memory_growth(self) -> float | None:
+        """How much more memory each retry after an out-of-memory death gets (None: the
+        launcher's, else 2)."""
+        return self._memory[1]
+
+    @property
+    def max_memory(self) -> int | None:
+        """The largest memory grant in bytes (None: the launcher's, else the request × the
+        growth squared)."""
+        return self._memory[2]
 
     @property
     def requires(self) -> dict[str, int]:
@@ -458,6 +486,20 @@ def _parse_stall_timeout(value: Any) -> float | None:
             parameter="stall_timeout",
         )
     return seconds
+
+
+def _parse_memory(limit: Any, growth: Any, cap: Any) -> tuple[int | None, float | None, int | None]:
+    lim = None if limit is None else parse_size(limit, "memory_limit")
+    grow = None if growth is None else parse_growth(growth)
+    top = None if cap is None else parse_size(cap, "max_memory")
+    if lim is not None and top is not None and top < lim:
+        raise ConfigurationError(
+            f"max_memory={cap!r} ({format_size(top)}) is below memory_limit={limit!r} "
+            f"({format_size(lim)}): the largest grant must be at least the first; raise "
+            "max_memory",
+            parameter="max_memory",
+        )
+    return lim, grow, top
 
 
 def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:
