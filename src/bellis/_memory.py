@@ -400,6 +400,7 @@ def book_big(d: Any, plan: Any, now: float, batches: dict[str, list[Any]]) -> No
     for step in mem.wanted(task.max_workers):
         need = charge(task.requires, mem.ladder, step)
         if any(d.used.get(k, 0) + v > d.resources.get(k, 0) for k, v in need.items()):
+            _stop_one_parked(d, plan, now)  # an idle ordinary worker makes room
             continue
         if mem.credits > 0:  # started for a climb: not a restart
             mem.credits -= 1
@@ -407,3 +408,15 @@ def book_big(d: Any, plan: Any, now: float, batches: dict[str, list[Any]]) -> No
         elif plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
             return
         batches.setdefault(run.task_id, []).append(d._book(plan, now, step))
+
+
+def _stop_one_parked(d: Any, plan: Any, now: float) -> None:
+    """Tell one ordinary worker parked on ``plan``'s task to stop: a block waiting for a
+    big worker may be what its parked request waits for, and the budget it holds is what
+    the big worker needs."""
+    while plan.parked:
+        c = plan.parked.popleft()
+        if c.parked:
+            c.parked = False
+            d._serve(c, plan.run, True, now)
+            return

@@ -72,6 +72,7 @@ __all__ = [
     "WorkersSection",
     "append_run_line",
     "counters_from_state",
+    "memory_from_state",
     "read_last_run",
     "read_runs",
     "task_report_json",
@@ -92,6 +93,20 @@ def counters_from_state(state: Any) -> dict[str, int]:
         "worker_starts": int(state.worker_start_count),
         "timeout_reclaims": int(state.timeout_reclaim_count),
         "stall_reclaims": int(getattr(state, "stall_reclaim_count", 0)),
+        "oom_retries": int(getattr(state, "oom_retry_count", 0)),
+    }
+
+
+def memory_from_state(state: Any) -> dict[str, Any] | None:
+    """The ``memory`` section of a task whose blocks ran out of memory (None: none did):
+    the retries per grant they ran with, the blocks that then succeeded per grant, and the
+    blocks that ran out at the largest grant."""
+    if not (state.oom_retry_count or state.oom_failure_count):
+        return None
+    return {
+        "retries": dict(state.oom_retries),
+        "succeeded": dict(state.oom_successes),
+        "failed": int(state.oom_failure_count),
     }
 
 
@@ -391,6 +406,9 @@ class TaskReport:
         self.run_finished_at: float | None = d.get("run_finished_at")
         self.resource_tracking = bool(d.get("resource_tracking", False))
         self.counters: dict[str, int] = dict(d.get("counters") or {})
+        #: out-of-memory retries per grant, successes per grant and failures at the cap
+        #: (``{"retries": {"600M": 1}, "succeeded": {...}, "failed": 0}``); {}: none
+        self.memory: dict[str, Any] = dict(d.get("memory") or {})
         b = d.get("blocks") or {}
         trend = b.get("trend_ms_per_block")
         self.blocks = BlocksSection(

@@ -45,9 +45,10 @@ COUNTER_KEYS: Final = (
     "worker_starts",
     "timeout_reclaims",
     "stall_reclaims",
+    "oom_retries",
 )
 #: counters added after schema 1's first lines: absent from older lines
-_NEWER_COUNTERS: Final = ("stall_reclaims",)
+_NEWER_COUNTERS: Final = ("stall_reclaims", "oom_retries")
 BLOCK_STAT_KEYS: Final = (
     "round_trip",
     "wall",

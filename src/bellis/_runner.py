@@ -28,6 +28,7 @@ from ._report import (
     TaskAggregates,
     TaskReport,
     counters_from_state,
+    memory_from_state,
     task_report_json,
 )
 from ._report_load import append_report, remember_report
@@ -536,6 +537,9 @@ def _write_reports(
             workers=None if tl is None else tl.to_json(),
             wall_seconds=wall,
         )
+        memory = memory_from_state(state)
+        if memory is not None:
+            data["memory"] = memory
         store = stores.get(run.task_id)
         store_path = None
         if store is not None:
