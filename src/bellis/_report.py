@@ -242,6 +242,9 @@ class BlockRecord:
     sent_at: float | None
     returned_at: float | None
     coord: tuple[int, ...] = ()
+    #: the memory grant in bytes the block succeeded with after it ran out of memory
+    #: (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``); None: the task's request
+    memory_grant: int | None = None
 
 
 def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
@@ -292,7 +295,7 @@ class _StoreArrays:
         self.shape: tuple[int, ...] = () if done is None else tuple(done.shape)
         self.done = None if done is None else done.reshape(-1)
         self.flat: dict[str, np.ndarray[Any, Any]] = {}
-        for name in (*STATS_ARRAYS, *STAMP_ARRAYS):
+        for name in (*STATS_ARRAYS, *STAMP_ARRAYS, "memory_grant_mb"):
             a = _open_store_array(path, name) if done is not None else None
             if a is None:
                 continue
@@ -327,8 +330,9 @@ class _StoreArrays:
             measured = float(f["wall_seconds"][k]) > 0.0 or float(f["cpu_seconds"][k]) > 0.0
         else:
             measured = False
+        grant = int(f["memory_grant_mb"][k]) << 20 if "memory_grant_mb" in f else 0
         if not measured:
-            return BlockRecord(None, None, None, None, coord)
+            return BlockRecord(None, None, None, None, coord, grant or None)
         defaults = BlockStats().to_tuple()
         values: list[Any] = [
             f[name][k].item() if name in f else defaults[i] for i, name in enumerate(STATS_ARRAYS)
@@ -336,7 +340,9 @@ class _StoreArrays:
         wid = int(f["worker_id"][k]) if "worker_id" in f else NO_WORKER
         sent = float(f["sent_at"][k]) if "sent_at" in f else None
         ret = float(f["returned_at"][k]) if "returned_at" in f else None
-        return BlockRecord(BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord)
+        return BlockRecord(
+            BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord, grant or None
+        )
 
     def record(self, coord: int | Sequence[int]) -> BlockRecord | None:
         if self.done is None:

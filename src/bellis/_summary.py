@@ -221,6 +221,9 @@ def format_summary(
         stall = _stall_line(task_id, states[task_id])
         if stall:
             lines += ["", stall]
+        memory = _memory_line(task_id, states[task_id])
+        if memory:
+            lines += ["", memory]
 
     troubled = [task_id for task_id in ordered if _has_trouble(states[task_id])]
     if troubled and log_dir is not None:
@@ -361,6 +364,23 @@ def _stall_line(task_id: str, state: TaskState) -> str | None:
         f"no CPU, IO or heartbeat for {state.stall_timeout_secs or 0.0:g}s (stall_timeout; "
         "a block that waits legitimately calls block.heartbeat())"
     )
+
+
+def _memory_line(task_id: str, state: TaskState) -> str | None:
+    if state.oom_retry_count <= 0 and state.oom_failure_count <= 0:
+        return None
+    per = ", ".join(f"{n} with {grant}" for grant, n in state.oom_retries) or "none"
+    won = ", ".join(f"{n} with {grant}" for grant, n in state.oom_successes) or "none"
+    text = (
+        f"{_INDENT}{state.oom_retry_count} block attempt(s) in task '{task_id}' ran out of "
+        f"memory and ran again with more ({per}); succeeded after it: {won}"
+    )
+    if state.oom_failure_count:
+        text += (
+            f"; {state.oom_failure_count} block(s) ran out at the largest grant and failed "
+            "(raise max_memory)"
+        )
+    return text
 
 
 def _log_pointer_lines(

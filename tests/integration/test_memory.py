@@ -4,7 +4,8 @@ under ``RLIMIT_AS``, real files.
 
 One block in 20 touches 450 MB: at 300M it raises ``MemoryError``; it runs again on a
 worker with 600M and succeeds there. No other block runs on that big worker, and the OOM
-retry shows in the report, the panel, ``runs.jsonl`` and the tracking store. With
+retry shows in the report, the panel, ``runs.jsonl`` and the block records of the
+tracking store. With
 ``max_memory="300M"`` the same block fails for good with a message that names the grant
 and the cap.
 
@@ -63,7 +64,10 @@ def main():
     )
     ok = bellis.run_blockwise([task], progress=False)
     report = task.report()
-    (HERE / "result.json").write_text(json.dumps({"ok": ok, "report": report.to_json()}))
+    grants = {r.coord[0]: r.memory_grant for r in report.block_records()}
+    (HERE / "result.json").write_text(
+        json.dumps({"ok": ok, "report": report.to_json(), "grants": grants})
+    )
     (HERE / "panel.txt").write_text(report.panel())
     sys.exit(0 if ok else 1)
 
@@ -111,7 +115,10 @@ def test_a_block_out_of_memory_succeeds_on_a_worker_with_twice_the_grant(tmp_pat
     lines = (tmp_path / "tracking" / "t" / "runs.jsonl").read_text().splitlines()
     (line,) = [json.loads(x) for x in lines]
     assert validate_run_line(line) == []
-    report = json.loads((tmp_path / "result.json").read_text())["report"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    report = result["report"]
+    # the block records keep the grant the block succeeded with (None: the request)
+    assert result["grants"] == {str(k): (600 * MB if k == 7 else None) for k in range(20)}
     for data in (line, report):
         assert data["counters"]["oom_retries"] == 1
         assert data["memory"] == {"retries": {"600M": 1}, "succeeded": {"600M": 1}, "failed": 0}
@@ -126,3 +133,7 @@ def test_a_block_out_of_memory_at_the_cap_fails_naming_the_grant(tmp_path: Path)
     text = proc.stdout + proc.stderr
     assert "block t/7 ran out of memory with 300M, the largest grant" in text
     assert "raise max_memory" in text
+    # a store without the grant array (as every store before this feature) reads as before
+    assert not (tmp_path / "tracking" / "t" / "memory_grant_mb").exists()
+    grants = json.loads((tmp_path / "result.json").read_text())["grants"]
+    assert len(grants) == 19 and set(grants.values()) == {None}
