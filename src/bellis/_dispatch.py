@@ -686,6 +686,8 @@ class Dispatcher:
         for plan in self.plans.values():
             if plan.parked:
                 self._serve_parked(plan, now)
+            if plan.memory is not None and plan.memory.lost:
+                _memory.expire_lost(self, plan, now)
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False

@@ -52,6 +52,9 @@ __all__ = [
 logger = logging.getLogger("bellis")
 
 DEFAULT_GROWTH: Final = 2.0
+#: how long the blocks of a worker whose connection ended wait for its exit to say whether
+#: it ran out of memory; then they are released as lost with an ordinary death
+LOST_WAIT_SECONDS: Final = 30.0
 MIB: Final = 1 << 20
 #: the ``requires`` keys that hold a worker's memory, in megabytes
 MEMORY_KEYS: Final = ("mem", "mem_mb")
@@ -232,6 +235,8 @@ class MemoryPlan:
         #: workers alive (booked and not yet retired) per step
         self.alive = [0] * len(ladder.grants)
         self.held_back = 0
+        #: workers whose connection ended before their exit was known (their ``lost``)
+        self.lost: list[Any] = []
         #: big workers that may start without spending the restart budget: one per climb
         self.credits = 0
 
@@ -330,7 +335,8 @@ def close_held(d: Any, peer: Any, run: Any, now: float) -> None:
         return
     held, peer.held = peer.held, []
     if w.exit is None:
-        w.lost = (peer, held)
+        w.lost = (peer, held, now)
+        mem.lost.append(w)
     elif is_oom_exit(w.exit):
         _lost_to_oom(d, peer, run, held, now)
     else:
@@ -343,13 +349,31 @@ def settle_exit(d: Any, worker: Any, now: float) -> None:
     lost, worker.lost = worker.lost, None
     oom = is_oom_exit(worker.exit)
     if lost is not None:
-        peer, held = lost
+        peer, held, _when = lost
         if oom:
             _lost_to_oom(d, peer, worker.run, held, now)
         else:
             d._lose_held(peer, worker.run, held, now)
     if oom:
         d.plan_of[worker.run.index].free_starts += 1
+
+
+def expire_lost(d: Any, plan: Any, now: float) -> None:
+    """Release, as lost with an ordinary death, the blocks of workers whose connection
+    ended :data:`LOST_WAIT_SECONDS` ago and whose exit is still unknown (a connection
+    dropped while its process goes on)."""
+    mem: MemoryPlan = plan.memory
+    keep = []
+    for w in mem.lost:
+        if w.lost is None:
+            continue
+        peer, held, when = w.lost
+        if now - when < LOST_WAIT_SECONDS:
+            keep.append(w)
+            continue
+        w.lost = None
+        d._lose_held(peer, plan.run, held, now)
+    mem.lost = keep
 
 
 def _lost_to_oom(d: Any, peer: Any, run: Any, held: list[int], now: float) -> None:
@@ -389,6 +413,8 @@ def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now
 def take_for(d: Any, worker: Any, run: Any, draining: bool) -> int:
     """The block a big ``worker`` runs next; -1: none (it is told to stop)."""
     if draining or d.abort_reason is not None or d.shutdown_started is not None:
+        return -1
+    if not run.is_running:
         return -1
     mem: MemoryPlan = d.plan_of[run.index].memory
     return mem.take(worker.mem_step)

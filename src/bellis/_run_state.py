@@ -99,9 +99,9 @@ class ManagedWorker:
         self.slot = 0
         #: its step on its task's memory ladder (0: the request; see ``bellis._memory``)
         self.mem_step = 0
-        #: (connection, blocks) it held when its connection ended, released once its exit
-        #: says whether it ran out of memory (tasks with a memory ladder only)
-        self.lost: tuple[Peer, list[int]] | None = None
+        #: (connection, blocks, when) it held when its connection ended, released once its
+        #: exit says whether it ran out of memory (tasks with a memory ladder only)
+        self.lost: tuple[Peer, list[int], float] | None = None
 
 
 class Booking(NamedTuple):

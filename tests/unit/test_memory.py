@@ -386,3 +386,20 @@ def test_a_parked_ordinary_worker_makes_room_for_a_big_one() -> None:
     other.earned = True
     sc.exit(other, WorkerExit("clean", 0, ""))
     assert [s for _, s in start(sc)] == [1]
+
+
+def test_blocks_of_a_dropped_connection_whose_process_goes_on_are_released_in_time() -> None:
+    sc = laddered(blocks=3, max_workers=1)
+    ((w, _),) = start(sc)
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.d.close(peer, sc.now)
+    sc.now += 29.0
+    sc.d.tick(sc.now)
+    assert sc.run().processing == 1
+    sc.now += 2.0
+    sc.d.tick(sc.now)
+    run = sc.run()
+    assert run.processing == 0 and run.retries == {k: 1} and w.lost is None
+    sc.exit(w, OOM_EXIT)  # its exit, later, finds nothing left to release
+    assert run.oom_retries == {} and sc.plans["t"].memory.held_back == 0
