@@ -237,6 +237,9 @@ class MemoryPlan:
         self.held_back = 0
         #: workers whose connection ended before their exit was known (their ``lost``)
         self.lost: list[Any] = []
+        #: ids of the workers whose out-of-memory death sent a block up the ladder: their
+        #: start is given back (a worker that runs out of memory outside any block is not)
+        self.climbed: set[int] = set()
         #: big workers that may start without spending the restart budget: one per climb
         self.credits = 0
 
@@ -345,7 +348,8 @@ def close_held(d: Any, peer: Any, run: Any, now: float) -> None:
 
 def settle_exit(d: Any, worker: Any, now: float) -> None:
     """``worker``'s exit is known: release the blocks it held when its connection ended.
-    An OOM death gives its start back (the ladder's retries are no restarts)."""
+    An OOM death that sent a block up the ladder gives its start back (the ladder's
+    retries are no restarts)."""
     lost, worker.lost = worker.lost, None
     oom = is_oom_exit(worker.exit)
     if lost is not None:
@@ -354,8 +358,11 @@ def settle_exit(d: Any, worker: Any, now: float) -> None:
             _lost_to_oom(d, peer, worker.run, held, now)
         else:
             d._lose_held(peer, worker.run, held, now)
-    if oom:
-        d.plan_of[worker.run.index].free_starts += 1
+    mem: MemoryPlan = d.plan_of[worker.run.index].memory
+    if worker.worker_id in mem.climbed:
+        mem.climbed.discard(worker.worker_id)
+        if oom:
+            d.plan_of[worker.run.index].free_starts += 1
 
 
 def expire_lost(d: Any, plan: Any, now: float) -> None:
@@ -404,6 +411,7 @@ def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now
         mem.ladder.text(new),
     )
     if w is not None:
+        mem.climbed.add(w.worker_id)
         w.timeline.sent(sent)
         w.timeline.returned(returned, True)
     plan.aggregates.add_block(returned - sent, None, True)

@@ -403,3 +403,13 @@ def test_blocks_of_a_dropped_connection_whose_process_goes_on_are_released_in_ti
     assert run.processing == 0 and run.retries == {k: 1} and w.lost is None
     sc.exit(w, OOM_EXIT)  # its exit, later, finds nothing left to release
     assert run.oom_retries == {} and sc.plans["t"].memory.held_back == 0
+
+
+def test_a_worker_out_of_memory_outside_any_block_spends_its_start() -> None:
+    sc = laddered(blocks=3, max_workers=1, max_worker_restarts=1)
+    ((w, _),) = start(sc)
+    sc.exit(w, WorkerExit("error", 89, "out of memory: MemoryError"))
+    ((w, _),) = start(sc)
+    assert sc.run().worker_restarts == 1
+    sc.exit(w, WorkerExit("error", 89, "out of memory: MemoryError"))
+    assert start(sc) == []  # no start left: it cannot loop for ever

@@ -335,11 +335,14 @@ class LocalLauncher(WorkerLauncher):
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         if spec.memory is not None:
-            handle = self._launch(
-                replace(spec, env={**spec.env, MEMORY_LIMIT_ENV: str(spec.memory)})
-            )
-            handle.oom_kills = oom_kill_count()  # type: ignore[attr-defined]
+            env = {**spec.env, MEMORY_LIMIT_ENV: str(spec.memory)}
+            before = oom_kill_count()  # a kernel OOM kill raises it (see poll)
+            handle = self._launch(replace(spec, env=env))
+            handle.oom_kills = before  # type: ignore[attr-defined]
             return handle
+        if MEMORY_LIMIT_ENV in spec.env:  # inherited (a run inside a worker): not this one's
+            env = {k: v for k, v in spec.env.items() if k != MEMORY_LIMIT_ENV}
+            spec = replace(spec, env=env)
         return self._launch(spec)
 
     def _launch(self, spec: WorkerSpec) -> WorkerHandle:
