@@ -30,7 +30,10 @@ Invariants:
   it alone was out. A block out with others in a *batch* is never charged for a lost
   connection or an expired deadline (which block was at fault is unknown): the batch goes
   back to the queue and each of its blocks is a *suspect*, which is sent alone from then
-  on, so a block that kills its worker is caught and charged by itself.
+  on, so a block that kills its worker is caught and charged by itself. A block whose
+  worker ran out of memory while it held it alone is not charged: it waits for a worker
+  with a larger memory grant (:mod:`bellis._memory`, which decides for tasks with a memory
+  request; the hooks here only call it).
 * **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
   exits cleanly after it returned a block or was told to stop (*earned*) gives its start
   back; any other start is a restart, counted against ``max_worker_restarts``: a worker that

@@ -413,3 +413,42 @@ def test_a_worker_out_of_memory_outside_any_block_spends_its_start() -> None:
     assert sc.run().worker_restarts == 1
     sc.exit(w, WorkerExit("error", 89, "out of memory: MemoryError"))
     assert start(sc) == []  # no start left: it cannot loop for ever
+
+
+def test_slurm_launcher_takes_the_ladder_and_asks_for_each_grant() -> None:
+    from bellis._workers._launchers import WorkerSpec
+
+    lau = daisy.SlurmLauncher(mem="4G", memory_growth=2, max_memory="64G")
+    assert (lau.memory_request, lau.memory_growth, lau.max_memory) == (4 << 30, 2.0, 64 << 30)
+    lad = ladder_for(task(), lau, {})
+    assert lad is not None and [lad.text(s) for s in range(lad.top + 1)] == [
+        "4G",
+        "8G",
+        "16G",
+        "32G",
+        "64G",
+    ]
+
+    def flags(memory: int | None) -> list[str]:
+        spec = WorkerSpec("t", 0, {}, b"", None, None, memory=memory)
+        return [f for f in lau._resource_flags(spec) if f.startswith("--mem")]
+
+    assert flags(None) == flags(4 << 30) == ["--mem=4G"]  # the request, as given
+    assert flags(8 << 30) == ["--mem=8192M"]
+    assert daisy.SlurmLauncher(mem=150).memory_request == 150 * MIB  # an int is megabytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"mem": "4G", "max_memory": "2G"}, "max_memory"),
+        ({"mem": "4G", "memory_growth": 1}, "memory_growth"),
+        ({"mem": "4G", "max_memory": "lots"}, "max_memory"),
+    ],
+)
+def test_slurm_launcher_refuses_a_ladder_that_is_not_one(
+    kwargs: dict[str, Any], parameter: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        daisy.SlurmLauncher(**kwargs)
+    assert info.value.parameter == parameter and parameter in str(info.value)
