@@ -2,14 +2,14 @@
 it: a script in a subprocess with ``Task(memory_limit="300M")``, real worker processes
 under ``RLIMIT_AS``, real files.
 
-One block in 20 touches 450 MB: at 300M it raises ``MemoryError``; it runs again on a
+One block in 20 touches 400 MB: at 300M it raises ``MemoryError``; it runs again on a
 worker with 600M and succeeds there. No other block runs on that big worker, and the OOM
 retry shows in the report, the panel, ``runs.jsonl`` and the block records of the
 tracking store. With
 ``max_memory="300M"`` the same block fails for good with a message that names the grant
 and the cap.
 
-(A forked worker's address space is about 100 MB before the block runs, so 450 MB fits
+(A forked worker's address space is about 100 MB before the block runs, so 400 MB fits
 in 600M and not in 300M.)
 """
 
@@ -38,7 +38,7 @@ HOG = 7
 def block_fn(block):
     sid = block.block_id[1]
     if sid == HOG:
-        data = bytearray(450 * 2**20)
+        data = bytearray(400 * 2**20)
         for i in range(0, len(data), 4096):
             data[i] = 1  # touched: resident, not only reserved
     grant = os.environ.get("BELLIS_MEMORY_LIMIT")
