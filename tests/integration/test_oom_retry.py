@@ -122,6 +122,10 @@ def test_a_block_out_of_memory_succeeds_on_a_worker_with_twice_the_grant(tmp_pat
     for data in (line, report):
         assert data["counters"]["oom_retries"] == 1
         assert data["memory"] == {"retries": {"600M": 1}, "succeeded": {"600M": 1}, "failed": 0}
+    assert (
+        "1 block attempt(s) in task 't' ran out of memory and ran again with more (1 with "
+        "600M); succeeded after it: 1 with 600M"
+    ) in proc.stdout
     panel = (tmp_path / "panel.txt").read_text()
     assert "oom retries" in panel and "600M 1" in panel
 
