@@ -151,12 +151,10 @@ def ladder_for(task: Any, launcher: Any, resources: dict[str, int]) -> MemoryLad
     for a ``memory_limit`` that ``launcher`` cannot enforce, or a cap below the request."""
     grants = getattr(launcher, "memory_grants", False)
     request: int | None = task.memory_limit
-    where = "Task"
     if request is None and grants:
         req = task.requires
         mb = next((req[k] for k in MEMORY_KEYS if req.get(k)), 0)
         request = mb * MIB if mb and not launcher.is_local else launcher.memory_request
-        where = type(launcher).__name__
     if request is None:
         return None
     if not grants:
@@ -167,10 +165,14 @@ def ladder_for(task: Any, launcher: Any, resources: dict[str, int]) -> MemoryLad
             parameter="memory_limit",
         )
     growth = task.memory_growth or getattr(launcher, "memory_growth", None) or DEFAULT_GROWTH
-    cap = task.max_memory or getattr(launcher, "max_memory", None)
-    cap_parameter = f"{where}(max_memory=...)" if cap else "max_memory (default: request × growth²)"
+    cap = task.max_memory
+    cap_parameter = "Task(max_memory=...)"
+    if cap is None:
+        cap = getattr(launcher, "max_memory", None)
+        cap_parameter = f"{type(launcher).__name__}(max_memory=...)"
     if cap is None:
         cap = int(request * growth * growth)
+        cap_parameter = "the default max_memory, the request × memory_growth²"
     if cap < request:
         raise ConfigurationError(
             f"task {task.task_id!r}: max_memory={format_size(cap)} is below the memory request "
