@@ -27,6 +27,8 @@ from ._protocol import (
     EXIT_BLOCK_STALLED,
     EXIT_BLOCK_TIMEOUT,
     HELLO,
+    MEMORY_LIMIT_ENV,
+    OUT_OF_MEMORY,
     REJECT,
     SEND,
     SHUTDOWN,
@@ -355,6 +357,9 @@ class Client:
                 "authenticate; start it with the context the server printed or exported"
             )
         self._secret = bytes.fromhex(secret_hex)
+        #: a MemoryError under the worker's memory limit is an out-of-memory death (the
+        #: server retries the block with more memory), not an ordinary failure
+        self._oom_status = OUT_OF_MEMORY if os.environ.get(MEMORY_LIMIT_ENV) else None
         # a managed worker's proof of its identity (absent from hand-made contexts)
         token_hex = context.get("worker_token")
         self._worker_token = bytes.fromhex(token_hex) if token_hex else None
@@ -591,7 +596,10 @@ class Client:
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(full if full.endswith("\n") else full + "\n")
         self.reported = exc
-        self._results += (k, BlockStatus.FAILED, -1, capped)
+        status = BlockStatus.FAILED
+        if self._oom_status is not None and isinstance(exc, MemoryError):
+            status = self._oom_status
+        self._results += (k, status, -1, capped)
         with contextlib.suppress(ConnectionLostError):
             self._bye()
 

@@ -36,7 +36,10 @@ Invariants:
   connection or an expired deadline (which block was at fault is unknown): the batch goes
   back to the queue and each of its blocks is a *suspect*, which is sent alone from then
   on, so a block that kills its worker is caught and charged by itself. One of a backup's
-  two copies is never charged: only the last copy out that fails is.
+  two copies is never charged: only the last copy out that fails is. A block whose
+  worker ran out of memory while it held it alone is not charged: it waits for a worker
+  with a larger memory grant (:mod:`bellis._memory`, which decides for tasks with a memory
+  request; the hooks here only call it).
 * **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
   exits cleanly after it returned a block or was told to stop (*earned*) gives its start
   back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
@@ -57,6 +60,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from . import _memory
 from ._backups import Backups, drop_lost, offer, settle_returns
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
 from ._block import BlockStatus
@@ -64,6 +68,7 @@ from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._protocol import (
     ACQUIRE,
     BYE,
+    OUT_OF_MEMORY,
     REJECT,
     SEND,
     SHUTDOWN,
@@ -198,30 +203,37 @@ class Dispatcher:
         if peer.held and run is not None and self.plan_of[run.index].backups is not None:
             drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
         peer.parked = False  # its entry in the parked queue, if any, is skipped
+        if run is not None and self.plan_of[run.index].memory is not None:
+            _memory.close_held(self, peer, run, now)
         if peer.held and run is not None:
             held = peer.held
             peer.held = []
-            if len(held) == 1:
-                k = held[0]
-                sid = run.geom.spatial_id_of(k)
-                logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
-                self._release(peer, run, k, False, False, peer.sent_at, now, now)
-            else:
-                # which block of the batch was running is unknown: none of them is charged a
-                # failed attempt; they go back to the queue and each runs alone next time, so
-                # a block that kills its worker is then caught (and counted) on its own
-                plan = self.plan_of[run.index]
-                for k in held:
-                    self.s.requeue_index(run, k)
-                    plan.suspects.add(k)
-                logger.warning(
-                    "worker holding a batch of %d blocks of task %s disconnected; they run "
-                    "again one at a time",
-                    len(held),
-                    run.task_id,
-                )
+            self._lose_held(peer, run, held, now)
         if peer.worker is not None:
             peer.worker.conn = None
+
+    def _lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+        """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
+        attempt; a batch goes back to the queue uncharged, each block a suspect."""
+        if len(held) == 1:
+            k = held[0]
+            sid = run.geom.spatial_id_of(k)
+            logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
+            self._release(peer, run, k, False, False, peer.sent_at, now, now)
+        else:
+            # which block of the batch was running is unknown: none of them is charged a
+            # failed attempt; they go back to the queue and each runs alone next time, so
+            # a block that kills its worker is then caught (and counted) on its own
+            plan = self.plan_of[run.index]
+            for k in held:
+                self.s.requeue_index(run, k)
+                plan.suspects.add(k)
+            logger.warning(
+                "worker holding a batch of %d blocks of task %s disconnected; they run "
+                "again one at a time",
+                len(held),
+                run.task_id,
+            )
 
     def _send(self, peer: Peer, frame: bytes) -> None:
         self.out.append((SEND_FRAME, peer, frame))
@@ -387,6 +399,9 @@ class Dispatcher:
                 elif status == TIMED_OUT or status == STALLED:
                     self._time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
                     t += step
+                elif status == OUT_OF_MEMORY and self.plan_of[run.index].memory is not None:
+                    _memory.climb(self, peer, run, k, t, t + step, now)
+                    t += step
                 else:
                     self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
                     t += step
@@ -494,6 +509,8 @@ class Dispatcher:
             wall0 + (returned - sent),
         )
         plan = self.plan_of[run.index]
+        if plan.memory is not None and k in plan.memory.need and peer.worker is not None:
+            plan.memory.returned(self.s, k, success, peer.worker.mem_step)
         if accepted and not (measured and success):
             # (a release the scheduler ignores, of a task that already ended, counts in
             # no block figure, like the measured ones _record_measured leaves out then)
@@ -536,6 +553,12 @@ class Dispatcher:
                 self._serve_parked(plan, now)
 
     def _serve(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
+        if peer.worker is not None and peer.worker.mem_step:
+            k = _memory.take_for(self, peer.worker, run, draining)
+            if k >= 0:
+                self._send_held(peer, run, [k], now)
+                return
+            draining = True  # nothing for a big worker: it is told to stop
         if not draining and self.abort_reason is None and self.shutdown_started is None:
             k = self.s.acquire_index(run)
             if k == CHECKS_PENDING:
@@ -564,19 +587,7 @@ class Dispatcher:
                             self.s.requeue_index(run, k)
                             break
                         held.append(k)
-                wall = now + self._wall_offset
-                if peer.sent_at:
-                    # never before the end of its last batch, whatever the clock sync did
-                    # in between: one worker's blocks do not overlap in time
-                    last_end = peer.sent_wall + (now - peer.sent_at)
-                    if wall < last_end:
-                        wall = last_end
-                peer.held = held
-                peer.sent_at = now
-                peer.sent_wall = wall
-                peer.deadline = now + run.task.timeout_secs * len(held)
-                self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
-                self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
+                self._send_held(peer, run, held, now)
                 return
             if run.status == RUNNING and run.pending > 0:
                 self.plan_of[run.index].parked.append(peer)
@@ -589,6 +600,22 @@ class Dispatcher:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
         self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
+
+    def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
+        wall = now + self._wall_offset
+        if peer.sent_at:
+            # never before the end of its last batch, whatever the clock sync did
+            # in between: one worker's blocks do not overlap in time
+            last_end = peer.sent_wall + (now - peer.sent_at)
+            if wall < last_end:
+                wall = last_end
+        peer.held = held
+        peer.sent_at = now
+        peer.sent_wall = wall
+        peer.deadline = now + run.task.timeout_secs * len(held)
+        self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
+        self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
 
     # -- deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> None:
@@ -694,6 +721,8 @@ class Dispatcher:
                 self._serve_parked(plan, now)
             if plan.backups is not None and (plan.backups.idle or plan.parked):
                 offer(self, plan.backups, now)
+            if plan.memory is not None and plan.memory.lost:
+                _memory.expire_lost(self, plan, now)
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False
@@ -767,6 +796,8 @@ class Dispatcher:
         self._retire(worker)
         run = worker.run
         plan = self.plan_of[run.index]
+        if plan.memory is not None:
+            _memory.settle_exit(self, worker, now)
         if ex.kind in ("clean", "walltime") and worker.earned:
             # (walltime: it left before its cluster job's time limit, blocks remaining)
             plan.free_starts += 1
@@ -803,7 +834,9 @@ class Dispatcher:
     def _retire(self, worker: ManagedWorker) -> None:
         plan = self.plan_of[worker.run.index]
         plan.alive -= 1
-        for k, v in worker.run.task.requires.items():
+        if plan.memory is not None:
+            plan.memory.alive[worker.mem_step] -= 1
+        for k, v in self._charge(plan, worker.mem_step).items():
             if k in self.used:
                 self.used[k] -= v
 
@@ -812,7 +845,8 @@ class Dispatcher:
             run = plan.run
             if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
                 continue
-            if run.remaining <= 0 or run.processing > 0:
+            waiting = 0 if plan.memory is None else plan.memory.held_back
+            if run.remaining <= 0 or run.processing > waiting:
                 continue
             if plan.free_starts > 0 or run.worker_restarts < run.task.max_worker_restarts:
                 continue
@@ -861,6 +895,9 @@ class Dispatcher:
                 if self._is_eligible(plan):
                     batches.setdefault(plan.run.task_id, []).append(self._book(plan, now))
                     grew = True
+        for plan in plans:
+            if plan.memory is not None and plan.memory.held_back:
+                _memory.book_big(self, plan, now, batches)
         for task_id, bookings in batches.items():
             self.out.append((LAUNCH, self.plans[task_id], bookings))
 
@@ -869,7 +906,11 @@ class Dispatcher:
         task = run.task
         if plan.payload is None or run.status != RUNNING or run.ready <= 0:
             return False
-        if plan.alive >= task.max_workers or plan.alive >= run.ready + run.processing:
+        alive, out = plan.alive, run.processing
+        if plan.memory is not None:  # big workers and the blocks they wait for aside
+            alive -= plan.memory.big_alive
+            out = max(0, out - plan.memory.held_back - plan.memory.big_alive)
+        if alive >= task.max_workers or alive >= run.ready + out:
             return False
         if plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
             return False
@@ -878,8 +919,9 @@ class Dispatcher:
                 return False
         return True
 
-    def _book(self, plan: TaskPlan, now: float) -> Booking:
-        """Book one new worker of ``plan``'s task: its id, budget, resources, log slot."""
+    def _book(self, plan: TaskPlan, now: float, mem_step: int = 0) -> Booking:
+        """Book one new worker of ``plan``'s task: its id, budget, resources, log slot
+        (and its step on the task's memory ladder)."""
         run = plan.run
         wid = self.next_worker_id
         self.next_worker_id += 1
@@ -888,9 +930,11 @@ class Dispatcher:
         else:
             run.worker_restarts += 1
         run.worker_starts += 1
-        for k, v in run.task.requires.items():
+        for k, v in self._charge(plan, mem_step).items():
             self.used[k] = self.used.get(k, 0) + v
         plan.alive += 1
+        if plan.memory is not None:
+            plan.memory.alive[mem_step] += 1
         timeline = plan.timelines.spawned(wid, now)
         slot, before = plan.take_slot()
         if before is None and plan.retired_unseen > 0:
@@ -898,13 +942,20 @@ class Dispatcher:
             # to end: it holds its slot until then
             before = "restart in a new slot (the worker it replaces has not ended yet)"
         timeline.slot = slot
-        return Booking(wid, slot, before, timeline)
+        return Booking(wid, slot, before, timeline, mem_step)
+
+    def _charge(self, plan: TaskPlan, mem_step: int) -> dict[str, int]:
+        """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
+        if not mem_step:
+            return plan.run.task.requires
+        return _memory.charge(plan.run.task.requires, plan.memory.ladder, mem_step)
 
     def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
         """The shell started the booked worker: ``handle`` is its launcher's handle."""
         worker = ManagedWorker(booking.worker_id, plan.run, handle, booking.timeline)
         worker.log = log
         worker.slot = booking.slot
+        worker.mem_step = booking.mem_step
         self.workers[booking.worker_id] = worker
         plan.workers.append(worker)
 
@@ -914,10 +965,12 @@ class Dispatcher:
         stays spent."""
         run = plan.run
         plan.alive -= 1
+        if plan.memory is not None:
+            plan.memory.alive[booking.mem_step] -= 1
         plan.release_slot(
             booking.slot, f"replacing worker {booking.worker_id}, which could not be started"
         )
-        for k, v in run.task.requires.items():
+        for k, v in self._charge(plan, booking.mem_step).items():
             self.used[k] -= v
         msg = f"could not start a worker for task '{run.task_id}': {exc}"
         run.worker_failures += 1

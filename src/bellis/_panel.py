@@ -192,10 +192,26 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
         backups = _backups_row(r.counters)
         if backups is not None:
             wrows.append(("backups", backups))
+        if r.memory:
+            wrows.append(("oom retries", _memory_cell(r.memory)))
         logs = _log_line(w.records)
         if logs is not None:
             wrows.append(("logs", logs))
     return rows, wrows
+
+
+def _memory_cell(m: dict[str, object]) -> str:
+    """``600M 1, 1.2G 1 (succeeded: 600M 1)``: out-of-memory retries per grant."""
+
+    def per_grant(d: object) -> str:
+        items = d.items() if isinstance(d, dict) else ()
+        return ", ".join(f"{g} {n}" for g, n in items) or "-"
+
+    text = f"{per_grant(m.get('retries'))} (succeeded: {per_grant(m.get('succeeded'))}"
+    failed = m.get("failed")
+    if failed:
+        text += f"; {failed} failed at the largest grant"
+    return text + ")"
 
 
 def panel_title(r: TaskReport) -> str:

@@ -37,9 +37,11 @@ trip, which also counts the wait behind the server's other connections.
 
 Besides the frames, both peers agree on the block statuses the wire alone carries
 (:data:`TIMED_OUT`: the worker's watchdog preempted the block; :data:`STALLED`: it showed
-no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._stall``) and on the exit codes
-a worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`,
-:data:`EXIT_BLOCK_STALLED`); a launcher turns exit codes into :class:`WorkerExit`.
+no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._stall``; :data:`OUT_OF_MEMORY`:
+it raised ``MemoryError`` under the worker's memory limit, see ``bellis._memory``) and on the
+exit codes a worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`,
+:data:`EXIT_BLOCK_STALLED`, :data:`EXIT_OUT_OF_MEMORY`); a launcher turns exit codes into
+:class:`WorkerExit`.
 :func:`parse_hello` and :func:`parse_returns` read a client's HELLO and the blocks an
 ACQUIRE or BYE returns; the returns stay plain tuples, one per block, because the server
 reads them on its hot path.
@@ -65,11 +67,14 @@ __all__ = [
     "CHALLENGE",
     "EXIT_BLOCK_STALLED",
     "EXIT_BLOCK_TIMEOUT",
+    "EXIT_OUT_OF_MEMORY",
     "HANDSHAKE_FRAME_BYTES",
     "HELLO",
     "MAX_CLIENT_FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_ITEMS",
+    "MEMORY_LIMIT_ENV",
+    "OUT_OF_MEMORY",
     "PROTOCOL_VERSION",
     "REJECT",
     "SEND",
@@ -117,6 +122,13 @@ STALLED: Final = 5
 EXIT_BLOCK_TIMEOUT: Final = 87
 #: the exit code of a worker process whose watchdog found its block stalled
 EXIT_BLOCK_STALLED: Final = 88
+#: the wire-only status of a block that raised ``MemoryError`` under the worker's memory
+#: limit (``Task(memory_limit=...)``; see ``bellis._memory``)
+OUT_OF_MEMORY: Final = 6
+#: the exit code of a worker process that ends after such a block
+EXIT_OUT_OF_MEMORY: Final = 89
+#: the environment variable that carries a local worker's memory limit, in bytes
+MEMORY_LIMIT_ENV: Final = "BELLIS_MEMORY_LIMIT"
 _CREATED: Final = int(BlockStatus.CREATED)  # returned unstarted
 
 _HEADER = struct.Struct(">IB")

@@ -72,6 +72,7 @@ __all__ = [
     "WorkersSection",
     "append_run_line",
     "counters_from_state",
+    "memory_from_state",
     "read_last_run",
     "read_runs",
     "task_report_json",
@@ -97,6 +98,20 @@ def counters_from_state(state: Any) -> dict[str, Any]:
         "backups_won": int(getattr(state, "backups_won", 0)),
         "backups_lost": int(getattr(state, "backups_lost", 0)),
         "backup_loser_seconds": round(float(getattr(state, "backup_loser_seconds", 0.0)), 6),
+        "oom_retries": int(getattr(state, "oom_retry_count", 0)),
+    }
+
+
+def memory_from_state(state: Any) -> dict[str, Any] | None:
+    """The ``memory`` section of a task whose blocks ran out of memory (None: none did):
+    the retries per grant they ran with, the blocks that then succeeded per grant, and the
+    blocks that ran out at the largest grant."""
+    if not (state.oom_retry_count or state.oom_failure_count):
+        return None
+    return {
+        "retries": dict(state.oom_retries),
+        "succeeded": dict(state.oom_successes),
+        "failed": int(state.oom_failure_count),
     }
 
 
@@ -232,6 +247,9 @@ class BlockRecord:
     sent_at: float | None
     returned_at: float | None
     coord: tuple[int, ...] = ()
+    #: the memory grant in bytes the block succeeded with after it ran out of memory
+    #: (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``); None: the task's request
+    memory_grant: int | None = None
 
 
 def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
@@ -282,7 +300,7 @@ class _StoreArrays:
         self.shape: tuple[int, ...] = () if done is None else tuple(done.shape)
         self.done = None if done is None else done.reshape(-1)
         self.flat: dict[str, np.ndarray[Any, Any]] = {}
-        for name in (*STATS_ARRAYS, *STAMP_ARRAYS):
+        for name in (*STATS_ARRAYS, *STAMP_ARRAYS, "memory_grant_mb"):
             a = _open_store_array(path, name) if done is not None else None
             if a is None:
                 continue
@@ -317,8 +335,9 @@ class _StoreArrays:
             measured = float(f["wall_seconds"][k]) > 0.0 or float(f["cpu_seconds"][k]) > 0.0
         else:
             measured = False
+        grant = int(f["memory_grant_mb"][k]) << 20 if "memory_grant_mb" in f else 0
         if not measured:
-            return BlockRecord(None, None, None, None, coord)
+            return BlockRecord(None, None, None, None, coord, grant or None)
         defaults = BlockStats().to_tuple()
         values: list[Any] = [
             f[name][k].item() if name in f else defaults[i] for i, name in enumerate(STATS_ARRAYS)
@@ -326,7 +345,9 @@ class _StoreArrays:
         wid = int(f["worker_id"][k]) if "worker_id" in f else NO_WORKER
         sent = float(f["sent_at"][k]) if "sent_at" in f else None
         ret = float(f["returned_at"][k]) if "returned_at" in f else None
-        return BlockRecord(BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord)
+        return BlockRecord(
+            BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord, grant or None
+        )
 
     def record(self, coord: int | Sequence[int]) -> BlockRecord | None:
         if self.done is None:
@@ -397,6 +418,9 @@ class TaskReport:
         self.resource_tracking = bool(d.get("resource_tracking", False))
         #: ints, but ``backup_loser_seconds``, a float
         self.counters: dict[str, int | float] = dict(d.get("counters") or {})
+        #: out-of-memory retries per grant, successes per grant and failures at the cap
+        #: (``{"retries": {"600M": 1}, "succeeded": {...}, "failed": 0}``); {}: none
+        self.memory: dict[str, Any] = dict(d.get("memory") or {})
         b = d.get("blocks") or {}
         trend = b.get("trend_ms_per_block")
         self.blocks = BlocksSection(

@@ -76,6 +76,8 @@ class ManagedWorker:
         "exit",
         "handle",
         "log",
+        "lost",
+        "mem_step",
         "run",
         "slot",
         "timeline",
@@ -95,6 +97,11 @@ class ManagedWorker:
         self.timeline = timeline
         self.log: str | None = None
         self.slot = 0
+        #: its step on its task's memory ladder (0: the request; see ``bellis._memory``)
+        self.mem_step = 0
+        #: (connection, blocks, when) it held when its connection ended, released once its
+        #: exit says whether it ran out of memory (tasks with a memory ladder only)
+        self.lost: tuple[Peer, list[int], float] | None = None
 
 
 class Booking(NamedTuple):
@@ -105,6 +112,8 @@ class Booking(NamedTuple):
     slot: int
     reason: str | None
     timeline: Any
+    #: its step on the task's memory ladder (0: the request)
+    mem_step: int = 0
 
 
 class TaskPlan:
@@ -135,6 +144,9 @@ class TaskPlan:
         self.workers: list[ManagedWorker] = []
         #: straggler backups (a ``bellis._backups.Backups``), None when the task has none
         self.backups: Any = None
+        #: the task's memory ladder and the blocks waiting for a larger grant
+        #: (``bellis._memory.MemoryPlan``); None: the task has no memory request
+        self.memory: Any = None
         # log slots: the free ones (a heap), how many exist, and per slot why its last
         # worker of this run left (the next one's header says so)
         self._free_slots: list[int] = []

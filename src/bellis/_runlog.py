@@ -57,9 +57,16 @@ COUNTER_KEYS: Final = (
     "backups_won",
     "backups_lost",
     "backup_loser_seconds",
+    "oom_retries",
 )
 #: counters added after schema 1's first lines: absent from older lines
-_NEWER_COUNTERS: Final = ("stall_reclaims", "backups_started", "backups_won", "backups_lost")
+_NEWER_COUNTERS: Final = (
+    "stall_reclaims",
+    "backups_started",
+    "backups_won",
+    "backups_lost",
+    "oom_retries",
+)
 BLOCK_STAT_KEYS: Final = (
     "round_trip",
     "wall",

@@ -18,6 +18,7 @@ import cloudpickle
 from . import logging as blog
 from ._client import Context
 from ._code_origin import collect as collect_code_origins
+from ._memory import MemoryPlan, ladder_for
 from ._observers import AttachableObservers, run_observed
 from ._panel import render_panel
 from ._progress import make_observer
@@ -27,6 +28,7 @@ from ._report import (
     TaskAggregates,
     TaskReport,
     counters_from_state,
+    memory_from_state,
     task_report_json,
 )
 from ._report_load import append_report, remember_report
@@ -451,6 +453,9 @@ def _run_distributed(
         plans[run.task_id] = TaskPlan(
             run, payloads[run.task_id], lau, aggregates[run.task_id], timelines[run.task_id]
         )
+        ladder = ladder_for(run.task, lau, budget)
+        if ladder is not None:
+            plans[run.task_id].memory = MemoryPlan(ladder, run)
     bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()
@@ -532,6 +537,9 @@ def _write_reports(
             workers=None if tl is None else tl.to_json(),
             wall_seconds=wall,
         )
+        memory = memory_from_state(state)
+        if memory is not None:
+            data["memory"] = memory
         store = stores.get(run.task_id)
         store_path = None
         if store is not None:

@@ -139,6 +139,11 @@ class TaskRun:
         self.backups_won = 0
         self.backups_lost = 0
         self.backup_loser_seconds = 0.0
+        #: out-of-memory retries per grant they run with, blocks that finally succeeded on a
+        #: larger grant (per grant), and blocks that ran out at the largest
+        self.oom_retries: dict[str, int] = {}
+        self.oom_successes: dict[str, int] = {}
+        self.oom_failures = 0
         # tracking
         self.store: Any = None
         self.cell_identity = True
@@ -194,6 +199,10 @@ class TaskRun:
             backups_won=self.backups_won,
             backups_lost=self.backups_lost,
             backup_loser_seconds=self.backup_loser_seconds,
+            oom_retry_count=sum(self.oom_retries.values()),
+            oom_retries=tuple(sorted(self.oom_retries.items(), key=_by_size)),
+            oom_successes=tuple(sorted(self.oom_successes.items(), key=_by_size)),
+            oom_failure_count=self.oom_failures,
         )
 
     # -- tracking cells ----------------------------------------------------------------
@@ -549,6 +558,17 @@ class Scheduler:
         run.ready += 1
         run.fifo.appendleft(k)
 
+    def take_queued_index(self, run: TaskRun, k: int) -> bool:
+        """Take queued block ``k`` out of the queue as if it were handed out (a block that
+        waits for a larger memory grant, ``bellis._memory``). Its entry in the queue stays,
+        and is skipped. False: ``k`` was not queued."""
+        if run.status != RUNNING or run.state_mv[k] != QUEUED:
+            return False
+        run.state_mv[k] = PROCESSING
+        run.ready -= 1
+        run.processing += 1
+        return True
+
     def _succeed(
         self,
         run: TaskRun,
@@ -686,6 +706,12 @@ class Scheduler:
             block._status == BlockStatus.SUCCESS,
             None if stats is None else stats.to_tuple(),
         )
+
+
+def _by_size(item: tuple[str, int]) -> float:
+    """Sort key of ``("600M", n)``: the grant's size."""
+    text = item[0]
+    return float(text[:-1]) * 1024.0 ** "KMGT".find(text[-1])
 
 
 def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:

@@ -111,6 +111,13 @@ def run_blocks_serially(
                 run.task_id,
                 run.task.stall_timeout_secs,
             )
+        if run.task.memory_limit is not None:
+            logger.warning(
+                "task '%s': memory_limit is ignored in serial mode (multiprocessing=False): "
+                "blocks run in this process, which is not limited, and there is no worker "
+                "to give more memory",
+                run.task_id,
+            )
     progressed = True
     while progressed:
         progressed = False

@@ -48,6 +48,14 @@ class TaskState:
     backups_won: int = 0
     backups_lost: int = 0
     backup_loser_seconds: float = 0.0
+    #: out-of-memory retries (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``): in
+    #: all, and per grant they ran with as ``(("600M", 2), ...)``
+    oom_retry_count: int = 0
+    oom_retries: tuple[tuple[str, int], ...] = ()
+    #: blocks that succeeded after an out-of-memory death, per grant they succeeded with
+    oom_successes: tuple[tuple[str, int], ...] = ()
+    #: blocks that ran out of memory at the largest grant (failed for good)
+    oom_failure_count: int = 0
 
     @property
     def pending_count(self) -> int:

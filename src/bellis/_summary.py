@@ -224,6 +224,9 @@ def format_summary(
         backups = _backups_line(task_id, states[task_id])
         if backups:
             lines += ["", backups]
+        memory = _memory_line(task_id, states[task_id])
+        if memory:
+            lines += ["", memory]
 
     troubled = [task_id for task_id in ordered if _has_trouble(states[task_id])]
     if troubled and log_dir is not None:
@@ -374,6 +377,23 @@ def _backups_line(task_id: str, state: TaskState) -> str | None:
         f"{state.backups_won} won (the copy finished first), {state.backups_lost} lost; "
         f"the losing copies ran {state.backup_loser_seconds:.1f}s before they were stopped"
     )
+
+
+def _memory_line(task_id: str, state: TaskState) -> str | None:
+    if state.oom_retry_count <= 0 and state.oom_failure_count <= 0:
+        return None
+    per = ", ".join(f"{n} with {grant}" for grant, n in state.oom_retries) or "none"
+    won = ", ".join(f"{n} with {grant}" for grant, n in state.oom_successes) or "none"
+    text = (
+        f"{_INDENT}{state.oom_retry_count} block attempt(s) in task '{task_id}' ran out of "
+        f"memory and ran again with more ({per}); succeeded after it: {won}"
+    )
+    if state.oom_failure_count:
+        text += (
+            f"; {state.oom_failure_count} block(s) ran out at the largest grant and failed "
+            "(raise max_memory)"
+        )
+    return text
 
 
 def _log_pointer_lines(

@@ -17,6 +17,7 @@ import numpy as np
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
+from ._memory import format_size, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
 
@@ -110,6 +111,12 @@ class Task:
     blocks (at least 20) runs a second time on that worker; the first copy to succeed wins
     and the other's worker is stopped. The block function must be idempotent on its write
     ROI (see ``docs/failures.md``).
+
+    ``memory_limit`` (``"4G"``, ``"500M"`` or bytes; default None): each worker's memory
+    (``RLIMIT_AS`` for local workers, ``--mem`` on SLURM). A block whose worker runs out of
+    memory runs again on a worker with ``memory_growth`` (default 2) times as much, up to
+    ``max_memory`` (default: the limit × growth²); only a block that runs out at that cap
+    fails (see ``docs/failures.md``).
     """
 
     def __init__(
@@ -136,6 +143,9 @@ class Task:
         stall_timeout: float | timedelta | None = None,
         speculative: bool = False,
         backup_after: float | None = None,
+        memory_limit: int | str | None = None,
+        memory_growth: float | None = None,
+        max_memory: int | str | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -177,6 +187,7 @@ class Task:
         self._timeout_seconds = _parse_timeout(timeout)
         self._stall_timeout_seconds = _parse_stall_timeout(stall_timeout)
         self._backup_after = _parse_backup_after(speculative, backup_after)
+        self._memory = _parse_memory(memory_limit, memory_growth, max_memory)
         self._process_function = process_function
         if check_function is not None and not callable(check_function):
             raise TypeError(
@@ -267,6 +278,23 @@ class Task:
     def backup_after(self) -> float | None:
         """The straggler factor of ``speculative`` / ``backup_after``; None: no backups."""
         return self._backup_after
+
+    @property
+    def memory_limit(self) -> int | None:
+        """Each local worker's memory limit in bytes (``memory_limit``); None: none."""
+        return self._memory[0]
+
+    @property
+    def memory_growth(self) -> float | None:
+        """How much more memory each retry after an out-of-memory death gets (None: the
+        launcher's, else 2)."""
+        return self._memory[1]
+
+    @property
+    def max_memory(self) -> int | None:
+        """The largest memory grant in bytes (None: the launcher's, else the request × the
+        growth squared)."""
+        return self._memory[2]
 
     @property
     def requires(self) -> dict[str, int]:
@@ -500,6 +528,20 @@ def _parse_backup_after(speculative: Any, backup_after: Any) -> float | None:
             parameter="backup_after",
         )
     return float(backup_after)
+
+
+def _parse_memory(limit: Any, growth: Any, cap: Any) -> tuple[int | None, float | None, int | None]:
+    lim = None if limit is None else parse_size(limit, "memory_limit")
+    grow = None if growth is None else parse_growth(growth)
+    top = None if cap is None else parse_size(cap, "max_memory")
+    if lim is not None and top is not None and top < lim:
+        raise ConfigurationError(
+            f"max_memory={cap!r} ({format_size(top)}) is below memory_limit={limit!r} "
+            f"({format_size(lim)}): the largest grant must be at least the first; raise "
+            "max_memory",
+            parameter="max_memory",
+        )
+    return lim, grow, top
 
 
 def _parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:

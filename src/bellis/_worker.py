@@ -8,7 +8,9 @@ function from a module that only the driver's path can find loads by reference. 
 shipped by value get their source files back (``_code_origin``). Nothing here relies on
 fork or on inherited globals, so it works with any start method and on any node.
 
-Exit codes: 0 clean, 87 block timeout, 88 block stalled (watchdog), 1 an exception escaped.
+Exit codes: 0 clean, 87 block timeout, 88 block stalled (watchdog), 89 a block raised
+``MemoryError`` under the worker's memory limit (``BELLIS_MEMORY_LIMIT``, bytes, set as
+``RLIMIT_AS`` first thing), 1 an exception escaped.
 """
 
 from __future__ import annotations
@@ -60,9 +62,35 @@ def run_block_function_loop(fn: Any, context: Any = None) -> int:
         client.run_block_function(fn)
     except Exception as exc:
         if exc is client.reported:
-            return 1
+            return _failure_code(exc)
         raise
     return 0
+
+
+def _failure_code(exc: BaseException) -> int:
+    """The exit code of a worker whose block raised ``exc``: an out-of-memory death under
+    its memory limit, or an ordinary failure."""
+    from ._protocol import EXIT_OUT_OF_MEMORY, MEMORY_LIMIT_ENV
+
+    if isinstance(exc, MemoryError) and os.environ.get(MEMORY_LIMIT_ENV):
+        return EXIT_OUT_OF_MEMORY
+    return 1
+
+
+def _limit_memory() -> None:
+    """Cap this process's address space at ``BELLIS_MEMORY_LIMIT`` bytes, if set."""
+    from ._protocol import MEMORY_LIMIT_ENV
+
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    if not limit:
+        return
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    value = int(limit)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (value, hard))
 
 
 def run_worker_function(fn: Any, context: Any = None) -> int:
@@ -98,6 +126,7 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
 
 
 def main() -> int:
+    _limit_memory()
     payload_file = os.environ.get("BELLIS_PAYLOAD_FILE")
     if payload_file:
         # cluster launchers (SLURM, Dask) put the payload in a file next to the logs
@@ -120,7 +149,16 @@ def main() -> int:
         restore(fn, origins)
     if payload["arity"] == 1:
         return run_block_function_loop(fn)
-    return run_worker_function(fn)
+    try:
+        return run_worker_function(fn)
+    except MemoryError as exc:
+        code = _failure_code(exc)
+        if code == 1:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        return code
 
 
 if __name__ == "__main__":

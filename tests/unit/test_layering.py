@@ -23,6 +23,7 @@ RANK = {
     "_gpu": 0,
     "_code_origin": 0,
     "_walltime": 0,
+    "_memory": 1,
     "logging": 0,
     "_block": 1,
     "_graph": 2,
@@ -188,7 +189,15 @@ def test_imports_run_one_way(path: Path) -> None:
 #: modules that decide without I/O: time comes in as an argument, and what they touch
 #: (a store, a launcher, a log) is an object handed in. None of them imports, anywhere in
 #: the file, a module that reads a clock, a socket, a process or a file
-SANS_IO = {"_backups", "_batching", "_deadlines", "_dispatch", "_run_state", "_scheduler"}
+SANS_IO = {
+    "_backups",
+    "_batching",
+    "_deadlines",
+    "_dispatch",
+    "_memory",
+    "_run_state",
+    "_scheduler",
+}
 _IO_STDLIB = {
     "asyncio",
     "datetime",

@@ -31,6 +31,7 @@ from ..errors import ConfigurationError, LayoutMismatch, TrackingError
 __all__ = [
     "ARRAY_DTYPES",
     "BASE_ARRAYS",
+    "GRANT_ARRAY",
     "LAYOUT_RECORD_VERSION",
     "NO_WORKER",
     "STAT_ARRAYS",
@@ -55,6 +56,10 @@ __all__ = [
 BASE_ARRAYS: tuple[str, ...] = ("done", "failures")
 """The arrays every store has."""
 
+GRANT_ARRAY = "memory_grant_mb"
+"""The memory grant (megabytes) a block succeeded with after it ran out of memory; 0: the
+task's request. Created when a store first records one: older stores lack it."""
+
 STAT_ARRAYS: tuple[str, ...] = (*STATS_ARRAYS[:7], *STAMP_ARRAYS, STATS_ARRAYS[7])
 """The arrays a store opened with ``resource_tracking`` has, in SPEC §4.2 order.
 
@@ -76,6 +81,7 @@ ARRAY_DTYPES: dict[str, str] = {
     "sent_at": "float64",
     "returned_at": "float64",
     "cpu_children_seconds": "float32",
+    "memory_grant_mb": "uint32",
 }
 """The zarr v3 ``data_type`` of every array bellis knows."""
 

@@ -71,6 +71,7 @@ from ._files import (
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    GRANT_ARRAY,
     NO_WORKER,
     STAT_ARRAYS,
     GrowthPlan,
@@ -584,6 +585,26 @@ class TrackingStore:
         columns["worker_id"][cells] = worker_id if worker_id >= 0 else NO_WORKER
         columns["sent_at"][cells] = sent_at
         columns["returned_at"][cells] = returned_at
+
+    def record_grant(self, cell: int, megabytes: int) -> None:
+        """Record the memory grant ``cell`` succeeded with after it ran out of memory (the
+        ``memory_grant_mb`` array, created by the first such record)."""
+        if not self._writable:
+            raise self._refuse_write()
+        if not 0 <= cell < self._cell_count:
+            return
+        array = self._arrays.get(GRANT_ARRAY)
+        if array is None:
+            try:
+                if (self.path / GRANT_ARRAY / "zarr.json").exists():
+                    array = map_array(self.path, GRANT_ARRAY, self.grid_shape)
+                else:
+                    array = create_array(self.path, GRANT_ARRAY, self.grid_shape)
+            except OSError as exc:
+                files = chunk_files(self.path, self.grid_shape, (GRANT_ARRAY,))
+                raise open_error(str(self.path), exc, files) from exc
+            self._arrays[GRANT_ARRAY] = array
+        array.reshape(-1)[cell] = min(megabytes, _U32_MAX)
 
     def record_failure(
         self, cell: int, worker_id: int = -1, sent_at: float = 0.0, returned_at: float = 0.0

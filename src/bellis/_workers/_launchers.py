@@ -17,11 +17,18 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .._protocol import EXIT_BLOCK_STALLED, EXIT_BLOCK_TIMEOUT, WorkerExit
+from .._memory import format_size, kernel_oom_message, memory_error_message
+from .._protocol import (
+    EXIT_BLOCK_STALLED,
+    EXIT_BLOCK_TIMEOUT,
+    EXIT_OUT_OF_MEMORY,
+    MEMORY_LIMIT_ENV,
+    WorkerExit,
+)
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
 from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
@@ -51,6 +58,8 @@ class WorkerSpec:
     #: the worker's log slot within its task (its files are ``worker_<slot>.*``); no two
     #: live workers of a task share one. None: the worker id stands in
     slot: int | None = None
+    #: the worker's memory grant in bytes (``bellis._memory``); None: the launcher's own
+    memory: int | None = None
 
     @property
     def slot_index(self) -> int:
@@ -126,6 +135,9 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
             "max_retries)"
         )
         kind = "timeout"
+    elif code == EXIT_OUT_OF_MEMORY:
+        grant = None if spec.memory is None else format_size(spec.memory)
+        msg, kind = memory_error_message(grant), "error"
     elif code == EXIT_BLOCK_STALLED:
         msg = (
             "bellis worker subprocess killed after a block stalled: no CPU, IO or heartbeat "
@@ -146,6 +158,35 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
     if tail:
         msg += "\nworker stderr tail:\n" + tail
     return WorkerExit(kind, code, msg)
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's OOM killer ended in this process's memory cgroup
+    (``oom_kill`` of v2 ``memory.events`` or v1 ``memory.oom_control``); None where that
+    cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    paths = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths += [f"/sys/fs/cgroup{path}/memory.events", "/sys/fs/cgroup/memory.events"]
+        elif "memory" in controllers.split(","):
+            base = "/sys/fs/cgroup/memory"
+            paths += [f"{base}{path}/memory.oom_control", f"{base}/memory.oom_control"]
+    for candidate in paths:
+        try:
+            with open(candidate) as f:
+                for entry in f:
+                    key, _, value = entry.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 _WORKER_MAIN = "import sys; from bellis._worker import main; sys.exit(main())"
@@ -207,6 +248,9 @@ class LocalLauncher(WorkerLauncher):
 
     name = "local"
     is_local = True
+    #: it enforces a task's ``memory_limit`` (``RLIMIT_AS`` in the worker)
+    memory_grants = True
+    memory_request = None
 
     def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
         self.python = python or sys.executable
@@ -290,6 +334,18 @@ class LocalLauncher(WorkerLauncher):
         return proc
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
+        if spec.memory is not None:
+            env = {**spec.env, MEMORY_LIMIT_ENV: str(spec.memory)}
+            before = oom_kill_count()  # a kernel OOM kill raises it (see poll)
+            handle = self._launch(replace(spec, env=env))
+            handle.oom_kills = before  # type: ignore[attr-defined]
+            return handle
+        if MEMORY_LIMIT_ENV in spec.env:  # inherited (a run inside a worker): not this one's
+            env = {k: v for k, v in spec.env.items() if k != MEMORY_LIMIT_ENV}
+            spec = replace(spec, env=env)
+        return self._launch(spec)
+
+    def _launch(self, spec: WorkerSpec) -> WorkerHandle:
         if self._wants_fork_server():
             echo = spec.tee or spec.out_path is None or spec.err_path is None
             env = spec.env
@@ -356,7 +412,10 @@ class LocalLauncher(WorkerLauncher):
                 return None
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
-        return describe_exit(code, handle.spec)
+        ex = describe_exit(code, handle.spec)
+        before = getattr(handle, "oom_kills", None)
+        oom = None if before is None else kernel_oom_message(code, before, oom_kill_count())
+        return ex if oom is None else WorkerExit("error", code, f"{oom}\n{ex.message}")
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
         live = [h.native for h in handles if h.native.poll() is None]

@@ -117,6 +117,7 @@ class WorkerPool:
             tee=self.log_mode == "both",
             err_offset=_size(err_path),
             slot=slot,
+            memory=None if plan.memory is None else plan.memory.grant(booking.mem_step),
         )
 
     def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._memory import MIB, parse_growth, parse_size
 from .._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
@@ -148,10 +149,16 @@ class SlurmLauncher(WorkerLauncher):
     less than ``walltime_margin`` seconds (default 5% of the limit, 10 s to 60 s) plus the
     p95 wall of its blocks so far; it exits cleanly (exit kind ``walltime``) and a new job
     takes over while blocks remain. ``walltime_aware=False`` turns this off.
+
+    A block whose job runs out of memory runs again in a job with ``memory_growth``
+    (default 2) times the memory, up to ``max_memory`` (``"64G"``, or megabytes; default
+    ``mem`` × growth²); only a block that runs out at that cap fails.
     """
 
     name = "slurm"
     is_local = False
+    #: it gives a worker the memory grant of its spec (``--mem``)
+    memory_grants = True
 
     def __init__(
         self,
@@ -169,6 +176,8 @@ class SlurmLauncher(WorkerLauncher):
         pending_warning: float = 300.0,
         walltime_margin: float | None = None,
         walltime_aware: bool = True,
+        memory_growth: float | None = None,
+        max_memory: int | str | None = None,
     ) -> None:
         if cpus_per_worker < 1:
             raise ValueError(f"cpus_per_worker must be at least 1 (got {cpus_per_worker})")
@@ -196,6 +205,19 @@ class SlurmLauncher(WorkerLauncher):
             self.walltime_margin = margin
         self.cpus_per_worker = int(cpus_per_worker)
         self.mem = None if mem is None else format_mem(mem)
+        #: the memory ladder (``bellis._memory``): ``mem`` in bytes, the growth per step
+        #: after an out-of-memory death and the largest grant
+        self.memory_request = None if mem is None else parse_size(mem, "mem", int_unit=MIB)
+        self.memory_growth = None if memory_growth is None else parse_growth(memory_growth)
+        self.max_memory = (
+            None if max_memory is None else parse_size(max_memory, "max_memory", int_unit=MIB)
+        )
+        if self.max_memory is not None and (self.memory_request or 0) > self.max_memory:
+            raise ConfigurationError(
+                f"max_memory={max_memory!r} is below mem={mem!r}: the largest grant must be at "
+                "least the request; raise max_memory",
+                parameter="max_memory",
+            )
         if gpus_per_worker is not None:
             if isinstance(gpus_per_worker, bool) or not isinstance(gpus_per_worker, int):
                 raise ConfigurationError(
@@ -241,6 +263,8 @@ class SlurmLauncher(WorkerLauncher):
         flags = [f"--cpus-per-task={int(cpus)}"]
         mem_mb = req.get("mem_mb", req.get("mem"))
         mem = format_mem(int(mem_mb)) if mem_mb else self.mem
+        if spec.memory is not None and spec.memory != self.memory_request:
+            mem = format_mem(-(-spec.memory // MIB))  # a grant of the memory ladder
         if mem is not None:
             flags.append(f"--mem={mem}")
         gres = f"gpu:{int(req['gpu'])}" if req.get("gpu") else self.gres
