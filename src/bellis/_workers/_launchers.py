@@ -24,7 +24,8 @@ from typing import Any
 from .._protocol import EXIT_BLOCK_STALLED, EXIT_BLOCK_TIMEOUT, WorkerExit
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
-from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
+from ._exits import ExitWatch
+from ._zygote import ForkedProcess, ForkServer, choose_start, is_fork_server_supported, usable_cpus
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
 
@@ -51,6 +52,10 @@ class WorkerSpec:
     #: the worker's log slot within its task (its files are ``worker_<slot>.*``); no two
     #: live workers of a task share one. None: the worker id stands in
     slot: int | None = None
+    #: how many workers of the launcher start together, this one and those after it
+    starting: int = 1
+    #: it takes the place of a worker that ended (a crash's replacement)
+    restart: bool = False
 
     @property
     def slot_index(self) -> int:
@@ -93,6 +98,17 @@ class WorkerLauncher(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """Release anything the launcher holds. Called once at the end of a run."""
+
+    def exit_watch(self) -> int | None:
+        """A descriptor that becomes readable when one of this launcher's workers may have
+        ended: the run loop then polls the workers :meth:`ended` names. None (this
+        default): the loop polls every worker once per tick."""
+        return None
+
+    def ended(self) -> list[WorkerHandle]:
+        """With :meth:`exit_watch`: the workers that ended and whose exit :meth:`poll`
+        has not reported yet."""
+        return []
 
     def shutting_down(self) -> None:  # noqa: B027 - optional hook
         """The run told its workers to stop: they exit within seconds, so :meth:`poll`
@@ -151,10 +167,13 @@ def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
 _WORKER_MAIN = "import sys; from bellis._worker import main; sys.exit(main())"
 
 
-def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threading.Thread:
+def _start_tee(
+    source: Any, log: Any, stream: StreamName, name: str, on_end: Any = None
+) -> threading.Thread:
     """Copy what a worker writes to ``source`` into ``log`` (None in console mode) and to
     this process's ``sys.<stream>`` as it is at each write, so that a ``redirect_stdout`` or
-    a notebook cell in the driver gets it, until the worker closes it; then close both."""
+    a notebook cell in the driver gets it, until the worker closes it; then close both and
+    call ``on_end``."""
 
     def copy() -> None:
         # a multi-byte character split between two reads is decoded whole
@@ -177,6 +196,8 @@ def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threadin
                 _echo(stream, decoder.decode(chunk))
             _echo(stream, decoder.decode(b"", final=True))
         finally:
+            if on_end is not None:
+                on_end()
             source.close()
             if log is not None:
                 try:
@@ -210,38 +231,87 @@ class LocalLauncher(WorkerLauncher):
 
     def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
         self.python = python or sys.executable
-        #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): None means
-        #: yes where supported, unless ``BELLIS_WORKER_START=spawn``
+        #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): True for
+        #: every worker, False for none, None: as ``choose_start`` decides, where
+        #: supported (``BELLIS_WORKER_START``: ``fork`` for every worker, ``spawn`` none)
         self.fork_server = fork_server
         self._zygote: ForkServer | None = None
+        self._exits: ExitWatch | None = None
+        self._live: set[WorkerHandle] = set()
+        self._cpus = 0
+        self._auto = False  # fork_server None, resolved: the policy decides each start
         self._tees: dict[Any, list[threading.Thread]] = {}  # by worker process object
         self._tee_deadlines: dict[Any, float] = {}
 
-    def _wants_fork_server(self) -> bool:
-        if self.fork_server is None:
-            self.fork_server = (
-                os.environ.get("BELLIS_WORKER_START", "fork") != "spawn"
-                and is_fork_server_supported()
+    def _wants_fork(self, spec: WorkerSpec, env: dict[str, str]) -> bool:
+        """Whether to fork this worker from the zygote (which it may start)."""
+        if self.fork_server is None and not self._auto:
+            how = os.environ.get("BELLIS_WORKER_START", "auto")
+            if how == "spawn" or not is_fork_server_supported():
+                self.fork_server = False
+            elif how == "fork":
+                self.fork_server = True
+            else:
+                self._auto = True
+        if self._auto:
+            zygote = self._zygote
+            if zygote is not None and zygote.dead:
+                return False
+            self._cpus = self._cpus or usable_cpus()
+            choice = choose_start(
+                zygote_running=zygote is not None,
+                live=len(self._live),
+                batch=spec.starting,
+                restart=spec.restart,
+                cpus=self._cpus,
             )
-        return self.fork_server
+            if choice.start_zygote and not choice.fork:
+                self._start_zygote(env)  # for the next ones; this one is spawned
+            return choice.fork
+        return bool(self.fork_server)
+
+    def _start_zygote(self, env: dict[str, str]) -> ForkServer | None:
+        try:
+            zygote = self._zygote = ForkServer(self.python, env, [self.python, "-c", _WORKER_MAIN])
+        except OSError as exc:
+            logging.getLogger("bellis").warning(
+                "could not start the worker fork server (%s): workers start as "
+                "subprocesses; BELLIS_WORKER_START=spawn skips the attempt",
+                exc,
+            )
+            self.fork_server = False
+            self._auto = False
+            return None
+        if self._exit_watch() is not None:
+            assert self._exits is not None
+            self._exits.watch_zygote(zygote)
+        return zygote
+
+    def _exit_watch(self) -> int | None:
+        if self._exits is None:
+            if not ExitWatch.supported():
+                return None
+            self._exits = ExitWatch()
+        return self._exits.fileno()
+
+    def exit_watch(self) -> int | None:
+        return self._exit_watch()
+
+    def ended(self) -> list[WorkerHandle]:
+        return [] if self._exits is None else self._exits.ended()
+
+    def _tee_ended(self) -> None:
+        """A tee thread is done (its worker's exit is held back until both are)."""
+        exits = self._exits
+        if exits is not None:
+            exits.wake()
 
     def _launch_forked(self, spec: WorkerSpec, env: dict[str, str], echo: bool) -> Any:
         """Fork the worker from the run's zygote; None where it must be spawned instead."""
         frame = struct.pack("<Q", len(spec.payload)) + spec.payload
-        zygote = self._zygote
+        zygote = self._zygote if self._zygote is not None else self._start_zygote(env)
         if zygote is None:
-            try:
-                zygote = self._zygote = ForkServer(
-                    self.python, env, [self.python, "-c", _WORKER_MAIN]
-                )
-            except OSError as exc:
-                logging.getLogger("bellis").warning(
-                    "could not start the worker fork server (%s): workers start as "
-                    "subprocesses; BELLIS_WORKER_START=spawn skips the attempt",
-                    exc,
-                )
-                self.fork_server = False
-                return None
+            return None
         if not zygote.accepts(env, len(frame)):
             return None
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
@@ -281,23 +351,43 @@ class LocalLauncher(WorkerLauncher):
         if echo:
             self._tees[proc] = [
                 _start_tee(
-                    open(out_r, "rb"), logs[0], "stdout", f"bellis-tee-{spec.worker_id}-out"
+                    open(out_r, "rb"),
+                    logs[0],
+                    "stdout",
+                    f"bellis-tee-{spec.worker_id}-out",
+                    self._tee_ended,
                 ),
                 _start_tee(
-                    open(err_r, "rb"), logs[1], "stderr", f"bellis-tee-{spec.worker_id}-err"
+                    open(err_r, "rb"),
+                    logs[1],
+                    "stderr",
+                    f"bellis-tee-{spec.worker_id}-err",
+                    self._tee_ended,
                 ),
             ]
         return proc
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
-        if self._wants_fork_server():
+        handle = self._launch(spec)
+        self._live.add(handle)
+        if self._exit_watch() is not None:
+            assert self._exits is not None
+            if isinstance(handle.native, ForkedProcess):
+                self._exits.watch_forked(handle, handle.native)
+            else:
+                self._exits.watch_spawned(handle, handle.native.pid)
+        return handle
+
+    def _launch(self, spec: WorkerSpec) -> WorkerHandle:
+        if self.fork_server is not False:
             echo = spec.tee or spec.out_path is None or spec.err_path is None
             env = spec.env
             if echo and "PYTHONUNBUFFERED" not in env:
                 env = {**env, "PYTHONUNBUFFERED": "1"}
-            forked = self._launch_forked(spec, env, echo)
-            if forked is not None:
-                return WorkerHandle(spec, forked)
+            if self._wants_fork(spec, env):
+                forked = self._launch_forked(spec, env, echo)
+                if forked is not None:
+                    return WorkerHandle(spec, forked)
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
         # log mode "both" (tee) and console mode (no files): the worker's output is echoed
@@ -326,8 +416,12 @@ class LocalLauncher(WorkerLauncher):
         if echo:
             assert proc.stdout is not None and proc.stderr is not None
             self._tees[proc] = [
-                _start_tee(proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out"),
-                _start_tee(proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err"),
+                _start_tee(
+                    proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out", self._tee_ended
+                ),
+                _start_tee(
+                    proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err", self._tee_ended
+                ),
             ]
         else:
             for f in (out, err):
@@ -356,6 +450,9 @@ class LocalLauncher(WorkerLauncher):
                 return None
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
+        self._live.discard(handle)
+        if self._exits is not None:
+            self._exits.done(handle, proc)
         return describe_exit(code, handle.spec)
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
@@ -393,3 +490,7 @@ class LocalLauncher(WorkerLauncher):
         zygote, self._zygote = self._zygote, None
         if zygote is not None:
             zygote.close()
+        exits, self._exits = self._exits, None
+        if exits is not None:
+            exits.close()
+        self._live.clear()
