@@ -38,22 +38,36 @@ def test_first_starts(live: int, batch: int, cpus: int, expected: StartChoice) -
 
 def test_a_replacement_is_spawned_and_starts_the_zygote_for_the_next() -> None:
     assert (
-        choose_start(zygote_running=False, live=0, batch=1, restart=True, cpus=2)
-        == SPAWN_AND_START
+        choose_start(zygote_running=False, live=0, batch=1, restart=True, cpus=2) == SPAWN_AND_START
     )
     # more workers than cores: forked, as a first start would be
     assert (
-        choose_start(zygote_running=False, live=2, batch=1, restart=True, cpus=2)
-        == FORK_AND_START
+        choose_start(zygote_running=False, live=2, batch=1, restart=True, cpus=2) == FORK_AND_START
     )
 
 
 @pytest.mark.parametrize("restart", [False, True])
 @pytest.mark.parametrize(("live", "batch"), [(0, 1), (0, 2), (5, 10)])
-def test_once_the_zygote_runs_every_worker_is_forked(
-    restart: bool, live: int, batch: int
+def test_once_the_zygote_runs_every_worker_is_forked(restart: bool, live: int, batch: int) -> None:
+    assert (
+        choose_start(zygote_running=True, live=live, batch=batch, restart=restart, cpus=2) == FORK
+    )
+
+
+@pytest.mark.parametrize(
+    ("expected", "choice"),
+    [
+        (0, SPAWN),  # unknown: as many as start now
+        (2, SPAWN),  # dist_noop_w2 on 2 cores
+        (4, FORK_AND_START),  # a 2-task pipeline of 2 workers each: its first 2 are forked
+    ],
+)
+def test_what_the_run_expects_counts_from_its_first_worker(
+    expected: int, choice: StartChoice
 ) -> None:
     assert (
-        choose_start(zygote_running=True, live=live, batch=batch, restart=restart, cpus=2)
-        == FORK
+        choose_start(
+            zygote_running=False, live=0, batch=2, restart=False, cpus=2, expected=expected
+        )
+        == choice
     )

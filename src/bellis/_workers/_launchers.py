@@ -56,6 +56,8 @@ class WorkerSpec:
     starting: int = 1
     #: it takes the place of a worker that ended (a crash's replacement)
     restart: bool = False
+    #: the most workers the run may keep on this launcher at once (0: unknown)
+    expected: int = 0
 
     @property
     def slot_index(self) -> int:
@@ -264,6 +266,7 @@ class LocalLauncher(WorkerLauncher):
                 batch=spec.starting,
                 restart=spec.restart,
                 cpus=self._cpus,
+                expected=spec.expected,
             )
             if choice.start_zygote and not choice.fork:
                 self._start_zygote(env)  # for the next ones; this one is spawned

@@ -65,8 +65,14 @@ class WorkerPool:
         #: with that descriptor; the others have all their workers polled at every tick
         self.watched: dict[int, tuple[Any, int]] = {}
         self.unwatched: set[int] = set()
+        #: the most workers the run may keep on each launcher (by identity) at once
+        self.expected: dict[int, int] = {}
         for plan in plans.values():
             launcher = plan.launcher
+            run = plan.run
+            self.expected[id(launcher)] = self.expected.get(id(launcher), 0) + min(
+                run.task.max_workers, max(run.remaining, 0)
+            )
             if id(launcher) in self.watched or id(launcher) in self.unwatched:
                 continue
             watch = getattr(launcher, "exit_watch", None)
@@ -134,6 +140,7 @@ class WorkerPool:
             slot=slot,
             starting=starting,
             restart=before is not None,
+            expected=self.expected.get(id(plan.launcher), 0),
         )
 
     def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:

@@ -124,26 +124,28 @@ class StartChoice(NamedTuple):
 
 
 def choose_start(
-    *, zygote_running: bool, live: int, batch: int, restart: bool, cpus: int
+    *, zygote_running: bool, live: int, batch: int, restart: bool, cpus: int, expected: int = 0
 ) -> StartChoice:
     """The start policy of a local worker.
 
     ``live``: this launcher's workers running (or starting) already; ``batch``: how many
     workers, this one included, are being started together; ``restart``: it takes the
     place of a worker that ended (a crash's replacement); ``cpus``: the cores this process
-    may use.
+    may use; ``expected``: the most workers the run may keep on this launcher at once (its
+    tasks' ``max_workers``, capped by their blocks; 0: unknown).
 
     Starting the zygote costs one interpreter start, which comes before its first fork.
-    Where every worker of a start has a core of its own, spawning them costs the same wall
+    Where every worker of the run has a core of its own, spawning them costs the same wall
     time in parallel and the zygote would only add its start in front: spawn, and start no
-    zygote. Where more workers than cores run at once, interpreter starts queue for the
-    cores, and one zygote start plus a millisecond per fork is shorter: fork them all. A
+    zygote. Where more workers than cores run at once, or the run expects to, interpreter
+    starts queue for the cores, and one zygote start plus a millisecond per fork is shorter:
+    fork them all (a pipeline's downstream workers, started later, too). A
     replacement is spawned when no zygote runs yet, and the zygote is started beside it,
     so the run's next replacements are forked (a crash is seldom the last one).
     """
     if zygote_running:
         return StartChoice(fork=True, start_zygote=False)
-    if live + batch > cpus:
+    if live + batch > cpus or expected > cpus:
         return StartChoice(fork=True, start_zygote=True)
     return StartChoice(fork=False, start_zygote=restart)
 
