@@ -198,8 +198,6 @@ def _start_tee(
                 _echo(stream, decoder.decode(chunk))
             _echo(stream, decoder.decode(b"", final=True))
         finally:
-            if on_end is not None:
-                on_end()
             source.close()
             if log is not None:
                 try:
@@ -209,6 +207,8 @@ def _start_tee(
                         logging.getLogger("bellis").error(
                             "could not write the worker log %s: %s", log.name, exc
                         )
+            if on_end is not None:
+                on_end()
 
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
@@ -244,6 +244,7 @@ class LocalLauncher(WorkerLauncher):
         self._auto = False  # fork_server None, resolved: the policy decides each start
         self._tees: dict[Any, list[threading.Thread]] = {}  # by worker process object
         self._tee_deadlines: dict[Any, float] = {}
+        self._tees_done: set[threading.Thread] = set()  # finished, perhaps still alive
 
     def _wants_fork(self, spec: WorkerSpec, env: dict[str, str]) -> bool:
         """Whether to fork this worker from the zygote (which it may start)."""
@@ -285,26 +286,25 @@ class LocalLauncher(WorkerLauncher):
             self.fork_server = False
             self._auto = False
             return None
-        if self._exit_watch() is not None:
+        if self.exit_watch() is not None:
             assert self._exits is not None
             self._exits.watch_zygote(zygote)
         return zygote
 
-    def _exit_watch(self) -> int | None:
+    def exit_watch(self) -> int | None:
         if self._exits is None:
             if not ExitWatch.supported():
                 return None
             self._exits = ExitWatch()
         return self._exits.fileno()
 
-    def exit_watch(self) -> int | None:
-        return self._exit_watch()
-
     def ended(self) -> list[WorkerHandle]:
         return [] if self._exits is None else self._exits.ended()
 
     def _tee_ended(self) -> None:
-        """A tee thread is done (its worker's exit is held back until both are)."""
+        """A tee thread is done (its worker's exit is held back until both are): said from
+        that thread, which may not have ended yet when :meth:`poll` looks."""
+        self._tees_done.add(threading.current_thread())
         exits = self._exits
         if exits is not None:
             exits.wake()
@@ -373,7 +373,7 @@ class LocalLauncher(WorkerLauncher):
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         handle = self._launch(spec)
         self._live.add(handle)
-        if self._exit_watch() is not None:
+        if self.exit_watch() is not None:
             assert self._exits is not None
             if isinstance(handle.native, ForkedProcess):
                 self._exits.watch_forked(handle, handle.native)
@@ -449,8 +449,10 @@ class LocalLauncher(WorkerLauncher):
             # descendant it left holding the pipes open is not waited for past a few
             # seconds. The event loop is not blocked meanwhile: the exit is reported later
             deadline = self._tee_deadlines.setdefault(proc, time.monotonic() + 3.0)
-            if any(t.is_alive() for t in tees) and time.monotonic() < deadline:
+            done = self._tees_done
+            if any(t.is_alive() and t not in done for t in tees) and time.monotonic() < deadline:
                 return None
+            done.difference_update(tees)
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
         self._live.discard(handle)
@@ -497,3 +499,4 @@ class LocalLauncher(WorkerLauncher):
         if exits is not None:
             exits.close()
         self._live.clear()
+        self._tees_done.clear()
