@@ -246,8 +246,8 @@ class LocalLauncher(WorkerLauncher):
         self._tee_deadlines: dict[Any, float] = {}
         self._tees_done: set[threading.Thread] = set()  # finished, perhaps still alive
 
-    def _wants_fork(self, spec: WorkerSpec, env: dict[str, str]) -> bool:
-        """Whether to fork this worker from the zygote (which it may start)."""
+    def _wants_fork_server(self) -> bool:
+        """Whether workers may be forked (then ``_launch_forked`` decides for each)."""
         if self.fork_server is None and not self._auto:
             how = os.environ.get("BELLIS_WORKER_START", "auto")
             if how == "spawn" or not is_fork_server_supported():
@@ -256,6 +256,10 @@ class LocalLauncher(WorkerLauncher):
                 self.fork_server = True
             else:
                 self._auto = True
+        return self.fork_server is not False
+
+    def _wants_fork(self, spec: WorkerSpec, env: dict[str, str]) -> bool:
+        """Whether to fork this worker from the zygote (which it may start)."""
         if self._auto:
             zygote = self._zygote
             if zygote is not None and zygote.dead:
@@ -311,6 +315,8 @@ class LocalLauncher(WorkerLauncher):
 
     def _launch_forked(self, spec: WorkerSpec, env: dict[str, str], echo: bool) -> Any:
         """Fork the worker from the run's zygote; None where it must be spawned instead."""
+        if not self._wants_fork(spec, env):
+            return None
         frame = struct.pack("<Q", len(spec.payload)) + spec.payload
         zygote = self._zygote if self._zygote is not None else self._start_zygote(env)
         if zygote is None:
@@ -371,26 +377,14 @@ class LocalLauncher(WorkerLauncher):
         return proc
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
-        handle = self._launch(spec)
-        self._live.add(handle)
-        if self.exit_watch() is not None:
-            assert self._exits is not None
-            if isinstance(handle.native, ForkedProcess):
-                self._exits.watch_forked(handle, handle.native)
-            else:
-                self._exits.watch_spawned(handle, handle.native.pid)
-        return handle
-
-    def _launch(self, spec: WorkerSpec) -> WorkerHandle:
-        if self.fork_server is not False:
+        if self._wants_fork_server():
             echo = spec.tee or spec.out_path is None or spec.err_path is None
             env = spec.env
             if echo and "PYTHONUNBUFFERED" not in env:
                 env = {**env, "PYTHONUNBUFFERED": "1"}
-            if self._wants_fork(spec, env):
-                forked = self._launch_forked(spec, env, echo)
-                if forked is not None:
-                    return WorkerHandle(spec, forked)
+            forked = self._launch_forked(spec, env, echo)
+            if forked is not None:
+                return self._watch(WorkerHandle(spec, forked))
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
         # log mode "both" (tee) and console mode (no files): the worker's output is echoed
@@ -436,7 +430,18 @@ class LocalLauncher(WorkerLauncher):
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the process died at once; poll() will report how
-        return WorkerHandle(spec, proc)
+        return self._watch(WorkerHandle(spec, proc))
+
+    def _watch(self, handle: WorkerHandle) -> WorkerHandle:
+        """Count a started worker and watch for its exit."""
+        self._live.add(handle)
+        if self.exit_watch() is not None:
+            assert self._exits is not None
+            if isinstance(handle.native, ForkedProcess):
+                self._exits.watch_forked(handle, handle.native)
+            else:
+                self._exits.watch_spawned(handle, handle.native.pid)
+        return handle
 
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:
         proc: subprocess.Popen[bytes] | ForkedProcess = handle.native
