@@ -46,18 +46,18 @@ class WorkerSpec:
     #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
     #: terminal (launchers that cannot reach the driver's terminal write the files only)
     tee: bool = False
-    #: the size of ``err_path`` when this worker was prepared: what it writes comes after
-    #: (the file is appended to across runs and workers of the same slot)
-    err_offset: int = 0
-    #: the worker's log slot within its task (its files are ``worker_<slot>.*``); no two
-    #: live workers of a task share one. None: the worker id stands in
-    slot: int | None = None
     #: how many workers of the launcher start together, this one and those after it
     starting: int = 1
     #: it takes the place of a worker that ended (a crash's replacement)
     restart: bool = False
     #: the most workers the run may keep on this launcher at once (0: unknown)
     expected: int = 0
+    #: the size of ``err_path`` when this worker was prepared: what it writes comes after
+    #: (the file is appended to across runs and workers of the same slot)
+    err_offset: int = 0
+    #: the worker's log slot within its task (its files are ``worker_<slot>.*``); no two
+    #: live workers of a task share one. None: the worker id stands in
+    slot: int | None = None
 
     @property
     def slot_index(self) -> int:

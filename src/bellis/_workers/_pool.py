@@ -135,12 +135,12 @@ class WorkerPool:
             err_path=err_path,
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
-            tee=self.log_mode == "both",
-            err_offset=_size(err_path),
-            slot=slot,
             starting=starting,
             restart=before is not None,
             expected=self.expected.get(id(plan.launcher), 0),
+            tee=self.log_mode == "both",
+            err_offset=_size(err_path),
+            slot=slot,
         )
 
     def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:
