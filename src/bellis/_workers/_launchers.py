@@ -443,11 +443,19 @@ class LocalLauncher(WorkerLauncher):
                 self._exits.watch_spawned(handle, handle.native.pid)
         return handle
 
+    def _ended(self, handle: WorkerHandle, proc: Any) -> None:
+        """``handle``'s process ended: it no longer counts as live, and unless its tee
+        threads hold its exit back, the exit watch forgets it."""
+        self._live.discard(handle)
+        if self._exits is not None and proc not in self._tees:
+            self._exits.done(handle, proc)
+
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:
         proc: subprocess.Popen[bytes] | ForkedProcess = handle.native
         code = proc.poll()
         if code is None:
             return None
+        self._ended(handle, proc)
         tees = self._tees.get(proc)
         if tees:
             # its last output reaches the log files (and the exit message's tail) first; a
@@ -458,11 +466,10 @@ class LocalLauncher(WorkerLauncher):
             if any(t.is_alive() and t not in done for t in tees) and time.monotonic() < deadline:
                 return None
             done.difference_update(tees)
+            if self._exits is not None:
+                self._exits.done(handle, proc)  # held until now
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
-        self._live.discard(handle)
-        if self._exits is not None:
-            self._exits.done(handle, proc)
         return describe_exit(code, handle.spec)
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
