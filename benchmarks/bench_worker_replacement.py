@@ -15,6 +15,8 @@ Usage::
 
     python -m compileall -q src
     PYTHONPATH=src python benchmarks/bench_worker_replacement.py --runs 6 --deaths 8
+    # against another checkout's sources (the code before a change), interleaved
+    PYTHONPATH=src python benchmarks/bench_worker_replacement.py --old-src /tmp/old/src
 """
 
 from __future__ import annotations
@@ -64,12 +66,21 @@ assert state["replace"].completed_count == n, state
 """
 
 
-def one_run(mode: str, every: int, deaths: int) -> list[dict[str, float]]:
+def one_run(
+    mode: str, every: int, deaths: int, src: str | None = None
+) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "driver.py")
         with open(script, "w") as f:
             f.write(textwrap.dedent(DRIVER))
         env = {**os.environ, "BELLIS_WORKER_START": mode}
+        # the driver runs in a temporary directory: a relative PYTHONPATH ("src") would
+        # silently import the installed bellis instead of this checkout's
+        env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
+        )
+        if src is not None:  # another checkout's sources (the code before a change)
+            env["PYTHONPATH"] = os.path.abspath(src)
         subprocess.run(
             [sys.executable, script, d, str(every), str(deaths)],
             cwd=d,
@@ -110,11 +121,24 @@ def main() -> int:
     ap.add_argument("--deaths", type=int, default=8, help="worker deaths per driver")
     ap.add_argument("--every", type=int, default=5, help="a death every N blocks")
     ap.add_argument("--json", help="write the raw figures here")
+    ap.add_argument(
+        "--modes",
+        default="auto,fork,spawn",
+        help="BELLIS_WORKER_START values to alternate (auto: the start policy)",
+    )
+    ap.add_argument(
+        "--old-src",
+        help="also alternate with BELLIS_WORKER_START=fork on this src directory ('old-fork')",
+    )
     args = ap.parse_args()
-    rows: dict[str, list[dict[str, float]]] = {"fork": [], "spawn": []}
+    modes = args.modes.split(",") + (["old-fork"] if args.old_src else [])
+    rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for _ in range(args.runs):
-        for mode in ("fork", "spawn"):
-            rows[mode].extend(one_run(mode, args.every, args.deaths))
+        for mode in modes:
+            if mode == "old-fork":
+                rows[mode].extend(one_run("fork", args.every, args.deaths, args.old_src))
+            else:
+                rows[mode].extend(one_run(mode, args.every, args.deaths))
     try:
         load = os.getloadavg()
     except OSError:

@@ -14,7 +14,10 @@ oversized or unauthenticated drops that connection only; the run goes on.
 
 A tick (every 50 ms) reclaims blocks past their deadline, polls worker processes through
 their launchers, then lets the dispatcher replace workers, abandon tasks and report
-progress.
+progress. A launcher that offers an exit descriptor (``exit_watch``: the local launcher's
+pidfds and fork-server socket in one epoll) has it in the selector: the loop wakes as soon
+as one of its workers ends, polls the workers it names and lets the dispatcher replace them
+at once, instead of at the next tick; its other workers are not polled at all.
 """
 
 from __future__ import annotations
@@ -72,6 +75,16 @@ class _Conn(Peer):
         self.outbuf = b""
 
 
+class _ExitWatch:
+    """A launcher's exit descriptor in the selector (its key's data)."""
+
+    __slots__ = ("fd", "launcher")
+
+    def __init__(self, launcher: Any, fd: int) -> None:
+        self.launcher = launcher
+        self.fd = fd
+
+
 class RunLoop:
     """Serve one run of a scheduler to worker processes until every task is terminal."""
 
@@ -118,6 +131,9 @@ class RunLoop:
             grace_seconds=grace_seconds,
         )
         self.conns: dict[int, _Conn] = {}
+        self._watches = [_ExitWatch(launcher, fd) for launcher, fd in self.pool.watched.values()]
+        for watch in self._watches:
+            self.sel.register(watch.fd, selectors.EVENT_READ, watch)
         #: connections that have not authenticated yet, oldest first
         #: accepting was paused at the handshake cap (said once per run)
         self._capped = False
@@ -161,6 +177,8 @@ class RunLoop:
                     conn = key.data
                     if conn is None:
                         self._accept()
+                    elif conn.__class__ is _ExitWatch:
+                        self._worker_ended(conn.launcher)
                     else:
                         self._read(conn)
                 if d.checking:
@@ -188,6 +206,9 @@ class RunLoop:
         interrupted = d.abort_reason is not None or d.fatal is not None
         live = d.begin_shutdown(time.monotonic())
         self._carry_out()
+        if interrupted:
+            # the launchers are polled once all are stopped (the final poll below)
+            self._unwatch()
         if interrupted and live:
             # let in-flight blocks finish (their releases are recorded) while workers stop
             stopper = threading.Thread(
@@ -210,12 +231,16 @@ class RunLoop:
                         logger.debug("early flush failed: %s", exc)
             self.pool.shutting_down()
             deadline = time.monotonic() + max(self.pool.grace_seconds, 5.0)
-            while any(w.exit is None for w in d.workers.values()):
-                self._serve_draining(0.005)
+            # watched exits wake the select; the others are polled every 5 ms
+            wait = 0.005 if self.pool.unwatched else _TICK_SECONDS
+            # the workers whose exit is yet to be seen (no scan over the workers)
+            while any(plan.alive > 0 for plan in self.plans.values()):
+                self._serve_draining(wait)
                 self._poll_workers(time.monotonic())
                 if time.monotonic() > deadline:
                     self.pool.cancel([w for w in d.workers.values() if w.exit is None])
                     break
+            self._unwatch()
         self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
         self._end_connections()
         if self._listening:
@@ -268,8 +293,19 @@ class RunLoop:
         for key, _ in self.sel.select(timeout_seconds):
             if key.data is None:
                 self._accept()
+            elif key.data.__class__ is _ExitWatch:
+                self._poll_workers(time.monotonic(), launcher=key.data.launcher)
             else:
                 self._read(key.data, draining=True)
+
+    def _unwatch(self) -> None:
+        """Take the launchers' exit descriptors out of the selector."""
+        for watch in self._watches:
+            try:
+                self.sel.unregister(watch.fd)
+            except (KeyError, ValueError):
+                pass
+        self._watches = []
 
     # -- instructions ---------------------------------------------------------------------
     def _carry_out(self) -> None:
@@ -302,19 +338,41 @@ class RunLoop:
             else:
                 self.d.launched(plan, booking, handle, self.pool.log_location(plan, handle))
 
-    def _poll_workers(self, now: float, *, final: bool = False, interrupted: bool = False) -> None:
+    def _poll_workers(
+        self,
+        now: float,
+        *,
+        final: bool = False,
+        interrupted: bool = False,
+        launcher: Any = None,
+    ) -> bool:
+        """Poll the workers that may have ended (every worker with ``final``; those of
+        ``launcher`` only, where given); True if one had."""
         d = self.d
-        for w, ex in self.pool.poll(d.workers.values()):
+        ended = False
+        polled = (
+            self.pool.poll(d.workers.values()) if final else self.pool.poll_due(d.workers, launcher)
+        )
+        for w, ex in polled:
             if ex is None:
                 if final:
                     d.worker_running_at_end(w, now)
                 continue
+            ended = True
             if d.worker_exited(w, ex, interrupted):
                 conn = w.conn
                 if isinstance(conn, _Conn):
                     # what it sent before exiting (its last returns) may still be unread
                     self._read_what_is_left(conn)
                 d.settle_exit(w, now)
+            self._carry_out()
+        return ended
+
+    def _worker_ended(self, launcher: Any) -> None:
+        """A launcher's exit descriptor is readable: settle the exits, start replacements."""
+        now = time.monotonic()
+        if self._poll_workers(now, launcher=launcher):
+            self.d.tick(now)
             self._carry_out()
 
     def _tick(self, now: float) -> None:

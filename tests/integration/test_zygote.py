@@ -66,6 +66,11 @@ def task(name, n, fn, **kw):
 """
 
 
+#: every worker forked (the default policy spawns the workers of a run that has a core for
+#: each; tests/integration/test_start_policy.py covers that choice)
+FORK_ALL = {"BELLIS_WORKER_START": "fork"}
+
+
 def _run(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
@@ -77,7 +82,7 @@ def _run(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> list[d
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **FORK_ALL, **(env or {})},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
@@ -234,6 +239,7 @@ def test_the_zygote_and_its_workers_end_with_the_driver(tmp_path: Path) -> None:
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **FORK_ALL},
     )
     try:
         deadline = time.monotonic() + 120

@@ -31,7 +31,8 @@ from .._protocol import (
 )
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
-from ._zygote import ForkedProcess, ForkServer, is_fork_server_supported
+from ._exits import ExitWatch
+from ._zygote import ForkedProcess, ForkServer, choose_start, is_fork_server_supported, usable_cpus
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
 
@@ -52,6 +53,12 @@ class WorkerSpec:
     #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
     #: terminal (launchers that cannot reach the driver's terminal write the files only)
     tee: bool = False
+    #: how many workers of the launcher start together, this one and those after it
+    starting: int = 1
+    #: it takes the place of a worker that ended (a crash's replacement)
+    restart: bool = False
+    #: the most workers the run may keep on this launcher at once (0: unknown)
+    expected: int = 0
     #: the size of ``err_path`` when this worker was prepared: what it writes comes after
     #: (the file is appended to across runs and workers of the same slot)
     err_offset: int = 0
@@ -102,6 +109,17 @@ class WorkerLauncher(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most launchers hold nothing
         """Release anything the launcher holds. Called once at the end of a run."""
+
+    def exit_watch(self) -> int | None:
+        """A descriptor that becomes readable when one of this launcher's workers may have
+        ended: the run loop then polls the workers :meth:`ended` names. None (this
+        default): the loop polls every worker once per tick."""
+        return None
+
+    def ended(self) -> list[WorkerHandle]:
+        """With :meth:`exit_watch`: the workers that ended and whose exit :meth:`poll`
+        has not reported yet."""
+        return []
 
     def shutting_down(self) -> None:  # noqa: B027 - optional hook
         """The run told its workers to stop: they exit within seconds, so :meth:`poll`
@@ -192,10 +210,13 @@ def oom_kill_count() -> int | None:
 _WORKER_MAIN = "import sys; from bellis._worker import main; sys.exit(main())"
 
 
-def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threading.Thread:
+def _start_tee(
+    source: Any, log: Any, stream: StreamName, name: str, on_end: Any = None
+) -> threading.Thread:
     """Copy what a worker writes to ``source`` into ``log`` (None in console mode) and to
     this process's ``sys.<stream>`` as it is at each write, so that a ``redirect_stdout`` or
-    a notebook cell in the driver gets it, until the worker closes it; then close both."""
+    a notebook cell in the driver gets it, until the worker closes it; then close both and
+    call ``on_end``."""
 
     def copy() -> None:
         # a multi-byte character split between two reads is decoded whole
@@ -227,6 +248,8 @@ def _start_tee(source: Any, log: Any, stream: StreamName, name: str) -> threadin
                         logging.getLogger("bellis").error(
                             "could not write the worker log %s: %s", log.name, exc
                         )
+            if on_end is not None:
+                on_end()
 
     thread = threading.Thread(target=copy, name=name, daemon=True)
     thread.start()
@@ -254,38 +277,94 @@ class LocalLauncher(WorkerLauncher):
 
     def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
         self.python = python or sys.executable
-        #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): None means
-        #: yes where supported, unless ``BELLIS_WORKER_START=spawn``
+        #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): True for
+        #: every worker, False for none, None: as ``choose_start`` decides, where
+        #: supported (``BELLIS_WORKER_START``: ``fork`` for every worker, ``spawn`` none)
         self.fork_server = fork_server
         self._zygote: ForkServer | None = None
+        self._exits: ExitWatch | None = None
+        self._live: set[WorkerHandle] = set()
+        self._cpus = 0
+        self._auto = False  # fork_server None, resolved: the policy decides each start
         self._tees: dict[Any, list[threading.Thread]] = {}  # by worker process object
         self._tee_deadlines: dict[Any, float] = {}
+        self._tees_done: set[threading.Thread] = set()  # finished, perhaps still alive
 
     def _wants_fork_server(self) -> bool:
-        if self.fork_server is None:
-            self.fork_server = (
-                os.environ.get("BELLIS_WORKER_START", "fork") != "spawn"
-                and is_fork_server_supported()
+        """Whether workers may be forked (then ``_launch_forked`` decides for each)."""
+        if self.fork_server is None and not self._auto:
+            how = os.environ.get("BELLIS_WORKER_START", "auto")
+            if how == "spawn" or not is_fork_server_supported():
+                self.fork_server = False
+            elif how == "fork":
+                self.fork_server = True
+            else:
+                self._auto = True
+        return self.fork_server is not False
+
+    def _wants_fork(self, spec: WorkerSpec, env: dict[str, str]) -> bool:
+        """Whether to fork this worker from the zygote (which it may start)."""
+        if self._auto:
+            zygote = self._zygote
+            if zygote is not None and zygote.dead:
+                return False
+            self._cpus = self._cpus or usable_cpus()
+            choice = choose_start(
+                zygote_running=zygote is not None,
+                live=len(self._live),
+                batch=spec.starting,
+                restart=spec.restart,
+                cpus=self._cpus,
+                expected=spec.expected,
             )
-        return self.fork_server
+            if choice.start_zygote and not choice.fork:
+                self._start_zygote(env)  # for the next ones; this one is spawned
+            return choice.fork
+        return bool(self.fork_server)
+
+    def _start_zygote(self, env: dict[str, str]) -> ForkServer | None:
+        try:
+            zygote = self._zygote = ForkServer(self.python, env, [self.python, "-c", _WORKER_MAIN])
+        except OSError as exc:
+            logging.getLogger("bellis").warning(
+                "could not start the worker fork server (%s): workers start as "
+                "subprocesses; BELLIS_WORKER_START=spawn skips the attempt",
+                exc,
+            )
+            self.fork_server = False
+            self._auto = False
+            return None
+        if self.exit_watch() is not None:
+            assert self._exits is not None
+            self._exits.watch_zygote(zygote)
+        return zygote
+
+    def exit_watch(self) -> int | None:
+        if self._exits is None:
+            if not ExitWatch.supported():
+                return None
+            self._exits = ExitWatch()
+        return self._exits.fileno()
+
+    def ended(self) -> list[WorkerHandle]:
+        return [] if self._exits is None else self._exits.ended()
+
+    def _tee_ended(self) -> None:
+        """A tee thread is done (its worker's exit is held back until both are): said from
+        that thread, which may not have ended yet when :meth:`poll` looks."""
+        self._tees_done.add(threading.current_thread())
+        exits = self._exits
+        if exits is not None:
+            exits.wake()
 
     def _launch_forked(self, spec: WorkerSpec, env: dict[str, str], echo: bool) -> Any:
         """Fork the worker from the run's zygote; None where it must be spawned instead."""
+        if not self._wants_fork(spec, env):
+            return None
         frame = struct.pack("<Q", len(spec.payload)) + spec.payload
-        zygote = self._zygote
+        zygote = self._zygote if self._zygote is not None else self._start_zygote(env)
         if zygote is None:
-            try:
-                zygote = self._zygote = ForkServer(
-                    self.python, env, [self.python, "-c", _WORKER_MAIN]
-                )
-            except OSError as exc:
-                logging.getLogger("bellis").warning(
-                    "could not start the worker fork server (%s): workers start as "
-                    "subprocesses; BELLIS_WORKER_START=spawn skips the attempt",
-                    exc,
-                )
-                self.fork_server = False
-                return None
+            return None
         if not zygote.accepts(env, len(frame)):
             return None
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
@@ -325,10 +404,18 @@ class LocalLauncher(WorkerLauncher):
         if echo:
             self._tees[proc] = [
                 _start_tee(
-                    open(out_r, "rb"), logs[0], "stdout", f"bellis-tee-{spec.worker_id}-out"
+                    open(out_r, "rb"),
+                    logs[0],
+                    "stdout",
+                    f"bellis-tee-{spec.worker_id}-out",
+                    self._tee_ended,
                 ),
                 _start_tee(
-                    open(err_r, "rb"), logs[1], "stderr", f"bellis-tee-{spec.worker_id}-err"
+                    open(err_r, "rb"),
+                    logs[1],
+                    "stderr",
+                    f"bellis-tee-{spec.worker_id}-err",
+                    self._tee_ended,
                 ),
             ]
         return proc
@@ -353,7 +440,7 @@ class LocalLauncher(WorkerLauncher):
                 env = {**env, "PYTHONUNBUFFERED": "1"}
             forked = self._launch_forked(spec, env, echo)
             if forked is not None:
-                return WorkerHandle(spec, forked)
+                return self._watch(WorkerHandle(spec, forked))
         out = open(spec.out_path, "ab") if spec.out_path else None
         err = open(spec.err_path, "ab") if spec.err_path else None
         # log mode "both" (tee) and console mode (no files): the worker's output is echoed
@@ -382,8 +469,12 @@ class LocalLauncher(WorkerLauncher):
         if echo:
             assert proc.stdout is not None and proc.stderr is not None
             self._tees[proc] = [
-                _start_tee(proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out"),
-                _start_tee(proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err"),
+                _start_tee(
+                    proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out", self._tee_ended
+                ),
+                _start_tee(
+                    proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err", self._tee_ended
+                ),
             ]
         else:
             for f in (out, err):
@@ -395,21 +486,44 @@ class LocalLauncher(WorkerLauncher):
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the process died at once; poll() will report how
-        return WorkerHandle(spec, proc)
+        return self._watch(WorkerHandle(spec, proc))
+
+    def _watch(self, handle: WorkerHandle) -> WorkerHandle:
+        """Count a started worker and watch for its exit."""
+        self._live.add(handle)
+        if self.exit_watch() is not None:
+            assert self._exits is not None
+            if isinstance(handle.native, ForkedProcess):
+                self._exits.watch_forked(handle, handle.native)
+            else:
+                self._exits.watch_spawned(handle, handle.native.pid)
+        return handle
+
+    def _ended(self, handle: WorkerHandle, proc: Any) -> None:
+        """``handle``'s process ended: it no longer counts as live, and unless its tee
+        threads hold its exit back, the exit watch forgets it."""
+        self._live.discard(handle)
+        if self._exits is not None and proc not in self._tees:
+            self._exits.done(handle, proc)
 
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:
         proc: subprocess.Popen[bytes] | ForkedProcess = handle.native
         code = proc.poll()
         if code is None:
             return None
+        self._ended(handle, proc)
         tees = self._tees.get(proc)
         if tees:
             # its last output reaches the log files (and the exit message's tail) first; a
             # descendant it left holding the pipes open is not waited for past a few
             # seconds. The event loop is not blocked meanwhile: the exit is reported later
             deadline = self._tee_deadlines.setdefault(proc, time.monotonic() + 3.0)
-            if any(t.is_alive() for t in tees) and time.monotonic() < deadline:
+            done = self._tees_done
+            if any(t.is_alive() and t not in done for t in tees) and time.monotonic() < deadline:
                 return None
+            done.difference_update(tees)
+            if self._exits is not None:
+                self._exits.done(handle, proc)  # held until now
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
         ex = describe_exit(code, handle.spec)
@@ -452,3 +566,8 @@ class LocalLauncher(WorkerLauncher):
         zygote, self._zygote = self._zygote, None
         if zygote is not None:
             zygote.close()
+        exits, self._exits = self._exits, None
+        if exits is not None:
+            exits.close()
+        self._live.clear()
+        self._tees_done.clear()

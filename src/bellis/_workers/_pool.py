@@ -61,6 +61,26 @@ class WorkerPool:
         self.log_paths = log_paths
         self.log_mode = log_mode
         self.grace_seconds = grace_seconds
+        #: launchers whose workers' exits wake the run loop (``exit_watch``), by identity,
+        #: with that descriptor; the others have all their workers polled at every tick
+        self.watched: dict[int, tuple[Any, int]] = {}
+        self.unwatched: set[int] = set()
+        #: the most workers the run may keep on each launcher (by identity) at once
+        self.expected: dict[int, int] = {}
+        for plan in plans.values():
+            launcher = plan.launcher
+            run = plan.run
+            self.expected[id(launcher)] = self.expected.get(id(launcher), 0) + min(
+                run.task.max_workers, max(run.remaining, 0)
+            )
+            if id(launcher) in self.watched or id(launcher) in self.unwatched:
+                continue
+            watch = getattr(launcher, "exit_watch", None)
+            fd = watch() if watch is not None else None
+            if fd is None:
+                self.unwatched.add(id(launcher))
+            else:
+                self.watched[id(launcher)] = (launcher, fd)
 
     def start(
         self, plan: TaskPlan, bookings: list[Booking]
@@ -71,9 +91,9 @@ class WorkerPool:
         (SLURM submits them as one job array, all or nothing)."""
         out: list[tuple[Booking, WorkerHandle | None, Exception | None]] = []
         prepared: list[tuple[WorkerSpec, Booking]] = []
-        for booking in bookings:
+        for i, booking in enumerate(bookings):
             try:
-                prepared.append((self._prepare(plan, booking), booking))
+                prepared.append((self._prepare(plan, booking, len(bookings) - i), booking))
             except WorkerStartError as exc:
                 out.append((booking, None, exc))
         launcher = plan.launcher
@@ -91,9 +111,10 @@ class WorkerPool:
                 out.append((booking, None, exc))
         return out
 
-    def _prepare(self, plan: TaskPlan, booking: Booking) -> WorkerSpec:
-        """The launch spec of a booked worker; its log files are created (and get their
-        header) now. Raises :class:`WorkerStartError` when they cannot be."""
+    def _prepare(self, plan: TaskPlan, booking: Booking, starting: int = 1) -> WorkerSpec:
+        """The launch spec of a booked worker, started with ``starting - 1`` more after
+        it; its log files are created (and get their header) now. Raises
+        :class:`WorkerStartError` when they cannot be."""
         run = plan.run
         wid, slot, before = booking.worker_id, booking.slot, booking.reason
         header = _slot_header(wid, slot, "first start" if before is None else before)
@@ -114,6 +135,9 @@ class WorkerPool:
             err_path=err_path,
             requires=run.task.requires,
             timeout_secs=run.task.timeout_secs,
+            starting=starting,
+            restart=before is not None,
+            expected=self.expected.get(id(plan.launcher), 0),
             tee=self.log_mode == "both",
             err_offset=_size(err_path),
             slot=slot,
@@ -142,6 +166,28 @@ class WorkerPool:
                     "error", None, f"the {launcher.name} launcher lost track of this worker: {exc}"
                 )
             yield w, ex
+
+    def poll_due(
+        self, workers: dict[int, ManagedWorker], launcher: Any = None
+    ) -> Iterator[tuple[ManagedWorker, WorkerExit | None]]:
+        """The workers (of ``workers``, by id) that may have ended, with how they ended:
+        those a watched launcher (``launcher``, or each) says ended, and, without
+        ``launcher``, every worker of the launchers that cannot say."""
+        for watched, _fd in list(self.watched.values()):
+            if launcher is not None and watched is not launcher:
+                continue
+            for handle in watched.ended():
+                w = workers.get(handle.spec.worker_id)
+                if w is None or w.handle is not handle:
+                    watched.poll(handle)  # settled already: the launcher's books only
+                    continue
+                yield from self.poll([w])
+        if launcher is None and self.unwatched:
+            yield from self.poll(
+                w
+                for w in list(workers.values())
+                if id(self.plan_of[w.run.index].launcher) in self.unwatched
+            )
 
     def kill(self, worker: ManagedWorker) -> None:
         """Stop ``worker`` now, where its launcher can (the backstop of a block timeout)."""

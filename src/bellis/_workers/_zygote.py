@@ -59,9 +59,18 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
-__all__ = ["ZYGOTE_MAIN", "ForkServer", "ForkedProcess", "is_fork_server_supported", "serve"]
+__all__ = [
+    "ZYGOTE_MAIN",
+    "ForkServer",
+    "ForkedProcess",
+    "StartChoice",
+    "choose_start",
+    "is_fork_server_supported",
+    "serve",
+    "usable_cpus",
+]
 
 logger = logging.getLogger("bellis")
 
@@ -103,6 +112,50 @@ def is_fork_server_supported() -> bool:
         return False
     os.close(fd)
     return True
+
+
+class StartChoice(NamedTuple):
+    """How to start one local worker: :func:`choose_start`'s answer."""
+
+    #: fork it from the run's zygote (else spawn it: ``python -c``)
+    fork: bool
+    #: start the zygote now (it is not running yet)
+    start_zygote: bool
+
+
+def choose_start(
+    *, zygote_running: bool, live: int, batch: int, restart: bool, cpus: int, expected: int = 0
+) -> StartChoice:
+    """The start policy of a local worker.
+
+    ``live``: this launcher's workers running (or starting) already; ``batch``: how many
+    workers, this one included, are being started together; ``restart``: it takes the
+    place of a worker that ended (a crash's replacement); ``cpus``: the cores this process
+    may use; ``expected``: the most workers the run may keep on this launcher at once (its
+    tasks' ``max_workers``, capped by their blocks; 0: unknown).
+
+    Starting the zygote costs one interpreter start, which comes before its first fork.
+    Where every worker of the run has a core of its own, spawning them costs the same wall
+    time in parallel and the zygote would only add its start in front: spawn, and start no
+    zygote. Where more workers than cores run at once, or the run expects to, interpreter
+    starts queue for the cores, and one zygote start plus a millisecond per fork is shorter:
+    fork them all (a pipeline's downstream workers, started later, too). A
+    replacement is spawned when no zygote runs yet, and the zygote is started beside it,
+    so the run's next replacements are forked (a crash is seldom the last one).
+    """
+    if zygote_running:
+        return StartChoice(fork=True, start_zygote=False)
+    if live + batch > cpus or expected > cpus:
+        return StartChoice(fork=True, start_zygote=True)
+    return StartChoice(fork=False, start_zygote=restart)
+
+
+def usable_cpus() -> int:
+    """The number of cores this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
@@ -422,11 +475,26 @@ class ForkServer:
         self._lock = threading.RLock()
         self._pending: deque[ForkedProcess] = deque()
         self._live: dict[int, ForkedProcess] = {}  # by pid
+        #: workers whose state changed since :meth:`take_changed`: ended (``returncode``
+        #: set), or spawned instead (``popen`` set)
+        self._changed: list[ForkedProcess] = []
         self.dead = False
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def fileno(self) -> int:
+        """The control socket: readable when the zygote reports (a start, an exit) or
+        ends; -1 once closed."""
+        ctl = self._ctl
+        return -1 if ctl is None else ctl.fileno()
+
+    def take_changed(self) -> list[ForkedProcess]:
+        """The workers that ended, or were spawned instead, since the last call."""
+        with self._lock:
+            changed, self._changed = self._changed, []
+        return changed
 
     @property
     def closed(self) -> bool:
@@ -526,6 +594,7 @@ class ForkServer:
             proc.returncode = msg[2]
             os.close(proc.pidfd)
             proc.pidfd = -1
+            self._changed.append(proc)
         elif kind == "failed":
             proc = self._pending.popleft()
             self._spawn(proc, f"the worker fork server could not start it ({msg[1]})")
@@ -557,6 +626,7 @@ class ForkServer:
                 os.write(err, f"bellis: {why}, and spawning it failed: {exc}\n".encode())
             proc.returncode = 1
         self._release(proc)
+        self._changed.append(proc)
 
     def _died(self) -> None:
         """The zygote ended (or stopped answering): spawn what it had not forked, stop the
@@ -586,6 +656,7 @@ class ForkServer:
             os.close(proc.pidfd)
             proc.pidfd = -1
             proc.returncode = -signal.SIGKILL
+            self._changed.append(proc)
         self._live.clear()
         if self._ctl is not None:
             self._ctl.close()
