@@ -17,10 +17,19 @@ from typing import Any, Final
 import numpy as np
 
 from ._aggregates import STATS_DTYPE
+from ._block import BlockStatus
 from ._protocol import STATS_ROW
 from .errors import ProtocolError
 
-__all__ = ["BATCH_TARGET_SECONDS", "MAX_BATCH", "busy_seconds", "measurements", "next_batch"]
+__all__ = [
+    "BATCH_TARGET_SECONDS",
+    "MAX_BATCH",
+    "busy_seconds",
+    "measured_rows",
+    "measurements",
+    "next_batch",
+    "unmeasured_error",
+]
 
 #: a connection gets as many ready blocks at once as fit in about this much time (measured
 #: per block), so fast blocks share one round trip; blocks slower than this go one at a time
@@ -31,6 +40,7 @@ _ROW_BYTES: Final = STATS_ROW.size
 _SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
 _GPU_UTIL_COLUMN: Final = 5
 _INF: Final = float("inf")
+_SUCCESS: Final = int(BlockStatus.SUCCESS)
 
 
 def next_batch(batch: int, seconds_per_block: float) -> int:
@@ -63,3 +73,37 @@ def measurements(rows: Any) -> np.ndarray[Any, Any]:
     if not (np.isnan(util) | ((util >= 0.0) & (util <= 100.0))).all():
         raise ProtocolError("malformed measurements: a GPU utilisation outside 0..100")
     return np.frombuffer(rows, dtype=STATS_DTYPE)
+
+
+def measured_rows(
+    processed: list[tuple[int, int, int, Any]], tracking: bool
+) -> tuple[list[int], list[int], list[int]] | int:
+    """The successful blocks of a returned batch ``processed`` (``(k, status, row,
+    error)``, unstarted blocks left out) that carry a measurement row: their blocks, rows
+    and places in the batch. An int instead: the first success without a row in a task
+    with resource ``tracking`` (the run fails on it)."""
+    ks: list[int] = []
+    picks: list[int] = []
+    slots: list[int] = []
+    for i, (k, status, row, _error) in enumerate(processed):
+        if status != _SUCCESS:
+            continue
+        if row >= 0:
+            ks.append(k)
+            picks.append(row)
+            slots.append(i)
+        elif tracking:
+            return k
+    return ks, picks, slots
+
+
+def unmeasured_error(addr: str, task_id: str, k: int) -> RuntimeError:
+    """The error a run fails with when a client at ``addr`` returned block ``k`` of a task
+    with resource tracking without its measurements."""
+    return RuntimeError(
+        f'task "{task_id}" has resource_tracking enabled but worker at {addr} returned '
+        f"block {task_id}/{k} without measurements. Wrap the block body in "
+        "`with bellis.profile_block(block):` (daisy.profile_block) — bellis's own workers "
+        "do this automatically, so this usually means a custom client is bypassing "
+        "bellis.Client."
+    )

@@ -40,12 +40,9 @@ Invariants:
   worker ran out of memory while it held it alone is not charged: it waits for a worker
   with a larger memory grant (:mod:`bellis._memory`, which decides for tasks with a memory
   request; the hooks here only call it).
-* **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
-  exits cleanly after it returned a block or was told to stop (*earned*) gives its start
-  back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
-  fails, times out, is lost, exits at once or without ever connecting, and a launch that
-  fails. A task with work left, no worker alive and no start left is abandoned, and its
-  downstream tasks with it.
+* **The restart budget** (kept by :mod:`bellis._staffing`, with the workers and the
+  resources). A task with work left, no worker alive and no start left is abandoned, and
+  its downstream tasks with it.
 
 A connection's *batch* (how many ready blocks it gets at once) aims at about
 :data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
@@ -62,7 +59,15 @@ import numpy as np
 
 from . import _memory
 from ._backups import Backups, drop_lost, offer, settle_returns
-from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds, measurements, next_batch
+from ._batching import (
+    BATCH_TARGET_SECONDS,
+    MAX_BATCH,
+    busy_seconds,
+    measured_rows,
+    measurements,
+    next_batch,
+    unmeasured_error,
+)
 from ._block import BlockStatus
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._protocol import (
@@ -78,11 +83,10 @@ from ._protocol import (
     encode,
     parse_hello,
     parse_returns,
-    verify_mac,
-    worker_token,
 )
-from ._run_state import Booking, ManagedWorker, Peer, TaskPlan, replacing
+from ._run_state import Booking, ManagedWorker, Peer, TaskPlan
 from ._scheduler import CHECKS_PENDING, RUNNING, Scheduler, TaskRun
+from ._staffing import Staffing
 from .errors import ConfigurationError, ProtocolError
 
 __all__ = [
@@ -110,16 +114,6 @@ _CREATED: Final = int(BlockStatus.CREATED)
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
 
 
-def _unmeasured_error(peer: Peer, run: TaskRun, k: int) -> RuntimeError:
-    return RuntimeError(
-        f'task "{run.task_id}" has resource_tracking enabled but worker at '
-        f"{peer.addr[0]}:{peer.addr[1]} returned block {run.task_id}/{k} without "
-        "measurements. Wrap the block body in `with bellis.profile_block(block):` "
-        "(daisy.profile_block) — bellis's own workers do this automatically, so this "
-        "usually means a custom client is bypassing bellis.Client."
-    )
-
-
 class Dispatcher:
     """Every decision of one distributed run, driven by events (see the module docstring)."""
 
@@ -139,18 +133,20 @@ class Dispatcher:
         self.plan_of = {p.run.index: p for p in plans.values()}
         self.secret = secret
         self.worker_key = worker_key
-        self.resources = dict(resources)
-        self.used: dict[str, int] = {k: 0 for k in resources}
+        #: the managed workers, their starts and the run's resources (bellis._staffing);
+        #: ``workers``, ``gone``, ``resources`` and ``used`` below are its own dicts
+        self.staff = Staffing(plans, resources)
+        self.resources = self.staff.resources
+        self.used = self.staff.used
         self.errors = errors
         #: where workers reach the server (named when a worker never connected)
         self.address = address
         #: instructions for the shell, oldest first; it empties the list as it carries them out
         self.out: list[tuple[Any, ...]] = []
-        self.workers: dict[int, ManagedWorker] = {}
+        self.workers = self.staff.workers
         #: workers whose process has ended, by id: a connection that claims one of them
         #: comes from a worker that outlived its spawn function
-        self.gone: dict[int, ManagedWorker] = {}
-        self.next_worker_id = 0
+        self.gone = self.staff.gone
         self.unmanaged_clients = 0
         self.abort_reason: str | None = None
         self.fatal: BaseException | None = None
@@ -248,27 +244,14 @@ class Dispatcher:
             return
         peer.authed = True
         peer.run = plan.run
-        worker = None
-        # only a client that proves it holds that worker's own token is the managed worker
-        # (anyone with the run's secret may connect, but only as an unmanaged client)
-        if worker_id >= 0 and hello.worker_mac is not None:
-            token = worker_token(self.worker_key, worker_id)
-            if verify_mac(token, peer.nonce, hello.worker_mac):
-                worker = self.workers.get(worker_id) or self.gone.get(worker_id)
-        if worker is not None and worker.run is plan.run and worker.conn is None:
+        worker = self.staff.identify(hello, peer.nonce, self.worker_key, plan.run)
+        if worker is not None:
             if worker.exit is not None:
                 self._turn_away_late_worker(peer, worker.exit, worker_id, task_id, now)
                 return
             peer.worker = worker
             peer.worker_id = worker_id
-            worker.conn = peer
-            first = not worker.ever_connected
-            worker.ever_connected = True
-            if first:
-                setup = hello.setup_seconds
-                worker.timeline.first_acquire(now)
-                if isinstance(setup, int | float):
-                    worker.timeline.reported_setup(float(setup))
+            self.staff.connected(worker, peer, hello.setup_seconds, now)
         else:
             self.unmanaged_clients += 1
             plan.timelines.unmanaged_client()
@@ -432,20 +415,11 @@ class Dispatcher:
         False, recording nothing, when a task with resource tracking got a success without
         measurements: the run then fails on it.
         """
-        tracking = run.task.resource_tracking
-        ks: list[int] = []
-        picks: list[int] = []
-        slots: list[int] = []
-        for i, (k, status, row, _error) in enumerate(processed):
-            if status != _SUCCESS:
-                continue
-            if row >= 0:
-                ks.append(k)
-                picks.append(row)
-                slots.append(i)
-            elif tracking:
-                self.fatal = _unmeasured_error(peer, run, k)
-                return False
+        picked = measured_rows(processed, run.task.resource_tracking)
+        if isinstance(picked, int):
+            self.fatal = unmeasured_error(f"{peer.addr[0]}:{peer.addr[1]}", run.task_id, picked)
+            return False
+        ks, picks, slots = picked
         if not ks or table is None or run.status != RUNNING:
             return True
         measured = table[picks]
@@ -672,7 +646,7 @@ class Dispatcher:
             worker.exit = WorkerExit(kind, None, text)
             self.plan_of[worker.run.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
-            self._retire(worker)
+            self.staff.retire(worker)
             self.out.append((KILL, worker))
 
     def _reclaim(self, peer: Peer, now: float) -> None:
@@ -753,7 +727,7 @@ class Dispatcher:
             w.timeline.run_shutdown(now)
         return live
 
-    # -- workers --------------------------------------------------------------------------
+    # -- workers (the bookkeeping is bellis._staffing's) ------------------------------------
     def worker_running_at_end(self, worker: ManagedWorker, now: float) -> None:
         """The final poll found ``worker`` still running: it was interrupted."""
         worker.timeline.exited(now, "interrupted")
@@ -768,88 +742,25 @@ class Dispatcher:
         on ``worker.conn`` (as :meth:`receive` with ``draining``), and calls
         :meth:`settle_exit`. ``interrupted``: the final poll of an aborted run.
         """
-        already = worker.exit is not None
-        self.workers.pop(worker.worker_id, None)
-        self.gone[worker.worker_id] = worker
-        plan = self.plan_of[worker.run.index]
-        if already:
-            assert worker.exit is not None
-            plan.retired_unseen -= 1
-            plan.release_slot(worker.slot, replacing(worker.worker_id, worker.exit))
-            return False
-        if interrupted:
-            # alive when the run was aborted (the final poll of an aborted run sees only
-            # those), however it then ended
-            ex = WorkerExit("interrupted", ex.code, ex.message)
-        worker.exit = ex
-        plan.release_slot(worker.slot, replacing(worker.worker_id, ex))
-        return True
+        return self.staff.exited(worker, ex, interrupted)
 
     def settle_exit(self, worker: ManagedWorker, now: float) -> None:
         """Account the exit :meth:`worker_exited` recorded: close its connection, and
         give its start back or charge the restart budget."""
-        ex = worker.exit
-        assert ex is not None
+        assert worker.exit is not None
         if worker.conn is not None:
             self.close(worker.conn, now)
-        worker.timeline.exited(now, ex.kind)
-        self._retire(worker)
-        run = worker.run
-        plan = self.plan_of[run.index]
-        if plan.memory is not None:
+        worker.timeline.exited(now, worker.exit.kind)
+        self.staff.retire(worker)
+        if self.plan_of[worker.run.index].memory is not None:
             _memory.settle_exit(self, worker, now)
-        if ex.kind in ("clean", "walltime") and worker.earned:
-            # (walltime: it left before its cluster job's time limit, blocks remaining)
-            plan.free_starts += 1
-        elif ex.kind == "clean" and worker.ever_connected:
-            logger.warning(
-                "worker %d of task '%s' exited without processing a block; it counts "
-                "against the restart budget",
-                worker.worker_id,
-                run.task_id,
-            )
-        elif ex.kind == "clean":
-            logger.warning(
-                "worker %d of task '%s' exited without ever connecting: its function "
-                "returned at once, or it could not reach this server at %s:%s (then set "
-                "BELLIS_HOST or run_blockwise(host=...) to an address the workers can "
-                "reach; its log says which)",
-                worker.worker_id,
-                run.task_id,
-                self.address[0],
-                self.address[1],
-            )
-        if ex.kind not in ("clean", "walltime", "interrupted") and run.status == RUNNING:
-            run.worker_failures += 1
-            if run.first_worker_error is None:
-                run.first_worker_error = ex.message
-            run.last_worker_error = ex.message
-            logger.warning(
-                "worker exited with error worker_id=%d task_id=%s: %s",
-                worker.worker_id,
-                run.task_id,
-                ex.message.splitlines()[0] if ex.message else ex.kind,
-            )
-
-    def _retire(self, worker: ManagedWorker) -> None:
-        plan = self.plan_of[worker.run.index]
-        plan.alive -= 1
-        if plan.memory is not None:
-            plan.memory.alive[worker.mem_step] -= 1
-        for k, v in self._charge(plan, worker.mem_step).items():
-            if k in self.used:
-                self.used[k] -= v
+        self.staff.account_exit(worker, self.address)
 
     def _check_abandon(self, now: float) -> None:
         for plan in self.plans.values():
+            if not self.staff.stranded(plan):
+                continue
             run = plan.run
-            if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
-                continue
-            waiting = 0 if plan.memory is None else plan.memory.held_back
-            if run.remaining <= 0 or run.processing > waiting:
-                continue
-            if plan.free_starts > 0 or run.worker_restarts < run.task.max_worker_restarts:
-                continue
             hit = self.s.abandon(run, "worker restart cap exhausted")
             for r in hit:
                 if r is run:
@@ -892,8 +803,8 @@ class Dispatcher:
         while grew:  # round robin: one worker per eligible task per pass
             grew = False
             for plan in plans:
-                if self._is_eligible(plan):
-                    batches.setdefault(plan.run.task_id, []).append(self._book(plan, now))
+                if self.staff.eligible(plan):
+                    batches.setdefault(plan.run.task_id, []).append(self.staff.book(plan, now))
                     grew = True
         for plan in plans:
             if plan.memory is not None and plan.memory.held_back:
@@ -901,81 +812,12 @@ class Dispatcher:
         for task_id, bookings in batches.items():
             self.out.append((LAUNCH, self.plans[task_id], bookings))
 
-    def _is_eligible(self, plan: TaskPlan) -> bool:
-        run = plan.run
-        task = run.task
-        if plan.payload is None or run.status != RUNNING or run.ready <= 0:
-            return False
-        alive, out = plan.alive, run.processing
-        if plan.memory is not None:  # big workers and the blocks they wait for aside
-            alive -= plan.memory.big_alive
-            out = max(0, out - plan.memory.held_back - plan.memory.big_alive)
-        if alive >= task.max_workers or alive >= run.ready + out:
-            return False
-        if plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
-            return False
-        for k, v in task.requires.items():
-            if self.used.get(k, 0) + v > self.resources.get(k, 0):
-                return False
-        return True
-
-    def _book(self, plan: TaskPlan, now: float, mem_step: int = 0) -> Booking:
-        """Book one new worker of ``plan``'s task: its id, budget, resources, log slot
-        (and its step on the task's memory ladder)."""
-        run = plan.run
-        wid = self.next_worker_id
-        self.next_worker_id += 1
-        if plan.free_starts > 0:
-            plan.free_starts -= 1
-        else:
-            run.worker_restarts += 1
-        run.worker_starts += 1
-        for k, v in self._charge(plan, mem_step).items():
-            self.used[k] = self.used.get(k, 0) + v
-        plan.alive += 1
-        if plan.memory is not None:
-            plan.memory.alive[mem_step] += 1
-        timeline = plan.timelines.spawned(wid, now)
-        slot, before = plan.take_slot()
-        if before is None and plan.retired_unseen > 0:
-            # a new slot while a worker retired after a block timeout is yet to be seen
-            # to end: it holds its slot until then
-            before = "restart in a new slot (the worker it replaces has not ended yet)"
-        timeline.slot = slot
-        return Booking(wid, slot, before, timeline, mem_step)
-
-    def _charge(self, plan: TaskPlan, mem_step: int) -> dict[str, int]:
-        """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
-        if not mem_step:
-            return plan.run.task.requires
-        return _memory.charge(plan.run.task.requires, plan.memory.ladder, mem_step)
-
     def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
         """The shell started the booked worker: ``handle`` is its launcher's handle."""
-        worker = ManagedWorker(booking.worker_id, plan.run, handle, booking.timeline)
-        worker.log = log
-        worker.slot = booking.slot
-        worker.mem_step = booking.mem_step
-        self.workers[booking.worker_id] = worker
-        plan.workers.append(worker)
+        self.staff.launched(plan, booking, handle, log)
 
     def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
         """The booked worker could not be started (its log files, or its launcher, failed):
         the launcher will report nothing on it, so the booking is undone; the start it used
         stays spent."""
-        run = plan.run
-        plan.alive -= 1
-        if plan.memory is not None:
-            plan.memory.alive[booking.mem_step] -= 1
-        plan.release_slot(
-            booking.slot, f"replacing worker {booking.worker_id}, which could not be started"
-        )
-        for k, v in self._charge(plan, booking.mem_step).items():
-            self.used[k] -= v
-        msg = f"could not start a worker for task '{run.task_id}': {exc}"
-        run.worker_failures += 1
-        if run.first_worker_error is None:
-            run.first_worker_error = msg
-        run.last_worker_error = msg
-        booking.timeline.exited(now, "error")
-        logger.warning("%s", msg)
+        self.staff.launch_failed(plan, booking, exc, now)

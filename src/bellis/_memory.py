@@ -447,7 +447,7 @@ def book_big(d: Any, plan: Any, now: float, batches: dict[str, list[Any]]) -> No
             plan.free_starts += 1
         elif plan.free_starts <= 0 and run.worker_restarts >= task.max_worker_restarts:
             return
-        batches.setdefault(run.task_id, []).append(d._book(plan, now, step))
+        batches.setdefault(run.task_id, []).append(d.staff.book(plan, now, step))
 
 
 def _stop_one_parked(d: Any, plan: Any, now: float) -> None:

@@ -57,6 +57,7 @@ RANK = {
     "_batching": 5,
     "_deadlines": 6,
     "_backups": 6,
+    "_staffing": 6,
     "_dispatch": 6,
     "_signals": 0,
     "_server": 7,
@@ -197,6 +198,7 @@ SANS_IO = {
     "_memory",
     "_run_state",
     "_scheduler",
+    "_staffing",
 }
 _IO_STDLIB = {
     "asyncio",
