@@ -9,7 +9,8 @@ closed connection, the clock, a worker's exit) and carries out the instructions 
 (send a frame, close a connection, start or kill workers, report progress).
 
 Every connection must answer an HMAC challenge before anything else is read from it (at
-most :data:`_HANDSHAKE_SECONDS`, and a bounded number at once). Anything malformed,
+most :data:`~bellis._transport.HANDSHAKE_SECONDS`, and a bounded number at once; the
+sockets, buffers and that cap are :mod:`bellis._transport`'s). Anything malformed,
 oversized or unauthenticated drops that connection only; the run goes on.
 
 A tick (every 50 ms) reclaims blocks past their deadline, polls worker processes through
@@ -23,24 +24,16 @@ at once, instead of at the next tick; its other workers are not polled at all.
 from __future__ import annotations
 
 import logging
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ._dispatch import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME, Dispatcher
-from ._protocol import (
-    CHALLENGE,
-    HANDSHAKE_FRAME_BYTES,
-    MAX_CLIENT_FRAME_BYTES,
-    FrameDecoder,
-    encode,
-    new_nonce,
-)
-from ._run_state import Peer, TaskPlan
+from ._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
+from ._run_state import TaskPlan
 from ._scheduler import Scheduler, TaskRun
+from ._transport import Conn, Transport
 from ._workers._pool import WorkerPool
 from .errors import ProtocolError, TrackingError
 
@@ -52,27 +45,6 @@ _TICK_SECONDS = 0.05
 #: longest stretch of check_function skips one request runs before the loop looks at its
 #: sockets and the abort flag again (a resume can skip millions of blocks this way)
 _CHECK_SLICE_SECONDS = 0.05
-_HANDSHAKE_SECONDS = 10.0
-#: with this many connections in their handshake the server stops accepting until one
-#: ends or is dropped after _HANDSHAKE_SECONDS (a flood of silent connections must not use
-#: up the descriptors the run needs for workers and logs: it holds at most these and the
-#: listen backlog); a burst of real workers waits in the backlog meanwhile
-_MAX_HANDSHAKING = 256
-_MAX_OUTBUF_BYTES = 1 << 20
-# at the run's end, how long a half-closed connection waits for its peer to close its end
-_LINGER_SECONDS = 0.5
-
-
-class _Conn(Peer):
-    """A connection: the dispatcher's record of it, with its socket and buffers."""
-
-    __slots__ = ("decoder", "outbuf", "sock")
-
-    def __init__(self, sock: socket.socket, addr: Any, now: float) -> None:
-        super().__init__(addr, new_nonce(), now)
-        self.sock = sock
-        self.decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
-        self.outbuf = b""
 
 
 class _ExitWatch:
@@ -108,12 +80,9 @@ class RunLoop:
         self.s = scheduler
         self.plans = plans
         self.observer = observer
-        self.sel = selectors.DefaultSelector()
-        self.listener = socket.create_server((bind_host, 0), backlog=socket.SOMAXCONN)
-        self.listener.setblocking(False)
-        self.port = self.listener.getsockname()[1]
+        self.net = Transport(bind_host, self._drop)
+        self.port = self.net.port
         self.host = advertise_host
-        self.sel.register(self.listener, selectors.EVENT_READ, None)
         self.d = Dispatcher(
             scheduler,
             plans,
@@ -130,15 +99,9 @@ class RunLoop:
             log_mode=log_mode,
             grace_seconds=grace_seconds,
         )
-        self.conns: dict[int, _Conn] = {}
         self._watches = [_ExitWatch(launcher, fd) for launcher, fd in self.pool.watched.values()]
         for watch in self._watches:
-            self.sel.register(watch.fd, selectors.EVENT_READ, watch)
-        #: connections that have not authenticated yet, oldest first
-        #: accepting was paused at the handshake cap (said once per run)
-        self._capped = False
-        self.handshaking: dict[int, _Conn] = {}
-        self._listening = True
+            self.net.watch(watch.fd, watch)
         scheduler.bound_checks(time.monotonic, _CHECK_SLICE_SECONDS)
 
     @property
@@ -155,7 +118,7 @@ class RunLoop:
         d = self.d
         self._notify("on_start")
         next_tick = time.monotonic() + _TICK_SECONDS
-        select = self.sel.select
+        select = self.net.sel.select
         try:
             d.sync_clock(time.monotonic(), time.time())
             d.rebalance(time.monotonic())
@@ -243,10 +206,7 @@ class RunLoop:
             self._unwatch()
         self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
         self._end_connections()
-        if self._listening:
-            self.sel.unregister(self.listener)
-        self.listener.close()
-        self.sel.close()
+        self.net.close()
 
     def _end_connections(self) -> None:
         """Close every connection at the end of the run so that each peer sees an orderly
@@ -260,37 +220,16 @@ class RunLoop:
         its peer still sends is read and dropped until it closes its end, for at most
         ``_LINGER_SECONDS``; only then is it closed.
         """
-        conns = list(self.conns.values())
+        conns = list(self.net.conns.values())
         for c in conns:
             self._read_what_is_left(c)
-        waiting = selectors.DefaultSelector()
-        for c in conns:
-            if c.sock.fileno() < 0:
-                continue  # closed while its last messages were read
-            try:
-                c.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                continue  # already reset by its peer: nothing to wait for
-            waiting.register(c.sock, selectors.EVENT_READ)
-        deadline = time.monotonic() + _LINGER_SECONDS
-        while waiting.get_map() and (left := deadline - time.monotonic()) > 0:
-            for key, _ in waiting.select(left):
-                sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                try:
-                    data = sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    waiting.unregister(sock)
-        waiting.close()
+        self.net.linger(conns)
         for c in conns:
             self.d.close(c, time.monotonic())
         self._carry_out()
 
     def _serve_draining(self, timeout_seconds: float) -> None:
-        for key, _ in self.sel.select(timeout_seconds):
+        for key, _ in self.net.sel.select(timeout_seconds):
             if key.data is None:
                 self._accept()
             elif key.data.__class__ is _ExitWatch:
@@ -301,10 +240,7 @@ class RunLoop:
     def _unwatch(self) -> None:
         """Take the launchers' exit descriptors out of the selector."""
         for watch in self._watches:
-            try:
-                self.sel.unregister(watch.fd)
-            except (KeyError, ValueError):
-                pass
+            self.net.unwatch(watch.fd)
         self._watches = []
 
     # -- instructions ---------------------------------------------------------------------
@@ -318,9 +254,9 @@ class RunLoop:
                 i += 1
                 op = instr[0]
                 if op == SEND_FRAME:
-                    self._reply(instr[1], instr[2])
+                    self.net.reply(instr[1], instr[2])
                 elif op == CLOSE:
-                    self._close_socket(instr[1])
+                    self.net.close_socket(instr[1])
                 elif op == LAUNCH:
                     self._launch(instr[1], instr[2])
                 elif op == KILL:
@@ -361,7 +297,7 @@ class RunLoop:
             ended = True
             if d.worker_exited(w, ex, interrupted):
                 conn = w.conn
-                if isinstance(conn, _Conn):
+                if isinstance(conn, Conn):
                     # what it sent before exiting (its last returns) may still be unread
                     self._read_what_is_left(conn)
                 d.settle_exit(w, now)
@@ -376,23 +312,7 @@ class RunLoop:
             self._carry_out()
 
     def _tick(self, now: float) -> None:
-        if (
-            not self._listening
-            and self.d.shutdown_started is None
-            and len(self.handshaking) < _MAX_HANDSHAKING
-        ):
-            self.sel.register(self.listener, selectors.EVENT_READ, None)
-            self._listening = True
-        # in the order they connected: only the too old at the front are looked at
-        old = []
-        for conn in self.handshaking.values():
-            if now - conn.opened_at <= _HANDSHAKE_SECONDS:
-                break
-            old.append(conn)
-        for conn in old:
-            logger.warning(
-                "dropping client %s: no handshake within %ss", conn.addr, _HANDSHAKE_SECONDS
-            )
+        for conn in self.net.tick(now, accepting=self.d.shutdown_started is None):
             self.d.close(conn, now)
         self.d.expire(now)
         self._carry_out()
@@ -408,57 +328,16 @@ class RunLoop:
 
         safe_notify(self.observer, method, self.s.task_states)
 
-    # -- sockets --------------------------------------------------------------------------
+    # -- sockets (bellis._transport's) ------------------------------------------------------
     def _accept(self) -> None:
-        now = time.monotonic()
-        while True:
-            try:
-                sock, addr = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                # out of descriptors (EMFILE/ENFILE) or the like: stop listening until the
-                # next tick instead of being woken for the same pending connection forever
-                logger.warning("accept failed: %s; not accepting for a moment", exc)
-                self._pause_listening()
-                return
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            except OSError as exc:
-                # a peer that connected and closed at once (a port scan) can make these
-                # fail on some systems (EINVAL on macOS): that client only is dropped
-                logger.warning("dropping client %s: %s", addr, exc)
-                sock.close()
-                continue
-            conn = _Conn(sock, addr, now)
-            self.conns[sock.fileno()] = conn
-            self.handshaking[sock.fileno()] = conn
-            self.sel.register(sock, selectors.EVENT_READ, conn)
-            self._reply(conn, encode([CHALLENGE, conn.nonce]))
-            self._carry_out()
-            if len(self.handshaking) >= _MAX_HANDSHAKING:
-                # a burst (many workers starting at once) or a flood: read their HELLOs
-                # first; the rest wait in the listen backlog
-                if not self._capped:
-                    self._capped = True
-                    logger.warning(
-                        "not accepting for now: %d connections are in their handshake "
-                        "(silent ones are dropped after %gs)",
-                        _MAX_HANDSHAKING,
-                        _HANDSHAKE_SECONDS,
-                    )
-                self._pause_listening()
-                return
+        for _conn in self.net.accept(time.monotonic()):
+            self._carry_out()  # (its challenge may have failed: it is closed)
 
-    def _pause_listening(self) -> None:
-        """Accept nothing more until the next tick (which listens again)."""
-        if self._listening:
-            self.sel.unregister(self.listener)
-            self._listening = False
+    def _drop(self, conn: Conn) -> None:
+        """The transport gave up on ``conn`` (it does not read its replies)."""
+        self.d.close(conn, time.monotonic())
 
-    def _read(self, conn: _Conn, draining: bool = False) -> None:
+    def _read(self, conn: Conn, draining: bool = False) -> None:
         try:
             data = conn.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -484,68 +363,14 @@ class RunLoop:
             d.receive(conn, msg, time.monotonic(), draining)
             if conn.authed and not authed:
                 authed = True
-                self.handshaking.pop(conn.sock.fileno(), None)
+                self.net.authenticated(conn)
                 conn.decoder.limit(MAX_CLIENT_FRAME_BYTES)
             self._carry_out()
 
-    def _read_what_is_left(self, conn: _Conn) -> None:
+    def _read_what_is_left(self, conn: Conn) -> None:
         """Handle whatever a client that has gone sent before it went, without serving it
         more blocks, so the blocks it finished count as finished instead of lost."""
         for _ in range(1024):  # bounded: an exited peer sends nothing more
-            if conn.sock.fileno() < 0:
-                return
-            try:
-                if not conn.sock.recv(1, socket.MSG_PEEK):
-                    return  # EOF and nothing unread before it
-            except OSError:  # nothing buffered (EAGAIN), or a reset: nothing to read
+            if not self.net.has_unread(conn):
                 return
             self._read(conn, draining=True)
-
-    def _reply(self, conn: _Conn, frame: bytes) -> None:
-        if conn.outbuf:
-            conn.outbuf += frame
-        else:
-            try:
-                n = conn.sock.send(frame)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError:
-                return
-            if n == len(frame):
-                return
-            conn.outbuf = frame[n:]
-        if len(conn.outbuf) > _MAX_OUTBUF_BYTES:
-            logger.warning("dropping client %s: it does not read its replies", conn.addr)
-            self.d.close(conn, time.monotonic())
-            return
-        # flush the rest synchronously but bounded: replies are tiny
-        try:
-            conn.sock.settimeout(1.0)
-            conn.sock.sendall(conn.outbuf)
-            conn.outbuf = b""
-        except OSError:
-            self.d.close(conn, time.monotonic())
-        finally:
-            if conn.sock.fileno() >= 0:
-                conn.sock.setblocking(False)
-
-    def _close_socket(self, conn: _Conn) -> None:
-        fd = conn.sock.fileno()
-        if fd < 0:
-            return
-        self.conns.pop(fd, None)
-        self.handshaking.pop(fd, None)
-        try:
-            self.sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        # bytes left unread at close() make the kernel reset the connection instead of
-        # ending it: the peer would read "connection reset" rather than the end of stream
-        try:
-            conn.sock.setblocking(False)
-            for _ in range(64):  # bounded: what is already buffered, not a peer's stream
-                if not conn.sock.recv(65536):
-                    break
-        except OSError:
-            pass  # nothing buffered (EAGAIN), or already reset
-        conn.sock.close()

@@ -17,7 +17,7 @@ import pytest
 from helpers import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
 import bellis
-import bellis._server as server_module
+import bellis._transport as transport_module
 from bellis._protocol import (
     ACQUIRE,
     BYE,
@@ -267,7 +267,7 @@ DROP_REASON = {
 def test_rogue_client_is_dropped_and_run_completes(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(server_module, "_HANDSHAKE_SECONDS", 0.5)
+    monkeypatch.setattr(transport_module, "HANDSHAKE_SECONDS", 0.5)
     caplog.set_level(logging.WARNING, logger="bellis")
     recdir = tmp_path / "rec"
     recdir.mkdir()
