@@ -47,7 +47,7 @@ from typing import Any, Final
 from ._block import BlockStatus
 from ._protocol import STALLED, TIMED_OUT
 from ._run_state import ManagedWorker, Peer, TaskPlan
-from ._scheduler import RUNNING
+from ._task_run import RUNNING
 
 __all__ = [
     "MIN_FINISHED",

@@ -85,8 +85,9 @@ from ._protocol import (
     parse_returns,
 )
 from ._run_state import Booking, ManagedWorker, Peer, TaskPlan
-from ._scheduler import CHECKS_PENDING, RUNNING, Scheduler, TaskRun
+from ._scheduler import CHECKS_PENDING, Scheduler
 from ._staffing import Staffing
+from ._task_run import RUNNING, TaskRun
 from .errors import ConfigurationError, ProtocolError
 
 __all__ = [

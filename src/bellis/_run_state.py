@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from ._protocol import WELCOME, WorkerExit, encode
-from ._scheduler import TaskRun
+from ._task_run import TaskRun
 
 __all__ = ["Booking", "ManagedWorker", "Peer", "TaskPlan", "replacing"]
 

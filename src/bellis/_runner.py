@@ -33,7 +33,7 @@ from ._report import (
 )
 from ._report_load import append_report, remember_report
 from ._run_state import TaskPlan
-from ._scheduler import ABANDONED, Scheduler, TaskRun
+from ._scheduler import Scheduler
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._signals import install_abort_handlers
@@ -41,6 +41,7 @@ from ._state import DEFAULT_TIMEOUT_SECONDS, TaskState
 from ._streams import print_to_stdout
 from ._summary import ErrorCollector, format_summary, resume_message
 from ._task import Pipeline, Task, function_arity
+from ._task_run import ABANDONED, TaskRun
 from ._timeline import TimelineSet
 from ._tracking import TrackingStore
 from ._workers._launchers import LocalLauncher

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,6 @@ import numpy as np
 from ._block import Block, BlockStatus
 from ._graph import (
     InterTaskEdge,
-    TaskGeometry,
     add_product,
     edge_axis_counts,
     store_product,
@@ -50,285 +48,32 @@ from ._graph import (
 )
 from ._state import TaskState
 from ._task import Pipeline, Task, topological_order
+from ._task_run import (
+    ABANDONED,
+    CHUNK,
+    DONE,
+    FAILED,
+    FINISHED,
+    ORPHANED,
+    PENDING,
+    PROCESSING,
+    QUEUED,
+    READY,
+    RUNNING,
+    TaskRun,
+    dtype_for,
+    view,
+)
 from .errors import ConfigurationError
 
-__all__ = ["CHECKS_PENDING", "Scheduler", "TaskRun"]
+__all__ = ["CHECKS_PENDING", "Scheduler"]
 
 logger = logging.getLogger("bellis")
 
-PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
-# ready, and queued in the FIFO (readied by a release or a retry); READY blocks are the
-# initial ones the lazy root generator hands out, so it never picks up a queued block
-QUEUED = 6
-RUNNING, FINISHED, ABANDONED = 0, 1, 2
 #: ``acquire_index``: a check slice ran out before a block to hand out was found; call again
 CHECKS_PENDING = -2
 #: check_function calls between two looks at the injected clock
 _CHECKS_PER_CLOCK = 32
-
-_CHUNK = 1 << 16
-
-
-def _view(arr: np.ndarray[Any, Any]) -> memoryview[int]:
-    """A typed memoryview of a 1-D unsigned array: element access without numpy scalars."""
-    raw: Any = arr.data
-    view: memoryview[int] = raw.cast("B").cast(arr.dtype.char)
-    return view
-
-
-def _dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
-    if max_count < 1 << 8:
-        return np.uint8
-    if max_count < 1 << 16:
-        return np.uint16
-    return np.uint32
-
-
-class TaskRun:
-    """Run state of one task inside a :class:`Scheduler`. Not thread-safe."""
-
-    def __init__(self, index: int, task: Task) -> None:
-        self.index = index
-        self.task = task
-        self.task_id = task.task_id
-        self.geom: TaskGeometry = task._geom
-        g = self.geom
-        self.total = g.num_blocks
-        self.max_retries = task.max_retries
-        self.check_function = task.check_function
-        self.status = RUNNING
-        self.abandon_reason: str | None = None
-        self.state = zeroed(self.total, np.uint8)
-        self.state_mv = _view(self.state)
-        self.deps: np.ndarray[Any, Any] | None = None
-        self.deps_mv: memoryview[int] | None = None
-        self.intra = g.read_write_conflict and g.num_levels > 1
-        # conflict levels below this one have their dependency counts; the rest are filled
-        # in when first needed (lazy: a 10^8-block task starts in milliseconds)
-        self.levels_ready = g.num_levels
-        self.down_edges: list[tuple[InterTaskEdge, TaskRun]] = []
-        self.up_edges: list[tuple[InterTaskEdge, TaskRun]] = []
-        self.downstream_tasks: list[TaskRun] = []
-        self.roots: Iterator[int] | None = None
-        self.fifo: deque[int] = deque()
-        self.retries: dict[int, int] = {}
-        self.started = False
-        self.ready = 0
-        self.processing = 0
-        self.completed = 0
-        self.skipped_done = 0
-        self.skipped_mask = 0
-        self.skipped_check = 0
-        self.failed = 0
-        self.orphaned = 0
-        self.failed_attempts = 0
-        #: blocks still to do when the task was abandoned: lost with it (``orphaned``
-        #: counts them too, with the blocks orphaned by failed upstream blocks)
-        self.lost_on_abandon = 0
-        self.check_warned = False
-        # worker bookkeeping, owned by the server but reported in TaskState
-        self.worker_starts = 0
-        self.worker_restarts = 0
-        self.worker_failures = 0
-        self.first_worker_error: str | None = None
-        self.last_worker_error: str | None = None
-        self.timeout_reclaims = 0
-        self.stall_reclaims = 0
-        # straggler backups (bellis._backups): copies started, won, lost, losers' seconds
-        self.backups_started = 0
-        self.backups_won = 0
-        self.backups_lost = 0
-        self.backup_loser_seconds = 0.0
-        #: out-of-memory retries per grant they run with, blocks that finally succeeded on a
-        #: larger grant (per grant), and blocks that ran out at the largest
-        self.oom_retries: dict[str, int] = {}
-        self.oom_successes: dict[str, int] = {}
-        self.oom_failures = 0
-        # tracking
-        self.store: Any = None
-        self.cell_identity = True
-        self.done_fast: memoryview | None = None
-        self.cell_shift: tuple[int, ...] = ()
-        self.cell_grid: tuple[int, ...] = ()
-        self.cell_strides: tuple[int, ...] = ()
-
-    # -- counters ----------------------------------------------------------------------
-    @property
-    def skipped(self) -> int:
-        return self.skipped_done + self.skipped_mask + self.skipped_check
-
-    @property
-    def is_running(self) -> bool:
-        return self.status == RUNNING
-
-    @property
-    def remaining(self) -> int:
-        return self.total - self.completed - self.failed - self.orphaned
-
-    @property
-    def pending(self) -> int:
-        return self.remaining - self.ready - self.processing
-
-    def snapshot(self) -> TaskState:
-        return TaskState(
-            task_id=self.task_id,
-            started=self.started,
-            total_block_count=self.total,
-            ready_count=self.ready,
-            processing_count=self.processing,
-            completed_count=self.completed,
-            skipped_count=self.skipped,
-            failed_count=self.failed,
-            orphaned_count=self.orphaned,
-            worker_failure_count=self.worker_failures,
-            worker_restart_count=self.worker_restarts,
-            worker_start_count=self.worker_starts,
-            abandoned=self.status == ABANDONED,
-            abandon_reason=self.abandon_reason,
-            first_worker_error=self.first_worker_error,
-            last_worker_error=self.last_worker_error,
-            timeout_reclaim_count=self.timeout_reclaims,
-            timeout_secs=self.task.timeout_secs,
-            skipped_done_count=self.skipped_done,
-            skipped_mask_count=self.skipped_mask,
-            skipped_check_count=self.skipped_check,
-            failed_attempt_count=self.failed_attempts,
-            stall_reclaim_count=self.stall_reclaims,
-            stall_timeout_secs=self.task.stall_timeout_secs,
-            backups_started=self.backups_started,
-            backups_won=self.backups_won,
-            backups_lost=self.backups_lost,
-            backup_loser_seconds=self.backup_loser_seconds,
-            oom_retry_count=sum(self.oom_retries.values()),
-            oom_retries=tuple(sorted(self.oom_retries.items(), key=_by_size)),
-            oom_successes=tuple(sorted(self.oom_successes.items(), key=_by_size)),
-            oom_failure_count=self.oom_failures,
-        )
-
-    # -- tracking cells ----------------------------------------------------------------
-    def attach_store(self, store: Any) -> None:
-        g = self.geom
-        self.store = store
-        self.cell_shift = g.sid_shift
-        self.cell_grid = tuple(store.grid_shape)
-        strides = [1] * g.dims
-        for i in range(g.dims - 2, -1, -1):
-            strides[i] = strides[i + 1] * self.cell_grid[i + 1]
-        self.cell_strides = tuple(strides)
-        self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
-        # blocks that return without measurements mark their cell done through this view
-        self.done_fast = store.done_view() if self.cell_identity else None
-
-    def cell_of(self, k: int) -> int:
-        """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""
-        if self.cell_identity:
-            return k
-        cell = 0
-        for c, s, n, st in zip(
-            self.geom.coords_of(k), self.cell_shift, self.cell_grid, self.cell_strides, strict=True
-        ):
-            c += s
-            if c >= n:
-                return -1
-            cell += c * st
-        return cell
-
-    def record_measured(
-        self,
-        ks: list[int],
-        table: np.ndarray[Any, Any],
-        worker_id: int,
-        sent_at: np.ndarray[Any, Any],
-        returned_at: np.ndarray[Any, Any],
-    ) -> None:
-        """Store the measurements of blocks ``ks`` (one ``table`` record each) before
-        their release marks them done; blocks outside the tracking grid are left out."""
-        store = self.store
-        if store is None:
-            return
-        if self.cell_identity:
-            cells = np.asarray(ks, dtype=np.intp)
-        else:
-            cells = np.fromiter((self.cell_of(k) for k in ks), dtype=np.intp, count=len(ks))
-            inside = cells >= 0
-            if not inside.all():
-                cells, table = cells[inside], table[inside]
-                sent_at, returned_at = sent_at[inside], returned_at[inside]
-        store.record_measured(cells, table, worker_id, sent_at, returned_at)
-
-    def store_view(
-        self, arr: np.ndarray[Any, Any]
-    ) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
-        """The part of a tracking-grid array that covers this task's block grid.
-
-        Returns the view and the block-grid slices it covers (blocks past the tracking
-        grid, possible with ``overhang``, are not addressable).
-        """
-        g = self.geom
-        src, dst = [], []
-        for s, n, gn in zip(self.cell_shift, self.cell_grid, g.grid, strict=True):
-            m = max(0, min(gn, n - s))
-            src.append(slice(s, s + m))
-            dst.append(slice(0, m))
-        return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
-
-    def init_levels(self, upto: int) -> None:
-        """Fill in the dependency counts of conflict levels below ``upto`` (lazy path).
-
-        In place on the level's strided view of ``deps``, as a product of per-axis
-        vectors: a few passes over one byte per block, no temporaries of the level's size.
-        """
-        g = self.geom
-        grid_state = self.state.reshape(g.grid)
-        assert self.deps is not None
-        grid_deps = self.deps.reshape(g.grid)
-        while self.levels_ready < min(upto, g.num_levels):
-            lvl = self.levels_ready
-            sl = g.level_slices(lvl)
-            dst = grid_deps[sl]
-            axes = g.level_axis_counts(lvl)
-            store_product(dst, axes)
-            # blocks with no in-grid upstream start ready: a count is a product of the
-            # axes' entries, so those blocks are the planes where an axis entry is 0
-            sub = grid_state[sl]
-            for i, c in enumerate(axes):
-                for j in np.flatnonzero(c == 0).tolist():
-                    plane = sub[(slice(None),) * i + (j,)]
-                    plane[plane == PENDING] = READY
-            self.levels_ready = lvl + 1
-
-    # -- the ready queue -----------------------------------------------------------------
-    def _initial_ready(self) -> Iterator[int]:
-        """Initially READY blocks, level by level, cartesian order, chunked through numpy."""
-        g = self.geom
-        grid_state = self.state.reshape(g.grid)
-        strides = np.asarray(g.axis_strides, dtype=np.int64)
-        for lvl in range(g.num_levels):
-            if self.levels_ready <= lvl:
-                self.init_levels(lvl + 1)
-            sl = g.level_slices(lvl)
-            sub = grid_state[sl]
-            if sub.size == 0:
-                continue
-            off = np.asarray(g.level_offsets[lvl], dtype=np.int64)
-            step = np.asarray(g.level_stride, dtype=np.int64)
-            row_size = max(1, sub[0].size) if sub.ndim > 1 else 1
-            chunk = 1024  # small first chunk: the first block comes quickly
-            r0 = 0
-            while r0 < sub.shape[0]:
-                rows = max(1, chunk // row_size)
-                chunk = min(_CHUNK, chunk * 4)
-                part = sub[r0 : r0 + rows]
-                coords = np.nonzero(part == READY)
-                base_row = r0
-                r0 += rows
-                if len(coords[0]) == 0:
-                    continue
-                flat = np.zeros(len(coords[0]), dtype=np.int64)
-                for i, c in enumerate(coords):
-                    base = c.astype(np.int64) + (base_row if i == 0 else 0)
-                    flat += (base * step[i] + off[i]) * strides[i]
-                yield from flat.tolist()
 
 
 class Scheduler:
@@ -398,9 +143,9 @@ class Scheduler:
             # dependency counts
             if run.intra and not run.up_edges and skip is None:
                 # nothing resolved in bulk: count level by level as the run reaches them
-                dtype = _dtype_for(g.max_level_count())
+                dtype = dtype_for(g.max_level_count())
                 run.deps = zeroed(run.total, dtype)
-                run.deps_mv = _view(run.deps)
+                run.deps_mv = view(run.deps)
                 grid_state[g.level_slices(0)] = READY
                 run.levels_ready = 1
                 # level 1 now: its blocks wait on the first releases, and it touches every
@@ -414,7 +159,7 @@ class Scheduler:
                 edge_vecs = [edge_axis_counts(edge) for edge, _ in run.up_edges]
                 bound = g.max_level_count() if run.intra else 0
                 bound += sum(math.prod(int(v.max(initial=0)) for v in vecs) for vecs in edge_vecs)
-                deps = zeroed(run.total, _dtype_for(bound)).reshape(g.grid)
+                deps = zeroed(run.total, dtype_for(bound)).reshape(g.grid)
                 if run.intra:
                     for lvl in range(1, g.num_levels):
                         dst = deps[g.level_slices(lvl)]
@@ -431,7 +176,7 @@ class Scheduler:
                             casting="unsafe",
                         )
                 run.deps = deps.reshape(-1)
-                run.deps_mv = _view(run.deps)
+                run.deps_mv = view(run.deps)
                 run.ready = _mark_ready(grid_state, deps)
             else:
                 run.ready = _mark_ready(grid_state, None)
@@ -708,12 +453,6 @@ class Scheduler:
         )
 
 
-def _by_size(item: tuple[str, int]) -> float:
-    """Sort key of ``("600M", n)``: the grant's size."""
-    text = item[0]
-    return float(text[:-1]) * 1024.0 ** "KMGT".find(text[-1])
-
-
 def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
     """The blocks of ``run`` done in its store or masked, as one bool per block (None when
     there are none); sets the skip counters and ``completed``."""
@@ -755,7 +494,7 @@ def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | N
     """
     flat_state = grid_state.reshape(grid_state.shape[0], -1)
     flat_deps = None if deps is None else deps.reshape(deps.shape[0], -1)
-    rows = max(1, _CHUNK // max(1, flat_state.shape[1]))
+    rows = max(1, CHUNK // max(1, flat_state.shape[1]))
     ready = 0
     for r in range(0, flat_state.shape[0], rows):
         st = flat_state[r : r + rows]

@@ -32,7 +32,8 @@ from typing import Any
 from ._dispatch import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME, Dispatcher
 from ._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
 from ._run_state import TaskPlan
-from ._scheduler import Scheduler, TaskRun
+from ._scheduler import Scheduler
+from ._task_run import TaskRun
 from ._transport import Conn, Transport
 from ._workers._pool import WorkerPool
 from .errors import ProtocolError, TrackingError

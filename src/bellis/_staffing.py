@@ -33,7 +33,7 @@ from typing import Any
 from ._memory import charge
 from ._protocol import Hello, WorkerExit, verify_mac, worker_token
 from ._run_state import Booking, ManagedWorker, Peer, TaskPlan, replacing
-from ._scheduler import RUNNING, TaskRun
+from ._task_run import RUNNING, TaskRun
 
 __all__ = ["Staffing"]
 

@@ -28,8 +28,9 @@ from bellis._protocol import (
 from bellis._report import counters_from_state, task_report_json
 from bellis._run_state import ManagedWorker, Peer, TaskPlan
 from bellis._runlog import validate_run_line
-from bellis._scheduler import FINISHED, PENDING, Scheduler
+from bellis._scheduler import Scheduler
 from bellis._summary import ErrorCollector
+from bellis._task_run import FINISHED, PENDING
 from bellis._timeline import TimelineSet
 from bellis.errors import ConfigurationError
 

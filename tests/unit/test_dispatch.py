@@ -37,8 +37,9 @@ from bellis._protocol import (
     worker_token,
 )
 from bellis._run_state import ManagedWorker, Peer, TaskPlan
-from bellis._scheduler import ABANDONED, FINISHED, RUNNING, Scheduler
+from bellis._scheduler import Scheduler
 from bellis._summary import ErrorCollector
+from bellis._task_run import ABANDONED, FINISHED, RUNNING
 from bellis._timeline import TimelineSet
 from bellis.errors import ConfigurationError, ProtocolError
 

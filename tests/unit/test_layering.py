@@ -47,6 +47,7 @@ RANK = {
     "_stall": 3,
     "_trace": 3,
     "_scheduler": 4,
+    "_task_run": 4,
     "_serial": 5,
     "_protocol": 5,
     "_client": 6,
@@ -200,6 +201,7 @@ SANS_IO = {
     "_run_state",
     "_scheduler",
     "_staffing",
+    "_task_run",
 }
 _IO_STDLIB = {
     "asyncio",

@@ -25,7 +25,7 @@ from bellis._memory import (
 )
 from bellis._protocol import BYE, OUT_OF_MEMORY, SHUTDOWN, WorkerExit
 from bellis._run_state import ManagedWorker
-from bellis._scheduler import ABANDONED
+from bellis._task_run import ABANDONED
 from bellis.errors import ConfigurationError
 
 OOM_EXIT = WorkerExit("error", -9, "out of memory: SLURM job 3 exceeded its memory limit")

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._protocol import WorkerExit
 from .._run_state import Booking, ManagedWorker, TaskPlan
-from .._scheduler import TaskRun
+from .._task_run import TaskRun
 from ..errors import WorkerStartError
 from ._launchers import WorkerHandle, WorkerSpec
 
