@@ -249,7 +249,7 @@ def _drop_copy(
         kind = "stalled" if status == STALLED else "timeout"
         _log_dropped(bk, k, f"its copy {'stalled' if status == STALLED else 'timed out'}")
         text = f"a copy of block {bk.plan.run.task_id}/{bk.plan.run.geom.spatial_id_of(k)} {kind}"
-        d._stop_timed_out_worker(peer.worker, text, now, kind)
+        d.stop_worker(peer.worker, text, now, kind)
     elif status == int(BlockStatus.CREATED):
         _log_dropped(bk, k, "its copy came back unstarted")
     else:
@@ -275,7 +275,7 @@ def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
     if w is not None and w.exit is None:
         run = bk.plan.run
         text = f"stopped: the other copy of block {run.task_id}/{run.geom.spatial_id_of(k)} won"
-        d._stop_timed_out_worker(w, text, now, "preempted")
+        d.stop_worker(w, text, now, "preempted")
         bk.plan.free_starts += 1  # a preempted worker is no restart
     d.close(loser, now)
 
@@ -289,7 +289,7 @@ def offer(d: Any, bk: Backups, now: float) -> None:
     bk.idle.clear()
     if run.status != RUNNING or run.ready > 0:
         plan.parked.extend(idle)
-        d._serve_parked(plan, now)
+        d.serve_parked(plan, now)
         return
     n = len(bk.stragglers(now)) if idle or plan.parked else 0
     while n > 0:
@@ -297,12 +297,12 @@ def offer(d: Any, bk: Backups, now: float) -> None:
         if c is None:
             break
         c.parked = False
-        d._serve(c, run, False, now)
+        d.serve(c, run, False, now)
         n -= 1
     for c in idle:
         if not bk.wait(c):
             c.parked = False
-            d._serve(c, run, True, now)  # draining: the word to stop
+            d.serve(c, run, True, now)  # draining: the word to stop
 
 
 def _take_parked(plan: TaskPlan) -> Peer | None:

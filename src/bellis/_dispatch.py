@@ -44,6 +44,11 @@ Invariants:
   resources). A task with work left, no worker alive and no start left is abandoned, and
   its downstream tasks with it.
 
+:mod:`bellis._backups` and :mod:`bellis._memory` decide for the tasks that opted in; the
+hooks here call them, and they call back through the public methods (:meth:`serve`,
+:meth:`serve_parked`, :meth:`release`, :meth:`record_error`, :meth:`lose_held`,
+:meth:`stop_worker`) and :attr:`staff`.
+
 A connection's *batch* (how many ready blocks it gets at once) aims at about
 :data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
 the round trip; see :mod:`bellis._batching`), and never takes more than the connection's
@@ -205,18 +210,18 @@ class Dispatcher:
         if peer.held and run is not None:
             held = peer.held
             peer.held = []
-            self._lose_held(peer, run, held, now)
+            self.lose_held(peer, run, held, now)
         if peer.worker is not None:
             peer.worker.conn = None
 
-    def _lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+    def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
         attempt; a batch goes back to the queue uncharged, each block a suspect."""
         if len(held) == 1:
             k = held[0]
             sid = run.geom.spatial_id_of(k)
             logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
-            self._release(peer, run, k, False, False, peer.sent_at, now, now)
+            self.release(peer, run, k, False, False, peer.sent_at, now, now)
         else:
             # which block of the batch was running is unknown: none of them is charged a
             # failed attempt; they go back to the queue and each runs alone next time, so
@@ -328,7 +333,7 @@ class Dispatcher:
                 f"asked for blocks while holding {len(peer.held)} of task {run.task_id} "
                 "without returning them"
             )
-        self._serve(peer, run, draining, now)
+        self.serve(peer, run, draining, now)
 
     def _take_back(
         self,
@@ -448,10 +453,11 @@ class Dispatcher:
             peer.worker.earned = True
         if not success:
             text = error if isinstance(error, str) else "block failed"
-            self._record_error(peer, run, k, text)
-        self._release(peer, run, k, success, measured, sent, returned, now)
+            self.record_error(peer, run, k, text)
+        self.release(peer, run, k, success, measured, sent, returned, now)
 
-    def _record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
+    def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
+        """Block ``k`` failed with ``text``: kept for the summary and logged."""
         if run.first_worker_error is None:
             run.first_worker_error = text
         run.last_worker_error = text
@@ -460,7 +466,7 @@ class Dispatcher:
         self.errors.add(run.task_id, sid, text, log)
         logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 
-    def _release(
+    def release(
         self,
         peer: Peer,
         run: TaskRun,
@@ -497,17 +503,18 @@ class Dispatcher:
         self.dirty = True
         # wake parked requests (this task and downstream tasks)
         if plan.parked:
-            self._serve_parked(plan, now)
+            self.serve_parked(plan, now)
         for _edge, down in run.down_edges:
             if down.ready:
                 dplan = self.plan_of[down.index]
                 if dplan.parked:
-                    self._serve_parked(dplan, now)
+                    self.serve_parked(dplan, now)
                 if dplan.alive == 0:
                     # only the task that just got ready blocks: O(1) in the number of tasks
                     self._rebalance(now, (dplan,))
 
-    def _serve_parked(self, plan: TaskPlan, now: float) -> None:
+    def serve_parked(self, plan: TaskPlan, now: float) -> None:
+        """Serve the requests parked on ``plan``'s task while it has ready blocks."""
         run = plan.run
         while (
             plan.parked
@@ -517,7 +524,7 @@ class Dispatcher:
             c = plan.parked.popleft()
             if c.parked:
                 c.parked = False
-                self._serve(c, run, False, now)
+                self.serve(c, run, False, now)
 
     def continue_checks(self, now: float) -> None:
         """Serve the requests parked by a check slice: the next slice of skips."""
@@ -525,9 +532,10 @@ class Dispatcher:
         for index in todo:
             plan = self.plan_of[index]
             if plan.parked:
-                self._serve_parked(plan, now)
+                self.serve_parked(plan, now)
 
-    def _serve(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
+    def serve(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
+        """Answer ``peer``'s request: blocks, a park, or the word to stop (``draining``)."""
         if peer.worker is not None and peer.worker.mem_step:
             k = _memory.take_for(self, peer.worker, run, draining)
             if k >= 0:
@@ -636,13 +644,14 @@ class Dispatcher:
                 f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
             )
         logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
-        self._record_error(peer, run, k, text)
-        self._release(peer, run, k, False, False, sent, returned, now)
-        self._stop_timed_out_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
+        self.record_error(peer, run, k, text)
+        self.release(peer, run, k, False, False, sent, returned, now)
+        self.stop_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
 
-    def _stop_timed_out_worker(
+    def stop_worker(
         self, worker: ManagedWorker | None, text: str, now: float, kind: str = "timeout"
     ) -> None:
+        """Kill ``worker`` (if it is still running) and retire it with exit ``kind``."""
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit(kind, None, text)
             self.plan_of[worker.run.index].retired_unseen += 1
@@ -657,7 +666,7 @@ class Dispatcher:
         backups = self.plan_of[run.index].backups
         if backups is not None and drop_lost(self, backups, peer, "its copy timed out", now):
             text = f"a copy of a block of task {run.task_id} outlived its deadline"
-            self._stop_timed_out_worker(peer.worker, text, now)
+            self.stop_worker(peer.worker, text, now)
             self.close(peer, now)
             return
         held = peer.held
@@ -677,7 +686,7 @@ class Dispatcher:
             "its worker was stopped and the blocks run again one at a time"
         )
         logger.warning("%s", text)
-        self._stop_timed_out_worker(peer.worker, text, now)
+        self.stop_worker(peer.worker, text, now)
         self.close(peer, now)
 
     # -- the clock ------------------------------------------------------------------------
@@ -693,7 +702,7 @@ class Dispatcher:
         self._rebalance(now)
         for plan in self.plans.values():
             if plan.parked:
-                self._serve_parked(plan, now)
+                self.serve_parked(plan, now)
             if plan.backups is not None and (plan.backups.idle or plan.parked):
                 offer(self, plan.backups, now)
             if plan.memory is not None and plan.memory.lost:
@@ -782,7 +791,7 @@ class Dispatcher:
                     c = p.parked.popleft()
                     if c.parked:
                         c.parked = False
-                        self._serve(c, r, True, now)
+                        self.serve(c, r, True, now)
             self.dirty = True
 
     def rebalance(self, now: float) -> None:

@@ -345,7 +345,7 @@ def close_held(d: Any, peer: Any, run: Any, now: float) -> None:
     elif is_oom_exit(w.exit):
         _lost_to_oom(d, peer, run, held, now)
     else:
-        d._lose_held(peer, run, held, now)
+        d.lose_held(peer, run, held, now)
 
 
 def settle_exit(d: Any, worker: Any, now: float) -> None:
@@ -359,7 +359,7 @@ def settle_exit(d: Any, worker: Any, now: float) -> None:
         if oom:
             _lost_to_oom(d, peer, worker.run, held, now)
         else:
-            d._lose_held(peer, worker.run, held, now)
+            d.lose_held(peer, worker.run, held, now)
     mem: MemoryPlan = d.plan_of[worker.run.index].memory
     if worker.worker_id in mem.climbed:
         mem.climbed.discard(worker.worker_id)
@@ -381,7 +381,7 @@ def expire_lost(d: Any, plan: Any, now: float) -> None:
             keep.append(w)
             continue
         w.lost = None
-        d._lose_held(peer, plan.run, held, now)
+        d.lose_held(peer, plan.run, held, now)
     mem.lost = keep
 
 
@@ -389,7 +389,7 @@ def _lost_to_oom(d: Any, peer: Any, run: Any, held: list[int], now: float) -> No
     if len(held) == 1:
         climb(d, peer, run, held[0], peer.sent_at, now, now)
     else:
-        d._lose_held(peer, run, held, now)  # which block it was is unknown: suspects
+        d.lose_held(peer, run, held, now)  # which block it was is unknown: suspects
 
 
 def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now: float) -> None:
@@ -402,9 +402,9 @@ def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now
     block = f"{run.task_id}/{run.geom.spatial_id_of(k)}"
     new = mem.out_of_memory(k, step)
     if new < 0:
-        d._record_error(peer, run, k, mem.cap_message(block, step))
+        d.record_error(peer, run, k, mem.cap_message(block, step))
         run.retries[k] = run.max_retries  # no retry left: it fails for good
-        d._release(peer, run, k, False, False, sent, returned, now)
+        d.release(peer, run, k, False, False, sent, returned, now)
         return
     logger.warning(
         "block %s ran out of memory with %s; it runs again on a worker with %s",
@@ -458,5 +458,5 @@ def _stop_one_parked(d: Any, plan: Any, now: float) -> None:
         c = plan.parked.popleft()
         if c.parked:
             c.parked = False
-            d._serve(c, plan.run, True, now)
+            d.serve(c, plan.run, True, now)
             return
