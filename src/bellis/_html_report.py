@@ -110,6 +110,19 @@ def _backups_cell(c: dict[str, Any]) -> str:
     return f"{started} ({int(c.get('backups_won', 0))} won, {int(c.get('backups_lost', 0))} lost)"
 
 
+def _oom_cell(r: dict[str, Any]) -> str:
+    """Out-of-memory retries of a run, per grant they ran with: ``1 (600M 1)``, with the
+    blocks that ran out at the largest grant; ``-`` for none."""
+    mem = r.get("memory") or {}
+    retries = mem.get("retries") or {}
+    failed = int(mem.get("failed", 0))
+    n = sum(int(v) for v in retries.values())
+    if n <= 0 and failed <= 0:
+        return "-"
+    text = f"{n} (" + ", ".join(f"{g} {int(v)}" for g, v in retries.items()) + ")" if n else "0"
+    return text + (f", {failed} failed at the cap" if failed else "")
+
+
 def _history_rows(stores: list[StoreData]) -> str:
     rows = []
     for s in stores:
@@ -132,10 +145,11 @@ def _history_rows(stores: list[StoreData]) -> str:
                     f"{n / wall:.3g}" if wall > 0 else "-",
                     ", ".join(f"{k} {v}" for k, v in sorted(exits.items())) or "-",
                     _backups_cell(c),
+                    _oom_cell(r),
                 ]
             )
     head = ["task", "run", "started (UTC)", "outcome", "mode", "blocks run", "skipped"]
-    head += ["failed", "wall", "blocks/s", "exits", "backups"]
+    head += ["failed", "wall", "blocks/s", "exits", "backups", "oom retries"]
     return _table(head, rows, left=5) if rows else ""
 
 

@@ -128,6 +128,17 @@ def test_a_block_out_of_memory_succeeds_on_a_worker_with_twice_the_grant(tmp_pat
     ) in proc.stdout
     panel = (tmp_path / "panel.txt").read_text()
     assert "oom retries" in panel and "600M 1" in panel
+    # and the HTML report's run history, built by the CLI as a user does
+    page = tmp_path / "run.html"
+    built = subprocess.run(
+        [sys.executable, "-m", "bellis", "report", str(tmp_path / "tracking"), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    html = page.read_text(encoding="utf-8")
+    assert "<th>oom retries</th>" in html and "<td>1 (600M 1)</td>" in html
 
 
 def test_a_block_out_of_memory_at_the_cap_fails_naming_the_grant(tmp_path: Path) -> None:
