@@ -281,8 +281,17 @@ class MemoryPlan:
         """The steps of the big workers to start now (at most ``most`` big ones alive)."""
         room = most - self.big_alive
         out: list[int] = []
+        if not self.held_back:
+            return out
+        # blocks of each step out on a big worker (waiting for that step, not queued):
+        # a big worker busy with one is no worker for the next (a few blocks: those that
+        # ran out of memory)
+        busy = [0] * (self.ladder.top + 1)
+        for s in self.need.values():
+            busy[s] += 1
         for s in range(self.ladder.top, 0, -1):
-            n = min(room - len(out), len(self.waiting[s]) - self.alive[s])
+            idle = max(0, self.alive[s] - (busy[s] - len(self.waiting[s])))
+            n = min(room - len(out), len(self.waiting[s]) - idle)
             out += [s] * max(0, n)
         return out
 

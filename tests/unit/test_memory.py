@@ -156,6 +156,7 @@ class _Run:
         self.oom_retries: dict[str, int] = {}
         self.oom_successes: dict[str, int] = {}
         self.oom_failures = 0
+        self.store = None
 
 
 def test_a_block_climbs_one_step_per_death_and_fails_past_the_top() -> None:
@@ -180,6 +181,23 @@ def test_big_workers_are_wanted_per_step_up_to_the_limit() -> None:
     assert plan.wanted(2) == [2, 1]
     plan.alive[1] = 2
     assert plan.wanted(8) == [2, 1]
+
+
+def test_a_second_block_out_of_memory_gets_its_own_big_worker_while_the_first_is_busy() -> None:
+    plan = MemoryPlan(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), _Run())
+    plan.out_of_memory(1, 0)
+    assert plan.wanted(8) == [1]
+    plan.alive[1] = 1
+    assert plan.take(1) == 1  # the big worker runs block 1
+    plan.out_of_memory(2, 0)  # block 2 runs out of memory meanwhile
+    assert plan.wanted(8) == [1]  # a second big worker: the first one is busy
+    plan.returned(_Scheduler(), 1, True, 1)  # block 1 succeeded: that worker is idle now
+    assert plan.wanted(8) == []  # and takes block 2
+
+
+class _Scheduler:
+    def take_queued_index(self, run: Any, k: int) -> bool:
+        raise AssertionError("a success is not requeued")
 
 
 # -- the dispatcher --------------------------------------------------------------------------
