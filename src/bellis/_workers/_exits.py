@@ -7,13 +7,11 @@ what becomes readable when a local worker ends: the *pidfd* of each spawned work
 (readable when the zygote reports that one of its workers ended). The run loop registers
 that one descriptor in its selector, so it wakes as soon as a worker ends, and asks
 :meth:`ExitWatch.ended` which workers to poll; nothing is scanned per worker or per tick.
-A launcher that holds an exit back (until the tee threads of ``log_mode="both"`` have
-copied the worker's last output) makes it readable again with :meth:`ExitWatch.wake`.
 
 A worker stays *due* (returned by :meth:`~ExitWatch.ended` at every call) from its exit
 until :meth:`~ExitWatch.done` says its launcher reported the exit: a launcher may hold an
 exit back a moment (until the tee threads of ``log_mode="both"`` have copied its last
-output), and the loop's tick asks again.
+output), and then makes the descriptor readable again with :meth:`ExitWatch.wake`.
 """
 
 from __future__ import annotations

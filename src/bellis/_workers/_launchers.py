@@ -81,6 +81,9 @@ class WorkerHandle:
         self.spec = spec
         self.native = native
         self.started_at = time.monotonic()
+        #: the memory cgroup's OOM-kill count when a worker with a memory grant started
+        #: (:func:`oom_kill_count`; None: not watched): a rise at its exit is a kernel OOM
+        self.oom_kills: int | None = None
 
 
 class WorkerLauncher(ABC):
@@ -89,6 +92,11 @@ class WorkerLauncher(ABC):
     name = "abstract"
     #: whether workers run on this machine (the server may then bind loopback only)
     is_local = True
+    #: whether it gives each worker the memory grant of its spec (``WorkerSpec.memory``;
+    #: ``bellis._memory``), and the memory it asks for a worker by default (bytes; None:
+    #: none of its own)
+    memory_grants = False
+    memory_request: int | None = None
 
     @abstractmethod
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
@@ -273,7 +281,6 @@ class LocalLauncher(WorkerLauncher):
     is_local = True
     #: it enforces a task's ``memory_limit`` (``RLIMIT_AS`` in the worker)
     memory_grants = True
-    memory_request = None
 
     def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
         self.python = python or sys.executable
@@ -425,7 +432,7 @@ class LocalLauncher(WorkerLauncher):
             env = {**spec.env, MEMORY_LIMIT_ENV: str(spec.memory)}
             before = oom_kill_count()  # a kernel OOM kill raises it (see poll)
             handle = self._launch(replace(spec, env=env))
-            handle.oom_kills = before  # type: ignore[attr-defined]
+            handle.oom_kills = before
             return handle
         if MEMORY_LIMIT_ENV in spec.env:  # inherited (a run inside a worker): not this one's
             env = {k: v for k, v in spec.env.items() if k != MEMORY_LIMIT_ENV}
@@ -527,7 +534,7 @@ class LocalLauncher(WorkerLauncher):
             del self._tees[proc]
             self._tee_deadlines.pop(proc, None)
         ex = describe_exit(code, handle.spec)
-        before = getattr(handle, "oom_kills", None)
+        before = handle.oom_kills
         oom = None if before is None else kernel_oom_message(code, before, oom_kill_count())
         return ex if oom is None else WorkerExit("error", code, f"{oom}\n{ex.message}")
 
