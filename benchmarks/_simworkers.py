@@ -8,7 +8,7 @@ the blocks of the previous SEND as successes with no work done, until the server
 SHUTDOWN. When the WELCOME says the task tracks resources, each block goes back with an
 all-zero measurement row, as a worker's would.
 
-Nothing here imports bellis's client (``bellis._client``) or numpy: only the protocol's
+Nothing here imports bellis's client (``bellis._worker._client``) or numpy: only the protocol's
 constants, framing and MAC (``bellis._protocol``).
 
 Used by ``benchmarks/bench_server_capacity.py`` and

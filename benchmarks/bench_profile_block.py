@@ -24,7 +24,7 @@ import time
 from funlib.geometry import Roi
 
 from bellis._block import Block
-from bellis._profiling import Meter, profile_block
+from bellis._worker._profiling import Meter, profile_block
 
 
 def measure(rounds: int, per_round: int) -> tuple[float, float]:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bellis._aggregates import STATS_DTYPE
-from bellis._runlog import append_run_line, validate_run_line
+from bellis._stats._aggregates import STATS_DTYPE
+from bellis._stats._runlog import append_run_line, validate_run_line
 from bellis._tracking import StoreLayout, TrackingStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))

@@ -62,7 +62,7 @@ need = connections + 256
 if soft != resource.RLIM_INFINITY and soft < need:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
 import bellis
-import bellis._server as _srv
+import bellis._run._server as _srv
 
 # the run loop's tick, timed from outside (bellis's code unchanged): how long each takes
 _ticks = []

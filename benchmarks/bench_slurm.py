@@ -29,7 +29,7 @@ from typing import Any
 
 import bellis
 from bellis import LocalLauncher
-from bellis._workers._slurm import SlurmLauncher
+from bellis._launchers._slurm import SlurmLauncher
 
 _first_seen: list[bool] = []
 

@@ -33,7 +33,7 @@ import textwrap
 DRIVER = r"""
 import json, os, signal, sys, time
 import bellis
-from bellis._profiling import setup_seconds_since_start
+from bellis._worker._profiling import setup_seconds_since_start
 
 OUT = sys.argv[1]
 EVERY = int(sys.argv[2])
@@ -66,9 +66,7 @@ assert state["replace"].completed_count == n, state
 """
 
 
-def one_run(
-    mode: str, every: int, deaths: int, src: str | None = None
-) -> list[dict[str, float]]:
+def one_run(mode: str, every: int, deaths: int, src: str | None = None) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "driver.py")
         with open(script, "w") as f:

@@ -24,19 +24,17 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
         BlockStatus as BlockStatus,
         heartbeat as heartbeat,
     )
-    from ._client import Client as Client, Context as Context
     from ._graph import BlockwiseDependencyGraph as BlockwiseDependencyGraph
-    from ._html_report import write_report as write_report
-    from ._profiling import profile_block as profile_block
-    from ._progress import JsonProgressObserver as JsonProgressObserver
-    from ._report import (
-        BlockRecord as BlockRecord,
-        RunReport as RunReport,
-        Stat as Stat,
-        TaskReport as TaskReport,
-        WorkerRecord as WorkerRecord,
+    from ._launchers._base import (
+        LocalLauncher as LocalLauncher,
+        WorkerLauncher as WorkerLauncher,
     )
-    from ._runner import (
+    from ._launchers._dask import DaskLauncher as DaskLauncher
+    from ._launchers._slurm import SlurmLauncher as SlurmLauncher
+    from ._report._html import write_report as write_report
+    from ._report._trace import write_trace as write_trace
+    from ._run._progress import JsonProgressObserver as JsonProgressObserver
+    from ._run._runner import (
         SerialServer as SerialServer,
         Server as Server,
         run_blockwise as run_blockwise,
@@ -46,6 +44,13 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
         skip_mask_from_volume as skip_mask_from_volume,
     )
     from ._state import TaskState as TaskState
+    from ._stats._reports import (
+        BlockRecord as BlockRecord,
+        RunReport as RunReport,
+        Stat as Stat,
+        TaskReport as TaskReport,
+        WorkerRecord as WorkerRecord,
+    )
     from ._task import (
         Pipeline as Pipeline,
         get_done_marker_basedir as get_done_marker_basedir,
@@ -53,14 +58,9 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
         set_done_marker_basedir as set_done_marker_basedir,
         set_tracking_basedir as set_tracking_basedir,
     )
-    from ._trace import write_trace as write_trace
     from ._version import __version__ as __version__
-    from ._workers._dask import DaskLauncher as DaskLauncher
-    from ._workers._launchers import (
-        LocalLauncher as LocalLauncher,
-        WorkerLauncher as WorkerLauncher,
-    )
-    from ._workers._slurm import SlurmLauncher as SlurmLauncher
+    from ._worker._client import Client as Client, Context as Context
+    from ._worker._profiling import profile_block as profile_block
     from .errors import (
         BellisError as BellisError,
         ConfigurationError as ConfigurationError,

@@ -32,13 +32,13 @@ when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so 
 batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block. ``busy_seconds`` (a float, version 4; optional,
 only with returned blocks) is how long the worker spent on them, from the SEND to this
-message: the server sizes the next batch from it (``bellis._batching``), not from the round
+message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
 trip, which also counts the wait behind the server's other connections.
 
 Besides the frames, both peers agree on the block statuses the wire alone carries
 (:data:`TIMED_OUT`: the worker's watchdog preempted the block; :data:`STALLED`: it showed
-no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._stall``; :data:`OUT_OF_MEMORY`:
-it raised ``MemoryError`` under the worker's memory limit, see ``bellis._memory``) and on the
+no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._worker._stall``; :data:`OUT_OF_MEMORY`:
+it raised ``MemoryError`` under the worker's memory limit, see ``_scheduling._memory``) and on the
 exit codes a worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT`,
 :data:`EXIT_BLOCK_STALLED`, :data:`EXIT_OUT_OF_MEMORY`); a launcher turns exit codes into
 :class:`WorkerExit`.
@@ -74,6 +74,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_ITEMS",
     "MEMORY_LIMIT_ENV",
+    "OOM_PREFIX",
     "OUT_OF_MEMORY",
     "PROTOCOL_VERSION",
     "REJECT",
@@ -88,6 +89,9 @@ __all__ = [
     "WorkerExit",
     "compute_mac",
     "encode",
+    "is_oom_exit",
+    "kernel_oom_message",
+    "memory_error_message",
     "new_nonce",
     "new_secret",
     "parse_hello",
@@ -123,7 +127,7 @@ EXIT_BLOCK_TIMEOUT: Final = 87
 #: the exit code of a worker process whose watchdog found its block stalled
 EXIT_BLOCK_STALLED: Final = 88
 #: the wire-only status of a block that raised ``MemoryError`` under the worker's memory
-#: limit (``Task(memory_limit=...)``; see ``bellis._memory``)
+#: limit (``Task(memory_limit=...)``; see ``_scheduling._memory``)
 OUT_OF_MEMORY: Final = 6
 #: the exit code of a worker process that ends after such a block
 EXIT_OUT_OF_MEMORY: Final = 89
@@ -323,3 +327,28 @@ class WorkerExit:
         """Whether the process was seen to end (it has an exit code), rather than given
         up for lost (a launcher that lost track of it, a cancelled or vanished job)."""
         return self.code is not None
+
+
+#: how an OOM exit's message starts (the launchers write it; see :func:`is_oom_exit`)
+OOM_PREFIX: Final = "out of memory"
+
+
+def is_oom_exit(ex: Any) -> bool:
+    """Whether a ``WorkerExit`` says its worker ran out of memory."""
+    return ex is not None and ex.kind == "error" and ex.message.startswith(OOM_PREFIX)
+
+
+def memory_error_message(limit: str | None) -> str:
+    """The exit message of a worker that raised ``MemoryError`` under its memory limit."""
+    return (
+        f"{OOM_PREFIX}: a block raised MemoryError under the worker's memory limit "
+        f"(RLIMIT_AS {limit or '?'})"
+    )
+
+
+def kernel_oom_message(code: int | None, before: int | None, after: int | None) -> str | None:
+    """The OOM message of a worker killed by SIGKILL while its cgroup's ``oom_kill`` count
+    (``memory.events``) rose from ``before`` to ``after``; None for any other exit."""
+    if code != -9 or before is None or after is None or after <= before:
+        return None
+    return f"{OOM_PREFIX}: the kernel's OOM killer ended the worker (SIGKILL; oom_kill {after})"

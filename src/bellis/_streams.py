@@ -103,6 +103,6 @@ class StdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, level: int = logging.NOTSET) -> None:
         logging.Handler.__init__(self, level)
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override,unused-ignore]
     def stream(self) -> IO[str] | None:
         return sys.stdout

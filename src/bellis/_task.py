@@ -17,7 +17,7 @@ import numpy as np
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
-from ._memory import format_size, parse_growth, parse_size
+from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
 
@@ -409,7 +409,7 @@ class Task:
 
     def report(self) -> Any:
         """The TaskReport of this task's last run (from runs.jsonl), or None."""
-        from ._report_load import load_task_report
+        from ._stats._report_load import load_task_report
 
         return load_task_report(self)
 
@@ -536,8 +536,8 @@ def _parse_memory(limit: Any, growth: Any, cap: Any) -> tuple[int | None, float 
     top = None if cap is None else parse_size(cap, "max_memory")
     if lim is not None and top is not None and top < lim:
         raise ConfigurationError(
-            f"max_memory={cap!r} ({format_size(top)}) is below memory_limit={limit!r} "
-            f"({format_size(lim)}): the largest grant must be at least the first; raise "
+            f"max_memory={cap!r} ({format_grant(top)}) is below memory_limit={limit!r} "
+            f"({format_grant(lim)}): the largest grant must be at least the first; raise "
             "max_memory",
             parameter="max_memory",
         )
@@ -732,7 +732,7 @@ class Pipeline:
     def run_blockwise(self, **kwargs: Any) -> Any:
         """``run_blockwise(self, ...)`` (daisy's API). The runner sits above the tasks, so it
         is imported when called: the one upward import the layering test allows."""
-        from ._runner import run_blockwise
+        from ._run._runner import run_blockwise
 
         return run_blockwise(self, **kwargs)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import IO, Any
 
-from ._progress import PlainProgressObserver, ProgressObserver, TqdmObserver
+from ._run._progress import PlainProgressObserver, ProgressObserver, TqdmObserver
 from ._state import TaskState
 
 __all__ = ["CLMonitor"]

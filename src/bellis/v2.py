@@ -20,7 +20,7 @@ from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, V1_ONLY, load_public_n
 __all__ = [name for name in _PUBLIC_NAMES if name not in V1_ONLY]
 _V2_HOMES = {name: HOMES[name] for name in __all__ if name in HOMES} | {
     "Task": ("bellis._task", "Task"),
-    "Scheduler": ("bellis._scheduler", "Scheduler"),
+    "Scheduler": ("bellis._scheduling._scheduler", "Scheduler"),
 }
 
 

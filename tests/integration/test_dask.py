@@ -52,7 +52,7 @@ def cluster() -> Iterator[tuple[Any, Any]]:
 
 
 def test_pipeline_runs_on_dask_workers(cluster: tuple[Any, Any], tmp_path: Path) -> None:
-    from bellis._workers._dask import DaskLauncher
+    from bellis._launchers._dask import DaskLauncher
 
     _, client = cluster
     rec = tmp_path / "rec"
@@ -83,7 +83,7 @@ def test_pipeline_runs_on_dask_workers(cluster: tuple[Any, Any], tmp_path: Path)
 
 
 def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path) -> None:
-    from bellis._workers._dask import DaskLauncher
+    from bellis._launchers._dask import DaskLauncher
 
     lc, client = cluster
     # a spare dask worker: dask runs the killed worker's task again there at once
@@ -147,7 +147,7 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
 def test_a_client_closed_mid_run_ends_the_run_with_a_report(
     cluster: tuple[Any, Any], tmp_path: Path
 ) -> None:
-    from bellis._workers._dask import DaskLauncher
+    from bellis._launchers._dask import DaskLauncher
 
     _, client = cluster
     rec = tmp_path / "rec"
@@ -184,7 +184,7 @@ def test_a_client_closed_mid_run_ends_the_run_with_a_report(
 def test_a_launcher_reused_for_a_second_run_starts_clean(
     cluster: tuple[Any, Any], tmp_path: Path
 ) -> None:
-    from bellis._workers._dask import DaskLauncher
+    from bellis._launchers._dask import DaskLauncher
 
     _, client = cluster
     launcher = DaskLauncher(client)

@@ -44,7 +44,7 @@ def worker_processes(marker: str) -> list[int]:
         try:
             with open(f"/proc/{e}/cmdline", "rb") as f:
                 cmd = f.read()
-            if b"bellis._worker" not in cmd:
+            if b"bellis._worker._main" not in cmd:
                 continue
             with open(f"/proc/{e}/environ", "rb") as f:
                 env = f.read()

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import bellis
-from bellis._panel import format_bytes, format_duration
+from bellis._report._panel import format_bytes, format_duration
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bellis._runlog import validate_run_line
+from bellis._stats._runlog import validate_run_line
 
 SCRIPT = """
 import json

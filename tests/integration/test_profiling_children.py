@@ -19,7 +19,7 @@ import zarr
 from funlib.geometry import Roi
 
 from bellis._block import Block
-from bellis._profiling import Meter, live_descendant_pids, profile_block
+from bellis._worker._profiling import Meter, live_descendant_pids, profile_block
 
 LINUX = sys.platform.startswith("linux")
 needs_proc = pytest.mark.skipif(not LINUX, reason="needs Linux /proc")
@@ -308,7 +308,7 @@ def test_chained_peak_rss_is_per_block_and_fault_free_blocks_report_the_reset_si
 SHRINK_SCENARIO = """
 import json, mmap, resource
 import numpy as np
-from bellis._profiling import Meter
+from bellis._worker._profiling import Meter
 
 PEAK = 2
 size = 160 * 1024 * 1024
@@ -356,7 +356,7 @@ def test_a_fault_free_shrink_resets_the_mark_before_the_next_block() -> None:
 
 BETWEEN_SCENARIO = """
 import json, mmap
-from bellis._profiling import Meter
+from bellis._worker._profiling import Meter
 
 PEAK = 2
 meter = Meter()
@@ -445,7 +445,7 @@ def test_chained_reaped_child_cpu_goes_to_the_block_that_ran_it() -> None:
 _FALLBACK_SCRIPT = """
 import sys
 import numpy as np
-from bellis._profiling import Meter, _files
+from bellis._worker._profiling import Meter, _files
 
 meter = Meter()
 meter.start()
@@ -517,7 +517,7 @@ def test_idle_blocks_read_nothing_while_a_child_is_alive() -> None:
 
 _BROKEN_IO_SCRIPT = """
 import os, sys, tempfile
-from bellis._profiling import Meter, _files
+from bellis._worker._profiling import Meter, _files
 
 meter = Meter()
 meter.start()
@@ -552,7 +552,7 @@ def test_a_failed_io_reading_costs_one_figure_not_a_wrong_one() -> None:
 
 _SPAWN_SCRIPT = """
 import os, subprocess, sys, time
-from bellis._profiling import Meter
+from bellis._worker._profiling import Meter
 
 BURN = sys.argv[1]
 

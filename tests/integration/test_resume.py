@@ -346,7 +346,7 @@ def test_check_skips_are_recorded_and_mask_skips_are_not(
             check_function=left_column_done,
             skip_mask=mask,
         )
-    caplog.set_level(logging.INFO, logger="bellis._progress")
+    caplog.set_level(logging.INFO, logger="bellis._run._progress")
     states = run([task], mp)
     st = states["t"]
     # the mask is consulted before the check function: (3, 0) counts as masked
@@ -356,7 +356,7 @@ def test_check_skips_are_recorded_and_mask_skips_are_not(
     expected = np.zeros((4, 4), dtype=np.uint8)
     expected[:3, :] = 1  # executed and check-skipped blocks
     np.testing.assert_array_equal(done, expected)
-    messages = [r.getMessage() for r in caplog.records if r.name == "bellis._progress"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "bellis._run._progress"]
     assert any(
         "task 't': resumed" in m and "7/16" in m and "skip mask" in m and "check function" in m
         for m in messages
@@ -369,7 +369,7 @@ def test_check_skips_are_recorded_and_mask_skips_are_not(
     assert len(calls(log)) == 4 and all(n == 1 for n in calls(log).values())
     assert states["t"].skipped_count == 12
     assert (done_of(store) == 1).all()
-    messages = [r.getMessage() for r in caplog.records if r.name == "bellis._progress"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "bellis._run._progress"]
     assert any("12/16 blocks skipped via done markers" in m for m in messages), messages
 
 

@@ -20,7 +20,7 @@ import zarr
 
 import bellis
 from bellis import Roi
-from bellis._report import validate_run_line
+from bellis._stats._reports import validate_run_line
 from bellis._tracking import NO_WORKER
 
 
@@ -508,7 +508,7 @@ def _always_fails(block: Any) -> None:
 
 
 def _live_workers() -> list[int]:
-    from bellis._profiling import live_descendant_pids
+    from bellis._worker._profiling import live_descendant_pids
 
     out = []
     for pid in live_descendant_pids():
@@ -519,7 +519,7 @@ def _live_workers() -> list[int]:
                 state = f.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"bellis._worker" in cmd and state != b"Z":
+        if b"bellis._worker._main" in cmd and state != b"Z":
             out.append(pid)
     return out
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bellis import _report_data
-from bellis._report_data import StoreData, load_store
-from bellis._report_figures import volume_payload
+from bellis._report import _data as _report_data
+from bellis._report._data import StoreData, load_store
+from bellis._report._figures import volume_payload
 from bellis._tracking import StoreLayout, TrackingStore
 
 SCRIPT_HEAD = """

@@ -17,7 +17,7 @@ import pytest
 from helpers import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
 import bellis
-import bellis._transport as transport_module
+import bellis._run._transport as transport_module
 from bellis._protocol import (
     ACQUIRE,
     BYE,

@@ -26,8 +26,8 @@ from helpers import (
 )
 
 import bellis
-from bellis._workers._launchers import WorkerExit, WorkerHandle, WorkerSpec
-from bellis._workers._slurm import SlurmLauncher
+from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from bellis._launchers._slurm import SlurmLauncher
 
 _REASON = slurm_unavailable_reason()
 pytestmark = [
@@ -110,7 +110,7 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
             "worker_0.sbatch",
             "worker_1.sbatch",
         ]
-    assert "exec " in scripts[0].read_text() and "-m bellis._worker" in scripts[0].read_text()
+    assert "exec " in scripts[0].read_text() and "-m bellis._worker._main" in scripts[0].read_text()
     assert list((tmp_path / "logs").rglob("*.payload")) == []
     # job scripts carry the run's secret: only their owner may read them
     assert all(p.stat().st_mode & 0o077 == 0 for p in scripts)
@@ -526,7 +526,7 @@ def test_pending_warning_must_be_positive() -> None:
 def test_a_job_that_vanishes_while_pending_is_reported_lost(tmp_path: Path) -> None:
     """A job purged while it waited (an admin, a controller failover) is gone from squeue
     and scontrol while its last known state is PENDING: it is lost, not waited for."""
-    from bellis._workers._slurm import _Job
+    from bellis._launchers._slurm import _Job
 
     launcher = SlurmLauncher(job_name_prefix=_prefix(tmp_path), poll_interval=0.1)
     spec = _standalone_spec(tmp_path, 0, _exit_three)

@@ -22,7 +22,7 @@ from helpers import (
 )
 
 import bellis
-from bellis._workers._slurm import SlurmLauncher
+from bellis._launchers._slurm import SlurmLauncher
 
 _REASON = slurm_unavailable_reason()
 pytestmark = [
@@ -155,7 +155,7 @@ def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_workers_leave_before_their_job_time_limit_and_are_replaced(tmp_path: Path) -> None:
-    from bellis._walltime import LEAVING_MARKER
+    from bellis._worker._walltime import LEAVING_MARKER
 
     rec = tmp_path / "rec"
     rec.mkdir()

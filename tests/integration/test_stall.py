@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bellis._runlog import validate_run_line
+from bellis._stats._runlog import validate_run_line
 
 STALL = 2.0
 TIMEOUT = 120.0

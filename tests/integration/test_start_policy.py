@@ -81,7 +81,7 @@ def _workers_in_order(rows: list[dict]) -> list[dict]:
 
 
 def _forked(row: dict) -> bool:
-    return "bellis._workers._zygote" in row["parent"]
+    return "bellis._launchers._zygote" in row["parent"]
 
 
 @pytest.mark.parametrize(
@@ -97,9 +97,9 @@ def test_a_killed_worker_is_replaced_without_waiting_for_a_tick(
     rows, output = _run(
         tmp_path,
         f"""
-        import bellis._server
+        import bellis._run._server
         import bellis.logging
-        bellis._server._TICK_SECONDS = 3600.0
+        bellis._run._server._TICK_SECONDS = 3600.0
         bellis.logging.set_log_mode({log_mode!r})
 
         def fn(block):

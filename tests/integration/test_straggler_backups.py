@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from helpers import slurm_unavailable_reason
 
-from bellis._runlog import validate_run_line
+from bellis._stats._runlog import validate_run_line
 
 _SLURM = slurm_unavailable_reason()
 

@@ -1071,7 +1071,7 @@ def test_daisy_store_is_read_and_reused(tmp_path: Path) -> None:
 
 
 def test_deferred_resource_arrays_and_a_close_that_cannot_create_them(tmp_path: Path) -> None:
-    from bellis._runner import _close_stores
+    from bellis._run._runner import _close_stores
 
     good_path, bad_path = tmp_path / "good", tmp_path / "bad"
     good = TrackingStore.open(good_path, LAYOUT, resource_tracking=True, defer_stats=True)

@@ -109,7 +109,7 @@ def test_a_forked_worker_holds_its_own_descriptors_and_no_inherited_thread(
     assert len(rows) == 6
     for row in rows:
         # forked from the zygote, which is one thread, not from the driver
-        assert "bellis._workers._zygote import serve" in row["parent_cmd"], row
+        assert "bellis._launchers._zygote import serve" in row["parent_cmd"], row
         assert row["parent_threads"] == 1, row
         fds = row["fds"]
         assert fds["0"].startswith("pipe:"), fds  # the payload pipe, read to its end
@@ -163,7 +163,7 @@ def test_peak_rss_is_the_workers_own_not_the_zygotes(tmp_path: Path) -> None:
     )
     assert len(rows) == 6
     for row in rows:
-        assert "bellis._workers._zygote" in row["parent_cmd"]
+        assert "bellis._launchers._zygote" in row["parent_cmd"]
         assert row["maxrss_bytes"] < 200 << 20, row  # not the driver's 400 MiB
     peaks = np.asarray(zarr.open_group(str(track / "rss"), mode="r")["peak_rss_bytes"][:])
     assert peaks[3] >= 64 << 20
@@ -182,7 +182,7 @@ def test_spawn_is_the_fallback_when_asked(tmp_path: Path) -> None:
         """,
         env={"BELLIS_WORKER_START": "spawn"},
     )
-    assert rows and all("bellis._workers._zygote" not in r["parent_cmd"] for r in rows)
+    assert rows and all("bellis._launchers._zygote" not in r["parent_cmd"] for r in rows)
     assert all("driver.py" in r["parent_cmd"] for r in rows)
 
 
@@ -197,7 +197,7 @@ def test_a_run_survives_its_zygote_being_killed(tmp_path: Path) -> None:
         def fn(block):
             record(block)
             with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-                forked = b"bellis._workers._zygote" in f.read()
+                forked = b"bellis._launchers._zygote" in f.read()
             if block.block_id[1] == 2 and forked:
                 os.kill(os.getppid(), signal.SIGKILL)  # the zygote
                 time.sleep(30)  # stopped by the driver long before this ends

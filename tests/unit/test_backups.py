@@ -9,9 +9,6 @@ from typing import Any
 import pytest
 
 import bellis as daisy
-from bellis._aggregates import TaskAggregates
-from bellis._backups import MIN_FINISHED, SAMPLE, Backups
-from bellis._dispatch import CLOSE, KILL, LAUNCH, SEND_FRAME, Dispatcher
 from bellis._protocol import (
     ACQUIRE,
     BYE,
@@ -25,13 +22,16 @@ from bellis._protocol import (
     compute_mac,
     worker_token,
 )
-from bellis._report import counters_from_state, task_report_json
-from bellis._run_state import ManagedWorker, Peer, TaskPlan
-from bellis._runlog import validate_run_line
-from bellis._scheduler import Scheduler
-from bellis._summary import ErrorCollector
-from bellis._task_run import FINISHED, PENDING
-from bellis._timeline import TimelineSet
+from bellis._run._summary import ErrorCollector
+from bellis._scheduling._backups import MIN_FINISHED, SAMPLE, Backups
+from bellis._scheduling._dispatch import CLOSE, KILL, LAUNCH, SEND_FRAME, Dispatcher
+from bellis._scheduling._records import ManagedWorker, Peer, TaskPlan
+from bellis._scheduling._scheduler import Scheduler
+from bellis._scheduling._task_run import FINISHED, PENDING
+from bellis._stats._aggregates import TaskAggregates
+from bellis._stats._reports import counters_from_state, task_report_json
+from bellis._stats._runlog import validate_run_line
+from bellis._stats._timeline import TimelineSet
 from bellis.errors import ConfigurationError
 
 SECRET = b"s" * 32

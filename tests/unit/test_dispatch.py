@@ -9,18 +9,6 @@ from typing import Any
 import pytest
 
 import bellis as daisy
-from bellis._aggregates import TaskAggregates
-from bellis._dispatch import (
-    BATCH_TARGET_SECONDS,
-    CLOSE,
-    KILL,
-    LAUNCH,
-    MAX_BATCH,
-    PROGRESS,
-    SEND_FRAME,
-    Dispatcher,
-    watchdog_margin_seconds,
-)
 from bellis._protocol import (
     ACQUIRE,
     BYE,
@@ -36,11 +24,23 @@ from bellis._protocol import (
     compute_mac,
     worker_token,
 )
-from bellis._run_state import ManagedWorker, Peer, TaskPlan
-from bellis._scheduler import Scheduler
-from bellis._summary import ErrorCollector
-from bellis._task_run import ABANDONED, FINISHED, RUNNING
-from bellis._timeline import TimelineSet
+from bellis._run._summary import ErrorCollector
+from bellis._scheduling._dispatch import (
+    BATCH_TARGET_SECONDS,
+    CLOSE,
+    KILL,
+    LAUNCH,
+    MAX_BATCH,
+    PROGRESS,
+    SEND_FRAME,
+    Dispatcher,
+    watchdog_margin_seconds,
+)
+from bellis._scheduling._records import ManagedWorker, Peer, TaskPlan
+from bellis._scheduling._scheduler import Scheduler
+from bellis._scheduling._task_run import ABANDONED, FINISHED, RUNNING
+from bellis._stats._aggregates import TaskAggregates
+from bellis._stats._timeline import TimelineSet
 from bellis.errors import ConfigurationError, ProtocolError
 
 SECRET = b"s" * 32

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bellis._gpu import GpuMeter, _Pynvml, open_gpu_meter, visible_devices
+from bellis._worker._gpu import GpuMeter, _Pynvml, open_gpu_meter, visible_devices
 
 
 class Dev:
@@ -363,7 +363,7 @@ def test_slurm_gpus_per_worker_requests_gres() -> None:
     from pathlib import Path
 
     from bellis import ConfigurationError, SlurmLauncher
-    from bellis._workers._launchers import WorkerSpec
+    from bellis._launchers._base import WorkerSpec
 
     spec = WorkerSpec(task_id="t", worker_id=0, env={}, payload=b"", out_path=None, err_path=None)
     flags = SlurmLauncher(gpus_per_worker=2)._resource_flags(spec)

@@ -1,4 +1,4 @@
-"""The memory ladder (``bellis._memory``): sizes, grants, and the dispatcher's decisions
+"""The memory ladder (``bellis._scheduling._memory``): sizes, grants, and the dispatcher's decisions
 after an out-of-memory death, by scripted events with a fake clock. No sockets, processes
 or sleeps."""
 
@@ -10,22 +10,19 @@ import pytest
 from test_dispatch import FAIL, OK, Script, send_of, sent, task
 
 import bellis as daisy
-from bellis._dispatch import LAUNCH
-from bellis._memory import (
-    MIB,
-    MemoryPlan,
-    build_ladder,
-    charge,
-    format_size,
+from bellis._protocol import (
+    BYE,
+    OUT_OF_MEMORY,
+    SHUTDOWN,
+    WorkerExit,
     is_oom_exit,
     kernel_oom_message,
-    ladder_for,
-    parse_growth,
-    parse_size,
 )
-from bellis._protocol import BYE, OUT_OF_MEMORY, SHUTDOWN, WorkerExit
-from bellis._run_state import ManagedWorker
-from bellis._task_run import ABANDONED
+from bellis._scheduling._dispatch import LAUNCH
+from bellis._scheduling._memory import MemoryPlan, build_ladder, charge, ladder_for
+from bellis._scheduling._records import ManagedWorker
+from bellis._scheduling._task_run import ABANDONED
+from bellis._sizes import MIB, format_grant, parse_growth, parse_size
 from bellis.errors import ConfigurationError
 
 OOM_EXIT = WorkerExit("error", -9, "out of memory: SLURM job 3 exceeded its memory limit")
@@ -71,7 +68,7 @@ def test_memory_growth_must_be_a_number_above_one(bad: Any) -> None:
 
 
 def test_sizes_print_as_grants() -> None:
-    assert [format_size(s) for s in (300 * MIB, 4 << 30, 1536 * MIB)] == ["300M", "4G", "1.5G"]
+    assert [format_grant(s) for s in (300 * MIB, 4 << 30, 1536 * MIB)] == ["300M", "4G", "1.5G"]
 
 
 def test_the_ladder_doubles_in_whole_megabytes_up_to_the_cap() -> None:
@@ -434,7 +431,7 @@ def test_a_worker_out_of_memory_outside_any_block_spends_its_start() -> None:
 
 
 def test_slurm_launcher_takes_the_ladder_and_asks_for_each_grant() -> None:
-    from bellis._workers._launchers import WorkerSpec
+    from bellis._launchers._base import WorkerSpec
 
     lau = daisy.SlurmLauncher(mem="4G", memory_growth=2, max_memory="64G")
     assert (lau.memory_request, lau.memory_growth, lau.max_memory) == (4 << 30, 2.0, 64 << 30)

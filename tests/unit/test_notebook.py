@@ -1,4 +1,4 @@
-"""Jupyter display of reports (bellis._notebook): HTML structure, escaping, the timeline."""
+"""Jupyter display of reports (bellis._report._notebook): HTML structure, escaping, the timeline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ from typing import Any
 import numpy as np
 
 from bellis._block import NO_WORKER, BlockStats
-from bellis._notebook import Spans, timeline_svg
-from bellis._report import COUNTER_KEYS, RunReport, TaskAggregates, TaskReport, task_report_json
-from bellis._timeline import TimelineSet
+from bellis._report._notebook import Spans, timeline_svg
+from bellis._stats._reports import (
+    COUNTER_KEYS,
+    RunReport,
+    TaskAggregates,
+    TaskReport,
+    task_report_json,
+)
+from bellis._stats._timeline import TimelineSet
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -1,4 +1,4 @@
-"""Observers attached to a server: what a run is told to notify (bellis._observers)."""
+"""Observers attached to a server: what a run is told to notify (bellis._run._observers)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bellis._observers import ObserverFanOut, ObserverRegistry, run_observed
+from bellis._run._observers import ObserverFanOut, ObserverRegistry, run_observed
 from bellis._state import TaskState
 
 

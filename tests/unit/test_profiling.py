@@ -1,4 +1,4 @@
-"""profile_block and the start-up clock, without sleeping or spawning (bellis._profiling)."""
+"""profile_block and the start-up clock, without sleeping or spawning (_worker._profiling)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from funlib.geometry import Roi
 
 from bellis._block import Block, BlockStats
-from bellis._profiling import (
+from bellis._worker._profiling import (
     PROCESS_START,
     SETUP_ORIGIN,
     profile_block,

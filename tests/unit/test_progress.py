@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bellis._progress import (
+from bellis._run._progress import (
     JsonProgressObserver,
     PlainProgressObserver,
     ProgressObserver,

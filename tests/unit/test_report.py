@@ -1,4 +1,4 @@
-"""Aggregates, reports, runs.jsonl and the Resource Utilization panel (bellis._report)."""
+"""Aggregates, reports, runs.jsonl and the Resource Utilization panel (bellis._stats._reports)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import zarr
 from hypothesis import given, settings, strategies as st
 
 from bellis._block import BlockStats
-from bellis._panel import format_bytes, format_duration, render_panel
-from bellis._report import (
+from bellis._report._panel import format_bytes, format_duration, render_panel
+from bellis._state import TaskState
+from bellis._stats._reports import (
     COUNTER_KEYS,
     RunReport,
     Stat,
@@ -30,8 +31,7 @@ from bellis._report import (
     task_report_json,
     validate_run_line,
 )
-from bellis._state import TaskState
-from bellis._timeline import TimelineSet
+from bellis._stats._timeline import TimelineSet
 from bellis.errors import TrackingError
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
@@ -164,7 +164,7 @@ def test_aggregates_accept_seven_field_stats_from_daisy() -> None:
 
 
 def _table(rows: list[tuple[Any, ...]]) -> Any:
-    from bellis._aggregates import STATS_DTYPE
+    from bellis._stats._aggregates import STATS_DTYPE
 
     return np.array(rows, dtype=STATS_DTYPE)
 
@@ -704,7 +704,7 @@ def test_trend_prints_signed_with_four_decimals() -> None:
 
 
 def test_gpu_figures_count_only_the_blocks_that_measured_them() -> None:
-    from bellis._aggregates import STATS_DTYPE, TaskAggregates
+    from bellis._stats._aggregates import STATS_DTYPE, TaskAggregates
 
     nan = math.nan
     agg = TaskAggregates()
@@ -739,7 +739,7 @@ def test_a_schema_1_line_without_gpu_figures_still_reads() -> None:
 
 
 def test_the_panel_names_gpu_figures_only_when_measured() -> None:
-    from bellis._panel import panel_rows
+    from bellis._report._panel import panel_rows
 
     line = _distributed_line()
     labels = [label for label, _ in panel_rows(TaskReport(line))[0]]

@@ -7,17 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bellis._report_advice import advice, memory_request
-from bellis._report_data import StoreData
-from bellis._report_figures import (
+from bellis._report._advice import advice, memory_request
+from bellis._report._data import StoreData
+from bellis._report._figures import (
     TIMELINE_BLOCKS,
     _downsample,
-    format_size,
     run_windows,
     volume_factor,
     volume_payload,
 )
-from bellis._report_timeline import ATTEMPT_COLOUR, _busy_bins, timeline_figure
+from bellis._report._gantt import ATTEMPT_COLOUR, _busy_bins, timeline_figure
+from bellis._sizes import format_iec
 
 
 def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
@@ -79,7 +79,7 @@ def test_advice_names_binary_sizes_in_binary_units() -> None:
     ],
 )
 def test_format_size_uses_the_page_units(n: float, text: str) -> None:
-    assert format_size(n) == text
+    assert format_iec(n) == text
 
 
 def test_no_advice_without_data() -> None:
@@ -209,7 +209,7 @@ def test_run_menu_labels_every_run() -> None:
 
 
 def test_gpu_advice_and_maps_only_where_the_gpu_was_measured() -> None:
-    from bellis._report_figures import volume_payload
+    from bellis._report._figures import volume_payload
 
     ones = np.ones(100)
     util = np.full(100, 23.0, dtype=np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bellis as daisy
-from bellis._scheduler import Scheduler as CoreScheduler
+from bellis._scheduling._scheduler import Scheduler as CoreScheduler
 
 SUCCESS = daisy.BlockStatus.SUCCESS
 FAILED = daisy.BlockStatus.FAILED
@@ -187,7 +187,7 @@ def test_bounded_checks_give_control_back_between_blocks() -> None:
     """With a clock injected, a long run of check_function skips is cut into slices: the
     call returns CHECKS_PENDING with the skips made so far released, and the next call
     goes on where it stopped."""
-    from bellis._scheduler import _CHECKS_PER_CLOCK, CHECKS_PENDING
+    from bellis._scheduling._scheduler import _CHECKS_PER_CLOCK, CHECKS_PENDING
 
     now = [0.0]
     seen: list[int] = []

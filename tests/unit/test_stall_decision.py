@@ -14,11 +14,11 @@ import pytest
 import bellis
 from bellis import Roi
 from bellis._block import heartbeats
-from bellis._runlog import COUNTER_KEYS, EXIT_KINDS, validate_run_line
-from bellis._stall import CPU_EPSILON, ProcessSampler, Reading, StallMonitor
+from bellis._launchers._base import WorkerSpec, describe_exit
+from bellis._run._summary import format_summary
 from bellis._state import TaskState
-from bellis._summary import format_summary
-from bellis._workers._launchers import WorkerSpec, describe_exit
+from bellis._stats._runlog import COUNTER_KEYS, EXIT_KINDS, validate_run_line
+from bellis._worker._stall import CPU_EPSILON, ProcessSampler, Reading, StallMonitor
 from bellis.errors import ConfigurationError
 
 

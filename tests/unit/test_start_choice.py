@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bellis._workers._zygote import StartChoice, choose_start
+from bellis._launchers._zygote import StartChoice, choose_start
 
 FORK = StartChoice(fork=True, start_zygote=False)
 FORK_AND_START = StartChoice(fork=True, start_zygote=True)

@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from bellis._state import TaskState
-from bellis._streams import print_to_stdout
-from bellis._summary import (
+from bellis._run._summary import (
     MAX_BLOCK_IDS_PER_GROUP,
     OTHER_ERRORS_SUMMARY,
     ErrorCollector,
@@ -18,6 +16,8 @@ from bellis._summary import (
     resume_message,
     status_symbol,
 )
+from bellis._state import TaskState
+from bellis._streams import print_to_stdout
 
 TABLE_HEAD = (
     "\n"

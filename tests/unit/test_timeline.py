@@ -1,17 +1,17 @@
-"""The worker timeline, driven by scripted server clock values (bellis._timeline)."""
+"""The worker timeline, driven by scripted server clock values (bellis._stats._timeline)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bellis._report import (
+from bellis._stats._reports import (
     COUNTER_KEYS,
     TaskAggregates,
     TaskReport,
     task_report_json,
     validate_run_line as validate,
 )
-from bellis._timeline import TimelineSet, WorkerTimeline
+from bellis._stats._timeline import TimelineSet, WorkerTimeline
 
 
 def _script_clean_worker(tl: WorkerTimeline, start: float = 10.0) -> float:

@@ -1,5 +1,5 @@
-"""The job time limit decision (``bellis._walltime``) with a scripted clock, and the SLURM
-text it relies on (``bellis._workers._slurm_text``)."""
+"""The job time limit decision (``bellis._worker._walltime``) with a scripted clock, and the SLURM
+text it relies on (``bellis._launchers._slurm_text``)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from bellis._walltime import LEAVING_MARKER, JobWalltime, from_env
-from bellis._workers._slurm_text import (
+from bellis._launchers._slurm_text import (
     array_ranges,
     default_margin,
     exit_status,
     time_limit_seconds,
 )
+from bellis._worker._walltime import LEAVING_MARKER, JobWalltime, from_env
 
 
 def _run(guard: JobWalltime, walls: list[float], start: float = 0.0) -> tuple[int, float]:

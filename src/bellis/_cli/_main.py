@@ -1,0 +1,247 @@
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``as-daisy``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    ok = run_demo(
+        Path(args.workdir).resolve(),
+        size=args.size,
+        workers=args.workers,
+        serial=args.serial,
+        fresh=args.fresh,
+    )
+    return 0 if ok else 1
+
+
+def _load_function(spec: str) -> object:
+    if ":" not in spec:
+        raise SystemExit(f"--function must look like module:attribute (got {spec!r})")
+    mod_name, attr = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    obj: object = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    """Join a running server as an (unmanaged) worker and run a block function, or a
+    worker function (no positional parameters, as in ``Task(process_function=...)``)."""
+    import os
+
+    from .._code_origin import function_arity
+    from .._worker._client import Context
+    from .._worker._main import run_block_function_loop, run_worker_function
+
+    if args.context:
+        ctx = Context.from_env_string(args.context)
+    else:
+        ctx = Context.from_env()
+    if args.task_id:
+        ctx["task_id"] = args.task_id
+    fn = _load_function(args.function)
+    if args.context or args.task_id:
+        # a worker function's own Client() reads it from there
+        os.environ["BELLIS_CONTEXT"] = ctx.to_env()
+    if function_arity(fn) == 0:  # type: ignore[arg-type]
+        return run_worker_function(fn, ctx)
+    return run_block_function_loop(fn, ctx)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .._tracking import format_status
+    from ..errors import TrackingError
+
+    try:
+        if args.watch is not None:
+            from ._watch import watch_status
+
+            return watch_status(args.path, args.watch, out=sys.stdout, max_width=args.width)
+        print(format_status(args.path, max_width=args.width))
+    except TrackingError as exc:
+        print(f"bellis status: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _watch_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--watch takes seconds, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--watch takes a positive number of seconds, got {text}")
+    return value
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    """The HTML report (``-o``, the default) and/or the Chrome trace (``--trace``)."""
+    from ..errors import TrackingError
+
+    if args.trace is not None:
+        from .._report._trace import write_trace
+
+        try:
+            summary = write_trace(args.paths, args.trace)
+        except (TrackingError, OSError) as exc:
+            print(f"bellis report: {exc}", file=sys.stderr)
+            return 2
+        for store in summary["stores"]:
+            if store["missing_arrays"]:
+                print(
+                    f"bellis report: {store['path']}: no {', '.join(store['missing_arrays'])} "
+                    "(a store without resource tracking, or written by daisy 2.0.0): "
+                    + (
+                        "its blocks have no times in the trace"
+                        if not store["block_events"]
+                        else "those figures are left out"
+                    ),
+                    file=sys.stderr,
+                )
+        print(
+            f"wrote {args.trace}: {summary['runs']} runs, {summary['block_events']} blocks, "
+            f"{summary['failed_attempt_events']} failed attempts "
+            "(open it in https://ui.perfetto.dev or chrome://tracing)"
+        )
+    out = args.output
+    if out is None and args.trace is None:
+        out = "report.html"
+    if out is None:
+        return 0
+    from .._report._html import write_report
+
+    try:
+        written = write_report(args.paths, out)
+    except (TrackingError, OSError) as exc:
+        print(f"bellis report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {written}")
+    return 0
+
+
+def _add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    r: argparse.ArgumentParser = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report of a run from its tracking store(s)",
+        description="PATH is a task's tracking store, or a folder that holds several (a "
+        "pipeline's tracking basedir). The page works offline (plotly.js is embedded).",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH", help="tracking store(s) or basedir(s)")
+    r.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="the HTML file to write (default report.html, unless --trace is given alone)",
+    )
+    r.add_argument(
+        "--trace",
+        metavar="TRACE_JSON",
+        default=None,
+        help="also write the runs in the Chrome Trace Event format (Perfetto, "
+        "chrome://tracing): one process per run, one thread per worker, one event per block",
+    )
+    r.set_defaults(fn=_cmd_report)
+    return r
+
+
+def _cmd_as_daisy(args: argparse.Namespace) -> int:
+    """install | uninstall | status of the `import daisy` -> bellis hook (see _as_daisy)."""
+    from .. import _as_daisy
+    from ..errors import ConfigurationError
+
+    try:
+        if args.action == "install":
+            path = _as_daisy.install_hook()
+            print(f"installed: {path}")
+            print(
+                f"`import daisy` now gives bellis (daisy.__version__ == "
+                f"{_as_daisy.daisy_version()!r}) in every process of {sys.prefix}"
+            )
+            return 0
+        if args.action == "uninstall":
+            removed = _as_daisy.uninstall_hook()
+            if removed is None:
+                print(f"not installed: no {_as_daisy.PTH_NAME} in {_as_daisy.site_packages()}")
+            else:
+                print(f"uninstalled: removed {removed}")
+            return 0
+    except ConfigurationError as exc:
+        print(f"bellis as-daisy {args.action}: {exc}", file=sys.stderr)
+        return 2
+    status = _as_daisy.hook_status()
+    if status.is_installed:
+        print(f"installed: {status.pth_path}")
+    else:
+        print(f"not installed: no {_as_daisy.PTH_NAME} in {status.site_packages}")
+    print(f"environment: {sys.prefix}")
+    if status.real_daisy is not None:
+        shadow = " (the hook shadows it)" if status.is_installed else ""
+        print(f"real daisy: {status.real_daisy}{shadow}")
+    return 0 if status.is_installed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bellis", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run a small smoothing + labelling pipeline on a zarr volume")
+    d.add_argument(
+        "--workdir", default="bellis-demo", help="where to write (default ./bellis-demo)"
+    )
+    d.add_argument("--size", type=int, default=96, help="edge of the cubic volume (default 96)")
+    d.add_argument("--workers", type=int, default=2, help="workers per task (default 2)")
+    d.add_argument("--serial", action="store_true", help="run in the driver process")
+    d.add_argument("--fresh", action="store_true", help="start over (new volume, no resume)")
+    d.set_defaults(fn=_cmd_demo)
+
+    w = sub.add_parser("worker", help="join a running bellis server as a worker")
+    w.add_argument(
+        "--function",
+        required=True,
+        help="block function (or 0-argument worker function) as module:attribute",
+    )
+    w.add_argument("--context", help="context string (default: $BELLIS_CONTEXT / $DAISY_CONTEXT)")
+    w.add_argument("--task-id", help="override the context's task_id")
+    w.set_defaults(fn=_cmd_worker)
+
+    s = sub.add_parser("status", help="print a task's progress from its tracking store")
+    s.add_argument("path", help="the task's tracking directory")
+    s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) with a rate and an ETA until the run ends",
+    )
+    s.set_defaults(fn=_cmd_status)
+
+    _add_report_parser(sub)
+
+    a = sub.add_parser(
+        "as-daisy",
+        help="make `import daisy` give bellis in this environment (every process)",
+        description="Writes (install) or removes (uninstall) an import hook, a .pth file in "
+        "this environment's site-packages, that makes every `import daisy` and `daisy.*` "
+        "import resolve to bellis. `status` exits 0 when the hook is installed, 1 when not.",
+    )
+    a.add_argument("action", choices=("install", "uninstall", "status"))
+    a.set_defaults(fn=_cmd_as_daisy)
+
+    args = p.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

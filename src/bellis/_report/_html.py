@@ -1,0 +1,343 @@
+"""``bellis report``: one self-contained HTML page of a run, from its tracking stores alone.
+
+The page embeds plotly.js once, inline (no CDN: it opens offline), then one JSON
+document (``<script id="bellis-data" type="application/json">``) that holds every
+figure and the volume arrays; a small script draws them. plotly is imported here and
+nowhere else, and only when a report is written: workers and ``run_blockwise`` never
+load it.
+
+Sections: summary and notes, advice, worker timeline, volume, distributions, throughput,
+workers, run history (``docs/report.md`` explains each).
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .._sizes import format_iec
+from .._stats._reports import RunReport, TaskReport
+from ._advice import advice
+from ._data import StoreData, from_task_report, load_stores
+from ._figures import (
+    histogram_figure,
+    run_history_figure,
+    throughput_figure,
+    volume_payload,
+    workers_figure,
+)
+from ._gantt import timeline_figure
+from ._page_script import PAGE_JS
+from ._panel import format_duration
+
+__all__ = ["render_html", "report_html_for", "write_report"]
+
+TOP: int = 20
+_NO_STAMPS = (
+    "No block has time stamps: the store was written without resource tracking or "
+    "without the sent_at / returned_at arrays (see the notes above)."
+)
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1200px;padding:0 16px;color:#222}
+h1{font-size:22px}
+h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
+.note{background:#fff4e5;border-left:4px solid #ff9800;padding:6px 10px;margin:6px 0}
+.partial{background:#fdecea;border-left-color:#d62728}
+.advice li{margin:4px 0} .empty{color:#777;font-style:italic}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:right} th{background:#f3f3f3}
+td.l,th.l{text-align:left} .controls{margin:6px 0;font-size:13px}
+.controls label{margin-right:14px} .plot{min-height:200px}
+"""
+
+
+def _esc(v: Any) -> str:
+    return html.escape(str(v))
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, int | float):
+        return "?"
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(head: list[str], rows: list[list[Any]], left: int = 1) -> str:
+    def cells(tag: str, vals: list[Any]) -> str:
+        return "".join(
+            f"<{tag}{' class=l' if i < left else ''}>{_esc(v)}</{tag}>" for i, v in enumerate(vals)
+        )
+
+    body = "".join(f"<tr>{cells('td', r)}</tr>" for r in rows)
+    return f"<table><tr>{cells('th', head)}</tr>{body}</table>"
+
+
+def _top_table(s: StoreData, name: str) -> str:
+    if name not in s.stats:
+        return ""
+    k = s.measured()
+    if not len(k):
+        return ""
+    v = s.stats[name].reshape(-1)[k]
+    order = k[(-v.astype("float64")).argsort(kind="stable")[:TOP]]
+    f = {n: a.reshape(-1) for n, a in s.stats.items()}
+    rows = []
+    for c in order.tolist():
+        w = int(f["worker_id"][c]) if "worker_id" in f else None
+        rows.append(
+            [
+                str(s.coord(c)),
+                s.roi(c),
+                "-" if w is None or w == 2**32 - 1 else w,
+                format_duration(float(f["wall_seconds"][c])) if "wall_seconds" in f else "-",
+                format_duration(float(f["cpu_seconds"][c])) if "cpu_seconds" in f else "-",
+                format_iec(float(f["peak_rss_bytes"][c])) if "peak_rss_bytes" in f else "-",
+                int(s.failures.reshape(-1)[c]),
+            ]
+        )
+    head = ["grid coordinate", "world ROI", "worker", "wall", "CPU", "peak RSS", "failures"]
+    return _table(head, rows, left=2)
+
+
+def _backups_cell(c: dict[str, Any]) -> str:
+    """Straggler backups of a run: ``2 (1 won, 1 lost)``; ``-`` for none."""
+    started = int(c.get("backups_started", 0))
+    if started <= 0:
+        return "-"
+    return f"{started} ({int(c.get('backups_won', 0))} won, {int(c.get('backups_lost', 0))} lost)"
+
+
+def _oom_cell(r: dict[str, Any]) -> str:
+    """Out-of-memory retries of a run, per grant they ran with: ``1 (600M 1)``, with the
+    blocks that ran out at the largest grant; ``-`` for none."""
+    mem = r.get("memory") or {}
+    retries = mem.get("retries") or {}
+    failed = int(mem.get("failed", 0))
+    n = sum(int(v) for v in retries.values())
+    if n <= 0 and failed <= 0:
+        return "-"
+    text = f"{n} (" + ", ".join(f"{g} {int(v)}" for g, v in retries.items()) + ")" if n else "0"
+    return text + (f", {failed} failed at the cap" if failed else "")
+
+
+def _history_rows(stores: list[StoreData]) -> str:
+    rows = []
+    for s in stores:
+        for i, r in enumerate(s.runs):
+            b, c = r.get("blocks") or {}, r.get("counters") or {}
+            wall = float(r.get("wall_seconds") or 0.0)
+            n = int(b.get("count", 0))
+            exits = (r.get("workers") or {}).get("exits") or {}
+            rows.append(
+                [
+                    s.task_id,
+                    i + 1,
+                    _when(r.get("run_started_at")),
+                    r.get("outcome", "?"),
+                    r.get("mode", "?"),
+                    n,
+                    int(b.get("skipped", 0)),
+                    int(c.get("failed", 0)),
+                    format_duration(wall),
+                    f"{n / wall:.3g}" if wall > 0 else "-",
+                    ", ".join(f"{k} {v}" for k, v in sorted(exits.items())) or "-",
+                    _backups_cell(c),
+                    _oom_cell(r),
+                ]
+            )
+    head = ["task", "run", "started (UTC)", "outcome", "mode", "blocks run", "skipped"]
+    head += ["failed", "wall", "blocks/s", "exits", "backups", "oom retries"]
+    return _table(head, rows, left=5) if rows else ""
+
+
+def _summary(stores: list[StoreData]) -> str:
+    rows = []
+    for s in stores:
+        cells = int(s.done.size)
+        done, failed, attempts = s.counts
+        last = s.runs[-1] if s.runs else {}
+        rows.append(
+            [
+                s.task_id,
+                " x ".join(map(str, s.grid)),
+                cells,
+                done,
+                failed,
+                cells - done - failed,
+                attempts,
+                "in flight" if s.in_flight else last.get("outcome", "-"),
+                str(s.path) if s.path else "-",
+            ]
+        )
+    head = ["task", "grid", "cells", "done", "failed", "untouched", "failed attempts"]
+    return _table([*head, "last run", "store"], rows)
+
+
+def _section(sid: str, title: str, intro: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{_esc(title)}</h2><p>{intro}</p>{body}</section>'
+
+
+def _plot(pid: str, section: str) -> str:
+    return f'<div class="plot" id="plot-{pid}" data-section="{section}"></div>'
+
+
+def _empty(why: str) -> str:
+    return f'<p class="empty">{_esc(why)}</p>'
+
+
+def render_html(stores: list[StoreData], title: str = "bellis run report") -> str:
+    """The whole page for these stores."""
+    from plotly.offline import get_plotlyjs
+
+    figures: dict[str, Any] = {}
+    volumes: list[dict[str, Any]] = []
+    parts: list[str] = []
+    partial = [s for s in stores if s.in_flight]
+    notes = "".join(
+        f'<div class="note{" partial" if s.in_flight else ""}"><b>{_esc(s.task_id)}</b>: '
+        f"{_esc(n)}</div>"
+        for s in stores
+        for n in s.notes
+    )
+    head = "Partial report: a run is still in flight. " if partial else ""
+    parts.append(
+        f"<h1>{_esc(title)}</h1><p>{_esc(head)}Built {_when(datetime.datetime.now().timestamp())}"
+        f" UTC from {len(stores)} tracking store(s).</p>{notes}{_summary(stores)}"
+    )
+    lines = advice(stores)
+    body = (
+        "<ul class=advice>" + "".join(f"<li>{_esc(x)}</li>" for x in lines) + "</ul>"
+        if lines
+        else _empty("No advice: the figures show nothing to act on (or too few blocks).")
+    )
+    parts.append(_section("advice", "Advice", "Read from the figures below only.", body))
+
+    fig = timeline_figure(stores)
+    if fig is not None:
+        figures["timeline"] = fig
+    parts.append(
+        _section(
+            "timeline",
+            "Worker timeline",
+            "One row per worker, one bar per block from sent to returned, coloured by task; "
+            "red bars needed failed attempts first; orange bars are the last failed attempt "
+            "of a block that is not done. Gaps are idle time. Pick a run above the chart "
+            "(start, blocks, wall) to zoom to it.",
+            _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
+        )
+    )
+
+    vol_html = []
+    for i, s in enumerate(stores):
+        p = volume_payload(s)
+        if p is None:
+            continue
+        p["div"] = f"volume-{i}"
+        volumes.append(p)
+        vol_html.append(
+            f'<h3>{_esc(s.task_id)}</h3><div class="controls" id="volume-{i}-controls"></div>'
+            + _plot(f"volume-{i}", "volume")
+        )
+    parts.append(
+        _section(
+            "volume",
+            "The volume",
+            "The block grid: choose a figure; a 3-D grid shows one slice, chosen with the "
+            "slider along the chosen axis. Hover a cell for its coordinate, ROI and figures.",
+            "".join(vol_html) or _empty("No store with a 1-, 2- or 3-D grid."),
+        )
+    )
+
+    dist = []
+    for name, label in (("wall_seconds", "Wall time"), ("peak_rss_bytes", "Peak RSS")):
+        fig = histogram_figure(stores, name, label)
+        if fig is not None:
+            figures[f"hist-{name}"] = fig
+            dist.append(_plot(f"hist-{name}", "distributions"))
+    for s in stores:
+        for name, what in (("wall_seconds", "slowest"), ("peak_rss_bytes", "most memory-hungry")):
+            t = _top_table(s, name)
+            if t:
+                dist.append(f"<h3>{_esc(s.task_id)}: the {TOP} {what} blocks</h3>{t}")
+    parts.append(
+        _section(
+            "distributions",
+            "Distributions",
+            "Histograms of per-block wall time and peak RSS with p50, p95, p99 and max.",
+            "".join(dist) or _empty("No measured blocks (resource tracking was off)."),
+        )
+    )
+
+    for sid, title_, intro, fn in (
+        ("throughput", "Throughput over time", "Blocks returned per second.", throughput_figure),
+        (
+            "workers",
+            "Workers",
+            "Launch, setup, idle, compute, final wait and teardown per worker of each "
+            "task's last run, and how the workers exited.",
+            workers_figure,
+        ),
+        (
+            "history",
+            "Run history",
+            "One row per line of runs.jsonl.",
+            run_history_figure,
+        ),
+    ):
+        fig = fn(stores)
+        if fig is not None:
+            figures[sid] = fig
+        why = "No run line in runs.jsonl (see the notes)."
+        if sid == "throughput":
+            why = _NO_STAMPS
+        elif sid == "workers" and any(s.runs for s in stores):
+            why = "The last run had no managed workers (serial mode or unmanaged clients)."
+        body = _plot(sid, sid) if fig else _empty(why)
+        if sid == "history":
+            body += _history_rows(stores)
+        parts.append(_section(sid, title_, intro, body))
+
+    payload = json.dumps({"figures": figures, "volumes": volumes}, separators=(",", ":"))
+    payload = payload.replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{_esc(title)}</title><style>{_CSS}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body>"
+        + "".join(parts)
+        + f'<script id="bellis-data" type="application/json">{payload}</script>'
+        + f"<script>{PAGE_JS}</script></body></html>"
+    )
+
+
+def write_report(
+    paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
+    out: str | os.PathLike[str] = "report.html",
+) -> Path:
+    """Write the HTML report of the tracking stores at or under ``paths`` to ``out``.
+
+    A path is a task's tracking store or a folder that holds several (a pipeline's
+    tracking basedir). Returns the path written. Raises
+    :class:`~bellis.errors.TrackingError` for a path with no store.
+    """
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    stores = load_stores(list(paths))
+    return _write(render_html(stores), out)
+
+
+def _write(text: str, out: str | os.PathLike[str]) -> Path:
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def report_html_for(report: TaskReport | RunReport, out: str | os.PathLike[str]) -> Path:
+    """``TaskReport.to_html`` / ``RunReport.to_html``: the report of its store(s)."""
+    reports = [report] if isinstance(report, TaskReport) else list(report.tasks.values())
+    return _write(render_html([from_task_report(r) for r in reports]), out)

@@ -1,0 +1,738 @@
+"""run_blockwise() and the Server / SerialServer classes (serial mode runs in _serial)."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from .. import logging as blog
+from .._code_origin import collect as collect_code_origins
+from .._launchers._base import LocalLauncher
+from .._protocol import new_secret, worker_token
+from .._report._panel import render_panel
+from .._scheduling._memory import MemoryPlan, ladder_for
+from .._scheduling._records import TaskPlan
+from .._scheduling._scheduler import Scheduler
+from .._scheduling._task_run import ABANDONED, TaskRun
+from .._signals import install_abort_handlers
+from .._state import DEFAULT_TIMEOUT_SECONDS, TaskState
+from .._stats._report_load import append_report, remember_report
+from .._stats._reports import (
+    RunReport,
+    TaskAggregates,
+    TaskReport,
+    counters_from_state,
+    memory_from_state,
+    task_report_json,
+)
+from .._stats._timeline import TimelineSet
+from .._streams import print_to_stdout
+from .._task import Pipeline, Task, function_arity
+from .._tracking import TrackingStore
+from .._worker._client import Context
+from ..errors import (
+    BellisDeprecationWarning,
+    ConfigurationError,
+    TaskAbandonedError,
+    WorkerStartError,
+)
+from ._observers import AttachableObservers, run_observed
+from ._progress import make_observer
+from ._serial import run_blocks_serially
+from ._server import RunLoop
+from ._summary import ErrorCollector, format_summary, resume_message
+
+__all__ = ["SerialServer", "Server", "run_blockwise"]
+
+logger = logging.getLogger("bellis")
+progress_logger = logging.getLogger("bellis._run._progress")
+
+
+def _coerce_pipeline(obj: Any) -> Pipeline:
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, Task):
+        return Pipeline.from_task(obj)
+    if isinstance(obj, list | tuple):
+        return _pipeline_from_list(list(obj))
+    raise TypeError(f"expected a Pipeline, a Task, or a list of tasks; got {type(obj).__name__}")
+
+
+def _pipeline_from_list(tasks: list[Any]) -> Pipeline:
+    """The daisy 1.x bridge: follow ``upstream_tasks`` transitively."""
+    seen: dict[int, Task] = {}
+    edges: list[tuple[Task, Task]] = []
+    todo = list(tasks)
+    while todo:
+        t = todo.pop(0)
+        if not isinstance(t, Task):
+            raise TypeError(
+                f"expected a Pipeline, a Task, or a list of tasks; the list holds a "
+                f"{type(t).__name__}"
+            )
+        if id(t) in seen:
+            continue
+        seen[id(t)] = t
+        for up in getattr(t, "upstream_tasks", None) or []:
+            edges.append((up, t))
+            todo.append(up)
+    return Pipeline(list(seen.values()), edges, _validate=True)
+
+
+def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
+    return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
+
+
+def _check_config(
+    order: list[Task], *, distributed: bool, resources: dict[str, int], external: bool
+) -> None:
+    for t in order:
+        fn = t.process_function
+        if distributed:
+            if fn is None and not external:
+                raise _config_error(
+                    f'task "{t.task_id}" has no process_function; distributed mode starts '
+                    "workers that run it, so without one the run would wait forever. Pass "
+                    "Task(process_function=...), or serve external workers with "
+                    "Server(external_workers=True)",
+                    "process_function",
+                )
+            for k, v in t.requires.items():
+                if v > resources.get(k, 0):
+                    have = {k: resources.get(k, 0)}
+                    raise _config_error(
+                        f'task "{t.task_id}" requires {{{k}: {v}}} but the global budget only '
+                        f"has {{{k}: {have[k]}}}. Raise run_blockwise(resources=...) or lower "
+                        "Task(requires=...)",
+                        "requires",
+                    )
+        else:
+            if fn is None or function_arity(fn) == 0:
+                raise _config_error(
+                    f'task "{t.task_id}" has no 1-argument process_function; serial mode '
+                    "(multiprocessing=False) runs block functions in-process and cannot run "
+                    "a worker function that expects to connect to a server",
+                    "process_function",
+                )
+
+
+def _check_resources(resources: Any) -> dict[str, int]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise TypeError(
+            f"resources must be a dict of resource name to int, e.g. {{'gpu': 2}} (got "
+            f"{type(resources).__name__})"
+        )
+    out = {}
+    for k, v in resources.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _config_error(f"resources[{k!r}] = {v!r} is not a non-negative int", "resources")
+        out[k] = v
+    return out
+
+
+def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) -> dict[str, Any]:
+    stores: dict[str, Any] = {}
+    for t in order:
+        path = t.resolved_tracking_path() if block_tracking else None
+        if path is None:
+            if t.resource_tracking:
+                _close_stores(stores)
+                raise _config_error(
+                    f'task "{t.task_id}" sets resource_tracking=True but has no tracking '
+                    "directory to write to. Pass Task(tracking_path=...) or call "
+                    "bellis.set_tracking_basedir(...) once at pipeline start.",
+                    "resource_tracking",
+                )
+            continue
+        layout = t._store_layout()
+        # absolute now: a block function that changes directory must not move the store
+        # (the run's report and the resource arrays are written through this path later)
+        path = Path(os.path.abspath(path))
+        try:
+            stores[t.task_id] = TrackingStore.open(
+                path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
+            )
+        except BaseException:
+            try:
+                _close_stores(stores)
+            except Exception as close_error:
+                # the error opening this store is the one to raise; this one is logged
+                logger.warning("closing block tracking failed: %s", close_error)
+            raise
+    return stores
+
+
+def _close_stores(stores: dict[str, Any]) -> None:
+    """Close every store, even when one fails to; the first failure is raised after."""
+    first: BaseException | None = None
+    for store in stores.values():
+        try:
+            store.close()
+        except BaseException as exc:
+            if first is None:
+                first = exc
+            else:
+                logger.error("closing block tracking at %s failed too: %s", store.path, exc)
+    if first is not None:
+        raise first
+
+
+@contextlib.contextmanager
+def _absolute_log_basedir() -> Iterator[None]:
+    """During a run, a relative log basedir names the directory it named at run start: a
+    block function that changes directory (serial mode runs it in this process) must not
+    move the logs, and workers get the absolute path. The user's setting is back after."""
+    base = blog.get_log_basedir()
+    if base is None or base.is_absolute():
+        yield
+        return
+    pinned = Path(os.path.abspath(base))
+    blog.set_log_basedir(pinned)
+    try:
+        yield
+    finally:
+        if blog.get_log_basedir() == pinned:  # unless the user set another one meanwhile
+            blog.set_log_basedir(base)
+
+
+def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
+    if run.status == ABANDONED:
+        return "abandoned"
+    if interrupted and not state.is_done():
+        return "interrupted"
+    if state.completed_count == state.total_block_count:
+        return "completed"
+    return "failed" if state.is_done() else "interrupted"
+
+
+def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[str, int]) -> str:
+    """The text of TaskAbandonedError. A task that ran out of workers *lost* the blocks it
+    had left (``lost``); only blocks cut off by a failed or abandoned upstream are orphaned,
+    though ``orphaned_count`` counts both, as daisy's does."""
+    parts = []
+    for tid in order:
+        s = states[tid]
+        if not s.abandoned:
+            continue
+        if s.abandon_reason == "upstream task abandoned":
+            parts.append(
+                f"task '{tid}' was abandoned (upstream task abandoned): {s.orphaned_count} of "
+                f"{s.total_block_count} blocks were orphaned."
+            )
+            continue
+        n_lost = lost.get(tid, 0)
+        text = (
+            f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
+            f"{s.worker_failure_count} times, {s.worker_restart_count} restarts performed; "
+            f"{n_lost} of {s.total_block_count} blocks were lost (never completed: no worker "
+            "was left to run them)"
+        )
+        orphaned = s.orphaned_count - n_lost
+        if orphaned > 0:
+            text += f" and {orphaned} were orphaned by failed upstream blocks"
+        text += "."
+
+        if s.timeout_reclaim_count:
+            default = " — the default" if s.timeout_secs == DEFAULT_TIMEOUT_SECONDS else ""
+            text += (
+                f" {s.timeout_reclaim_count} block attempt(s) exceeded the block timeout "
+                f"({s.timeout_secs:g}s{default}; pass Task(timeout=...) to raise it for slow "
+                "blocks)."
+            )
+        if s.stall_reclaim_count:
+            text += (
+                f" {s.stall_reclaim_count} block attempt(s) stalled (no CPU, IO or heartbeat "
+                f"for stall_timeout={s.stall_timeout_secs or 0.0:g}s)."
+            )
+        err = s.last_worker_error
+        if not err:
+            text += " No worker error was captured."
+        elif "\n" in err.strip():
+            text += " Last worker error:\n" + "\n".join(
+                "    " + line for line in err.strip().splitlines()
+            )
+        else:
+            text += f" Last worker error: {err.strip()}"
+        parts.append(text)
+    parts.append(
+        "Fix the worker error or increase Task(max_worker_restarts=...); use "
+        "run_blockwise(..., return_states=True) to inspect task states on non-abandonment "
+        "failures, or Server().run_blockwise(...) to never raise."
+    )
+    return "\n".join(parts)
+
+
+def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
+    """(bind address, advertised address)."""
+    host = host or os.environ.get("BELLIS_HOST") or os.environ.get("DAISY_HOST")
+    if host is None:
+        if all(getattr(launcher, "is_local", True) for launcher in launchers):
+            return "127.0.0.1", "127.0.0.1"
+        from .._launchers._net import detect_reachable_host
+
+        host = detect_reachable_host()
+        logger.info("bellis server advertises %s to its workers", host)
+    if host in ("localhost",):
+        return "127.0.0.1", "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+        if ip.is_loopback:
+            return host, host
+    except ValueError:
+        from .._launchers._net import resolve_interface
+
+        resolved = resolve_interface(host)
+        if resolved is not None:
+            return "0.0.0.0", resolved
+    return "0.0.0.0", host
+
+
+def _serialize_function(task: Task) -> bytes:
+    """The worker payload, built once at run start: an unpicklable function fails here."""
+    fn = task.process_function
+    try:
+        return cloudpickle.dumps(  # type: ignore[no-any-return]
+            {
+                "function": fn,
+                "arity": 1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
+                "sys_path": [p for p in sys.path if p],
+                "log_settings": blog.export_settings(),
+                "code_origins": collect_code_origins(fn),
+            }
+        )
+    except Exception as exc:
+        raise WorkerStartError(
+            f"bellis could not serialize the process_function of task '{task.task_id}' for "
+            "its worker subprocess. Define it at module level, avoid capturing unpicklable "
+            "objects (locks, open files, sockets, live clients) in closures, or create them "
+            f"inside the function. Underlying error: {exc}",
+            task_id=task.task_id,
+        ) from exc
+
+
+class _RunResult:
+    def __init__(self) -> None:
+        self.states: dict[str, TaskState] = {}
+        self.order: list[str] = []
+        self.interrupted: str | None = None
+        self.fatal: BaseException | None = None
+        self.report: Any = None
+        self.abandoned = False
+        #: per task, the blocks lost when it was abandoned (see TaskRun.lost_on_abandon)
+        self.lost: dict[str, int] = {}
+
+
+def _execute(
+    pipeline: Any,
+    *,
+    multiprocessing: bool,
+    resources: Any,
+    progress: Any,
+    block_tracking: bool,
+    host: str | None,
+    summary: bool,
+    launcher: Any,
+    external: bool = False,
+    server: Server | None = None,
+    serial_observer: Any = None,
+) -> _RunResult:
+    """Validate, open the stores, run (serial or distributed), write the reports, print."""
+    pipe = _coerce_pipeline(pipeline)
+    order_tasks = pipe.validate()
+    budget = _check_resources(resources)
+    _check_config(order_tasks, distributed=multiprocessing, resources=budget, external=external)
+    payloads: dict[str, bytes | None] = {}
+    if multiprocessing:
+        for t in order_tasks:
+            payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
+    with _absolute_log_basedir():
+        # distributed: the resource arrays are created while the workers start (RunLoop.run)
+        stores = _open_stores(order_tasks, block_tracking, defer_stats=multiprocessing)
+        result = _RunResult()
+        errors = ErrorCollector()
+        started_wall = time.time()
+        t_start = time.perf_counter()
+        try:
+            scheduler = Scheduler(pipe, _stores=stores)
+            result.order = scheduler.task_order
+            aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
+            timelines: dict[str, Any] = {}
+            if multiprocessing:
+                _run_distributed(
+                    scheduler,
+                    payloads,
+                    aggregates,
+                    timelines,
+                    result,
+                    errors,
+                    budget=budget,
+                    progress=progress,
+                    host=host,
+                    launcher=launcher,
+                    server=server,
+                )
+            else:
+                run_observed(
+                    make_observer(serial_observer, result.order),
+                    lambda: scheduler.task_states,
+                    lambda on_block: run_blocks_serially(scheduler, aggregates, on_block),
+                )
+            result.states = scheduler.task_states
+            for r in scheduler.runs:
+                aggregates[r.task_id].add_skipped(r.skipped)
+                result.lost[r.task_id] = r.lost_on_abandon
+            finished_wall = time.time()
+            wall = time.perf_counter() - t_start
+            result.report = _write_reports(
+                scheduler,
+                stores,
+                aggregates,
+                timelines,
+                result,
+                multiprocessing,
+                started_wall,
+                finished_wall,
+                wall,
+            )
+            result.abandoned = any(s.abandoned for s in result.states.values())
+        finally:
+            _close_stores(stores)
+        if multiprocessing:
+            blog.warn_if_log_disk_full()
+    if summary:
+        log_dir = blog.get_log_basedir() if multiprocessing else None
+        text = format_summary(
+            result.states,
+            result.order,
+            log_dir=log_dir,
+            interrupted=result.interrupted is not None,
+            errors=errors.as_dict(),
+        )
+        print_to_stdout(text)
+        for tid in result.order:
+            msg = resume_message(result.states[tid])
+            if msg:
+                progress_logger.info("%s", msg)
+
+        panel = render_panel([result.report[t] for t in result.order])
+        if panel:
+            print_to_stdout("\n" + panel)
+    return result
+
+
+def _run_distributed(
+    scheduler: Scheduler,
+    payloads: dict[str, bytes | None],
+    aggregates: dict[str, Any],
+    timelines: dict[str, Any],
+    result: _RunResult,
+    errors: Any,
+    *,
+    budget: dict[str, int],
+    progress: Any,
+    host: str | None,
+    launcher: Any,
+    server: Server | None,
+) -> None:
+    default_launcher = launcher if launcher is not None else LocalLauncher()
+    plans = {}
+    for run in scheduler.runs:
+        lau = run.task.launcher or default_launcher
+        timelines[run.task_id] = TimelineSet()
+        plans[run.task_id] = TaskPlan(
+            run, payloads[run.task_id], lau, aggregates[run.task_id], timelines[run.task_id]
+        )
+        ladder = ladder_for(run.task, lau, budget)
+        if ladder is not None:
+            plans[run.task_id].memory = MemoryPlan(ladder, run)
+    bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
+    secret = new_secret()
+    worker_key = new_secret()  # never leaves this process: see worker_token()
+    logdir = blog.get_log_basedir()
+    observer = make_observer(progress, scheduler.task_order)
+    loop_ref: list[RunLoop] = []
+
+    def context_for(run: TaskRun, worker_id: int) -> dict[str, str]:
+        loop = loop_ref[0]
+        ctx = Context(
+            hostname=loop.host,
+            port=loop.port,
+            task_id=run.task_id,
+            worker_id=worker_id,
+            resource_tracking=int(run.task.resource_tracking),
+            logdir="" if logdir is None else str(logdir),
+            secret=secret.hex(),
+            worker_token=worker_token(worker_key, worker_id).hex(),
+        )
+        return {"__encoded__": ctx.to_env()}
+
+    def log_paths(task_id: str, slot: int, header: str, new_run: bool) -> tuple[Any, Any]:
+        paths = blog.open_worker_log(task_id, slot, header=header, new_run=new_run)
+        return (None, None) if paths is None else paths
+
+    loop = RunLoop(
+        scheduler,
+        plans,
+        secret=secret,
+        worker_key=worker_key,
+        bind_host=bind,
+        advertise_host=advertise,
+        resources=budget,
+        observer=observer,
+        errors=errors,
+        context_extra=context_for,
+        log_paths=log_paths,
+        log_mode=blog.get_log_mode(),
+    )
+    loop_ref.append(loop)
+    if server is not None:
+        server.hostname = loop.host
+        server.port = loop.port
+        server.secret = secret
+        server._on_listen(loop)
+    poll, restore = install_abort_handlers()
+    try:
+        loop.run(poll)
+    finally:
+        restore()
+    result.interrupted = loop.abort_reason
+    result.fatal = loop.fatal
+
+
+def _write_reports(
+    scheduler: Scheduler,
+    stores: dict[str, Any],
+    aggregates: dict[str, Any],
+    timelines: dict[str, Any],
+    result: _RunResult,
+    distributed: bool,
+    started: float,
+    finished: float,
+    wall: float,
+) -> Any:
+    reports = {}
+    for run in scheduler.runs:
+        state = result.states[run.task_id]
+        tl = timelines.get(run.task_id)
+        data = task_report_json(
+            task_id=run.task_id,
+            outcome=_outcome(state, run, result.interrupted is not None),
+            mode="distributed" if distributed else "serial",
+            run_started_at=started,
+            run_finished_at=finished,
+            resource_tracking=run.task.resource_tracking,
+            counters=counters_from_state(state),
+            blocks=aggregates[run.task_id],
+            workers=None if tl is None else tl.to_json(),
+            wall_seconds=wall,
+        )
+        memory = memory_from_state(state)
+        if memory is not None:
+            data["memory"] = memory
+        store = stores.get(run.task_id)
+        store_path = None
+        if store is not None:
+            store_path = store.path
+            append_report(Path(store.runs_jsonl), data)
+        else:
+            base = blog.get_log_basedir()
+            if base is not None and blog.get_log_mode() != "console":
+                append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
+        remember_report(run.task_id, data)
+        reports[run.task_id] = TaskReport(data, store_path)
+    return RunReport(reports)
+
+
+def _attach(exc: BaseException, result: _RunResult) -> None:
+    exc.daisy_states = result.states  # type: ignore[attr-defined]
+    exc.daisy_run_stats = {  # type: ignore[attr-defined]
+        tid: rep.to_json() for tid, rep in (result.report.tasks.items() if result.report else [])
+    }
+    exc.daisy_task_order = result.order  # type: ignore[attr-defined]
+    exc.daisy_run_report = result.report  # type: ignore[attr-defined]
+
+
+def run_blockwise(
+    pipeline: Any,
+    multiprocessing: bool = True,
+    resources: dict[str, int] | None = None,
+    progress: Any = True,
+    block_tracking: bool = True,
+    return_states: bool = False,
+    host: str | None = None,
+    summary: bool = True,
+    launcher: Any = None,
+) -> Any:
+    """Run a task, a pipeline or a list of tasks to completion.
+
+    Returns True iff every block of every task completed (skips count as completed), or
+    the ``{task_id: TaskState}`` dict with ``return_states=True``. Raises
+    :class:`TaskAbandonedError` (a ``RuntimeError``) after the summary when a task
+    exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
+    :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
+    """
+    result = _execute(
+        pipeline,
+        multiprocessing=multiprocessing,
+        resources=resources,
+        progress=progress,
+        block_tracking=block_tracking,
+        host=host,
+        summary=summary,
+        launcher=launcher,
+    )
+    return _finish(result, return_states, raise_abandoned=True)
+
+
+def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -> Any:
+    if result.fatal is not None:
+        _attach(result.fatal, result)
+        raise result.fatal
+    if result.interrupted is not None:
+        exc = KeyboardInterrupt(f"run aborted by {result.interrupted}")
+        _attach(exc, result)
+        raise exc
+    if result.abandoned and raise_abandoned:
+        err = TaskAbandonedError(_abandon_message(result.states, result.order, result.lost))
+        _attach(err, result)
+        raise err
+    if return_states:
+        return result.states
+    return all(s.completed_count == s.total_block_count for s in result.states.values())
+
+
+class Server(AttachableObservers):
+    """Runs pipelines in distributed mode (daisy's ``Server``). Never raises for abandonment.
+
+    ``hostname`` and ``port`` are set while a run listens, so external workers can join
+    (``bellis worker --host H --port P ...``); ``last_report`` holds the last RunReport.
+    """
+
+    def __init__(
+        self,
+        stop_event: Any = None,
+        *,
+        external_workers: bool = False,
+        on_listen: Any = None,
+    ) -> None:
+        self.hostname: str | None = None
+        self.port: int | None = None
+        self.secret: bytes | None = None
+        self.last_report: Any = None
+        self.last_task_order: list[str] = []
+        self.external_workers = external_workers
+        self._listen_callback = on_listen
+        self._init_observers()
+
+    def worker_context(self, task_id: str) -> str:
+        """The context string an external worker of ``task_id`` needs to join this run.
+
+        Valid while a run listens (from an ``on_listen`` callback, or another thread); pass
+        it to ``bellis worker --context ...`` or set it as ``BELLIS_CONTEXT``. It holds the
+        run's secret: treat it as a password.
+        """
+
+        if self.hostname is None or self.port is None or self.secret is None:
+            raise RuntimeError(
+                "Server.worker_context() is only available while a run is listening; call it "
+                "from Server(on_listen=...) or from another thread during run_blockwise()"
+            )
+        base = blog.get_log_basedir()
+        return Context(
+            hostname=self.hostname,
+            port=self.port,
+            task_id=task_id,
+            worker_id=-1,
+            logdir="" if base is None else str(base),
+            secret=self.secret.hex(),
+        ).to_env()
+
+    def _on_listen(self, loop: Any) -> None:
+        if self._listen_callback is not None:
+            self._listen_callback(self)
+
+    def run_blockwise(
+        self,
+        pipeline: Any,
+        resources: dict[str, int] | None = None,
+        progress: Any = True,
+        block_tracking: bool = True,
+        host: str | None = None,
+        summary: bool = True,
+        launcher: Any = None,
+    ) -> dict[str, TaskState]:
+        result = _execute(
+            pipeline,
+            multiprocessing=True,
+            resources=resources,
+            progress=self._observers.progress_for(progress),
+            block_tracking=block_tracking,
+            host=host,
+            summary=summary,
+            launcher=launcher,
+            external=self.external_workers,
+            server=self,
+        )
+        self.last_report = result.report
+        self.last_task_order = result.order
+        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+        return states
+
+
+class SerialServer(AttachableObservers):
+    """daisy 1.x's serial runner (deprecated): ``SerialServer().run_blockwise(tasks)``."""
+
+    def __init__(self) -> None:
+        warnings.warn(
+            "SerialServer is deprecated; use run_blockwise(..., multiprocessing=False)",
+            BellisDeprecationWarning,
+            stacklevel=2,
+        )
+        self._init_observers()
+
+    def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
+        result = _execute(
+            tasks,
+            multiprocessing=False,
+            resources=None,
+            progress=False,
+            block_tracking=block_tracking,
+            host=None,
+            summary=True,
+            launcher=None,
+            serial_observer=self._observers.progress_for(False),
+        )
+        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+        return states
+
+
+def _run_serial(
+    pipeline: Any, block_tracking: bool = True, summary: bool = True
+) -> dict[str, TaskState]:
+    """daisy's private serial entry point, which daisy's examples teach (``mws.py``): the
+    blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
+    An exception from a block propagates; a task's outcome is never raised."""
+    result = _execute(
+        pipeline,
+        multiprocessing=False,
+        resources=None,
+        progress=False,
+        block_tracking=block_tracking,
+        host=None,
+        summary=summary,
+        launcher=None,
+    )
+    states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
+    return states

@@ -1,0 +1,174 @@
+"""Serial mode: every block of a run in this process, in dependency order (SPEC §3.1).
+
+The driver's scheduler hands out the blocks as it does to workers; the block function runs
+here, its stdout and stderr going to the worker_0 logs as the log mode asks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, cast
+
+from .. import logging as blog
+from .._block import Block, BlockStatus, stats_problem
+from .._scheduling._scheduler import Scheduler
+from .._worker._profiling import Meter, attach_gpu
+
+__all__ = ["run_blocks_serially"]
+
+logger = logging.getLogger("bellis")
+
+
+@contextlib.contextmanager
+def _serial_output(task_id: str) -> Iterator[None]:
+    """Serial mode: the function's stdout/stderr go to worker_0 logs in file mode, and to
+    those and the terminal in mode ``"both"``."""
+    mode = blog.get_log_mode()
+    if mode == "console":
+        yield
+        return
+    paths = blog.open_worker_log(task_id, 0)
+    if paths is None:
+        yield
+        return
+    # a log that cannot be written (a full disk) costs its output, not the block that
+    # printed: the LogStreams drop what follows, and the error is logged after the redirect
+    streams: list[blog.LogStream] = []
+    try:
+        for path in paths:
+            streams.append(blog.LogStream(open(path, "a"), str(path)))
+        out, err = streams
+        if mode == "both":
+            # the tee echoes to the streams in force when the task's blocks start running
+            to_out: Any = out if sys.stdout is None else _Tee(sys.stdout, out)
+            to_err: Any = err if sys.stderr is None else _Tee(sys.stderr, err)
+        else:
+            to_out, to_err = out, err
+        with (
+            # a LogStream forwards fileno() and the rest, so it serves as a file
+            blog._slot_files_bound(cast("IO[str]", out), cast("IO[str]", err)),
+            contextlib.redirect_stdout(to_out),
+            contextlib.redirect_stderr(to_err),
+        ):
+            yield
+    finally:
+        for stream in streams:
+            stream.close()
+        for stream in streams:
+            if stream.error is not None:
+                logger.error(
+                    "could not write the worker log %s: %s; output written after that is lost",
+                    stream.name,
+                    stream.error,
+                )
+
+
+class _Tee:
+    """A text stream that writes to two (log mode ``"both"`` in serial runs)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._streams = (first, second)
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        # encoding, errors, fileno(), buffer...: those of the terminal stream
+        return getattr(self._streams[0], name)
+
+
+def run_blocks_serially(
+    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None
+) -> None:
+    """Every block in this process, in dependency order (SPEC §3.1): an exception from a
+    block function propagates at once, with its own type. ``on_block()``, when given, is
+    called after each block (a SerialServer's attached observers, see run_observed).
+
+    ``Task(timeout=...)`` and ``Task(stall_timeout=...)`` are not enforced here: a block
+    runs in the caller's own thread, and there is no worker process to replace."""
+    for run in scheduler.runs:
+        if run.task.stall_timeout_secs is not None:
+            logger.warning(
+                "task '%s': stall_timeout=%gs is ignored in serial mode "
+                "(multiprocessing=False): blocks run in this process, and there is no worker "
+                "to replace; block.heartbeat() does nothing here",
+                run.task_id,
+                run.task.stall_timeout_secs,
+            )
+        if run.task.memory_limit is not None:
+            logger.warning(
+                "task '%s': memory_limit is ignored in serial mode (multiprocessing=False): "
+                "blocks run in this process, which is not limited, and there is no worker "
+                "to give more memory",
+                run.task_id,
+            )
+    progressed = True
+    while progressed:
+        progressed = False
+        for run in scheduler.runs:
+            fn = run.task.process_function
+            assert fn is not None
+            agg = aggregates[run.task_id]
+            tracked = run.task.resource_tracking
+            meter = Meter() if tracked else None
+            if meter is not None:
+                attach_gpu(meter)
+            geom = run.geom
+            acquire = scheduler.acquire_index
+            release = scheduler.release_index
+            k = acquire(run)
+            if k < 0:
+                continue  # no block now: the log files are not opened (no empty run in them)
+            with _serial_output(run.task_id):
+                while k >= 0:
+                    progressed = True
+                    block = Block._lazy(geom, k, BlockStatus.PROCESSING)
+                    measured = None
+                    if meter is not None:
+                        t0 = time.time()
+                        # blocks run back to back: each measurement continues from the
+                        # previous block's closing readings
+                        meter.begin(back_to_back=True)
+                        try:
+                            fn(block)
+                        finally:
+                            measured = meter.finish()
+                        t1 = time.time()
+                    else:
+                        fn(block)
+                        t0 = t1 = 0.0
+                    ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
+                    # a measurement the block function attached itself wins
+                    stats: Any = measured
+                    attached = block.stats
+                    if attached is not None and ok:
+                        problem = stats_problem(attached)
+                        if problem is None:
+                            stats = attached.to_tuple()
+                        else:
+                            logger.warning("block %s failed: %s", block.block_id, problem)
+                            ok = False
+                    release(run, k, ok, stats, -1, t0, t1)
+                    if tracked or not ok:
+                        agg.add_block(None, stats if ok else None, not ok)
+                    else:
+                        agg.count += 1
+                    if on_block is not None:
+                        on_block()
+                    k = acquire(run)

@@ -1,0 +1,437 @@
+"""What a run prints when it ends: the execution summary, its error groups and the resume
+notice.
+
+Everything here works on :class:`~bellis._state.TaskState` snapshots and never touches the
+scheduler. The server feeds an :class:`ErrorCollector` with every failed attempt and at the
+end prints :func:`format_summary` to ``sys.stdout`` as it is then (:mod:`bellis._streams`);
+the runner logs :func:`resume_message` for a task that skipped blocks. The progress
+observers, which report while the run goes, are in :mod:`bellis._run._progress`.
+
+Status symbols (one per task, in the summary and on the progress bars):
+
+* ``✗``: at least one block failed permanently;
+* ``∅``: otherwise, at least one block was orphaned by an upstream failure;
+* ``…``: otherwise, some block is still pending, ready or processing (daisy 2.0.0 ignored
+  ``ready`` here, so an interrupted run could show ``✔``);
+* ``✔``: every block completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
+from bellis.logging import task_log_dirname
+
+__all__ = [
+    "ErrorCollector",
+    "ErrorGroup",
+    "error_summary_line",
+    "format_summary",
+    "ordered_task_ids",
+    "resume_message",
+    "status_symbol",
+]
+
+#: Block ids kept per error group; further blocks are only counted.
+MAX_BLOCK_IDS_PER_GROUP = 1000
+#: Distinct errors kept per task; further distinct errors are folded into one group.
+MAX_GROUPS_PER_TASK = 100
+#: Block ids printed per error group in the summary.
+SHOWN_BLOCK_IDS = 10
+#: Error groups printed in full (with their traceback) per task in the summary.
+SHOWN_GROUPS = 5
+#: Summary line of the group that collects errors beyond :data:`MAX_GROUPS_PER_TASK`.
+OTHER_ERRORS_SUMMARY = "(further distinct errors, not listed individually)"
+
+_INDENT = "    "
+_DETAIL_INDENT = "      "
+_UPSTREAM_ABANDONED = "upstream task abandoned"
+_SKIP_KINDS = ("done markers", "skip mask", "check function")
+
+
+# --------------------------------------------------------------------------------------------
+# status and order (the progress bars show them too)
+
+
+def status_symbol(state: TaskState) -> str:
+    """Return the task's status symbol (see the module docstring)."""
+    if state.failed_count > 0:
+        return "✗"
+    if state.orphaned_count > 0:
+        return "∅"
+    if state.pending_count > 0 or state.ready_count > 0 or state.processing_count > 0:
+        return "…"
+    return "✔"
+
+
+def ordered_task_ids(states: Mapping[str, TaskState], task_order: Sequence[str]) -> list[str]:
+    """Ids of ``states`` in ``task_order``, then any others alphabetically."""
+    listed = [task_id for task_id in dict.fromkeys(task_order) if task_id in states]
+    seen = set(listed)
+    return listed + sorted(task_id for task_id in states if task_id not in seen)
+
+
+def _plural(count: int, singular: str, plural: str | None = None) -> str:
+    word = singular if count == 1 else (plural if plural is not None else singular + "s")
+    return f"{count} {word}"
+
+
+def _indent_block(text: str, indent: str) -> list[str]:
+    """Indent every non-empty line of ``text``; empty lines stay empty."""
+    return [indent + line if line.strip() else "" for line in text.rstrip("\n").splitlines()]
+
+
+def _skip_breakdown(state: TaskState) -> list[tuple[str, int]]:
+    counts = (state.skipped_done_count, state.skipped_mask_count, state.skipped_check_count)
+    return [(kind, count) for kind, count in zip(_SKIP_KINDS, counts, strict=True) if count > 0]
+
+
+# --------------------------------------------------------------------------------------------
+# error grouping
+
+
+@dataclass
+class ErrorGroup:
+    """Every failed attempt of one task that ended with the same error.
+
+    ``summary`` is the error's last non-empty line (exception type and message),
+    ``traceback`` the first traceback seen, ``block_ids`` the distinct blocks it hit in the
+    order first seen (at most :data:`MAX_BLOCK_IDS_PER_GROUP`), ``count`` every failed
+    attempt, and ``log_path`` the worker log the first one was recorded in.
+    """
+
+    summary: str
+    traceback: str
+    block_ids: list[int] = field(default_factory=list)
+    count: int = 0
+    log_path: str | None = None
+
+
+def error_summary_line(traceback_text: str) -> str:
+    """Return the last non-empty line of a traceback: ``"ValueError: boom"``."""
+    for line in reversed(traceback_text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return "(no error text was captured)"
+
+
+class ErrorCollector:
+    """Groups the failed attempts of each task by distinct error.
+
+    Memory is O(distinct errors): one :class:`ErrorGroup` per distinct summary line, each
+    keeping one traceback and at most :data:`MAX_BLOCK_IDS_PER_GROUP` block ids. Past
+    ``max_groups_per_task`` distinct errors in a task, new errors are counted in one last
+    group whose summary is :data:`OTHER_ERRORS_SUMMARY`.
+    """
+
+    def __init__(self, *, max_groups_per_task: int = MAX_GROUPS_PER_TASK) -> None:
+        if max_groups_per_task < 1:
+            raise ValueError(f"max_groups_per_task must be at least 1, got {max_groups_per_task}")
+        self._max_groups = max_groups_per_task
+        self._groups: dict[str, dict[str, ErrorGroup]] = {}
+        self._block_sets: dict[tuple[str, str], set[int]] = {}
+
+    def add(
+        self,
+        task_id: str,
+        spatial_id: int,
+        traceback_text: str,
+        log_path: str | Path | None = None,
+    ) -> ErrorGroup:
+        """Record one failed attempt of block ``spatial_id``; return its group."""
+        summary = error_summary_line(traceback_text)
+        groups = self._groups.setdefault(task_id, {})
+        group = groups.get(summary)
+        if group is None:
+            if len(groups) >= self._max_groups:
+                summary = OTHER_ERRORS_SUMMARY
+                group = groups.get(summary)
+            if group is None:
+                text = "" if summary == OTHER_ERRORS_SUMMARY else traceback_text.rstrip("\n")
+                group = ErrorGroup(summary=summary, traceback=text)
+                groups[summary] = group
+        group.count += 1
+        if group.log_path is None and log_path is not None:
+            group.log_path = str(log_path)
+        seen = self._block_sets.setdefault((task_id, summary), set())
+        if spatial_id not in seen and len(group.block_ids) < MAX_BLOCK_IDS_PER_GROUP:
+            seen.add(spatial_id)
+            group.block_ids.append(spatial_id)
+        return group
+
+    def groups(self, task_id: str) -> list[ErrorGroup]:
+        """The task's groups in the order their errors first occurred."""
+        return list(self._groups.get(task_id, {}).values())
+
+    def task_ids(self) -> list[str]:
+        """Ids of the tasks with at least one recorded error."""
+        return list(self._groups)
+
+    def as_dict(self) -> dict[str, list[ErrorGroup]]:
+        """``{task_id: groups}`` as :func:`format_summary` takes it."""
+        return {task_id: self.groups(task_id) for task_id in self._groups}
+
+
+# --------------------------------------------------------------------------------------------
+# the execution summary
+
+
+def format_summary(
+    states: Mapping[str, TaskState],
+    task_order: Sequence[str],
+    *,
+    log_dir: str | Path | None,
+    interrupted: bool = False,
+    errors: Mapping[str, list[ErrorGroup]] | None = None,
+    worker_log_dirs: Mapping[str, str | Path] | None = None,
+) -> str:
+    """Render the Execution Summary (SPEC §6.1); the text has no trailing newline.
+
+    ``log_dir`` is the worker-log base directory, or None when no log files were written.
+    ``worker_log_dirs`` maps a task to its log directory where it is not
+    ``<log_dir>/<task_id>``. ``errors`` comes from :meth:`ErrorCollector.as_dict`; without it
+    a failed task shows its ``first_worker_error`` as daisy does.
+    """
+    ordered = ordered_task_ids(states, task_order)
+    lines: list[str] = []
+    if interrupted:
+        lines.append("Run interrupted; counts at shutdown:")
+    lines += ["", "Execution Summary", "-----------------", ""]
+    lines += _table_lines(states, ordered)
+
+    skip_lines = [line for task_id in ordered if (line := _skip_line(task_id, states[task_id]))]
+    if skip_lines:
+        lines.append("")
+        lines += skip_lines
+
+    for task_id in ordered:
+        groups = list(errors.get(task_id, [])) if errors is not None else []
+        section = _failure_section(task_id, states[task_id], groups)
+        if section:
+            lines.append("")
+            lines += section
+
+    for task_id in ordered:
+        timeout = _timeout_line(task_id, states[task_id])
+        if timeout:
+            lines += ["", timeout]
+        stall = _stall_line(task_id, states[task_id])
+        if stall:
+            lines += ["", stall]
+        backups = _backups_line(task_id, states[task_id])
+        if backups:
+            lines += ["", backups]
+        memory = _memory_line(task_id, states[task_id])
+        if memory:
+            lines += ["", memory]
+
+    troubled = [task_id for task_id in ordered if _has_trouble(states[task_id])]
+    if troubled and log_dir is not None:
+        lines.append("")
+        lines += _log_pointer_lines(troubled, log_dir, worker_log_dirs or {})
+    return "\n".join(lines)
+
+
+def _table_lines(states: Mapping[str, TaskState], ordered: list[str]) -> list[str]:
+    name_w = max([4, *(len(task_id) for task_id in ordered)]) + 2
+    widths = (7, 10, 7, 6, 8)
+    titles = ("blocks", "completed", "skipped", "failed", "orphaned")
+
+    def row(first: str, cells: Sequence[str]) -> str:
+        parts = [first.ljust(name_w)]
+        parts += [cell.rjust(width) for cell, width in zip(cells, widths, strict=True)]
+        return _INDENT + "  ".join(parts)
+
+    lines = [row("task", titles), _INDENT + "  ".join("─" * w for w in (name_w, *widths))]
+    for task_id in ordered:
+        state = states[task_id]
+        counts = (
+            state.total_block_count,
+            state.completed_count,
+            state.skipped_count,
+            state.failed_count,
+            state.orphaned_count,
+        )
+        lines.append(row(f"{task_id} {status_symbol(state)}", [str(c) for c in counts]))
+    return lines
+
+
+def _skip_line(task_id: str, state: TaskState) -> str | None:
+    if state.skipped_count <= 0:
+        return None
+    line = f"{_INDENT}Skipped: {state.skipped_count} in task '{task_id}'"
+    kinds = _skip_breakdown(state)
+    if kinds:
+        line += " (" + ", ".join(f"{kind} {count}" for kind, count in kinds) + ")"
+    return line
+
+
+def _is_cap_abandoned(state: TaskState) -> bool:
+    return state.abandoned and state.abandon_reason != _UPSTREAM_ABANDONED
+
+
+def _has_trouble(state: TaskState) -> bool:
+    return state.failed_count > 0 or _is_cap_abandoned(state)
+
+
+def _failure_section(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> list[str]:
+    lines: list[str] = []
+    if state.abandoned:
+        line = f"{_INDENT}Task '{task_id}' was abandoned"
+        if state.abandon_reason:
+            line += f" ({state.abandon_reason})"
+        if _is_cap_abandoned(state):
+            line += (
+                f": workers failed {_plural(state.worker_failure_count, 'time')}, "
+                f"{_plural(state.worker_restart_count, 'restart')} performed"
+            )
+        lines.append(line + ".")
+    if not _has_trouble(state):
+        return lines
+    if groups:
+        lines += _group_lines(task_id, state, groups)
+    elif state.failed_count > 0:
+        lines.append(f"{_INDENT}First failure in task '{task_id}':")
+        text = state.first_worker_error or "(no error text was captured)"
+        lines += _indent_block(text, _DETAIL_INDENT)
+        more = state.failed_count - 1
+        if more > 0:
+            lines.append(f"{_DETAIL_INDENT}(+ {more} more failed blocks — see worker logs)")
+    elif state.last_worker_error:
+        lines.append(f"{_INDENT}Last worker error:")
+        lines += _indent_block(state.last_worker_error, _DETAIL_INDENT)
+    else:
+        lines.append(f"{_INDENT}No worker error was captured.")
+    return lines
+
+
+def _group_lines(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> list[str]:
+    distinct = _plural(len(groups), "distinct error")
+    if state.failed_count > 0:
+        failed = _plural(state.failed_count, "block")
+        head = f"{_INDENT}{failed} failed in task '{task_id}' with {distinct}:"
+    else:
+        head = f"{_INDENT}Worker errors in task '{task_id}' ({distinct}):"
+    lines = [head]
+    for group in groups[:SHOWN_GROUPS]:
+        lines.append("")
+        lines.append(_INDENT + group.summary)
+        lines += [_DETAIL_INDENT + line for line in _group_detail(group)]
+        if group.traceback and group.traceback.strip() != group.summary:
+            lines += _indent_block(group.traceback, _DETAIL_INDENT)
+    hidden = groups[SHOWN_GROUPS:]
+    if hidden:
+        attempts = sum(group.count for group in hidden)
+        lines.append("")
+        lines.append(
+            f"{_INDENT}… and {_plural(len(hidden), 'more distinct error')} "
+            f"({_plural(attempts, 'failed attempt')}) — see worker logs"
+        )
+    return lines
+
+
+def _group_detail(group: ErrorGroup) -> list[str]:
+    ids = group.block_ids
+    shown = ", ".join(str(block_id) for block_id in ids[:SHOWN_BLOCK_IDS])
+    text = ("block " if len(ids) == 1 else "blocks ") + shown
+    if len(ids) > SHOWN_BLOCK_IDS:
+        rest = len(ids) - SHOWN_BLOCK_IDS
+        at_least = "at least " if len(ids) >= MAX_BLOCK_IDS_PER_GROUP else ""
+        text += f", … and {at_least}{rest} more"
+    if group.count != len(ids) or len(ids) >= MAX_BLOCK_IDS_PER_GROUP:
+        text += f" ({_plural(group.count, 'failed attempt')})"
+    if group.log_path is None:
+        return [text]
+    return [text, f"first recorded in {group.log_path}"]
+
+
+def _timeout_line(task_id: str, state: TaskState) -> str | None:
+    if state.timeout_reclaim_count <= 0:
+        return None
+    default = " — the default" if state.timeout_secs == DEFAULT_TIMEOUT_SECONDS else ""
+    return (
+        f"{_INDENT}{state.timeout_reclaim_count} block attempt(s) in task '{task_id}' exceeded "
+        f"the block timeout ({state.timeout_secs:g}s{default}; pass Task(timeout=...) to raise "
+        "it for slow blocks)"
+    )
+
+
+def _stall_line(task_id: str, state: TaskState) -> str | None:
+    if state.stall_reclaim_count <= 0:
+        return None
+    return (
+        f"{_INDENT}{state.stall_reclaim_count} block attempt(s) in task '{task_id}' stalled: "
+        f"no CPU, IO or heartbeat for {state.stall_timeout_secs or 0.0:g}s (stall_timeout; "
+        "a block that waits legitimately calls block.heartbeat())"
+    )
+
+
+def _backups_line(task_id: str, state: TaskState) -> str | None:
+    if state.backups_started <= 0:
+        return None
+    return (
+        f"{_INDENT}{state.backups_started} straggler backup(s) in task '{task_id}': "
+        f"{state.backups_won} won (the copy finished first), {state.backups_lost} lost; "
+        f"the losing copies ran {state.backup_loser_seconds:.1f}s before they were stopped"
+    )
+
+
+def _memory_line(task_id: str, state: TaskState) -> str | None:
+    if state.oom_retry_count <= 0 and state.oom_failure_count <= 0:
+        return None
+    per = ", ".join(f"{n} with {grant}" for grant, n in state.oom_retries) or "none"
+    won = ", ".join(f"{n} with {grant}" for grant, n in state.oom_successes) or "none"
+    text = (
+        f"{_INDENT}{state.oom_retry_count} block attempt(s) in task '{task_id}' ran out of "
+        f"memory and ran again with more ({per}); succeeded after it: {won}"
+    )
+    if state.oom_failure_count:
+        text += (
+            f"; {state.oom_failure_count} block(s) ran out at the largest grant and failed "
+            "(raise max_memory)"
+        )
+    return text
+
+
+def _log_pointer_lines(
+    troubled: list[str], log_dir: str | Path, worker_log_dirs: Mapping[str, str | Path]
+) -> list[str]:
+    base = str(log_dir).rstrip("/\\") or str(log_dir)
+
+    def task_dir(task_id: str) -> str:
+        explicit = worker_log_dirs.get(task_id)
+        if explicit is not None:
+            return str(explicit).rstrip("/\\") + "/"
+        return f"{base}/{task_log_dirname(task_id)}/"
+
+    if len(troubled) == 1:
+        return [f"{_INDENT}See worker logs for details under {task_dir(troubled[0])}"]
+    lines = [f"{_INDENT}See worker logs for failed tasks under {base}/"]
+    lines += [_DETAIL_INDENT + task_dir(task_id) for task_id in troubled]
+    return lines
+
+
+def resume_message(state: TaskState) -> str | None:
+    """The INFO text for a task that skipped blocks, or None when it skipped none.
+
+    ``task 'seg': resumed — 12/12 blocks skipped via done markers (Task.reset() or
+    done_marker_path=False reprocesses them)``. The kinds are named as they apply; with more
+    than one kind each gets its count.
+    """
+    if state.skipped_count <= 0:
+        return None
+    head = (
+        f"task '{state.task_id}': resumed — "
+        f"{state.skipped_count}/{state.total_block_count} blocks skipped"
+    )
+    kinds = _skip_breakdown(state)
+    if len(kinds) == 1:
+        head += f" via {kinds[0][0]}"
+    elif kinds:
+        head += " via " + ", ".join(f"{kind} ({count})" for kind, count in kinds)
+    if state.skipped_done_count > 0 or not kinds:
+        head += " (Task.reset() or done_marker_path=False reprocesses them)"
+    return head

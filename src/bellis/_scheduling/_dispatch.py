@@ -1,0 +1,833 @@
+"""The run's decisions, sans I/O: which block goes to which connection, and what happens
+to workers, blocks and tasks when something arrives, ends or runs late.
+
+Theory of operation
+-------------------
+:class:`Dispatcher` owns the scheduler, one :class:`Peer` per connection and one
+:class:`ManagedWorker` per worker started. Its inputs are events, each a method call:
+a connection's message (:meth:`~Dispatcher.receive`; its first is the HELLO), the loss of a
+connection (:meth:`~Dispatcher.close`), the clock (:meth:`~Dispatcher.expire` and
+:meth:`~Dispatcher.tick`), a worker's exit (:meth:`~Dispatcher.worker_exited`, then
+:meth:`~Dispatcher.settle_exit`), a launch that worked or failed (:meth:`~Dispatcher.launched`,
+:meth:`~Dispatcher.launch_failed`), an abort and the shutdown. Its outputs are instructions
+appended to :attr:`~Dispatcher.out`, plain tuples that the shell (``_server.py``) carries out
+in order: ``(SEND_FRAME, peer, frame)``, ``(CLOSE, peer)``, ``(LAUNCH, plan, bookings)``,
+``(KILL, worker)`` and ``(PROGRESS,)``. Time comes in as an argument (``now``, monotonic
+seconds; the wall clock as the offset :meth:`~Dispatcher.tick` is given): nothing here reads a
+clock, a socket or a process. The only I/O reached from here is through objects handed in:
+the task stores (which buffer the records), the error collector and the log.
+
+Invariants:
+
+* **Exactly-once hand-out.** A block the scheduler hands out is in exactly one peer's
+  ``held`` list until it comes back: returned (released or requeued unstarted), reclaimed at
+  its deadline, or lost with its connection. Each of these takes it out of ``held`` first,
+  so no path gives it back twice; a peer that returns a block it does not hold is dropped
+  (:func:`~bellis._protocol.parse_returns`). A peer with a request parked is in its task's
+  ``parked`` queue (or the backups' ``idle`` queue) once, and a second request while it
+  waits drops the peer. The one exception is a *backup* (``Task(speculative=True)``,
+  :mod:`._backups`): a straggler held alone may be in a second peer's ``held`` too,
+  the two paired in ``Backups.copies``. The first success is released; the other copy
+  leaves its ``held`` at once and its worker is stopped (``preempted``, no restart), and a
+  copy that ends any other way leaves ``held`` unreleased while its twin runs on.
+* **When a block is charged.** A block is charged a failed attempt when it comes back
+  failed, when it alone outlived its deadline, or when its worker's connection ended while
+  it alone was out. A block out with others in a *batch* is never charged for a lost
+  connection or an expired deadline (which block was at fault is unknown): the batch goes
+  back to the queue and each of its blocks is a *suspect*, which is sent alone from then
+  on, so a block that kills its worker is caught and charged by itself. One of a backup's
+  two copies is never charged: only the last copy out that fails is. A block whose
+  worker ran out of memory while it held it alone is not charged: it waits for a worker
+  with a larger memory grant (:mod:`._memory`, which decides for tasks with a memory
+  request; the hooks here only call it).
+* **The restart budget** (kept by :mod:`bellis._scheduling._staffing`, with the workers and the
+  resources). A task with work left, no worker alive and no start left is abandoned, and
+  its downstream tasks with it.
+
+:mod:`._backups` and :mod:`._memory` decide for the tasks that opted in; the
+hooks here call them, and they call back through the public methods (:meth:`serve`,
+:meth:`serve_parked`, :meth:`release`, :meth:`record_error`, :meth:`lose_held`,
+:meth:`stop_worker`) and :attr:`staff`.
+
+A connection's *batch* (how many ready blocks it gets at once) aims at about
+:data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
+the round trip; see :mod:`bellis._scheduling._batching`), and never takes more than the connection's
+share of the ready blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import numpy as np
+
+from .._block import BlockStatus
+from .._protocol import (
+    ACQUIRE,
+    BYE,
+    OUT_OF_MEMORY,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    STALLED,
+    TIMED_OUT,
+    WorkerExit,
+    encode,
+    parse_hello,
+    parse_returns,
+)
+from ..errors import ConfigurationError, ProtocolError
+from . import _memory
+from ._backups import Backups, drop_lost, offer, settle_returns
+from ._batching import (
+    BATCH_TARGET_SECONDS,
+    MAX_BATCH,
+    busy_seconds,
+    measured_rows,
+    measurements,
+    next_batch,
+    unmeasured_error,
+)
+from ._deadlines import DeadlineHeap, watchdog_margin_seconds
+from ._records import Booking, ManagedWorker, Peer, TaskPlan
+from ._scheduler import CHECKS_PENDING, Scheduler
+from ._staffing import Staffing
+from ._task_run import RUNNING, TaskRun
+
+__all__ = [
+    "BATCH_TARGET_SECONDS",
+    "CLOSE",
+    "KILL",
+    "LAUNCH",
+    "MAX_BATCH",
+    "PROGRESS",
+    "SEND_FRAME",
+    "Dispatcher",
+    "watchdog_margin_seconds",
+]
+
+logger = logging.getLogger("bellis")
+
+#: instructions, the first item of each tuple in :attr:`Dispatcher.out`
+SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
+
+#: how often progress observers hear of a change at most
+_PROGRESS_SECONDS: Final = 0.5
+
+SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
+_CREATED: Final = int(BlockStatus.CREATED)
+_SUCCESS: Final = int(BlockStatus.SUCCESS)
+
+
+class Dispatcher:
+    """Every decision of one distributed run, driven by events (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        plans: dict[str, TaskPlan],
+        *,
+        secret: bytes,
+        worker_key: bytes,
+        resources: dict[str, int],
+        errors: Any,
+        address: tuple[str, int] = ("?", 0),
+    ) -> None:
+        self.s = scheduler
+        self.plans = plans
+        self.plan_of = {p.run.index: p for p in plans.values()}
+        self.secret = secret
+        self.worker_key = worker_key
+        #: the managed workers, their starts and the run's resources (bellis._scheduling._staffing);
+        #: ``workers``, ``gone``, ``resources`` and ``used`` below are its own dicts
+        self.staff = Staffing(plans, resources)
+        self.resources = self.staff.resources
+        self.used = self.staff.used
+        self.errors = errors
+        #: where workers reach the server (named when a worker never connected)
+        self.address = address
+        #: instructions for the shell, oldest first; it empties the list as it carries them out
+        self.out: list[tuple[Any, ...]] = []
+        self.workers = self.staff.workers
+        #: workers whose process has ended, by id: a connection that claims one of them
+        #: comes from a worker that outlived its spawn function
+        self.gone = self.staff.gone
+        self.unmanaged_clients = 0
+        self.abort_reason: str | None = None
+        self.fatal: BaseException | None = None
+        self.dirty = True
+        self.shutdown_started: float | None = None
+        self._last_progress = 0.0
+        #: wall clock minus monotonic clock, as of the last :meth:`sync_clock`
+        self._wall_offset = 0.0
+        #: tasks with a request parked in the middle of check_function skips
+        self.checking: set[int] = set()
+        #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
+        #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
+        self._deadlines = DeadlineHeap()
+        for p in plans.values():  # straggler backups (bellis._scheduling._backups), opt-in per task
+            p.backups = (
+                None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
+            )
+
+    # -- connections ----------------------------------------------------------------------
+    def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
+        """A message from ``peer`` (its first is the HELLO). ``draining``: the run is
+        stopping, or its worker is gone; what it returns is taken back, nothing is sent.
+        A malformed or unexpected message closes that connection only."""
+        try:
+            if not peer.authed:
+                self._greet(peer, msg, now)
+                return
+            self._handle(peer, msg, now, draining)
+        except ProtocolError as exc:
+            logger.warning("dropping client %s: %s", peer.addr, exc)
+            self.close(peer, now)
+        except Exception:
+            # whatever one client sent must not end the run for everyone: log it loudly,
+            # drop that client, and let its blocks take the retry path
+            logger.exception("error while serving client %s; dropping it", peer.addr)
+            self.close(peer, now)
+
+    def close(self, peer: Peer, now: float) -> None:
+        """``peer``'s connection ends (or is to be ended): the blocks it held go back."""
+        if peer.closed:
+            return
+        if peer.held and peer.run is not None and now >= peer.deadline:
+            # the worker's watchdog preempted a block (exit 87) before the tick saw the
+            # deadline pass: account it as the timeout it is, not as a plain disconnect
+            self._reclaim(peer, now)
+            return
+        peer.closed = True
+        self.out.append((CLOSE, peer))
+        run = peer.run
+        if peer.held and run is not None and self.plan_of[run.index].backups is not None:
+            drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
+        peer.parked = False  # its entry in the parked queue, if any, is skipped
+        if run is not None and self.plan_of[run.index].memory is not None:
+            _memory.close_held(self, peer, run, now)
+        if peer.held and run is not None:
+            held = peer.held
+            peer.held = []
+            self.lose_held(peer, run, held, now)
+        if peer.worker is not None:
+            peer.worker.conn = None
+
+    def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+        """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
+        attempt; a batch goes back to the queue uncharged, each block a suspect."""
+        if len(held) == 1:
+            k = held[0]
+            sid = run.geom.spatial_id_of(k)
+            logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
+            self.release(peer, run, k, False, False, peer.sent_at, now, now)
+        else:
+            # which block of the batch was running is unknown: none of them is charged a
+            # failed attempt; they go back to the queue and each runs alone next time, so
+            # a block that kills its worker is then caught (and counted) on its own
+            plan = self.plan_of[run.index]
+            for k in held:
+                self.s.requeue_index(run, k)
+                plan.suspects.add(k)
+            logger.warning(
+                "worker holding a batch of %d blocks of task %s disconnected; they run "
+                "again one at a time",
+                len(held),
+                run.task_id,
+            )
+
+    def _send(self, peer: Peer, frame: bytes) -> None:
+        self.out.append((SEND_FRAME, peer, frame))
+
+    def _greet(self, peer: Peer, msg: list[Any], now: float) -> None:
+        hello = parse_hello(msg, self.secret, peer.nonce)
+        task_id, worker_id = hello.task_id, hello.worker_id
+        plan = self.plans.get(task_id)
+        if plan is None:
+            self._send(peer, encode([REJECT, f"no task {task_id!r} in this run"]))
+            self.close(peer, now)
+            return
+        peer.authed = True
+        peer.run = plan.run
+        worker = self.staff.identify(hello, peer.nonce, self.worker_key, plan.run)
+        if worker is not None:
+            if worker.exit is not None:
+                self._turn_away_late_worker(peer, worker.exit, worker_id, task_id, now)
+                return
+            peer.worker = worker
+            peer.worker_id = worker_id
+            self.staff.connected(worker, peer, hello.setup_seconds, now)
+        else:
+            self.unmanaged_clients += 1
+            plan.timelines.unmanaged_client()
+        self._send(peer, plan.welcome)
+
+    def _turn_away_late_worker(
+        self, peer: Peer, exit_: WorkerExit, worker_id: int, task_id: str, now: float
+    ) -> None:
+        """A managed worker connected after its exit: turned away. Seen to exit, it outlived
+        its spawn function (a configuration the run cannot work with); given up for lost,
+        its blocks went to others already."""
+        seen = exit_.seen
+        if seen:
+            reason = "this worker's process already exited"
+        else:
+            reason = "this worker was given up for lost"
+        self._send(peer, encode([REJECT, reason]))
+        self.close(peer, now)
+        if not seen:
+            logger.warning(
+                "worker %d of task '%s' connected after it was given up for lost; refused",
+                worker_id,
+                task_id,
+            )
+            return
+        self.fatal = ConfigurationError(
+            f"invalid configuration: worker {worker_id} for task {task_id!r} connected "
+            "after its spawn function had already returned. 0-arg spawn functions must "
+            "block until their worker exits (e.g. `sbatch --wait`, `srun`, "
+            "`subprocess.run`)"
+        )
+
+    # -- blocks ---------------------------------------------------------------------------
+    def _handle(self, peer: Peer, msg: list[Any], now: float, draining: bool) -> None:
+        op = msg[0]
+        if op != ACQUIRE and op != BYE:
+            raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
+        n = len(msg) - 1
+        # the blocks, then the measurement rows (bytes), then the busy time (a float)
+        busy = busy_seconds(msg[n]) if n and type(msg[n]) is float else None
+        if busy is not None:
+            n -= 1
+        rows = None
+        if n % 4 == 1:
+            rows = msg[n]
+            n -= 1
+        elif n % 4:
+            raise ProtocolError(f"malformed message of {len(msg)} fields")
+        run = peer.run
+        assert run is not None
+        if peer.parked:
+            # parked twice, it would be served twice and lose the first block
+            raise ProtocolError("sent a request while its previous one is still pending")
+        if n:
+            self._take_back(peer, run, msg, n, rows, busy, now)
+            if self.fatal is not None or peer.closed:
+                return
+        elif rows is not None or busy is not None:
+            raise ProtocolError("measurement rows or a busy time without blocks")
+        if op == BYE:
+            backups = self.plan_of[run.index].backups
+            if peer.held and backups is not None:
+                drop_lost(self, backups, peer, "its copy came back unstarted", now)
+            if peer.held:
+                # blocks the worker never started go back to the queue, uncounted
+                for k in peer.held:
+                    self.s.requeue_index(run, k)
+                peer.held = []
+            self.close(peer, now)
+            return
+        if peer.held:
+            raise ProtocolError(
+                f"asked for blocks while holding {len(peer.held)} of task {run.task_id} "
+                "without returning them"
+            )
+        self.serve(peer, run, draining, now)
+
+    def _take_back(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        msg: list[Any],
+        n: int,
+        rows: Any,
+        busy: float | None,
+        now: float,
+    ) -> None:
+        """Take back the blocks a message returns: ``n`` fields of (k, status, row,
+        error) groups, the measurement ``rows`` they index (None when there are none), and
+        the seconds the worker was ``busy`` with them (None: not reported)."""
+        table = None if rows is None else measurements(rows)
+        held = peer.held
+        # validate the whole message before taking anything back: a malformed message
+        # drops the connection, and every block it held then goes to the retry path. Only
+        # a worker that stops gives blocks back unstarted; one asking for more would get
+        # the same block back with a fresh deadline, again and again
+        results = parse_returns(
+            msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
+        )
+        backups = self.plan_of[run.index].backups
+        if backups is not None:  # first success of a block's two copies wins
+            results = settle_returns(self, backups, peer, results, now)
+        if not results:
+            return
+        processed = [r for r in results if r[1] != _CREATED]
+        # a batch's round trip is shared equally by the blocks it carried
+        step = (now - peer.sent_at) / max(1, len(processed))
+        if (table is not None or run.task.resource_tracking) and not self._record_measured(
+            peer, run, processed, table, step
+        ):
+            # the run fails on this batch: its blocks are not held any more (a close later
+            # must not charge them as lost attempts)
+            taken = {r[0] for r in results}
+            peer.held = [k for k in held if k not in taken]
+            return
+        t = peer.sent_at
+        suspects = self.plan_of[run.index].suspects
+        # a block stays held until it is taken back, so if anything below raises, the
+        # connection is dropped with the rest of the batch still held: those go to the
+        # retry path instead of staying out forever
+        back: set[int] = set()
+        try:
+            for k, status, row, error in results:
+                if suspects:
+                    suspects.discard(k)
+                if status == _CREATED:
+                    self.s.requeue_index(run, k)
+                elif status == TIMED_OUT or status == STALLED:
+                    self._time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
+                    t += step
+                elif status == OUT_OF_MEMORY and self.plan_of[run.index].memory is not None:
+                    _memory.climb(self, peer, run, k, t, t + step, now)
+                    t += step
+                else:
+                    self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
+                    t += step
+                # (a block whose release raised stays held too: the scheduler ignores a
+                # second release or requeue of a block it already took back)
+                back.add(k)
+                if self.fatal is not None:
+                    return
+        finally:
+            peer.held = [k for k in held if k not in back]
+        if processed and peer.held == []:
+            pace = step if busy is None else busy / len(processed)
+            peer.batch = next_batch(peer.batch, pace)
+
+    def _record_measured(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        processed: list[tuple[int, int, int, Any]],
+        table: np.ndarray[Any, Any] | None,
+        step: float,
+    ) -> bool:
+        """Aggregate and store the measurements of a batch's successful blocks at once,
+        before their releases mark them done (so a done block always has its figures).
+
+        ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
+        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``. Returns
+        False, recording nothing, when a task with resource tracking got a success without
+        measurements: the run then fails on it.
+        """
+        picked = measured_rows(processed, run.task.resource_tracking)
+        if isinstance(picked, int):
+            self.fatal = unmeasured_error(f"{peer.addr[0]}:{peer.addr[1]}", run.task_id, picked)
+            return False
+        ks, picks, slots = picked
+        if not ks or table is None or run.status != RUNNING:
+            return True
+        measured = table[picks]
+        self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
+        if run.store is not None:
+            sent = peer.sent_wall + np.asarray(slots, dtype=np.float64) * step
+            wid = peer.worker_id if peer.worker is not None else -1
+            run.record_measured(ks, measured, wid, sent, sent + step)
+        return True
+
+    def _take_returned(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        status: Any,
+        measured: bool,
+        error: Any,
+        sent: float,
+        returned: float,
+        now: float,
+    ) -> None:
+        success = status == _SUCCESS
+        if peer.worker is not None:
+            peer.worker.earned = True
+        if not success:
+            text = error if isinstance(error, str) else "block failed"
+            self.record_error(peer, run, k, text)
+        self.release(peer, run, k, success, measured, sent, returned, now)
+
+    def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
+        """Block ``k`` failed with ``text``: kept for the summary and logged."""
+        if run.first_worker_error is None:
+            run.first_worker_error = text
+        run.last_worker_error = text
+        sid = run.geom.spatial_id_of(k)
+        log = peer.worker.log if peer.worker is not None else None
+        self.errors.add(run.task_id, sid, text, log)
+        logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
+
+    def release(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        success: bool,
+        measured: bool,
+        sent: float,
+        returned: float,
+        now: float,
+    ) -> None:
+        """Release block ``k``; a measured success was stored and aggregated already (see
+        :meth:`_record_measured`)."""
+        wall0 = peer.sent_wall + (sent - peer.sent_at)
+        accepted = self.s.release_index(
+            run,
+            k,
+            success,
+            None,
+            peer.worker_id if peer.worker is not None else -1,
+            wall0,
+            wall0 + (returned - sent),
+        )
+        plan = self.plan_of[run.index]
+        if plan.memory is not None and k in plan.memory.need and peer.worker is not None:
+            plan.memory.returned(self.s, k, success, peer.worker.mem_step)
+        if accepted and not (measured and success):
+            # (a release the scheduler ignores, of a task that already ended, counts in
+            # no block figure, like the measured ones _record_measured leaves out then)
+            plan.aggregates.add_block(returned - sent, None, not success)
+        if peer.worker is not None:
+            tl = peer.worker.timeline
+            tl.sent(sent)
+            tl.returned(returned, not success)
+        self.dirty = True
+        # wake parked requests (this task and downstream tasks)
+        if plan.parked:
+            self.serve_parked(plan, now)
+        for _edge, down in run.down_edges:
+            if down.ready:
+                dplan = self.plan_of[down.index]
+                if dplan.parked:
+                    self.serve_parked(dplan, now)
+                if dplan.alive == 0:
+                    # only the task that just got ready blocks: O(1) in the number of tasks
+                    self._rebalance(now, (dplan,))
+
+    def serve_parked(self, plan: TaskPlan, now: float) -> None:
+        """Serve the requests parked on ``plan``'s task while it has ready blocks."""
+        run = plan.run
+        while (
+            plan.parked
+            and run.index not in self.checking
+            and (run.ready > 0 or run.status != RUNNING or run.pending <= 0)
+        ):
+            c = plan.parked.popleft()
+            if c.parked:
+                c.parked = False
+                self.serve(c, run, False, now)
+
+    def continue_checks(self, now: float) -> None:
+        """Serve the requests parked by a check slice: the next slice of skips."""
+        todo, self.checking = self.checking, set()
+        for index in todo:
+            plan = self.plan_of[index]
+            if plan.parked:
+                self.serve_parked(plan, now)
+
+    def serve(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
+        """Answer ``peer``'s request: blocks, a park, or the word to stop (``draining``)."""
+        if peer.worker is not None and peer.worker.mem_step:
+            k = _memory.take_for(self, peer.worker, run, draining)
+            if k >= 0:
+                self._send_held(peer, run, [k], now)
+                return
+            draining = True  # nothing for a big worker: it is told to stop
+        if not draining and self.abort_reason is None and self.shutdown_started is None:
+            k = self.s.acquire_index(run)
+            if k == CHECKS_PENDING:
+                # back to the loop (Ctrl-C, other workers); it serves this request next
+                self.plan_of[run.index].parked.appendleft(peer)
+                peer.parked = True
+                self.checking.add(run.index)
+                self.dirty = True
+                return
+            if k < 0 and self.plan_of[run.index].backups is not None:
+                k = self.plan_of[run.index].backups.copy_for(peer, now)  # a straggler's copy
+            if k >= 0:
+                held = [k]
+                want = peer.batch
+                plan = self.plan_of[run.index]
+                suspects = plan.suspects
+                if want > 1 and not (suspects and k in suspects):
+                    # adaptive batching for fast blocks, never starving the other workers;
+                    # a block lost with a batch before always travels alone
+                    want = min(want, run.ready // max(1, plan.alive))
+                    while len(held) < want:
+                        k = self.s.acquire_index(run)
+                        if k < 0:
+                            break
+                        if suspects and k in suspects:
+                            self.s.requeue_index(run, k)
+                            break
+                        held.append(k)
+                self._send_held(peer, run, held, now)
+                return
+            if run.status == RUNNING and run.pending > 0:
+                self.plan_of[run.index].parked.append(peer)
+                peer.parked = True
+                return
+            backups = self.plan_of[run.index].backups
+            if backups is not None and backups.wait(peer):
+                return  # waits for a straggler to copy
+        if peer.worker is not None:
+            peer.worker.earned = True
+            peer.worker.timeline.shutdown_requested(now)
+        self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
+
+    def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
+        wall = now + self._wall_offset
+        if peer.sent_at:
+            # never before the end of its last batch, whatever the clock sync did
+            # in between: one worker's blocks do not overlap in time
+            last_end = peer.sent_wall + (now - peer.sent_at)
+            if wall < last_end:
+                wall = last_end
+        peer.held = held
+        peer.sent_at = now
+        peer.sent_wall = wall
+        peer.deadline = now + run.task.timeout_secs * len(held)
+        self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
+        self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
+
+    # -- deadlines ------------------------------------------------------------------------
+    def expire(self, now: float) -> None:
+        """Reclaim the blocks of the connections that outlived their deadline and the
+        watchdog's margin. Only the connections whose entry in the deadline heap fell due
+        are looked at: O(expired + log N), whatever the number of connections."""
+        for peer in self._deadlines.due(now):
+            if peer.closed or not peer.held:
+                continue
+            real = peer.deadline + watchdog_margin_seconds(peer.run)
+            if now > real:
+                self._reclaim(peer, now)
+            else:
+                # a later batch with a later deadline: look again then
+                self._deadlines.watch(peer, real)
+
+    def _time_out_block(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        sent: float,
+        returned: float,
+        now: float,
+        *,
+        stalled: bool = False,
+    ) -> None:
+        """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
+        the retry path."""
+        sid = run.geom.spatial_id_of(k)
+        if stalled:
+            run.stall_reclaims += 1
+            stall = run.task.stall_timeout_secs or 0.0
+            kind, limit = "stalled", f"stall_timeout={stall:g}s"
+            text = (
+                f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
+                f"stall_timeout ({stall:g}s)"
+            )
+        else:
+            run.timeout_reclaims += 1
+            kind, limit = "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            text = (
+                f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+            )
+        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
+        self.record_error(peer, run, k, text)
+        self.release(peer, run, k, False, False, sent, returned, now)
+        self.stop_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
+
+    def stop_worker(
+        self, worker: ManagedWorker | None, text: str, now: float, kind: str = "timeout"
+    ) -> None:
+        """Kill ``worker`` (if it is still running) and retire it with exit ``kind``."""
+        if worker is not None and worker.exit is None:
+            worker.exit = WorkerExit(kind, None, text)
+            self.plan_of[worker.run.index].retired_unseen += 1
+            worker.timeline.exited(now, kind)
+            self.staff.retire(worker)
+            self.out.append((KILL, worker))
+
+    def _reclaim(self, peer: Peer, now: float) -> None:
+        """The backstop: a connection's blocks outlived their deadline."""
+        run = peer.run
+        assert run is not None
+        backups = self.plan_of[run.index].backups
+        if backups is not None and drop_lost(self, backups, peer, "its copy timed out", now):
+            text = f"a copy of a block of task {run.task_id} outlived its deadline"
+            self.stop_worker(peer.worker, text, now)
+            self.close(peer, now)
+            return
+        held = peer.held
+        peer.held = []
+        if len(held) == 1:
+            self._time_out_block(peer, run, held[0], peer.sent_at, now, now)
+            self.close(peer, now)
+            return
+        # a whole batch outlived its deadline and the worker's watchdog did not say which
+        # block hung: none is charged; each runs alone next time, where a hang is caught
+        plan = self.plan_of[run.index]
+        for k in held:
+            self.s.requeue_index(run, k)
+            plan.suspects.add(k)
+        text = (
+            f"a batch of {len(held)} blocks of task {run.task_id} outlived its deadline; "
+            "its worker was stopped and the blocks run again one at a time"
+        )
+        logger.warning("%s", text)
+        self.stop_worker(peer.worker, text, now)
+        self.close(peer, now)
+
+    # -- the clock ------------------------------------------------------------------------
+    def sync_clock(self, now: float, wall_now: float) -> None:
+        """The wall clock reads ``wall_now`` at monotonic ``now``, both read at once (the
+        wall times of blocks sent from then on follow it; the shell syncs on every tick)."""
+        self._wall_offset = wall_now - now
+
+    def tick(self, now: float) -> None:
+        """The periodic tick, after :meth:`expire` and the worker poll: abandon tasks that
+        cannot go on, start workers, serve parked requests, report progress."""
+        self._check_abandon(now)
+        self._rebalance(now)
+        for plan in self.plans.values():
+            if plan.parked:
+                self.serve_parked(plan, now)
+            if plan.backups is not None and (plan.backups.idle or plan.parked):
+                offer(self, plan.backups, now)
+            if plan.memory is not None and plan.memory.lost:
+                _memory.expire_lost(self, plan, now)
+        if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
+            self._last_progress = now
+            self.dirty = False
+            self.out.append((PROGRESS,))
+
+    def abort(self, reason: str) -> None:
+        """The run is interrupted (a signal): nothing more is handed out or started."""
+        self.abort_reason = reason
+
+    def begin_shutdown(self, now: float) -> list[ManagedWorker]:
+        """The run stops: parked requests are told to shut down. Returns the live workers."""
+        self.shutdown_started = now
+        for plan in self.plans.values():
+            if plan.backups is not None:  # requests waiting for a straggler stop too
+                plan.parked.extend(plan.backups.idle)
+                plan.backups.idle.clear()
+            while plan.parked:
+                c = plan.parked.popleft()
+                if not c.parked:
+                    continue
+                c.parked = False
+                self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
+                if c.worker is not None:
+                    c.worker.earned = True
+                    c.worker.timeline.shutdown_requested(now)
+        live = [w for w in self.workers.values() if w.exit is None]
+        for w in live:
+            w.timeline.run_shutdown(now)
+        return live
+
+    # -- workers (the bookkeeping is _staffing's) ------------------------------------
+    def worker_running_at_end(self, worker: ManagedWorker, now: float) -> None:
+        """The final poll found ``worker`` still running: it was interrupted."""
+        worker.timeline.exited(now, "interrupted")
+
+    def worker_exited(
+        self, worker: ManagedWorker, ex: WorkerExit, interrupted: bool = False
+    ) -> bool:
+        """A worker's process ended (or its launcher lost it), as ``ex`` says.
+
+        True when the exit is news (the worker was not retired already, after a timeout):
+        the shell then reads what the worker sent before it exited and may still be unread
+        on ``worker.conn`` (as :meth:`receive` with ``draining``), and calls
+        :meth:`settle_exit`. ``interrupted``: the final poll of an aborted run.
+        """
+        return self.staff.exited(worker, ex, interrupted)
+
+    def settle_exit(self, worker: ManagedWorker, now: float) -> None:
+        """Account the exit :meth:`worker_exited` recorded: close its connection, and
+        give its start back or charge the restart budget."""
+        assert worker.exit is not None
+        if worker.conn is not None:
+            self.close(worker.conn, now)
+        worker.timeline.exited(now, worker.exit.kind)
+        self.staff.retire(worker)
+        if self.plan_of[worker.run.index].memory is not None:
+            _memory.settle_exit(self, worker, now)
+        self.staff.account_exit(worker, self.address)
+
+    def _check_abandon(self, now: float) -> None:
+        for plan in self.plans.values():
+            if not self.staff.stranded(plan):
+                continue
+            run = plan.run
+            hit = self.s.abandon(run, "worker restart cap exhausted")
+            for r in hit:
+                if r is run:
+                    logger.warning(
+                        "task '%s' abandoned: worker restart cap reached; its %d remaining "
+                        "blocks are lost (counted as orphaned)",
+                        r.task_id,
+                        r.lost_on_abandon,
+                    )
+                else:
+                    logger.warning(
+                        "downstream task '%s' abandoned: upstream input will never arrive, "
+                        "accounting remaining blocks as orphaned",
+                        r.task_id,
+                    )
+                p = self.plan_of[r.index]
+                while p.parked:
+                    c = p.parked.popleft()
+                    if c.parked:
+                        c.parked = False
+                        self.serve(c, r, True, now)
+            self.dirty = True
+
+    def rebalance(self, now: float) -> None:
+        """Book new workers where tasks can use them (at the start of the run)."""
+        self._rebalance(now)
+
+    def _rebalance(self, now: float, plans: Any = None) -> None:
+        """Book workers where tasks can use them: in ``plans``, or in every task."""
+        if plans is None:
+            plans = self.plans.values()
+        if (
+            self.abort_reason is not None
+            or self.fatal is not None
+            or self.shutdown_started is not None
+        ):
+            return
+        batches: dict[str, list[Booking]] = {}
+        grew = True
+        while grew:  # round robin: one worker per eligible task per pass
+            grew = False
+            for plan in plans:
+                if self.staff.eligible(plan):
+                    batches.setdefault(plan.run.task_id, []).append(self.staff.book(plan, now))
+                    grew = True
+        for plan in plans:
+            if plan.memory is not None and plan.memory.held_back:
+                _memory.book_big(self, plan, now, batches)
+        for task_id, bookings in batches.items():
+            self.out.append((LAUNCH, self.plans[task_id], bookings))
+
+    def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
+        """The shell started the booked worker: ``handle`` is its launcher's handle."""
+        self.staff.launched(plan, booking, handle, log)
+
+    def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
+        """The booked worker could not be started (its log files, or its launcher, failed):
+        the launcher will report nothing on it, so the booking is undone; the start it used
+        stays spent."""
+        self.staff.launch_failed(plan, booking, exc, now)

@@ -1,0 +1,218 @@
+"""The records a run's dispatcher keeps: one per connection (:class:`Peer`), per worker
+(:class:`ManagedWorker`) and per task (:class:`TaskPlan`), and the booking of a worker to
+start (:class:`Booking`). Plain state with no I/O; :mod:`bellis._scheduling._dispatch` decides what
+happens to them.
+
+A task's workers write to its log *slot* files, ``worker_<slot>.out`` and ``.err``: a new
+worker takes the lowest slot that no worker of its task holds, and holds it until it is
+seen to end (or fails to start). The header line of the next worker in a slot says why the
+last one left (:func:`replacing`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import signal  # the names of signals only
+from collections import deque
+from typing import Any, NamedTuple
+
+from .._protocol import WELCOME, WorkerExit, encode
+from ._task_run import TaskRun
+
+__all__ = ["Booking", "ManagedWorker", "Peer", "TaskPlan", "replacing"]
+
+
+class Peer:
+    """What the dispatcher knows of one connection (the shell subclasses it with the
+    socket and its buffers)."""
+
+    __slots__ = (
+        "addr",
+        "authed",
+        "batch",
+        "closed",
+        "deadline",
+        "due",
+        "held",
+        "nonce",
+        "opened_at",
+        "parked",
+        "run",
+        "sent_at",
+        "sent_wall",
+        "worker",
+        "worker_id",
+    )
+
+    def __init__(self, addr: Any, nonce: bytes, now: float) -> None:
+        self.addr = addr
+        self.nonce = nonce
+        self.authed = False
+        #: set when the dispatcher decided to close it (the CLOSE instruction follows)
+        self.closed = False
+        self.run: TaskRun | None = None
+        self.worker: ManagedWorker | None = None
+        self.worker_id = -1
+        self.held: list[int] = []
+        #: its request waits in its task's ``parked`` queue (an entry there whose peer's
+        #: flag is clear is stale: skipped when popped)
+        self.parked = False
+        self.batch = 1
+        self.sent_at = 0.0
+        self.sent_wall = 0.0
+        self.deadline = 0.0
+        #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
+        self.due = float("inf")
+        self.opened_at = now
+
+
+class ManagedWorker:
+    """A managed worker: its launcher handle, its connection and its timeline."""
+
+    __slots__ = (
+        "conn",
+        "earned",
+        "ever_connected",
+        "exit",
+        "handle",
+        "log",
+        "lost",
+        "mem_step",
+        "run",
+        "slot",
+        "timeline",
+        "worker_id",
+    )
+
+    def __init__(self, worker_id: int, run: TaskRun, handle: Any, timeline: Any) -> None:
+        self.worker_id = worker_id
+        self.run = run
+        self.handle = handle
+        self.conn: Peer | None = None
+        self.ever_connected = False
+        # a clean exit gives the start back only if the worker returned a block or was
+        # told to stop; one that connects and leaves at once must burn the budget
+        self.earned = False
+        self.exit: WorkerExit | None = None
+        self.timeline = timeline
+        self.log: str | None = None
+        self.slot = 0
+        #: its step on its task's memory ladder (0: the request; see ``bellis._scheduling._memory``)
+        self.mem_step = 0
+        #: (connection, blocks, when) it held when its connection ended, released once its
+        #: exit says whether it ran out of memory (tasks with a memory ladder only)
+        self.lost: tuple[Peer, list[int], float] | None = None
+
+
+class Booking(NamedTuple):
+    """One worker the dispatcher booked (its id, budget, resources and log slot) for the
+    shell to start: ``reason`` says why its slot's last worker left (None: the first)."""
+
+    worker_id: int
+    slot: int
+    reason: str | None
+    timeline: Any
+    #: its step on the task's memory ladder (0: the request)
+    mem_step: int = 0
+
+
+class TaskPlan:
+    """What the run needs to know about one task beyond the scheduler."""
+
+    def __init__(
+        self,
+        run: TaskRun,
+        payload: bytes | None,
+        launcher: Any,
+        aggregates: Any,
+        timelines: Any,
+    ) -> None:
+        self.run = run
+        self.payload = payload
+        #: the task's ``WorkerLauncher``: the dispatcher never calls it (the shell does)
+        self.launcher = launcher
+        self.aggregates = aggregates
+        self.timelines = timelines
+        self.alive = 0
+        #: workers stopped after a block timeout whose process is yet to be seen to end
+        #: (each still holds its log slot)
+        self.retired_unseen = 0
+        self.free_starts = run.task.max_workers
+        self.parked: deque[Peer] = deque()
+        # blocks lost with a batch (which one killed the worker is unknown): sent alone
+        self.suspects: set[int] = set()
+        self.workers: list[ManagedWorker] = []
+        #: straggler backups (a ``_backups.Backups``), None when the task has none
+        self.backups: Any = None
+        #: the task's memory ladder and the blocks waiting for a larger grant
+        #: (``bellis._scheduling._memory.MemoryPlan``); None: the task has no memory request
+        self.memory: Any = None
+        # log slots: the free ones (a heap), how many exist, and per slot why its last
+        # worker of this run left (the next one's header says so)
+        self._free_slots: list[int] = []
+        self._slot_count = 0
+        self._slot_left: dict[int, str] = {}
+        task = run.task
+        g = run.geom
+        self.geometry = {
+            "total_offset": list(g.total_offset),
+            "total_shape": list(g.total_shape),
+            # the block template: read at the total offset, write shifted by the context
+            "read_offset": list(g.total_offset),
+            "read_shape": list(g.read_shape),
+            "write_offset": list(g.tw_offset),
+            "write_shape": list(g.write_shape),
+            "fit": g.fit,
+            "conflict": g.read_write_conflict,
+        }
+        welcome = [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
+        if task.stall_timeout_secs is not None:
+            welcome.append(task.stall_timeout_secs)  # absent: stall detection off
+        self.welcome = encode(welcome)
+
+    def take_slot(self) -> tuple[int, str | None]:
+        """The lowest free log slot, and why its last worker of this run left (None: it
+        has had none)."""
+        if self._free_slots:
+            slot = heapq.heappop(self._free_slots)
+        else:
+            slot = self._slot_count
+            self._slot_count += 1
+        return slot, self._slot_left.get(slot)
+
+    def release_slot(self, slot: int, why: str) -> None:
+        """Free ``slot``; ``why`` goes into the header of the next worker that takes it."""
+        self._slot_left[slot] = why
+        heapq.heappush(self._free_slots, slot)
+
+
+def replacing(worker_id: int, ex: WorkerExit) -> str:
+    """``replacing worker 3, which exited with code 1`` and the like, for a slot header."""
+    return f"replacing worker {worker_id}, {_how_it_ended(ex)}"
+
+
+def _how_it_ended(ex: WorkerExit) -> str:
+    if ex.kind == "timeout":
+        return "whose block exceeded the block timeout"
+    if ex.kind == "stalled":
+        return "whose block stalled"
+    if ex.kind == "interrupted":
+        return "which was interrupted"
+    if ex.kind == "walltime":
+        return "which left before its job time limit"
+    if ex.kind == "preempted":
+        return "which was stopped: the other copy of its block finished first"
+    first = ex.message.splitlines()[0] if ex.message else ""
+    if first.startswith("out of memory"):
+        return "which ran out of memory"
+    if ex.code == 0:
+        return "which exited cleanly"
+    if ex.code is not None and ex.code < 0:
+        try:
+            name = signal.Signals(-ex.code).name
+        except ValueError:
+            name = str(-ex.code)
+        return f"which died of signal {name}"
+    if ex.code is not None:
+        return f"which exited with code {ex.code}"
+    return f"which was lost ({first})" if first else "which was lost"

@@ -1,0 +1,567 @@
+"""The sans-I/O scheduler: which block may run next, and what a release unlocks.
+
+Theory of operation
+-------------------
+A block is ``(task index, k)`` with ``k`` its flat C-order index in the task's block
+grid. Per task, two numpy arrays carry all per-block state:
+
+* ``state`` (uint8): PENDING, READY (initially ready), QUEUED (readied later, in the
+  FIFO), PROCESSING, DONE, FAILED or ORPHANED;
+* ``deps`` (smallest unsigned dtype that fits): how many upstream blocks, in this task
+  (conflict levels) or in upstream tasks (read/write overlap), have not succeeded yet.
+
+A block waiting to be handed out with ``deps == 0`` is READY (ready from the start) or
+QUEUED (readied later). Per-block reads and writes go through ``memoryview``s of the
+arrays (tens of nanoseconds, no numpy scalar objects); whole-grid work (initial
+dependency counts, blocks already done in a tracking store, skip masks) is numpy over
+the arrays, never a Python loop per block.
+
+Each task has a ready queue: a lazy generator over the initially ready blocks, in level
+order then cartesian order, drained before a FIFO of blocks readied by releases and of
+retries. A permanent failure walks every transitive downstream block, across tasks, and
+orphans it. Terminal task states are sticky; late releases for them are ignored.
+
+No sockets, threads or clocks live here; the caller passes times in, and may inject a
+clock (:meth:`Scheduler.bound_checks`) so that a long run of ``check_function`` skips is
+cut into slices: ``acquire_index`` then returns :data:`CHECKS_PENDING` between two
+blocks, and the caller gets control back (to poll for Ctrl-C, serve sockets) before it
+calls again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._block import Block, BlockStatus
+from .._graph import (
+    InterTaskEdge,
+    add_product,
+    edge_axis_counts,
+    store_product,
+    subtract_shifted,
+    zeroed,
+)
+from .._state import TaskState
+from .._task import Pipeline, Task, topological_order
+from ..errors import ConfigurationError
+from ._task_run import (
+    ABANDONED,
+    CHUNK,
+    DONE,
+    FAILED,
+    FINISHED,
+    ORPHANED,
+    PENDING,
+    PROCESSING,
+    QUEUED,
+    READY,
+    RUNNING,
+    TaskRun,
+    dtype_for,
+    view,
+)
+
+__all__ = ["CHECKS_PENDING", "Scheduler"]
+
+logger = logging.getLogger("bellis")
+
+#: ``acquire_index``: a check slice ran out before a block to hand out was found; call again
+CHECKS_PENDING = -2
+#: check_function calls between two looks at the injected clock
+_CHECKS_PER_CLOCK = 32
+
+
+class Scheduler:
+    """Hands out blocks in dependency order and takes them back (daisy's ``Scheduler``).
+
+    ``Scheduler(pipeline_or_task)``. No tracking store is opened here; the runner passes
+    the stores it opened (``_stores``), and their done blocks are resolved in bulk at
+    construction.
+    """
+
+    def __init__(self, pipeline: Any, *, _stores: dict[str, Any] | None = None) -> None:
+        if isinstance(pipeline, Task):
+            pipeline = Pipeline.from_task(pipeline)
+        if not isinstance(pipeline, Pipeline):
+            raise TypeError(
+                f"Scheduler expects a Pipeline or a Task; got {type(pipeline).__name__}"
+            )
+        pipeline.validate()
+        order = topological_order(pipeline.tasks, pipeline.edges)
+        self.task_order = [t.task_id for t in order]
+        self.runs: list[TaskRun] = [TaskRun(i, t) for i, t in enumerate(order)]
+        self.by_id: dict[str, TaskRun] = {r.task_id: r for r in self.runs}
+        by_obj = {id(r.task): r for r in self.runs}
+        seen_edges: set[tuple[int, int]] = set()
+        for up_t, down_t in pipeline.edges:
+            up, down = by_obj[id(up_t)], by_obj[id(down_t)]
+            if (up.index, down.index) in seen_edges:
+                continue
+            seen_edges.add((up.index, down.index))
+            _check_overlap(up, down)
+            edge = InterTaskEdge(up.geom, down.geom)
+            up.down_edges.append((edge, down))
+            down.up_edges.append((edge, up))
+            up.downstream_tasks.append(down)
+        for run in self.runs:
+            if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
+                run.attach_store(_stores[run.task_id])
+        self._first_running = 0
+        self._check_clock: Callable[[], float] | None = None
+        self._check_slice_seconds = 0.0
+        self._initialize()
+        self.dependency_graph = _PipelineGraph(self)
+
+    # -- initialisation (bulk) ---------------------------------------------------------
+    def _initialize(self) -> None:
+        """Per task: mark done (store) and masked blocks, count dependencies, find roots.
+
+        Whole-grid work only, in numpy, and never a temporary wider than one byte per
+        block: a 10^9-block task holds ``state`` and ``deps`` (one byte each for a
+        conflict task) plus, while it resumes, one boolean per block of skipped blocks.
+        """
+        skipped: dict[int, np.ndarray[Any, Any]] = {}
+        for run in self.runs:
+            g = run.geom
+            if run.total == 0:
+                run.status = FINISHED
+                continue
+            grid_state = run.state.reshape(g.grid)
+            skip = _skipped_blocks(run)
+            if skip is not None:
+                np.copyto(grid_state, DONE, where=skip)
+                skipped[run.index] = skip
+            if run.remaining == 0:
+                # everything is done already (a resumed store): nothing to count or queue
+                run.status = FINISHED
+                continue
+            # dependency counts
+            if run.intra and not run.up_edges and skip is None:
+                # nothing resolved in bulk: count level by level as the run reaches them
+                dtype = dtype_for(g.max_level_count())
+                run.deps = zeroed(run.total, dtype)
+                run.deps_mv = view(run.deps)
+                grid_state[g.level_slices(0)] = READY
+                run.levels_ready = 1
+                # level 1 now: its blocks wait on the first releases, and it touches every
+                # page of ``deps`` (the kernel's first-touch cost, ~3 s per GiB here),
+                # which then falls on the start rather than on the first blocks
+                run.init_levels(2)
+                run.ready = sum(g.level_zero_count_blocks(lvl) for lvl in range(g.num_levels))
+                run.roots = run._initial_ready()
+                continue
+            if run.intra or run.up_edges:
+                edge_vecs = [edge_axis_counts(edge) for edge, _ in run.up_edges]
+                bound = g.max_level_count() if run.intra else 0
+                bound += sum(math.prod(int(v.max(initial=0)) for v in vecs) for vecs in edge_vecs)
+                deps = zeroed(run.total, dtype_for(bound)).reshape(g.grid)
+                if run.intra:
+                    for lvl in range(1, g.num_levels):
+                        dst = deps[g.level_slices(lvl)]
+                        store_product(dst, g.level_axis_counts(lvl))
+                        if skip is not None:
+                            subtract_shifted(g, lvl, skip, dst)
+                for (edge, up), vecs in zip(run.up_edges, edge_vecs, strict=True):
+                    add_product(deps, vecs)
+                    if up.index in skipped:
+                        np.subtract(
+                            deps,
+                            edge.done_counts(skipped[up.index]),
+                            out=deps,
+                            casting="unsafe",
+                        )
+                run.deps = deps.reshape(-1)
+                run.deps_mv = view(run.deps)
+                run.ready = _mark_ready(grid_state, deps)
+            else:
+                run.ready = _mark_ready(grid_state, None)
+            run.roots = run._initial_ready()
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def task_states(self) -> dict[str, TaskState]:
+        return {r.task_id: r.snapshot() for r in self.runs}
+
+    def is_done(self) -> bool:
+        """True when no task is running. Amortised O(1): terminal states are sticky, so
+        the scan resumes at the first task that was still running last time (the server
+        asks on every turn of its loop, and a pipeline may have hundreds of tasks)."""
+        runs = self.runs
+        i = self._first_running
+        while i < len(runs) and runs[i].status != RUNNING:
+            i += 1
+        self._first_running = i
+        return i == len(runs)
+
+    def bound_checks(self, clock: Callable[[], float], slice_seconds: float) -> None:
+        """Let one ``acquire_index`` call spend about ``slice_seconds`` (read on ``clock``)
+        in ``check_function`` skips before it returns :data:`CHECKS_PENDING`."""
+        self._check_clock = clock
+        self._check_slice_seconds = slice_seconds
+
+    # -- the hot path: integer API -------------------------------------------------------
+    def acquire_index(self, run: TaskRun) -> int:
+        """Pop the next block of ``run`` to dispatch; -1 when none is ready, and
+        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out."""
+        if run.status != RUNNING:
+            return -1
+        state_mv = run.state_mv
+        roots = run.roots
+        checks = 0
+        until = 0.0
+        while True:
+            if roots is not None:
+                k = next(roots, -1)
+                if k < 0:
+                    run.roots = roots = None
+                    continue
+                if state_mv[k] != READY:
+                    continue
+            elif run.fifo:
+                k = run.fifo.popleft()
+                if state_mv[k] != QUEUED:
+                    continue
+            else:
+                return -1
+            run.started = True
+            run.ready -= 1
+            if run.check_function is not None and self._precheck(run, k):
+                if run.status != RUNNING:
+                    return -1
+                clock = self._check_clock
+                if clock is not None:
+                    if checks == 0:
+                        until = clock() + self._check_slice_seconds
+                    elif checks % _CHECKS_PER_CLOCK == 0 and clock() >= until:
+                        return CHECKS_PENDING
+                    checks += 1
+                continue
+            state_mv[k] = PROCESSING
+            run.processing += 1
+            return k
+
+    def _precheck(self, run: TaskRun, k: int) -> bool:
+        """Run the check_function; on a truthy answer release ``k`` as a skip."""
+        fn = run.check_function
+        assert fn is not None
+        block = run.geom.block(k, BlockStatus.PROCESSING)
+        try:
+            done = bool(fn(block))
+        except Exception as exc:
+            if not run.check_warned:
+                run.check_warned = True
+                logger.warning(
+                    "check_function for task '%s' raised; treating block %s as not done, so "
+                    "it will be (re)processed. Further check failures for this task will not "
+                    "be logged: %r",
+                    run.task_id,
+                    block.block_id,
+                    exc,
+                )
+            return False
+        if not done:
+            return False
+        run.state_mv[k] = PROCESSING
+        run.processing += 1
+        run.skipped_check += 1
+        self._succeed(run, k, None, -1, 0.0, 0.0, record=True)
+        return True
+
+    def release_index(
+        self,
+        run: TaskRun,
+        k: int,
+        success: bool,
+        stats: Any = None,
+        worker_id: int = -1,
+        sent_at: float = 0.0,
+        returned_at: float = 0.0,
+    ) -> bool:
+        """Take block ``k`` back. Returns False if the release was ignored (stale)."""
+        if run.status != RUNNING or not 0 <= k < run.total or run.state_mv[k] != PROCESSING:
+            return False
+        if success:
+            self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
+        else:
+            self._fail(run, k, worker_id, sent_at, returned_at)
+        return True
+
+    def requeue_index(self, run: TaskRun, k: int) -> None:
+        """Put a dispatched block that never started back at the head of its queue.
+
+        Not a failed attempt: nothing ran (a worker returned part of a batch unprocessed).
+        """
+        if run.status != RUNNING or run.state_mv[k] != PROCESSING:
+            return
+        run.state_mv[k] = QUEUED
+        run.processing -= 1
+        run.ready += 1
+        run.fifo.appendleft(k)
+
+    def take_queued_index(self, run: TaskRun, k: int) -> bool:
+        """Take queued block ``k`` out of the queue as if it were handed out (a block that
+        waits for a larger memory grant, ``_memory``). Its entry in the queue stays,
+        and is skipped. False: ``k`` was not queued."""
+        if run.status != RUNNING or run.state_mv[k] != QUEUED:
+            return False
+        run.state_mv[k] = PROCESSING
+        run.ready -= 1
+        run.processing += 1
+        return True
+
+    def _succeed(
+        self,
+        run: TaskRun,
+        k: int,
+        stats: Any,
+        worker_id: int,
+        sent_at: float,
+        returned_at: float,
+        *,
+        record: bool,
+    ) -> None:
+        run.state_mv[k] = DONE
+        run.processing -= 1
+        run.completed += 1
+        if record and run.store is not None:
+            fast = run.done_fast
+            if fast is not None and stats is None:
+                fast[k] = 1
+            else:
+                cell = run.cell_of(k)
+                if cell >= 0:
+                    run.store.record_success(cell, stats, worker_id, sent_at, returned_at)
+        if run.intra:
+            lvl, blocks = run.geom.downstream_with_level(k)
+            if run.levels_ready < lvl + 2:
+                run.init_levels(lvl + 2)
+            self._unlock(run, blocks)
+        for edge, down in run.down_edges:
+            if down.status == RUNNING:
+                self._unlock(down, edge.downstream_of(k))
+        if run.completed + run.failed + run.orphaned == run.total:
+            run.status = FINISHED
+
+    @staticmethod
+    def _unlock(run: TaskRun, blocks: list[int]) -> None:
+        deps = run.deps_mv
+        state = run.state_mv
+        assert deps is not None
+        for n in blocks:
+            c = deps[n] - 1
+            deps[n] = c
+            if c == 0 and state[n] == PENDING:
+                state[n] = QUEUED
+                run.fifo.append(n)
+                run.ready += 1
+
+    def _fail(
+        self, run: TaskRun, k: int, worker_id: int, sent_at: float, returned_at: float
+    ) -> None:
+        run.failed_attempts += 1
+        run.processing -= 1
+        if run.store is not None:
+            cell = run.cell_of(k)
+            if cell >= 0:
+                run.store.record_failure(cell, worker_id, sent_at, returned_at)
+        attempts = run.retries.get(k, 0)
+        if attempts < run.max_retries:
+            run.retries[k] = attempts + 1
+            run.state_mv[k] = QUEUED
+            run.fifo.append(k)
+            run.ready += 1
+            return
+        run.retries.pop(k, None)
+        run.state_mv[k] = FAILED
+        run.failed += 1
+        self._orphan_downstream(run, k)
+        self._finalize_all()
+
+    def _orphan_downstream(self, run: TaskRun, k: int) -> None:
+        stack: list[tuple[TaskRun, int]] = [(run, k)]
+        while stack:
+            r, b = stack.pop()
+            nexts: list[tuple[TaskRun, list[int]]] = []
+            if r.intra:
+                nexts.append((r, r.geom.downstream_of(b)))
+            for edge, down in r.down_edges:
+                nexts.append((down, edge.downstream_of(b)))
+            for dr, blocks in nexts:
+                st = dr.state_mv
+                for n in blocks:
+                    if st[n] == PENDING:
+                        st[n] = ORPHANED
+                        if dr.status == RUNNING:
+                            dr.orphaned += 1
+                        stack.append((dr, n))
+
+    def _finalize_all(self) -> None:
+        for r in self.runs:
+            if r.status == RUNNING and r.completed + r.failed + r.orphaned == r.total:
+                r.status = FINISHED
+
+    def abandon(self, run: TaskRun, reason: str) -> list[TaskRun]:
+        """Give up on a task (and, transitively, its downstream tasks). Returns them."""
+        hit = []
+        todo = [(run, reason)]
+        while todo:
+            r, why = todo.pop()
+            if r.status != RUNNING:
+                continue
+            r.lost_on_abandon = r.remaining
+            r.orphaned += r.remaining
+            r.ready = 0
+            r.processing = 0
+            r.status = ABANDONED
+            r.abandon_reason = why
+            r.roots = None
+            r.fifo.clear()
+            hit.append(r)
+            for d in r.downstream_tasks:
+                todo.append((d, "upstream task abandoned"))
+        return hit
+
+    # -- the public Block API ----------------------------------------------------------
+    def acquire_block(self, task_id: str) -> Block | None:
+        run = self.by_id.get(task_id)
+        if run is None:
+            raise KeyError(f"no task {task_id!r} in this scheduler")
+        k = self.acquire_index(run)
+        if k < 0:
+            return None
+        return Block._lazy(run.geom, k, BlockStatus.CREATED)
+
+    def release_block(self, block: Block) -> None:
+        run = self.by_id.get(block._task_id)
+        if run is None:
+            raise KeyError(f"block {block.block_id} belongs to no task of this scheduler")
+        k = block._k if block._geom is run.geom else run.geom.index_of_block(block)
+        if k < 0:
+            raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
+        # bellis fix: a non-terminal status is a failure, never a crash
+        stats = block.stats
+        self.release_index(
+            run,
+            k,
+            block._status == BlockStatus.SUCCESS,
+            None if stats is None else stats.to_tuple(),
+        )
+
+
+def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
+    """The blocks of ``run`` done in its store or masked, as one bool per block (None when
+    there are none); sets the skip counters and ``completed``."""
+    g = run.geom
+    mask = run.task._skip_mask
+    pre: np.ndarray[Any, Any] | None = None
+    n_pre = 0
+    store = run.store
+    if store is not None and not getattr(store, "created", False):
+        view, dst = run.store_view(store.done)
+        n_pre = int(np.count_nonzero(view))
+        if n_pre:
+            pre = np.zeros(g.grid, dtype=bool)
+            np.not_equal(view, 0, out=pre[dst])
+    n_mask = 0
+    if mask is not None:
+        masked = np.not_equal(mask, 0)
+        if pre is not None:
+            np.greater(masked, pre, out=masked)  # masked and not done
+        n_mask = int(np.count_nonzero(masked))
+        if n_mask:
+            if pre is None:
+                pre = masked
+            else:
+                np.logical_or(pre, masked, out=pre)
+        del masked
+    if pre is None:
+        return None
+    run.skipped_done = n_pre
+    run.skipped_mask = n_mask
+    run.completed = n_pre + n_mask
+    return pre
+
+
+def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | None) -> int:
+    """PENDING blocks with no dependency left become READY; returns how many.
+
+    Slab by slab along axis 0, so the masks are a small fraction of the grid.
+    """
+    flat_state = grid_state.reshape(grid_state.shape[0], -1)
+    flat_deps = None if deps is None else deps.reshape(deps.shape[0], -1)
+    rows = max(1, CHUNK // max(1, flat_state.shape[1]))
+    ready = 0
+    for r in range(0, flat_state.shape[0], rows):
+        st = flat_state[r : r + rows]
+        mask = st == PENDING
+        if flat_deps is not None:
+            mask &= flat_deps[r : r + rows] == 0
+        st[mask] = READY
+        ready += int(np.count_nonzero(mask))
+    return ready
+
+
+def _check_overlap(up: TaskRun, down: TaskRun) -> None:
+    """Refuse an edge whose downstream task reads nothing its upstream task writes."""
+    ug, dg = up.geom, down.geom
+    if ug.num_blocks == 0 or dg.num_blocks == 0:
+        return
+    for i in range(ug.dims):
+        tw_b = ug.tw_offset[i]
+        tw_e = tw_b + max(0, ug.tw_shape[i])
+        _, first_e = dg.read_interval(i, 0)
+        last_b, _ = dg.read_interval(i, dg.grid[i] - 1)
+        if first_e <= tw_b or last_b >= tw_e:
+            from funlib.geometry import Roi
+
+            total = Roi(dg.total_offset, dg.total_shape)
+            utw = Roi(ug.tw_offset, tuple(max(0, s) for s in ug.tw_shape))
+            raise ConfigurationError(
+                f'invalid configuration: task "{down.task_id}" has blocks (total_roi {total!r}) '
+                f'that read nothing their upstream task "{up.task_id}" writes (total write roi '
+                f"{utw!r}) along axis {i}; those blocks would never become ready and the run "
+                "would wait forever. Shrink the downstream total_roi to the upstream write "
+                "region, or grow the upstream total_roi.",
+                parameter="total_roi",
+            )
+
+
+class _PipelineGraph:
+    """``Scheduler.dependency_graph``: upstream/downstream blocks across tasks."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    def _locate(self, block: Block) -> tuple[TaskRun, int]:
+        run = self._s.by_id[block.task_id]
+        k = run.geom.index_of_block(block)
+        if k < 0:
+            raise ValueError(f"block {block!r} is not a block of task {run.task_id!r}")
+        return run, k
+
+    def upstream(self, block: Block) -> list[Block]:
+        run, k = self._locate(block)
+        out: list[Block] = []
+        for edge, up in run.up_edges:
+            out.extend(up.geom.block(u) for u in edge.upstream_of(k))
+        if run.intra:
+            out.extend(run.geom.block(u) for u in run.geom.upstream_of(k))
+        return sorted(out, key=_sort_key)
+
+    def downstream(self, block: Block) -> list[Block]:
+        run, k = self._locate(block)
+        out: list[Block] = []
+        if run.intra:
+            out.extend(run.geom.block(d) for d in run.geom.downstream_of(k))
+        for edge, down in run.down_edges:
+            out.extend(down.geom.block(d) for d in edge.downstream_of(k))
+        return sorted(out, key=_sort_key)
+
+
+def _sort_key(b: Block) -> tuple[str, int]:
+    return (b.task_id, b.spatial_id)

@@ -1,0 +1,253 @@
+"""Who works on a distributed run, sans I/O: the workers started, what each start costs,
+and whether a task may have another.
+
+Theory of operation
+-------------------
+:class:`Staffing` is the part of the :class:`~bellis._scheduling._dispatch.Dispatcher` that books,
+starts and retires *managed* workers (those a launcher started for the run). It keeps the
+workers by id (live ones in :attr:`~Staffing.workers`, ended ones in
+:attr:`~Staffing.gone`), the run's resources and what the live workers take of them, and
+each task's restart budget on its :class:`~bellis._scheduling._records.TaskPlan`. The dispatcher
+asks it (:meth:`~Staffing.eligible`, :meth:`~Staffing.book`, :meth:`~Staffing.out_of_starts`)
+and tells it what happened (:meth:`~Staffing.launched`, :meth:`~Staffing.launch_failed`,
+:meth:`~Staffing.exited`, :meth:`~Staffing.account_exit`); it sends nothing itself.
+
+* **The restart budget.** A task's first ``max_workers`` starts are free. A worker that
+  exits cleanly after it returned a block or was told to stop (*earned*) gives its start
+  back; any other start is a restart, counted against ``max_worker_restarts``: a worker that
+  fails, times out, is lost, exits at once or without ever connecting, and a launch that
+  fails. A task with work left, no worker alive and no start left is abandoned (by the
+  dispatcher, which asks :meth:`~Staffing.out_of_starts`), and its downstream tasks with it.
+* **Resources.** A worker takes its task's ``requires`` (or, on a larger memory grant, what
+  :func:`._memory.charge` says) from the run's resources from its booking until it is
+  retired or its launch fails; a task gets no worker its resources cannot hold.
+* **Memory grants.** A worker has a step on its task's memory ladder (0: the request);
+  :mod:`bellis._scheduling._memory` books the larger ones and counts them on ``plan.memory``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .._protocol import Hello, WorkerExit, verify_mac, worker_token
+from ._memory import charge
+from ._records import Booking, ManagedWorker, Peer, TaskPlan, replacing
+from ._task_run import RUNNING, TaskRun
+
+__all__ = ["Staffing"]
+
+logger = logging.getLogger("bellis")
+
+
+class Staffing:
+    """The managed workers of one run, their starts and their resources (see the module
+    docstring)."""
+
+    def __init__(self, plans: dict[str, TaskPlan], resources: dict[str, int]) -> None:
+        self.plan_of = {p.run.index: p for p in plans.values()}
+        self.resources = dict(resources)
+        #: what the live workers take of :attr:`resources`
+        self.used: dict[str, int] = {k: 0 for k in resources}
+        self.workers: dict[int, ManagedWorker] = {}
+        #: workers whose process has ended, by id: a connection that claims one of them
+        #: comes from a worker that outlived its spawn function
+        self.gone: dict[int, ManagedWorker] = {}
+        self.next_worker_id = 0
+
+    # -- booking -----------------------------------------------------------------------
+    def eligible(self, plan: TaskPlan) -> bool:
+        """Whether ``plan``'s task can use one more ordinary worker now."""
+        run = plan.run
+        task = run.task
+        if plan.payload is None or run.status != RUNNING or run.ready <= 0:
+            return False
+        alive, out = plan.alive, run.processing
+        if plan.memory is not None:  # big workers and the blocks they wait for aside
+            alive -= plan.memory.big_alive
+            out = max(0, out - plan.memory.held_back - plan.memory.big_alive)
+        if alive >= task.max_workers or alive >= run.ready + out:
+            return False
+        if self.out_of_starts(plan):
+            return False
+        for k, v in task.requires.items():
+            if self.used.get(k, 0) + v > self.resources.get(k, 0):
+                return False
+        return True
+
+    def out_of_starts(self, plan: TaskPlan) -> bool:
+        """No free start left and the restart budget spent."""
+        return (
+            plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.task.max_worker_restarts
+        )
+
+    def stranded(self, plan: TaskPlan) -> bool:
+        """``plan``'s task has blocks left but no worker alive, none out (but those
+        waiting for a larger memory grant) and no start left: it is to be abandoned."""
+        run = plan.run
+        if run.status != RUNNING or plan.alive > 0 or plan.payload is None:
+            return False
+        waiting = 0 if plan.memory is None else plan.memory.held_back
+        if run.remaining <= 0 or run.processing > waiting:
+            return False
+        return self.out_of_starts(plan)
+
+    def book(self, plan: TaskPlan, now: float, mem_step: int = 0) -> Booking:
+        """Book one new worker of ``plan``'s task: its id, budget, resources, log slot
+        (and its step on the task's memory ladder)."""
+        run = plan.run
+        wid = self.next_worker_id
+        self.next_worker_id += 1
+        if plan.free_starts > 0:
+            plan.free_starts -= 1
+        else:
+            run.worker_restarts += 1
+        run.worker_starts += 1
+        for k, v in self.charge(plan, mem_step).items():
+            self.used[k] = self.used.get(k, 0) + v
+        plan.alive += 1
+        if plan.memory is not None:
+            plan.memory.alive[mem_step] += 1
+        timeline = plan.timelines.spawned(wid, now)
+        slot, before = plan.take_slot()
+        if before is None and plan.retired_unseen > 0:
+            # a new slot while a worker retired after a block timeout is yet to be seen
+            # to end: it holds its slot until then
+            before = "restart in a new slot (the worker it replaces has not ended yet)"
+        timeline.slot = slot
+        return Booking(wid, slot, before, timeline, mem_step)
+
+    def charge(self, plan: TaskPlan, mem_step: int) -> dict[str, int]:
+        """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
+        if not mem_step:
+            return plan.run.task.requires
+        return charge(plan.run.task.requires, plan.memory.ladder, mem_step)
+
+    def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
+        """The booked worker was started: ``handle`` is its launcher's handle."""
+        worker = ManagedWorker(booking.worker_id, plan.run, handle, booking.timeline)
+        worker.log = log
+        worker.slot = booking.slot
+        worker.mem_step = booking.mem_step
+        self.workers[booking.worker_id] = worker
+        plan.workers.append(worker)
+
+    def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
+        """The booked worker could not be started: the booking is undone; the start it
+        used stays spent, and the task counts a worker failure."""
+        run = plan.run
+        plan.alive -= 1
+        if plan.memory is not None:
+            plan.memory.alive[booking.mem_step] -= 1
+        plan.release_slot(
+            booking.slot, f"replacing worker {booking.worker_id}, which could not be started"
+        )
+        for k, v in self.charge(plan, booking.mem_step).items():
+            self.used[k] -= v
+        msg = f"could not start a worker for task '{run.task_id}': {exc}"
+        run.worker_failures += 1
+        if run.first_worker_error is None:
+            run.first_worker_error = msg
+        run.last_worker_error = msg
+        booking.timeline.exited(now, "error")
+        logger.warning("%s", msg)
+
+    # -- connections ------------------------------------------------------------------
+    def identify(
+        self, hello: Hello, nonce: bytes, worker_key: bytes, run: TaskRun
+    ) -> ManagedWorker | None:
+        """The managed worker of ``run`` that a HELLO answering ``nonce`` proves to be, and
+        that has no connection yet (None: the client is unmanaged). Only a client that
+        holds that worker's own token is the managed worker: anyone with the run's secret
+        may connect, but only as an unmanaged client."""
+        wid = hello.worker_id
+        if wid < 0 or hello.worker_mac is None:
+            return None
+        if not verify_mac(worker_token(worker_key, wid), nonce, hello.worker_mac):
+            return None
+        worker = self.workers.get(wid) or self.gone.get(wid)
+        if worker is None or worker.run is not run or worker.conn is not None:
+            return None
+        return worker
+
+    def connected(self, worker: ManagedWorker, peer: Peer, setup: Any, now: float) -> None:
+        """``worker`` is served on ``peer`` now (``setup``: the seconds it reports its
+        start took, on its first connection)."""
+        worker.conn = peer
+        if not worker.ever_connected:
+            worker.ever_connected = True
+            worker.timeline.first_acquire(now)
+            if isinstance(setup, int | float):
+                worker.timeline.reported_setup(float(setup))
+
+    # -- exits -------------------------------------------------------------------------
+    def exited(self, worker: ManagedWorker, ex: WorkerExit, interrupted: bool) -> bool:
+        """``worker``'s process ended as ``ex`` says. True when that is news (it was not
+        retired already, after a timeout); its log slot is free either way."""
+        already = worker.exit is not None
+        self.workers.pop(worker.worker_id, None)
+        self.gone[worker.worker_id] = worker
+        plan = self.plan_of[worker.run.index]
+        if already:
+            assert worker.exit is not None
+            plan.retired_unseen -= 1
+            plan.release_slot(worker.slot, replacing(worker.worker_id, worker.exit))
+            return False
+        if interrupted:
+            # alive when the run was aborted (the final poll of an aborted run sees only
+            # those), however it then ended
+            ex = WorkerExit("interrupted", ex.code, ex.message)
+        worker.exit = ex
+        plan.release_slot(worker.slot, replacing(worker.worker_id, ex))
+        return True
+
+    def retire(self, worker: ManagedWorker) -> None:
+        """``worker`` no longer counts as alive: its resources go back."""
+        plan = self.plan_of[worker.run.index]
+        plan.alive -= 1
+        if plan.memory is not None:
+            plan.memory.alive[worker.mem_step] -= 1
+        for k, v in self.charge(plan, worker.mem_step).items():
+            if k in self.used:
+                self.used[k] -= v
+
+    def account_exit(self, worker: ManagedWorker, address: tuple[str, int]) -> None:
+        """Give ``worker``'s start back, or charge it to the restart budget and count a
+        worker failure, as its exit says. ``address``: where workers reach the server (a
+        worker that never connected is told it)."""
+        ex = worker.exit
+        assert ex is not None
+        run = worker.run
+        plan = self.plan_of[run.index]
+        if ex.kind in ("clean", "walltime") and worker.earned:
+            # (walltime: it left before its cluster job's time limit, blocks remaining)
+            plan.free_starts += 1
+        elif ex.kind == "clean" and worker.ever_connected:
+            logger.warning(
+                "worker %d of task '%s' exited without processing a block; it counts "
+                "against the restart budget",
+                worker.worker_id,
+                run.task_id,
+            )
+        elif ex.kind == "clean":
+            logger.warning(
+                "worker %d of task '%s' exited without ever connecting: its function "
+                "returned at once, or it could not reach this server at %s:%s (then set "
+                "BELLIS_HOST or run_blockwise(host=...) to an address the workers can "
+                "reach; its log says which)",
+                worker.worker_id,
+                run.task_id,
+                address[0],
+                address[1],
+            )
+        if ex.kind not in ("clean", "walltime", "interrupted") and run.status == RUNNING:
+            run.worker_failures += 1
+            if run.first_worker_error is None:
+                run.first_worker_error = ex.message
+            run.last_worker_error = ex.message
+            logger.warning(
+                "worker exited with error worker_id=%d task_id=%s: %s",
+                worker.worker_id,
+                run.task_id,
+                ex.message.splitlines()[0] if ex.message else ex.kind,
+            )

@@ -1,0 +1,315 @@
+"""One task's run state inside the :class:`~bellis._scheduling._scheduler.Scheduler`: the per-block
+``state`` and ``deps`` arrays (see the scheduler's theory of operation), the task's
+counters, its tracking store's cells, and its lazy queue of initially ready blocks.
+
+The block states and the task states are defined here; the scheduler decides on them.
+Not thread-safe; no sockets, threads or clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .._graph import InterTaskEdge, TaskGeometry, store_product, zeroed
+from .._state import TaskState
+from .._task import Task
+
+__all__ = [
+    "ABANDONED",
+    "CHUNK",
+    "DONE",
+    "FAILED",
+    "FINISHED",
+    "ORPHANED",
+    "PENDING",
+    "PROCESSING",
+    "QUEUED",
+    "READY",
+    "RUNNING",
+    "TaskRun",
+    "dtype_for",
+    "view",
+]
+
+logger = logging.getLogger("bellis")
+
+PENDING, READY, PROCESSING, DONE, FAILED, ORPHANED = 0, 1, 2, 3, 4, 5
+# ready, and queued in the FIFO (readied by a release or a retry); READY blocks are the
+# initial ones the lazy root generator hands out, so it never picks up a queued block
+QUEUED = 6
+RUNNING, FINISHED, ABANDONED = 0, 1, 2
+
+CHUNK = 1 << 16
+
+
+def view(arr: np.ndarray[Any, Any]) -> memoryview[int]:
+    """A typed memoryview of a 1-D unsigned array: element access without numpy scalars."""
+    raw: Any = arr.data
+    view: memoryview[int] = raw.cast("B").cast(arr.dtype.char)
+    return view
+
+
+def dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
+    if max_count < 1 << 8:
+        return np.uint8
+    if max_count < 1 << 16:
+        return np.uint16
+    return np.uint32
+
+
+class TaskRun:
+    """Run state of one task inside a :class:`Scheduler`. Not thread-safe."""
+
+    def __init__(self, index: int, task: Task) -> None:
+        self.index = index
+        self.task = task
+        self.task_id = task.task_id
+        self.geom: TaskGeometry = task._geom
+        g = self.geom
+        self.total = g.num_blocks
+        self.max_retries = task.max_retries
+        self.check_function = task.check_function
+        self.status = RUNNING
+        self.abandon_reason: str | None = None
+        self.state = zeroed(self.total, np.uint8)
+        self.state_mv = view(self.state)
+        self.deps: np.ndarray[Any, Any] | None = None
+        self.deps_mv: memoryview[int] | None = None
+        self.intra = g.read_write_conflict and g.num_levels > 1
+        # conflict levels below this one have their dependency counts; the rest are filled
+        # in when first needed (lazy: a 10^8-block task starts in milliseconds)
+        self.levels_ready = g.num_levels
+        self.down_edges: list[tuple[InterTaskEdge, TaskRun]] = []
+        self.up_edges: list[tuple[InterTaskEdge, TaskRun]] = []
+        self.downstream_tasks: list[TaskRun] = []
+        self.roots: Iterator[int] | None = None
+        self.fifo: deque[int] = deque()
+        self.retries: dict[int, int] = {}
+        self.started = False
+        self.ready = 0
+        self.processing = 0
+        self.completed = 0
+        self.skipped_done = 0
+        self.skipped_mask = 0
+        self.skipped_check = 0
+        self.failed = 0
+        self.orphaned = 0
+        self.failed_attempts = 0
+        #: blocks still to do when the task was abandoned: lost with it (``orphaned``
+        #: counts them too, with the blocks orphaned by failed upstream blocks)
+        self.lost_on_abandon = 0
+        self.check_warned = False
+        # worker bookkeeping, owned by the server but reported in TaskState
+        self.worker_starts = 0
+        self.worker_restarts = 0
+        self.worker_failures = 0
+        self.first_worker_error: str | None = None
+        self.last_worker_error: str | None = None
+        self.timeout_reclaims = 0
+        self.stall_reclaims = 0
+        # straggler backups (_backups): copies started, won, lost, losers' seconds
+        self.backups_started = 0
+        self.backups_won = 0
+        self.backups_lost = 0
+        self.backup_loser_seconds = 0.0
+        #: out-of-memory retries per grant they run with, blocks that finally succeeded on a
+        #: larger grant (per grant), and blocks that ran out at the largest
+        self.oom_retries: dict[str, int] = {}
+        self.oom_successes: dict[str, int] = {}
+        self.oom_failures = 0
+        # tracking
+        self.store: Any = None
+        self.cell_identity = True
+        self.done_fast: memoryview | None = None
+        self.cell_shift: tuple[int, ...] = ()
+        self.cell_grid: tuple[int, ...] = ()
+        self.cell_strides: tuple[int, ...] = ()
+
+    # -- counters ----------------------------------------------------------------------
+    @property
+    def skipped(self) -> int:
+        return self.skipped_done + self.skipped_mask + self.skipped_check
+
+    @property
+    def is_running(self) -> bool:
+        return self.status == RUNNING
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.completed - self.failed - self.orphaned
+
+    @property
+    def pending(self) -> int:
+        return self.remaining - self.ready - self.processing
+
+    def snapshot(self) -> TaskState:
+        return TaskState(
+            task_id=self.task_id,
+            started=self.started,
+            total_block_count=self.total,
+            ready_count=self.ready,
+            processing_count=self.processing,
+            completed_count=self.completed,
+            skipped_count=self.skipped,
+            failed_count=self.failed,
+            orphaned_count=self.orphaned,
+            worker_failure_count=self.worker_failures,
+            worker_restart_count=self.worker_restarts,
+            worker_start_count=self.worker_starts,
+            abandoned=self.status == ABANDONED,
+            abandon_reason=self.abandon_reason,
+            first_worker_error=self.first_worker_error,
+            last_worker_error=self.last_worker_error,
+            timeout_reclaim_count=self.timeout_reclaims,
+            timeout_secs=self.task.timeout_secs,
+            skipped_done_count=self.skipped_done,
+            skipped_mask_count=self.skipped_mask,
+            skipped_check_count=self.skipped_check,
+            failed_attempt_count=self.failed_attempts,
+            stall_reclaim_count=self.stall_reclaims,
+            stall_timeout_secs=self.task.stall_timeout_secs,
+            backups_started=self.backups_started,
+            backups_won=self.backups_won,
+            backups_lost=self.backups_lost,
+            backup_loser_seconds=self.backup_loser_seconds,
+            oom_retry_count=sum(self.oom_retries.values()),
+            oom_retries=tuple(sorted(self.oom_retries.items(), key=_by_size)),
+            oom_successes=tuple(sorted(self.oom_successes.items(), key=_by_size)),
+            oom_failure_count=self.oom_failures,
+        )
+
+    # -- tracking cells ----------------------------------------------------------------
+    def attach_store(self, store: Any) -> None:
+        g = self.geom
+        self.store = store
+        self.cell_shift = g.sid_shift
+        self.cell_grid = tuple(store.grid_shape)
+        strides = [1] * g.dims
+        for i in range(g.dims - 2, -1, -1):
+            strides[i] = strides[i + 1] * self.cell_grid[i + 1]
+        self.cell_strides = tuple(strides)
+        self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
+        # blocks that return without measurements mark their cell done through this view
+        self.done_fast = store.done_view() if self.cell_identity else None
+
+    def cell_of(self, k: int) -> int:
+        """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""
+        if self.cell_identity:
+            return k
+        cell = 0
+        for c, s, n, st in zip(
+            self.geom.coords_of(k), self.cell_shift, self.cell_grid, self.cell_strides, strict=True
+        ):
+            c += s
+            if c >= n:
+                return -1
+            cell += c * st
+        return cell
+
+    def record_measured(
+        self,
+        ks: list[int],
+        table: np.ndarray[Any, Any],
+        worker_id: int,
+        sent_at: np.ndarray[Any, Any],
+        returned_at: np.ndarray[Any, Any],
+    ) -> None:
+        """Store the measurements of blocks ``ks`` (one ``table`` record each) before
+        their release marks them done; blocks outside the tracking grid are left out."""
+        store = self.store
+        if store is None:
+            return
+        if self.cell_identity:
+            cells = np.asarray(ks, dtype=np.intp)
+        else:
+            cells = np.fromiter((self.cell_of(k) for k in ks), dtype=np.intp, count=len(ks))
+            inside = cells >= 0
+            if not inside.all():
+                cells, table = cells[inside], table[inside]
+                sent_at, returned_at = sent_at[inside], returned_at[inside]
+        store.record_measured(cells, table, worker_id, sent_at, returned_at)
+
+    def store_view(
+        self, arr: np.ndarray[Any, Any]
+    ) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
+        """The part of a tracking-grid array that covers this task's block grid.
+
+        Returns the view and the block-grid slices it covers (blocks past the tracking
+        grid, possible with ``overhang``, are not addressable).
+        """
+        g = self.geom
+        src, dst = [], []
+        for s, n, gn in zip(self.cell_shift, self.cell_grid, g.grid, strict=True):
+            m = max(0, min(gn, n - s))
+            src.append(slice(s, s + m))
+            dst.append(slice(0, m))
+        return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
+
+    def init_levels(self, upto: int) -> None:
+        """Fill in the dependency counts of conflict levels below ``upto`` (lazy path).
+
+        In place on the level's strided view of ``deps``, as a product of per-axis
+        vectors: a few passes over one byte per block, no temporaries of the level's size.
+        """
+        g = self.geom
+        grid_state = self.state.reshape(g.grid)
+        assert self.deps is not None
+        grid_deps = self.deps.reshape(g.grid)
+        while self.levels_ready < min(upto, g.num_levels):
+            lvl = self.levels_ready
+            sl = g.level_slices(lvl)
+            dst = grid_deps[sl]
+            axes = g.level_axis_counts(lvl)
+            store_product(dst, axes)
+            # blocks with no in-grid upstream start ready: a count is a product of the
+            # axes' entries, so those blocks are the planes where an axis entry is 0
+            sub = grid_state[sl]
+            for i, c in enumerate(axes):
+                for j in np.flatnonzero(c == 0).tolist():
+                    plane = sub[(slice(None),) * i + (j,)]
+                    plane[plane == PENDING] = READY
+            self.levels_ready = lvl + 1
+
+    # -- the ready queue -----------------------------------------------------------------
+    def _initial_ready(self) -> Iterator[int]:
+        """Initially READY blocks, level by level, cartesian order, chunked through numpy."""
+        g = self.geom
+        grid_state = self.state.reshape(g.grid)
+        strides = np.asarray(g.axis_strides, dtype=np.int64)
+        for lvl in range(g.num_levels):
+            if self.levels_ready <= lvl:
+                self.init_levels(lvl + 1)
+            sl = g.level_slices(lvl)
+            sub = grid_state[sl]
+            if sub.size == 0:
+                continue
+            off = np.asarray(g.level_offsets[lvl], dtype=np.int64)
+            step = np.asarray(g.level_stride, dtype=np.int64)
+            row_size = max(1, sub[0].size) if sub.ndim > 1 else 1
+            chunk = 1024  # small first chunk: the first block comes quickly
+            r0 = 0
+            while r0 < sub.shape[0]:
+                rows = max(1, chunk // row_size)
+                chunk = min(CHUNK, chunk * 4)
+                part = sub[r0 : r0 + rows]
+                coords = np.nonzero(part == READY)
+                base_row = r0
+                r0 += rows
+                if len(coords[0]) == 0:
+                    continue
+                flat = np.zeros(len(coords[0]), dtype=np.int64)
+                for i, c in enumerate(coords):
+                    base = c.astype(np.int64) + (base_row if i == 0 else 0)
+                    flat += (base * step[i] + off[i]) * strides[i]
+                yield from flat.tolist()
+
+
+def _by_size(item: tuple[str, int]) -> float:
+    """Sort key of ``("600M", n)``: the grant's size."""
+    text = item[0]
+    return float(text[:-1]) * 1024.0 ** "KMGT".find(text[-1])

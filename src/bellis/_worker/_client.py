@@ -1,0 +1,798 @@
+"""Client and Context: the worker side of the protocol (daisy-compatible surface)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._block import Block, BlockStats, BlockStatus, stats_problem
+from .._protocol import (
+    ACQUIRE,
+    BYE,
+    CHALLENGE,
+    EXIT_BLOCK_STALLED,
+    EXIT_BLOCK_TIMEOUT,
+    HELLO,
+    MEMORY_LIMIT_ENV,
+    OUT_OF_MEMORY,
+    REJECT,
+    SEND,
+    SHUTDOWN,
+    STALLED,
+    STATS_ROW,
+    TIMED_OUT,
+    WELCOME,
+    FrameDecoder,
+    compute_mac,
+    encode,
+)
+from .._signals import handle_as_before, install_handler
+from ..errors import ConnectionLostError, ProtocolError
+from . import _walltime
+from ._profiling import Meter, attach_gpu
+
+__all__ = [
+    "Client",
+    "Context",
+    "close_clients",
+]
+
+logger = logging.getLogger("bellis")
+
+ENV_VARIABLES = ("BELLIS_CONTEXT", "DAISY_CONTEXT")
+
+_SPECIAL = {"%": "%25", ":": "%3A", "=": "%3D"}
+
+
+def _escape(text: str) -> str:
+    return "".join(_SPECIAL.get(ch, ch) for ch in text)
+
+
+def _unescape(text: str) -> str:
+    if "%" not in text:
+        return text
+    out = []
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "%" and i + 2 < n:
+            code = text[i + 1 : i + 3].upper()
+            if code == "25":
+                out.append("%")
+                i += 3
+                continue
+            if code == "3A":
+                out.append(":")
+                i += 3
+                continue
+            if code == "3D":
+                out.append("=")
+                i += 3
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+class Context:
+    """A string-to-string mapping that travels to workers in ``BELLIS_CONTEXT``.
+
+    Encoded as ``key=value`` pairs joined by ``:``; ``%``, ``:`` and ``=`` are
+    percent-encoded, so any task id round-trips. Keys are emitted in sorted order, so the
+    encoding is deterministic.
+    """
+
+    ENV_VARIABLE = "DAISY_CONTEXT"
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._d: dict[str, str] = {str(k): str(v) for k, v in kwargs.items()}
+        if "logdir" not in self._d:
+            from .. import logging as blog
+
+            base = blog.get_log_basedir()
+            self._d["logdir"] = "" if base is None else str(base)
+
+    @classmethod
+    def _raw(cls, d: dict[str, str]) -> Context:
+        c = cls.__new__(cls)
+        c._d = d
+        return c
+
+    def __getitem__(self, key: str) -> str:
+        return self._d[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._d[str(key)] = str(value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._d[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def keys(self) -> list[str]:
+        return list(self._d.keys())
+
+    def values(self) -> list[str]:
+        return list(self._d.values())
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._d.items())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._d.get(key, default)
+
+    def copy(self) -> Context:
+        return Context._raw(dict(self._d))
+
+    def to_env(self) -> str:
+        return ":".join(f"{_escape(k)}={_escape(v)}" for k, v in sorted(self._d.items()))
+
+    def __repr__(self) -> str:
+        return self.to_env()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and self._d == other._d
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @staticmethod
+    def from_env_string(text: str) -> Context:
+        d: dict[str, str] = {}
+        for token in text.split(":"):
+            if not token:
+                continue
+            if "=" not in token:
+                raise ValueError(f"invalid context token: {token!r}")
+            k, v = token.split("=", 1)
+            d[_unescape(k)] = _unescape(v)
+        return Context._raw(d)
+
+    @staticmethod
+    def from_env() -> Context:
+        for name in ENV_VARIABLES:
+            text = os.environ.get(name)
+            if text is not None:
+                return Context.from_env_string(text)
+        raise KeyError("DAISY_CONTEXT not found")
+
+
+class _Watchdog:
+    """Kills this process when a block overruns its deadline, even inside C code, or,
+    with ``stall`` seconds set (``Task(stall_timeout=...)``), when a block stalls.
+
+    Arming costs one float store; a daemon thread polls the deadline and, with ``stall``,
+    samples the process (:mod:`bellis._worker._stall`) while a block runs.
+    """
+
+    def __init__(self, worker_id: int) -> None:
+        self.deadline = 0.0
+        self.task_id = ""
+        self.timeout = 0.0
+        self.stall = 0.0  # stall_timeout in seconds, 0.0: off (set before the first arm)
+        self.worker_id = worker_id
+        self.k = -1
+        self.notify: Any = None  # notify(k, text, status): tell the server before dying
+        self._thread: threading.Thread | None = None
+
+    def arm(self, timeout: float, k: int) -> None:
+        if self._thread is None:
+            self.timeout = timeout
+            self._thread = threading.Thread(target=self._run, name="bellis-watchdog", daemon=True)
+            self._thread.start()
+        self.k = k
+        self.deadline = time.monotonic() + timeout
+
+    def disarm(self) -> None:
+        self.deadline = 0.0
+
+    def _run(self) -> None:
+        period = min(0.5, max(0.01, self.timeout / 20))
+        monitor = None
+        if self.stall > 0:
+            from ._stall import ProcessSampler, StallMonitor
+
+            sampler = ProcessSampler()
+            monitor = StallMonitor(self.stall, sampler.cheap, sampler.live_children)
+            period = min(period, max(0.01, self.stall / 10))
+        watched = 0.0  # the deadline of the block the monitor watches: a new one restarts it
+        while True:
+            time.sleep(period)
+            d = self.deadline
+            if not d:
+                continue
+            now = time.monotonic()
+            if now > d:
+                self._die(
+                    f"still running after timeout={self.timeout:g}s",
+                    TIMED_OUT,
+                    EXIT_BLOCK_TIMEOUT,
+                )
+            if monitor is None:
+                continue
+            if d != watched:
+                watched = d
+                monitor.begin(now)
+            elif monitor.check(now) and self.deadline == d:
+                self._die(
+                    f"stalled: no CPU, IO or heartbeat for {monitor.idle_seconds(now):.1f}s "
+                    f"(stall_timeout={self.stall:g}s)",
+                    STALLED,
+                    EXIT_BLOCK_STALLED,
+                )
+
+    def _die(self, why: str, status: int, code: int) -> None:
+        text = (
+            f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} {why}; "
+            "killing worker process"
+        )
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        if self.notify is not None:
+            self.notify(self.k, text, status)
+        os._exit(code)
+
+
+def _render_traceback() -> tuple[str, str]:
+    """The exception being handled, as the user's log settings render it (bellis's own
+    frames dropped): in full for the log, and capped for the server."""
+    from ..logging import cap_traceback, format_traceback
+
+    full = format_traceback(*sys.exc_info())
+    return full, cap_traceback(full)
+
+
+#: the connected clients of this process. A client sends its finished blocks home with its
+#: next request, so one whose owner stops asking (a worker function that returns after a
+#: few blocks) still holds some: the worker entry point and an exit hook close every client
+#: here, which sends them. Weak, so a dropped client can be collected (``__del__`` closes
+#: it), yet not relied on: a thread or a signal handler may keep a client alive to the end.
+_live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def close_clients(*, skip_busy: bool = False) -> None:
+    """Close every connected client of this process: each sends its finished blocks and
+    gives back the ones it never started. ``skip_busy`` leaves those whose block is still
+    running (in another thread) to the exit hook, which runs after such threads end."""
+    for client in list(_live):
+        if not (skip_busy and client._in_block):
+            client.close()
+
+
+def _forget_inherited() -> None:
+    """In a forked child: the clients are the parent's connections, not this process's.
+    Closing or reporting through them here would end the parent's session or count its
+    blocks twice, so the child lets go of them (its requests then get no block)."""
+    for client in list(_live):
+        sock = client._sock
+        client._sock = None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()  # this process's descriptor only: the parent's stays open
+    _live.clear()
+
+
+#: the SIGTERM handler _on_sigterm replaced, and the process that installed it
+_sigterm_before: list[Any] = [signal.SIG_DFL, 0]
+
+
+def _install_sigterm() -> None:
+    """Put :func:`_on_sigterm` in place once per process (one handler for every client;
+    a bound method would keep its client alive). A child forked while it is in place gets
+    the replaced handler back (:func:`install_handler`)."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        return
+    _sigterm_before[:] = [install_handler(signal.SIGTERM, _on_sigterm), os.getpid()]
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM: stop after the running block; with none running, report and exit now."""
+    if os.getpid() != _sigterm_before[1]:
+        # a child forked without the fork hooks kept this handler: it must end as it would
+        # have without bellis, and leave the parent's connections alone
+        handle_as_before(signum, frame, _sigterm_before[0])
+        return
+    clients = list(_live)
+    for client in clients:
+        client._stop_requested = True
+    if not any(client._in_block for client in clients):
+        for client in clients:
+            client.close()
+        os._exit(0)
+
+
+atexit.register(close_clients)
+os.register_at_fork(after_in_child=_forget_inherited)
+
+
+class Client:
+    """Connects to a bellis server and hands out blocks (daisy's ``Client``).
+
+    ``Client(context=None)`` reads ``BELLIS_CONTEXT`` (or ``DAISY_CONTEXT``). Use::
+
+        client = Client()
+        while True:
+            with client.acquire_block() as block:
+                if block is None:
+                    break
+                process(block)
+    """
+
+    def __init__(self, context: Context | None = None) -> None:
+        from .. import logging as blog
+
+        if context is None:
+            context = Context.from_env()
+        self.context = context
+        if "logdir" in context:
+            blog.set_log_basedir(context["logdir"] or None)
+        self.host = context["hostname"]
+        self.port = int(context["port"])
+        self.task_id = context["task_id"]
+        self.worker_id = int(context.get("worker_id", "-1"))
+        self.resource_tracking = context.get("resource_tracking", "0") in ("1", "true", "True")
+        secret_hex = context.get("secret")
+        if secret_hex is None:
+            raise KeyError(
+                "the context has no 'secret': a bellis worker needs the run's secret to "
+                "authenticate; start it with the context the server printed or exported"
+            )
+        self._secret = bytes.fromhex(secret_hex)
+        #: a MemoryError under the worker's memory limit is an out-of-memory death (the
+        #: server retries the block with more memory), not an ordinary failure
+        self._oom_status = OUT_OF_MEMORY if os.environ.get(MEMORY_LIMIT_ENV) else None
+        # a managed worker's proof of its identity (absent from hand-made contexts)
+        token_hex = context.get("worker_token")
+        self._worker_token = bytes.fromhex(token_hex) if token_hex else None
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder()
+        self._results: list[Any] = []  # (k, status, row, error) per finished block
+        self._rows = bytearray()  # their measurements, STATS_ROW records
+        self._nrows = 0
+        self._queue: deque[int] = deque()
+        #: when the batch in hand arrived (the next ACQUIRE reports the time since)
+        self._served_at = 0.0
+        self._geom: Any = None
+        self.timeout_secs = 0.0
+        self._watchdog = _Watchdog(self.worker_id)
+        self._watchdog.task_id = self.task_id
+        self._watchdog.notify = self._timeout_notice
+        self._stop_requested = False
+        self._in_block = False
+        #: the exception of the block that failed, once its traceback went to the log and
+        #: the server (the caller then re-raises it)
+        self.reported: BaseException | None = None
+        #: the process this client's connection belongs to: a child forked from it (a
+        #: ``multiprocessing`` pool, ``os.fork()``) shares the socket but must never use it
+        self._owner_pid = os.getpid()
+        self._connect()
+        # a cluster job's time limit (SlurmLauncher(time_limit=...)): checked in _begin
+        self._walltime = _walltime.from_env()
+        self._walltime_at = math.inf if self._walltime is None else -math.inf
+
+    # -- connection ---------------------------------------------------------------------
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=30)
+        except ConnectionRefusedError:
+            # the straggler case (a cluster job that started after the run ended) must exit
+            # 0; while a run goes on, its server reports the worker that never connected
+            logger.warning(
+                "bellis server at %s:%s is not reachable; assuming the run has ended — this "
+                "worker will exit without processing blocks",
+                self.host,
+                self.port,
+            )
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, val in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 15), ("TCP_KEEPCNT", 4)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+        sock.settimeout(None)
+        self._sock = sock
+        try:
+            msg = self._recv()
+        except ConnectionLostError as exc:
+            # closed before its challenge: the run ended while this connection waited to be
+            # accepted (its listener closed), the straggler case again
+            self._run_has_ended(sock, "before the handshake", exc)
+            return
+        if msg[0] != CHALLENGE or len(msg) < 2 or not isinstance(msg[1], bytes):
+            raise ProtocolError("the server did not open with a challenge")
+        from ._profiling import setup_seconds_since_start
+
+        try:
+            self._send(
+                [
+                    HELLO,
+                    compute_mac(self._secret, msg[1]),
+                    self.task_id,
+                    self.worker_id,
+                    os.getpid(),
+                    setup_seconds_since_start(),
+                    None if self._worker_token is None else compute_mac(self._worker_token, msg[1]),
+                ]
+            )
+            reply = self._recv()
+        except ConnectionLostError as exc:
+            # closed (or reset) after its challenge, before any reply to the HELLO: a server
+            # that runs answers a HELLO (WELCOME or REJECT) and only closes connections when
+            # its run ends, so this is the straggler case too (no block was handed out)
+            self._run_has_ended(sock, "during the handshake", exc)
+            return
+        if reply[0] == REJECT:
+            self.close()
+            raise ConnectionRefusedError(f"the bellis server refused this worker: {reply[1]}")
+        if reply[0] != WELCOME:
+            raise ProtocolError(f"unexpected reply to hello: opcode {reply[0]}")
+        self.timeout_secs = float(reply[1])
+        self.resource_tracking = bool(reply[2])
+        # a task with stall_timeout sends it as a fifth field
+        self._watchdog.stall = float(reply[4]) if len(reply) > 4 else 0.0
+        from .._graph import TaskGeometry
+
+        g = reply[3]
+        self._geom = TaskGeometry(
+            self.task_id,
+            _RoiSpec(g["total_offset"], g["total_shape"]),
+            _RoiSpec(g["read_offset"], g["read_shape"]),
+            _RoiSpec(g["write_offset"], g["write_shape"]),
+            fit=g["fit"],
+            read_write_conflict=g["conflict"],
+        )
+        _live.add(self)
+        try:
+            _install_sigterm()
+        except ValueError:
+            pass  # not the main thread: the default SIGTERM behaviour stays
+
+    def _run_has_ended(self, sock: socket.socket, when: str, exc: ConnectionLostError) -> None:
+        """The server closed this connection ``when`` before handing out any block: the run
+        has ended; this worker will exit cleanly without blocks."""
+        logger.warning(
+            "bellis server at %s:%s closed the connection %s (%s); assuming the run has "
+            "ended — this worker will exit without processing blocks",
+            self.host,
+            self.port,
+            when,
+            exc.__cause__ or "end of stream",
+        )
+        self._sock = None
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def _is_forked_copy(self) -> bool:
+        """True in a child forked from the worker: its copy of this client is inert."""
+        return os.getpid() != self._owner_pid
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None and not self._is_forked_copy()
+
+    def _send(self, msg: list[Any]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(encode(msg))
+        except OSError as exc:
+            self._sock = None
+            raise ConnectionLostError(f"lost the connection to the bellis server: {exc}") from exc
+
+    def _recv(self) -> list[Any]:
+        sock = self._sock
+        assert sock is not None
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError as exc:
+                self._sock = None
+                raise ConnectionLostError(
+                    f"lost the connection to the bellis server: {exc}"
+                ) from exc
+            if not data:
+                self._sock = None
+                raise ConnectionLostError("the bellis server closed the connection")
+            msgs = self._decoder.feed(data)
+            if msgs:
+                if len(msgs) > 1:
+                    raise ProtocolError("the server sent more than one reply")
+                return msgs[0]  # type: ignore[no-any-return]
+
+    # -- blocks ---------------------------------------------------------------------------
+    def _next_index(self) -> int:
+        """The next block's index: from the batch in hand, or one round trip (which also
+        returns the finished blocks). -1 when there are no more blocks for this worker.
+
+        No pid check here (a syscall per block): in a forked child the at-fork hook
+        (:func:`_forget_inherited`) has already set every inherited client's socket to None.
+        """
+        if self._sock is None:
+            return -1
+        if self._stop_requested:
+            self._bye()
+            return -1
+        queue = self._queue
+        if not queue:
+            msg = self._message(ACQUIRE)
+            if len(msg) > 1:  # blocks go back: how long this worker spent on them
+                msg.append(time.monotonic() - self._served_at)
+            try:
+                self._send(msg)
+            except ConnectionLostError:
+                if len(msg) > 1:
+                    raise  # finished blocks that never reached the server: a real loss
+                # nothing held and nothing to report: the server closed this connection
+                # (as it does when the run ends) before it read this request, as when
+                # the reply below finds the connection closed
+                return -1
+            try:
+                reply = self._recv()
+            except ConnectionLostError:
+                return -1
+            if reply[0] == SHUTDOWN:
+                self.close()
+                return -1
+            if reply[0] != SEND or len(reply) < 2:
+                raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
+            queue.extend(reply[1:])
+            self._served_at = time.monotonic()
+        return queue.popleft()
+
+    def _begin(self, k: int) -> Block | None:
+        """Block ``k``, started; None when this worker left for its job's time limit
+        instead (``k`` went back unstarted)."""
+        self._watchdog.arm(self.timeout_secs, k)
+        if self._watchdog.deadline > self._walltime_at and self._walltime_leaves(k):
+            return None
+        self._in_block = True
+        return Block._lazy(self._geom, k, BlockStatus.PROCESSING)
+
+    def _walltime_leaves(self, k: int) -> bool:
+        """The job time limit check, past its threshold (see ``_walltime``): True when
+        this worker gave ``k`` (and the rest of its batch) back and said goodbye."""
+        guard = self._walltime
+        assert guard is not None
+        timeout = self.timeout_secs
+        # the clock as the watchdog just read it
+        now = self._watchdog.deadline - timeout if math.isfinite(timeout) else time.monotonic()
+        if not guard.check(now):
+            self._walltime_at = guard.next_check + timeout
+            return False
+        self._watchdog.disarm()
+        self._queue.appendleft(k)
+        sys.stderr.write(guard.leaving(now, self.worker_id) + "\n")
+        sys.stderr.flush()
+        with contextlib.suppress(ConnectionLostError):
+            self._bye()
+        return True
+
+    def _failed(self, k: int, block: Block, exc: BaseException) -> None:
+        """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        if self._is_forked_copy():
+            return  # a forked child unwinding (sys.exit in it): its parent owns the block
+        self._watchdog.disarm()
+        self._in_block = False
+        block._status = BlockStatus.FAILED
+        full, capped = _render_traceback()
+        logger.warning("block %s failed: %s", block.block_id, exc)
+        sys.stderr.write(full if full.endswith("\n") else full + "\n")
+        self.reported = exc
+        status = BlockStatus.FAILED
+        if self._oom_status is not None and isinstance(exc, MemoryError):
+            status = self._oom_status
+        self._results += (k, status, -1, capped)
+        with contextlib.suppress(ConnectionLostError):
+            self._bye()
+
+    def _finished(self, k: int, block: Block, measured: Any) -> None:
+        self._watchdog.disarm()
+        if block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
+            try:
+                row = self._row(block, measured)
+            except ValueError as exc:
+                logger.warning("block %s failed: %s", block.block_id, exc)
+                self._results += (k, BlockStatus.FAILED, -1, str(exc))
+            else:
+                self._results += (k, BlockStatus.SUCCESS, row, None)
+        else:
+            self._results += (k, BlockStatus.FAILED, -1, "block status set to FAILED")
+        # only now may a SIGTERM exit at once: close() sends the results home
+        self._in_block = False
+        if self._stop_requested:
+            self._bye()
+
+    def _row(self, block: Block, measured: Any) -> int:
+        """Queue what goes home as ``block``'s measurement and return its row index, or
+        -1 when there is none: ``measured``, the automatic measurement, or else the one
+        the block function attached itself (``block.stats``; callers pass ``measured``
+        None when there is one, since it wins)."""
+        if measured is not None:
+            row = _pack_row(*measured)
+        elif block.stats is not None:
+            row = _user_row(block)
+        else:
+            return -1
+        self._rows += row
+        n = self._nrows
+        self._nrows = n + 1
+        return n
+
+    def _message(self, op: int, extra: tuple[Any, ...] = ()) -> list[Any]:
+        """``op``, the finished blocks' groups and ``extra`` ones, then the measurement
+        rows when there are any; the finished blocks are then no longer pending."""
+        msg: list[Any] = [op, *self._results, *extra]
+        self._results = []
+        if self._nrows:
+            msg.append(self._rows)
+            self._rows = bytearray()
+            self._nrows = 0
+        return msg
+
+    @contextlib.contextmanager
+    def acquire_block(self) -> Iterator[Block | None]:
+        k = self._next_index()
+        if k < 0:
+            yield None
+            return
+        block = self._begin(k)
+        if block is None:
+            yield None
+            return
+        meter = None
+        if self.resource_tracking:
+            meter = Meter()
+            attach_gpu(meter)
+            meter.start()
+        try:
+            yield block
+        except BaseException as exc:
+            _attach(block, meter)
+            self._failed(k, block, exc)
+            raise
+        self._finished(k, block, _attach(block, meter))
+
+    def run_block_function(self, fn: Callable[[Block], Any]) -> None:
+        """Run ``fn`` on every block this worker is given, then disconnect.
+
+        The loop of bellis's own workers: the same protocol, outcomes and measurements as
+        ``with client.acquire_block()`` in a loop, without a generator per block. Blocks
+        of one batch run back to back, so each block's measurement continues from the
+        previous block's closing readings (:meth:`Meter.restart`).
+        """
+        meter = Meter() if self.resource_tracking else None
+        if meter is not None:
+            attach_gpu(meter)
+        queue = self._queue
+        try:
+            while True:
+                in_batch = len(queue) > 0  # no round trip before this block
+                k = self._next_index()
+                if k < 0:
+                    return
+                block = self._begin(k)
+                if block is None:
+                    return
+                if meter is not None:
+                    meter.begin(back_to_back=in_batch)
+                try:
+                    fn(block)
+                except BaseException as exc:
+                    self._failed(k, block, exc)
+                    raise
+                if meter is None:
+                    self._finished(k, block, None)
+                else:
+                    measured = meter.finish()
+                    self._finished(k, block, measured if block.stats is None else None)
+        finally:
+            self.close()
+
+    def _final_frame(self, extra: tuple[Any, ...] = ()) -> bytes:
+        """BYE with every finished block, ``extra`` and the unstarted ones (status CREATED)."""
+        groups = list(extra)
+        for k in self._queue:
+            groups += (k, BlockStatus.CREATED, -1, None)
+        self._queue.clear()
+        return encode(self._message(BYE, tuple(groups)))
+
+    def _timeout_notice(self, k: int, text: str, status: int = TIMED_OUT) -> None:
+        """Called by the watchdog thread just before it kills this process: block ``k``
+        ends with ``status`` (timed out or stalled)."""
+        sock = self._sock
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            sock.settimeout(1.0)
+            sock.sendall(self._final_frame((k, status, -1, text)))
+
+    def _bye(self) -> None:
+        sock = self._sock
+        if sock is None or self._is_forked_copy():
+            return
+        frame = self._final_frame()
+        try:
+            sock.sendall(frame)
+        except OSError as exc:
+            self._sock = None
+            raise ConnectionLostError(f"lost the connection to the bellis server: {exc}") from exc
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Send finished blocks home (and give back unstarted ones), then disconnect.
+
+        In a child forked from the worker this does nothing: the connection and the blocks
+        belong to the parent, which is still using them.
+        """
+        sock = self._sock
+        if sock is None or self._is_forked_copy():
+            return
+        _live.discard(self)
+        if self._results or self._queue:
+            with contextlib.suppress(OSError):
+                sock.sendall(self._final_frame())
+        self._sock = None
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+_pack_row = STATS_ROW.pack
+
+
+def _user_row(block: Block) -> bytes:
+    """``block.stats`` (set by the block function) as a wire row; ValueError with the
+    reason when the figures cannot be recorded."""
+    stats = block.stats
+    problem = stats_problem(stats)
+    if problem is not None:
+        raise ValueError(f"block {block.block_id}: {problem}")
+    assert isinstance(stats, BlockStats)
+    return _pack_row(*stats.to_tuple())
+
+
+def _attach(block: Block, meter: Meter | None) -> Any:
+    """Close ``meter`` and, as ``profile_block`` does, attach the figures as
+    ``block.stats`` unless the block function attached its own (which then win).
+
+    Returns the automatic measurement when it is the one that goes home, else None.
+    """
+    if meter is None:
+        return None
+    measured = meter.finish()
+    if block.stats is not None:
+        return None
+    block.stats = BlockStats(*measured)
+    return measured
+
+
+class _RoiSpec:
+    """Offset/shape pair accepted wherever a Roi is (avoids building funlib objects)."""
+
+    __slots__ = ("offset", "shape")
+
+    def __init__(self, offset: list[int], shape: list[int]) -> None:
+        self.offset = tuple(offset)
+        self.shape = tuple(shape)

@@ -1,0 +1,165 @@
+"""Worker process entry point: ``python -m bellis._worker._main`` (started by a launcher).
+
+stdin carries one frame: an 8-byte little-endian length, then a cloudpickle of
+``{"function", "arity", "sys_path", "log_settings", "code_origins"}``. Everything else
+(server address, task id, worker id, secret) is in ``BELLIS_CONTEXT``. ``BELLIS_SYS_PATH``
+(the driver's ``sys.path``) is put in place *before* the payload is unpickled, so a
+function from a module that only the driver's path can find loads by reference. Functions
+shipped by value get their source files back (``_code_origin``). Nothing here relies on
+fork or on inherited globals, so it works with any start method and on any node.
+
+Exit codes: 0 clean, 87 block timeout, 88 block stalled (watchdog), 89 a block raised
+``MemoryError`` under the worker's memory limit (``BELLIS_MEMORY_LIMIT``, bytes, set as
+``RLIMIT_AS`` first thing), 1 an exception escaped.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import Any
+
+
+def _read_payload(stream: Any) -> dict[str, Any]:
+    header = stream.read(8)
+    if len(header) != 8:
+        raise RuntimeError("bellis worker: no payload on stdin (start workers through a launcher)")
+    (length,) = struct.unpack("<Q", header)
+    data = stream.read(length)
+    if len(data) != length:
+        raise RuntimeError("bellis worker: truncated payload on stdin")
+    # The payload comes from our own parent process over a pipe, never from the network.
+    # The function may live in a module found only on the driver's sys.path, so that path
+    # must be in place before anything is unpickled.
+    _extend_sys_path(os.environ.get("BELLIS_SYS_PATH", "").split(os.pathsep))
+    payload: dict[str, Any] = pickle.loads(data)
+    _extend_sys_path(payload.get("sys_path", []))
+    fn = payload.get("function")
+    if isinstance(fn, bytes):
+        payload["function"] = pickle.loads(fn)
+    return payload
+
+
+def _extend_sys_path(paths: list[str]) -> None:
+    for p in reversed(paths):
+        if p and p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def run_block_function_loop(fn: Any, context: Any = None) -> int:
+    """Run ``fn`` on the blocks the server hands out; the exit code.
+
+    A block that raised ends the worker with code 1 (the server starts another); its
+    traceback is already in the log and in the server's error report, so it is not printed
+    a second time, with bellis's frames, on the way out.
+    """
+    from ._client import Client
+
+    client = Client(context)
+    try:
+        client.run_block_function(fn)
+    except Exception as exc:
+        if exc is client.reported:
+            return _failure_code(exc)
+        raise
+    return 0
+
+
+def _failure_code(exc: BaseException) -> int:
+    """The exit code of a worker whose block raised ``exc``: an out-of-memory death under
+    its memory limit, or an ordinary failure."""
+    from .._protocol import EXIT_OUT_OF_MEMORY, MEMORY_LIMIT_ENV
+
+    if isinstance(exc, MemoryError) and os.environ.get(MEMORY_LIMIT_ENV):
+        return EXIT_OUT_OF_MEMORY
+    return 1
+
+
+def _limit_memory() -> None:
+    """Cap this process's address space at ``BELLIS_MEMORY_LIMIT`` bytes, if set."""
+    from .._protocol import MEMORY_LIMIT_ENV
+
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    if not limit:
+        return
+    import resource
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    value = int(limit)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (value, hard))
+
+
+def run_worker_function(fn: Any, context: Any = None) -> int:
+    """Call the 0-argument worker function ``fn`` (``fn(context=...)`` when it takes a
+    keyword-only ``context``); the exit code.
+
+    A client sends the blocks it finished with its next request, so the blocks of a function
+    that returns (or raises) without asking for another are still in its clients: they are
+    sent home here, and the blocks it never started are given back. While a thread the
+    function started (not a daemon) still runs, it may still use them: then the exit hook in
+    ``bellis._worker._client`` closes them, which runs once such threads have ended.
+    """
+    import inspect  # only worker functions need it; block-function workers start faster
+    import threading
+
+    from ._client import Context, close_clients
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    p = params.get("context") if params else None
+    try:
+        if p is not None and p.kind == inspect.Parameter.KEYWORD_ONLY:
+            fn(context=Context.from_env() if context is None else context)
+        else:
+            fn()
+    finally:
+        me = threading.current_thread()
+        if not any(t is not me and not t.daemon for t in threading.enumerate()):
+            close_clients(skip_busy=True)
+    return 0
+
+
+def main() -> int:
+    _limit_memory()
+    payload_file = os.environ.get("BELLIS_PAYLOAD_FILE")
+    if payload_file:
+        # cluster launchers (SLURM, Dask) put the payload in a file next to the logs
+        with open(payload_file, "rb") as f:
+            payload = _read_payload(f)
+    else:
+        payload = _read_payload(sys.stdin.buffer)
+    from .. import logging as blog
+
+    blog.apply_settings(payload.get("log_settings", {}))
+    blog.guard_std_streams()  # a full disk under the logs must not fail the blocks that print
+    # this process's stdout and stderr lead to its slot's log files (or to the pipes a
+    # "both" run tees into them): what current_slot_files() gives the user's code
+    blog._bind_slot_files((sys.stdout, sys.stderr))
+    fn = payload["function"]
+    origins = payload.get("code_origins")
+    if origins:
+        from .._code_origin import restore
+
+        restore(fn, origins)
+    if payload["arity"] == 1:
+        return run_block_function_loop(fn)
+    try:
+        return run_worker_function(fn)
+    except MemoryError as exc:
+        code = _failure_code(exc)
+        if code == 1:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
