@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from . import _seams
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
@@ -730,11 +731,9 @@ class Pipeline:
             t.reset()
 
     def run_blockwise(self, **kwargs: Any) -> Any:
-        """``run_blockwise(self, ...)`` (daisy's API). The runner sits above the tasks, so it
-        is imported when called: the one upward import the layering test allows."""
-        from ._run._runner import run_blockwise
-
-        return run_blockwise(self, **kwargs)
+        """``run_blockwise(self, ...)`` (daisy's API). The runner sits above the tasks, so
+        the call goes through :mod:`bellis._seams`."""
+        return _seams.run_blockwise(self, **kwargs)
 
     def __copy__(self) -> Pipeline:
         return Pipeline(self._tasks, self._edges, _sources=self.sources, _outputs=self.outputs)

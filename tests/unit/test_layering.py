@@ -1,7 +1,13 @@
-"""Imports run one way (STYLE.md): geometry -> block/task -> graph -> scheduler -> protocol
--> server/client -> runner. The tracking store, the profiler and the report modules see
-only the block types, the errors and themselves. No two modules import each other, not even
-through ``TYPE_CHECKING`` or inside a function, except the lazy edges named below."""
+"""Imports run one way: the folder rules of ``docs/architecture.md``, checked on every
+import of every module: at module level, inside functions and under ``TYPE_CHECKING``.
+
+Each module belongs to one *group*: a folder of ``src/bellis`` (``_scheduling``, ``_run``...)
+or a named set of top-level modules. :data:`MAY_IMPORT` says, per group, which other groups
+its modules may import. The rules form a DAG, so a module that keeps to them cannot close an
+import cycle; :func:`test_no_import_cycles` checks the module graph as well. The two calls
+that the daisy API forces up the layers go through :mod:`bellis._seams`, which resolves its
+targets by name; :func:`test_the_seams_point_up_and_are_the_only_way_up` checks them.
+"""
 
 from __future__ import annotations
 
@@ -11,198 +17,56 @@ from pathlib import Path
 
 import pytest
 
+from bellis._seams import UPWARD
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "bellis"
 
-# a module may import (at module level) only modules of the same or a lower rank
-RANK = {
-    "errors": 0,
-    "_state": 0,
-    "_streams": 0,
-    "_version": 0,
-    "_names": 0,
-    "_gpu": 0,
-    "_code_origin": 0,
-    "_walltime": 0,
-    "_memory": 1,
-    "logging": 0,
-    "_block": 1,
-    "_graph": 2,
-    "_profiling": 2,
-    "_skipmask": 2,
-    "_report": 2,
-    "_aggregates": 2,
-    "_runlog": 2,
-    "_notebook": 3,
-    "_timeline": 2,
-    "_tracking": 2,
-    "_panel": 3,
-    "_report_data": 3,
-    "_report_figures": 3,
-    "_report_advice": 3,
-    "_report_page": 3,
-    "_report_timeline": 3,
-    "_html_report": 3,
-    "_report_load": 3,
-    "_task": 3,
-    "_stall": 3,
-    "_trace": 3,
-    "_scheduler": 4,
-    "_task_run": 4,
-    "_serial": 5,
-    "_protocol": 5,
-    "_client": 6,
-    "_summary": 2,
-    "_progress": 6,
-    "_workers": 6,
-    "_run_state": 6,
-    "_batching": 5,
-    "_deadlines": 6,
-    "_backups": 6,
-    "_staffing": 6,
-    "_dispatch": 6,
-    "_signals": 0,
-    "_server": 7,
-    "_transport": 7,
-    "_observers": 7,
-    "_runner": 8,
-    "_worker": 8,
-    "_demo": 9,
-    "_cli": 9,
-    "_watch": 9,
-    "_as_daisy": 9,
-    "cl_monitor": 9,
-    "v1_compat": 9,
-    "v2": 9,
-    "block": 9,
-    "worker": 9,
-    "__init__": 9,
-    "__main__": 9,
-}
-
-# these see only what is listed (plus themselves), at any depth of the file
-RESTRICTED = {
-    "_tracking": {"errors", "_block"},
-    "_profiling": {"errors", "_block", "_gpu"},
-    # _html_report: TaskReport.to_html / RunReport.to_html, imported when called
-    "_report": {
+#: the top-level modules, by group (a folder is a group of its own)
+TOP_LEVEL = {
+    # small plumbing that everything may use: it imports nothing of bellis but itself
+    "plumbing": {
         "errors",
-        "_block",
-        "_runlog",
-        "_panel",
-        "_aggregates",
-        "_notebook",
-        "_html_report",
+        "logging",
+        "_version",
+        "_streams",
+        "_signals",
+        "_code_origin",
+        "_sizes",
+        "_seams",
     },
-    "_notebook": {"errors", "_block", "_panel", "_aggregates", "_runlog"},
-    "_aggregates": {"errors", "_block"},
-    "_runlog": {"errors"},
-    "_panel": {"errors", "_block", "_runlog", "_aggregates"},
-    "_timeline": {"errors", "_block", "_report", "_aggregates"},
-    "_protocol": {"errors", "_block"},  # the wire form of BlockStats
+    # the model: blocks, grids, task states, skip masks
+    "model": {"_block", "_graph", "_state", "_skipmask"},
+    "protocol": {"_protocol"},
+    # a task's configuration; it reads its own store (Task.reset, Task.report)
+    "task": {"_task"},
+    # the public face: what users import, and the lazy loader of the public names
+    "face": {"__init__", "v2", "v1_compat", "cl_monitor", "block", "_names", "_as_daisy"},
+    # the entry points of `python -m bellis` and `python -m bellis.worker`
+    "entry": {"__main__", "worker"},
 }
 
-# deliberate upward imports inside functions (convenience entry points)
-ALLOWED_LAZY_UPWARD = {
-    ("_task", "_runner"),  # Pipeline.run_blockwise (daisy's API; Task.run_blockwise calls it)
-    ("_task", "_tracking"),  # Task.reset / Task.failed_blocks
-    ("_workers", "_worker"),  # the fork server (_zygote) preloads the worker's entry point
-    # the views of a report import the report; its methods that show them import them when called
-    ("_report", "_html_report"),  # TaskReport.to_html / RunReport.to_html
-    ("_report", "_panel"),  # TaskReport.panel / RunReport.panel
-    ("_report", "_notebook"),  # TaskReport._repr_html_ (Jupyter)
+#: group -> the other groups its modules may import
+MAY_IMPORT: dict[str, set[str]] = {
+    "plumbing": set(),
+    "model": {"plumbing"},
+    "protocol": {"plumbing", "model"},
+    "_tracking": {"plumbing", "model"},
+    "_stats": {"plumbing", "model"},
+    "task": {"plumbing", "model", "_tracking", "_stats"},
+    "_scheduling": {"plumbing", "model", "protocol", "task", "_stats"},
+    "_worker": {"plumbing", "model", "protocol"},
+    "_launchers": {"plumbing", "model", "protocol", "_worker"},
+    "_report": {"plumbing", "model", "_tracking", "_stats"},
 }
+_BELOW_RUN = set(MAY_IMPORT) | {"_scheduling", "_worker", "_launchers", "_report"}
+MAY_IMPORT["_run"] = _BELOW_RUN
+MAY_IMPORT["face"] = _BELOW_RUN | {"_run"}
+MAY_IMPORT["_cli"] = MAY_IMPORT["face"] | {"face"}
+MAY_IMPORT["entry"] = {"plumbing", "_cli"}
 
-
-def _group(path: Path) -> str:
-    rel = path.relative_to(SRC)
-    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
-
-
-def _imports(path: Path) -> list[tuple[str, bool]]:
-    """(imported bellis group, imported inside a function?) for every import in a file.
-
-    Imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
-    """
-    parts = path.relative_to(SRC).parts
-    package = parts[:-1]  # () for bellis itself, ("_tracking",) for a subpackage
-    found: list[tuple[str, bool]] = []
-
-    def targets(node: ast.ImportFrom) -> list[str]:
-        if node.level:
-            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
-            if node.level - 1 > len(package):
-                return []
-            if base:  # inside a subpackage: the group is the subpackage itself
-                return [base[0]]
-            if node.module:
-                return [node.module.split(".")[0]]
-            return [a.name for a in node.names]
-        mod = node.module or ""
-        if mod == "bellis":
-            return [a.name for a in node.names]
-        if mod.startswith("bellis."):
-            return [mod.split(".")[1]]
-        return []
-
-    def visit(node: ast.AST, nested: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if (
-                isinstance(child, ast.If)
-                and isinstance(child.test, ast.Name)
-                and child.test.id == "TYPE_CHECKING"
-            ):
-                continue
-            inner = nested or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-            if isinstance(child, ast.ImportFrom):
-                found.extend((t, inner) for t in targets(child))
-            elif isinstance(child, ast.Import):
-                found.extend(
-                    (a.name.split(".")[1], inner)
-                    for a in child.names
-                    if a.name.startswith("bellis.")
-                )
-            visit(child, inner)
-
-    visit(ast.parse(path.read_text()), False)
-    return found
-
-
-FILES = sorted(p for p in SRC.rglob("*.py"))
-
-
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
-def test_imports_run_one_way(path: Path) -> None:
-    me = _group(path)
-    assert me in RANK, f"give {me} a rank in this test"
-    problems = []
-    for target, nested in _imports(path):
-        if target == me or target not in RANK:
-            continue
-        if me in RESTRICTED and target not in RESTRICTED[me]:
-            problems.append(f"{me} must not import {target}")
-            continue
-        if RANK[target] > RANK[me]:
-            if nested and (me, target) in ALLOWED_LAZY_UPWARD:
-                continue
-            problems.append(f"{me} (rank {RANK[me]}) imports {target} (rank {RANK[target]})")
-    assert not problems, problems
-
-
-# -- the deciding modules do no I/O --------------------------------------------------------
-#: modules that decide without I/O: time comes in as an argument, and what they touch
-#: (a store, a launcher, a log) is an object handed in. None of them imports, anywhere in
-#: the file, a module that reads a clock, a socket, a process or a file
-SANS_IO = {
-    "_backups",
-    "_batching",
-    "_deadlines",
-    "_dispatch",
-    "_memory",
-    "_run_state",
-    "_scheduler",
-    "_staffing",
-    "_task_run",
-}
+#: folders that decide without I/O: time comes in as an argument, and what they touch (a
+#: store, a launcher, a log) is an object handed in
+SANS_IO = {"_scheduling"}
 _IO_STDLIB = {
     "asyncio",
     "datetime",
@@ -221,74 +85,30 @@ _IO_STDLIB = {
     "threading",
     "time",
 }
-_IO_BELLIS = {
-    "_client",
-    "_progress",
-    "_runner",
-    "_serial",
-    "_server",
-    "_streams",
-    "_tracking",
-    "_transport",
-    "_worker",
-    "_workers",
-    "logging",
+_IO_GROUPS = {"_run", "_worker", "_launchers", "_tracking", "_cli"}
+_IO_PLUMBING = {"bellis._streams", "bellis.logging"}
+
+#: modules that may import a module by name (``importlib.import_module``) and why
+BY_NAME = {
+    "bellis._seams": "the upward calls the daisy API forces",
+    "bellis._names": "the public face's lazy loader",
+    "bellis": "the public face's lazy loader of submodules",
+    "bellis._as_daisy": "maps `daisy.*` to `bellis.*` for `bellis as-daisy`",
+    "bellis._cli._main": "loads the user's `--function module:attr`",
 }
 
 
-def _stdlib_imports(source: str) -> set[str]:
-    """The top-level names of the modules outside bellis that ``source`` imports."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names - {"bellis"}
-
-
-@pytest.mark.parametrize("name", sorted(SANS_IO))
-def test_the_deciding_modules_import_nothing_that_does_io(name: str) -> None:
-    path = SRC / f"{name}.py"
-    found = _stdlib_imports(path.read_text()) & _IO_STDLIB
-    found |= {target for target, _nested in _imports(path)} & _IO_BELLIS
-    assert not found, f"{name} must not import {sorted(found)}: it decides, the shell does I/O"
-
-
-def test_the_io_check_sees_io_imports() -> None:
-    source = "import time\nfrom socket import socket\nif x:\n    import os.path\n"
-    assert _stdlib_imports(source) & _IO_STDLIB == {"time", "socket", "os"}
-
-
-def test_every_module_is_checked() -> None:
-    groups = {_group(p) for p in FILES}
-    assert groups <= set(RANK), groups - set(RANK)
-
-
-# -- no import cycles, at the level of modules ------------------------------------------
-# Every import counts: module level, inside a function, and under ``if TYPE_CHECKING:``.
-
-#: the lazy imports (module, function, imported module) that may close a cycle, and why:
-#: an entry point a user calls on a lower-level object, imported when called
-ALLOWED_CYCLE_EDGES = {
-    (
-        "bellis._task",
-        "Pipeline.run_blockwise",
-        "bellis._run._runner",
-    ): "daisy's API runs a pipeline",
-    ("bellis._stats._reports", "TaskReport.panel", "bellis._report._panel"): "a report's text view",
-    ("bellis._stats._reports", "RunReport.panel", "bellis._report._panel"): "a report's text view",
-    (
-        "bellis._stats._reports",
-        "TaskReport._repr_html_",
-        "bellis._report._notebook",
-    ): "Jupyter's view",
-    ("bellis._stats._reports", "TaskReport.to_html", "bellis._report._html"): "the HTML report",
-    ("bellis._stats._reports", "RunReport.to_html", "bellis._report._html"): "the HTML report",
-}
-
-#: cycles not broken yet, as (module, imported module): each is an import to remove
-KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
+def group_of(module: str) -> str:
+    """``bellis._run._server`` -> ``_run``; ``bellis._task`` -> ``task``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "face"  # bellis/__init__.py
+    if len(parts) > 2 or (SRC / parts[1]).is_dir():
+        return parts[1]
+    for group, members in TOP_LEVEL.items():
+        if parts[1] in members:
+            return group
+    raise AssertionError(f"{module}: give it a group in TOP_LEVEL of this test")
 
 
 def _module_name(path: Path) -> str:
@@ -298,15 +118,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+FILES = sorted(SRC.rglob("*.py"))
 MODULES = {_module_name(p): p for p in FILES}
 
 
-def _module_imports(path: Path) -> Iterator[tuple[str, str | None]]:
-    """(imported bellis module, qualified name of the function it is imported in, or None)
-    for every import in a file, ``TYPE_CHECKING`` ones included. ``from . import x`` names
-    the module ``x`` when there is one, else the package."""
-    me = _module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+def module_imports(me: str, source: str, is_package: bool = False) -> Iterator[tuple[str, str]]:
+    """(imported bellis module, where) for every import in ``source``, the module ``me``:
+    where is ``module level``, ``TYPE_CHECKING`` or the function it sits in."""
+    package = me if is_package else me.rpartition(".")[0]
 
     def resolve(node: ast.Import | ast.ImportFrom) -> list[str]:
         if isinstance(node, ast.Import):
@@ -317,39 +136,44 @@ def _module_imports(path: Path) -> Iterator[tuple[str, str | None]]:
             base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([base] if base else []))
         return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
 
-    def visit(
-        node: ast.AST, where: list[str], in_function: bool
-    ) -> Iterator[tuple[str, str | None]]:
+    def visit(node: ast.AST, where: str) -> Iterator[tuple[str, str]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import | ast.ImportFrom):
                 for target in resolve(child):
                     while target not in MODULES and "." in target:
                         target = target.rpartition(".")[0]
-                    if target in MODULES and target != me:
-                        yield target, ".".join(where) if in_function else None
-            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                inner = in_function or not isinstance(child, ast.ClassDef)
-                yield from visit(child, [*where, child.name], inner)
+                    if target.startswith("bellis") and target in MODULES and target != me:
+                        yield target, where
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield from visit(child, f"in {child.name}()" if where == "module level" else where)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from visit(child, "under TYPE_CHECKING")
             else:
-                yield from visit(child, where, in_function)
+                yield from visit(child, where)
 
-    yield from visit(ast.parse(path.read_text()), [], False)
+    yield from visit(ast.parse(source), "module level")
 
 
-def _import_graph() -> tuple[dict[str, set[str]], set[tuple[str, str | None, str]]]:
-    """The import graph less the allowed and known edges, and every edge seen."""
+def violations(me: str, source: str, is_package: bool = False) -> list[str]:
+    """Every import in ``source`` (module ``me``) that breaks the folder rules."""
+    mine = group_of(me)
+    found = []
+    for target, where in module_imports(me, source, is_package):
+        theirs = group_of(target)
+        if theirs != mine and theirs not in MAY_IMPORT[mine]:
+            found.append(f"{me} ({mine}) imports {target} ({theirs}) {where}")
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    seen: set[tuple[str, str | None, str]] = set()
     for me, path in MODULES.items():
-        for target, where in _module_imports(path):
-            seen.add((me, where, target))
-            if (me, where, target) in ALLOWED_CYCLE_EDGES or (me, target) in KNOWN_CYCLE_EDGES:
-                continue
+        for target, _where in module_imports(me, path.read_text(), path.name == "__init__.py"):
             graph[me].add(target)
-    return graph, seen
+    return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -359,7 +183,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     def connect(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in sorted(graph[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 connect(w)
                 low[v] = min(low[v], low[w])
@@ -381,33 +205,95 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# -- the rules themselves --------------------------------------------------------------------
+def test_the_rules_form_a_dag() -> None:
+    rules = {g: {t for t in ts if t != g} for g, ts in MAY_IMPORT.items()}
+    assert not cycles(rules), cycles(rules)
+    assert set(rules) == set(TOP_LEVEL) | {p.name for p in SRC.iterdir() if p.is_dir()} - {
+        "__pycache__"
+    }
+
+
+def test_every_module_has_a_group() -> None:
+    for module in MODULES:
+        assert group_of(module) in MAY_IMPORT, module
+
+
+# -- the package keeps them ------------------------------------------------------------------
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module: str) -> None:
+    path = MODULES[module]
+    assert not violations(module, path.read_text(), path.name == "__init__.py")
+
+
 def test_no_import_cycles() -> None:
-    graph, _seen = _import_graph()
-    cycles = _cycles(graph)
-    assert not cycles, [
-        f"{' <-> '.join(c)}: "
-        + "; ".join(f"{a} imports {b}" for a in c for b in graph[a] if b in c)
-        for c in cycles
+    graph = _graph()
+    found = cycles(graph)
+    assert not found, [
+        "; ".join(f"{a} imports {b}" for a in c for b in graph[a] if b in c) for c in found
     ]
 
 
-def test_every_exception_to_the_cycle_rule_still_applies() -> None:
-    """An allowed or known edge that no longer exists is removed from the lists."""
-    _graph, seen = _import_graph()
-    plain = {(a, b) for a, _where, b in seen}
-    assert set(ALLOWED_CYCLE_EDGES) <= seen, set(ALLOWED_CYCLE_EDGES) - seen
-    assert set(KNOWN_CYCLE_EDGES) <= plain, set(KNOWN_CYCLE_EDGES) - plain
-    # and each one closes a cycle: without it the cycle check would have nothing to excuse
-    full: dict[str, set[str]] = {m: set() for m in MODULES}
-    for a, _where, b in seen:
-        full[a].add(b)
-    component = {m: i for i, c in enumerate(_cycles(full)) for m in c}
-    for a, _where, b in ALLOWED_CYCLE_EDGES:
-        assert a in component and component[a] == component.get(b), (a, b)
-    for a, b in KNOWN_CYCLE_EDGES:
-        assert a in component and component[a] == component.get(b), (a, b)
+@pytest.mark.parametrize("folder", sorted(SANS_IO))
+def test_the_deciding_folders_do_no_io(folder: str) -> None:
+    problems = []
+    for module, path in MODULES.items():
+        if group_of(module) != folder:
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module.split(".")[0]]
+            problems += [f"{module} imports {n}" for n in names if n in _IO_STDLIB]
+        for target, where in module_imports(module, source):
+            if group_of(target) in _IO_GROUPS or target in _IO_PLUMBING:
+                problems.append(f"{module} imports {target} {where}")
+    assert not problems, f"{folder} decides; the shell does I/O: {problems}"
 
 
-def test_the_cycle_check_finds_a_cycle() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+def test_the_seams_point_up_and_are_the_only_way_up() -> None:
+    """Each seam's caller really calls it, and its target lies in a group the caller may
+    not import: otherwise the seam is not needed and a plain import is the way."""
+    for seam, (caller, target) in UPWARD.items():
+        module, _, name = target.partition(":")
+        assert module in MODULES, target
+        assert f"def {name}(" in MODULES[module].read_text(), target
+        assert f"_seams.{seam}(" in MODULES[caller].read_text(), (seam, caller)
+        assert group_of(module) not in MAY_IMPORT[group_of(caller)], (seam, "not upward")
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and "import_module" in ast.unparse(node.func)) or (
+                isinstance(node, ast.Name) and node.id == "__import__"
+            ):
+                assert module in BY_NAME, f"{module} imports a module by name"
+
+
+# -- the checks can fail ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("module", "planted"),
+    [
+        ("bellis._scheduling._dispatch", "from .._run._server import RunLoop\n"),
+        ("bellis._scheduling._dispatch", "def f():\n    from .._run import _runner\n"),
+        (
+            "bellis._task",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from ._run._runner import Server\n",
+        ),
+        ("bellis._stats._reports", "def f():\n    from .._report._html import write_report\n"),
+        ("bellis._worker._client", "import bellis._launchers._base\n"),
+        ("bellis.errors", "from ._block import Block\n"),
+    ],
+)
+def test_a_planted_upward_import_is_caught(module: str, planted: str) -> None:
+    source = MODULES[module].read_text() + "\n" + planted
+    assert violations(module, source)
+
+
+def test_a_planted_cycle_is_caught() -> None:
+    graph = _graph()
+    graph["bellis._block"].add("bellis._task")
+    assert any("bellis._block" in c and "bellis._task" in c for c in cycles(graph))

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from .._block import NO_WORKER
+from .._block import NO_WORKER, STAMP_ARRAYS
 from ._panel import WORKER_HEADER, format_duration, panel_rows, panel_title, worker_rows
 
 if TYPE_CHECKING:
     from .._stats._reports import TaskReport
 
-__all__ = ["Spans", "task_html", "timeline_svg"]
+__all__ = ["Spans", "task_html", "task_report_html", "timeline_svg"]
 
 _WIDTH: Final = 640
 _LABEL: Final = 90
@@ -169,3 +169,30 @@ def task_html(report: TaskReport, spans: Spans | None, note: str | None = None) 
         parts.append(f"<p><i>{escape(note)}</i></p>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def task_report_html(report: TaskReport) -> str:
+    """``TaskReport._repr_html_``: the panel as a table and a timeline of this run
+    (inline SVG), read from the task's store."""
+    start, end = report.run_started_at, report.run_finished_at
+    store = report._store() if report.store_path is not None else None
+    if store is None or store.done is None:
+        return task_html(report, None, "no timeline: this task has no tracking store")
+    f = store.flat
+    if not all(n in f for n in STAMP_ARRAYS):
+        return task_html(
+            report, None, "no timeline: the store has no per-block times (resource_tracking off)"
+        )
+    sent, ret = f["sent_at"], f["returned_at"]
+    pick = ret > 0
+    if start is not None and end is not None:
+        # the blocks of this run (skipped ones keep the stamps of the run that ran them)
+        pick &= (sent >= float(start) - 1.0) & (sent <= float(end) + 1.0)
+    cells = np.flatnonzero(pick)
+    spans = Spans(
+        sent=np.asarray(sent[cells], dtype=np.float64),
+        returned=np.asarray(ret[cells], dtype=np.float64),
+        worker=np.asarray(f["worker_id"][cells], dtype=np.int64),
+        failed=np.asarray(store.done[cells] != 1),
+    )
+    return task_html(report, spans, "no timeline: no block of this run has times")

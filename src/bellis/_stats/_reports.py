@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _seams
 from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
 from ..errors import TrackingError
 from ._aggregates import (
@@ -492,42 +493,15 @@ class TaskReport:
 
     def panel(self) -> str:
         """This task's part of the Resource Utilization panel ("" if nothing to show)."""
-        from .._report._panel import render_panel
-
-        return render_panel([self])
+        return _seams.render_panel([self])
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the panel as a table and a timeline of this run (inline SVG)."""
-        from .._report._notebook import Spans, task_html
-
-        start, end = self.run_started_at, self.run_finished_at
-        store = self._store() if self.store_path is not None else None
-        if store is None or store.done is None:
-            return task_html(self, None, "no timeline: this task has no tracking store")
-        f = store.flat
-        if not all(n in f for n in STAMP_ARRAYS):
-            return task_html(
-                self, None, "no timeline: the store has no per-block times (resource_tracking off)"
-            )
-        sent, ret = f["sent_at"], f["returned_at"]
-        pick = ret > 0
-        if start is not None and end is not None:
-            # the blocks of this run (skipped ones keep the stamps of the run that ran them)
-            pick &= (sent >= float(start) - 1.0) & (sent <= float(end) + 1.0)
-        cells = np.flatnonzero(pick)
-        spans = Spans(
-            sent=np.asarray(sent[cells], dtype=np.float64),
-            returned=np.asarray(ret[cells], dtype=np.float64),
-            worker=np.asarray(f["worker_id"][cells], dtype=np.int64),
-            failed=np.asarray(store.done[cells] != 1),
-        )
-        return task_html(self, spans, "no timeline: no block of this run has times")
+        return _seams.task_report_html(self)
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the HTML report of this task's store (``bellis report``) to ``path``."""
-        from .._report._html import report_html_for
-
-        return report_html_for(self, path)
+        return _seams.write_report_html(self, path)
 
     def __repr__(self) -> str:
         return (
@@ -575,9 +549,7 @@ class RunReport:
         }
 
     def panel(self) -> str:
-        from .._report._panel import render_panel
-
-        return render_panel(list(self.tasks.values()))
+        return _seams.render_panel(list(self.tasks.values()))
 
     def _repr_html_(self) -> str:
         """Jupyter's view: every task's table and timeline, in run order."""
@@ -590,9 +562,7 @@ class RunReport:
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the HTML report of every task's store (``bellis report``) to ``path``."""
-        from .._report._html import report_html_for
-
-        return report_html_for(self, path)
+        return _seams.write_report_html(self, path)
 
     def __repr__(self) -> str:
         return f"RunReport(tasks={list(self.tasks)})"
