@@ -297,3 +297,15 @@ def test_a_planted_cycle_is_caught() -> None:
     graph = _graph()
     graph["bellis._block"].add("bellis._task")
     assert any("bellis._block" in c and "bellis._task" in c for c in cycles(graph))
+
+
+def test_the_architecture_page_names_every_module_and_every_folder_has_a_header() -> None:
+    page = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            if path.parent != SRC:
+                header = ast.get_docstring(ast.parse(path.read_text())) or ""
+                assert "May import" in header and "never be imported" in header, module
+                assert f"**`{path.parent.name}/`**" in page, module
+            continue
+        assert f"`{path.stem}`" in page, f"docs/architecture.md does not name {module}"

@@ -1,1 +1,17 @@
-"""TODO header."""
+"""How worker processes start, end and are watched: local, SLURM and Dask.
+
+Owns:
+  ``_base``        ``WorkerLauncher``, ``LocalLauncher``, ``WorkerSpec``, ``WorkerHandle``
+  ``_zygote``      the fork server for local workers
+  ``_exits``       event-driven exit detection for local workers (pidfds, one epoll fd)
+  ``_slurm``       ``SlurmLauncher``: one ``sbatch`` job (or array task) per worker
+  ``_slurm_text``  the text SLURM reads and writes: names, sizes, limits, exit states
+  ``_dask``        ``DaskLauncher``: one long-lived Dask task per worker
+  ``_net``         which address the server advertises to workers on other machines
+
+A launcher never sees a block: it starts workers that connect back over TCP, reports how
+they ended, and stops them.
+
+May import: the plumbing, the model, ``_protocol`` and ``_worker``. Must never be imported
+by anything but ``_run`` and the public face.
+"""

@@ -1,1 +1,17 @@
-"""TODO header."""
+"""How a run is shown: the HTML page, the panel, the notebook view and the trace.
+
+Owns:
+  ``_html``         ``bellis report``: one self-contained HTML page from tracking stores
+  ``_data``         what the page reads: every store under the given paths, one snapshot
+  ``_figures``      the page's plotly figures, as plain dictionaries
+  ``_gantt``        the worker timeline (Gantt chart) of the page
+  ``_advice``       advice lines, each derived from the store's figures alone
+  ``_page_script``  the page's script: draws the figures and the volume browser
+  ``_panel``        the Resource Utilization panel (text)
+  ``_notebook``     Jupyter's ``_repr_html_`` of the reports
+  ``_trace``        a run as a Chrome/Perfetto trace
+
+Reads stores and reports, writes files; never runs anything. May import: the plumbing, the
+model, ``_tracking`` and ``_stats``. Must never be imported by anything below ``_run``
+except through :mod:`bellis._seams`; ``_run``, ``_cli`` and the public face may.
+"""

@@ -1,1 +1,20 @@
-"""TODO header."""
+"""A run, with its I/O: ``run_blockwise``, the distributed loop and serial mode.
+
+Owns:
+  ``_runner``      ``run_blockwise()``, ``Server``, ``SerialServer``: plans, stores, summary
+  ``_server``      the shell around the dispatcher: selectors loop, clock, exits, signals
+  ``_transport``   the sockets: accept with the handshake cap, send buffers, orderly close
+  ``_pool``        the workers through their launchers: start what was booked, poll, kill
+  ``_serial``      serial mode: every block in this process, in dependency order
+  ``_observers``   observers attached to a server (``CLMonitor(server)``)
+  ``_progress``    the progress observers (bar, JSON lines)
+  ``_summary``     the end-of-run summary, its error groups and the resume notice
+
+May import every folder below it: ``_scheduling``, ``_worker`` (serial mode runs blocks
+here), ``_launchers``, ``_report`` (the panel), ``_stats``, ``_tracking``, ``_task``, the
+model, ``_protocol`` and the plumbing.
+
+Must never be imported by anything but the public face (``bellis``, ``v1_compat``,
+``v2``, ``cl_monitor``) and ``_cli``. ``Pipeline.run_blockwise`` reaches the runner through
+:mod:`bellis._seams`.
+"""

@@ -1,1 +1,21 @@
-"""TODO header."""
+"""The run's decisions, sans I/O: which block may run, which connection gets it, what
+happens when something arrives, ends or runs late.
+
+Owns:
+  ``_scheduler``   which block is ready; releases, retries, orphans
+  ``_task_run``    one task's run state: block and task states, counters, store cells
+  ``_dispatch``    the :class:`Dispatcher`: events in, instructions out
+  ``_staffing``    the managed workers: bookings, the restart budget, resources, exits
+  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskPlan, Booking
+  ``_batching``    batch sizes, and the checks on a returned batch
+  ``_deadlines``   when each connection's blocks are due back
+  ``_backups``     straggler backups: a second copy, first success wins
+  ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
+
+May import: the plumbing (``errors``, ``_sizes``...), the model (``_block``, ``_graph``,
+``_state``), ``_protocol``, ``_task`` and ``_stats``. Nothing here reads a clock, a socket,
+a process or a file: time comes in as an argument (``tests/unit/test_layering.py`` checks).
+
+Must never be imported by: the model, ``_protocol``, ``_tracking``, ``_stats``, ``_worker``,
+``_launchers`` or ``_report``. Only ``_run`` (the shell) and the public face use it.
+"""

@@ -1,1 +1,15 @@
-"""TODO header."""
+"""What a run cost: running aggregates, the run reports and ``runs.jsonl``.
+
+Owns:
+  ``_aggregates``   Welford mean/std and trends in O(1) memory; per-task block aggregates
+  ``_reports``      ``TaskReport``, ``RunReport``, ``BlockRecord``, ``WorkerRecord``, ``Stat``
+  ``_runlog``       ``runs.jsonl``: append one run line, read the last one, the schema
+  ``_timeline``     the lifecycle phases of managed workers, stamped by the server
+  ``_report_load``  where a task's last report lives, for ``task.report()``
+
+May import: the plumbing and the model. A report's views (panel, page, notebook) live in
+``_report``, above this folder, and are reached through :mod:`bellis._seams`.
+
+Must never be imported by: the plumbing, the model, ``_protocol``, ``_tracking``,
+``_worker`` or ``_launchers``.
+"""

@@ -2,6 +2,18 @@
 
 This package sees plain integers and numpy only; the scheduler and runner translate
 blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it.
+
+Owns:
+  ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
+  ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
+  ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays
+  ``_disk``     what it asks of its filesystem: reserved chunk blocks, the run lock
+  ``_migrate``  a store moved to a grown volume, and recovery from an interrupted move
+  ``_status``   ``bellis status``: read-only snapshots, the map, the text
+
+May import: the plumbing (``errors``) and the model (``_block``). Must never be imported
+by: the plumbing, the model, ``_protocol``, ``_stats``, ``_scheduling``, ``_worker`` or
+``_launchers``.
 """
 
 from ._disk import is_run_in_progress, read_lock_holder
