@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -57,6 +59,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .._report._data import find_stores
     from .._tracking import format_status
     from ..errors import TrackingError
 
@@ -64,8 +67,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if args.watch is not None:
             from ._watch import watch_status
 
-            return watch_status(args.path, args.watch, out=sys.stdout, max_width=args.width)
-        print(format_status(args.path, max_width=args.width))
+            path = Path(args.path)
+            if path.is_dir() and not (path / "zarr.json").exists():
+                try:
+                    stores = find_stores([path])  # a basedir: name what it holds
+                except TrackingError:
+                    stores = []  # an empty folder: wait for a run to make the store
+            else:
+                stores = []
+            if stores:
+                raise TrackingError(
+                    f"--watch follows one task's store, and {path} holds {len(stores)}: "
+                    + ", ".join(s.name for s in stores)
+                    + f"; watch one of them (bellis status {stores[0]} --watch), or run "
+                    f"`bellis status {path}` for all",
+                    path=str(path),
+                )
+            return watch_status(
+                path, args.watch, out=sys.stdout, err=sys.stderr, max_width=args.width
+            )
+        # a task's store, or a tracking basedir: every task's store under it, in name order
+        stores = find_stores([args.path])
+        print("\n".join(format_status(store, max_width=args.width) for store in stores))
     except TrackingError as exc:
         print(f"bellis status: {exc}", file=sys.stderr)
         return 2
@@ -190,8 +213,18 @@ def _cmd_as_daisy(args: argparse.Namespace) -> int:
     return 0 if status.is_installed else 1
 
 
+_DESCRIPTION = (
+    "Blockwise processing of huge n-dimensional volumes: run the demo, join a run as a "
+    "worker, show a task's progress from its tracking store, write a run's report, or make "
+    "`import daisy` give bellis."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bellis", description=__doc__)
+    from .._version import __version__
+
+    p = argparse.ArgumentParser(prog="bellis", description=_DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"bellis {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="run a small smoothing + labelling pipeline on a zarr volume")
@@ -214,8 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--task-id", help="override the context's task_id")
     w.set_defaults(fn=_cmd_worker)
 
-    s = sub.add_parser("status", help="print a task's progress from its tracking store")
-    s.add_argument("path", help="the task's tracking directory")
+    s = sub.add_parser(
+        "status",
+        help="print a task's progress from its tracking store",
+        description="PATH is a task's tracking store, or a folder that holds several (a "
+        "pipeline's tracking basedir): then every task under it is shown. With --watch, PATH "
+        "is one task's store; the watch waits for a run to create it.",
+    )
+    s.add_argument("path", help="a task's tracking directory, or a tracking basedir")
     s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
     s.add_argument(
         "--watch",
@@ -240,7 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     a.set_defaults(fn=_cmd_as_daisy)
 
     args = p.parse_args(argv)
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except BrokenPipeError:
+        # the reader went away (`bellis status --watch PATH | head`): stop quietly, as
+        # `cat` does, and keep Python's flush at exit from raising again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

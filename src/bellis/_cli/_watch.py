@@ -102,19 +102,39 @@ def _progress_line(snap: StatusSnapshot, rate: float | None, running: bool | Non
     return ", ".join(parts)
 
 
+def _wait_for_store(
+    root: Path, interval_seconds: float, *, err: TextIO | None, sleep: Callable[[float], None]
+) -> None:
+    """Return once ``root`` holds a store (its group and ``done`` array written), saying
+    once on ``err`` that the watch waits for a run to create it."""
+    said = False
+    while not ((root / "zarr.json").is_file() and (root / "done" / "zarr.json").is_file()):
+        if not said and err is not None:
+            err.write(
+                f"bellis status: no tracking store at {root} yet; waiting for a run to create "
+                f"it (checking every {interval_seconds:g} s, Ctrl-C to stop)\n"
+            )
+            err.flush()
+            said = True
+        sleep(interval_seconds)
+
+
 def watch_status(
     path: str | os.PathLike[str],
     interval_seconds: float,
     *,
     out: TextIO,
+    err: TextIO | None = None,
     max_width: int = 80,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Redraw the status of the store at ``path`` every ``interval_seconds`` until the
-    run ends; returns the exit code (0). Raises TrackingError for a store that cannot be
-    read, and lets KeyboardInterrupt through (the caller exits 130)."""
+    run ends; returns the exit code (0). A store that does not exist yet is waited for
+    (saying so on ``err``). Raises TrackingError for a store that cannot be read, and lets
+    KeyboardInterrupt through (the caller exits 130)."""
     root = Path(path)
+    _wait_for_store(root, interval_seconds, err=err, sleep=sleep)
     tty = out.isatty()
     rate = _Rate(max(10.0, 4 * interval_seconds))
     snap = read_status(path, stamps_after=clock() - rate.window - 1.0)

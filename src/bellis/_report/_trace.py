@@ -29,7 +29,6 @@ import datetime
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,7 +340,9 @@ def write_trace(
     trace = build_trace(paths)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    # created as any file the user writes: 0666 less their umask (mkstemp would make it 0600)
+    tmp = str(target.with_name(f".{target.name}.tmp-{os.getpid()}"))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(trace, fh, separators=(",", ":"), allow_nan=False)
