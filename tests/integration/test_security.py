@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import signal
 import socket
 import struct
 import subprocess
@@ -386,31 +389,63 @@ time.sleep(60)
 """
 
 
+@pytest.mark.parametrize("first", ["flood", "worker"])
 def test_a_flood_of_silent_connections_cannot_hold_more_than_its_share(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, first: str
 ) -> None:
+    """Whichever comes first, the worker or the flood, the run goes on until the server has
+    dropped silent connections: the blocks wait for a gate that the drop's log line opens
+    (the drop comes only after HANDSHAKE_SECONDS, longer than any fixed run would last).
+    Both orders are forced: the flood connects before the server starts its worker, or the
+    worker's first block starts the flood."""
     caplog.set_level(logging.WARNING, logger="bellis")
-    recdir = tmp_path / "rec"
-    recdir.mkdir()
-    n = 8  # 4 s of blocks: time for the whole flood to arrive
-    task = make_task("a", n, functools.partial(sleep_block, str(recdir), 0.5), max_workers=1)
+    gate, port_file, pid_file = tmp_path / "dropped", tmp_path / "port", tmp_path / "flood.pid"
+    n = 4
+
+    def gated(block: Any) -> None:
+        if first == "worker" and not pid_file.exists():
+            flood = subprocess.Popen(
+                [sys.executable, "-c", _FLOOD, port_file.read_text()], stdout=subprocess.PIPE
+            )
+            assert flood.stdout is not None
+            flood.stdout.readline()  # all 300 connected
+            pid_file.write_text(str(flood.pid))
+        give_up = time.monotonic() + 120.0
+        while not gate.exists() and time.monotonic() < give_up:
+            time.sleep(0.05)
+
+    class OpenGateOnDrop(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "no handshake within" in record.getMessage():
+                gate.touch()
+
+    opener = OpenGateOnDrop()
+    logging.getLogger("bellis").addHandler(opener)
+    task = make_task("a", n, gated, max_workers=1)
     floods: list[subprocess.Popen[str]] = []
 
     def on_listen(server: Any) -> None:
-        floods.append(
-            subprocess.Popen(
+        port_file.write_text(str(server.port))
+        if first == "flood":
+            flood = subprocess.Popen(
                 [sys.executable, "-c", _FLOOD, str(server.port)], stdout=subprocess.PIPE, text=True
             )
-        )
+            floods.append(flood)
+            assert flood.stdout is not None
+            flood.stdout.readline()  # all 300 in the backlog before the worker starts
 
     try:
         states = bellis.Server(on_listen=on_listen).run_blockwise(
             [task], progress=False, summary=False
         )
     finally:
+        logging.getLogger("bellis").removeHandler(opener)
         for p in floods:
             p.kill()
             p.communicate()
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
     s = states["a"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
     capped = [r for r in caplog.records if "connections are in their handshake" in r.getMessage()]
@@ -418,6 +453,7 @@ def test_a_flood_of_silent_connections_cannot_hold_more_than_its_share(
     # the server held at most its cap of silent connections, stopped accepting, and made
     # room (for the rest of the flood and for the worker) by dropping the silent ones
     assert capped and silent
+    assert gate.exists() and (first == "flood" or pid_file.exists())
 
 
 def test_a_connection_at_the_handshake_cap_is_not_dropped_before_the_handshake_timeout(
