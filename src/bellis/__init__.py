@@ -64,9 +64,14 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     from .errors import (
         BellisError as BellisError,
         ConfigurationError as ConfigurationError,
+        ConnectionLostError as ConnectionLostError,
+        DependencyCycleError as DependencyCycleError,
         LayoutMismatch as LayoutMismatch,
+        ProtocolError as ProtocolError,
         TaskAbandonedError as TaskAbandonedError,
         TrackingError as TrackingError,
+        WorkerError as WorkerError,
+        WorkerStartError as WorkerStartError,
     )
     from .logging import get_worker_log_basename as get_worker_log_basename
     from .v1_compat import Scheduler as Scheduler, Task as Task

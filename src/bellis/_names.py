@@ -25,14 +25,17 @@ HOMES: dict[str, tuple[str, str]] = {
     "BlockwiseDependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
     "Client": ("bellis._worker._client", "Client"),
     "ConfigurationError": ("bellis.errors", "ConfigurationError"),
+    "ConnectionLostError": ("bellis.errors", "ConnectionLostError"),
     "Context": ("bellis._worker._client", "Context"),
     "Coordinate": ("funlib.geometry", "Coordinate"),
     "DaskLauncher": ("bellis._launchers._dask", "DaskLauncher"),
+    "DependencyCycleError": ("bellis.errors", "DependencyCycleError"),
     "DependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
     "JsonProgressObserver": ("bellis._run._progress", "JsonProgressObserver"),
     "LayoutMismatch": ("bellis.errors", "LayoutMismatch"),
     "LocalLauncher": ("bellis._launchers._base", "LocalLauncher"),
     "Pipeline": ("bellis._task", "Pipeline"),
+    "ProtocolError": ("bellis.errors", "ProtocolError"),
     "Roi": ("funlib.geometry", "Roi"),
     "RunReport": ("bellis._stats._reports", "RunReport"),
     "Scheduler": ("bellis.v1_compat", "Scheduler"),
@@ -45,8 +48,10 @@ HOMES: dict[str, tuple[str, str]] = {
     "TaskReport": ("bellis._stats._reports", "TaskReport"),
     "TaskState": ("bellis._state", "TaskState"),
     "TrackingError": ("bellis.errors", "TrackingError"),
+    "WorkerError": ("bellis.errors", "WorkerError"),
     "WorkerLauncher": ("bellis._launchers._base", "WorkerLauncher"),
     "WorkerRecord": ("bellis._stats._reports", "WorkerRecord"),
+    "WorkerStartError": ("bellis.errors", "WorkerStartError"),
     "__version__": ("bellis._version", "__version__"),
     "get_done_marker_basedir": ("bellis._task", "get_done_marker_basedir"),
     "get_tracking_basedir": ("bellis._task", "get_tracking_basedir"),
@@ -66,6 +71,17 @@ HOMES: dict[str, tuple[str, str]] = {
 PUBLIC_NAMES = sorted([*HOMES, "logging"])
 #: The names only the daisy 1.x surface has; the native ``bellis.v2`` leaves them out.
 V1_ONLY = frozenset({"SerialServer", "get_worker_log_basename"})
+#: ``bellis.v2``'s own names: the native Task and Scheduler (the 1.x ones extend them).
+V2_OWN_HOMES: dict[str, tuple[str, str]] = {
+    "Task": ("bellis._task", "Task"),
+    "Scheduler": ("bellis._scheduling._scheduler", "Scheduler"),
+}
+#: ``bellis.v2``'s table: ``bellis``'s names less :data:`V1_ONLY`, with its own.
+V2_HOMES: dict[str, tuple[str, str]] = {
+    name: home for name, home in HOMES.items() if name not in V1_ONLY
+} | V2_OWN_HOMES
+# public modules whose classes keep them as their home (see _claim_public_home)
+_OWN_PUBLIC_HOMES = frozenset({"bellis.errors"})
 # the homes that neither import numpy nor compute with it: the names a worker uses
 LIGHT_HOMES = frozenset(
     {
@@ -115,5 +131,32 @@ def load_public_name(
     if module_name not in LIGHT_HOMES:
         import_numpy()
     value = getattr(importlib.import_module(module_name), attribute)
+    if isinstance(value, type):
+        _claim_public_home(value, (module_name, attribute))
     namespace[name] = value
     return value
+
+
+def _claim_public_home(cls: type, home: tuple[str, str]) -> None:
+    """Let a public class of bellis's name its public module, not the private one that
+    defines it: ``repr(bellis.Task)`` reads ``<class 'bellis.Task'>``, ``bellis.v2``'s own
+    Task ``<class 'bellis.v2.Task'>``. ``home`` is the table entry it was loaded from.
+
+    The public module is the one whose table holds the class under its own name at that
+    entry (``DependencyGraph`` is ``bellis.BlockwiseDependencyGraph``). Foreign classes
+    (funlib's Roi) are left alone, and so are the errors: ``bellis.errors`` is their
+    documented home, and a traceback names an error the same way whatever loaded first.
+
+    Pickle and cloudpickle find a class by ``__module__`` and ``__qualname__``: the public
+    module's lazy ``__getattr__`` gives this same object, and that module is loaded (this
+    runs when a name loads from it). A public class is top-level: its qualname is its name.
+    """
+    name = cls.__name__
+    if cls.__qualname__ != name or cls.__module__ in _OWN_PUBLIC_HOMES:
+        return
+    if not cls.__module__.startswith("bellis."):
+        return
+    if HOMES.get(name) == home:
+        cls.__module__ = "bellis"
+    elif V2_OWN_HOMES.get(name) == home:
+        cls.__module__ = "bellis.v2"

@@ -14,6 +14,11 @@ The tree::
         └─ TaskAbandonedError
     BellisDeprecationWarning(DeprecationWarning)
 
+Every error is importable from ``bellis`` (and ``bellis.v2``) too, the same class; the
+warning only from here, where a filter names it
+(``warnings.filterwarnings("ignore", category=BellisDeprecationWarning)``). The classes keep
+this module as their home: a traceback reads ``bellis.errors.TrackingError: ...``.
+
 The builtin bases keep code written for daisy working: daisy raises ``ValueError`` for
 a bad parameter at construction and ``RuntimeError("invalid configuration: ...")`` at
 run start, so :class:`ConfigurationError` is both. :class:`LayoutMismatch` and

@@ -11,22 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from . import logging as logging
-from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, V1_ONLY, load_public_name
+from ._names import PUBLIC_NAMES as _PUBLIC_NAMES, V1_ONLY, V2_HOMES, load_public_name
 
 # One list (``bellis.__all__``, from ``bellis.HOMES``) less the 1.x-only names. Names load
 # on first use, each from the module that defines it (as ``bellis``'s do), so a worker
 # function of an ``import bellis.v2 as daisy`` script that touches ``daisy.Client`` loads
 # neither numpy nor the driver's modules. v2's Task and Scheduler are the native ones.
 __all__ = [name for name in _PUBLIC_NAMES if name not in V1_ONLY]
-_V2_HOMES = {name: HOMES[name] for name in __all__ if name in HOMES} | {
-    "Task": ("bellis._task", "Task"),
-    "Scheduler": ("bellis._scheduling._scheduler", "Scheduler"),
-}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _V2_HOMES:
-        return load_public_name(name, _V2_HOMES, globals())
+    if name in V2_HOMES:
+        return load_public_name(name, V2_HOMES, globals())
     raise AttributeError(f"module 'bellis.v2' has no attribute {name!r}")
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -334,85 +335,132 @@ class _RunResult:
         self.lost: dict[str, int] = {}
 
 
-def _execute(
-    pipeline: Any,
-    *,
-    multiprocessing: bool,
-    resources: Any,
-    progress: Any,
-    block_tracking: bool,
-    host: str | None,
-    summary: bool,
-    launcher: Any,
-    external: bool = False,
-    server: Server | None = None,
-    serial_observer: Any = None,
-) -> _RunResult:
-    """Validate, open the stores, run (serial or distributed), write the reports, print."""
-    pipe = _coerce_pipeline(pipeline)
-    order_tasks = pipe.validate()
-    budget = _check_resources(resources)
-    _check_config(order_tasks, distributed=multiprocessing, resources=budget, external=external)
-    payloads: dict[str, bytes | None] = {}
-    if multiprocessing:
-        for t in order_tasks:
-            payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What one run needs, checked before anything runs: built by :meth:`build`, read by
+    :func:`_execute` and :func:`_run_distributed`."""
+
+    pipeline: Pipeline
+    #: the tasks in the order the pipeline validated them
+    tasks: tuple[Task, ...]
+    #: True: workers run the blocks (``multiprocessing=True``); False: this process does
+    distributed: bool
+    #: the checked global resource budget
+    resources: dict[str, int]
+    #: distributed: each task's serialized worker payload (None: no process_function)
+    payloads: dict[str, bytes | None]
+    #: the progress display (an observer spec, see make_observer); distributed only
+    progress: Any
+    block_tracking: bool
+    host: str | None
+    summary: bool
+    #: the default launcher (None: a LocalLauncher); a task's own launcher wins
+    launcher: Any
+    #: workers join from outside (``Server(external_workers=True)``)
+    external: bool = False
+    #: the Server that runs this plan, told where the run listens
+    server: Server | None = None
+    #: serial mode's observer spec (SerialServer's attached observers)
+    serial_observer: Any = None
+
+    @property
+    def mode(self) -> str:
+        return "distributed" if self.distributed else "serial"
+
+    @classmethod
+    def build(
+        cls,
+        pipeline: Any,
+        *,
+        multiprocessing: bool,
+        resources: Any = None,
+        progress: Any = False,
+        block_tracking: bool = True,
+        host: str | None = None,
+        summary: bool = True,
+        launcher: Any = None,
+        external: bool = False,
+        server: Server | None = None,
+        serial_observer: Any = None,
+    ) -> RunPlan:
+        """Check the pipeline and the configuration, and serialize the worker payloads
+        (an unpicklable function fails here); raises before anything runs."""
+        pipe = _coerce_pipeline(pipeline)
+        tasks = pipe.validate()
+        budget = _check_resources(resources)
+        _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
+        payloads: dict[str, bytes | None] = {}
+        if multiprocessing:
+            for t in tasks:
+                payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
+        return cls(
+            pipeline=pipe,
+            tasks=tuple(tasks),
+            distributed=multiprocessing,
+            resources=budget,
+            payloads=payloads,
+            progress=progress,
+            block_tracking=block_tracking,
+            host=host,
+            summary=summary,
+            launcher=launcher,
+            external=external,
+            server=server,
+            serial_observer=serial_observer,
+        )
+
+
+class _Run:
+    """One run in progress: its scheduler, what it gathers, and (distributed) its loop."""
+
+    __slots__ = ("aggregates", "errors", "loop", "result", "scheduler", "timelines")
+
+    def __init__(self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector) -> None:
+        self.scheduler = scheduler
+        self.result = result
+        self.errors = errors
+        self.aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
+        #: distributed: each task's worker timelines
+        self.timelines: dict[str, TimelineSet] = {}
+        #: distributed: the loop serving the workers, set as soon as it listens
+        self.loop: RunLoop | None = None
+
+
+def _execute(plan: RunPlan) -> _RunResult:
+    """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
-        stores = _open_stores(order_tasks, block_tracking, defer_stats=multiprocessing)
+        stores = _open_stores(list(plan.tasks), plan.block_tracking, defer_stats=plan.distributed)
         result = _RunResult()
         errors = ErrorCollector()
         started_wall = time.time()
         t_start = time.perf_counter()
         try:
-            scheduler = Scheduler(pipe, _stores=stores)
+            scheduler = Scheduler(plan.pipeline, _stores=stores)
             result.order = scheduler.task_order
-            aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
-            timelines: dict[str, Any] = {}
-            if multiprocessing:
-                _run_distributed(
-                    scheduler,
-                    payloads,
-                    aggregates,
-                    timelines,
-                    result,
-                    errors,
-                    budget=budget,
-                    progress=progress,
-                    host=host,
-                    launcher=launcher,
-                    server=server,
-                )
+            run = _Run(scheduler, result, errors)
+            if plan.distributed:
+                _run_distributed(plan, run)
             else:
                 run_observed(
-                    make_observer(serial_observer, result.order),
+                    make_observer(plan.serial_observer, result.order),
                     lambda: scheduler.task_states,
-                    lambda on_block: run_blocks_serially(scheduler, aggregates, on_block),
+                    lambda on_block: run_blocks_serially(scheduler, run.aggregates, on_block),
                 )
             result.states = scheduler.task_states
             for r in scheduler.runs:
-                aggregates[r.task_id].add_skipped(r.skipped)
+                run.aggregates[r.task_id].add_skipped(r.skipped)
                 result.lost[r.task_id] = r.lost_on_abandon
             finished_wall = time.time()
             wall = time.perf_counter() - t_start
-            result.report = _write_reports(
-                scheduler,
-                stores,
-                aggregates,
-                timelines,
-                result,
-                multiprocessing,
-                started_wall,
-                finished_wall,
-                wall,
-            )
+            result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
         finally:
             _close_stores(stores)
-        if multiprocessing:
+        if plan.distributed:
             blog.warn_if_log_disk_full()
-    if summary:
-        log_dir = blog.get_log_basedir() if multiprocessing else None
+    if plan.summary:
+        log_dir = blog.get_log_basedir() if plan.distributed else None
         text = format_summary(
             result.states,
             result.order,
@@ -432,46 +480,36 @@ def _execute(
     return result
 
 
-def _run_distributed(
-    scheduler: Scheduler,
-    payloads: dict[str, bytes | None],
-    aggregates: dict[str, Any],
-    timelines: dict[str, Any],
-    result: _RunResult,
-    errors: Any,
-    *,
-    budget: dict[str, int],
-    progress: Any,
-    host: str | None,
-    launcher: Any,
-    server: Server | None,
-) -> None:
-    default_launcher = launcher if launcher is not None else LocalLauncher()
+def _run_distributed(plan: RunPlan, run: _Run) -> None:
+    scheduler = run.scheduler
+    default_launcher = plan.launcher if plan.launcher is not None else LocalLauncher()
     plans = {}
-    for run in scheduler.runs:
-        lau = run.task.launcher or default_launcher
-        timelines[run.task_id] = TimelineSet()
-        plans[run.task_id] = TaskPlan(
-            run, payloads[run.task_id], lau, aggregates[run.task_id], timelines[run.task_id]
+    for task_run in scheduler.runs:
+        tid = task_run.task_id
+        lau = task_run.task.launcher or default_launcher
+        run.timelines[tid] = TimelineSet()
+        plans[tid] = TaskPlan(
+            task_run, plan.payloads[tid], lau, run.aggregates[tid], run.timelines[tid]
         )
-        ladder = ladder_for(run.task, lau, budget)
+        ladder = ladder_for(task_run.task, lau, plan.resources)
         if ladder is not None:
-            plans[run.task_id].memory = MemoryPlan(ladder, run)
-    bind, advertise = _choose_hosts(host, [p.launcher for p in plans.values()])
+            plans[tid].memory = MemoryPlan(ladder, task_run)
+    bind, advertise = _choose_hosts(plan.host, [p.launcher for p in plans.values()])
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()
     logdir = blog.get_log_basedir()
-    observer = make_observer(progress, scheduler.task_order)
-    loop_ref: list[RunLoop] = []
+    observer = make_observer(plan.progress, scheduler.task_order)
 
-    def context_for(run: TaskRun, worker_id: int) -> dict[str, str]:
-        loop = loop_ref[0]
+    def context_for(task_run: TaskRun, worker_id: int) -> dict[str, str]:
+        loop = run.loop
+        if loop is None:  # the loop starts workers only once it is built and set below
+            raise RuntimeError("a worker context was asked for before the run loop existed")
         ctx = Context(
             hostname=loop.host,
             port=loop.port,
-            task_id=run.task_id,
+            task_id=task_run.task_id,
             worker_id=worker_id,
-            resource_tracking=int(run.task.resource_tracking),
+            resource_tracking=int(task_run.task.resource_tracking),
             logdir="" if logdir is None else str(logdir),
             secret=secret.hex(),
             worker_token=worker_token(worker_key, worker_id).hex(),
@@ -482,21 +520,21 @@ def _run_distributed(
         paths = blog.open_worker_log(task_id, slot, header=header, new_run=new_run)
         return (None, None) if paths is None else paths
 
-    loop = RunLoop(
+    loop = run.loop = RunLoop(
         scheduler,
         plans,
         secret=secret,
         worker_key=worker_key,
         bind_host=bind,
         advertise_host=advertise,
-        resources=budget,
+        resources=plan.resources,
         observer=observer,
-        errors=errors,
+        errors=run.errors,
         context_extra=context_for,
         log_paths=log_paths,
         log_mode=blog.get_log_mode(),
     )
-    loop_ref.append(loop)
+    server = plan.server
     if server is not None:
         server.hostname = loop.host
         server.port = loop.port
@@ -507,41 +545,40 @@ def _run_distributed(
         loop.run(poll)
     finally:
         restore()
-    result.interrupted = loop.abort_reason
-    result.fatal = loop.fatal
+    run.result.interrupted = loop.abort_reason
+    run.result.fatal = loop.fatal
 
 
 def _write_reports(
-    scheduler: Scheduler,
+    plan: RunPlan,
+    run: _Run,
     stores: dict[str, Any],
-    aggregates: dict[str, Any],
-    timelines: dict[str, Any],
-    result: _RunResult,
-    distributed: bool,
     started: float,
     finished: float,
     wall: float,
 ) -> Any:
     reports = {}
-    for run in scheduler.runs:
-        state = result.states[run.task_id]
-        tl = timelines.get(run.task_id)
+    result = run.result
+    for task_run in run.scheduler.runs:
+        tid = task_run.task_id
+        state = result.states[tid]
+        tl = run.timelines.get(tid)
         data = task_report_json(
-            task_id=run.task_id,
-            outcome=_outcome(state, run, result.interrupted is not None),
-            mode="distributed" if distributed else "serial",
+            task_id=tid,
+            outcome=_outcome(state, task_run, result.interrupted is not None),
+            mode=plan.mode,
             run_started_at=started,
             run_finished_at=finished,
-            resource_tracking=run.task.resource_tracking,
+            resource_tracking=task_run.task.resource_tracking,
             counters=counters_from_state(state),
-            blocks=aggregates[run.task_id],
+            blocks=run.aggregates[tid],
             workers=None if tl is None else tl.to_json(),
             wall_seconds=wall,
         )
         memory = memory_from_state(state)
         if memory is not None:
             data["memory"] = memory
-        store = stores.get(run.task_id)
+        store = stores.get(tid)
         store_path = None
         if store is not None:
             store_path = store.path
@@ -549,9 +586,9 @@ def _write_reports(
         else:
             base = blog.get_log_basedir()
             if base is not None and blog.get_log_mode() != "console":
-                append_report(Path(base) / blog.task_log_dirname(run.task_id) / "runs.jsonl", data)
-        remember_report(run.task_id, data)
-        reports[run.task_id] = TaskReport(data, store_path)
+                append_report(Path(base) / blog.task_log_dirname(tid) / "runs.jsonl", data)
+        remember_report(tid, data)
+        reports[tid] = TaskReport(data, store_path)
     return RunReport(reports)
 
 
@@ -584,14 +621,16 @@ def run_blockwise(
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
     """
     result = _execute(
-        pipeline,
-        multiprocessing=multiprocessing,
-        resources=resources,
-        progress=progress,
-        block_tracking=block_tracking,
-        host=host,
-        summary=summary,
-        launcher=launcher,
+        RunPlan.build(
+            pipeline,
+            multiprocessing=multiprocessing,
+            resources=resources,
+            progress=progress,
+            block_tracking=block_tracking,
+            host=host,
+            summary=summary,
+            launcher=launcher,
+        )
     )
     return _finish(result, return_states, raise_abandoned=True)
 
@@ -674,16 +713,18 @@ class Server(AttachableObservers):
         launcher: Any = None,
     ) -> dict[str, TaskState]:
         result = _execute(
-            pipeline,
-            multiprocessing=True,
-            resources=resources,
-            progress=self._observers.progress_for(progress),
-            block_tracking=block_tracking,
-            host=host,
-            summary=summary,
-            launcher=launcher,
-            external=self.external_workers,
-            server=self,
+            RunPlan.build(
+                pipeline,
+                multiprocessing=True,
+                resources=resources,
+                progress=self._observers.progress_for(progress),
+                block_tracking=block_tracking,
+                host=host,
+                summary=summary,
+                launcher=launcher,
+                external=self.external_workers,
+                server=self,
+            )
         )
         self.last_report = result.report
         self.last_task_order = result.order
@@ -704,15 +745,12 @@ class SerialServer(AttachableObservers):
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(
-            tasks,
-            multiprocessing=False,
-            resources=None,
-            progress=False,
-            block_tracking=block_tracking,
-            host=None,
-            summary=True,
-            launcher=None,
-            serial_observer=self._observers.progress_for(False),
+            RunPlan.build(
+                tasks,
+                multiprocessing=False,
+                block_tracking=block_tracking,
+                serial_observer=self._observers.progress_for(False),
+            )
         )
         states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
         return states
@@ -725,14 +763,12 @@ def _run_serial(
     blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
     An exception from a block propagates; a task's outcome is never raised."""
     result = _execute(
-        pipeline,
-        multiprocessing=False,
-        resources=None,
-        progress=False,
-        block_tracking=block_tracking,
-        host=None,
-        summary=summary,
-        launcher=None,
+        RunPlan.build(
+            pipeline,
+            multiprocessing=False,
+            block_tracking=block_tracking,
+            summary=summary,
+        )
     )
     states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
     return states
