@@ -54,6 +54,7 @@ import hmac
 import os
 import struct
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -84,6 +85,7 @@ __all__ = [
     "STATS_ROW",
     "TIMED_OUT",
     "WELCOME",
+    "ExitKind",
     "FrameDecoder",
     "Hello",
     "WorkerExit",
@@ -313,12 +315,39 @@ def parse_returns(
     return results
 
 
+class ExitKind(StrEnum):
+    """How a worker process ended, as the run accounts it. Each member equals its string,
+    which is what ``runs.jsonl`` (``workers.exits``, ``workers.records[].exit``), the
+    summary and the report's colours spell (``_stats._runlog.EXIT_KINDS`` lists the same
+    strings in the same order)."""
+
+    #: exit code 0: the worker stopped when told to, or its function returned
+    CLEAN = "clean"
+    #: exit code 0, but it left before its cluster job's time limit, blocks remaining
+    #: (``SlurmLauncher(walltime_margin=...)``); its start is given back like a clean one's
+    WALLTIME = "walltime"
+    #: a block outlived ``Task(timeout=...)``: the worker's watchdog ended it (exit code
+    #: :data:`EXIT_BLOCK_TIMEOUT`), or the server reclaimed the block and killed it
+    TIMEOUT = "timeout"
+    #: a block showed no CPU, IO or heartbeat for ``stall_timeout`` (exit code
+    #: :data:`EXIT_BLOCK_STALLED`, or the server's reclaim)
+    STALLED = "stalled"
+    #: anything else: a non-zero exit code, a signal, an out-of-memory end (see
+    #: :func:`is_oom_exit`), a job that failed, was cancelled or lost by its launcher
+    ERROR = "error"
+    #: still running, or ending, when the run was aborted (Ctrl-C, a signal)
+    INTERRUPTED = "interrupted"
+    #: stopped by the server because the other copy of its block (a straggler backup,
+    #: ``Task(speculative=True)``) finished first; no restart is charged
+    PREEMPTED = "preempted"
+
+
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended. ``kind`` is ``clean``, ``timeout``, ``stalled``, ``error`` or
-    ``interrupted``."""
+    """How a worker ended: its :class:`ExitKind`, its exit code (None: not seen to end)
+    and a message for the log and the summary."""
 
-    kind: str
+    kind: ExitKind
     code: int | None
     message: str
 
@@ -333,9 +362,9 @@ class WorkerExit:
 OOM_PREFIX: Final = "out of memory"
 
 
-def is_oom_exit(ex: Any) -> bool:
+def is_oom_exit(ex: WorkerExit | None) -> bool:
     """Whether a ``WorkerExit`` says its worker ran out of memory."""
-    return ex is not None and ex.kind == "error" and ex.message.startswith(OOM_PREFIX)
+    return ex is not None and ex.kind == ExitKind.ERROR and ex.message.startswith(OOM_PREFIX)
 
 
 def memory_error_message(limit: str | None) -> str:

@@ -45,7 +45,7 @@ from itertools import repeat
 from typing import Any, Final
 
 from .._block import BlockStatus
-from .._protocol import STALLED, TIMED_OUT
+from .._protocol import STALLED, TIMED_OUT, ExitKind
 from ._records import ManagedWorker, Peer, TaskPlan
 from ._task_run import RUNNING
 
@@ -246,7 +246,7 @@ def _drop_copy(
     """``peer``'s copy of ``k`` came back without a success while ``other`` runs on."""
     peer.held.remove(k)
     if status == TIMED_OUT or status == STALLED:
-        kind = "stalled" if status == STALLED else "timeout"
+        kind = ExitKind.STALLED if status == STALLED else ExitKind.TIMEOUT
         _log_dropped(bk, k, f"its copy {'stalled' if status == STALLED else 'timed out'}")
         text = f"a copy of block {bk.plan.run.task_id}/{bk.plan.run.geom.spatial_id_of(k)} {kind}"
         d.stop_worker(peer.worker, text, now, kind)
@@ -275,7 +275,7 @@ def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
     if w is not None and w.exit is None:
         run = bk.plan.run
         text = f"stopped: the other copy of block {run.task_id}/{run.geom.spatial_id_of(k)} won"
-        d.stop_worker(w, text, now, "preempted")
+        d.stop_worker(w, text, now, ExitKind.PREEMPTED)
         bk.plan.free_starts += 1  # a preempted worker is no restart
     d.close(loser, now)
 

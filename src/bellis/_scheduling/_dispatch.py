@@ -72,6 +72,7 @@ from .._protocol import (
     SHUTDOWN,
     STALLED,
     TIMED_OUT,
+    ExitKind,
     WorkerExit,
     encode,
     parse_hello,
@@ -629,27 +630,33 @@ class Dispatcher:
         """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
         the retry path."""
         sid = run.geom.spatial_id_of(k)
+        # ``flag`` is the log line's key (``timed_out=true``, ``stalled=true``: a format
+        # people grep), ``kind`` the worker's exit kind
         if stalled:
             run.stall_reclaims += 1
             stall = run.task.stall_timeout_secs or 0.0
-            kind, limit = "stalled", f"stall_timeout={stall:g}s"
+            kind, flag, limit = ExitKind.STALLED, "stalled", f"stall_timeout={stall:g}s"
             text = (
                 f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
                 f"stall_timeout ({stall:g}s)"
             )
         else:
             run.timeout_reclaims += 1
-            kind, limit = "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.task.timeout_secs:g}s"
             text = (
                 f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
             )
-        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
+        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
         self.record_error(peer, run, k, text)
         self.release(peer, run, k, False, False, sent, returned, now)
-        self.stop_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
+        self.stop_worker(peer.worker, text, now, kind)
 
     def stop_worker(
-        self, worker: ManagedWorker | None, text: str, now: float, kind: str = "timeout"
+        self,
+        worker: ManagedWorker | None,
+        text: str,
+        now: float,
+        kind: ExitKind = ExitKind.TIMEOUT,
     ) -> None:
         """Kill ``worker`` (if it is still running) and retire it with exit ``kind``."""
         if worker is not None and worker.exit is None:
@@ -740,7 +747,7 @@ class Dispatcher:
     # -- workers (the bookkeeping is _staffing's) ------------------------------------
     def worker_running_at_end(self, worker: ManagedWorker, now: float) -> None:
         """The final poll found ``worker`` still running: it was interrupted."""
-        worker.timeline.exited(now, "interrupted")
+        worker.timeline.exited(now, ExitKind.INTERRUPTED)
 
     def worker_exited(
         self, worker: ManagedWorker, ex: WorkerExit, interrupted: bool = False
