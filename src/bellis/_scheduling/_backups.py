@@ -42,12 +42,15 @@ from __future__ import annotations
 import logging
 from collections import deque
 from itertools import repeat
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._block import BlockStatus
 from .._protocol import STALLED, TIMED_OUT, ExitKind
 from ._records import ManagedWorker, Peer, TaskPlan
 from ._task_run import RUNNING
+
+if TYPE_CHECKING:
+    from ._ports import DispatcherPort
 
 __all__ = [
     "MIN_FINISHED",
@@ -198,7 +201,7 @@ class Backups:
 
 # -- the dispatcher's hooks ---------------------------------------------------------------
 def settle_returns(
-    d: Any, bk: Backups, peer: Peer, results: list[tuple[int, int, int, Any]], now: float
+    d: DispatcherPort, bk: Backups, peer: Peer, results: list[tuple[int, int, int, Any]], now: float
 ) -> list[tuple[int, int, int, Any]]:
     """Before a returned batch is recorded: feed the median, let a first success win
     (stopping the other copy), and drop the copies that ended without a result while
@@ -226,7 +229,7 @@ def settle_returns(
     return keep
 
 
-def drop_lost(d: Any, bk: Backups, peer: Peer, why: str, now: float) -> bool:
+def drop_lost(d: DispatcherPort, bk: Backups, peer: Peer, why: str, now: float) -> bool:
     """``peer``'s blocks end without a result (``why``): the copies among them whose twin
     runs on leave its ``held`` uncharged; the others stay for the caller's usual path.
     True when it dropped a copy and ``peer`` holds nothing any more."""
@@ -241,7 +244,14 @@ def drop_lost(d: Any, bk: Backups, peer: Peer, why: str, now: float) -> bool:
 
 
 def _drop_copy(
-    d: Any, bk: Backups, peer: Peer, k: int, status: int, error: Any, other: Peer, now: float
+    d: DispatcherPort,
+    bk: Backups,
+    peer: Peer,
+    k: int,
+    status: int,
+    error: Any,
+    other: Peer,
+    now: float,
 ) -> None:
     """``peer``'s copy of ``k`` came back without a success while ``other`` runs on."""
     peer.held.remove(k)
@@ -267,7 +277,7 @@ def _log_dropped(bk: Backups, k: int, why: str) -> None:
     )
 
 
-def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
+def _stop_loser(d: DispatcherPort, bk: Backups, loser: Peer, k: int, now: float) -> None:
     """The other copy of ``k`` won: ``loser`` lets go of it and its worker is stopped at
     once, exit kind ``preempted``, its start given back."""
     loser.held.remove(k)
@@ -280,7 +290,7 @@ def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
     d.close(loser, now)
 
 
-def offer(d: Any, bk: Backups, now: float) -> None:
+def offer(d: DispatcherPort, bk: Backups, now: float) -> None:
     """The tick: offer copies of the stragglers to the requests that wait (the idle ones,
     then those parked for blocks still waiting for their dependencies); send the idle ones
     that can no longer get one the usual way (a block, or the word to stop)."""

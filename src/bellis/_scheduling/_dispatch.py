@@ -387,7 +387,7 @@ class Dispatcher:
                 if status == _CREATED:
                     self.s.requeue_index(run, k)
                 elif status == TIMED_OUT or status == STALLED:
-                    self._time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
+                    self.time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
                     t += step
                 elif status == OUT_OF_MEMORY and self.plan_of[run.index].memory is not None:
                     _memory.climb(self, peer, run, k, t, t + step, now)
@@ -616,7 +616,7 @@ class Dispatcher:
                 # a later batch with a later deadline: look again then
                 self._deadlines.watch(peer, real)
 
-    def _time_out_block(
+    def time_out_block(
         self,
         peer: Peer,
         run: TaskRun,
@@ -679,7 +679,7 @@ class Dispatcher:
         held = peer.held
         peer.held = []
         if len(held) == 1:
-            self._time_out_block(peer, run, held[0], peer.sent_at, now, now)
+            self.time_out_block(peer, run, held[0], peer.sent_at, now, now)
             self.close(peer, now)
             return
         # a whole batch outlived its deadline and the worker's watchdog did not say which
