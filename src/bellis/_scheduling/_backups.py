@@ -45,7 +45,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any, Final
 
 from .._block import BlockStatus
-from .._protocol import STALLED, TIMED_OUT, ExitKind
+from .._protocol import STALLED, TIMED_OUT, ExitKind, Returned
 from ._records import ManagedWorker, Peer, TaskPlan
 from ._task_run import RUNNING
 
@@ -201,20 +201,20 @@ class Backups:
 
 # -- the dispatcher's hooks ---------------------------------------------------------------
 def settle_returns(
-    d: DispatcherPort, bk: Backups, peer: Peer, results: list[tuple[int, int, int, Any]], now: float
-) -> list[tuple[int, int, int, Any]]:
+    d: DispatcherPort, bk: Backups, peer: Peer, results: list[Returned], now: float
+) -> list[Returned]:
     """Before a returned batch is recorded: feed the median, let a first success win
     (stopping the other copy), and drop the copies that ended without a result while
     their twin runs on. Returns the results to record and release as usual."""
-    ok = sum(1 for r in results if r[1] == _SUCCESS)
+    ok = sum(1 for r in results if r.status == _SUCCESS)
     if ok:
-        processed = sum(1 for r in results if r[1] != int(BlockStatus.CREATED))
+        processed = sum(1 for r in results if r.status != int(BlockStatus.CREATED))
         bk.add_finished((now - peer.sent_at) / max(1, processed), ok)
     if not bk.copies:
         return results
     keep = []
     for r in results:
-        k, status = r[0], r[1]
+        k, status = r.k, r.status
         pair = bk.copies.get(k)
         other = bk.unpair(k, peer)
         if other is None:
@@ -225,7 +225,7 @@ def settle_returns(
             _stop_loser(d, bk, other, k, now)
             keep.append(r)
         else:
-            _drop_copy(d, bk, peer, k, status, r[3], other, now)
+            _drop_copy(d, bk, peer, k, status, r.error, other, now)
     return keep
 
 

@@ -10,9 +10,10 @@ connection (:meth:`~Dispatcher.close`), the clock (:meth:`~Dispatcher.expire` an
 :meth:`~Dispatcher.tick`), a worker's exit (:meth:`~Dispatcher.worker_exited`, then
 :meth:`~Dispatcher.settle_exit`), a launch that worked or failed (:meth:`~Dispatcher.launched`,
 :meth:`~Dispatcher.launch_failed`), an abort and the shutdown. Its outputs are instructions
-appended to :attr:`~Dispatcher.out`, plain tuples that the shell (``_server.py``) carries out
-in order: ``(SEND_FRAME, peer, frame)``, ``(CLOSE, peer)``, ``(LAUNCH, plan, bookings)``,
-``(KILL, worker)`` and ``(PROGRESS,)``. Time comes in as an argument (``now``, monotonic
+appended to :attr:`~Dispatcher.out`, named tuples (:mod:`._instructions`) that the shell
+(``_server.py``) carries out in order: ``SendFrame(SEND_FRAME, peer, frame)``,
+``Close(CLOSE, peer)``, ``Launch(LAUNCH, plan, bookings)``, ``Kill(KILL, worker)`` and
+``Progress(PROGRESS)``. Time comes in as an argument (``now``, monotonic
 seconds; the wall clock as the offset :meth:`~Dispatcher.tick` is given): nothing here reads a
 clock, a socket or a process. The only I/O reached from here is through objects handed in:
 the task stores (which buffer the records), the error collector and the log.
@@ -73,6 +74,7 @@ from .._protocol import (
     STALLED,
     TIMED_OUT,
     ExitKind,
+    Returned,
     WorkerExit,
     encode,
     parse_hello,
@@ -91,6 +93,19 @@ from ._batching import (
     unmeasured_error,
 )
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
+from ._instructions import (
+    CLOSE,
+    KILL,
+    LAUNCH,
+    PROGRESS,
+    SEND_FRAME,
+    Close,
+    Instruction,
+    Kill,
+    Launch,
+    Progress,
+    SendFrame,
+)
 from ._records import Booking, ManagedWorker, Peer, TaskPlan
 from ._scheduler import CHECKS_PENDING, Scheduler
 from ._staffing import Staffing
@@ -110,8 +125,9 @@ __all__ = [
 
 logger = logging.getLogger("bellis")
 
-#: instructions, the first item of each tuple in :attr:`Dispatcher.out`
-SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
+#: builds a :class:`SendFrame`, the instruction of every batch sent, without the
+#: Python-level ``__new__`` that ``NamedTuple`` generates (see ``_protocol._new_tuple``)
+_new_tuple: Final = tuple.__new__
 
 #: how often progress observers hear of a change at most
 _PROGRESS_SECONDS: Final = 0.5
@@ -149,7 +165,7 @@ class Dispatcher:
         #: where workers reach the server (named when a worker never connected)
         self.address = address
         #: instructions for the shell, oldest first; it empties the list as it carries them out
-        self.out: list[tuple[Any, ...]] = []
+        self.out: list[Instruction] = []
         self.workers = self.staff.workers
         #: workers whose process has ended, by id: a connection that claims one of them
         #: comes from a worker that outlived its spawn function
@@ -201,7 +217,7 @@ class Dispatcher:
             self._reclaim(peer, now)
             return
         peer.closed = True
-        self.out.append((CLOSE, peer))
+        self.out.append(Close(CLOSE, peer))
         run = peer.run
         if peer.held and run is not None and self.plan_of[run.index].backups is not None:
             drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
@@ -239,7 +255,7 @@ class Dispatcher:
             )
 
     def _send(self, peer: Peer, frame: bytes) -> None:
-        self.out.append((SEND_FRAME, peer, frame))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, frame)))
 
     def _greet(self, peer: Peer, msg: list[Any], now: float) -> None:
         hello = parse_hello(msg, self.secret, peer.nonce)
@@ -363,7 +379,7 @@ class Dispatcher:
             results = settle_returns(self, backups, peer, results, now)
         if not results:
             return
-        processed = [r for r in results if r[1] != _CREATED]
+        processed = [r for r in results if r.status != _CREATED]
         # a batch's round trip is shared equally by the blocks it carried
         step = (now - peer.sent_at) / max(1, len(processed))
         if (table is not None or run.task.resource_tracking) and not self._record_measured(
@@ -371,7 +387,7 @@ class Dispatcher:
         ):
             # the run fails on this batch: its blocks are not held any more (a close later
             # must not charge them as lost attempts)
-            taken = {r[0] for r in results}
+            taken = {r.k for r in results}
             peer.held = [k for k in held if k not in taken]
             return
         t = peer.sent_at
@@ -410,7 +426,7 @@ class Dispatcher:
         self,
         peer: Peer,
         run: TaskRun,
-        processed: list[tuple[int, int, int, Any]],
+        processed: list[Returned],
         table: np.ndarray[Any, Any] | None,
         step: float,
     ) -> bool:
@@ -583,7 +599,7 @@ class Dispatcher:
         if peer.worker is not None:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
-        self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
 
     def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
@@ -599,7 +615,7 @@ class Dispatcher:
         peer.sent_wall = wall
         peer.deadline = now + run.task.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
-        self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
     # -- deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> None:
@@ -664,7 +680,7 @@ class Dispatcher:
             self.plan_of[worker.run.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
             self.staff.retire(worker)
-            self.out.append((KILL, worker))
+            self.out.append(Kill(KILL, worker))
 
     def _reclaim(self, peer: Peer, now: float) -> None:
         """The backstop: a connection's blocks outlived their deadline."""
@@ -717,7 +733,7 @@ class Dispatcher:
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False
-            self.out.append((PROGRESS,))
+            self.out.append(Progress(PROGRESS))
 
     def abort(self, reason: str) -> None:
         """The run is interrupted (a signal): nothing more is handed out or started."""
@@ -735,7 +751,7 @@ class Dispatcher:
                 if not c.parked:
                     continue
                 c.parked = False
-                self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
+                self.out.append(SendFrame(SEND_FRAME, c, SHUTDOWN_FRAME))
                 if c.worker is not None:
                     c.worker.earned = True
                     c.worker.timeline.shutdown_requested(now)
@@ -827,7 +843,7 @@ class Dispatcher:
             if plan.memory is not None and plan.memory.held_back:
                 _memory.book_big(self, plan, now, batches)
         for task_id, bookings in batches.items():
-            self.out.append((LAUNCH, self.plans[task_id], bookings))
+            self.out.append(Launch(LAUNCH, self.plans[task_id], bookings))
 
     def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
         """The shell started the booked worker: ``handle`` is its launcher's handle."""
