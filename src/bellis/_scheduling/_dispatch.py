@@ -45,10 +45,12 @@ Invariants:
   resources). A task with work left, no worker alive and no start left is abandoned, and
   its downstream tasks with it.
 
-:mod:`._backups` and :mod:`._memory` decide for the tasks that opted in; the
-hooks here call them, and they call back through the public methods (:meth:`serve`,
-:meth:`serve_parked`, :meth:`release`, :meth:`record_error`, :meth:`lose_held`,
-:meth:`stop_worker`) and :attr:`staff`.
+:mod:`._backups` and :mod:`._memory` decide for the tasks that opted in, and
+:mod:`._returns` takes back what a message returns; the hooks here call them, and they
+call back through the public methods (:meth:`serve`, :meth:`serve_parked`,
+:meth:`release`, :meth:`record_error`, :meth:`lose_held`, :meth:`time_out_block`,
+:meth:`stop_worker`, :meth:`close`) and attributes, typed as
+:class:`._ports.DispatcherPort`. The instructions are :mod:`._instructions`' named tuples.
 
 A connection's *batch* (how many ready blocks it gets at once) aims at about
 :data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
@@ -61,37 +63,21 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
-import numpy as np
-
-from .._block import BlockStatus
 from .._protocol import (
     ACQUIRE,
     BYE,
-    OUT_OF_MEMORY,
     REJECT,
     SEND,
     SHUTDOWN,
-    STALLED,
-    TIMED_OUT,
     ExitKind,
-    Returned,
     WorkerExit,
     encode,
     parse_hello,
-    parse_returns,
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
-from ._backups import Backups, drop_lost, offer, settle_returns
-from ._batching import (
-    BATCH_TARGET_SECONDS,
-    MAX_BATCH,
-    busy_seconds,
-    measured_rows,
-    measurements,
-    next_batch,
-    unmeasured_error,
-)
+from ._backups import Backups, drop_lost, offer
+from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._instructions import (
     CLOSE,
@@ -107,6 +93,7 @@ from ._instructions import (
     SendFrame,
 )
 from ._records import Booking, ManagedWorker, Peer, TaskPlan
+from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
 from ._staffing import Staffing
 from ._task_run import RUNNING, TaskRun
@@ -133,8 +120,6 @@ _new_tuple: Final = tuple.__new__
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
-_CREATED: Final = int(BlockStatus.CREATED)
-_SUCCESS: Final = int(BlockStatus.SUCCESS)
 
 
 class Dispatcher:
@@ -329,7 +314,7 @@ class Dispatcher:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
-            self._take_back(peer, run, msg, n, rows, busy, now)
+            take_back(self, peer, run, msg, n, rows, busy, now)
             if self.fatal is not None or peer.closed:
                 return
         elif rows is not None or busy is not None:
@@ -351,127 +336,6 @@ class Dispatcher:
                 "without returning them"
             )
         self.serve(peer, run, draining, now)
-
-    def _take_back(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        msg: list[Any],
-        n: int,
-        rows: Any,
-        busy: float | None,
-        now: float,
-    ) -> None:
-        """Take back the blocks a message returns: ``n`` fields of (k, status, row,
-        error) groups, the measurement ``rows`` they index (None when there are none), and
-        the seconds the worker was ``busy`` with them (None: not reported)."""
-        table = None if rows is None else measurements(rows)
-        held = peer.held
-        # validate the whole message before taking anything back: a malformed message
-        # drops the connection, and every block it held then goes to the retry path. Only
-        # a worker that stops gives blocks back unstarted; one asking for more would get
-        # the same block back with a fresh deadline, again and again
-        results = parse_returns(
-            msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
-        )
-        backups = self.plan_of[run.index].backups
-        if backups is not None:  # first success of a block's two copies wins
-            results = settle_returns(self, backups, peer, results, now)
-        if not results:
-            return
-        processed = [r for r in results if r.status != _CREATED]
-        # a batch's round trip is shared equally by the blocks it carried
-        step = (now - peer.sent_at) / max(1, len(processed))
-        if (table is not None or run.task.resource_tracking) and not self._record_measured(
-            peer, run, processed, table, step
-        ):
-            # the run fails on this batch: its blocks are not held any more (a close later
-            # must not charge them as lost attempts)
-            taken = {r.k for r in results}
-            peer.held = [k for k in held if k not in taken]
-            return
-        t = peer.sent_at
-        suspects = self.plan_of[run.index].suspects
-        # a block stays held until it is taken back, so if anything below raises, the
-        # connection is dropped with the rest of the batch still held: those go to the
-        # retry path instead of staying out forever
-        back: set[int] = set()
-        try:
-            for k, status, row, error in results:
-                if suspects:
-                    suspects.discard(k)
-                if status == _CREATED:
-                    self.s.requeue_index(run, k)
-                elif status == TIMED_OUT or status == STALLED:
-                    self.time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
-                    t += step
-                elif status == OUT_OF_MEMORY and self.plan_of[run.index].memory is not None:
-                    _memory.climb(self, peer, run, k, t, t + step, now)
-                    t += step
-                else:
-                    self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
-                    t += step
-                # (a block whose release raised stays held too: the scheduler ignores a
-                # second release or requeue of a block it already took back)
-                back.add(k)
-                if self.fatal is not None:
-                    return
-        finally:
-            peer.held = [k for k in held if k not in back]
-        if processed and peer.held == []:
-            pace = step if busy is None else busy / len(processed)
-            peer.batch = next_batch(peer.batch, pace)
-
-    def _record_measured(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        processed: list[Returned],
-        table: np.ndarray[Any, Any] | None,
-        step: float,
-    ) -> bool:
-        """Aggregate and store the measurements of a batch's successful blocks at once,
-        before their releases mark them done (so a done block always has its figures).
-
-        ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
-        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``. Returns
-        False, recording nothing, when a task with resource tracking got a success without
-        measurements: the run then fails on it.
-        """
-        picked = measured_rows(processed, run.task.resource_tracking)
-        if isinstance(picked, int):
-            self.fatal = unmeasured_error(f"{peer.addr[0]}:{peer.addr[1]}", run.task_id, picked)
-            return False
-        ks, picks, slots = picked
-        if not ks or table is None or run.status != RUNNING:
-            return True
-        measured = table[picks]
-        self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
-        if run.store is not None:
-            sent = peer.sent_wall + np.asarray(slots, dtype=np.float64) * step
-            wid = peer.worker_id if peer.worker is not None else -1
-            run.record_measured(ks, measured, wid, sent, sent + step)
-        return True
-
-    def _take_returned(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        k: int,
-        status: Any,
-        measured: bool,
-        error: Any,
-        sent: float,
-        returned: float,
-        now: float,
-    ) -> None:
-        success = status == _SUCCESS
-        if peer.worker is not None:
-            peer.worker.earned = True
-        if not success:
-            text = error if isinstance(error, str) else "block failed"
-            self.record_error(peer, run, k, text)
-        self.release(peer, run, k, success, measured, sent, returned, now)
 
     def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
         """Block ``k`` failed with ``text``: kept for the summary and logged."""
@@ -495,7 +359,7 @@ class Dispatcher:
         now: float,
     ) -> None:
         """Release block ``k``; a measured success was stored and aggregated already (see
-        :meth:`_record_measured`)."""
+        :func:`._returns._record_measured`)."""
         wall0 = peer.sent_wall + (sent - peer.sent_at)
         accepted = self.s.release_index(
             run,
