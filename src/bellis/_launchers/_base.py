@@ -26,6 +26,7 @@ from .._protocol import (
     EXIT_BLOCK_TIMEOUT,
     EXIT_OUT_OF_MEMORY,
     MEMORY_LIMIT_ENV,
+    ExitKind,
     WorkerExit,
     kernel_oom_message,
     memory_error_message,
@@ -155,33 +156,33 @@ def _stderr_tail(path: Path | None, lines: int = 50, start: int = 0) -> str:
 def describe_exit(code: int, spec: WorkerSpec) -> WorkerExit:
     """Map a worker process exit code to a :class:`WorkerExit`."""
     if code == 0:
-        return WorkerExit("clean", 0, "")
+        return WorkerExit(ExitKind.CLEAN, 0, "")
     if code == EXIT_BLOCK_TIMEOUT:
         msg = (
             f"bellis worker subprocess killed after a block exceeded timeout="
             f"{spec.timeout_secs:g}s (true preemption; the server retries the block under "
             "max_retries)"
         )
-        kind = "timeout"
+        kind = ExitKind.TIMEOUT
     elif code == EXIT_OUT_OF_MEMORY:
         grant = None if spec.memory is None else format_grant(spec.memory)
-        msg, kind = memory_error_message(grant), "error"
+        msg, kind = memory_error_message(grant), ExitKind.ERROR
     elif code == EXIT_BLOCK_STALLED:
         msg = (
             "bellis worker subprocess killed after a block stalled: no CPU, IO or heartbeat "
             "for stall_timeout (the server retries the block under max_retries)"
         )
-        kind = "stalled"
+        kind = ExitKind.STALLED
     elif code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         msg = f"bellis worker subprocess exited with code {code} (killed by {name})"
-        kind = "error"
+        kind = ExitKind.ERROR
     else:
         msg = f"bellis worker subprocess exited with code {code}"
-        kind = "error"
+        kind = ExitKind.ERROR
     tail = _stderr_tail(spec.err_path, start=spec.err_offset)
     if tail:
         msg += "\nworker stderr tail:\n" + tail
@@ -538,7 +539,7 @@ class LocalLauncher(WorkerLauncher):
         ex = describe_exit(code, handle.spec)
         before = handle.oom_kills
         oom = None if before is None else kernel_oom_message(code, before, oom_kill_count())
-        return ex if oom is None else WorkerExit("error", code, f"{oom}\n{ex.message}")
+        return ex if oom is None else WorkerExit(ExitKind.ERROR, code, f"{oom}\n{ex.message}")
 
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
         live = [h.native for h in handles if h.native.poll() is None]

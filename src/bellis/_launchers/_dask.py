@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .._protocol import ExitKind
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, describe_exit
 
 __all__ = ["DaskLauncher"]
@@ -241,7 +242,7 @@ class DaskLauncher(WorkerLauncher):
             self.client.cancel([job.future], force=True)
         except Exception as exc:
             logger.warning("could not cancel dask task %s: %s", job.key, exc)
-        return WorkerExit("error", None, f"dask worker lost: task {job.key} {why}")
+        return WorkerExit(ExitKind.ERROR, None, f"dask worker lost: task {job.key} {why}")
 
     def _check_lost(self) -> None:
         try:
@@ -274,7 +275,7 @@ class DaskLauncher(WorkerLauncher):
             try:
                 code = int(job.future.result(timeout=5))
             except Exception as exc:
-                job.exit = WorkerExit("error", None, f"dask task {job.key} failed: {exc!r}")
+                job.exit = WorkerExit(ExitKind.ERROR, None, f"dask task {job.key} failed: {exc!r}")
             else:
                 if code == _RAN_BEFORE:
                     job.exit = self._lost_exit(
@@ -286,7 +287,7 @@ class DaskLauncher(WorkerLauncher):
         elif status == "error":
             error = job.future.exception(timeout=5)
             job.exit = WorkerExit(
-                "error", None, f"dask task {job.key} raised {error!r} (dask worker lost?)"
+                ExitKind.ERROR, None, f"dask task {job.key} raised {error!r} (dask worker lost?)"
             )
         elif status in ("cancelled", "lost"):
             job.exit = self._lost_exit(job, f"is {status}")

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._protocol import ExitKind
 from .._sizes import MIB, parse_growth, parse_size
 from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
@@ -68,19 +69,8 @@ logger = logging.getLogger("bellis")
 
 #: states after which a job never runs again (COMPLETING is not one: the job still holds its node)
 _FINISHED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "REVOKED",
-        "SPECIAL_EXIT",
-        "TIMEOUT",
-    }
+    "BOOT_FAIL CANCELLED COMPLETED DEADLINE FAILED NODE_FAIL OUT_OF_MEMORY PREEMPTED REVOKED "
+    "SPECIAL_EXIT TIMEOUT".split()
 )
 #: pending reasons that never clear by waiting: the request does not fit the partition
 _HOPELESS_REASONS = frozenset(
@@ -595,7 +585,7 @@ class SlurmLauncher(WorkerLauncher):
             elif job.state == "PENDING" and job.reason in _HOPELESS_REASONS:
                 self._scancel([job.job_id])
                 job.exit = WorkerExit(
-                    "error",
+                    ExitKind.ERROR,
                     None,
                     f"SLURM job {job.job_id} can never start (Reason={job.reason})",
                 )
@@ -605,7 +595,7 @@ class SlurmLauncher(WorkerLauncher):
                 fields = self._scontrol(job.job_id)
                 if fields is None or job.missing_count >= 3:
                     job.exit = WorkerExit(
-                        "error",
+                        ExitKind.ERROR,
                         None,
                         f"job lost: SLURM job {job.job_id} ({job.job_name}) vanished from "
                         "squeue and scontrol",
@@ -642,23 +632,24 @@ class SlurmLauncher(WorkerLauncher):
         spec = job.spec
         where = f"SLURM job {job.job_id} ({job.job_name})"
         state = job.state
+        kind = ExitKind.ERROR  # every exit below but a clean (or walltime) one
         slurm_tail = _stderr_tail(job.slurm_err, lines=20, start=job.slurm_err_offset)
         # SLURM's own note of an OOM kill, in this job's part of its log, explains a
         # failure; a clean exit stays clean (a child of the worker may have been killed)
         oom_noted = state == "FAILED" and any(m in slurm_tail for m in _OOM_MARKERS)
         if state == "OUT_OF_MEMORY" or oom_noted:
             return WorkerExit(
-                "error",
+                kind,
                 code or -9,
                 f"out of memory: {where} exceeded its memory limit; raise mem=\n{slurm_tail}",
             )
         if state == "TIMEOUT":
             if self.walltime_seconds is None:
-                return WorkerExit("error", None, f"{where}: job exceeded its SLURM time limit")
+                return WorkerExit(kind, None, f"{where}: job exceeded its SLURM time limit")
             # its worker takes no block it expects to outlast the job: the block it ran
             # alone outlasted what was left of the limit
             return WorkerExit(
-                "error",
+                kind,
                 None,
                 f"{where}: a block ran longer than the job time limit allowed "
                 f"(time_limit={self.time_limit}, walltime_margin={self.walltime_margin:g} s): "
@@ -666,18 +657,18 @@ class SlurmLauncher(WorkerLauncher):
                 "block's wall, or make the blocks smaller",
             )
         if state == "CANCELLED":
-            return WorkerExit("error", None, f"{where} was cancelled (scancel or preemption)")
+            return WorkerExit(kind, None, f"{where} was cancelled (scancel or preemption)")
         if state == "FAILED" and not code and not sig:
             # failed without an exit status: the job's script never ran (a failed launch)
             return WorkerExit(
-                "error", None, f"{where} failed to start (Reason={job.reason or 'unknown'})"
+                kind, None, f"{where} failed to start (Reason={job.reason or 'unknown'})"
             )
         if state in ("COMPLETED", "FAILED"):
             result = describe_exit(code if code or not sig else -sig, spec)
-            if result.kind == "clean":
+            if result.kind == ExitKind.CLEAN:
                 return self._walltime_exit(job) or result
             return WorkerExit(result.kind, result.code, f"{where}: {result.message}")
-        return WorkerExit("error", code or None, f"{where} ended in state {state}")
+        return WorkerExit(kind, code or None, f"{where} ended in state {state}")
 
     def _walltime_exit(self, job: _Job) -> WorkerExit | None:
         """The exit of a worker that left before its job's time limit (it says so in its
@@ -688,7 +679,9 @@ class SlurmLauncher(WorkerLauncher):
         tail = _stderr_tail(spec.err_path, lines=20, start=spec.err_offset)
         for line in reversed(tail.splitlines()):
             if line.startswith(LEAVING_MARKER):
-                return WorkerExit("walltime", 0, f"SLURM job {job.job_id} ({job.job_name}): {line}")
+                return WorkerExit(
+                    ExitKind.WALLTIME, 0, f"SLURM job {job.job_id} ({job.job_name}): {line}"
+                )
         return None
 
     def poll(self, handle: WorkerHandle) -> WorkerExit | None:

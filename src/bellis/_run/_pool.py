@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._launchers._base import WorkerHandle, WorkerSpec
-from .._protocol import WorkerExit
+from .._protocol import ExitKind, WorkerExit
 from .._scheduling._records import Booking, ManagedWorker, TaskPlan
 from .._scheduling._task_run import TaskRun
 from ..errors import WorkerStartError
@@ -163,7 +163,9 @@ class WorkerPool:
                 # a launcher that cannot say how its worker is (a closed dask client, a
                 # cluster that went away) has lost it: its blocks take the retry path
                 ex = WorkerExit(
-                    "error", None, f"the {launcher.name} launcher lost track of this worker: {exc}"
+                    ExitKind.ERROR,
+                    None,
+                    f"the {launcher.name} launcher lost track of this worker: {exc}",
                 )
             yield w, ex
 

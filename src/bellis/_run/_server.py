@@ -27,10 +27,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
-from .._scheduling._dispatch import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME, Dispatcher
+from .._scheduling._dispatch import Dispatcher
+from .._scheduling._instructions import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME
 from .._scheduling._records import TaskPlan
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import TaskRun
@@ -253,16 +254,16 @@ class RunLoop:
             while i < len(out):
                 instr = out[i]
                 i += 1
-                op = instr[0]
-                if op == SEND_FRAME:
-                    self.net.reply(instr[1], instr[2])
-                elif op == CLOSE:
-                    self.net.close_socket(instr[1])
-                elif op == LAUNCH:
-                    self._launch(instr[1], instr[2])
-                elif op == KILL:
-                    self.pool.kill(instr[1])
-                elif op == PROGRESS:
+                # (every peer the dispatcher names is a Conn: this shell made each one)
+                if instr.op == SEND_FRAME:
+                    self.net.reply(cast(Conn, instr.peer), instr.frame)
+                elif instr.op == CLOSE:
+                    self.net.close_socket(cast(Conn, instr.peer))
+                elif instr.op == LAUNCH:
+                    self._launch(instr.plan, instr.bookings)
+                elif instr.op == KILL:
+                    self.pool.kill(instr.worker)
+                elif instr.op == PROGRESS:
                     self._notify("on_progress")
         finally:
             del out[:i]  # each is carried out once, even when one raised

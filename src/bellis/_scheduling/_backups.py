@@ -42,12 +42,15 @@ from __future__ import annotations
 import logging
 from collections import deque
 from itertools import repeat
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._block import BlockStatus
-from .._protocol import STALLED, TIMED_OUT
+from .._protocol import STALLED, TIMED_OUT, ExitKind, Returned
 from ._records import ManagedWorker, Peer, TaskPlan
 from ._task_run import RUNNING
+
+if TYPE_CHECKING:
+    from ._ports import DispatcherPort
 
 __all__ = [
     "MIN_FINISHED",
@@ -198,20 +201,20 @@ class Backups:
 
 # -- the dispatcher's hooks ---------------------------------------------------------------
 def settle_returns(
-    d: Any, bk: Backups, peer: Peer, results: list[tuple[int, int, int, Any]], now: float
-) -> list[tuple[int, int, int, Any]]:
+    d: DispatcherPort, bk: Backups, peer: Peer, results: list[Returned], now: float
+) -> list[Returned]:
     """Before a returned batch is recorded: feed the median, let a first success win
     (stopping the other copy), and drop the copies that ended without a result while
     their twin runs on. Returns the results to record and release as usual."""
-    ok = sum(1 for r in results if r[1] == _SUCCESS)
+    ok = sum(1 for r in results if r.status == _SUCCESS)
     if ok:
-        processed = sum(1 for r in results if r[1] != int(BlockStatus.CREATED))
+        processed = sum(1 for r in results if r.status != int(BlockStatus.CREATED))
         bk.add_finished((now - peer.sent_at) / max(1, processed), ok)
     if not bk.copies:
         return results
     keep = []
     for r in results:
-        k, status = r[0], r[1]
+        k, status = r.k, r.status
         pair = bk.copies.get(k)
         other = bk.unpair(k, peer)
         if other is None:
@@ -222,11 +225,11 @@ def settle_returns(
             _stop_loser(d, bk, other, k, now)
             keep.append(r)
         else:
-            _drop_copy(d, bk, peer, k, status, r[3], other, now)
+            _drop_copy(d, bk, peer, k, status, r.error, other, now)
     return keep
 
 
-def drop_lost(d: Any, bk: Backups, peer: Peer, why: str, now: float) -> bool:
+def drop_lost(d: DispatcherPort, bk: Backups, peer: Peer, why: str, now: float) -> bool:
     """``peer``'s blocks end without a result (``why``): the copies among them whose twin
     runs on leave its ``held`` uncharged; the others stay for the caller's usual path.
     True when it dropped a copy and ``peer`` holds nothing any more."""
@@ -241,12 +244,19 @@ def drop_lost(d: Any, bk: Backups, peer: Peer, why: str, now: float) -> bool:
 
 
 def _drop_copy(
-    d: Any, bk: Backups, peer: Peer, k: int, status: int, error: Any, other: Peer, now: float
+    d: DispatcherPort,
+    bk: Backups,
+    peer: Peer,
+    k: int,
+    status: int,
+    error: Any,
+    other: Peer,
+    now: float,
 ) -> None:
     """``peer``'s copy of ``k`` came back without a success while ``other`` runs on."""
     peer.held.remove(k)
     if status == TIMED_OUT or status == STALLED:
-        kind = "stalled" if status == STALLED else "timeout"
+        kind = ExitKind.STALLED if status == STALLED else ExitKind.TIMEOUT
         _log_dropped(bk, k, f"its copy {'stalled' if status == STALLED else 'timed out'}")
         text = f"a copy of block {bk.plan.run.task_id}/{bk.plan.run.geom.spatial_id_of(k)} {kind}"
         d.stop_worker(peer.worker, text, now, kind)
@@ -267,7 +277,7 @@ def _log_dropped(bk: Backups, k: int, why: str) -> None:
     )
 
 
-def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
+def _stop_loser(d: DispatcherPort, bk: Backups, loser: Peer, k: int, now: float) -> None:
     """The other copy of ``k`` won: ``loser`` lets go of it and its worker is stopped at
     once, exit kind ``preempted``, its start given back."""
     loser.held.remove(k)
@@ -275,12 +285,12 @@ def _stop_loser(d: Any, bk: Backups, loser: Peer, k: int, now: float) -> None:
     if w is not None and w.exit is None:
         run = bk.plan.run
         text = f"stopped: the other copy of block {run.task_id}/{run.geom.spatial_id_of(k)} won"
-        d.stop_worker(w, text, now, "preempted")
+        d.stop_worker(w, text, now, ExitKind.PREEMPTED)
         bk.plan.free_starts += 1  # a preempted worker is no restart
     d.close(loser, now)
 
 
-def offer(d: Any, bk: Backups, now: float) -> None:
+def offer(d: DispatcherPort, bk: Backups, now: float) -> None:
     """The tick: offer copies of the stragglers to the requests that wait (the idle ones,
     then those parked for blocks still waiting for their dependencies); send the idle ones
     that can no longer get one the usual way (a block, or the word to stop)."""

@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 
 from .._block import BlockStatus
-from .._protocol import STATS_ROW
+from .._protocol import STATS_ROW, Returned
 from .._stats._aggregates import STATS_DTYPE
 from ..errors import ProtocolError
 
@@ -76,7 +76,7 @@ def measurements(rows: Any) -> np.ndarray[Any, Any]:
 
 
 def measured_rows(
-    processed: list[tuple[int, int, int, Any]], tracking: bool
+    processed: list[Returned], tracking: bool
 ) -> tuple[list[int], list[int], list[int]] | int:
     """The successful blocks of a returned batch ``processed`` (``(k, status, row,
     error)``, unstarted blocks left out) that carry a measurement row: their blocks, rows

@@ -10,9 +10,10 @@ connection (:meth:`~Dispatcher.close`), the clock (:meth:`~Dispatcher.expire` an
 :meth:`~Dispatcher.tick`), a worker's exit (:meth:`~Dispatcher.worker_exited`, then
 :meth:`~Dispatcher.settle_exit`), a launch that worked or failed (:meth:`~Dispatcher.launched`,
 :meth:`~Dispatcher.launch_failed`), an abort and the shutdown. Its outputs are instructions
-appended to :attr:`~Dispatcher.out`, plain tuples that the shell (``_server.py``) carries out
-in order: ``(SEND_FRAME, peer, frame)``, ``(CLOSE, peer)``, ``(LAUNCH, plan, bookings)``,
-``(KILL, worker)`` and ``(PROGRESS,)``. Time comes in as an argument (``now``, monotonic
+appended to :attr:`~Dispatcher.out`, named tuples (:mod:`._instructions`) that the shell
+(``_server.py``) carries out in order: ``SendFrame(SEND_FRAME, peer, frame)``,
+``Close(CLOSE, peer)``, ``Launch(LAUNCH, plan, bookings)``, ``Kill(KILL, worker)`` and
+``Progress(PROGRESS)``. Time comes in as an argument (``now``, monotonic
 seconds; the wall clock as the offset :meth:`~Dispatcher.tick` is given): nothing here reads a
 clock, a socket or a process. The only I/O reached from here is through objects handed in:
 the task stores (which buffer the records), the error collector and the log.
@@ -44,10 +45,12 @@ Invariants:
   resources). A task with work left, no worker alive and no start left is abandoned, and
   its downstream tasks with it.
 
-:mod:`._backups` and :mod:`._memory` decide for the tasks that opted in; the
-hooks here call them, and they call back through the public methods (:meth:`serve`,
-:meth:`serve_parked`, :meth:`release`, :meth:`record_error`, :meth:`lose_held`,
-:meth:`stop_worker`) and :attr:`staff`.
+:mod:`._backups` and :mod:`._memory` decide for the tasks that opted in, and
+:mod:`._returns` takes back what a message returns; the hooks here call them, and they
+call back through the public methods (:meth:`serve`, :meth:`serve_parked`,
+:meth:`release`, :meth:`record_error`, :meth:`lose_held`, :meth:`time_out_block`,
+:meth:`stop_worker`, :meth:`close`) and attributes, typed as
+:class:`._ports.DispatcherPort`. The instructions are :mod:`._instructions`' named tuples.
 
 A connection's *batch* (how many ready blocks it gets at once) aims at about
 :data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
@@ -60,37 +63,37 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
-import numpy as np
-
-from .._block import BlockStatus
 from .._protocol import (
     ACQUIRE,
     BYE,
-    OUT_OF_MEMORY,
     REJECT,
     SEND,
     SHUTDOWN,
-    STALLED,
-    TIMED_OUT,
+    ExitKind,
     WorkerExit,
     encode,
     parse_hello,
-    parse_returns,
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
-from ._backups import Backups, drop_lost, offer, settle_returns
-from ._batching import (
-    BATCH_TARGET_SECONDS,
-    MAX_BATCH,
-    busy_seconds,
-    measured_rows,
-    measurements,
-    next_batch,
-    unmeasured_error,
-)
+from ._backups import Backups, drop_lost, offer
+from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
+from ._instructions import (
+    CLOSE,
+    KILL,
+    LAUNCH,
+    PROGRESS,
+    SEND_FRAME,
+    Close,
+    Instruction,
+    Kill,
+    Launch,
+    Progress,
+    SendFrame,
+)
 from ._records import Booking, ManagedWorker, Peer, TaskPlan
+from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
 from ._staffing import Staffing
 from ._task_run import RUNNING, TaskRun
@@ -109,15 +112,14 @@ __all__ = [
 
 logger = logging.getLogger("bellis")
 
-#: instructions, the first item of each tuple in :attr:`Dispatcher.out`
-SEND_FRAME, CLOSE, LAUNCH, KILL, PROGRESS = range(5)
+#: builds a :class:`SendFrame`, the instruction of every batch sent, without the
+#: Python-level ``__new__`` that ``NamedTuple`` generates (see ``_protocol._new_tuple``)
+_new_tuple: Final = tuple.__new__
 
 #: how often progress observers hear of a change at most
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
-_CREATED: Final = int(BlockStatus.CREATED)
-_SUCCESS: Final = int(BlockStatus.SUCCESS)
 
 
 class Dispatcher:
@@ -148,7 +150,7 @@ class Dispatcher:
         #: where workers reach the server (named when a worker never connected)
         self.address = address
         #: instructions for the shell, oldest first; it empties the list as it carries them out
-        self.out: list[tuple[Any, ...]] = []
+        self.out: list[Instruction] = []
         self.workers = self.staff.workers
         #: workers whose process has ended, by id: a connection that claims one of them
         #: comes from a worker that outlived its spawn function
@@ -200,7 +202,7 @@ class Dispatcher:
             self._reclaim(peer, now)
             return
         peer.closed = True
-        self.out.append((CLOSE, peer))
+        self.out.append(Close(CLOSE, peer))
         run = peer.run
         if peer.held and run is not None and self.plan_of[run.index].backups is not None:
             drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
@@ -238,7 +240,7 @@ class Dispatcher:
             )
 
     def _send(self, peer: Peer, frame: bytes) -> None:
-        self.out.append((SEND_FRAME, peer, frame))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, frame)))
 
     def _greet(self, peer: Peer, msg: list[Any], now: float) -> None:
         hello = parse_hello(msg, self.secret, peer.nonce)
@@ -312,7 +314,7 @@ class Dispatcher:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")
         if n:
-            self._take_back(peer, run, msg, n, rows, busy, now)
+            take_back(self, peer, run, msg, n, rows, busy, now)
             if self.fatal is not None or peer.closed:
                 return
         elif rows is not None or busy is not None:
@@ -334,127 +336,6 @@ class Dispatcher:
                 "without returning them"
             )
         self.serve(peer, run, draining, now)
-
-    def _take_back(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        msg: list[Any],
-        n: int,
-        rows: Any,
-        busy: float | None,
-        now: float,
-    ) -> None:
-        """Take back the blocks a message returns: ``n`` fields of (k, status, row,
-        error) groups, the measurement ``rows`` they index (None when there are none), and
-        the seconds the worker was ``busy`` with them (None: not reported)."""
-        table = None if rows is None else measurements(rows)
-        held = peer.held
-        # validate the whole message before taking anything back: a malformed message
-        # drops the connection, and every block it held then goes to the retry path. Only
-        # a worker that stops gives blocks back unstarted; one asking for more would get
-        # the same block back with a fresh deadline, again and again
-        results = parse_returns(
-            msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
-        )
-        backups = self.plan_of[run.index].backups
-        if backups is not None:  # first success of a block's two copies wins
-            results = settle_returns(self, backups, peer, results, now)
-        if not results:
-            return
-        processed = [r for r in results if r[1] != _CREATED]
-        # a batch's round trip is shared equally by the blocks it carried
-        step = (now - peer.sent_at) / max(1, len(processed))
-        if (table is not None or run.task.resource_tracking) and not self._record_measured(
-            peer, run, processed, table, step
-        ):
-            # the run fails on this batch: its blocks are not held any more (a close later
-            # must not charge them as lost attempts)
-            taken = {r[0] for r in results}
-            peer.held = [k for k in held if k not in taken]
-            return
-        t = peer.sent_at
-        suspects = self.plan_of[run.index].suspects
-        # a block stays held until it is taken back, so if anything below raises, the
-        # connection is dropped with the rest of the batch still held: those go to the
-        # retry path instead of staying out forever
-        back: set[int] = set()
-        try:
-            for k, status, row, error in results:
-                if suspects:
-                    suspects.discard(k)
-                if status == _CREATED:
-                    self.s.requeue_index(run, k)
-                elif status == TIMED_OUT or status == STALLED:
-                    self._time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
-                    t += step
-                elif status == OUT_OF_MEMORY and self.plan_of[run.index].memory is not None:
-                    _memory.climb(self, peer, run, k, t, t + step, now)
-                    t += step
-                else:
-                    self._take_returned(peer, run, k, status, row >= 0, error, t, t + step, now)
-                    t += step
-                # (a block whose release raised stays held too: the scheduler ignores a
-                # second release or requeue of a block it already took back)
-                back.add(k)
-                if self.fatal is not None:
-                    return
-        finally:
-            peer.held = [k for k in held if k not in back]
-        if processed and peer.held == []:
-            pace = step if busy is None else busy / len(processed)
-            peer.batch = next_batch(peer.batch, pace)
-
-    def _record_measured(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        processed: list[tuple[int, int, int, Any]],
-        table: np.ndarray[Any, Any] | None,
-        step: float,
-    ) -> bool:
-        """Aggregate and store the measurements of a batch's successful blocks at once,
-        before their releases mark them done (so a done block always has its figures).
-
-        ``processed`` is the batch without its unstarted blocks, in order: block ``i`` of
-        it was out from ``sent_at + i * step`` to ``sent_at + (i + 1) * step``. Returns
-        False, recording nothing, when a task with resource tracking got a success without
-        measurements: the run then fails on it.
-        """
-        picked = measured_rows(processed, run.task.resource_tracking)
-        if isinstance(picked, int):
-            self.fatal = unmeasured_error(f"{peer.addr[0]}:{peer.addr[1]}", run.task_id, picked)
-            return False
-        ks, picks, slots = picked
-        if not ks or table is None or run.status != RUNNING:
-            return True
-        measured = table[picks]
-        self.plan_of[run.index].aggregates.add_measured(np.full(len(ks), step), measured)
-        if run.store is not None:
-            sent = peer.sent_wall + np.asarray(slots, dtype=np.float64) * step
-            wid = peer.worker_id if peer.worker is not None else -1
-            run.record_measured(ks, measured, wid, sent, sent + step)
-        return True
-
-    def _take_returned(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        k: int,
-        status: Any,
-        measured: bool,
-        error: Any,
-        sent: float,
-        returned: float,
-        now: float,
-    ) -> None:
-        success = status == _SUCCESS
-        if peer.worker is not None:
-            peer.worker.earned = True
-        if not success:
-            text = error if isinstance(error, str) else "block failed"
-            self.record_error(peer, run, k, text)
-        self.release(peer, run, k, success, measured, sent, returned, now)
 
     def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
         """Block ``k`` failed with ``text``: kept for the summary and logged."""
@@ -478,7 +359,7 @@ class Dispatcher:
         now: float,
     ) -> None:
         """Release block ``k``; a measured success was stored and aggregated already (see
-        :meth:`_record_measured`)."""
+        :func:`._returns._record_measured`)."""
         wall0 = peer.sent_wall + (sent - peer.sent_at)
         accepted = self.s.release_index(
             run,
@@ -582,7 +463,7 @@ class Dispatcher:
         if peer.worker is not None:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
-        self.out.append((SEND_FRAME, peer, SHUTDOWN_FRAME))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
 
     def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
@@ -598,7 +479,7 @@ class Dispatcher:
         peer.sent_wall = wall
         peer.deadline = now + run.task.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
-        self.out.append((SEND_FRAME, peer, encode([SEND, *held])))
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
     # -- deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> None:
@@ -615,7 +496,7 @@ class Dispatcher:
                 # a later batch with a later deadline: look again then
                 self._deadlines.watch(peer, real)
 
-    def _time_out_block(
+    def time_out_block(
         self,
         peer: Peer,
         run: TaskRun,
@@ -629,27 +510,33 @@ class Dispatcher:
         """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
         the retry path."""
         sid = run.geom.spatial_id_of(k)
+        # ``flag`` is the log line's key (``timed_out=true``, ``stalled=true``: a format
+        # people grep), ``kind`` the worker's exit kind
         if stalled:
             run.stall_reclaims += 1
             stall = run.task.stall_timeout_secs or 0.0
-            kind, limit = "stalled", f"stall_timeout={stall:g}s"
+            kind, flag, limit = ExitKind.STALLED, "stalled", f"stall_timeout={stall:g}s"
             text = (
                 f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
                 f"stall_timeout ({stall:g}s)"
             )
         else:
             run.timeout_reclaims += 1
-            kind, limit = "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.task.timeout_secs:g}s"
             text = (
                 f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
             )
-        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, kind, limit)
+        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
         self.record_error(peer, run, k, text)
         self.release(peer, run, k, False, False, sent, returned, now)
-        self.stop_worker(peer.worker, text, now, "stalled" if stalled else "timeout")
+        self.stop_worker(peer.worker, text, now, kind)
 
     def stop_worker(
-        self, worker: ManagedWorker | None, text: str, now: float, kind: str = "timeout"
+        self,
+        worker: ManagedWorker | None,
+        text: str,
+        now: float,
+        kind: ExitKind = ExitKind.TIMEOUT,
     ) -> None:
         """Kill ``worker`` (if it is still running) and retire it with exit ``kind``."""
         if worker is not None and worker.exit is None:
@@ -657,7 +544,7 @@ class Dispatcher:
             self.plan_of[worker.run.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
             self.staff.retire(worker)
-            self.out.append((KILL, worker))
+            self.out.append(Kill(KILL, worker))
 
     def _reclaim(self, peer: Peer, now: float) -> None:
         """The backstop: a connection's blocks outlived their deadline."""
@@ -672,7 +559,7 @@ class Dispatcher:
         held = peer.held
         peer.held = []
         if len(held) == 1:
-            self._time_out_block(peer, run, held[0], peer.sent_at, now, now)
+            self.time_out_block(peer, run, held[0], peer.sent_at, now, now)
             self.close(peer, now)
             return
         # a whole batch outlived its deadline and the worker's watchdog did not say which
@@ -710,7 +597,7 @@ class Dispatcher:
         if self.dirty and now - self._last_progress >= _PROGRESS_SECONDS:
             self._last_progress = now
             self.dirty = False
-            self.out.append((PROGRESS,))
+            self.out.append(Progress(PROGRESS))
 
     def abort(self, reason: str) -> None:
         """The run is interrupted (a signal): nothing more is handed out or started."""
@@ -728,7 +615,7 @@ class Dispatcher:
                 if not c.parked:
                     continue
                 c.parked = False
-                self.out.append((SEND_FRAME, c, SHUTDOWN_FRAME))
+                self.out.append(SendFrame(SEND_FRAME, c, SHUTDOWN_FRAME))
                 if c.worker is not None:
                     c.worker.earned = True
                     c.worker.timeline.shutdown_requested(now)
@@ -740,7 +627,7 @@ class Dispatcher:
     # -- workers (the bookkeeping is _staffing's) ------------------------------------
     def worker_running_at_end(self, worker: ManagedWorker, now: float) -> None:
         """The final poll found ``worker`` still running: it was interrupted."""
-        worker.timeline.exited(now, "interrupted")
+        worker.timeline.exited(now, ExitKind.INTERRUPTED)
 
     def worker_exited(
         self, worker: ManagedWorker, ex: WorkerExit, interrupted: bool = False
@@ -820,7 +707,7 @@ class Dispatcher:
             if plan.memory is not None and plan.memory.held_back:
                 _memory.book_big(self, plan, now, batches)
         for task_id, bookings in batches.items():
-            self.out.append((LAUNCH, self.plans[task_id], bookings))
+            self.out.append(Launch(LAUNCH, self.plans[task_id], bookings))
 
     def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
         """The shell started the booked worker: ``handle`` is its launcher's handle."""

@@ -30,11 +30,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._protocol import is_oom_exit
 from .._sizes import MIB, format_grant
 from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .._task import Task
+    from ._ports import DispatcherPort
+    from ._records import Booking, ManagedWorker, Peer, TaskPlan
+    from ._scheduler import Scheduler
+    from ._task_run import TaskRun
 
 __all__ = [
     "DEFAULT_GROWTH",
@@ -83,7 +90,7 @@ def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> M
     return MemoryLadder(tuple(grants), growth, cap_parameter)
 
 
-def ladder_for(task: Any, launcher: Any, resources: dict[str, int]) -> MemoryLadder | None:
+def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLadder | None:
     """The ladder of ``task`` run by ``launcher`` under the run's ``resources``; None when
     the task has no memory request (no grant to raise). Raises :class:`ConfigurationError`
     for a ``memory_limit`` that ``launcher`` cannot enforce, or a cap below the request."""
@@ -145,7 +152,7 @@ class MemoryPlan:
     the block runs again with), ``oom_successes`` (per grant a block finally succeeded
     with) and ``oom_failures`` are kept here."""
 
-    def __init__(self, ladder: MemoryLadder, run: Any) -> None:
+    def __init__(self, ladder: MemoryLadder, run: TaskRun) -> None:
         self.ladder = ladder
         self.run = run
         #: blocks that need a big worker: block -> the least step
@@ -155,7 +162,7 @@ class MemoryPlan:
         self.alive = [0] * len(ladder.grants)
         self.held_back = 0
         #: workers whose connection ended before their exit was known (their ``lost``)
-        self.lost: list[Any] = []
+        self.lost: list[ManagedWorker] = []
         #: ids of the workers whose out-of-memory death sent a block up the ladder: their
         #: start is given back (a worker that runs out of memory outside any block is not)
         self.climbed: set[int] = set()
@@ -212,7 +219,7 @@ class MemoryPlan:
             out += [s] * max(0, n)
         return out
 
-    def returned(self, scheduler: Any, k: int, success: bool, step: int) -> None:
+    def returned(self, scheduler: Scheduler, k: int, success: bool, step: int) -> None:
         """Block ``k``, which needs a big worker, came back from a worker of ``step``: a
         success counts for its grant; a retry is taken out of the queue to wait again."""
         s = self.need.get(k)
@@ -232,7 +239,7 @@ class MemoryPlan:
         else:
             del self.need[k]  # failed for good (its retries are spent)
 
-    def sweep(self, scheduler: Any) -> None:
+    def sweep(self, scheduler: Scheduler) -> None:
         """Take the blocks that need a big worker and were given back unstarted (a big
         worker that stopped) out of the queue again."""
         for k, s in self.need.items():
@@ -250,11 +257,12 @@ class MemoryPlan:
 
 
 # -- the dispatcher's side ------------------------------------------------------------------
-# ``d`` is the run's ``_dispatch.Dispatcher``: these are its decisions for tasks with
-# a ladder, kept here so that the dispatcher only calls them.
+# ``d`` is the run's ``_dispatch.Dispatcher``, seen through ``_ports.DispatcherPort``:
+# these are its decisions for tasks with a ladder, kept here so that the dispatcher only
+# calls them.
 
 
-def close_held(d: Any, peer: Any, run: Any, now: float) -> None:
+def close_held(d: DispatcherPort, peer: Peer, run: TaskRun, now: float) -> None:
     """``peer``'s connection ends. A big worker's blocks given back unstarted wait again; the
     blocks a managed worker held are released when its exit says how it died (an OOM climbs
     the ladder), or now when it is known already."""
@@ -274,7 +282,7 @@ def close_held(d: Any, peer: Any, run: Any, now: float) -> None:
         d.lose_held(peer, run, held, now)
 
 
-def settle_exit(d: Any, worker: Any, now: float) -> None:
+def settle_exit(d: DispatcherPort, worker: ManagedWorker, now: float) -> None:
     """``worker``'s exit is known: release the blocks it held when its connection ended.
     An OOM death that sent a block up the ladder gives its start back (the ladder's
     retries are no restarts)."""
@@ -293,7 +301,7 @@ def settle_exit(d: Any, worker: Any, now: float) -> None:
             d.plan_of[worker.run.index].free_starts += 1
 
 
-def expire_lost(d: Any, plan: Any, now: float) -> None:
+def expire_lost(d: DispatcherPort, plan: TaskPlan, now: float) -> None:
     """Release, as lost with an ordinary death, the blocks of workers whose connection
     ended :data:`LOST_WAIT_SECONDS` ago and whose exit is still unknown (a connection
     dropped while its process goes on)."""
@@ -311,14 +319,16 @@ def expire_lost(d: Any, plan: Any, now: float) -> None:
     mem.lost = keep
 
 
-def _lost_to_oom(d: Any, peer: Any, run: Any, held: list[int], now: float) -> None:
+def _lost_to_oom(d: DispatcherPort, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
     if len(held) == 1:
         climb(d, peer, run, held[0], peer.sent_at, now, now)
     else:
         d.lose_held(peer, run, held, now)  # which block it was is unknown: suspects
 
 
-def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now: float) -> None:
+def climb(
+    d: DispatcherPort, peer: Peer, run: TaskRun, k: int, sent: float, returned: float, now: float
+) -> None:
     """Block ``k`` ran out of memory on ``peer``'s worker: it waits for the next grant, or
     fails for good at the top of the ladder."""
     plan = d.plan_of[run.index]
@@ -346,7 +356,7 @@ def climb(d: Any, peer: Any, run: Any, k: int, sent: float, returned: float, now
     d.dirty = True
 
 
-def take_for(d: Any, worker: Any, run: Any, draining: bool) -> int:
+def take_for(d: DispatcherPort, worker: ManagedWorker, run: TaskRun, draining: bool) -> int:
     """The block a big ``worker`` runs next; -1: none (it is told to stop)."""
     if draining or d.abort_reason is not None or d.shutdown_started is not None:
         return -1
@@ -356,7 +366,9 @@ def take_for(d: Any, worker: Any, run: Any, draining: bool) -> int:
     return mem.take(worker.mem_step)
 
 
-def book_big(d: Any, plan: Any, now: float, batches: dict[str, list[Any]]) -> None:
+def book_big(
+    d: DispatcherPort, plan: TaskPlan, now: float, batches: dict[str, list[Booking]]
+) -> None:
     """Book the big workers that the blocks waiting for a larger grant need."""
     run = plan.run
     task = run.task
@@ -376,7 +388,7 @@ def book_big(d: Any, plan: Any, now: float, batches: dict[str, list[Any]]) -> No
         batches.setdefault(run.task_id, []).append(d.staff.book(plan, now, step))
 
 
-def _stop_one_parked(d: Any, plan: Any, now: float) -> None:
+def _stop_one_parked(d: DispatcherPort, plan: TaskPlan, now: float) -> None:
     """Tell one ordinary worker parked on ``plan``'s task to stop: a block waiting for a
     big worker may be what its parked request waits for, and the budget it holds is what
     the big worker needs."""

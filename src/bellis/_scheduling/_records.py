@@ -16,7 +16,7 @@ import signal  # the names of signals only
 from collections import deque
 from typing import Any, NamedTuple
 
-from .._protocol import WELCOME, WorkerExit, encode
+from .._protocol import WELCOME, ExitKind, WorkerExit, encode
 from ._task_run import TaskRun
 
 __all__ = ["Booking", "ManagedWorker", "Peer", "TaskPlan", "replacing"]
@@ -192,15 +192,15 @@ def replacing(worker_id: int, ex: WorkerExit) -> str:
 
 
 def _how_it_ended(ex: WorkerExit) -> str:
-    if ex.kind == "timeout":
+    if ex.kind == ExitKind.TIMEOUT:
         return "whose block exceeded the block timeout"
-    if ex.kind == "stalled":
+    if ex.kind == ExitKind.STALLED:
         return "whose block stalled"
-    if ex.kind == "interrupted":
+    if ex.kind == ExitKind.INTERRUPTED:
         return "which was interrupted"
-    if ex.kind == "walltime":
+    if ex.kind == ExitKind.WALLTIME:
         return "which left before its job time limit"
-    if ex.kind == "preempted":
+    if ex.kind == ExitKind.PREEMPTED:
         return "which was stopped: the other copy of its block finished first"
     first = ex.message.splitlines()[0] if ex.message else ""
     if first.startswith("out of memory"):

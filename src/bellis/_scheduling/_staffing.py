@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._protocol import Hello, WorkerExit, verify_mac, worker_token
+from .._protocol import ExitKind, Hello, WorkerExit, verify_mac, worker_token
 from ._memory import charge
 from ._records import Booking, ManagedWorker, Peer, TaskPlan, replacing
 from ._task_run import RUNNING, TaskRun
@@ -149,7 +149,7 @@ class Staffing:
         if run.first_worker_error is None:
             run.first_worker_error = msg
         run.last_worker_error = msg
-        booking.timeline.exited(now, "error")
+        booking.timeline.exited(now, ExitKind.ERROR)
         logger.warning("%s", msg)
 
     # -- connections ------------------------------------------------------------------
@@ -196,7 +196,7 @@ class Staffing:
         if interrupted:
             # alive when the run was aborted (the final poll of an aborted run sees only
             # those), however it then ended
-            ex = WorkerExit("interrupted", ex.code, ex.message)
+            ex = WorkerExit(ExitKind.INTERRUPTED, ex.code, ex.message)
         worker.exit = ex
         plan.release_slot(worker.slot, replacing(worker.worker_id, ex))
         return True
@@ -219,17 +219,17 @@ class Staffing:
         assert ex is not None
         run = worker.run
         plan = self.plan_of[run.index]
-        if ex.kind in ("clean", "walltime") and worker.earned:
+        if ex.kind in (ExitKind.CLEAN, ExitKind.WALLTIME) and worker.earned:
             # (walltime: it left before its cluster job's time limit, blocks remaining)
             plan.free_starts += 1
-        elif ex.kind == "clean" and worker.ever_connected:
+        elif ex.kind == ExitKind.CLEAN and worker.ever_connected:
             logger.warning(
                 "worker %d of task '%s' exited without processing a block; it counts "
                 "against the restart budget",
                 worker.worker_id,
                 run.task_id,
             )
-        elif ex.kind == "clean":
+        elif ex.kind == ExitKind.CLEAN:
             logger.warning(
                 "worker %d of task '%s' exited without ever connecting: its function "
                 "returned at once, or it could not reach this server at %s:%s (then set "
@@ -240,7 +240,10 @@ class Staffing:
                 address[0],
                 address[1],
             )
-        if ex.kind not in ("clean", "walltime", "interrupted") and run.status == RUNNING:
+        if (
+            ex.kind not in (ExitKind.CLEAN, ExitKind.WALLTIME, ExitKind.INTERRUPTED)
+            and run.status == RUNNING
+        ):
             run.worker_failures += 1
             if run.first_worker_error is None:
                 run.first_worker_error = ex.message

@@ -137,9 +137,9 @@ class WorkerTimeline:
         self.shutdown_requested(t)
 
     def exited(self, t: float, kind: str) -> None:
-        """The worker's spawn call returned at ``t``: ``clean``, ``walltime`` (it left
-        before its cluster job's time limit), ``timeout``, ``error`` or ``interrupted``. The
-        first exit counts."""
+        """The worker's spawn call returned at ``t``, as ``kind``: one of
+        :data:`EXIT_KINDS` (the strings of ``bellis._protocol.ExitKind``, which documents
+        each). The first exit counts."""
         if kind not in _EXIT_KINDS:
             raise ValueError(f"exit kind must be one of {EXIT_KINDS}, got {kind!r}")
         if self._exit_t is None:
