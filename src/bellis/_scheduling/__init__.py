@@ -5,6 +5,9 @@ Owns:
   ``_scheduler``   which block is ready; releases, retries, orphans
   ``_task_run``    one task's run state: block and task states, counters, store cells
   ``_dispatch``    the :class:`Dispatcher`: events in, instructions out
+  ``_returns``     what a returned batch does: backups settle, rows recorded, releases
+  ``_instructions``  the instructions out (SendFrame, Close, Launch, Kill, Progress)
+  ``_ports``       ``DispatcherPort``: the dispatcher as its helper modules see it
   ``_staffing``    the managed workers: bookings, the restart budget, resources, exits
   ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskPlan, Booking
   ``_batching``    batch sizes, and the checks on a returned batch
