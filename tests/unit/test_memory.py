@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_dispatch import FAIL, OK, Script, send_of, sent, task
 
 import bellis as daisy
 from bellis._protocol import (
@@ -24,6 +23,7 @@ from bellis._scheduling._records import ManagedWorker
 from bellis._scheduling._task_run import ABANDONED
 from bellis._sizes import MIB, format_grant, parse_growth, parse_size
 from bellis.errors import ConfigurationError
+from kit.dispatch import FAIL, OK, Script, send_of, sent, task
 
 OOM_EXIT = WorkerExit("error", -9, "out of memory: SLURM job 3 exceeded its memory limit")
 
