@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from helpers import pid_alive
+
+from kit.procs import pid_alive
 
 HEAD = """
 import json, os, resource, sys, threading

@@ -1,4 +1,4 @@
-"""Block functions and record-file helpers for the distributed integration tests.
+"""Block functions and record-file helpers for the integration tests.
 
 Block functions live here (an importable module) so workers load them by reference. Each
 one appends to a per-block record file with ``O_APPEND``: a ``start`` line when the block
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -191,35 +190,6 @@ def make_task(task_id: str, n: int, fn: Any, **kwargs: Any) -> Any:
     return bellis.Task(task_id, total, read, write, process_function=fn, **kwargs)
 
 
-def proc_cmdlines(marker: str) -> list[tuple[int, str]]:
-    """Live (non-zombie) processes whose command line or environment mentions ``marker``."""
-    out = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/stat", "rb") as f:
-                stat = f.read()
-            if stat[stat.rfind(b")") + 2 :].split()[0] == b"Z":
-                continue
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            out.append((int(e), cmd))
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
-
-
 def connect_and_return() -> None:
     """A 0-arg worker function that connects, then returns without asking for a block."""
     bellis.Client().close()
@@ -255,17 +225,3 @@ def detach_and_return() -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-
-
-def slurm_unavailable_reason() -> str | None:
-    """Why no SLURM controller can take jobs here (None: one can)."""
-    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH"
-    try:
-        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo failed: {exc}"
-    if out.returncode != 0 or not out.stdout.strip():
-        return f"sinfo failed: {out.stderr.strip()}"
-    return None
