@@ -33,6 +33,16 @@ def _sid(block: Any) -> int:
     return int(block.block_id[1])
 
 
+def _first_time(recdir: str, marker: str) -> bool:
+    """Whether the file ``marker`` is new in ``recdir`` (it is there from now on): a block's
+    first attempt, where later attempts find it."""
+    path = os.path.join(recdir, marker)
+    if os.path.exists(path):
+        return False
+    open(path, "w").close()
+    return True
+
+
 def sleep_block(recdir: str, delay: float, block: Any) -> None:
     """Sleep ``delay`` seconds, recording start and done."""
     sid = _sid(block)
@@ -58,11 +68,8 @@ def hang_once_block(recdir: str, hang_id: int, block: Any) -> None:
     sid = _sid(block)
     t0 = time.time()
     _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
-    if sid == hang_id:
-        marker = os.path.join(recdir, f"hung_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            time.sleep(60)
+    if sid == hang_id and _first_time(recdir, f"hung_{sid}"):
+        time.sleep(60)
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 
@@ -71,11 +78,8 @@ def exit_once_block(recdir: str, exit_id: int, delay: float, block: Any) -> None
     sid = _sid(block)
     t0 = time.time()
     _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
-    if sid == exit_id:
-        marker = os.path.join(recdir, f"exited_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            sys.exit(0)
+    if sid == exit_id and _first_time(recdir, f"exited_{sid}"):
+        sys.exit(0)
     time.sleep(delay)
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
@@ -94,12 +98,9 @@ def memory_block(recdir: str, hog_id: int, block: Any) -> None:
             pages = int(f.read().split()[0])
         limit = pages * os.sysconf("SC_PAGE_SIZE") + (512 << 20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
-    if sid == hog_id:
-        marker = os.path.join(recdir, f"hogged_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            data = np.ones(2 << 30, dtype=np.uint8)
-            del data
+    if sid == hog_id and _first_time(recdir, f"hogged_{sid}"):
+        data = np.ones(2 << 30, dtype=np.uint8)
+        del data
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 

@@ -110,16 +110,21 @@ class Script:
         self.d.receive(peer, msg, self.now)
         return self.take()
 
-    def start_workers(self) -> list[ManagedWorker]:
-        """Carry out the LAUNCH instructions of a rebalance: every booking starts."""
+    def launch(self) -> list[tuple[ManagedWorker, Any]]:
+        """Carry out the LAUNCH instructions of a rebalance: every booking starts. The
+        workers started, each with its booking."""
         self.d.rebalance(self.now)
         started = []
         for instr in self.take():
             assert instr[0] == LAUNCH
             for booking in instr[2]:
                 self.d.launched(instr[1], booking, object(), None)
-                started.append(self.d.workers[booking.worker_id])
+                started.append((self.d.workers[booking.worker_id], booking))
         return started
+
+    def start_workers(self) -> list[ManagedWorker]:
+        """``launch``'s workers."""
+        return [worker for worker, _booking in self.launch()]
 
     def exit(self, worker: ManagedWorker, ex: WorkerExit) -> list[tuple[Any, ...]]:
         if self.d.worker_exited(worker, ex):
