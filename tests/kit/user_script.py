@@ -4,6 +4,7 @@ folder, and what it leaves there (its run line in the tracking store, its record
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,15 @@ from bellis._stats._runlog import validate_run_line
 
 
 def run_script(
-    tmp_path: Path, text: str, *args: str, name: str = "user_script.py", timeout: float = 600
+    tmp_path: Path,
+    text: str,
+    *args: str,
+    name: str = "user_script.py",
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Write ``text`` to ``tmp_path / name`` and run it there with ``args``; its output
-    is captured."""
+    """Write ``text`` to ``tmp_path / name`` and run it there with ``args`` and this
+    process's environment updated with ``env``; its output is captured."""
     script = tmp_path / name
     script.write_text(text)
     return subprocess.run(
@@ -25,6 +31,7 @@ def run_script(
         text=True,
         timeout=timeout,
         cwd=tmp_path,
+        env={**os.environ, **(env or {})},
     )
 
 
