@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import done_count, done_ids, hang_once_block, make_task, read_records, sleep_block
 
 import bellis
+from kit.blocks import hang_once_block, make_task, read_records, sleep_block
+from kit.launchers import run_losing_a_worker, run_two_task_pipeline
 
 distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
 
@@ -59,19 +60,7 @@ def test_pipeline_runs_on_dask_workers(cluster: tuple[Any, Any], tmp_path: Path)
     rec.mkdir()
     launcher = DaskLauncher(client)
     assert launcher.is_local
-    a = make_task("a", 10, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
-    b = make_task("b", 10, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
-    states = bellis.run_blockwise(
-        a + b, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    assert states["a"].completed_count == 10
-    assert states["b"].completed_count == 10
-    assert states["a"].worker_failure_count == 0
-    assert states["b"].worker_failure_count == 0
-    records = read_records(rec)
-    assert done_ids(records, "a") == list(range(10))
-    assert done_ids(records, "b") == list(range(10))
-    assert all(done_count(records, t, i) == 1 for t in "ab" for i in range(10))
+    _states, records = run_two_task_pipeline(launcher, rec, 10)
     # the blocks ran in the bellis subprocesses of the dask worker processes, not here
     worker_pids = set(client.run(os.getpid).values())
     pids = {a.pid for rows in records.values() for a in rows}
@@ -95,9 +84,8 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
     task = make_task(
         "k", 10, functools.partial(sleep_block, str(rec), 0.3), max_workers=2, max_retries=3
     )
-    killed: list[str] = []
 
-    def kill_one() -> None:
+    def kill_one() -> str | None:
         # kill the dask worker whose bellis subprocess is mid-block: a block started under
         # 0.15 s ago (of 0.3 s) and not done. Killing any busy dask worker could hit one whose
         # subprocess is still starting, which costs no block.
@@ -117,31 +105,19 @@ def test_killed_dask_worker_is_replaced(cluster: tuple[Any, Any], tmp_path: Path
                     continue
                 for addr, pid in dask_pids.items():
                     if pid == parent:
-                        killed.append(addr)
                         os.kill(pid, signal.SIGKILL)
-                        return
+                        return str(addr)
             time.sleep(0.02)
+        return None
 
-    killer = threading.Thread(target=kill_one)
-    killer.start()
-    try:
-        states = bellis.run_blockwise(
-            task, launcher=launcher, return_states=True, progress=False, summary=False
-        )
-    finally:
-        killer.join()
-    assert killed, "no busy dask worker was found to kill"
-    state = states["k"]
-    assert state.completed_count == 10
-    assert state.failed_count == 0
-    assert state.worker_failure_count >= 1
+    state, _killed = run_losing_a_worker(
+        task, launcher, rec, 10, kill_one, "no busy dask worker was found to kill"
+    )
     assert state.first_worker_error is not None
     assert "dask worker lost" in state.first_worker_error
     # one kill costs one block one attempt: the copy dask ran again stood down instead of
     # joining under the lost worker's id (and being dropped mid-block as lost in its turn)
     assert state.failed_attempt_count == 1
-    records = read_records(rec)
-    assert done_ids(records, "k") == list(range(10))
 
 
 def test_a_client_closed_mid_run_ends_the_run_with_a_report(

@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+
+import bellis
+from bellis.errors import WorkerStartError
+from kit.blocks import (
     all_attempts,
     client_worker,
     context_worker,
@@ -23,9 +26,6 @@ from helpers import (
     read_records,
     sleep_block,
 )
-
-import bellis
-from bellis.errors import WorkerStartError
 
 
 @pytest.fixture
@@ -146,9 +146,10 @@ def test_external_worker_joins(recdir: str, tmp_path: Path) -> None:
     script = (
         "import functools, sys\n"
         "sys.path.insert(0, sys.argv[2])\n"
-        "import bellis, helpers\n"
+        "import bellis\n"
+        "from kit import blocks\n"
         "ctx = bellis.Context.from_env_string(sys.argv[1])\n"
-        "helpers.context_worker(sys.argv[3], context=ctx)\n"
+        "blocks.context_worker(sys.argv[3], context=ctx)\n"
     )
 
     def on_listen(server: Any) -> None:
@@ -162,7 +163,7 @@ def test_external_worker_joins(recdir: str, tmp_path: Path) -> None:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", script, ctx.to_env(), str(Path(__file__).parent), recdir]
+                [sys.executable, "-c", script, ctx.to_env(), str(Path(__file__).parents[1]), recdir]
             )
         )
 
@@ -180,10 +181,10 @@ def test_external_worker_through_the_cli(recdir: str, how: str) -> None:
 
     def on_listen(server: Any) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(Path(__file__).parent)
+        env["PYTHONPATH"] = str(Path(__file__).parents[1])
         env["BELLIS_TEST_RECDIR"] = recdir
         ctx = server.worker_context("cli")
-        args = [*cmd, "--function", "helpers:env_sleep_block", "--context", ctx]
+        args = [*cmd, "--function", "kit.blocks:env_sleep_block", "--context", ctx]
         procs.append(subprocess.Popen(args, env=env))
 
     _run_with_one_external_worker(task, on_listen, procs, recdir, 4)

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+
+import bellis
+from bellis.errors import ConfigurationError
+from kit.blocks import (
     all_attempts,
     connect_and_return,
     detach_and_return,
@@ -29,13 +32,10 @@ from helpers import (
     make_task,
     memory_block,
     peak_concurrency,
-    pid_alive,
     read_records,
     sleep_block,
 )
-
-import bellis
-from bellis.errors import ConfigurationError
+from kit.procs import pid_alive
 
 RUN = {"progress": False, "summary": False}
 

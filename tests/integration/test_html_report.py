@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import browser
 import pytest
+
+from kit import browser
 
 COMPAT = Path(__file__).parent.parent / "compat"
 BELLIS = [sys.executable, "-m", "bellis"]

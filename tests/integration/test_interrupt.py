@@ -15,22 +15,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import pid_alive, read_records
+
+from kit.blocks import read_records
+from kit.procs import pid_alive
 
 DRIVER = """
 import functools
 import sys
 
-sys.path.insert(0, {helpers_dir!r})
+sys.path.insert(0, {kit_parent!r})
 import bellis
-import helpers
+from kit import blocks
 from bellis import logging as blog
 
 blog.set_log_basedir({logs!r})
 bellis.set_tracking_basedir({track!r})
-fn = functools.partial(helpers.sleep_block, {rec!r}, 0.3)
-a = helpers.make_task("a", 40, fn, max_workers=3)
-b = helpers.make_task("b", 40, fn, max_workers=2)
+fn = functools.partial(blocks.sleep_block, {rec!r}, 0.3)
+a = blocks.make_task("a", 40, fn, max_workers=3)
+b = blocks.make_task("b", 40, fn, max_workers=2)
 bellis.run_blockwise(bellis.Pipeline([a, b], [(a, b)]), progress=False)
 """
 
@@ -63,7 +65,7 @@ def test_interrupted_driver_drains_and_exits(sig: signal.Signals, tmp_path: Path
     script = tmp_path / "driver.py"
     script.write_text(
         textwrap.dedent(DRIVER).format(
-            helpers_dir=str(Path(__file__).parent),
+            kit_parent=str(Path(__file__).parents[1]),
             logs=str(tmp_path / "logs"),
             track=str(track),
             rec=str(rec),

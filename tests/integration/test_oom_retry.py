@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from bellis._stats._runlog import validate_run_line
+from kit.user_script import grant_records, ran_alone, run_script
 
 SCRIPT = """
 import json
@@ -81,21 +82,9 @@ MB = 2**20
 
 def _run(
     tmp_path: Path, cap: str
-) -> tuple[subprocess.CompletedProcess[str], dict[int, list[tuple[int, int]]]]:
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script), cap],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    records: dict[int, list[tuple[int, int]]] = {}
-    for f in (tmp_path / "records").iterdir():
-        sid, pid = f.name.split("_")
-        records.setdefault(int(sid), []).append((int(pid), int(f.read_text())))
-    return proc, records
+) -> tuple[subprocess.CompletedProcess[str], dict[int, list[tuple[str, int]]]]:
+    proc = run_script(tmp_path, SCRIPT, cap, name="run.py", timeout=300)
+    return proc, grant_records(tmp_path)
 
 
 def test_a_block_out_of_memory_succeeds_on_a_worker_with_twice_the_grant(tmp_path: Path) -> None:
@@ -103,11 +92,8 @@ def test_a_block_out_of_memory_succeeds_on_a_worker_with_twice_the_grant(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(records) == list(range(20))
     # the hog ran to the end only on a 600M worker, and that worker ran nothing else
-    ((big_pid, grant),) = records[7]
+    _big_pid, grant = ran_alone(records, 7, 300 * MB)
     assert grant == 600 * MB
-    others = [r for sid, rs in records.items() if sid != 7 for r in rs]
-    assert all(g == 300 * MB for _pid, g in others)
-    assert big_pid not in {pid for pid, _g in others}
     assert "block t/7 ran out of memory with 300M; it runs again on a worker with 600M" in (
         proc.stderr
     )

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 import bellis
-from bellis import Roi, logging as blog
+from bellis import logging as blog
+from kit.blocks import make_task
 
 
 def slow(block: Any) -> None:
@@ -21,15 +22,7 @@ def slow(block: Any) -> None:
 
 
 def _task(task_id: str = "t", n: int = 20, fn: Any = slow) -> Any:
-    return bellis.Task(
-        task_id,
-        total_roi=Roi((0,), (10 * n,)),
-        read_roi=Roi((0,), (10,)),
-        write_roi=Roi((0,), (10,)),
-        process_function=fn,
-        read_write_conflict=False,
-        max_workers=2,
-    )
+    return make_task(task_id, n, fn, max_workers=2)
 
 
 def test_json_observer_lines(tmp_path: Path) -> None:

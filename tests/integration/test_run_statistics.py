@@ -22,6 +22,7 @@ import bellis
 from bellis import Roi
 from bellis._stats._reports import validate_run_line
 from bellis._tracking import NO_WORKER
+from kit.blocks import make_task
 
 
 def sleepy(block: Any) -> None:
@@ -46,16 +47,7 @@ def noop(block: Any) -> None:
 def _task(tmp_path: Path, fn: Any = sleepy, *, task_id: str = "t", n: int = 8, **kw: Any) -> Any:
     kw.setdefault("tracking_path", str(tmp_path / "track" / task_id))
     kw.setdefault("resource_tracking", True)
-    return bellis.Task(
-        task_id,
-        total_roi=Roi((0,), (10 * n,)),
-        read_roi=Roi((0,), (10,)),
-        write_roi=Roi((0,), (10,)),
-        process_function=fn,
-        read_write_conflict=False,
-        max_workers=2,
-        **kw,
-    )
+    return make_task(task_id, n, fn, max_workers=2, **kw)
 
 
 def _run_lines(path: Path) -> list[dict[str, Any]]:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
 import bellis
 import bellis._run._transport as transport_module
@@ -35,6 +34,7 @@ from bellis._protocol import (
     compute_mac,
     encode,
 )
+from kit.blocks import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
 
 def connect(port: int) -> tuple[socket.socket, bytes]:

@@ -6,7 +6,6 @@ import functools
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -15,90 +14,40 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
-    done_count,
+
+import bellis
+from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from bellis._launchers._slurm import SlurmLauncher
+from kit.blocks import (
     done_ids,
     hang_once_block,
     make_task,
     read_records,
     sleep_block,
-    slurm_unavailable_reason,
+)
+from kit.launchers import run_losing_a_worker, run_two_task_pipeline
+from kit.slurm import (
+    active_jobs,
+    job_prefix,
+    jobs_named,
+    needs_slurm,
+    scontrol_job,
+    wrap_commands,
 )
 
-import bellis
-from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
-from bellis._launchers._slurm import SlurmLauncher
-
-_REASON = slurm_unavailable_reason()
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),
-]
-
-
-def _jobs_named(prefix: str, states: str = "all") -> list[tuple[str, str, str]]:
-    """(job id, state, name) of every job whose name starts with ``prefix``."""
-    out = subprocess.run(
-        ["squeue", "-h", "-t", states, "-o", "%i|%T|%j"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    rows = [tuple(line.split("|", 2)) for line in out.stdout.splitlines() if "|" in line]
-    return [(r[0], r[1], r[2]) for r in rows if r[2].startswith(prefix)]
-
-
-def _active_jobs(prefix: str) -> list[tuple[str, str, str]]:
-    return _jobs_named(prefix, "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED")
-
-
-def _scontrol(job_id: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return dict(item.split("=", 1) for item in out.stdout.split() if "=" in item)
-
-
-def _prefix(tmp_path: Path) -> str:
-    # a prefix unique to this test, so concurrent runs never see each other's jobs
-    return "bt" + str(abs(hash(str(tmp_path))) % 10**8)
+pytestmark = needs_slurm()
 
 
 def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
-    a = make_task("a", 12, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
-    total = bellis.Roi((-10,), (140,))
-    b = bellis.Task(
-        "b",
-        total,
-        bellis.Roi((-10,), (30,)),
-        bellis.Roi((0,), (10,)),
-        process_function=functools.partial(sleep_block, str(rec), 0.0),
-        read_write_conflict=False,
-        max_workers=2,
-    )
-    states = bellis.run_blockwise(
-        a + b, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    records = read_records(rec)
-    assert states["a"].completed_count == 12
-    assert states["b"].completed_count == 12
-    assert states["a"].worker_failure_count == 0
-    assert states["b"].worker_failure_count == 0
-    assert done_ids(records, "a") == list(range(12))
-    assert all(done_count(records, "b", sid) == 1 for sid in done_ids(records, "b"))
-    assert len(done_ids(records, "b")) == 12
+    # b's blocks read 10 beyond their write Roi on each side
+    run_two_task_pipeline(launcher, rec, 12, context=10)
     assert launcher.live_job_ids() == []
-    assert _active_jobs(prefix) == []
-    finished = _jobs_named(prefix)
+    assert active_jobs(prefix) == []
+    finished = jobs_named(prefix)
     assert finished, "the run's jobs should be visible in squeue -t all"
     assert {state for _, state, _ in finished} == {"COMPLETED"}
     names = {name for _, _, name in finished}
@@ -119,7 +68,7 @@ def test_pipeline_runs_as_slurm_jobs(tmp_path: Path) -> None:
 def test_workers_started_together_go_as_one_job_array(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0, array_threshold=3)
     task = make_task("arr", 12, functools.partial(sleep_block, str(rec), 0.05), max_workers=3)
     states = bellis.run_blockwise(
@@ -128,53 +77,41 @@ def test_workers_started_together_go_as_one_job_array(tmp_path: Path) -> None:
     assert states["arr"].completed_count == 12
     assert states["arr"].worker_start_count == 3
     assert done_ids(read_records(rec), "arr") == list(range(12))
-    jobs = _jobs_named(prefix)
+    jobs = jobs_named(prefix)
     # one array job (squeue lists each array task as <array id>_<index>)
     array_ids = {job_id.split("_")[0] for job_id, _, name in jobs if name.endswith("-array")}
     assert len(array_ids) == 1, jobs
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
     task = make_task(
         "s", 8, functools.partial(sleep_block, str(rec), 1.0), max_workers=2, max_retries=3
     )
-    cancelled: list[str] = []
 
-    def cancel_one() -> None:
+    def cancel_one() -> str | None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            running = _jobs_named(prefix, "RUNNING")
+            running = jobs_named(prefix, "RUNNING")
             if running and any(rec.iterdir()):
-                cancelled.append(running[0][0])
-                subprocess.run(["scancel", running[0][0]], check=True, timeout=30)
-                return
+                job_id = running[0][0]
+                subprocess.run(["scancel", job_id], check=True, timeout=30)
+                return job_id
             time.sleep(0.2)
+        return None
 
-    killer = threading.Thread(target=cancel_one)
-    killer.start()
-    try:
-        states = bellis.run_blockwise(
-            task, launcher=launcher, return_states=True, progress=False, summary=False
-        )
-    finally:
-        killer.join()
-    assert cancelled, "no running job was found to cancel"
-    state = states["s"]
-    assert state.completed_count == 8
-    assert state.failed_count == 0
-    assert state.worker_failure_count >= 1
-    records = read_records(rec)
-    assert done_ids(records, "s") == list(range(8))
-    assert _scontrol(cancelled[0])["JobState"] == "CANCELLED"
+    state, cancelled = run_losing_a_worker(
+        task, launcher, rec, 8, cancel_one, "no running job was found to cancel"
+    )
+    assert scontrol_job(cancelled)["JobState"] == "CANCELLED"
     assert state.first_worker_error is not None
-    assert f"SLURM job {cancelled[0]} " in state.first_worker_error
+    assert f"SLURM job {cancelled} " in state.first_worker_error
     assert "was cancelled" in state.first_worker_error
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 @pytest.mark.slow
@@ -182,7 +119,7 @@ def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
 def test_time_limit_exit_is_reported_and_block_retried(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, time_limit=1, poll_interval=1.0)
     # block 0 sleeps past the one-minute limit on its first attempt only
     task = make_task(
@@ -204,9 +141,9 @@ def test_time_limit_exit_is_reported_and_block_retried(tmp_path: Path) -> None:
     assert "a block ran longer than the job time limit" in state.first_worker_error
     records = read_records(rec)
     assert done_ids(records, "t") == [0, 1, 2]
-    jobs = _jobs_named(prefix)
+    jobs = jobs_named(prefix)
     assert sorted(s for _, s, _ in jobs) == ["COMPLETED", "TIMEOUT"]
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
@@ -220,7 +157,7 @@ def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
 def test_block_timeout_kills_the_job(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5)
     task = make_task(
         "h", 3, functools.partial(hang_once_block, str(rec), 1), timeout=2, max_retries=2
@@ -235,35 +172,35 @@ def test_block_timeout_kills_the_job(tmp_path: Path) -> None:
     assert state.failed_count == 0
     assert state.timeout_reclaim_count == 1
     assert done_ids(read_records(rec), "h") == [0, 1, 2]
-    records = {job_id: _scontrol(job_id) for job_id, _, _ in _jobs_named(prefix)}
+    records = {job_id: scontrol_job(job_id) for job_id, _, _ in jobs_named(prefix)}
     ended = sorted((r["JobState"], r["ExitCode"]) for r in records.values())
     # the hung worker's job: scancelled by kill(), or its own watchdog exited 87 first
     hung = [e for e in ended if e != ("COMPLETED", "0:0")]
     assert len(hung) == 1
     assert hung[0][0] == "CANCELLED" or hung[0] == ("FAILED", "87:0")
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 def test_memory_request_reaches_the_job(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, mem="200M", cpus_per_worker=1)
     task = make_task("m", 2, functools.partial(sleep_block, str(rec), 0.0))
     states = bellis.run_blockwise(
         task, launcher=launcher, return_states=True, progress=False, summary=False
     )
     assert states["m"].completed_count == 2
-    jobs = _jobs_named(prefix)
+    jobs = jobs_named(prefix)
     assert len(jobs) == 1
-    record = _scontrol(jobs[0][0])
+    record = scontrol_job(jobs[0][0])
     assert record["MinMemoryNode"] == "200M"
     assert record["JobState"] == "COMPLETED"
     assert record["ExitCode"] == "0:0"
 
 
 def test_unsatisfiable_request_is_a_start_error(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, cpus_per_worker=512)
     task = make_task(
         "c", 1, functools.partial(sleep_block, str(tmp_path), 0.0), max_worker_restarts=1
@@ -274,7 +211,7 @@ def test_unsatisfiable_request_is_a_start_error(tmp_path: Path) -> None:
             task, launcher=launcher, return_states=True, progress=False, summary=False
         )
     assert task_states is None
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 # -- the launcher alone: workers whose function takes no block never contact a server ---------
@@ -339,7 +276,7 @@ def _wait_for_exit(
 
 
 def test_job_array_and_failure_exit(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, array_threshold=2, poll_interval=1.0)
     specs = [
         _standalone_spec(
@@ -364,12 +301,12 @@ def test_job_array_and_failure_exit(tmp_path: Path) -> None:
     ids = [h.native.job_id for h in handles]
     base = ids[0].split("_")[0]
     assert ids == [f"{base}_{i}" for i in range(5)]
-    assert _scontrol(ids[3])["JobState"] == "FAILED"
-    assert _scontrol(ids[3])["ExitCode"] == "3:0"
+    assert scontrol_job(ids[3])["JobState"] == "FAILED"
+    assert scontrol_job(ids[3])["ExitCode"] == "3:0"
 
 
 def test_over_memory_job_reports_out_of_memory(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, mem="100M", poll_interval=0.5)
     try:
         handle = launcher.launch(_standalone_spec(tmp_path, 0, _hog_memory))
@@ -378,22 +315,22 @@ def test_over_memory_job_reports_out_of_memory(tmp_path: Path) -> None:
         launcher.close()
     assert exit_.kind == "error"
     assert exit_.message.startswith("out of memory")
-    assert _scontrol(handle.native.job_id)["JobState"] in ("FAILED", "OUT_OF_MEMORY")
+    assert scontrol_job(handle.native.job_id)["JobState"] in ("FAILED", "OUT_OF_MEMORY")
 
 
 def test_close_cancels_running_jobs(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix)
     handle = launcher.launch(_standalone_spec(tmp_path, 0, _sleep_long))
     job_id = handle.native.job_id
     deadline = time.monotonic() + 30
-    while _scontrol(job_id)["JobState"] != "RUNNING":
+    while scontrol_job(job_id)["JobState"] != "RUNNING":
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.2)
     launcher.close()
-    assert _scontrol(job_id)["JobState"] == "CANCELLED"
+    assert scontrol_job(job_id)["JobState"] == "CANCELLED"
     assert launcher.live_job_ids() == []
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 def _raise_old_error(block: Any) -> None:
@@ -405,7 +342,7 @@ def _exit_silently(block: Any) -> None:
 
 
 def test_worker_logs_are_appended_and_an_exit_quotes_only_its_own_part(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5)
     first = make_task("slot", 1, _raise_old_error, max_workers=1, max_retries=0)
     assert not bellis.run_blockwise(first, launcher=launcher, progress=False, summary=False)
@@ -421,32 +358,22 @@ def test_worker_logs_are_appended_and_an_exit_quotes_only_its_own_part(tmp_path:
     assert not state.last_worker_error.startswith("out of memory")
 
 
-def _wrap_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, before: str) -> None:
-    """Put a ``name`` on PATH that runs the shell lines ``before``, then the real one."""
-    real = shutil.which(name)
-    assert real is not None
-    shim = tmp_path / "shim"
-    shim.mkdir(exist_ok=True)
-    (shim / name).write_text(f'#!/bin/sh\n{before}exec {real} "$@"\n')
-    (shim / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
-
-
 def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     count = tmp_path / "sbatch-calls"
     # the second sbatch call fails (a controller hiccup); the others go through
-    _wrap_command(
+    wrap_commands(
         tmp_path,
         monkeypatch,
-        "sbatch",
-        f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}\n"
-        'if [ "$n" = 2 ]; then echo "Socket timed out" >&2; exit 1; fi\n',
+        {
+            "sbatch": f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}\n"
+            'if [ "$n" = 2 ]; then echo "Socket timed out" >&2; exit 1; fi\n'
+        },
     )
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5, array_threshold=10)
     task = make_task(
         "p", 6, functools.partial(sleep_block, str(rec), 0.2), max_workers=2, max_worker_restarts=4
@@ -458,19 +385,19 @@ def test_a_failed_submission_among_several_cancels_the_jobs_submitted_with_it(
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (6, 0, 0)
     # the job submitted with the failed one was cancelled, not left to join unwatched
     assert task.report().workers.unmanaged_clients == 0
-    assert "CANCELLED" in {state for _, state, _ in _jobs_named(prefix)}
+    assert "CANCELLED" in {state for _, state, _ in jobs_named(prefix)}
     assert list((tmp_path / "logs").rglob("*.payload")) == []
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix) == []
 
 
 def test_workers_that_exit_at_shutdown_are_seen_to_exit_with_a_slow_poll_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = tmp_path / "scancel-calls"
-    _wrap_command(tmp_path, monkeypatch, "scancel", f'echo "$@" >> {calls}\n')
+    wrap_commands(tmp_path, monkeypatch, {"scancel": f'echo "$@" >> {calls}\n'})
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=30.0)
     task = make_task("s", 4, functools.partial(sleep_block, str(rec), 0.0), max_workers=2)
     states = bellis.run_blockwise(
@@ -480,7 +407,7 @@ def test_workers_that_exit_at_shutdown_are_seen_to_exit_with_a_slow_poll_interva
     # the jobs ended on their own and were seen to: nothing had to be cancelled
     assert not calls.exists(), calls.read_text()
     assert task.report().workers.exits == {"clean": 2}
-    assert {state for _, state, _ in _jobs_named(prefix)} == {"COMPLETED"}
+    assert {state for _, state, _ in jobs_named(prefix)} == {"COMPLETED"}
 
 
 def test_a_job_that_stays_pending_is_reported_with_its_reason(
@@ -489,7 +416,7 @@ def test_a_job_that_stays_pending_is_reported_with_its_reason(
     caplog.set_level(logging.WARNING, logger="bellis")
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     # held jobs wait until released: the run must say so rather than wait in silence
     launcher = SlurmLauncher(
         job_name_prefix=prefix, poll_interval=0.3, pending_warning=1.0, extra_args=["--hold"]
@@ -501,7 +428,7 @@ def test_a_job_that_stays_pending_is_reported_with_its_reason(
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if any("is still pending after" in r.getMessage() for r in caplog.records):
-                for job_id, _, _ in _active_jobs(prefix):
+                for job_id, _, _ in active_jobs(prefix):
                     subprocess.run(["scontrol", "release", job_id], check=True, timeout=30)
                     released.append(job_id)
                 return
@@ -528,7 +455,7 @@ def test_a_job_that_vanishes_while_pending_is_reported_lost(tmp_path: Path) -> N
     and scontrol while its last known state is PENDING: it is lost, not waited for."""
     from bellis._launchers._slurm import _Job
 
-    launcher = SlurmLauncher(job_name_prefix=_prefix(tmp_path), poll_interval=0.1)
+    launcher = SlurmLauncher(job_name_prefix=job_prefix(tmp_path, "bt"), poll_interval=0.1)
     spec = _standalone_spec(tmp_path, 0, _exit_three)
     # a job id SLURM has never heard of, as a purged job looks
     job = _Job("999999999", spec, "vanished", None, tmp_path / "none.payload")
@@ -556,7 +483,7 @@ def _one_block_then_exit() -> None:
 
 
 def test_restarted_jobs_append_to_their_slot_files(tmp_path: Path) -> None:
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=0.5, array_threshold=2)
     task = make_task(
         "slots", 8, _one_block_then_exit, max_workers=2, max_worker_restarts=30, max_retries=5

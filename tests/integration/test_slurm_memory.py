@@ -12,18 +12,12 @@ runs in a big job.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-from helpers import slurm_unavailable_reason
+from kit.slurm import active_jobs, job_prefix, needs_slurm
+from kit.user_script import grant_records, ran_alone, run_script
 
-_REASON = slurm_unavailable_reason()
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),
-]
+pytestmark = needs_slurm()
 
 SCRIPT = """
 import json
@@ -78,27 +72,13 @@ if __name__ == "__main__":
 
 
 def test_a_block_out_of_memory_in_its_job_succeeds_in_a_larger_job(tmp_path: Path) -> None:
-    prefix = "bm" + str(abs(hash(str(tmp_path))) % 10**8)
-    script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script), prefix],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    prefix = job_prefix(tmp_path, "bm")
+    proc = run_script(tmp_path, SCRIPT, prefix, name="run.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    records: dict[int, list[tuple[str, int]]] = {}
-    for f in (tmp_path / "records").iterdir():
-        sid, job = f.name.split("_", 1)
-        records.setdefault(int(sid), []).append((job, int(f.read_text())))
+    records = grant_records(tmp_path)
     assert sorted(records) == list(range(20))
-    ((big_job, mem),) = records[7]
+    _big_job, mem = ran_alone(records, 7, 150)
     assert mem in (300, 600)
-    others = [r for sid, rs in records.items() if sid != 7 for r in rs]
-    assert all(m == 150 for _job, m in others), others
-    assert big_job not in {job for job, _m in others}
     assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
         proc.stderr
     )
@@ -106,7 +86,4 @@ def test_a_block_out_of_memory_in_its_job_succeeds_in_a_larger_job(tmp_path: Pat
     grant = f"{mem}M"
     assert report["memory"]["succeeded"] == {grant: 1}
     assert report["counters"]["oom_retries"] == sum(report["memory"]["retries"].values()) >= 1
-    active = subprocess.run(
-        ["squeue", "-h", "-o", "%j"], capture_output=True, text=True, timeout=30, check=True
-    )
-    assert not [n for n in active.stdout.split() if n.startswith(prefix)]
+    assert active_jobs(prefix) == []

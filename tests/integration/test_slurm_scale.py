@@ -5,67 +5,35 @@ hold many jobs). The SLURM commands on PATH are wrapped to count their calls."""
 from __future__ import annotations
 
 import functools
-import os
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from helpers import (
-    done_count,
-    done_ids,
-    make_task,
-    read_records,
-    sleep_block,
-    slurm_unavailable_reason,
-)
 
 import bellis
 from bellis._launchers._slurm import SlurmLauncher
+from kit.blocks import done_count, done_ids, make_task, read_records, sleep_block
+from kit.slurm import (
+    active_jobs,
+    drained,
+    job_prefix,
+    jobs_named,
+    needs_slurm,
+    oversub_partition,
+    wrap_commands,
+)
 
-_REASON = slurm_unavailable_reason()
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(_REASON is not None, reason=f"no SLURM controller: {_REASON}"),
-]
+pytestmark = needs_slurm()
 
 _COMMANDS = ("sbatch", "squeue", "scontrol", "scancel")
-
-
-def _prefix(tmp_path: Path) -> str:
-    return "bs" + str(abs(hash(str(tmp_path))) % 10**8)
-
-
-def _jobs_named(prefix: str, states: str = "all") -> list[tuple[str, str, str]]:
-    """(job id, state, name) of every job whose name starts with ``prefix``."""
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-t", states, "-o", "%i|%T|%j"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    rows = [line.split("|", 2) for line in out.stdout.splitlines() if line.count("|") >= 2]
-    return [(r[0], r[1], r[2]) for r in rows if r[2].startswith(prefix)]
-
-
-def _active_jobs(prefix: str) -> list[tuple[str, str, str]]:
-    return _jobs_named(prefix, "PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED")
 
 
 def _count_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Put counting wrappers of the SLURM commands first on PATH: each call appends one
     line, ``<command> <args>``, to the returned file, then runs the real command."""
     log = tmp_path / "slurm-calls"
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    for name in _COMMANDS:
-        real = shutil.which(name)
-        assert real is not None
-        (shim / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexec {real} "$@"\n')
-        (shim / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    wrap_commands(
+        tmp_path, monkeypatch, {name: f'echo "{name} $*" >> {log}\n' for name in _COMMANDS}
+    )
     return log
 
 
@@ -82,25 +50,6 @@ def _squeue_ids(args: str) -> list[str]:
     return words[words.index("-j") + 1].split(",") if "-j" in words else []
 
 
-def _drained(prefix: str, seconds: float) -> list[tuple[str, str, str]]:
-    """The jobs of ``prefix`` still active after waiting up to ``seconds`` for none to be."""
-    deadline = time.monotonic() + seconds
-    while (active := _active_jobs(prefix)) and time.monotonic() < deadline:
-        time.sleep(1.0)
-    return active
-
-
-def _oversub_partition() -> str | None:
-    out = subprocess.run(
-        ["sinfo", "-h", "-p", "oversub", "-o", "%P"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    return "oversub" if out.stdout.strip() else None
-
-
 N_WORKERS = 200
 N_BLOCKS = 2000
 
@@ -110,13 +59,13 @@ N_BLOCKS = 2000
 def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    partition = _oversub_partition()
+    partition = oversub_partition()
     if partition is None:
         pytest.skip("no 'oversub' partition (see .ci/slurm_setup.sh): 200 jobs need one")
     log = _count_calls(tmp_path, monkeypatch)
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bs")
     launcher = SlurmLauncher(
         job_name_prefix=prefix, partition=partition, mem="100M", poll_interval=1.0
     )
@@ -146,7 +95,7 @@ def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
     assert sum(report.workers.exits.values()) == state.worker_start_count
     # every job was cancelled or ended; on this overloaded node SLURM itself may still be
     # tearing some down (COMPLETING for a minute after a failed launch)
-    assert _drained(prefix, 180.0) == []
+    assert drained(prefix, 180.0, each_array_task=True) == []
     # the blocks went round: many workers, in many jobs, did some
     pids = {a.pid for rows in records.values() for a in rows if a.kind == "done"}
     assert len(pids) > 10
@@ -159,7 +108,7 @@ def test_workers_leave_before_their_job_time_limit_and_are_replaced(tmp_path: Pa
 
     rec = tmp_path / "rec"
     rec.mkdir()
-    prefix = _prefix(tmp_path)
+    prefix = job_prefix(tmp_path, "bs")
     # a one-minute limit and 2 s blocks: 64 blocks on 2 workers outlast one job each
     launcher = SlurmLauncher(
         job_name_prefix=prefix, time_limit=1, walltime_margin=15, poll_interval=1.0
@@ -183,7 +132,7 @@ def test_workers_leave_before_their_job_time_limit_and_are_replaced(tmp_path: Pa
     assert done_ids(records, "wt") == list(range(64))
     # no block was cut off: each ran once, to its end
     assert all(len(records[("wt", sid)]) == 2 for sid in range(64))
-    jobs = _jobs_named(prefix)
+    jobs = jobs_named(prefix, each_array_task=True)
     # no job reached its limit; the first two left before it and were replaced
     assert {s for _, s, _ in jobs} == {"COMPLETED"}, jobs
     assert len(jobs) == state.worker_start_count >= 3
@@ -195,4 +144,4 @@ def test_workers_leave_before_their_job_time_limit_and_are_replaced(tmp_path: Pa
     # every job script says when its job started, for its worker to know when it ends
     script = (tmp_path / "logs" / "wt" / "worker_0.sbatch").read_text()
     assert "BELLIS_JOB_STARTED=$(date +%s)" in script and "BELLIS_JOB_TIME_LIMIT=60 " in script
-    assert _active_jobs(prefix) == []
+    assert active_jobs(prefix, each_array_task=True) == []

@@ -11,7 +11,6 @@ store counts the failed attempt.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bellis._stats._runlog import validate_run_line
+from kit.user_script import run_to_result, runs_line
 
 STALL = 2.0
 TIMEOUT = 120.0
@@ -116,29 +115,11 @@ if __name__ == "__main__":
 
 
 def _run(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script), mode, str(STALL), str(TIMEOUT)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads((tmp_path / "result.json").read_text())
+    return run_to_result(tmp_path, SCRIPT, mode, str(STALL), str(TIMEOUT))
 
 
 def _err_logs(tmp_path: Path) -> str:
     return "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("*.err")))
-
-
-def _runs_line(tmp_path: Path) -> dict[str, Any]:
-    lines = (tmp_path / "tracking" / "t" / "runs.jsonl").read_text().splitlines()
-    assert len(lines) == 1
-    line: dict[str, Any] = json.loads(lines[0])
-    assert validate_run_line(line) == []
-    return line
 
 
 def _status(tmp_path: Path) -> str:
@@ -165,7 +146,7 @@ def _assert_one_stall(tmp_path: Path, proc: Any, result: dict[str, Any], sid: in
     assert result["report"]["workers"]["exits"].get("stalled") == 1
     assert "timeout" not in result["report"]["workers"]["exits"]
     assert result["report"]["blocks"]["failed_attempts"] == 1
-    line = _runs_line(tmp_path)
+    line = runs_line(tmp_path)
     assert line["counters"]["stall_reclaims"] == 1
     assert line["workers"]["exits"]["stalled"] == 1
     assert [r["exit"] for r in line["workers"]["records"]].count("stalled") == 1
@@ -204,7 +185,7 @@ def test_heartbeats_computing_and_a_computing_child_keep_a_block_alive(tmp_path:
         assert (tmp_path / f"attempted_{sid}").read_text() == (tmp_path / f"done_{sid}").read_text()
     assert "stalled" not in _err_logs(tmp_path)
     assert "stalled" not in proc.stdout + proc.stderr
-    assert _runs_line(tmp_path)["counters"]["stall_reclaims"] == 0
+    assert runs_line(tmp_path)["counters"]["stall_reclaims"] == 0
 
 
 SERIAL_SCRIPT = """

@@ -8,13 +8,12 @@ Each test writes a driver script into ``tmp_path`` and runs it with ``sys.execut
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from kit.user_script import run_script
 
 HEAD = """
 import json, os, signal, sys, time
@@ -58,16 +57,8 @@ def _run(
 ) -> tuple[list[dict], str]:
     out = tmp_path / "out"
     out.mkdir()
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(HEAD) + textwrap.dedent(body))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **env},
-    )
+    text = textwrap.dedent(HEAD) + textwrap.dedent(body)
+    proc = run_script(tmp_path, text, str(out), name="driver.py", timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(p.read_text()) for p in out.glob("*.json")]
     return sorted(rows, key=lambda r: r["t"]), proc.stdout + proc.stderr

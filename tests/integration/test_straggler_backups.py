@@ -10,21 +10,16 @@ for the sleeper.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import slurm_unavailable_reason
 
-from bellis._stats._runlog import validate_run_line
-
-_SLURM = slurm_unavailable_reason()
+from kit.procs import gone
+from kit.slurm import drained, job_prefix, needs_slurm, oversub_partition
+from kit.user_script import run_to_result, runs_line
 
 BLOCKS = 40
 SLOW = 7  # the block that sleeps on its first attempt
@@ -113,50 +108,7 @@ if __name__ == "__main__":
 def _run(
     tmp_path: Path, sleep: float, mode: str, launcher: str = "local"
 ) -> tuple[Any, dict[str, Any]]:
-    script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script), str(SLOW), str(sleep), mode, launcher],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads((tmp_path / "result.json").read_text())
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
-
-
-def _active_jobs(prefix: str) -> list[str]:
-    out = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, timeout=30, check=True
-    )
-    return [line for line in out.stdout.splitlines() if f"|{prefix}" in line]
-
-
-def _runs_line(tmp_path: Path) -> dict[str, Any]:
-    lines = (tmp_path / "tracking" / "t" / "runs.jsonl").read_text().splitlines()
-    assert len(lines) == 1
-    line: dict[str, Any] = json.loads(lines[0])
-    assert validate_run_line(line) == []
-    return line
-
-
-def _gone(pid: int, within: float) -> bool:
-    end = time.monotonic() + within
-    while _pid_alive(pid):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.1)
-    return True
+    return run_to_result(tmp_path, SCRIPT, str(SLOW), str(sleep), mode, launcher)
 
 
 def _assert_the_copy_won(tmp_path: Path, proc: Any, result: dict[str, Any]) -> None:
@@ -165,7 +117,7 @@ def _assert_the_copy_won(tmp_path: Path, proc: Any, result: dict[str, Any]) -> N
     # the slow copy's process is gone: stopped, not left to sleep on (a SLURM job's
     # processes go when slurmd has carried out the scancel)
     slow_pid = int((tmp_path / "first_attempt").read_text())
-    assert _gone(slow_pid, 30.0)
+    assert gone(slow_pid, 30.0)
     assert int((tmp_path / "second_attempt").read_text()) != slow_pid
     report = result["report"]
     counters = report["counters"]
@@ -192,7 +144,7 @@ def _assert_the_copy_won(tmp_path: Path, proc: Any, result: dict[str, Any]) -> N
     slow = result["slow_record"]
     assert slow is not None and slow["wall"] < 5.0
     assert slow["worker_id"] != preempted["worker_id"]
-    line = _runs_line(tmp_path)
+    line = runs_line(tmp_path)
     assert line["counters"]["backups_won"] == 1 and line["counters"]["failed"] == 0
     assert line["workers"]["exits"] == {"preempted": 1, "clean": 1}
     assert re.search(r"backups +1 started, 1 won, 0 lost", (tmp_path / "panel.txt").read_text())
@@ -201,31 +153,24 @@ def _assert_the_copy_won(tmp_path: Path, proc: Any, result: dict[str, Any]) -> N
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("launcher", ["local", pytest.param("slurm", marks=needs_slurm())])
 def test_a_backup_copy_of_the_straggler_wins_and_the_slow_copy_is_stopped(
-    tmp_path: Path,
+    tmp_path: Path, launcher: str
 ) -> None:
-    proc, result = _run(tmp_path, 60.0, "on")
+    prefix = job_prefix(tmp_path, "bk")
+    where = "local"
+    if launcher == "slurm":
+        # the CI cluster's oversubscribed partition, where there is one: both workers' jobs
+        # run at once even while other jobs hold the node's two CPUs
+        where = f"slurm:{prefix}:{oversub_partition() or ''}"
+    proc, result = _run(tmp_path, 60.0, "on", where)
     _assert_the_copy_won(tmp_path, proc, result)
-    # the slot of the stopped worker says why it left, should a new worker take it
-    assert "worker exited with error" not in proc.stderr
-
-
-@pytest.mark.slurm
-@pytest.mark.skipif(_SLURM is not None, reason=f"no SLURM controller: {_SLURM}")
-def test_on_slurm_the_copy_wins_and_the_slow_job_is_cancelled(tmp_path: Path) -> None:
-    prefix = "bk" + str(abs(hash(str(tmp_path))) % 10**8)
-    # the CI cluster's oversubscribed partition, where there is one: both workers' jobs run
-    # at once even while other jobs hold the node's two CPUs
-    out = subprocess.run(
-        ["sinfo", "-h", "-p", "oversub", "-o", "%P"], capture_output=True, text=True
-    )
-    partition = "oversub" if out.stdout.strip() else ""
-    proc, result = _run(tmp_path, 60.0, "on", f"slurm:{prefix}:{partition}")
-    _assert_the_copy_won(tmp_path, proc, result)
-    end = time.monotonic() + 60
-    while _active_jobs(prefix) and time.monotonic() < end:
-        time.sleep(0.5)
-    assert _active_jobs(prefix) == []
+    if launcher == "local":
+        # the slot of the stopped worker says why it left, should a new worker take it
+        assert "worker exited with error" not in proc.stderr
+    else:
+        # the slow copy's job was cancelled, and no job of the run is left
+        assert drained(prefix, 60.0) == []
 
 
 def test_without_backups_the_run_waits_for_the_straggler(tmp_path: Path) -> None:

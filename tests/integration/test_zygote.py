@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from helpers import pid_alive
+
+from kit.procs import pid_alive
+from kit.user_script import run_script
 
 HEAD = """
 import json, os, resource, sys, threading
@@ -74,15 +76,9 @@ FORK_ALL = {"BELLIS_WORKER_START": "fork"}
 def _run(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(HEAD) + textwrap.dedent(body))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **FORK_ALL, **(env or {})},
+    text = textwrap.dedent(HEAD) + textwrap.dedent(body)
+    proc = run_script(
+        tmp_path, text, str(out), name="driver.py", timeout=300, env=FORK_ALL | (env or {})
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]

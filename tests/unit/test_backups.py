@@ -12,123 +12,35 @@ import bellis as daisy
 from bellis._protocol import (
     ACQUIRE,
     BYE,
-    HELLO,
-    SEND,
-    SHUTDOWN,
     TIMED_OUT,
-    WELCOME,
-    FrameDecoder,
     WorkerExit,
-    compute_mac,
-    worker_token,
 )
-from bellis._run._summary import ErrorCollector
 from bellis._scheduling._backups import MIN_FINISHED, SAMPLE, Backups
-from bellis._scheduling._dispatch import CLOSE, KILL, LAUNCH, SEND_FRAME, Dispatcher
-from bellis._scheduling._records import ManagedWorker, Peer, TaskPlan
-from bellis._scheduling._scheduler import Scheduler
+from bellis._scheduling._dispatch import KILL
+from bellis._scheduling._records import Peer
 from bellis._scheduling._task_run import FINISHED, PENDING
-from bellis._stats._aggregates import TaskAggregates
 from bellis._stats._reports import counters_from_state, task_report_json
 from bellis._stats._runlog import validate_run_line
-from bellis._stats._timeline import TimelineSet
 from bellis.errors import ConfigurationError
+from kit.dispatch import (
+    CREATED,
+    FAIL,
+    OK,
+    Script,
+    closed,
+    killed,
+    send_of,
+    sent,
+    task as dispatch_task,
+    told_to_stop,
+)
 
-SECRET = b"s" * 32
-KEY = b"k" * 32
-OK, FAIL, CREATED = 2, 3, 0
 STEP = 0.05  # each ordinary block takes this long: slower than a batch's target, so alone
 
 
 def task(blocks: int = MIN_FINISHED + 1, **kw: Any) -> daisy.Task:
-    kw.setdefault("process_function", lambda b: None)
-    kw.setdefault("read_write_conflict", False)
     kw.setdefault("max_workers", 2)
-    return daisy.Task(
-        "t", daisy.Roi((0,), (10 * blocks,)), daisy.Roi((0,), (10,)), daisy.Roi((0,), (10,)), **kw
-    )
-
-
-class Script:
-    """A dispatcher, the clock at ``now``, and its instructions."""
-
-    def __init__(self, t: daisy.Task) -> None:
-        self.s = Scheduler(t)
-        self.errors = ErrorCollector()
-        (r,) = self.s.runs
-        self.plan = TaskPlan(r, b"fn", None, TaskAggregates(), TimelineSet())
-        self.run = r
-        self.d = Dispatcher(
-            self.s,
-            {"t": self.plan},
-            secret=SECRET,
-            worker_key=KEY,
-            resources={},
-            errors=self.errors,
-        )
-        self.now = 100.0
-        self.n = 0
-
-    def take(self) -> list[tuple[Any, ...]]:
-        out = list(self.d.out)
-        self.d.out.clear()
-        return out
-
-    def start_workers(self) -> list[ManagedWorker]:
-        self.d.rebalance(self.now)
-        started = []
-        for instr in self.take():
-            assert instr[0] == LAUNCH
-            for booking in instr[2]:
-                self.d.launched(instr[1], booking, object(), None)
-                started.append(self.d.workers[booking.worker_id])
-        return started
-
-    def connect(self, worker: ManagedWorker | None = None) -> Peer:
-        self.n += 1
-        peer = Peer(("127.0.0.1", 5000 + self.n), b"n%d" % self.n, self.now)
-        wid = -1 if worker is None else worker.worker_id
-        msg = [HELLO, compute_mac(SECRET, peer.nonce), "t", wid, 1234, 0.5]
-        if worker is not None:
-            msg.append(compute_mac(worker_token(KEY, wid), peer.nonce))
-        self.d.receive(peer, msg, self.now)
-        assert frames(self.take(), peer)[0][0] == WELCOME
-        return peer
-
-    def acquire(self, peer: Peer, *returns: tuple[int, int, int, Any], op: int = ACQUIRE) -> Any:
-        msg: list[Any] = [op]
-        for r in returns:
-            msg.extend(r)
-        self.d.receive(peer, msg, self.now)
-        return self.take()
-
-    def tick(self) -> list[tuple[Any, ...]]:
-        self.d.expire(self.now)
-        self.d.tick(self.now)
-        return self.take()
-
-
-def frames(instrs: list[tuple[Any, ...]], peer: Peer) -> list[list[Any]]:
-    dec = FrameDecoder()
-    return [m for i in instrs if i[0] == SEND_FRAME and i[1] is peer for m in dec.feed(i[2])]
-
-
-def send_of(instrs: list[tuple[Any, ...]], peer: Peer) -> list[int]:
-    (msg,) = frames(instrs, peer)
-    assert msg[0] == SEND, msg
-    return list(msg[1:])
-
-
-def told_to_stop(instrs: list[tuple[Any, ...]], peer: Peer) -> bool:
-    return [SHUTDOWN] in frames(instrs, peer)
-
-
-def killed(instrs: list[tuple[Any, ...]], worker: ManagedWorker) -> bool:
-    return any(i[0] == KILL and i[1] is worker for i in instrs)
-
-
-def closed(instrs: list[tuple[Any, ...]], peer: Peer) -> bool:
-    return any(i[0] == CLOSE and i[1] is peer for i in instrs)
+    return dispatch_task("t", blocks, **kw)
 
 
 class Race:
@@ -139,7 +51,7 @@ class Race:
     def __init__(self, blocks: int = MIN_FINISHED + 1, **kw: Any) -> None:
         self.sc = sc = Script(task(blocks, **kw))
         self.wa, self.wb = sc.start_workers()
-        self.a, self.b = sc.connect(self.wa), sc.connect(self.wb)
+        self.a, self.b = sc.connect(worker=self.wa), sc.connect(worker=self.wb)
         (self.x,) = send_of(sc.acquire(self.a), self.a)
         self.t0 = sc.now
         (k,) = send_of(sc.acquire(self.b), self.b)
@@ -184,7 +96,7 @@ def test_a_bad_backup_setting_names_the_parameter_value_and_fix(
 # -- the median ------------------------------------------------------------------------
 def test_the_threshold_is_the_factor_times_the_median_once_enough_finished() -> None:
     sc = Script(task(speculative=True))
-    bk = sc.plan.backups
+    bk = sc.plans["t"].backups
     assert isinstance(bk, Backups)
     bk.add_finished(1.0, MIN_FINISHED - 1)
     assert bk.threshold() is None
@@ -196,7 +108,7 @@ def test_the_threshold_is_the_factor_times_the_median_once_enough_finished() -> 
 
 def test_the_median_looks_at_a_bounded_sample_of_the_latest_blocks() -> None:
     sc = Script(task(backup_after=2.0))
-    bk = sc.plan.backups
+    bk = sc.plans["t"].backups
     bk.add_finished(10.0, 5 * SAMPLE)
     bk.add_finished(1.0, SAMPLE // 2 + 1)
     assert len(bk.walls) == SAMPLE and bk.finished == 5 * SAMPLE + SAMPLE // 2 + 1
@@ -206,7 +118,7 @@ def test_the_median_looks_at_a_bounded_sample_of_the_latest_blocks() -> None:
 # -- who gets a copy -------------------------------------------------------------------
 def test_without_backups_the_idle_worker_is_told_to_stop_while_the_straggler_runs() -> None:
     r = Race()
-    assert r.sc.plan.backups is None
+    assert r.sc.plans["t"].backups is None
     assert told_to_stop(r.last, r.b)
 
 
@@ -214,30 +126,30 @@ def test_an_idle_worker_gets_a_copy_of_the_straggler_alone() -> None:
     r = Race(speculative=True)
     assert send_of(r.last, r.b) == [r.x]
     assert r.a.held == [r.x] and r.b.held == [r.x]
-    assert r.sc.run.processing == 1 and r.sc.run.backups_started == 1
-    assert r.sc.plan.backups.copies == {r.x: (r.a, r.b)}
+    assert r.sc.run().processing == 1 and r.sc.run().backups_started == 1
+    assert r.sc.plans["t"].backups.copies == {r.x: (r.a, r.b)}
 
 
 def test_no_copy_before_enough_blocks_finished() -> None:
     r = Race(blocks=MIN_FINISHED, speculative=True)  # 19 finished when b goes idle
-    assert not frames(r.last, r.b)  # it waits: the block out may make it 20
-    assert r.sc.run.backups_started == 0
+    assert not sent(r.last, r.b)  # it waits: the block out may make it 20
+    assert r.sc.run().backups_started == 0
     r.sc.now += 100.0
-    assert not frames(r.sc.tick(), r.b)  # and waits on: no median yet
+    assert not sent(r.sc.tick(), r.b)  # and waits on: no median yet
 
 
 def test_an_idle_worker_stops_when_too_few_blocks_are_left_for_a_median() -> None:
     r = Race(blocks=MIN_FINISHED - 1, speculative=True)  # 18 finished, 1 out: never 20
     assert told_to_stop(r.last, r.b)
-    assert r.sc.run.backups_started == 0
+    assert r.sc.run().backups_started == 0
 
 
 def test_an_idle_worker_waits_until_the_block_is_a_straggler_then_gets_the_copy() -> None:
     r = Race(backup_after=1000.0)  # out for ~1 s, far below 1000 x 0.05 s
-    assert not frames(r.last, r.b) and r.b.parked
-    assert r.sc.run.backups_started == 0
+    assert not sent(r.last, r.b) and r.b.parked
+    assert r.sc.run().backups_started == 0
     r.sc.now = r.t0 + 1000 * STEP - 0.01
-    assert not frames(r.sc.tick(), r.b)
+    assert not sent(r.sc.tick(), r.b)
     r.sc.now = r.t0 + 1000 * STEP + 0.01
     assert send_of(r.sc.tick(), r.b) == [r.x] and not r.b.parked
 
@@ -251,7 +163,7 @@ def test_a_waiting_worker_is_told_to_stop_when_the_run_shuts_down() -> None:
 def test_a_block_out_in_a_batch_is_not_backed_up_and_the_idle_worker_stops() -> None:
     sc = Script(task(blocks=MIN_FINISHED + 4, speculative=True))
     wa, wb = sc.start_workers()
-    a, b = sc.connect(wa), sc.connect(wb)
+    a, b = sc.connect(worker=wa), sc.connect(worker=wb)
     a.batch = 4
     assert len(send_of(sc.acquire(a), a)) == 4  # which of them is slow is unknown
     (k,) = send_of(sc.acquire(b), b)
@@ -260,7 +172,7 @@ def test_a_block_out_in_a_batch_is_not_backed_up_and_the_idle_worker_stops() -> 
         (k,) = send_of(sc.acquire(b, (k, OK, -1, None)), b)
     sc.now += 10.0
     assert told_to_stop(sc.acquire(b, (k, OK, -1, None)), b)
-    assert sc.run.backups_started == 0
+    assert sc.run().backups_started == 0
 
 
 def test_an_unmanaged_client_gets_no_copy_and_its_block_gets_none() -> None:
@@ -268,41 +180,41 @@ def test_an_unmanaged_client_gets_no_copy_and_its_block_gets_none() -> None:
     w = sc.start_workers()[0]
     stranger = sc.connect()  # an unmanaged client holds the slow block
     (x,) = send_of(sc.acquire(stranger), stranger)
-    b = sc.connect(w)
+    b = sc.connect(worker=w)
     (k,) = send_of(sc.acquire(b), b)
     for _ in range(MIN_FINISHED - 1):
         sc.now += STEP
         (k,) = send_of(sc.acquire(b, (k, OK, -1, None)), b)
     sc.now += 10.0
     assert told_to_stop(sc.acquire(b, (k, OK, -1, None)), b)  # nothing it could copy
-    assert sc.run.backups_started == 0 and stranger.held == [x]
+    assert sc.run().backups_started == 0 and stranger.held == [x]
 
 
 # -- first success wins ----------------------------------------------------------------
 def _state_after(r: Race) -> Any:
-    return r.sc.run.snapshot()
+    return r.sc.run().snapshot()
 
 
 def test_the_copy_finishes_first_the_original_is_preempted_and_nothing_is_charged() -> None:
     r = Race(speculative=True)
     sc = r.sc
     send_of(r.last, r.b)
-    free = sc.plan.free_starts
+    free = sc.plans["t"].free_starts
     sc.now += STEP
     out = sc.acquire(r.b, (r.x, OK, -1, None))
     assert killed(out, r.wa) and closed(out, r.a) and r.a.held == []
     assert r.wa.exit is not None and r.wa.exit.kind == "preempted"
     assert told_to_stop(out, r.b)  # the task is done
     st = _state_after(r)
-    assert sc.run.status == FINISHED and st.completed_count == MIN_FINISHED + 1
+    assert sc.run().status == FINISHED and st.completed_count == MIN_FINISHED + 1
     assert (st.backups_started, st.backups_won, st.backups_lost) == (1, 1, 0)
     assert st.backup_loser_seconds == pytest.approx(sc.now - r.t0)
     assert st.failed_count == st.failed_attempt_count == st.worker_failure_count == 0
-    assert sc.plan.free_starts == free + 1  # the preempted worker is no restart
+    assert sc.plans["t"].free_starts == free + 1  # the preempted worker is no restart
     assert not sc.errors.groups("t")
     # the killed worker is seen to end later: nothing more is charged
     assert sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed")) is False
-    assert _state_after(r).worker_failure_count == 0 and sc.plan.retired_unseen == 0
+    assert _state_after(r).worker_failure_count == 0 and sc.plans["t"].retired_unseen == 0
 
 
 def test_the_original_finishes_first_and_the_copy_is_preempted() -> None:
@@ -315,7 +227,7 @@ def test_the_original_finishes_first_and_the_copy_is_preempted() -> None:
     assert killed(out, r.wb) and closed(out, r.b) and r.b.held == []
     assert r.wb.exit is not None and r.wb.exit.kind == "preempted"
     st = _state_after(r)
-    assert st.completed_count == MIN_FINISHED + 1 and sc.run.status == FINISHED
+    assert st.completed_count == MIN_FINISHED + 1 and sc.run().status == FINISHED
     assert (st.backups_started, st.backups_won, st.backups_lost) == (1, 0, 1)
     assert st.backup_loser_seconds == pytest.approx(sc.now - copy_sent)
     assert st.failed_attempt_count == st.worker_failure_count == 0
@@ -330,9 +242,9 @@ def test_a_late_success_of_the_loser_cannot_come_back() -> None:
     # longer held there: the message is refused, and nothing is released twice
     assert r.a.closed and r.a.held == []
     sc.d.receive(r.a, [ACQUIRE, r.x, OK, -1, None], sc.now)
-    assert not frames(sc.take(), r.a)
-    assert sc.run.completed == sc.plan.aggregates.count == MIN_FINISHED + 1
-    assert sc.run.backups_won == 1 and sc.run.backups_lost == 0
+    assert not sent(sc.take(), r.a)
+    assert sc.run().completed == sc.plans["t"].aggregates.count == MIN_FINISHED + 1
+    assert sc.run().backups_won == 1 and sc.run().backups_lost == 0
 
 
 @pytest.mark.parametrize("first", ["original", "copy"])
@@ -344,14 +256,14 @@ def test_a_failed_copy_is_not_charged_and_the_other_goes_on_to_win(first: str) -
     sc.now += STEP
     out = sc.acquire(failer, (r.x, FAIL, -1, "ValueError: flaky"))
     assert not any(i[0] == KILL for i in out)
-    assert sc.run.failed_attempts == 0 and sc.run.failed == 0 and sc.run.ready == 0
-    assert failer.held == [] and other.held == [r.x] and not sc.plan.backups.copies
+    assert sc.run().failed_attempts == 0 and sc.run().failed == 0 and sc.run().ready == 0
+    assert failer.held == [] and other.held == [r.x] and not sc.plans["t"].backups.copies
     assert not sc.errors.groups("t")
     sc.now += STEP
     out = sc.acquire(other, (r.x, OK, -1, None))
     assert not any(i[0] == KILL for i in out)
     st = _state_after(r)
-    assert sc.run.status == FINISHED and st.failed_count == st.failed_attempt_count == 0
+    assert sc.run().status == FINISHED and st.failed_count == st.failed_attempt_count == 0
     assert (st.backups_started, st.backups_won, st.backups_lost) == (1, 0, 0)
 
 
@@ -361,7 +273,7 @@ def test_when_both_copies_fail_the_block_is_charged_once() -> None:
     send_of(r.last, r.b)
     sc.acquire(r.a, (r.x, FAIL, -1, "ValueError: 1"))
     out = sc.acquire(r.b, (r.x, FAIL, -1, "ValueError: 2"))
-    assert sc.run.failed_attempts == 1 and sc.run.failed == 0
+    assert sc.run().failed_attempts == 1 and sc.run().failed == 0
     assert send_of(out, r.b) == [r.x]  # the retry, an ordinary attempt
 
 
@@ -374,9 +286,9 @@ def test_a_lost_connection_drops_that_copy_only(lost: str) -> None:
     sc.d.close(gone, sc.now)
     sc.take()
     assert gone.held == [] and other.held == [r.x]
-    assert sc.run.failed_attempts == 0 and sc.run.ready == 0 and sc.run.processing == 1
+    assert sc.run().failed_attempts == 0 and sc.run().ready == 0 and sc.run().processing == 1
     sc.acquire(other, (r.x, OK, -1, None))
-    assert sc.run.status == FINISHED and sc.run.failed == 0
+    assert sc.run().status == FINISHED and sc.run().failed == 0
 
 
 @pytest.mark.parametrize("late", ["original", "copy"])
@@ -391,10 +303,10 @@ def test_a_copy_past_its_deadline_is_dropped_and_its_worker_stopped(late: str) -
     assert killed(out, peer.worker) and closed(out, peer)
     assert peer.worker is not None and peer.worker.exit is not None
     assert peer.worker.exit.kind == "timeout"  # its worker timed out: replaced as usual
-    assert other.held == [r.x] and sc.run.failed_attempts == 0
-    assert sc.run.timeout_reclaims == 0
+    assert other.held == [r.x] and sc.run().failed_attempts == 0
+    assert sc.run().timeout_reclaims == 0
     sc.acquire(other, (r.x, OK, -1, None))
-    assert sc.run.status == FINISHED and sc.run.failed == 0
+    assert sc.run().status == FINISHED and sc.run().failed == 0
 
 
 def test_a_copy_reported_timed_out_by_its_watchdog_is_dropped_uncharged() -> None:
@@ -403,7 +315,7 @@ def test_a_copy_reported_timed_out_by_its_watchdog_is_dropped_uncharged() -> Non
     send_of(r.last, r.b)
     out = sc.acquire(r.a, (r.x, TIMED_OUT, -1, None), op=BYE)
     assert killed(out, r.wa) and r.wa.exit is not None and r.wa.exit.kind == "timeout"
-    assert sc.run.failed_attempts == 0 and r.b.held == [r.x]
+    assert sc.run().failed_attempts == 0 and r.b.held == [r.x]
 
 
 def test_a_copy_given_back_unstarted_leaves_the_block_with_the_other() -> None:
@@ -411,10 +323,10 @@ def test_a_copy_given_back_unstarted_leaves_the_block_with_the_other() -> None:
     sc = r.sc
     send_of(r.last, r.b)
     out = sc.acquire(r.b, (r.x, CREATED, -1, None), op=BYE)
-    assert closed(out, r.b) and sc.run.ready == 0 and r.a.held == [r.x]
+    assert closed(out, r.b) and sc.run().ready == 0 and r.a.held == [r.x]
     sc.now += 0.1
     sc.acquire(r.a, (r.x, OK, -1, None))
-    assert sc.run.status == FINISHED
+    assert sc.run().status == FINISHED
 
 
 def test_the_worker_exit_of_a_preempted_worker_names_why_in_its_slot() -> None:
@@ -423,7 +335,7 @@ def test_the_worker_exit_of_a_preempted_worker_names_why_in_its_slot() -> None:
     send_of(r.last, r.b)
     sc.acquire(r.b, (r.x, OK, -1, None))
     sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
-    _slot, why = sc.plan.take_slot()
+    _slot, why = sc.plans["t"].take_slot()
     assert why is not None and "other copy of its block finished first" in why
 
 
@@ -444,13 +356,13 @@ def _conflict_run(factor: float) -> tuple[Script, Peer, Peer, int, list[Any]]:
     )
     sc = Script(t)
     wa, wb = sc.start_workers()
-    a, b = sc.connect(wa), sc.connect(wb)
+    a, b = sc.connect(worker=wa), sc.connect(worker=wb)
     (x,) = send_of(sc.acquire(a), a)
     (k,) = send_of(sc.acquire(b), b)
     while True:
         sc.now += STEP
         out = sc.acquire(b, (k, OK, -1, None))
-        got = frames(out, b)
+        got = sent(out, b)
         if not got or got[0][1:] == [x]:
             return sc, a, b, x, got
         (k,) = got[0][1:]
@@ -461,19 +373,19 @@ def test_with_read_write_conflicts_the_neighbours_wait_for_the_block_and_its_cop
     factor: float,
 ) -> None:
     sc, a, b, x, got = _conflict_run(factor)
-    neighbours = sc.run.geom.downstream_of(x)
-    assert neighbours and all(sc.run.state[n] == PENDING for n in neighbours)
+    neighbours = sc.run().geom.downstream_of(x)
+    assert neighbours and all(sc.run().state[n] == PENDING for n in neighbours)
     if factor > 50:
         # not a straggler yet: b waits (parked: the blocks left wait on x), and the tick
         # hands it the copy once x is one
-        assert not got and b.parked and sc.run.ready == 0 and sc.run.pending > 0
+        assert not got and b.parked and sc.run().ready == 0 and sc.run().pending > 0
         sc.now += 10.0  # past 100 x the median (0.05 s), within the timeout
         assert send_of(sc.tick(), b) == [x] and not b.parked
     # the copy is out: the scheduler still counts x as running, its neighbours wait
-    assert a.held == b.held == [x] and sc.run.processing == 1
-    assert all(sc.run.state[n] == PENDING for n in neighbours)
+    assert a.held == b.held == [x] and sc.run().processing == 1
+    assert all(sc.run().state[n] == PENDING for n in neighbours)
     sc.acquire(b, (x, OK, -1, None))
-    assert sc.run.backups_won == 1 and all(sc.run.state[n] != PENDING for n in neighbours)
+    assert sc.run().backups_won == 1 and all(sc.run().state[n] != PENDING for n in neighbours)
 
 
 # -- what the report says --------------------------------------------------------------
@@ -482,7 +394,7 @@ def test_the_counters_reach_the_run_line_and_it_validates() -> None:
     send_of(r.last, r.b)
     r.sc.now += 0.5
     r.sc.acquire(r.b, (r.x, OK, -1, None))
-    counters = counters_from_state(r.sc.run.snapshot())
+    counters = counters_from_state(r.sc.run().snapshot())
     assert counters["backups_started"] == counters["backups_won"] == 1
     assert counters["backups_lost"] == 0 and counters["backup_loser_seconds"] > 1.0
     r.sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
@@ -494,8 +406,8 @@ def test_the_counters_reach_the_run_line_and_it_validates() -> None:
         run_finished_at=1.0,
         resource_tracking=False,
         counters=counters,
-        blocks=r.sc.plan.aggregates,
-        workers=r.sc.plan.timelines.to_json(),
+        blocks=r.sc.plans["t"].aggregates,
+        workers=r.sc.plans["t"].timelines.to_json(),
     )
     assert line["workers"]["exits"].get("preempted") == 1
     assert line["counters"]["backup_loser_seconds"] == counters["backup_loser_seconds"]

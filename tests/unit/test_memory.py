@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_dispatch import FAIL, OK, Script, send_of, sent, task
 
 import bellis as daisy
 from bellis._protocol import (
@@ -18,12 +17,12 @@ from bellis._protocol import (
     is_oom_exit,
     kernel_oom_message,
 )
-from bellis._scheduling._dispatch import LAUNCH
 from bellis._scheduling._memory import MemoryPlan, build_ladder, charge, ladder_for
 from bellis._scheduling._records import ManagedWorker
 from bellis._scheduling._task_run import ABANDONED
 from bellis._sizes import MIB, format_grant, parse_growth, parse_size
 from bellis.errors import ConfigurationError
+from kit.dispatch import FAIL, OK, Script, send_of, sent, task
 
 OOM_EXIT = WorkerExit("error", -9, "out of memory: SLURM job 3 exceeded its memory limit")
 
@@ -212,14 +211,7 @@ def laddered(blocks: int = 4, **kw: Any) -> Script:
 
 def start(sc: Script) -> list[tuple[ManagedWorker, int]]:
     """Rebalance and start what it books: (worker, its memory step) each."""
-    sc.d.rebalance(sc.now)
-    out = []
-    for instr in sc.take():
-        assert instr[0] == LAUNCH
-        for booking in instr[2]:
-            sc.d.launched(instr[1], booking, object(), None)
-            out.append((sc.d.workers[booking.worker_id], booking.mem_step))
-    return out
+    return [(worker, booking.mem_step) for worker, booking in sc.launch()]
 
 
 def test_a_memory_error_climbs_without_a_failed_attempt_and_runs_on_a_big_worker() -> None:

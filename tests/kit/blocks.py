@@ -1,4 +1,4 @@
-"""Block functions and record-file helpers for the distributed integration tests.
+"""Block functions and record-file helpers for the integration tests.
 
 Block functions live here (an importable module) so workers load them by reference. Each
 one appends to a per-block record file with ``O_APPEND``: a ``start`` line when the block
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +31,16 @@ def _append(recdir: str, task_id: str, sid: int, line: str) -> None:
 
 def _sid(block: Any) -> int:
     return int(block.block_id[1])
+
+
+def _first_time(recdir: str, marker: str) -> bool:
+    """Whether the file ``marker`` is new in ``recdir`` (it is there from now on): a block's
+    first attempt, where later attempts find it."""
+    path = os.path.join(recdir, marker)
+    if os.path.exists(path):
+        return False
+    open(path, "w").close()
+    return True
 
 
 def sleep_block(recdir: str, delay: float, block: Any) -> None:
@@ -59,11 +68,8 @@ def hang_once_block(recdir: str, hang_id: int, block: Any) -> None:
     sid = _sid(block)
     t0 = time.time()
     _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
-    if sid == hang_id:
-        marker = os.path.join(recdir, f"hung_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            time.sleep(60)
+    if sid == hang_id and _first_time(recdir, f"hung_{sid}"):
+        time.sleep(60)
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 
@@ -72,11 +78,8 @@ def exit_once_block(recdir: str, exit_id: int, delay: float, block: Any) -> None
     sid = _sid(block)
     t0 = time.time()
     _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
-    if sid == exit_id:
-        marker = os.path.join(recdir, f"exited_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            sys.exit(0)
+    if sid == exit_id and _first_time(recdir, f"exited_{sid}"):
+        sys.exit(0)
     time.sleep(delay)
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
@@ -95,12 +98,9 @@ def memory_block(recdir: str, hog_id: int, block: Any) -> None:
             pages = int(f.read().split()[0])
         limit = pages * os.sysconf("SC_PAGE_SIZE") + (512 << 20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
-    if sid == hog_id:
-        marker = os.path.join(recdir, f"hogged_{sid}")
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            data = np.ones(2 << 30, dtype=np.uint8)
-            del data
+    if sid == hog_id and _first_time(recdir, f"hogged_{sid}"):
+        data = np.ones(2 << 30, dtype=np.uint8)
+        del data
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 
@@ -191,35 +191,6 @@ def make_task(task_id: str, n: int, fn: Any, **kwargs: Any) -> Any:
     return bellis.Task(task_id, total, read, write, process_function=fn, **kwargs)
 
 
-def proc_cmdlines(marker: str) -> list[tuple[int, str]]:
-    """Live (non-zombie) processes whose command line or environment mentions ``marker``."""
-    out = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/stat", "rb") as f:
-                stat = f.read()
-            if stat[stat.rfind(b")") + 2 :].split()[0] == b"Z":
-                continue
-            with open(f"/proc/{e}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd:
-            out.append((int(e), cmd))
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
-
-
 def connect_and_return() -> None:
     """A 0-arg worker function that connects, then returns without asking for a block."""
     bellis.Client().close()
@@ -255,17 +226,3 @@ def detach_and_return() -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-
-
-def slurm_unavailable_reason() -> str | None:
-    """Why no SLURM controller can take jobs here (None: one can)."""
-    for tool in ("sbatch", "squeue", "sinfo", "scancel", "scontrol"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH"
-    try:
-        out = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"sinfo failed: {exc}"
-    if out.returncode != 0 or not out.stdout.strip():
-        return f"sinfo failed: {out.stderr.strip()}"
-    return None

@@ -1,0 +1,14 @@
+"""The shared test kit: helpers every test folder imports as ``kit.<module>`` (pyproject's
+``pythonpath = ["tests"]`` puts ``tests/`` on ``sys.path``; worker processes get the
+driver's ``sys.path``, so block functions defined here load by reference there too). No
+test module imports another: what two of them share lives here.
+
+* ``dispatch``: the dispatcher driven by scripted events on a fake clock (unit tests).
+* ``blocks``: block and worker functions that record each attempt in a file, the records
+  read back, and 1-D tasks.
+* ``procs``: whether a process is alive, waiting for one to go.
+* ``launchers``: scenarios every launcher runs alike (``test_dask``, ``test_slurm``).
+* ``slurm``: whether a SLURM controller takes jobs, a test's jobs by name, command shims.
+* ``user_script``: a user's script run in a subprocess, and what it leaves behind.
+* ``browser``: headless Chromium for the HTML report tests.
+"""
