@@ -285,9 +285,7 @@ class StoreLayout:
         begin = self.total_offset[axis] + self.context_ul[axis] + g * w
         end = begin + w
         if self.fit == "shrink":
-            end = min(
-                end, self.total_offset[axis] + self.total_shape[axis] - self.context_lr[axis]
-            )
+            end = min(end, self.total_offset[axis] + self.total_shape[axis] - self.context_lr[axis])
         return begin, end
 
     def write_intervals(self, axis: int) -> list[tuple[int, int] | None]:
