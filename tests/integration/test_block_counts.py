@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import browser
+import numpy as np
 import pytest
 
 BELLIS = [sys.executable, "-m", "bellis"]
@@ -152,11 +153,11 @@ def test_status_counts_blocks_not_cells(run: dict[str, Any], fit: str, c: int) -
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert ["grid", *f"{cells} x {cells} x {cells} = {cells**3} cells".split()] in rows
+    assert ["done", str(n**3)] in rows, proc.stdout
+    assert ["untouched", "0"] in rows, proc.stdout
     blocks_line = next(r for r in rows if r[:1] == ["blocks"])
     assert blocks_line[1:6] == [str(n), "x", str(n), "x", str(n)], proc.stdout
     assert blocks_line[7] == str(n**3), proc.stdout
-    assert ["done", str(n**3)] in rows, proc.stdout
-    assert ["untouched", "0"] in rows, proc.stdout
     # the map: the middle slice of the blocks, every block done, every other cell "-"
     grid_rows = [r for r in proc.stdout.splitlines() if re.fullmatch(r"    [#.x+-]+", r)]
     assert len(grid_rows) == cells, proc.stdout
@@ -184,13 +185,6 @@ def test_report_counts_blocks_and_shows_their_write_rois(
     n = expected_blocks_per_axis(fit)
     cells = expected_cells_per_axis(c)
     truth: dict[tuple[int, ...], str] = run["blocks"][name]
-    # the summary table: blocks, done, untouched
-    summary = _rows(run["html"], "<table>")
-    head = summary[0]
-    row = next(r for r in summary[1:] if r[0] == name)
-    got = dict(zip(head, row, strict=True))
-    assert got["blocks"] == str(n**3) and got["done"] == str(n**3), got
-    assert got["untouched"] == "0", got
     # the slowest blocks table: each row's world ROI is that block's write ROI
     table = _rows(run["html"], f"<h3>{name}: the 20 slowest blocks</h3>")
     assert table[0][:2] == ["grid coordinate", "world ROI"]
@@ -198,11 +192,16 @@ def test_report_counts_blocks_and_shows_their_write_rois(
     for r in table[1:]:
         coord = tuple(int(v) for v in r[0].strip("()").split(","))
         assert r[1] == truth[coord], (coord, r[1], truth[coord])
+    # the summary table: blocks, done, untouched
+    summary = _rows(run["html"], "<table>")
+    head = summary[0]
+    row = next(r for r in summary[1:] if r[0] == name)
+    got = dict(zip(head, row, strict=True))
+    assert got["blocks"] == str(n**3) and got["done"] == str(n**3), got
+    assert got["untouched"] == "0", got
     # the volume map: "no block" exactly where no block maps, and its hovers' ROIs
     vol = next(v for v in run["payload"]["volumes"] if v["task"] == name)
     assert vol["shape"] == [cells] * 3 and vol["factor"] == 1
-    import numpy as np
-
     state = np.frombuffer(base64.b64decode(vol["metrics"]["state"]["bdata"]), dtype="<f4")
     state = state.reshape(cells, cells, cells)
     for cell in np.ndindex(cells, cells, cells):
