@@ -572,6 +572,12 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
             else None
         ),
         "blocks": s.blocks,
+        # a 3-D grid opens on the middle slice of its blocks (not of its tracking cells)
+        "start": (
+            (s.layout.block_cells[0][0] + s.layout.block_cells[0][1] // 2) // k
+            if s.layout is not None and ndim == 3 and s.layout.block_count
+            else None
+        ),
         "metrics": metrics,
         "labels": {n: [label, unit] for n, label, unit in VOLUME_METRICS if n in metrics},
         **extra,

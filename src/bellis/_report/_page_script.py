@@ -82,14 +82,14 @@ PAGE_JS = r"""
       out = document.createElement("span");
       var l3 = document.createElement("label"); l3.textContent = "index ";
       l3.appendChild(slider); l3.appendChild(out); box.appendChild(l3);
-      // start on the slice along axis 0 with the most failures (else the middle one)
+      // start on the slice along axis 0 with the most failures (else the blocks' middle one)
       var best = -1, bestN = 0, F = M.failures, plane = S[1] * S[2];
       for (var z = 0; z < S[0]; z++) {
         var n = 0;
         for (var q = z * plane; q < (z + 1) * plane; q++) { if (F[q] > 0) { n++; } }
         if (n > bestN) { bestN = n; best = z; }
       }
-      state.index = best >= 0 ? best : Math.floor(S[0] / 2);
+      state.index = best >= 0 ? best : (v.start != null ? v.start : Math.floor(S[0] / 2));
     }
     if (k > 1) {
       var note = document.createElement("span");

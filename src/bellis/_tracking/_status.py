@@ -370,7 +370,13 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
         spare = cells - blocks
         lines.append(
             f"  blocks      {' x '.join(str(g) for g in layout.block_grid)} = {blocks}"
-            + (f" (the other {spare} cells hold no block)" if spare else "")
+            + (
+                f" (the other {spare} cells hold no block)"
+                if spare > 1
+                else " (the other cell holds no block)"
+                if spare
+                else ""
+            )
         )
     else:
         lines.append(
