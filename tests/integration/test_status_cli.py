@@ -135,7 +135,8 @@ def test_status_of_a_daisy_store(tmp_path: Path) -> None:
     proc = status(store)
     assert proc.returncode == 0, proc.stderr
     rows = fields(proc.stdout)
-    assert ["done", "6"] in rows and ["untouched", "6"] in rows
+    # daisy 2.0.0 records only the layout hash: the 6 cells not done may hold no block
+    assert ["done", "6"] in rows and any(r[:4] == ["untouched", "at", "most", "6"] for r in rows)
     assert map_rows(proc.stdout, 3) == ["###.", "###.", "...."]
 
 

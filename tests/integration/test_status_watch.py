@@ -152,8 +152,8 @@ def test_watch_prints_plain_lines_when_piped(slow_run: tuple[Path, subprocess.Po
     proc = subprocess.run(_watch_cmd(store, "0.3"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout
-    lines = [line for line in proc.stdout.splitlines() if " cells done " in line]
-    counts = [int(re.search(r": (\d+) of 48 cells done", line).group(1)) for line in lines]  # type: ignore[union-attr]
+    lines = [line for line in proc.stdout.splitlines() if " blocks done " in line]
+    counts = [int(re.search(r": (\d+) of 48 blocks done", line).group(1)) for line in lines]  # type: ignore[union-attr]
     assert len(set(counts)) >= 2 and counts == sorted(counts), proc.stdout
     assert counts[-1] == 48
     assert any("blocks/s" in line and "ETA" in line for line in lines[:-1]), proc.stdout
@@ -168,7 +168,7 @@ def test_watch_of_a_store_no_run_holds(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(script), str(store), "1"], check=True, timeout=300)
     proc = subprocess.run(_watch_cmd(store), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "48 of 48 cells done" in proc.stdout and "no run in progress" in proc.stdout
+    assert "48 of 48 blocks done" in proc.stdout and "no run in progress" in proc.stdout
     assert proc.stdout.rstrip().endswith("no run holds the store")
 
 
@@ -183,7 +183,7 @@ def test_watch_stops_quietly_on_ctrl_c(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
-        assert " cells done " in first, first
+        assert " cells done (" in first and "blocks unknown" in first, first
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
     finally:

@@ -8,11 +8,13 @@ once at the end.
 
 The rate comes from the store's ``returned_at`` stamps (blocks returned in the last
 window, resource tracking only); without stamps, from the done count's change between
-reads. The ETA is the cells not done yet at that rate.
+reads. The ETA is the blocks not done yet at that rate: the store's layout record says how
+many blocks there are; a store without one (daisy 2.0.0's) is counted in cells, and its
+ETA is an upper bound.
 
 The watch ends when the run ends: a run holds ``bellis.lock`` from opening the store to
 closing it, and the lock is tested without being taken (:func:`is_run_in_progress`).
-Where that cannot be told (no lock file, no ``fcntl`` locks) it ends when every cell is
+Where that cannot be told (no lock file, no ``fcntl`` locks) it ends when every block is
 done or ``runs.jsonl`` gains a line. It exits 0 then, and 130 on Ctrl-C.
 """
 
@@ -83,16 +85,23 @@ class _Rate:
 
 
 def _progress_line(snap: StatusSnapshot, rate: float | None, running: bool | None) -> str:
-    cells, done = snap.cells, snap.done_count
-    pct = 100.0 * done / cells if cells else 100.0
-    parts = [f"{done} of {cells} cells done ({pct:.1f}%)", f"{snap.failed_count} failed"]
+    done, blocks = snap.done_count, snap.blocks
+    total = snap.cells if blocks is None else blocks
+    pct = 100.0 * done / total if total else 100.0
+    if blocks is None:
+        # a store without a layout record: a cell not done may be no block at all
+        parts = [f"{done} of {total} cells done ({pct:.1f}%, blocks unknown)"]
+    else:
+        parts = [f"{done} of {total} blocks done ({pct:.1f}%)"]
+    parts.append(f"{snap.failed_count} failed")
     if rate is None:
         parts.append("rate -")
     else:
         parts.append(f"{rate:.2f} blocks/s")
-        left = cells - done
+        left = max(0, total - done)
         if left and rate > 0:
-            parts.append(f"ETA {format_duration(left / rate)}")
+            bound = "at most " if blocks is None else ""
+            parts.append(f"ETA {bound}{format_duration(left / rate)}")
         elif left:
             parts.append("ETA -")
     if running is True:
@@ -149,7 +158,8 @@ def watch_status(
         if running is False:
             ended = True
         else:
-            ended = snap.runs > first_runs or (snap.cells > 0 and snap.done_count == snap.cells)
+            total = snap.cells if snap.blocks is None else snap.blocks
+            ended = snap.runs > first_runs or (total > 0 and snap.done_count >= total)
         end_note = "run ended" if watched or running is None else "no run holds the store"
         if tty:
             frame = render_status(snap, max_width=max_width).rstrip("\n").split("\n")

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
-from .._tracking import STAT_ARRAYS, TrackingStore, read_status
+from .._tracking import STAT_ARRAYS, StoreLayout, TrackingStore, format_roi, read_status
 from ..errors import TrackingError
 
 __all__ = ["StoreData", "find_stores", "load_stores"]
@@ -159,6 +159,21 @@ class StoreData:
     #: a large store's read-only maps of ``done`` and ``failures`` (``done`` and
     #: ``failures`` above are then views of them, not copies); None when copied
     maps: dict[str, Any] | None = None
+    #: the block geometry from the ``bellis_layout`` record: which cells are blocks, and
+    #: their write ROIs; None without a record (a daisy 2.0.0 store has only the hash)
+    layout: StoreLayout | None = None
+
+    @property
+    def blocks(self) -> int | None:
+        """How many blocks the task has; None when the store does not say."""
+        return None if self.layout is None else self.layout.block_count
+
+    @property
+    def untouched(self) -> int:
+        """Blocks neither done nor failed; without a layout, cells (an upper bound)."""
+        done, failed, _ = self.counts
+        total = int(self.done.size) if self.layout is None else self.layout.block_count
+        return max(0, total - done - failed)
 
     @property
     def counts(self) -> tuple[int, int, int]:
@@ -208,16 +223,12 @@ class StoreData:
         return tuple(int(x) for x in np.unravel_index(k, self.grid))
 
     def roi(self, k: int) -> str:
-        """The world ROI of cell ``k``'s write region, as ``[begin, end)`` per axis."""
-        if self.grid_offset is None or self.write_stride is None:
+        """The world ROI of the write region of the block in cell ``k``, as ``[begin, end)``
+        per axis (:meth:`StoreLayout.write_interval`, as the volume hovers and the trace)."""
+        if self.layout is None:
             return "ROI unknown (no bellis_layout)"
-        c = self.coord(k)
-        lo = [o + i * s for o, i, s in zip(self.grid_offset, c, self.write_stride, strict=True)]
-        hi = [a + s for a, s in zip(lo, self.write_stride, strict=True)]
-        if self.total_shape is not None:
-            ends = [o + t for o, t in zip(self.grid_offset, self.total_shape, strict=True)]
-            hi = [min(h, e) for h, e in zip(hi, ends, strict=True)]
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(lo, hi, strict=True)) + ")"
+        roi = self.layout.write_roi_of_cell(self.coord(k))
+        return "no block" if roi is None else format_roi(*roi)
 
 
 def _tuple(v: Any, n: int) -> tuple[int, ...] | None:
@@ -256,6 +267,14 @@ def load_store(path: Path) -> StoreData:
         data.grid_offset = _tuple(record.get("grid_offset"), n)
         data.write_stride = _tuple(record.get("write_stride"), n)
         data.total_shape = _tuple(record.get("total_shape"), n)
+        layout = StoreLayout.from_record(record)
+        data.layout = layout if layout is not None and layout.grid_shape == grid else None
+    if data.layout is None:
+        data.notes.append(
+            "no bellis_layout record (a daisy 2.0.0 store has only the layout hash): which "
+            "cells are blocks, how many blocks there are and their ROIs are not known, so "
+            "counts are of tracking cells"
+        )
     if holder is not None:
         data.notes.append(
             f"a run is in flight ({holder}): this report is partial, it shows the blocks "

@@ -440,12 +440,41 @@ def volume_factor(grid: tuple[int, ...]) -> int:
     return max(1, k_all, k_plane)
 
 
-def _state_codes(done: NDArray[Any], failures: NDArray[Any]) -> NDArray[np.float32]:
-    """0 untouched, 1 done, 2 done after a failed attempt, 3 failed and not done."""
+NO_BLOCK: Final = -1.0
+"""The state code of a cell no block maps to (read context, past a ``valid`` grid's end)."""
+
+
+def _state_codes(
+    done: NDArray[Any], failures: NDArray[Any], block: NDArray[np.bool_] | None = None
+) -> NDArray[np.float32]:
+    """0 untouched, 1 done, 2 done after a failed attempt, 3 failed and not done;
+    :data:`NO_BLOCK` where ``block`` (broadcast) says the cell holds no block."""
     failed = failures > 0
     out = done.astype(np.float32)
     out += failed
     out[failed & ~done] = 3.0
+    if block is not None:
+        out[~np.broadcast_to(block, out.shape)] = NO_BLOCK
+    return out
+
+
+def _block_masks(s: StoreData, grid: tuple[int, ...]) -> list[NDArray[np.bool_]] | None:
+    """Per axis of ``grid`` (the payload's, a 1-D grid as one row), which cells hold a
+    block; None when the store does not say."""
+    if s.layout is None:
+        return None
+    masks = s.layout.block_axis_masks()
+    if len(masks) < len(grid):
+        masks = [np.ones(1, dtype=bool), *masks]
+    return masks
+
+
+def _mesh(masks: list[NDArray[np.bool_]]) -> NDArray[np.bool_]:
+    """The block mask of a box from its per-axis masks (broadcastable, not expanded)."""
+    n = len(masks)
+    out: NDArray[np.bool_] = np.ones((1,) * n, dtype=bool)
+    for axis, m in enumerate(masks):
+        out = out & m.reshape((1,) * axis + (-1,) + (1,) * (n - axis - 1))
     return out
 
 
@@ -462,6 +491,7 @@ def _state_slabs(
     rest = grid[1:]
     plane = int(np.prod(rest))
     out_rest = tuple(-(-n // k) for n in rest)
+    masks = _block_masks(s, grid)
     readers = [SlabReader(s.maps["done"]), SlabReader(s.maps["failures"])]
     states, fails = [], []
     try:
@@ -470,18 +500,24 @@ def _state_slabs(
             rows = (b - a) // plane
             raw_done = readers[0].read(a, b)
             raw_failures = readers[1].read(a, b)
+            block = None if masks is None else _mesh([masks[0][z : z + rows], *masks[1:]])
             if raw_failures is None:
                 if raw_done is None:
-                    state = np.zeros(rest, dtype=np.uint8)
+                    slab = np.zeros((rows, *rest), dtype=np.int8)
                 else:
-                    state = np.not_equal(raw_done, 0).reshape(rows, *rest).max(axis=0)
-                states.append(_downsample(state.astype(np.float32), k, 0.0).reshape(out_rest))
+                    slab = np.not_equal(raw_done, 0).reshape(rows, *rest).view(np.int8)
+                if block is not None:
+                    slab = np.where(block, slab, np.int8(NO_BLOCK))
+                state = slab.max(axis=0).astype(np.float32)
+                states.append(_downsample(state, k, NO_BLOCK).reshape(out_rest))
                 fails.append(np.zeros(out_rest, dtype=np.float32))
                 continue
             done = np.zeros(b - a, dtype=bool) if raw_done is None else np.not_equal(raw_done, 0)
-            codes = _state_codes(done, raw_failures).reshape(rows, *rest).max(axis=0)
+            codes = _state_codes(
+                done.reshape(rows, *rest), raw_failures.reshape(rows, *rest), block
+            ).max(axis=0)
             top = raw_failures.reshape(rows, *rest).max(axis=0).astype(np.float32)
-            states.append(_downsample(codes, k, 0.0).reshape(out_rest))
+            states.append(_downsample(codes, k, NO_BLOCK).reshape(out_rest))
             fails.append(_downsample(top, k, 0.0).reshape(out_rest))
     finally:
         for reader in readers:
@@ -497,12 +533,14 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
     grid = s.grid if ndim > 1 else (1, *s.grid)
     k = volume_factor(grid)
     metrics: dict[str, Any] = {}
+    masks = _block_masks(s, grid)
     if s.maps is not None:
         state_ds, failures_ds = _state_slabs(s, grid, k)
     else:
         done = s.done.reshape(grid)
         failures = s.failures.reshape(grid).astype(np.float32)
-        state_ds = _downsample(_state_codes(done, failures), k, 0.0)
+        block = None if masks is None else _mesh(masks)
+        state_ds = _downsample(_state_codes(done, failures, block), k, NO_BLOCK)
         failures_ds = _downsample(failures, k, 0.0)
     metrics["state"] = typed(state_ds.reshape(-1))
     metrics["failures"] = typed(failures_ds.reshape(-1))
@@ -525,6 +563,21 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         "factor": k,
         "grid_offset": list(s.grid_offset) if s.grid_offset else None,
         "stride": list(s.write_stride) if s.write_stride else None,
+        # per axis of the store's grid, each cell index's [begin, end) of its blocks' write
+        # ROI, or null for an index no block maps to: the hovers' ROIs, computed by the
+        # same StoreLayout.write_interval as the table and the trace
+        "rois": (
+            [[list(iv) if iv else None for iv in s.layout.write_intervals(a)] for a in range(ndim)]
+            if s.layout is not None and k == 1
+            else None
+        ),
+        "blocks": s.blocks,
+        # a 3-D grid opens on the middle slice of its blocks (not of its tracking cells)
+        "start": (
+            (s.layout.block_cells[0][0] + s.layout.block_cells[0][1] // 2) // k
+            if s.layout is not None and ndim == 3 and s.layout.block_count
+            else None
+        ),
         "metrics": metrics,
         "labels": {n: [label, unit] for n, label, unit in VOLUME_METRICS if n in metrics},
         **extra,

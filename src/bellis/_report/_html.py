@@ -156,23 +156,29 @@ def _history_rows(stores: list[StoreData]) -> str:
 def _summary(stores: list[StoreData]) -> str:
     rows = []
     for s in stores:
-        cells = int(s.done.size)
         done, failed, attempts = s.counts
         last = s.runs[-1] if s.runs else {}
+        # blocks, not tracking cells: a task with read context has cells no block maps to
+        grid, blocks, untouched = "unknown", f"unknown ({int(s.done.size)} cells)", "?"
+        if s.layout is not None:
+            grid = " x ".join(map(str, s.layout.block_grid))
+            blocks, untouched = str(s.blocks), str(s.untouched)
+        else:
+            untouched = f"at most {s.untouched}"
         rows.append(
             [
                 s.task_id,
-                " x ".join(map(str, s.grid)),
-                cells,
+                grid,
+                blocks,
                 done,
                 failed,
-                cells - done - failed,
+                untouched,
                 attempts,
                 "in flight" if s.in_flight else last.get("outcome", "-"),
                 str(s.path) if s.path else "-",
             ]
         )
-    head = ["task", "grid", "cells", "done", "failed", "untouched", "failed attempts"]
+    head = ["task", "block grid", "blocks", "done", "failed", "untouched", "failed attempts"]
     return _table([*head, "last run", "store"], rows)
 
 

@@ -39,9 +39,11 @@ PAGE_JS = r"""
     if (spec.dtype === "f8") { return new Float64Array(buf); }
     return new Float32Array(buf);
   }
-  var STATES = ["untouched", "done", "done after failed attempts", "failed"];
-  var STATE_SCALE = [[0, "#e6e6e6"], [0.25, "#e6e6e6"], [0.25, "#2ca02c"], [0.5, "#2ca02c"],
-                     [0.5, "#ff7f0e"], [0.75, "#ff7f0e"], [0.75, "#d62728"], [1, "#d62728"]];
+  // state codes -1..3: STATES[code + 1]; -1 is a cell no block maps to (read context)
+  var STATES = ["no block", "untouched", "done", "done after failed attempts", "failed"];
+  var STATE_SCALE = [[0, "#ffffff"], [0.2, "#ffffff"], [0.2, "#e6e6e6"], [0.4, "#e6e6e6"],
+                     [0.4, "#2ca02c"], [0.6, "#2ca02c"], [0.6, "#ff7f0e"], [0.8, "#ff7f0e"],
+                     [0.8, "#d62728"], [1, "#d62728"]];
   function fmt(v, unit) {
     if (v !== v) { return "-"; }
     if (unit === "B") {
@@ -80,14 +82,14 @@ PAGE_JS = r"""
       out = document.createElement("span");
       var l3 = document.createElement("label"); l3.textContent = "index ";
       l3.appendChild(slider); l3.appendChild(out); box.appendChild(l3);
-      // start on the slice along axis 0 with the most failures (else the middle one)
+      // start on the slice along axis 0 with the most failures (else the blocks' middle one)
       var best = -1, bestN = 0, F = M.failures, plane = S[1] * S[2];
       for (var z = 0; z < S[0]; z++) {
         var n = 0;
         for (var q = z * plane; q < (z + 1) * plane; q++) { if (F[q] > 0) { n++; } }
         if (n > bestN) { bestN = n; best = z; }
       }
-      state.index = best >= 0 ? best : Math.floor(S[0] / 2);
+      state.index = best >= 0 ? best : (v.start != null ? v.start : Math.floor(S[0] / 2));
     }
     if (k > 1) {
       var note = document.createElement("span");
@@ -102,18 +104,20 @@ PAGE_JS = r"""
     function describe(c, f) {
       var grid = v.ndim === 1 ? [c[1]] : c;
       var lines = ["<b>" + v.task + "</b>"];
-      if (k === 1) {
+      if (k === 1 && M.state[f] === -1) {
+        lines.push("cell (" + grid.join(", ") + "): no block (read context)");
+      } else if (k === 1) {
         lines.push("block (" + grid.join(", ") + ")");
-        if (v.grid_offset && v.stride) {
-          var lo = grid.map(function (g, a) { return v.grid_offset[a] + g * v.stride[a]; });
-          lines.push("ROI [" + lo.map(function (x, a) {
-            return x + ":" + (x + v.stride[a]); }).join(", ") + ")");
+        if (v.rois) {  // from StoreLayout.write_interval, as the table and the trace
+          var iv = grid.map(function (g, a) { return v.rois[a][g]; });
+          lines.push("ROI [" + iv.map(function (x) { return x[0] + ":" + x[1]; })
+            .join(", ") + ")");
         }
       } else {
         lines.push("blocks (" + grid.map(function (g) {
           return (g * k) + ".." + (g * k + k - 1); }).join(", ") + ")");
       }
-      lines.push("state " + STATES[M.state[f]] + (k > 1 ? " (worst)" : ""));
+      lines.push("state " + STATES[M.state[f] + 1] + (k > 1 ? " (worst)" : ""));
       if (M.failures[f] > 0) { lines.push("failed attempts " + M.failures[f]); }
       if (W && M.state[f] > 0 && W[f] !== 4294967295 && M.wall_seconds &&
           M.wall_seconds[f] === M.wall_seconds[f]) { lines.push("worker " + W[f]); }
@@ -152,8 +156,8 @@ PAGE_JS = r"""
       var trace = {type: "heatmap", z: z, text: text, hovertemplate: "%{text}<extra></extra>",
                    xgap: cols <= 64 ? 1 : 0, ygap: rows <= 64 ? 1 : 0};
       if (metric === "state") {
-        trace.zmin = -0.5; trace.zmax = 3.5; trace.colorscale = STATE_SCALE;
-        trace.colorbar = {tickvals: [0, 1, 2, 3], ticktext: STATES};
+        trace.zmin = -1.5; trace.zmax = 3.5; trace.colorscale = STATE_SCALE;
+        trace.colorbar = {tickvals: [-1, 0, 1, 2, 3], ticktext: STATES};
       } else {
         trace.colorscale = metric === "failures" ? "Reds" : "Viridis";
         trace.colorbar = {title: {text: unit}};

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from .._block import NO_WORKER
 from .._stats._runlog import read_runs
-from .._tracking import TrackingStore
+from .._tracking import StoreLayout, TrackingStore
 from ..errors import TrackingError
 
 __all__ = ["build_trace", "find_stores", "write_trace"]
@@ -160,20 +160,17 @@ def _num(v: Any) -> float | int | None:
     return int(x)
 
 
-def _write_roi(record: dict[str, Any] | None, coord: tuple[int, ...]) -> dict[str, Any] | None:
-    """The write ROI of the block in ``coord`` from the layout record (None without one)."""
-    if not record:
+def _write_roi(layout: StoreLayout | None, coord: tuple[int, ...]) -> dict[str, Any] | None:
+    """The write ROI of the block in cell ``coord`` from the store's layout record (None
+    without one, or for a cell no block maps to): :meth:`StoreLayout.write_interval`, as
+    the report's table and hovers."""
+    if layout is None or layout.ndim != len(coord):
         return None
-    try:
-        off = [int(x) for x in record["grid_offset"]]
-        stride = [int(x) for x in record["write_stride"]]
-        ul = [int(x) for x in record["context_ul"]]
-    except (KeyError, TypeError, ValueError):
+    roi = layout.write_roi_of_cell(coord)
+    if roi is None:
         return None
-    if not len(off) == len(stride) == len(ul) == len(coord) or min(stride) <= 0:
-        return None
-    begin = [o + u + (c - u // s) * s for o, u, c, s in zip(off, ul, coord, stride, strict=True)]
-    return {"offset": begin, "shape": stride}
+    begin, end = roi
+    return {"offset": list(begin), "shape": [e - b for b, e in zip(begin, end, strict=True)]}
 
 
 def _iso(t: float) -> str:
@@ -244,6 +241,7 @@ def build_trace(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
         if all(n in s.arrays for n in _STAMPS):
             sent, ret, wid = s.arrays["sent_at"], s.arrays["returned_at"], s.arrays["worker_id"]
             cells = np.flatnonzero(ret > 0)
+            layout = StoreLayout.from_record(s.record)
             where = np.searchsorted(starts, sent[cells], side="right") - 1
             for cell, r in zip(cells.tolist(), where.tolist(), strict=True):
                 t0, t1 = float(sent[cell]), float(ret[cell])
@@ -260,7 +258,7 @@ def build_trace(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
                     "returned_at": t1,
                     "failed_attempts": int(s.failures[cell]),
                 }
-                roi = _write_roi(s.record, coord)
+                roi = _write_roi(layout, coord)
                 if roi is not None:
                     args["write_roi"] = roi
                 if is_done:

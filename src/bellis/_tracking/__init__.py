@@ -17,7 +17,7 @@ by: the plumbing, the model, ``_protocol``, ``_stats``, ``_scheduling``, ``_work
 """
 
 from ._disk import is_run_in_progress, read_lock_holder
-from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, layout_hash
+from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
 from ._status import (
     SlabReader,
     StatusSnapshot,
@@ -37,6 +37,7 @@ __all__ = [
     "TrackingStore",
     "delete_store",
     "failed_cells",
+    "format_roi",
     "format_status",
     "is_run_in_progress",
     "layout_hash",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS
 from ..errors import ConfigurationError, LayoutMismatch, TrackingError
@@ -41,6 +42,7 @@ __all__ = [
     "check_array",
     "check_chunking",
     "dump_metadata",
+    "format_roi",
     "group_metadata",
     "int_shape",
     "invalid_metadata",
@@ -179,6 +181,130 @@ class StoreLayout:
                 self.read_offset, self.read_shape, self.write_offset, self.write_shape, strict=True
             )
         )
+
+    @classmethod
+    def from_record(cls, record: Any) -> StoreLayout | None:
+        """The geometry a ``bellis_layout`` record describes, or None for a store without a
+        usable record (daisy 2.0.0's stores carry only the hash: their read context and fit
+        are unknown).
+
+        The record holds the anchor, the stride, both contexts, ``fit`` and the total
+        shape, which is all the block geometry needs; the absolute read and write
+        offsets are not recorded, so the layout returned has the read ROI at 0 (its
+        :func:`layout_hash` is not the store's, its blocks and ROIs are).
+        """
+        if not isinstance(record, dict) or record.get("version") != LAYOUT_RECORD_VERSION:
+            return None
+        offset = record.get("grid_offset")
+        dims = len(offset) if isinstance(offset, list) else 0
+        parts = [
+            _int_list(record, key, dims)
+            for key in ("grid_offset", "write_stride", "context_ul", "context_lr", "total_shape")
+        ]
+        if dims == 0 or any(p is None for p in parts) or record.get("fit") not in _FITS:
+            return None
+        grid_offset, stride, ul, lr, total = (p for p in parts if p is not None)
+        if any(v < 0 for v in (*ul, *lr, *total)) or any(s <= 0 for s in stride):
+            return None
+        try:
+            layout = cls(
+                total_offset=grid_offset,
+                total_shape=total,
+                read_offset=(0,) * dims,
+                read_shape=tuple(u + s + v for u, s, v in zip(ul, stride, lr, strict=True)),
+                write_offset=ul,
+                write_shape=stride,
+                fit=str(record["fit"]),
+            )
+        except ConfigurationError:
+            return None
+        grid = _int_list(record, "grid_shape", dims)
+        if grid is not None and grid != layout.grid_shape:
+            return None
+        return layout
+
+    @property
+    def block_cells(self) -> tuple[tuple[int, int], ...]:
+        """Per axis, ``(first, count)``: the tracking cells ``first .. first + count - 1``
+        hold blocks; every other cell of the grid is one no block maps to.
+
+        Blocks tile the total region shrunk by the read context (daisy's
+        ``total_write_roi``) with the write shape as stride: ``valid`` drops a partial
+        last block, ``overhang`` and ``shrink`` keep it. Block ``g`` writes from
+        ``total_offset + context_ul + g * write_shape``, so it sits in cell
+        ``g + context_ul // write_shape`` (the grid is anchored at the total ROI).
+        """
+        out = []
+        for t, u, v, w in zip(
+            self.total_shape, self.context_ul, self.context_lr, self.write_shape, strict=True
+        ):
+            extent = t - u - v
+            if w <= 0 or extent <= 0:
+                out.append((0, 0))
+                continue
+            count = extent // w if self.fit == "valid" else -(-extent // w)
+            out.append((u // w, count))
+        return tuple(out)
+
+    @property
+    def block_grid(self) -> tuple[int, ...]:
+        """Blocks per axis (the task's ``block_grid_shape``)."""
+        return tuple(n for _, n in self.block_cells)
+
+    @property
+    def block_count(self) -> int:
+        """How many blocks the task has: the cells that are blocks."""
+        n = 1
+        for g in self.block_grid:
+            n *= g
+        return n
+
+    def block_axis_masks(self) -> list[NDArray[np.bool_]]:
+        """Per axis, which of the grid's cells hold blocks (a cell is a block when it is
+        on every axis)."""
+        masks = []
+        for (first, count), g in zip(self.block_cells, self.grid_shape, strict=True):
+            m = np.zeros(g, dtype=bool)
+            m[first : first + count] = True
+            masks.append(m)
+        return masks
+
+    def write_interval(self, axis: int, cell: int) -> tuple[int, int] | None:
+        """The ``[begin, end)`` along ``axis`` of the write ROI of the blocks in cell index
+        ``cell``, or None when no block maps to it. The one place the report's table, its
+        volume hovers and the trace take a block's world ROI from.
+
+        ``shrink`` clips the last block to the total write region; ``overhang`` keeps it
+        at full size, past the region, as the block's own ``write_roi`` is.
+        """
+        first, count = self.block_cells[axis]
+        g = cell - first
+        if not 0 <= g < count:
+            return None
+        w = self.write_shape[axis]
+        begin = self.total_offset[axis] + self.context_ul[axis] + g * w
+        end = begin + w
+        if self.fit == "shrink":
+            end = min(end, self.total_offset[axis] + self.total_shape[axis] - self.context_lr[axis])
+        return begin, end
+
+    def write_intervals(self, axis: int) -> list[tuple[int, int] | None]:
+        """:meth:`write_interval` of every cell index along ``axis``."""
+        return [self.write_interval(axis, c) for c in range(self.grid_shape[axis])]
+
+    def write_roi_of_cell(
+        self, coord: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """``(begin, end)`` of the write ROI of the block in tracking cell ``coord`` (an
+        N-d cell index), or None when the cell is not a block."""
+        begin, end = [], []
+        for axis, c in enumerate(coord):
+            iv = self.write_interval(axis, int(c))
+            if iv is None:
+                return None
+            begin.append(iv[0])
+            end.append(iv[1])
+        return tuple(begin), tuple(end)
 
     def tracking_cell(self, write_offset: tuple[int, ...]) -> int:
         """The flat C-order tracking cell of a block whose write ROI starts at ``write_offset``.
@@ -467,3 +593,8 @@ def numpy_dtype(display: str, meta_file: Path, data_type: Any) -> np.dtype[Any]:
     except TypeError as exc:
         raise invalid_metadata(display, f"{meta_file} has data_type {data_type!r}") from exc
     return dtype.newbyteorder("<")
+
+
+def format_roi(begin: tuple[int, ...], end: tuple[int, ...]) -> str:
+    """A world ROI as the report writes it: ``[b0:e0, b1:e1)``, half-open on every axis."""
+    return "[" + ", ".join(f"{b}:{e}" for b, e in zip(begin, end, strict=True)) + ")"

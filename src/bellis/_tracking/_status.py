@@ -44,12 +44,18 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _render_map(
-    done: NDArray[np.bool_], failed: NDArray[np.bool_], max_width: int, max_height: int
+    done: NDArray[np.bool_],
+    failed: NDArray[np.bool_],
+    max_width: int,
+    max_height: int,
+    block: NDArray[np.bool_] | None = None,
 ) -> tuple[list[str], int]:
     """One character per cell of a 2-D grid, or per ``k x k`` square of cells.
 
-    Returns the lines and ``k``. A square is ``x`` if any cell in it failed, ``#`` if
-    all its cells are done, ``+`` if some are, ``.`` if none are.
+    Returns the lines and ``k``. ``block`` says which cells hold a block (None: unknown,
+    every cell counts). Over the block cells of a square: ``x`` if any failed, ``#`` if
+    all are done, ``+`` if some are, ``.`` if none are; ``-`` for a square without a
+    block (cells of the read context, or past the last block of a ``valid`` fit).
     """
     rows, cols = done.shape
     k = max(
@@ -59,14 +65,15 @@ def _render_map(
     )
     out_rows, out_cols = _ceil_div(rows, k), _ceil_div(cols, k)
     padded = np.zeros((3, out_rows * k, out_cols * k), dtype=np.int64)
-    padded[0, :rows, :cols] = 1
+    padded[0, :rows, :cols] = 1 if block is None else block
     padded[1, :rows, :cols] = done
     padded[2, :rows, :cols] = failed
     counts = padded.reshape(3, out_rows, k, out_cols, k).sum(axis=(2, 4))
     present, n_done, n_failed = counts[0], counts[1], counts[2]
     chars = np.full((out_rows, out_cols), ".", dtype="<U1")
+    chars[present == 0] = "-"
     chars[(n_done > 0) & (n_done < present)] = "+"
-    chars[(n_done == present) & (present > 0)] = "#"
+    chars[(n_done >= present) & (present > 0)] = "#"
     chars[n_failed > 0] = "x"
     return [_INDENT + "".join(row) for row in chars.tolist()], k
 
@@ -114,6 +121,25 @@ class StatusSnapshot:
     a store without them."""
     stamped: bool = False
     """whether any cell has a ``returned_at`` stamp"""
+    layout: StoreLayout | None = None
+    """the block geometry from the store's ``bellis_layout`` record; None for a store
+    without one (daisy 2.0.0's carry only the layout hash): then which cells are blocks,
+    and how many blocks there are, is not known"""
+    plane_block: NDArray[np.bool_] | None = None
+    """which cells of the map's plane hold a block (None: unknown)"""
+    middle: int = 0
+    """a 3-D map's slice along axis 0: the middle one of the blocks' cells"""
+
+    @property
+    def blocks(self) -> int | None:
+        """How many blocks the task has (None: unknown, see ``layout``)."""
+        return None if self.layout is None else self.layout.block_count
+
+    @property
+    def untouched(self) -> int:
+        """Blocks neither done nor failed; without a layout, cells (an upper bound)."""
+        total = self.cells if self.layout is None else self.layout.block_count
+        return max(0, total - self.done_count - self.failed_count)
 
 
 class SlabReader:
@@ -165,16 +191,47 @@ class SlabReader:
             self.fd = -1
 
 
-def _plane_index(grid: tuple[int, ...]) -> tuple[int, int] | None:
-    """The flat cell range of the map's plane, or None when there is no map."""
+def _plane_index(grid: tuple[int, ...], middle: int) -> tuple[int, int] | None:
+    """The flat cell range of the map's plane (slice ``middle`` of a 3-D grid), or None
+    when there is no map."""
     n = int(np.prod(grid)) if grid else 0
     if n == 0 or len(grid) > 3:
         return None
     if len(grid) <= 2:
         return 0, n
     plane = grid[1] * grid[2]
-    middle = grid[0] // 2
     return middle * plane, (middle + 1) * plane
+
+
+def _layout_of(record: dict[str, Any] | None, grid: tuple[int, ...]) -> StoreLayout | None:
+    layout = StoreLayout.from_record(record)
+    return layout if layout is not None and layout.grid_shape == grid else None
+
+
+def _middle(grid: tuple[int, ...], layout: StoreLayout | None) -> int:
+    """The middle slice along axis 0 of the blocks' cells (of the grid without a layout)."""
+    if len(grid) != 3:
+        return 0
+    if layout is not None:
+        first, count = layout.block_cells[0]
+        if count > 0:
+            return first + count // 2
+    return grid[0] // 2
+
+
+def _plane_blocks(
+    layout: StoreLayout | None, grid: tuple[int, ...], middle: int
+) -> NDArray[np.bool_] | None:
+    """Which cells of the map's plane hold a block."""
+    if layout is None or not grid or len(grid) > 3:
+        return None
+    masks = layout.block_axis_masks()
+    if len(grid) == 1:
+        return masks[0].reshape(1, -1)
+    plane = np.outer(masks[-2], masks[-1])
+    if len(grid) == 3:
+        plane &= bool(masks[0][middle])
+    return plane
 
 
 def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> StatusSnapshot:
@@ -189,7 +246,9 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         stats = store.stats
         present = [name for name in STAT_ARRAYS if name in stats]
         cells = int(store.done.size)
-        window = _plane_index(grid)
+        layout = _layout_of(store.record, grid)
+        middle = _middle(grid, layout)
+        window = _plane_index(grid, middle)
         plane_shape = (1, cells) if len(grid) == 1 else (grid[-2], grid[-1]) if window else (0, 0)
         plane_done = np.zeros(plane_shape, dtype=bool)
         plane_failed = np.zeros(plane_shape, dtype=bool)
@@ -265,6 +324,9 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         runs,
         returned,
         stamped,
+        layout,
+        _plane_blocks(layout, grid, middle) if window else None,
+        middle,
     )
 
 
@@ -273,7 +335,8 @@ def format_status(
 ) -> str:
     """Summarise the tracking store at ``path`` as text.
 
-    Counts done, failed (``failures > 0`` and not done) and untouched cells, the total
+    Counts blocks (from the store's layout record), done, failed (``failures > 0`` and
+    not done) and untouched blocks, the total
     of failed attempts, the resource arrays present and the runs recorded, and draws a
     map of 1-D, 2-D and 3-D grids (the middle slice along axis 0 for 3-D). A map wider
     than ``max_width`` or taller than ``max_height`` is downsampled by a square factor.
@@ -301,9 +364,33 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
             f"stride {record.get('write_stride')}, fit {record.get('fit')}"
         )
     lines.append(f"  grid        {' x '.join(str(g) for g in grid)} = {cells} cells")
+    layout = snap.layout
+    if layout is not None:
+        blocks = layout.block_count
+        spare = cells - blocks
+        lines.append(
+            f"  blocks      {' x '.join(str(g) for g in layout.block_grid)} = {blocks}"
+            + (
+                f" (the other {spare} cells hold no block)"
+                if spare > 1
+                else " (the other cell holds no block)"
+                if spare
+                else ""
+            )
+        )
+    else:
+        lines.append(
+            "  blocks      unknown: no bellis_layout record (a daisy 2.0.0 store has only the\n"
+            "              layout hash), so which cells are blocks is not known"
+        )
     lines.append(f"  done        {n_done}")
     lines.append(f"  failed      {n_failed} (failures > 0 and not done)")
-    lines.append(f"  untouched   {cells - n_done - n_failed}")
+    if layout is not None:
+        lines.append(f"  untouched   {snap.untouched}")
+    else:
+        lines.append(
+            f"  untouched   at most {snap.untouched} (cells not done: blocks, or cells of no block)"
+        )
     lines.append(
         f"  attempts    {attempts} failed attempts recorded; "
         f"{retried} of the done cells failed before they succeeded"
@@ -332,19 +419,21 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
     elif ndim == 2:
         axes = "rows = axis 0, columns = axis 1"
     else:
-        middle = grid[0] // 2
         axes = (
-            f"middle slice along axis 0 (index {middle} of 0..{grid[0] - 1}), "
+            f"middle slice along axis 0 (index {snap.middle} of 0..{grid[0] - 1}), "
             "rows = axis 1, columns = axis 2"
         )
-    rendered, k = _render_map(plane_done, plane_failed, max_width, max_height)
+    block = snap.plane_block if layout is not None else None
+    rendered, k = _render_map(plane_done, plane_failed, max_width, max_height, block)
     lines.append(f"  map         {axes}")
+    untouched = ". untouched, - no block" if layout is not None else ". not done (or no block)"
     if k == 1:
-        lines.append("              # done, x failed, . untouched")
+        lines.append(f"              # done, x failed, {untouched}")
     else:
         lines.append(
             f"              downsampled: each character covers {k} x {k} cells; "
             "# all done, + some done, x any failed, . none done"
+            + (", - no block" if layout is not None else "")
         )
     lines.extend(rendered)
     return "\n".join(lines) + "\n"
