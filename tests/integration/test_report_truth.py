@@ -8,6 +8,7 @@ the times a block function wrote down while it ran.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -110,9 +111,9 @@ def test_throughput_is_drawn_where_the_blocks_returned(demo_twice: tuple[Path, l
             last = b == max(s[1] for s in steps)
             if last:
                 inside = int(np.count_nonzero((ret >= a) & (ret <= b)))
-            assert n == pytest.approx(inside, abs=1e-6), (task, a, b, n, inside)
+            assert n == pytest.approx(inside, abs=1e-3), (task, a, b, n, inside)
             total += n
-        assert total == pytest.approx(len(ret), abs=1e-6), task
+        assert total == pytest.approx(len(ret), abs=1e-3), task
 
 
 # ------------------------------------------------------------------ item 4: the rerun
@@ -240,7 +241,7 @@ def test_demo_rerun_page_in_chromium(demo_twice: tuple[Path, list[str]]) -> None
         assert hi - lo < 1.1 * (windows[0][1] - windows[0][0]) + 1e-3, (sec, got["range"])
         assert len(got["ticks"]) >= 3, got
         values = [float(t.replace("\u2212", "-")) for t in got["ticks"]]
-        steps = {round(b - a, 9) for a, b in zip(values, values[1:], strict=False)}
+        steps = {round(b - a, 9) for a, b in itertools.pairwise(values)}
         assert len(steps) == 1, (sec, got["ticks"])
         (step,) = steps
         mantissa = step / 10 ** np.floor(np.log10(step))
@@ -335,7 +336,7 @@ def test_per_task_wall_and_rate_are_the_tasks_own(tmp_path: Path) -> None:
     assert any(x.split()[:2] == ["cpu", "children"] for x in first), first
     assert not any("cpu children" in x for x in second), second
     for section in (first, second):
-        (trend,) = [x for x in section if x.split()[0] == "trend"]
+        (trend,) = [x for x in section if x.split()[:1] == ["trend"]]
         assert re.fullmatch(r"\s+trend\s+∠ [+-]\d+\.\d{4} ms/block", trend), trend
 
 
