@@ -198,18 +198,18 @@ def _workers_notes(stores: list[StoreData]) -> str:
     why, and which run's workers are shown instead (or that none are)."""
     shown = last_worker_runs(stores)
     numbers = run_number(stores)
-    notes = []
+    notes: dict[str, list[str]] = {}  # the tasks of one pipeline share a note
     for s in stores:
         if not s.runs or TaskReport(s.runs[-1], s.path).workers.records:
             continue
         w = line_window(s.runs[-1])
         n = numbers.get(w) if w is not None else None
         which = f"the last run (run {n})" if n else "the last run"
-        text = f"{s.task_id}: {which} started no worker: {_why_no_workers(s.runs[-1])}."
+        text = f"{which} started no worker: {_why_no_workers(s.runs[-1])}."
         if s.task_id in shown:
             text += f" Shown: the workers of run {shown[s.task_id][1]}, the last that had some."
-        notes.append(f"<p>{_esc(text)}</p>")
-    return "".join(notes)
+        notes.setdefault(text, []).append(s.task_id)
+    return "".join(f"<p>{_esc(', '.join(t))}: {_esc(x)}</p>" for x, t in notes.items())
 
 
 def _section(sid: str, title: str, intro: str, body: str) -> str:
