@@ -56,6 +56,17 @@ class TaskState:
     oom_successes: tuple[tuple[str, int], ...] = ()
     #: blocks that ran out of memory at the largest grant (failed for good)
     oom_failure_count: int = 0
+    #: the task's own span (UNIX seconds): its first block sent and its last block
+    #: returned in this run; None when no block ran (or came back without its times)
+    first_sent_at: float | None = None
+    last_returned_at: float | None = None
+
+    @property
+    def task_wall_seconds(self) -> float | None:
+        """The task's own wall time: from its first block sent to its last returned."""
+        if self.first_sent_at is None or self.last_returned_at is None:
+            return None
+        return max(0.0, self.last_returned_at - self.first_sent_at)
 
     @property
     def pending_count(self) -> int:

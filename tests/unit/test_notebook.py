@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bellis._block import NO_WORKER, BlockStats
-from bellis._report._notebook import Spans, timeline_svg
+from bellis._report._notebook import Spans, round_ticks, timeline_svg
 from bellis._stats._reports import (
     COUNTER_KEYS,
     RunReport,
@@ -134,3 +134,10 @@ def test_timeline_caps_its_rows() -> None:
     svg = timeline_svg(spans, 0.0, 1.0)
     assert "(+ 8 more workers)" in svg
     assert svg.count("<rect") == 32
+
+
+def test_timeline_ticks_are_round() -> None:
+    assert round_ticks(17.32) == [0.0, 5.0, 10.0, 15.0]
+    assert round_ticks(1.2) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert round_ticks(0.0) == [0.0]
+    assert round_ticks(100.0) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]

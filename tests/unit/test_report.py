@@ -542,12 +542,11 @@ def test_panel_layout_tokens_and_order() -> None:
     assert lines[0] == "Resource Utilization" and lines[1] == "-" * 20 and lines[2] == ""
     assert re.fullmatch(r"  seg  12 blocks, 3 workers, 290\.0 ms wall", lines[3])
     labels = [_tokens(line)[0] for line in lines[4:]]
-    assert labels[:17] == [
+    assert labels[:16] == [
         "blocks",
         "round trip",
         "wall",
         "cpu",
-        "cpu children",
         "peak RSS",
         "io",
         "overhead",
@@ -763,3 +762,32 @@ def test_the_panel_names_gpu_figures_only_when_measured() -> None:
     rows = dict(panel_rows(TaskReport(line))[0])
     assert rows["gpu util"] == "61.5 % ± 2.0 %"
     assert rows["gpu mem"] == "2.0 GB ± 0.0 B"
+
+
+def test_panel_shows_cpu_children_only_when_a_block_started_a_child() -> None:
+    """No block started a child: no ``cpu children`` row (it would read 0.0 µs ± 0.0 µs);
+    one did: the row is there."""
+    without = render_panel([TaskReport(_distributed_line())])
+    assert "cpu children" not in without
+    agg = TaskAggregates()
+    agg.add_block(0.05, _stats(0.05), failed=False)
+    agg.add_block(0.05, _stats(0.05, children=0.25), failed=False)
+    line = _distributed_line()
+    line["blocks"] = agg.to_json()
+    rows = [x.split() for x in render_panel([TaskReport(line)]).splitlines()]
+    (row,) = [r for r in rows if r[:2] == ["cpu", "children"]]
+    assert row[2:] == ["125.0", "ms", "±", "176.8", "ms"]
+
+
+def test_panel_title_gives_the_tasks_own_wall() -> None:
+    """The title's wall is the task's own span (first block sent to last returned) when
+    the run line has it; the run's wall (``wall_seconds``) otherwise."""
+    line = _distributed_line()
+    assert render_panel([TaskReport(line)]).splitlines()[3].endswith("290.0 ms wall")
+    line["first_sent_at"] = line["run_started_at"] + 0.05
+    line["last_returned_at"] = line["run_started_at"] + 0.175
+    r = TaskReport(line)
+    assert r.task_wall_seconds == pytest.approx(0.125)
+    assert r.blocks_per_second == pytest.approx(12 / 0.125)
+    assert render_panel([r]).splitlines()[3].endswith("125.0 ms wall")
+    assert validate_run_line(line) == []

@@ -143,6 +143,19 @@ def label_block(block: Any) -> None:
     _array("counts")[cell] = n
 
 
+def resume_notice(states: dict[str, Any]) -> str | None:
+    """What the demo says when it resumed: which blocks it skipped, and how to start over
+    (the library's own notice points to ``Task.reset()``, which a demo user never sees)."""
+    skipped = [(tid, s) for tid, s in states.items() if s.skipped_count > 0]
+    if not skipped:
+        return None
+    parts = ", ".join(f"{tid} {s.skipped_count}/{s.total_block_count}" for tid, s in skipped)
+    return (
+        f"Resumed: blocks done by an earlier run were skipped ({parts}). "
+        "Run `bellis demo --fresh` to start over and compute them again."
+    )
+
+
 def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: bool) -> bool:
     import os
 
@@ -158,17 +171,6 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         import shutil
 
         shutil.rmtree(workdir / "tracking", ignore_errors=True)
-    # show the resume notice (INFO on "bellis._run._progress"; silent unless a user asks for it)
-    import logging
-
-    notice = logging.getLogger("bellis._run._progress")
-    if not notice.handlers:
-        from .._streams import StdoutHandler
-
-        handler = StdoutHandler()
-        handler.setFormatter(logging.Formatter("\n%(message)s"))
-        notice.addHandler(handler)
-        notice.setLevel(logging.INFO)
     bellis.set_tracking_basedir(workdir / "tracking")
     bellis.logging.set_log_basedir(workdir / "logs")
     total = Roi((0, 0, 0), shape)
@@ -196,7 +198,14 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         max_workers=workers,
         resource_tracking=True,
     )
-    ok = bool(bellis.run_blockwise(smooth + label, multiprocessing=not serial, progress=True))
+    states = bellis.run_blockwise(
+        smooth + label, multiprocessing=not serial, progress=True, return_states=True
+    )
+    ok = all(s.completed_count == s.total_block_count for s in states.values())
+    notice = resume_notice(states)
+    if notice:
+        print()
+        print(notice)
     counts = np.asarray(_array("counts", "r")[:])
     print()
     print(f"Wrote {workdir / 'demo.zarr'}: smoothed {shape}, labels {shape}, counts {counts.shape}")

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._sizes import BYTE_UNITS
+from .._stats._reports import TaskReport
 from .._tracking import SlabReader
 from ._data import StoreData
 
@@ -29,18 +30,28 @@ __all__ = [
     "TIME_BINS",
     "VOLUME_CELLS",
     "VOLUME_METRICS",
+    "RunLines",
     "base_layout",
     "colour",
+    "did_work",
     "histogram_figure",
+    "last_worker_runs",
+    "line_window",
+    "opening_range",
     "origin_label",
     "run_history_figure",
+    "run_labels",
+    "run_lines",
+    "run_number",
     "run_windows",
+    "task_wall",
     "throughput_figure",
     "time_origin",
     "typed",
     "vline",
     "volume_factor",
     "volume_payload",
+    "work_window",
     "workers_figure",
 ]
 
@@ -107,6 +118,105 @@ def run_windows(stores: list[StoreData]) -> list[tuple[str, float, float]]:
             if isinstance(a, int | float) and isinstance(b, int | float):
                 found.setdefault((float(a), float(b)), []).append(f"{s.task_id} run {i + 1}")
     return [(", ".join(found[w]), w[0], w[1]) for w in sorted(found)]
+
+
+RunLines = dict[tuple[float, float], list[tuple[str, dict[str, Any]]]]
+
+
+def line_window(line: dict[str, Any]) -> tuple[float, float] | None:
+    """A run line's (start, end), UNIX seconds; None when it lacks them."""
+    a, b = line.get("run_started_at"), line.get("run_finished_at")
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return (float(a), float(b))
+    return None
+
+
+def run_lines(stores: list[StoreData]) -> RunLines:
+    """Every run window, oldest first, with the (task id, run line) pairs that share it."""
+    found: RunLines = {}
+    for s in stores:
+        for r in s.runs:
+            w = line_window(r)
+            if w is not None:
+                found.setdefault(w, []).append((s.task_id, r))
+    return {w: found[w] for w in sorted(found)}
+
+
+def run_number(stores: list[StoreData]) -> dict[tuple[float, float], int]:
+    """Each run window's number, 1 for the oldest: the page names runs so everywhere
+    (the timeline's menu and rows, the run labels, the Workers section)."""
+    return {w: n for n, w in enumerate(run_lines(stores), start=1)}
+
+
+def task_wall(line: dict[str, Any]) -> float:
+    """A run line's wall time for its task: the task's own (first block sent to last
+    block returned) where the line has it and the task ran a block, else the run's."""
+    own = TaskReport(line).task_wall_seconds
+    if own is not None and did_work(line):
+        return own
+    return float(line.get("wall_seconds") or 0.0)
+
+
+def did_work(line: dict[str, Any]) -> bool:
+    """Whether a run line's run ran a block (a block done or a failed attempt)."""
+    b = line.get("blocks") or {}
+    return int(b.get("count", 0) or 0) + int(b.get("failed_attempts", 0) or 0) > 0
+
+
+def work_window(stores: list[StoreData]) -> tuple[float, float] | None:
+    """The window of the last run that ran a block; None when no run did."""
+    found = [w for w, lines in run_lines(stores).items() if any(did_work(r) for _, r in lines)]
+    return found[-1] if found else None
+
+
+def opening_range(stores: list[StoreData], t0: float) -> list[float] | None:
+    """The x range a time chart opens on: the last run that did work, padded by 2 %
+    (None: every run, when that is the only run or no run did work)."""
+    w = work_window(stores)
+    if w is None or len(run_lines(stores)) < 2:
+        return None
+    a, b = w
+    pad = 0.02 * max(b - a, 1e-3)
+    return [a - t0 - pad, b - t0 + pad]
+
+
+def run_labels(stores: list[StoreData], t0: float) -> list[dict[str, Any]]:
+    """One ``run N`` label per run window, at its start, its tasks and times in the
+    hover. Runs closer than a label's width (measured on the whole time axis) get their
+    labels on the next of three rows; a fourth label that would collide is left out
+    (the run's dotted line stays)."""
+    lines = run_lines(stores)
+    if not lines:
+        return []
+    first = min(a for a, _ in lines)
+    span = max(max(b for _, b in lines) - first, 1e-9)
+    room = 0.08 * span  # about one short label on a chart some 900 pixels wide
+    row_end: list[float] = []
+    notes = []
+    for n, ((a, b), pairs) in enumerate(lines.items(), start=1):
+        row = next((i for i, end in enumerate(row_end) if a >= end), len(row_end))
+        if row >= 3:
+            continue
+        if row == len(row_end):
+            row_end.append(a + room)
+        else:
+            row_end[row] = a + room
+        tasks = ", ".join(dict.fromkeys(tid for tid, _ in pairs))
+        notes.append(
+            {
+                "x": a - t0,
+                "y": 1.01 + 0.07 * row,
+                "xref": "x",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "text": f"run {n}",
+                "hovertext": f"run {n} ({tasks}): +{a - t0:.2f} s to +{b - t0:.2f} s",
+                "showarrow": False,
+                "xanchor": "left",
+                "font": {"size": 10},
+            }
+        )
+    return notes
 
 
 def time_origin(stores: list[StoreData]) -> float | None:
@@ -209,8 +319,38 @@ def _unit(vmax: float, is_bytes: bool) -> tuple[float, str]:
     return 1.0, "s"
 
 
+def _segments(
+    stamps: list[NDArray[np.float64]], windows: list[tuple[float, float]]
+) -> list[tuple[float, float, int]]:
+    """The stretches of time the throughput is binned over: each run window (overlapping
+    windows merged) that holds a stamp, widened to its stamps, and one stretch for the
+    stamps of no window (a run in flight has no run line yet); ``(start, end, stamps)``."""
+    merged: list[list[float]] = []
+    for a, b in sorted(windows):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    allv = np.sort(np.concatenate(stamps)) if stamps else np.zeros(0)
+    out: list[tuple[float, float, int]] = []
+    outside = np.ones(len(allv), dtype=bool)
+    for a, b in merged:
+        lo, hi = np.searchsorted(allv, a, "left"), np.searchsorted(allv, b, "right")
+        if hi > lo:
+            out.append((a, b, int(hi - lo)))
+            outside[lo:hi] = False
+    rest = allv[outside]
+    if len(rest):
+        out.append((float(rest.min()), float(rest.max()), len(rest)))
+    return sorted(out)
+
+
 def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
-    """Blocks returned per second over time, per task, runs' starts and ends marked."""
+    """Blocks returned per second over time, per task, as a step line over bin edges:
+    each run is binned on its own (a rerun long after does not stretch the bins), every
+    step is drawn from its bin's start to its end, and a run's steps drop to zero at its
+    end. Runs are marked (dotted: start, dashed: end) and labelled ``run N`` as the
+    timeline's menu numbers them; the chart opens on the last run that did work."""
     t0 = time_origin(stores)
     series = []
     for i, s in enumerate(stores):
@@ -220,54 +360,59 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 series.append((i, s, r))
     if t0 is None or not series:
         return None
-    end = max(float(r.max()) for _, _, r in series)
     windows = run_windows(stores)
-    end = max([end] + [w[2] for w in windows])
-    nbins = int(min(TIME_BINS, max(10, math.sqrt(sum(len(r) for _, _, r in series)) * 2)))
-    edges = np.linspace(t0, end if end > t0 else t0 + 1.0, nbins + 1)
-    width = float(edges[1] - edges[0])
+    segments = _segments([r for _, _, r in series], [(a, b) for _, a, b in windows])
     data = []
     for i, s, r in series:
-        counts, _ = np.histogram(r, bins=edges)
+        xs: list[float] = []
+        ys: list[float] = []
+        text: list[str] = []
+        for a, b, n in segments:
+            nbins = int(min(TIME_BINS, max(10, math.sqrt(n) * 2)))
+            edges = np.linspace(a, b if b > a else a + 1e-3, nbins + 1)
+            counts, _ = np.histogram(r, bins=edges)
+            if not counts.any():
+                continue
+            width = float(edges[1] - edges[0])
+            rates = counts / width
+            rel = edges - t0
+            xs += rel.tolist()
+            ys += [*rates.tolist(), 0.0]
+            text += [
+                f"+{lo:.2f} to +{hi:.2f} s: {c} blocks, {v:.3g} blocks/s"
+                for lo, hi, c, v in zip(rel[:-1], rel[1:], counts.tolist(), rates, strict=True)
+            ] + [f"+{rel[-1]:.2f} s: end of the run's bins"]
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines",
-                "x": ((edges[:-1] + edges[1:]) / 2 - t0).tolist(),
-                "y": (counts / width).tolist(),
+                "x": xs,
+                "y": ys,
+                "text": text,
                 "line": {"shape": "hv", "color": colour(i)},
                 "fill": "tozeroy",
                 "name": s.task_id,
-                "hovertemplate": f"{s.task_id}<br>+%{{x:.1f}} s: %{{y:.3g}} blocks/s"
-                "<extra></extra>",
+                "hovertemplate": f"{s.task_id}<br>%{{text}}<extra></extra>",
             }
         )
-    shapes, notes = [], []
-    for label, a, b in windows:
+    shapes = []
+    for _, a, b in windows:
         shapes.append(vline(a - t0, "#2ca02c", "dot"))
         shapes.append(vline(b - t0, "#d62728", "dash"))
-        for x, what in ((a, "start"), (b, "end")):
-            notes.append(
-                {
-                    "x": x - t0,
-                    "y": 1.02,
-                    "xref": "x",
-                    "yref": "paper",
-                    "text": f"{label} {what}",
-                    "showarrow": False,
-                    "xanchor": "left" if what == "start" else "right",
-                    "font": {"size": 9},
-                }
-            )
+    xaxis: dict[str, Any] = {"title": {"text": origin_label(t0)}}
+    shown = opening_range(stores, t0)
+    if shown is not None:
+        xaxis["range"] = shown
     return {
         "data": data,
         "layout": base_layout(
             "Throughput (blocks returned per second)",
             height=340,
-            xaxis={"title": {"text": origin_label(t0)}},
+            margin={"l": 70, "r": 20, "t": 70, "b": 50},
+            xaxis=xaxis,
             yaxis={"title": {"text": "blocks / s"}},
             shapes=shapes,
-            annotations=notes,
+            annotations=run_labels(stores, t0),
         ),
     }
 
@@ -282,16 +427,34 @@ _PHASES: Final = (
 )
 
 
+def last_worker_runs(stores: list[StoreData]) -> dict[str, tuple[TaskReport, int]]:
+    """Per task, the report of its last run that started managed workers and that run's
+    number (:func:`run_number`); a task whose runs started none is left out. A rerun that
+    skipped every block starts no worker: its task keeps the workers of the run before."""
+    numbers = run_number(stores)
+    out: dict[str, tuple[TaskReport, int]] = {}
+    for s in stores:
+        for line in reversed(s.runs):
+            rep = TaskReport(line, s.path)
+            if rep.workers.records:
+                key = line_window(line)
+                out[s.task_id] = (rep, 0 if key is None else numbers.get(key, 0))
+                break
+    return out
+
+
 def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
-    """Per worker of each task's last run: stacked phase seconds, and exit kinds."""
+    """Per worker of each task's last run that started workers (see
+    :func:`last_worker_runs`): stacked phase seconds, and exit kinds."""
     labels: list[str] = []
     values: dict[str, list[float]] = {p: [] for p, _ in _PHASES}
     hover: list[str] = []
     exits: dict[tuple[str, str], int] = {}
+    shown = last_worker_runs(stores)
     for s in stores:
-        rep = s.last_report
-        if rep is None:
+        if s.task_id not in shown:
             continue
+        rep = shown[s.task_id][0]
         for kind, n in rep.workers.exits.items():
             exits[(s.task_id, kind)] = n
         for w in rep.workers.records:
@@ -327,7 +490,7 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         for p, c in _PHASES
     ]
     kinds = sorted({k for _, k in exits})
-    tasks = [s.task_id for s in stores if s.last_report is not None]
+    tasks = [s.task_id for s in stores if s.task_id in shown]
     exit_colours = {
         "clean": "#4c78a8",
         "walltime": "#72b7b2",
@@ -351,7 +514,7 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     return {
         "data": data,
         "layout": base_layout(
-            "Workers of the last run: where their time went, and how they exited",
+            f"Workers of {_which_runs(shown)}: where their time went, and how they exited",
             barmode="stack",
             height=max(300, 80 + 24 * len(labels)),
             xaxis={"domain": [0, 0.68], "title": {"text": "seconds"}},
@@ -362,6 +525,15 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     }
 
 
+def _which_runs(shown: dict[str, tuple[TaskReport, int]]) -> str:
+    """``run 1`` (every task's workers from one run), else ``smooth: run 1, label: run 2``."""
+    numbers = {n for _, n in shown.values()}
+    if len(numbers) == 1:
+        (n,) = numbers
+        return f"run {n}" if n else "the last run with workers"
+    return ", ".join(f"{tid}: run {n}" for tid, (_, n) in shown.items())
+
+
 def run_history_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     """Blocks run per run line and throughput, per task."""
     data = []
@@ -370,7 +542,7 @@ def run_history_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             continue
         xs = list(range(1, len(s.runs) + 1))
         counts = [int((r.get("blocks") or {}).get("count", 0)) for r in s.runs]
-        walls = [float(r.get("wall_seconds") or 0.0) for r in s.runs]
+        walls = [task_wall(r) for r in s.runs]
         data.append(
             {
                 "type": "bar",

@@ -28,10 +28,15 @@ from ._figures import (
     VOLUME_METRICS,
     base_layout,
     colour,
+    line_window,
+    opening_range,
     origin_label,
+    run_lines,
+    run_number,
     time_origin,
     typed,
     vline,
+    work_window,
 )
 from ._panel import format_duration
 
@@ -76,27 +81,70 @@ def _attempt_text(s: StoreData, k: int, t0: float) -> str:
     )
 
 
-def _rows(stores: list[StoreData]) -> tuple[list[str], dict[tuple[int, int], int]]:
-    """The timeline's rows: every worker with a stored block or failed attempt, and every
-    worker of the task's last run (one that ran nothing has a row and no bar). The label
-    names a worker's failed attempts in the last run and how it exited."""
+Rows = dict[tuple[int, int, int], int]
+
+
+def _runs_of(s: StoreData, cells: NDArray[np.intp], numbers: dict[Any, int]) -> NDArray[np.int64]:
+    """The run (its number, :func:`run_number`) each cell's stamps belong to: the run of
+    the task's own ``runs.jsonl`` whose window holds the cell's ``sent_at``; 0 for none
+    (a run in flight has no run line yet)."""
+    out = np.zeros(len(cells), dtype=np.int64)
+    own = sorted({w for r in s.runs if (w := line_window(r)) is not None})
+    if not own or not len(cells):
+        return out
+    sent = s.stats["sent_at"].reshape(-1)[cells].astype(np.float64)
+    starts = np.array([a for a, _ in own])
+    ends = np.array([b for _, b in own])
+    nums = np.array([numbers.get(w, 0) for w in own], dtype=np.int64)
+    i = np.searchsorted(starts, sent, side="right") - 1
+    ok = (i >= 0) & (sent <= ends[np.maximum(i, 0)] + 1e-6)
+    out[ok] = nums[i[ok]]
+    return out
+
+
+def _rows(stores: list[StoreData]) -> tuple[list[str], Rows]:
+    """The timeline's rows, one per (task, run, worker): worker ids restart every run, so
+    the workers of two runs never share a row. Every worker with a stored block or failed
+    attempt, and every worker of the task's last run (one that ran nothing has a row and no
+    bar). With more than one run the label names the run (``run 2``, as the menu numbers
+    them); it names a worker's failed attempts in the last run and how it exited."""
     labels: list[str] = []
-    index: dict[tuple[int, int], int] = {}
+    index: Rows = {}
+    numbers = run_number(stores)
+    many = len(numbers) > 1
     for ti, s in enumerate(stores):
         if "worker_id" not in s.stats:
             continue
         rep = s.last_report
+        last = 0
+        if rep is not None and s.runs:
+            w = line_window(s.runs[-1])
+            last = 0 if w is None else numbers.get(w, 0)
         failed = {} if rep is None else {w.worker_id: w for w in rep.workers.records}
         k = np.concatenate((s.measured(), s.failed_stamped()))
-        ids = set(np.unique(s.stats["worker_id"].reshape(-1)[k]).tolist()) | set(failed)
-        for w in sorted(ids):
-            index[(ti, int(w))] = len(labels)
+        wid = s.stats["worker_id"].reshape(-1)[k].astype(np.int64)
+        pairs = set(zip(_runs_of(s, k, numbers).tolist(), wid.tolist(), strict=True))
+        pairs |= {(last, w) for w in failed}
+        for n, w in sorted(pairs):
+            index[(ti, n, w)] = len(labels)
             name = "no worker" if w == NO_WORKER else f"worker {w}"
-            rec = failed.get(w)
+            rec = failed.get(w) if n == last else None
             if rec is not None and rec.blocks_failed:
                 name += f" ({rec.blocks_failed} failed, exit {rec.exit or 'open'})"
+            if many:
+                name = (f"run {n}" if n else "run in flight") + " · " + name
             labels.append(f"{s.task_id} · {name}")
     return labels, index
+
+
+def _row_ids(
+    stores: list[StoreData], ti: int, cells: NDArray[np.intp], rows: Rows
+) -> NDArray[np.intp]:
+    """The timeline row of each of ``cells`` of store ``ti``."""
+    s = stores[ti]
+    runs = _runs_of(s, cells, run_number(stores)).tolist()
+    wid = s.stats["worker_id"].reshape(-1)[cells].astype(np.int64).tolist()
+    return np.array([rows[(ti, n, w)] for n, w in zip(runs, wid, strict=True)], dtype=np.intp)
 
 
 def _busy_bins(
@@ -114,9 +162,8 @@ def _busy_bins(
 
 def _bars(
     s: StoreData,
-    ti: int,
+    row_of: NDArray[np.intp],
     cells: NDArray[np.intp],
-    rows: dict[tuple[int, int], int],
     t0: float,
     style: tuple[str, str, int],
     text: list[str],
@@ -127,8 +174,7 @@ def _bars(
     ``y`` is the row's index, or its label (``names``) on the binned chart's category axis."""
     name, col, width = style
     attempt = col == ATTEMPT_COLOUR
-    wid = s.stats["worker_id"].reshape(-1)[cells].tolist()
-    y: list[Any] = [rows[(ti, int(w))] for w in wid]
+    y: list[Any] = row_of.tolist()
     if names is not None:
         y = [names[r] for r in y]
     x0 = (s.stats["sent_at"].reshape(-1)[cells] - t0).tolist()
@@ -163,7 +209,7 @@ def _bars(
 def _binned_attempts(
     stores: list[StoreData],
     labels: list[str],
-    rows: dict[tuple[int, int], int],
+    rows: Rows,
     edges: NDArray[np.float64],
     t0: float,
 ) -> dict[str, Any] | None:
@@ -173,12 +219,11 @@ def _binned_attempts(
     secs = np.zeros((len(labels), TIME_BINS))
     for ti, s in enumerate(stores):
         f = s.failed_stamped()
-        if not len(f) or "worker_id" not in s.stats:
+        if not len(f) or "worker_id" not in s.stats or "sent_at" not in s.stats:
             continue
         sent = s.stats["sent_at"].reshape(-1)[f].astype(np.float64)
         ret = s.stats["returned_at"].reshape(-1)[f].astype(np.float64)
-        wid = s.stats["worker_id"].reshape(-1)[f].tolist()
-        row = np.array([rows[(ti, int(w))] for w in wid], dtype=np.intp)
+        row = _row_ids(stores, ti, f, rows)
         b = np.clip(np.searchsorted(edges, (sent + ret) / 2, side="right") - 1, 0, TIME_BINS - 1)
         np.add.at(count, (row, b), 1)
         np.add.at(secs, (row, b), ret - sent)
@@ -210,12 +255,7 @@ def run_menu(
     """The run selector's buttons and the run windows: all runs, then one button per run
     window of ``runs.jsonl`` (the tasks of one pipeline run share one), labelled with its
     start (UTC), blocks run and wall time; choosing one zooms the timeline to it."""
-    found: dict[tuple[float, float], list[tuple[str, dict[str, Any]]]] = {}
-    for s in stores:
-        for r in s.runs:
-            a, b = r.get("run_started_at"), r.get("run_finished_at")
-            if isinstance(a, int | float) and isinstance(b, int | float):
-                found.setdefault((float(a), float(b)), []).append((s.task_id, r))
+    found = run_lines(stores)
     buttons = [{"label": "all runs", "method": "relayout", "args": [{"xaxis.autorange": True}]}]
     for n, (a, b) in enumerate(sorted(found), start=1):
         lines = found[(a, b)]
@@ -260,16 +300,18 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         for s in stamped:
             ti = stores.index(s)
             k = s.measured()
-            wid = s.stats["worker_id"].reshape(-1)[k]
+            if not len(k):
+                continue
+            row = _row_ids(stores, ti, k, rows)
             sent = s.stats["sent_at"].reshape(-1)[k].astype(np.float64)
             ret = s.stats["returned_at"].reshape(-1)[k].astype(np.float64)
-            order = np.argsort(wid, kind="stable")
-            wid, sent, ret = wid[order], sent[order], ret[order]
-            bounds = np.flatnonzero(np.diff(wid)) + 1
+            order = np.argsort(row, kind="stable")
+            row, sent, ret = row[order], sent[order], ret[order]
+            bounds = np.flatnonzero(np.diff(row)) + 1
             for a, b in zip(
-                np.concatenate(([0], bounds)), np.concatenate((bounds, [len(wid)])), strict=True
+                np.concatenate(([0], bounds)), np.concatenate((bounds, [len(row)])), strict=True
             ):
-                z[rows[(ti, int(wid[a]))]] = _busy_bins(sent[a:b], ret[a:b], edges)
+                z[int(row[a])] = _busy_bins(sent[a:b], ret[a:b], edges)
         width = (end - t0) / TIME_BINS or 1.0
         z_spec = typed(np.clip(z / width, 0.0, 1.0).reshape(-1))
         data.append(
@@ -297,7 +339,8 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             ):
                 if sel.any():
                     text = [_block_text(s, int(c), t0) for c in k[sel].tolist()]
-                    data += _bars(s, ti, k[sel], rows, t0, (name, col, 10), text, None)
+                    row = _row_ids(stores, ti, k[sel], rows)
+                    data += _bars(s, row, k[sel], t0, (name, col, 10), text, None)
     if attempts and (not binned or attempts <= TIMELINE_BLOCKS):
         for s in stamped:
             f = s.failed_stamped()
@@ -305,12 +348,22 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 text = [_attempt_text(s, int(c), t0) for c in f.tolist()]
                 style = (f"{s.task_id}: failed attempt", ATTEMPT_COLOUR, 6)
                 names = labels if binned else None
-                data += _bars(s, stores.index(s), f, rows, t0, style, text, names)
+                row = _row_ids(stores, stores.index(s), f, rows)
+                data += _bars(s, row, f, t0, style, text, names)
     elif attempts:
-        trace = _binned_attempts(stamped, labels, rows, edges, t0)
+        trace = _binned_attempts(stores, labels, rows, edges, t0)
         if trace is not None:
             data.append(trace)
     buttons, windows = run_menu(stores, t0)
+    xaxis: dict[str, Any] = {"title": {"text": origin_label(t0)}, "zeroline": False}
+    menu: dict[str, Any] = {"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.0}
+    shown = opening_range(stores, t0)
+    work = work_window(stores)
+    if shown is not None and work in windows:
+        # open on the last run that did work (a rerun that skipped everything is a sliver
+        # at the end of "all runs"); the menu shows that run as chosen
+        xaxis["range"] = shown
+        menu["active"] = 1 + windows.index(work)
     shapes = []
     for a, b in windows:
         shapes.append(vline(a - t0, "#444", "dot"))
@@ -324,7 +377,7 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         "layout": base_layout(
             title,
             height=max(260, 60 + 22 * len(labels)),
-            xaxis={"title": {"text": origin_label(t0)}, "zeroline": False},
+            xaxis=xaxis,
             yaxis={
                 "tickmode": "array",
                 "tickvals": list(range(len(labels))),
@@ -336,8 +389,6 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             shapes=shapes,
             margin={"l": 70, "r": 20, "t": 80, "b": 80 if binned else 50},
             **({"legend": below} if binned else {}),
-            updatemenus=[
-                {"buttons": buttons, "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom"}
-            ],
+            updatemenus=[{**menu, "yanchor": "bottom"}],
         ),
     }

@@ -24,8 +24,13 @@ from .._stats._reports import RunReport, TaskReport
 from ._advice import advice
 from ._data import StoreData, from_task_report, load_stores
 from ._figures import (
+    did_work,
     histogram_figure,
+    last_worker_runs,
+    line_window,
     run_history_figure,
+    run_number,
+    task_wall,
     throughput_figure,
     volume_payload,
     workers_figure,
@@ -128,7 +133,7 @@ def _history_rows(stores: list[StoreData]) -> str:
     for s in stores:
         for i, r in enumerate(s.runs):
             b, c = r.get("blocks") or {}, r.get("counters") or {}
-            wall = float(r.get("wall_seconds") or 0.0)
+            wall = task_wall(r)
             n = int(b.get("count", 0))
             exits = (r.get("workers") or {}).get("exits") or {}
             rows.append(
@@ -182,6 +187,37 @@ def _summary(stores: list[StoreData]) -> str:
     return _table([*head, "last run", "store"], rows)
 
 
+def _why_no_workers(line: dict[str, Any]) -> str:
+    """Why a run started no managed worker, from its run line."""
+    if line.get("mode") == "serial":
+        return "it ran in serial mode (blocks ran in the driver)"
+    b = line.get("blocks") or {}
+    if not did_work(line) and int(b.get("skipped", 0) or 0) > 0:
+        return "every block was skipped (done by an earlier run), so no worker was started"
+    if int((line.get("workers") or {}).get("unmanaged_clients", 0) or 0) > 0:
+        return "its blocks ran on unmanaged clients (workers bellis did not start)"
+    return "it started no managed worker"
+
+
+def _workers_notes(stores: list[StoreData]) -> str:
+    """What the Workers section says about each task whose last run started no worker:
+    why, and which run's workers are shown instead (or that none are)."""
+    shown = last_worker_runs(stores)
+    numbers = run_number(stores)
+    notes: dict[str, list[str]] = {}  # the tasks of one pipeline share a note
+    for s in stores:
+        if not s.runs or TaskReport(s.runs[-1], s.path).workers.records:
+            continue
+        w = line_window(s.runs[-1])
+        n = numbers.get(w) if w is not None else None
+        which = f"the last run (run {n})" if n else "the last run"
+        text = f"{which} started no worker: {_why_no_workers(s.runs[-1])}."
+        if s.task_id in shown:
+            text += f" Shown: the workers of run {shown[s.task_id][1]}, the last that had some."
+        notes.setdefault(text, []).append(s.task_id)
+    return "".join(f"<p>{_esc(', '.join(t))}: {_esc(x)}</p>" for x, t in notes.items())
+
+
 def _section(sid: str, title: str, intro: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{_esc(title)}</h2><p>{intro}</p>{body}</section>'
 
@@ -230,8 +266,9 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "Worker timeline",
             "One row per worker, one bar per block from sent to returned, coloured by task; "
             "red bars needed failed attempts first; orange bars are the last failed attempt "
-            "of a block that is not done. Gaps are idle time. Pick a run above the chart "
-            "(start, blocks, wall) to zoom to it.",
+            "of a block that is not done. Gaps are idle time. With several runs it opens on the "
+            "last run that did work, and each row is one worker of one run (worker ids restart "
+            "every run); pick a run above the chart (start, blocks, wall) to zoom to it.",
             _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
         )
     )
@@ -278,12 +315,18 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
     )
 
     for sid, title_, intro, fn in (
-        ("throughput", "Throughput over time", "Blocks returned per second.", throughput_figure),
+        (
+            "throughput",
+            "Throughput over time",
+            "Blocks returned per second, binned run by run. With several runs the chart opens "
+            "on the last run that did work; double-click it to see every run.",
+            throughput_figure,
+        ),
         (
             "workers",
             "Workers",
             "Launch, setup, idle, compute, final wait and teardown per worker of each "
-            "task's last run, and how the workers exited.",
+            "task's last run that started workers, and how the workers exited.",
             workers_figure,
         ),
         (
@@ -300,8 +343,10 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         if sid == "throughput":
             why = _NO_STAMPS
         elif sid == "workers" and any(s.runs for s in stores):
-            why = "The last run had no managed workers (serial mode or unmanaged clients)."
+            why = "No run started a managed worker."
         body = _plot(sid, sid) if fig else _empty(why)
+        if sid == "workers":
+            body = _workers_notes(stores) + body
         if sid == "history":
             body += _history_rows(stores)
         parts.append(_section(sid, title_, intro, body))

@@ -11,6 +11,7 @@ blocks draws at most one rectangle per busy stretch of a row, not one per block.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -74,6 +75,18 @@ def _coverage(x0: NDArray[np.int64], x1: NDArray[np.int64], width: int) -> NDArr
     return covered
 
 
+def round_ticks(duration: float, most: int = 6) -> list[float]:
+    """Tick positions from 0 to ``duration`` at a round step (1, 2, 2.5 or 5 times a power
+    of ten), at most ``most`` of them: 0, 5, 10, 15 s, never 0, 4.33, 8.66, 12.99 s."""
+    if not duration > 0:
+        return [0.0]
+    raw = duration / max(1, most - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw)
+    count = int(duration / step + 1e-9)
+    return [round(i * step, 12) for i in range(count + 1)]
+
+
 def timeline_svg(spans: Spans, start: float, end: float) -> str:
     """An inline SVG of the spans between ``start`` and ``end`` (UNIX seconds)."""
     plot = _WIDTH - _LABEL - 10
@@ -117,13 +130,13 @@ def timeline_svg(spans: Spans, start: float, end: float) -> str:
             f'<text x="0" y="{y + _ROW - 3}">(+ {len(workers) - len(shown)} more workers)</text>'
         )
         y += _ROW + _GAP
-    for i in range(5):
-        x = _LABEL + plot * i / 4
-        anchor = "end" if i == 4 else "middle"
+    for t in round_ticks(duration):
+        x = _LABEL + plot * t / duration
+        anchor = "end" if x > _LABEL + plot - 20 else "middle"
         parts.append(
             f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#666"/>'
             f'<text x="{x:.1f}" y="{y + 14}" text-anchor="{anchor}">'
-            f"{escape(format_duration(duration * i / 4) if i else '0 s')}</text>"
+            f"{escape(format_duration(t) if t else '0 s')}</text>"
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -155,7 +155,8 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
         rows.append(("wall", _duration_pm(b.wall)))
         if b.cpu is not None:
             rows.append(("cpu", _duration_pm(b.cpu)))
-        if b.cpu_children is not None:
+        if b.cpu_children is not None and b.cpu_children.max > 0.0:
+            # only when some block started a child process (else it is 0 throughout)
             rows.append(("cpu children", _duration_pm(b.cpu_children)))
         if b.peak_rss is not None:
             rows.append(("peak RSS", _bytes_pm(b.peak_rss)))
@@ -168,6 +169,7 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
         rows.append(("io", f"read {format_bytes(read)}  write {format_bytes(write)}"))
         if b.overhead is not None:
             rows.append(("overhead", _duration_pm(b.overhead)))
+        # SPEC §5.9 fixes this format: the angle glyph, signed, four decimals
         rows.append(("trend", f"∠ {(b.trend or 0.0):+.4f} ms/block"))
     wrows: list[tuple[str, str]] = []
     if w.count > 0:
@@ -202,10 +204,16 @@ def _memory_cell(m: dict[str, object]) -> str:
 
 
 def panel_title(r: TaskReport) -> str:
-    """``extract  40 blocks, 2 workers, 1.2 s wall``: the first line of a task's panel."""
+    """``extract  40 blocks, 2 workers, 1.2 s wall``: the first line of a task's panel.
+
+    The wall is the task's own, from its first block sent to its last block returned
+    (in a pipeline each task has its own); the whole run's where that is unknown (a run
+    line written before bellis kept it, or a task that ran no block)."""
+    own = r.task_wall_seconds
+    wall = r.wall_seconds if own is None or r.blocks.count == 0 else own
     return (
         f"{r.task_id}  {r.blocks.count} blocks, {r.workers.count} workers, "
-        f"{format_duration(r.wall_seconds)} wall"
+        f"{format_duration(wall)} wall"
     )
 
 

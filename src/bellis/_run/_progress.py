@@ -178,7 +178,9 @@ class PlainProgressObserver:
     310.5 blocks/s``. A task gets at most one line per ``min_interval_seconds`` and none when
     its counters did not change since its last line; the first line comes one interval after
     the start. At finish every task gets a last line with its status symbol and its average
-    rate. The rate counts processed blocks only (skipped blocks cost nothing). Lines go to
+    rate: its processed blocks over its own wall time, from its first block sent to its last
+    block returned (``TaskState.task_wall_seconds``; the time since the start where that is
+    unknown). The rate counts processed blocks only (skipped blocks cost nothing). Lines go to
     ``stream``, or to ``sys.stderr`` as it is at each line.
     """
 
@@ -275,7 +277,9 @@ class PlainProgressObserver:
         elapsed = now - started
         for task_id in ordered_task_ids(states, self._task_order):
             state = states[task_id]
-            rate = self._processed(state) / elapsed if elapsed > 0 else 0.0
+            own = state.task_wall_seconds
+            took = own if own else elapsed
+            rate = self._processed(state) / took if took > 0 else 0.0
             prefix = f"finished {status_symbol(state)} "
             self._write(self._line(task_id, state, rate, prefix) + " on average")
 

@@ -574,6 +574,8 @@ def _write_reports(
             blocks=run.aggregates[tid],
             workers=None if tl is None else tl.to_json(),
             wall_seconds=wall,
+            first_sent_at=state.first_sent_at,
+            last_returned_at=state.last_returned_at,
         )
         memory = memory_from_state(state)
         if memory is not None:

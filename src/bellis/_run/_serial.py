@@ -151,7 +151,10 @@ def run_blocks_serially(
                             measured = meter.finish()
                         t1 = time.time()
                     else:
+                        t0 = time.time()
                         fn(block)
+                        # the task's own span only: an untracked store takes no stamps
+                        run.note_span(t0, time.time())
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
                     # a measurement the block function attached itself wins

@@ -285,6 +285,8 @@ class Scheduler:
         """Take block ``k`` back. Returns False if the release was ignored (stale)."""
         if run.status != RUNNING or not 0 <= k < run.total or run.state_mv[k] != PROCESSING:
             return False
+        if sent_at > 0.0:
+            run.note_span(sent_at, returned_at)
         if success:
             self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
         else:

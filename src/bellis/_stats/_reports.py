@@ -142,11 +142,15 @@ def task_report_json(
     blocks: TaskAggregates,
     workers: Mapping[str, Any] | None = None,
     wall_seconds: float | None = None,
+    first_sent_at: float | None = None,
+    last_returned_at: float | None = None,
 ) -> dict[str, Any]:
     """Fold one task's run into its run line (the TaskReport JSON).
 
     ``workers`` is ``TimelineSet.to_json()``; None (serial mode) gives an empty section.
-    ``wall_seconds`` defaults to ``run_finished_at − run_started_at``.
+    ``wall_seconds`` defaults to ``run_finished_at − run_started_at`` (the whole run's, the
+    same for every task of a pipeline); ``first_sent_at`` and ``last_returned_at`` are the
+    task's own span (its first block sent, its last block returned; None: no block ran).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
@@ -161,6 +165,8 @@ def task_report_json(
         "outcome": outcome,
         "mode": mode,
         "wall_seconds": max(0.0, wall),
+        "first_sent_at": first_sent_at,
+        "last_returned_at": last_returned_at,
         "resource_tracking": bool(resource_tracking),
         "counters": {k: v if isinstance(v, float) else int(v) for k, v in counters.items()},
         "blocks": blocks.to_json(),
@@ -416,6 +422,10 @@ class TaskReport:
         self.wall_seconds = float(d.get("wall_seconds") or 0.0)
         self.run_started_at: float | None = d.get("run_started_at")
         self.run_finished_at: float | None = d.get("run_finished_at")
+        #: the task's own span: its first block sent and its last block returned (UNIX
+        #: seconds; None when no block ran, or in a line written before bellis kept them)
+        self.first_sent_at: float | None = d.get("first_sent_at")
+        self.last_returned_at: float | None = d.get("last_returned_at")
         self.resource_tracking = bool(d.get("resource_tracking", False))
         #: ints, but ``backup_loser_seconds``, a float
         self.counters: dict[str, int | float] = dict(d.get("counters") or {})
@@ -445,6 +455,20 @@ class TaskReport:
         )
         self._by_worker = {r.worker_id: r for r in records}
         self.store_path = None if store_path is None else Path(store_path)
+
+    @property
+    def task_wall_seconds(self) -> float | None:
+        """The task's own wall time, from its first block sent to its last block returned
+        (``wall_seconds`` is the whole run's); None when unknown."""
+        if self.first_sent_at is None or self.last_returned_at is None:
+            return None
+        return max(0.0, float(self.last_returned_at) - float(self.first_sent_at))
+
+    @property
+    def blocks_per_second(self) -> float | None:
+        """Blocks run per second of the task's own wall time (None when unknown or 0)."""
+        wall = self.task_wall_seconds
+        return self.blocks.count / wall if wall else None
 
     @classmethod
     def from_json(

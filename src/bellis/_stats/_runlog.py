@@ -226,7 +226,9 @@ def validate_run_line(d: Any) -> list[str]:
         out.append(f"mode: must be one of {MODES}, got {d.get('mode')!r}")
     if not isinstance(d.get("resource_tracking"), bool):
         out.append("resource_tracking: must be a boolean")
-    _check(d, "", {"run_started_at": "num?", "run_finished_at": "num?", "wall_seconds": "num"}, out)
+    spec = {"run_started_at": "num?", "run_finished_at": "num?", "wall_seconds": "num"}
+    spec |= {"first_sent_at": "num?", "last_returned_at": "num?"}  # newer: the task's own span
+    _check(d, "", spec, out)
     sections = {k: d.get(k) for k in ("counters", "blocks", "workers")}
     for key, v in sections.items():
         if not isinstance(v, dict):
