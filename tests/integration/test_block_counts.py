@@ -22,9 +22,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import browser
 import numpy as np
 import pytest
+
+from kit import browser
 
 BELLIS = [sys.executable, "-m", "bellis"]
 FIXTURE = Path(__file__).parent.parent / "compat" / "daisy_store_fixture"

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import browser
 import numpy as np
 import pytest
+
+from kit import browser
 
 BELLIS = [sys.executable, "-m", "bellis"]
 
