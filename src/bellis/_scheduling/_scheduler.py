@@ -285,8 +285,11 @@ class Scheduler:
         """Take block ``k`` back. Returns False if the release was ignored (stale)."""
         if run.status != RUNNING or not 0 <= k < run.total or run.state_mv[k] != PROCESSING:
             return False
-        if sent_at > 0.0:
-            run.note_span(sent_at, returned_at)
+        if sent_at > 0.0:  # the task's own span (TaskRun.note_span, inline: per block)
+            if sent_at < run.first_sent_at:
+                run.first_sent_at = sent_at
+            if returned_at > run.last_returned_at:
+                run.last_returned_at = returned_at
         if success:
             self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
         else:

@@ -9,6 +9,7 @@ Not thread-safe; no sockets, threads or clocks.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -101,9 +102,10 @@ class TaskRun:
         self.orphaned = 0
         self.failed_attempts = 0
         #: the task's own span (UNIX seconds): its first block sent, its last returned
-        #: (None until a block came back with its times; see :meth:`note_span`)
-        self.first_sent_at: float | None = None
-        self.last_returned_at: float | None = None
+        #: (inf and 0 until a block came back with its times; the scheduler widens them on
+        #: the per-block path, inline: see :meth:`note_span`; the snapshot says None)
+        self.first_sent_at = math.inf
+        self.last_returned_at = 0.0
         #: blocks still to do when the task was abandoned: lost with it (``orphaned``
         #: counts them too, with the blocks orphaned by failed upstream blocks)
         self.lost_on_abandon = 0
@@ -137,9 +139,9 @@ class TaskRun:
     # -- counters ----------------------------------------------------------------------
     def note_span(self, sent_at: float, returned_at: float) -> None:
         """Widen the task's own span to a block out from ``sent_at`` to ``returned_at``."""
-        if self.first_sent_at is None or sent_at < self.first_sent_at:
+        if sent_at < self.first_sent_at:
             self.first_sent_at = sent_at
-        if self.last_returned_at is None or returned_at > self.last_returned_at:
+        if returned_at > self.last_returned_at:
             self.last_returned_at = returned_at
 
     @property
@@ -189,8 +191,8 @@ class TaskRun:
             backups_lost=self.backups_lost,
             backup_loser_seconds=self.backup_loser_seconds,
             oom_retry_count=sum(self.oom_retries.values()),
-            first_sent_at=self.first_sent_at,
-            last_returned_at=self.last_returned_at,
+            first_sent_at=None if self.first_sent_at == math.inf else self.first_sent_at,
+            last_returned_at=self.last_returned_at or None,
             oom_retries=tuple(sorted(self.oom_retries.items(), key=_by_size)),
             oom_successes=tuple(sorted(self.oom_successes.items(), key=_by_size)),
             oom_failure_count=self.oom_failures,
