@@ -507,7 +507,14 @@ class Client:
         return True
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
-        """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        """Record block ``k`` as failed with ``exc`` (the caller re-raises).
+
+        The failure goes home with the next request, as a success does, and the worker
+        stays connected: a worker function that catches the exception goes on with its next
+        block (as in daisy 2.0.0). If the exception leaves the function instead, the
+        worker's exit sends it (``close_clients``). An out-of-memory failure, or one after a
+        SIGTERM, says goodbye at once: that worker ends.
+        """
         if self._is_forked_copy():
             return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
@@ -521,8 +528,9 @@ class Client:
         if self._oom_status is not None and isinstance(exc, MemoryError):
             status = self._oom_status
         self._results += (k, status, -1, capped)
-        with contextlib.suppress(ConnectionLostError):
-            self._bye()
+        if status != BlockStatus.FAILED or self._stop_requested:
+            with contextlib.suppress(ConnectionLostError):
+                self._bye()
 
     def _finished(self, k: int, block: Block, measured: Any) -> None:
         self._watchdog.disarm()
