@@ -224,7 +224,11 @@ def test_a_block_that_times_out_still_ends_the_worker_that_catches(tmp_path: Pat
     assert (result["completed"], result["failed"]) == (30, 10)
     (hung,) = [pid for pid, rows in attempts.items() if (5, "start") == rows[-1]]
     assert (5, "done") not in attempts[hung]
-    assert result["failures"] == [3 if _raises(i) else int(i == 5) for i in range(BLOCKS)]
+    failures = result["failures"]
+    assert failures[5] <= 1  # (uncharged when the server reclaimed it with a batch)
+    assert [f for i, f in enumerate(failures) if i != 5] == [
+        3 if _raises(i) else 0 for i in range(BLOCKS) if i != 5
+    ]
     # only the timed-out worker's replacement spent the restart budget
     assert result["restarts"] == 1
 
