@@ -213,6 +213,31 @@ def test_a_failed_block_is_recorded_and_goes_back_to_the_queue() -> None:
     assert group.count == 1
 
 
+def test_a_worker_that_reports_a_failure_and_asks_for_more_keeps_working() -> None:
+    # a worker function that caught its block's exception: the failure comes home with
+    # its next request, and nothing ends that worker or books another
+    sc = Script(task(blocks=2, max_workers=1, max_retries=1, max_worker_restarts=0))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    run = sc.run()
+    held = send_of(sc.acquire(peer), peer)
+    a = held[0]  # fails on every try; the other block succeeds
+    served = list(held)
+    while held:
+        out = sc.acquire(peer, *((k, FAIL if k == a else OK, -1, "ValueError: boom") for k in held))
+        assert not closed(out, peer) and not any(i[0] in (KILL, LAUNCH) for i in out), out
+        (msg,) = sent(out, peer)
+        held = msg[1:] if msg[0] != SHUTDOWN else []
+        served += held
+    assert sorted(served) == sorted([a, a, 1 - a])  # a's retry came to the same worker
+    assert (run.completed, run.failed, run.failed_attempts) == (1, 1, 2)
+    assert run.status == FINISHED and not peer.closed
+    # then its function returns: a clean exit, its start given back, no restart spent
+    sc.acquire(peer, op=BYE)
+    sc.exit(w, WorkerExit("clean", 0, ""))
+    assert (run.worker_restarts, run.worker_failures, sc.plans["t"].free_starts) == (0, 0, 1)
+
+
 def test_returning_a_block_it_does_not_hold_drops_the_client_and_its_blocks_go_back() -> None:
     sc = Script(task(blocks=2, max_retries=0))
     peer = sc.connect()

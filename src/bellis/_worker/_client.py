@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 import weakref
 from collections import deque
@@ -22,15 +21,12 @@ from .._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
-    EXIT_BLOCK_STALLED,
-    EXIT_BLOCK_TIMEOUT,
     HELLO,
     MEMORY_LIMIT_ENV,
     OUT_OF_MEMORY,
     REJECT,
     SEND,
     SHUTDOWN,
-    STALLED,
     STATS_ROW,
     TIMED_OUT,
     WELCOME,
@@ -42,6 +38,7 @@ from .._signals import handle_as_before, install_handler
 from ..errors import ConnectionLostError, ProtocolError
 from . import _walltime
 from ._profiling import Meter, attach_gpu
+from ._watchdog import Watchdog
 
 __all__ = [
     "Client",
@@ -176,82 +173,6 @@ class Context:
         raise KeyError("DAISY_CONTEXT not found")
 
 
-class _Watchdog:
-    """Kills this process when a block overruns its deadline, even inside C code, or,
-    with ``stall`` seconds set (``Task(stall_timeout=...)``), when a block stalls.
-
-    Arming costs one float store; a daemon thread polls the deadline and, with ``stall``,
-    samples the process (:mod:`bellis._worker._stall`) while a block runs.
-    """
-
-    def __init__(self, worker_id: int) -> None:
-        self.deadline = 0.0
-        self.task_id = ""
-        self.timeout = 0.0
-        self.stall = 0.0  # stall_timeout in seconds, 0.0: off (set before the first arm)
-        self.worker_id = worker_id
-        self.k = -1
-        self.notify: Any = None  # notify(k, text, status): tell the server before dying
-        self._thread: threading.Thread | None = None
-
-    def arm(self, timeout: float, k: int) -> None:
-        if self._thread is None:
-            self.timeout = timeout
-            self._thread = threading.Thread(target=self._run, name="bellis-watchdog", daemon=True)
-            self._thread.start()
-        self.k = k
-        self.deadline = time.monotonic() + timeout
-
-    def disarm(self) -> None:
-        self.deadline = 0.0
-
-    def _run(self) -> None:
-        period = min(0.5, max(0.01, self.timeout / 20))
-        monitor = None
-        if self.stall > 0:
-            from ._stall import ProcessSampler, StallMonitor
-
-            sampler = ProcessSampler()
-            monitor = StallMonitor(self.stall, sampler.cheap, sampler.live_children)
-            period = min(period, max(0.01, self.stall / 10))
-        watched = 0.0  # the deadline of the block the monitor watches: a new one restarts it
-        while True:
-            time.sleep(period)
-            d = self.deadline
-            if not d:
-                continue
-            now = time.monotonic()
-            if now > d:
-                self._die(
-                    f"still running after timeout={self.timeout:g}s",
-                    TIMED_OUT,
-                    EXIT_BLOCK_TIMEOUT,
-                )
-            if monitor is None:
-                continue
-            if d != watched:
-                watched = d
-                monitor.begin(now)
-            elif monitor.check(now) and self.deadline == d:
-                self._die(
-                    f"stalled: no CPU, IO or heartbeat for {monitor.idle_seconds(now):.1f}s "
-                    f"(stall_timeout={self.stall:g}s)",
-                    STALLED,
-                    EXIT_BLOCK_STALLED,
-                )
-
-    def _die(self, why: str, status: int, code: int) -> None:
-        text = (
-            f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} {why}; "
-            "killing worker process"
-        )
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        if self.notify is not None:
-            self.notify(self.k, text, status)
-        os._exit(code)
-
-
 def _render_traceback() -> tuple[str, str]:
     """The exception being handled, as the user's log settings render it (bellis's own
     frames dropped): in full for the log, and capped for the server."""
@@ -373,7 +294,7 @@ class Client:
         self._served_at = 0.0
         self._geom: Any = None
         self.timeout_secs = 0.0
-        self._watchdog = _Watchdog(self.worker_id)
+        self._watchdog = Watchdog(self.worker_id)
         self._watchdog.task_id = self.task_id
         self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
@@ -586,7 +507,14 @@ class Client:
         return True
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
-        """Record block ``k`` as failed with ``exc``, then say goodbye (the caller re-raises)."""
+        """Record block ``k`` as failed with ``exc`` (the caller re-raises).
+
+        The failure goes home with the next request, as a success does, and the worker
+        stays connected: a worker function that catches the exception goes on with its next
+        block (as in daisy 2.0.0). If the exception leaves the function instead, the
+        worker's exit sends it (``close_clients``). An out-of-memory failure, or one after a
+        SIGTERM, says goodbye at once: that worker ends.
+        """
         if self._is_forked_copy():
             return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
@@ -600,8 +528,9 @@ class Client:
         if self._oom_status is not None and isinstance(exc, MemoryError):
             status = self._oom_status
         self._results += (k, status, -1, capped)
-        with contextlib.suppress(ConnectionLostError):
-            self._bye()
+        if status != BlockStatus.FAILED or self._stop_requested:
+            with contextlib.suppress(ConnectionLostError):
+                self._bye()
 
     def _finished(self, k: int, block: Block, measured: Any) -> None:
         self._watchdog.disarm()

@@ -1,7 +1,7 @@
 """Stall detection: is a running block still doing anything?
 
-``Task(stall_timeout=s)`` asks each worker's watchdog thread (``bellis._worker._client._Watchdog``)
-to look at its process every ``s / 10`` seconds while a block runs. A block is *stalled*
+``Task(stall_timeout=s)`` asks each worker's watchdog thread (``bellis._worker._watchdog``) to
+look at its process every ``s / 10`` seconds while a block runs. A block is *stalled*
 when, for ``s`` seconds, none of these moved:
 
 * the CPU time of the worker process, less the watchdog thread's own;
