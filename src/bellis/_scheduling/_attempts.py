@@ -60,6 +60,12 @@ def attempt_record(
     if run.store is not None and run.cell_shift:
         coord = [c + s for c, s in zip(grid, run.cell_shift, strict=True)]
     d = details or {}
+    sid = geom.spatial_id_of(k)
+    prefix = f"block {run.task_id}/{sid} "
+    # the block is in the record: one error message for every block it hits
+    summary = _summary_line(text)
+    if summary.startswith(prefix):
+        summary = summary[len(prefix) :]
     if kind is None:
         if d.get("type"):
             kind = KIND_RAISED
@@ -69,13 +75,13 @@ def attempt_record(
             kind = KIND_ERROR
     rec: dict[str, Any] = {
         "task": run.task_id,
-        "block": geom.spatial_id_of(k),
+        "block": sid,
         "coord": coord,
         "grid": grid,
         "attempt": run.retries.get(k, 0) + 1,
         "kind": kind,
         "type": d.get("type"),
-        "message": d.get("message") if d.get("message") is not None else _summary_line(text),
+        "message": d.get("message") if d.get("message") is not None else summary,
         "where": d.get("where"),
         "traceback": d.get("traceback") or text,
     }
