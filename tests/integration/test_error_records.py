@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = textwrap.dedent(
-    '''
+    """
     import sys, time
     import bellis as daisy
 
@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent(
             print("RESULT", ok)
         except Exception as exc:
             print("RAISED", type(exc).__name__)
-    '''
+    """
 )
 
 
@@ -95,7 +95,9 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
     assert "[timeout] timeout: exceeded the block timeout (1s)" in text
     head = {line.strip() for line in text.splitlines()}
     assert "3 attempts; blocks (1, 2)" in head
-    assert "6 attempts; blocks (0, 9), (2, 5)" in head or "6 attempts; blocks (2, 5), (0, 9)" in head
+    assert (
+        "6 attempts; blocks (0, 9), (2, 5)" in head or "6 attempts; blocks (2, 5), (0, 9)" in head
+    )
     assert "3 attempts; blocks (3, 7)" in head
     assert f'File "{script}", line {_line_of(script, "LINE_VALUE")}, in process' in text
     assert f'File "{script}", line {_line_of(script, "LINE_KEY")}, in process' in text
@@ -113,7 +115,9 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
     # the attempt's own lines: its traceback in .err, its prints in .out
     assert "| Traceback (most recent call last):" in proc.stdout
     assert "| start block ('seg', 7) at 1,2" in proc.stdout
-    block = json.loads(_bellis("status", str(store), "--block", "1,2", "--json", cwd=tmp_path).stdout)
+    block = json.loads(
+        _bellis("status", str(store), "--block", "1,2", "--json", cwd=tmp_path).stdout
+    )
     attempts = block["attempts"]
     assert [a["attempt"] for a in attempts] == [1, 2, 3]
     for a in attempts:
@@ -121,13 +125,15 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
         assert a["host"] and isinstance(a["pid"], int) and isinstance(a["worker"], int)
         assert any("ValueError: bad voxel size" in line for line in a["log_lines"])
 
-    timed = json.loads(_bellis("status", str(store), "--block", "3,7", "--json", cwd=tmp_path).stdout)
+    timed = json.loads(
+        _bellis("status", str(store), "--block", "3,7", "--json", cwd=tmp_path).stdout
+    )
     assert [a["kind"] for a in timed["attempts"]] == ["timeout"] * 3
     assert any("still running after timeout" in "".join(a["log_lines"]) for a in timed["attempts"])
 
     # a fresh process reads the records back through the Python API
     check = textwrap.dedent(
-        f'''
+        f"""
         import sys
         sys.argv = ["x", "distributed"]
         sys.path.insert(0, {str(tmp_path)!r})
@@ -138,7 +144,7 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
         rec = report.block((1, 2))
         print(len(rec.attempts), rec.attempts[0].type, rec.attempts[0].where)
         print(len(report.block((0, 0)).attempts))
-        '''
+        """
     )
     proc = subprocess.run(
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path
@@ -168,7 +174,7 @@ def test_serial_failure_has_its_traceback(tmp_path: Path) -> None:
 
 
 BOUND_SCRIPT = textwrap.dedent(
-    '''
+    """
     import sys
     import bellis as daisy
 
@@ -188,7 +194,7 @@ BOUND_SCRIPT = textwrap.dedent(
     )
     print("RESULT", daisy.run_blockwise([task], multiprocessing=sys.argv[1] != "serial",
                                         progress=False, summary=False))
-    '''
+    """
 )
 
 

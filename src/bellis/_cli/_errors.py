@@ -33,7 +33,9 @@ def parse_coord(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in parts)
     except ValueError:
-        raise TrackingError(f"--block takes a grid coordinate such as 3,7,2, not {text!r}") from None
+        raise TrackingError(
+            f"--block takes a grid coordinate such as 3,7,2, not {text!r}"
+        ) from None
 
 
 def error_folders(path: str | Path) -> list[Path]:
@@ -123,7 +125,7 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
             tb = (g["traceback"] or "").rstrip("\n").splitlines()
             if tb and tb != [title]:
                 if len(tb) > _SHOWN_TRACEBACK_LINES:
-                    tb = ["..."] + tb[-_SHOWN_TRACEBACK_LINES:]
+                    tb = ["...", *tb[-_SHOWN_TRACEBACK_LINES:]]
                 out += ["      " + line for line in tb]
     return "\n".join(out)
 
@@ -133,7 +135,9 @@ def _attempt_json(r: ErrorRecord) -> dict[str, Any]:
     d["log_line"] = (
         None if r.log is None or r.log_offset is None else line_number(r.log, r.log_offset)
     )
-    d["log_lines"] = [] if r.log is None or r.log_offset is None else log_excerpt(r.log, r.log_offset)
+    d["log_lines"] = (
+        [] if r.log is None or r.log_offset is None else log_excerpt(r.log, r.log_offset)
+    )
     d["out_lines"] = (
         []
         if r.out_log is None or r.out_offset is None
@@ -144,7 +148,7 @@ def _attempt_json(r: ErrorRecord) -> dict[str, Any]:
 
 def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = False) -> str:
     """Every recorded attempt of the block at ``coord`` (every run), with its log lines."""
-    data = []
+    data: list[dict[str, Any]] = []
     for folder in error_folders(path):
         lines = read_errors(folder)
         records = [
@@ -152,9 +156,7 @@ def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = Fa
             for d in lines
             if "count" not in d and tuple(d.get("coord") or ()) == coord
         ]
-        counted = sum(
-            1 for d in lines if "count" in d and list(coord) in (d.get("blocks") or [])
-        )
+        counted = sum(1 for d in lines if "count" in d and list(coord) in (d.get("blocks") or []))
         data.append(
             {
                 "path": str(folder),

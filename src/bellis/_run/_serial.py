@@ -14,8 +14,8 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
-from .._scheduling._scheduler import Scheduler
 from .._scheduling._attempts import attempt_record
+from .._scheduling._scheduler import Scheduler
 from .._worker._failure import failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
 

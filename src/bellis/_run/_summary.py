@@ -212,7 +212,6 @@ def error_logs(order: Sequence[Any], stores: dict[str, Any], run: float) -> dict
     return logs
 
 
-
 # --------------------------------------------------------------------------------------------
 # the execution summary
 

@@ -36,6 +36,13 @@ from .. import _seams
 from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
 from ..errors import TrackingError
 from ..logging import get_log_basedir, task_log_dirname
+from ._aggregates import (
+    Stat,
+    TaskAggregates,
+    Trend,
+    Welford,
+    _stat_from_json,
+)
 from ._errorlog import (
     ERRORS_FILE,
     ErrorGroupRecord,
@@ -43,13 +50,6 @@ from ._errorlog import (
     group_errors,
     read_errors,
     records_of_run,
-)
-from ._aggregates import (
-    Stat,
-    TaskAggregates,
-    Trend,
-    Welford,
-    _stat_from_json,
 )
 from ._runlog import (
     BLOCK_STAT_KEYS,

@@ -3,6 +3,7 @@
 Owns:
   ``_main``        the entry point of a worker process (``python -m bellis._worker._main``)
   ``_client``      ``Client`` and ``Context``: the worker's side of the protocol
+  ``_failure``     what a failed attempt says about itself (host, pid, job, log offsets)
   ``_profiling``   per-block measurement (``profile_block``) and the start-up clock
   ``_gpu``         per-block GPU figures from NVML
   ``_stall``       stall detection: is a running block still doing anything?
