@@ -35,6 +35,14 @@ only with returned blocks) is how long the worker spent on them, from the SEND t
 message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
 trip, which also counts the wait behind the server's other connections.
 
+A failed block's ``error`` is its text, or, from a worker that knows the error records
+(``errors.jsonl``), ``[text, details]``: a flat map of where and how the attempt failed
+(host, pid, job, the log files and offsets of its lines, the exception's type, message,
+innermost frame and traceback; ``bellis._worker._failure``). The server takes both forms, so
+an older worker of the same protocol version still works with it; an older server drops
+such a worker's connection at its first failure (its blocks are retried), which is why
+driver and workers are meant to run the same bellis.
+
 Besides the frames, both peers agree on the block statuses the wire alone carries
 (:data:`TIMED_OUT`: the worker's watchdog preempted the block; :data:`STALLED`: it showed
 no CPU, IO or heartbeat for ``stall_timeout``, see ``bellis._worker._stall``; :data:`OUT_OF_MEMORY`:
@@ -92,6 +100,7 @@ __all__ = [
     "WorkerExit",
     "compute_mac",
     "encode",
+    "error_parts",
     "is_oom_exit",
     "kernel_oom_message",
     "memory_error_message",
@@ -282,8 +291,9 @@ class Returned(NamedTuple):
     status: int
     #: its row in the message's measurement rows; -1: none
     row: int
-    #: the block's error text (None: none)
-    error: str | None
+    #: the block's error text (None: none), or ``[text, details]``: a worker since the
+    #: error records says where the failure happened (:func:`error_parts`)
+    error: Any
 
 
 #: builds a :class:`Returned` from a tuple without the Python-level ``__new__`` that
@@ -293,6 +303,33 @@ class Returned(NamedTuple):
 #: whole per-block path) went from 1.50 to 1.67 µs a block with batches, 3.60 to 3.80 µs
 #: with one block a message
 _new_tuple: Final = tuple.__new__
+
+
+#: what a failure's details may hold (``bellis._worker._failure``): a small flat map
+_DETAIL_KEYS: Final = frozenset(
+    {"log", "log_offset", "out_log", "out_offset", "host", "pid", "job", "type", "message"}
+    | {"where", "traceback"}
+)
+
+
+def _is_detailed(error: Any) -> bool:
+    """``[text, details]``, details a map of known keys to strings or integers."""
+    if type(error) is not list or len(error) != 2 or type(error[0]) is not str:
+        return False
+    details = error[1]
+    if type(details) is not dict or len(details) > len(_DETAIL_KEYS):
+        return False
+    return all(
+        key in _DETAIL_KEYS and (type(value) is str or type(value) is int or value is None)
+        for key, value in details.items()
+    )
+
+
+def error_parts(error: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """A checked error field as (text, details): details None from an older worker."""
+    if type(error) is list:
+        return error[0], error[1]
+    return error, None
 
 
 def parse_returns(
@@ -333,7 +370,7 @@ def parse_returns(
             )
         if type(row) is not int or not -1 <= row < row_count:
             raise ProtocolError(f"malformed measurements for block {task_id}/{k}")
-        if error is not None and type(error) is not str:
+        if error is not None and type(error) is not str and not _is_detailed(error):
             raise ProtocolError(f"malformed error text for block {task_id}/{k}")
         results.append(_new_tuple(Returned, (k, status, row, error)))
     return results

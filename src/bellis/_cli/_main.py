@@ -64,6 +64,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from ..errors import TrackingError
 
     try:
+        if args.failed or args.block is not None:
+            from ._errors import format_block, format_failed, parse_coord
+
+            if args.block is not None:
+                print(format_block(args.path, parse_coord(args.block), as_json=args.json))
+            else:
+                print(format_failed(args.path, as_json=args.json))
+            return 0
         if args.watch is not None:
             from ._watch import watch_status
 
@@ -264,6 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) with a rate and an ETA until the run ends",
     )
+    s.add_argument(
+        "--failed",
+        action="store_true",
+        help="the last run's failed attempts (errors.jsonl), grouped by distinct error",
+    )
+    s.add_argument(
+        "--block",
+        metavar="COORD",
+        help="one block's failed attempts and their log lines, e.g. --block 3,7,2",
+    )
+    s.add_argument("--json", action="store_true", help="--failed or --block as JSON")
     s.set_defaults(fn=_cmd_status)
 
     _add_report_parser(sub)

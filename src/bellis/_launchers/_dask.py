@@ -103,6 +103,9 @@ def run_bellis_worker(
         return _RAN_BEFORE
     started.set()
     out, err = _open_log(out_path), _open_log(err_path)
+    env = dict(env)
+    with contextlib.suppress(Exception):  # the Dask worker, for the error records
+        env["BELLIS_JOB_ID"] = f"dask worker {distributed.get_worker().address}"
     try:
         proc = subprocess.Popen(
             [python, "-c", _BOOT, str(os.getpid())],

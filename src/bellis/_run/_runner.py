@@ -51,7 +51,7 @@ from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
 from ._serial import run_blocks_serially
 from ._server import RunLoop
-from ._summary import ErrorCollector, format_summary, resume_message
+from ._summary import ErrorCollector, error_logs, format_summary, resume_message
 
 __all__ = ["SerialServer", "Server", "run_blockwise"]
 
@@ -435,6 +435,7 @@ def _execute(plan: RunPlan) -> _RunResult:
         errors = ErrorCollector()
         started_wall = time.time()
         t_start = time.perf_counter()
+        errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
         try:
             scheduler = Scheduler(plan.pipeline, _stores=stores)
             result.order = scheduler.task_order
@@ -445,7 +446,9 @@ def _execute(plan: RunPlan) -> _RunResult:
                 run_observed(
                     make_observer(plan.serial_observer, result.order),
                     lambda: scheduler.task_states,
-                    lambda on_block: run_blocks_serially(scheduler, run.aggregates, on_block),
+                    lambda on_block: run_blocks_serially(
+                        scheduler, run.aggregates, on_block, errors
+                    ),
                 )
             result.states = scheduler.task_states
             for r in scheduler.runs:
@@ -456,6 +459,7 @@ def _execute(plan: RunPlan) -> _RunResult:
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
         finally:
+            errors.close_sinks()
             _close_stores(stores)
         if plan.distributed:
             blog.warn_if_log_disk_full()

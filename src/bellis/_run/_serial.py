@@ -14,7 +14,9 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
+from .._scheduling._attempts import attempt_record
 from .._scheduling._scheduler import Scheduler
+from .._worker._failure import failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
 
 __all__ = ["run_blocks_serially"]
@@ -93,8 +95,27 @@ class _Tee:
         return getattr(self._streams[0], name)
 
 
+def _record_failure(
+    errors: Any, run: Any, k: int, text: str, exc: BaseException | None, full: str | None
+) -> None:
+    """Serial mode's error record of block ``k``: the traceback and the log offsets (no
+    worker, host or job). Failure path only."""
+    if errors is None:
+        return
+    files = blog.current_slot_files()
+    if files is None:
+        offsets: dict[str, Any] = {}
+    else:
+        offsets = log_offsets(*files)
+    details = failure_details(exc, full, offsets)
+    details.pop("host", None)
+    details.pop("pid", None)
+    details.pop("job", None)
+    errors.record(attempt_record(None, run, k, text, None, details))
+
+
 def run_blocks_serially(
-    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None
+    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None, errors: Any = None
 ) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
     block function propagates at once, with its own type. ``on_block()``, when given, is
@@ -147,12 +168,21 @@ def run_blocks_serially(
                         meter.begin(back_to_back=True)
                         try:
                             fn(block)
+                        except BaseException as exc:
+                            full = blog.format_traceback(type(exc), exc, exc.__traceback__)
+                            _record_failure(errors, run, k, full, exc, full)
+                            raise
                         finally:
                             measured = meter.finish()
                         t1 = time.time()
                     else:
                         t0 = time.time()
-                        fn(block)
+                        try:
+                            fn(block)
+                        except BaseException as exc:
+                            full = blog.format_traceback(type(exc), exc, exc.__traceback__)
+                            _record_failure(errors, run, k, full, exc, full)
+                            raise
                         # the task's own span only: an untracked store takes no stamps
                         run.note_span(t0, time.time())
                         t0 = t1 = 0.0
@@ -167,6 +197,9 @@ def run_blocks_serially(
                         else:
                             logger.warning("block %s failed: %s", block.block_id, problem)
                             ok = False
+                            _record_failure(errors, run, k, problem, None, None)
+                    elif not ok:
+                        _record_failure(errors, run, k, "block status set to FAILED", None, None)
                     release(run, k, ok, stats, -1, t0, t1)
                     if tracked or not ok:
                         agg.add_block(None, stats if ok else None, not ok)

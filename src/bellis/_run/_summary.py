@@ -18,16 +18,20 @@ Status symbols (one per task, in the summary and on the progress bars):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
-from bellis.logging import task_log_dirname
+from bellis._stats._errorlog import ERRORS_FILE, ErrorLog
+from bellis.logging import get_log_basedir, get_log_mode, task_log_dirname
 
 __all__ = [
     "ErrorCollector",
     "ErrorGroup",
+    "error_logs",
     "error_summary_line",
     "format_summary",
     "ordered_task_ids",
@@ -133,6 +137,22 @@ class ErrorCollector:
         self._max_groups = max_groups_per_task
         self._groups: dict[str, dict[str, ErrorGroup]] = {}
         self._block_sets: dict[tuple[str, str], set[int]] = {}
+        #: each task's error record appender (``bellis._stats._errorlog.ErrorLog``)
+        self.sinks: dict[str, Any] = {}
+
+    def record(self, record: dict[str, Any]) -> None:
+        """One failed attempt's error record (``bellis._scheduling._attempts``): stamped
+        and appended to its task's ``errors.jsonl``, where the task has one."""
+        sink = self.sinks.get(record.get("task", ""))
+        if sink is not None:
+            record.setdefault("time", round(time.time(), 6))
+            sink.add(record)
+
+    def close_sinks(self) -> None:
+        """Write the final counts of the error records and close their files."""
+        for task_id, sink in self.sinks.items():
+            sink.close(task_id)
+        self.sinks = {}
 
     def add(
         self,
@@ -173,6 +193,23 @@ class ErrorCollector:
     def as_dict(self) -> dict[str, list[ErrorGroup]]:
         """``{task_id: groups}`` as :func:`format_summary` takes it."""
         return {task_id: self.groups(task_id) for task_id in self._groups}
+
+
+def error_logs(order: Sequence[Any], stores: dict[str, Any], run: float) -> dict[str, Any]:
+    """Each task's ``errors.jsonl`` appender: in its store, else in its log folder (none
+    in console mode without a store). The files are made at the first failure only."""
+    logs: dict[str, Any] = {}
+    base = get_log_basedir()
+    for t in order:
+        store = stores.get(t.task_id)
+        if store is not None:
+            path = Path(store.runs_jsonl).with_name(ERRORS_FILE)
+        elif base is not None and get_log_mode() != "console":
+            path = Path(base) / task_log_dirname(t.task_id) / ERRORS_FILE
+        else:
+            continue
+        logs[t.task_id] = ErrorLog(path, run)
+    return logs
 
 
 # --------------------------------------------------------------------------------------------

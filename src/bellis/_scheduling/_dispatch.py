@@ -76,6 +76,7 @@ from .._protocol import (
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
+from ._attempts import KIND_LOST, attempt_record
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -223,6 +224,8 @@ class Dispatcher:
             k = held[0]
             sid = run.geom.spatial_id_of(k)
             logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
+            text = f"block {run.task_id}/{sid} lost: its worker disconnected"
+            self.errors.record(attempt_record(peer, run, k, text, KIND_LOST))
             self.release(peer, run, k, False, False, peer.sent_at, now, now)
         else:
             # which block of the batch was running is unknown: none of them is charged a
@@ -337,14 +340,24 @@ class Dispatcher:
             )
         self.serve(peer, run, draining, now)
 
-    def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
-        """Block ``k`` failed with ``text``: kept for the summary and logged."""
+    def record_error(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        text: str,
+        kind: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Block ``k`` failed with ``text``: kept for the summary, logged, and one error
+        record (``kind``, the worker's ``details``: :mod:`._attempts`)."""
         if run.first_worker_error is None:
             run.first_worker_error = text
         run.last_worker_error = text
         sid = run.geom.spatial_id_of(k)
         log = peer.worker.log if peer.worker is not None else None
         self.errors.add(run.task_id, sid, text, log)
+        self.errors.record(attempt_record(peer, run, k, text, kind, details))
         logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 
     def release(
@@ -506,9 +519,10 @@ class Dispatcher:
         now: float,
         *,
         stalled: bool = False,
+        details: dict[str, Any] | None = None,
     ) -> None:
         """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
-        the retry path."""
+        the retry path; ``details``: what the worker's watchdog said (:mod:`._attempts`)."""
         sid = run.geom.spatial_id_of(k)
         # ``flag`` is the log line's key (``timed_out=true``, ``stalled=true``: a format
         # people grep), ``kind`` the worker's exit kind
@@ -527,7 +541,7 @@ class Dispatcher:
                 f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
             )
         logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
-        self.record_error(peer, run, k, text)
+        self.record_error(peer, run, k, text, str(kind), details)
         self.release(peer, run, k, False, False, sent, returned, now)
         self.stop_worker(peer.worker, text, now, kind)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._protocol import is_oom_exit
 from .._sizes import MIB, format_grant
 from ..errors import ConfigurationError
+from ._attempts import KIND_OOM
 
 if TYPE_CHECKING:
     from .._task import Task
@@ -338,7 +339,7 @@ def climb(
     block = f"{run.task_id}/{run.geom.spatial_id_of(k)}"
     new = mem.out_of_memory(k, step)
     if new < 0:
-        d.record_error(peer, run, k, mem.cap_message(block, step))
+        d.record_error(peer, run, k, mem.cap_message(block, step), KIND_OOM)
         run.retries[k] = run.max_retries  # no retry left: it fails for good
         d.release(peer, run, k, False, False, sent, returned, now)
         return

@@ -12,7 +12,7 @@ This module holds protocols only: it imports the records it names for annotation
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .._protocol import ExitKind
@@ -99,8 +99,16 @@ class DispatcherPort(Protocol):
         """Release block ``k`` to the scheduler."""
         ...
 
-    def record_error(self, peer: Peer, run: TaskRun, k: int, text: str) -> None:
-        """Block ``k`` failed with ``text``."""
+    def record_error(
+        self,
+        peer: Peer,
+        run: TaskRun,
+        k: int,
+        text: str,
+        kind: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Block ``k`` failed with ``text`` (``kind``, ``details``: its error record)."""
         ...
 
     def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
@@ -117,6 +125,7 @@ class DispatcherPort(Protocol):
         now: float,
         *,
         stalled: bool = False,
+        details: dict[str, Any] | None = None,
     ) -> None:
         """Account block ``k`` as timed out (or ``stalled``) and release it."""
         ...

@@ -29,8 +29,17 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from .._block import BlockStatus
-from .._protocol import BYE, OUT_OF_MEMORY, STALLED, TIMED_OUT, Returned, parse_returns
+from .._protocol import (
+    BYE,
+    OUT_OF_MEMORY,
+    STALLED,
+    TIMED_OUT,
+    Returned,
+    error_parts,
+    parse_returns,
+)
 from . import _memory
+from ._attempts import KIND_OOM
 from ._backups import settle_returns
 from ._batching import measured_rows, measurements, next_batch, unmeasured_error
 from ._task_run import RUNNING
@@ -97,7 +106,10 @@ def take_back(
             if status == _CREATED:
                 d.s.requeue_index(run, k)
             elif status == TIMED_OUT or status == STALLED:
-                d.time_out_block(peer, run, k, t, t + step, now, stalled=status == STALLED)
+                details = error_parts(error)[1] if error is not None else None
+                d.time_out_block(
+                    peer, run, k, t, t + step, now, stalled=status == STALLED, details=details
+                )
                 t += step
             elif status == OUT_OF_MEMORY and d.plan_of[run.index].memory is not None:
                 _memory.climb(d, peer, run, k, t, t + step, now)
@@ -165,6 +177,7 @@ def _take_returned(
     if peer.worker is not None:
         peer.worker.earned = True
     if not success:
-        text = error if isinstance(error, str) else "block failed"
-        d.record_error(peer, run, k, text)
+        text, details = error_parts(error)
+        kind = KIND_OOM if status == OUT_OF_MEMORY else None
+        d.record_error(peer, run, k, text if text is not None else "block failed", kind, details)
     d.release(peer, run, k, success, measured, sent, returned, now)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,21 @@ import numpy as np
 from .. import _seams
 from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
 from ..errors import TrackingError
+from ..logging import get_log_basedir, task_log_dirname
 from ._aggregates import (
     Stat,
     TaskAggregates,
     Trend,
     Welford,
     _stat_from_json,
+)
+from ._errorlog import (
+    ERRORS_FILE,
+    ErrorGroupRecord,
+    ErrorRecord,
+    group_errors,
+    read_errors,
+    records_of_run,
 )
 from ._runlog import (
     BLOCK_STAT_KEYS,
@@ -257,6 +266,9 @@ class BlockRecord:
     #: the memory grant in bytes the block succeeded with after it ran out of memory
     #: (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``); None: the task's request
     memory_grant: int | None = None
+    #: its failed attempts in the report's run, from ``errors.jsonl``, oldest first
+    #: (:class:`~bellis._stats._errorlog.ErrorRecord`)
+    attempts: tuple[ErrorRecord, ...] = ()
 
 
 def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
@@ -506,7 +518,43 @@ class TaskReport:
         store = self._store()
         if store is None:
             return None
-        return store.record(coord)
+        record = store.record(coord)
+        if isinstance(coord, int | np.integer):
+            cell = tuple(int(x) for x in np.unravel_index(int(coord), store.shape))
+        else:
+            cell = tuple(int(x) for x in coord)
+        attempts = tuple(r for r in self.errors() if r.coord == cell)
+        if not attempts:
+            return record
+        if record is None:  # not done: its failed attempts
+            return BlockRecord(None, None, None, None, cell, None, attempts)
+        return replace(record, attempts=attempts)
+
+    def errors_path(self) -> Path | None:
+        """This task's ``errors.jsonl``: in its store, else in its log folder."""
+        if self.store_path is not None:
+            return Path(self.store_path) / ERRORS_FILE
+        base = get_log_basedir()
+        return None if base is None else Path(base) / task_log_dirname(self.task_id) / ERRORS_FILE
+
+    def errors(self, *, all_runs: bool = False) -> list[ErrorRecord]:
+        """The error records of this report's run (``all_runs``: of every run), oldest
+        first: one per failed attempt, up to the bound per distinct error (the rest are
+        counted: :meth:`error_groups`). [] when the task has no ``errors.jsonl``."""
+        lines = self._error_lines(all_runs)
+        return [ErrorRecord.from_json(d) for d in lines if "count" not in d]
+
+    def error_groups(self, *, all_runs: bool = False) -> list[ErrorGroupRecord]:
+        """The distinct errors of this report's run, each with every attempt it ended."""
+        return group_errors(self._error_lines(all_runs))
+
+    def _error_lines(self, all_runs: bool) -> list[Any]:
+        path = self.errors_path()
+        lines = [] if path is None else read_errors(path)
+        lines = [d for d in lines if d.get("task") == self.task_id]
+        if all_runs or self.run_started_at is None:
+            return lines
+        return records_of_run(lines, self.run_started_at)
 
     def block_records(self) -> Iterator[BlockRecord]:
         """Every block recorded as done, in grid (C) order."""

@@ -4,6 +4,7 @@ Owns:
   ``_main``        the entry point of a worker process (``python -m bellis._worker._main``)
   ``_client``      ``Client`` and ``Context``: the worker's side of the protocol
   ``_watchdog``    the thread that ends a block past its timeout, or stalled
+  ``_failure``     what a failed attempt says about itself (host, pid, job, log offsets)
   ``_profiling``   per-block measurement (``profile_block``) and the start-up clock
   ``_gpu``         per-block GPU figures from NVML
   ``_stall``       stall detection: is a running block still doing anything?

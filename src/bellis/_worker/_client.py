@@ -36,7 +36,7 @@ from .._protocol import (
 )
 from .._signals import handle_as_before, install_handler
 from ..errors import ConnectionLostError, ProtocolError
-from . import _walltime
+from . import _failure, _walltime
 from ._profiling import Meter, attach_gpu
 from ._watchdog import Watchdog
 
@@ -520,14 +520,14 @@ class Client:
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
-        full, capped = _render_traceback()
+        offsets, (full, capped) = _failure.log_offsets(), _render_traceback()  # offsets first
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(full if full.endswith("\n") else full + "\n")
         self.reported = exc
         status = BlockStatus.FAILED
         if self._oom_status is not None and isinstance(exc, MemoryError):
             status = self._oom_status
-        self._results += (k, status, -1, capped)
+        self._results += (k, status, -1, _failure.failure_field(capped, offsets, exc, full))
         if status != BlockStatus.FAILED or self._stop_requested:
             with contextlib.suppress(ConnectionLostError):
                 self._bye()
@@ -539,11 +539,11 @@ class Client:
                 row = self._row(block, measured)
             except ValueError as exc:
                 logger.warning("block %s failed: %s", block.block_id, exc)
-                self._results += (k, BlockStatus.FAILED, -1, str(exc))
+                self._results += (k, BlockStatus.FAILED, -1, _failure.failure_field(str(exc)))
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, None)
         else:
-            self._results += (k, BlockStatus.FAILED, -1, "block status set to FAILED")
+            self._results += (k, BlockStatus.FAILED, -1, _failure.status_failed())
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
@@ -643,7 +643,7 @@ class Client:
         self._queue.clear()
         return encode(self._message(BYE, tuple(groups)))
 
-    def _timeout_notice(self, k: int, text: str, status: int = TIMED_OUT) -> None:
+    def _timeout_notice(self, k: int, text: Any, status: int = TIMED_OUT) -> None:
         """Called by the watchdog thread just before it kills this process: block ``k``
         ends with ``status`` (timed out or stalled)."""
         sock = self._sock

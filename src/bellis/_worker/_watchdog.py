@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from .._protocol import EXIT_BLOCK_STALLED, EXIT_BLOCK_TIMEOUT, STALLED, TIMED_OUT
+from . import _failure
 
 __all__ = ["Watchdog"]
 
@@ -92,8 +93,9 @@ class Watchdog:
             f"bellis worker {self.worker_id}: block {self.task_id}/{self.k} {why}; "
             "killing worker process"
         )
+        field = _failure.failure_field(text)  # the logs' offsets before its lines
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
         if self.notify is not None:
-            self.notify(self.k, text, status)
+            self.notify(self.k, field, status)
         os._exit(code)

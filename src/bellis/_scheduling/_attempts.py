@@ -1,0 +1,98 @@
+"""One failed block attempt as an error record (``errors.jsonl``), sans I/O.
+
+:func:`attempt_record` builds the record the dispatcher hands its error collector for
+every failed attempt: the block (id, block-grid index, tracking-grid cell), the attempt
+number, the failure kind, the error text and what the worker said about it (its details:
+host, pid, job, log offsets, exception type, message, innermost frame, traceback; see
+``bellis._worker._failure``), the worker id and, for a worker that said nothing (an older
+worker, a lost one, the server's own timeout), the log files the run gave its slot. The
+collector stamps the time and writes it (``bellis._stats._errorlog``). Failure paths only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from ._records import Peer
+    from ._task_run import TaskRun
+
+__all__ = [
+    "KIND_LOST",
+    "KIND_OOM",
+    "KIND_RAISED",
+    "KIND_STALLED",
+    "KIND_STATUS",
+    "KIND_TIMEOUT",
+    "attempt_record",
+]
+
+KIND_RAISED: Final = "raised"
+KIND_STATUS: Final = "status FAILED"
+KIND_TIMEOUT: Final = "timeout"
+KIND_STALLED: Final = "stalled"
+KIND_OOM: Final = "out of memory"
+KIND_LOST: Final = "lost worker"
+KIND_ERROR: Final = "error"
+
+
+def _summary_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return text.strip()
+
+
+def attempt_record(
+    peer: Peer | None,
+    run: TaskRun,
+    k: int,
+    text: str,
+    kind: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The record of block ``k``'s failed attempt (see the module docstring). ``kind``
+    None: ``raised`` when the worker named an exception, else ``status FAILED`` or
+    ``error``."""
+    geom = run.geom
+    grid = [int(c) for c in geom.coords_of(k)]
+    coord = grid
+    if run.store is not None and run.cell_shift:
+        coord = [c + s for c, s in zip(grid, run.cell_shift, strict=True)]
+    d = details or {}
+    sid = geom.spatial_id_of(k)
+    prefix = f"block {run.task_id}/{sid} "
+    # the block is in the record: one error message for every block it hits
+    summary = _summary_line(text)
+    if summary.startswith(prefix):
+        summary = summary[len(prefix) :]
+    if kind is None:
+        if d.get("type"):
+            kind = KIND_RAISED
+        elif text.startswith("block status set to FAILED"):
+            kind = KIND_STATUS
+        else:
+            kind = KIND_ERROR
+    rec: dict[str, Any] = {
+        "task": run.task_id,
+        "block": sid,
+        "coord": coord,
+        "grid": grid,
+        "attempt": run.retries.get(k, 0) + 1,
+        "kind": kind,
+        "type": d.get("type"),
+        "message": d.get("message") if d.get("message") is not None else summary,
+        "where": d.get("where"),
+        "traceback": d.get("traceback") or text,
+    }
+    worker = None if peer is None else peer.worker
+    rec["worker"] = None if worker is None else peer.worker_id  # type: ignore[union-attr]
+    rec["host"] = d.get("host") or (None if peer is None else str(peer.addr[0]))
+    for key in ("pid", "job", "log", "log_offset", "out_log", "out_offset"):
+        if d.get(key) is not None:
+            rec[key] = d[key]
+    files = None if worker is None else getattr(worker.timeline, "log_files", None)
+    if files:
+        rec.setdefault("out_log", files[0])
+        rec.setdefault("log", files[1])
+    return rec

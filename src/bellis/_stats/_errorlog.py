@@ -1,0 +1,463 @@
+"""``errors.jsonl``: one JSON line per failed block attempt, written by the driver, bounded.
+
+Every failed attempt of a block (it raised, set ``BlockStatus.FAILED``, timed out, stalled,
+ran out of memory, or its worker was lost) is one *record*: the block's id and grid
+coordinate, the attempt number and time, the failure ``kind``, the exception's type,
+message, innermost frame and traceback (capped at :data:`MAX_TRACEBACK_BYTES`), the worker,
+host, pid and launcher job it ran on, and the worker's log files with the byte offsets of
+the attempt's lines. With a tracking store the file lies beside ``runs.jsonl`` in the
+store (zarr readers ignore it); without one, in the task's log folder.
+
+Bounded: :class:`ErrorLog` writes full records for the first :data:`FULL_PER_ERROR`
+attempts of each distinct error (type, message, innermost frame) of a task in a run, and
+after that only *count* lines (``"count": n``, cumulative, written when the count reaches
+a power of two and when the run ends), so a million identical failures write kilobytes.
+A task's distinct errors are capped too (:data:`MAX_KEYS`; further ones fold into one).
+
+Crash safety: each line is appended with one ``write`` on an ``O_APPEND`` descriptor; a
+torn last line (a crash mid-write) is terminated before the next line is appended and
+skipped by :func:`read_errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "ERRORS_FILE",
+    "FULL_PER_ERROR",
+    "MAX_TRACEBACK_BYTES",
+    "ErrorGroupRecord",
+    "ErrorLog",
+    "ErrorRecord",
+    "cap_text",
+    "group_errors",
+    "line_number",
+    "log_excerpt",
+    "read_errors",
+    "records_of_run",
+]
+
+logger = logging.getLogger("bellis")
+
+#: the file's name, beside ``runs.jsonl``
+ERRORS_FILE: Final = "errors.jsonl"
+#: full records per distinct error of a task in a run; further attempts are counted
+FULL_PER_ERROR: Final = 10
+#: a record's traceback keeps at most this many bytes (its end, where the error is)
+MAX_TRACEBACK_BYTES: Final = 64 * 1024
+#: distinct errors per task in a run; further ones are counted under one key
+MAX_KEYS: Final = 1000
+#: bytes of full records per task in a run; past it, every error is only counted
+MAX_FULL_BYTES: Final = 16 * 1024 * 1024
+#: block coordinates a count line names
+SAMPLE_BLOCKS: Final = 10
+#: the key of the errors past :data:`MAX_KEYS`
+OTHER_KEY: Final = ("(further distinct errors)", "", "")
+_VERSION: Final = 1
+
+
+def cap_text(text: str, limit: int = MAX_TRACEBACK_BYTES) -> str:
+    """``text`` with at most ``limit`` UTF-8 bytes: its end, after a marker line."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    tail = data[-limit:].decode("utf-8", "ignore")
+    return "... (traceback truncated) ...\n" + tail[tail.find("\n") + 1 :]
+
+
+def _summary_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """One failed attempt of one block, as ``errors.jsonl`` holds it.
+
+    ``coord`` is the block's cell in the tracking grid (the coordinate ``bellis status``
+    and :meth:`TaskReport.block` take), or its block-grid index when the task has no store
+    (``grid`` is always the block-grid index). ``kind`` is one of ``raised``, ``status
+    FAILED``, ``timeout``, ``stalled``, ``out of memory``, ``lost worker``, ``error``.
+    ``log`` / ``log_offset`` are the worker's ``.err`` file and the byte offset of the
+    attempt's first line there; ``out_log`` / ``out_offset`` its ``.out`` file and the
+    offset where the attempt's output ended. Fields not known are None.
+    """
+
+    task_id: str
+    block_id: int
+    coord: tuple[int, ...]
+    attempt: int
+    time: float
+    kind: str
+    type: str | None
+    message: str
+    where: str | None
+    traceback: str
+    grid: tuple[int, ...] = ()
+    worker_id: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    job_id: str | None = None
+    log: str | None = None
+    log_offset: int | None = None
+    out_log: str | None = None
+    out_offset: int | None = None
+    run: float | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The distinct error: (type or kind, message, innermost frame)."""
+        return error_key(self.raw)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ErrorRecord:
+        def opt_int(v: Any) -> int | None:
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        def opt_str(v: Any) -> str | None:
+            return v if isinstance(v, str) else None
+
+        return cls(
+            task_id=str(d.get("task", "")),
+            block_id=int(d.get("block", -1)),
+            coord=tuple(int(x) for x in d.get("coord") or ()),
+            attempt=int(d.get("attempt", 0)),
+            time=float(d.get("time", 0.0)),
+            kind=str(d.get("kind", "error")),
+            type=opt_str(d.get("type")),
+            message=str(d.get("message", "")),
+            where=opt_str(d.get("where")),
+            traceback=str(d.get("traceback", "")),
+            grid=tuple(int(x) for x in d.get("grid") or ()),
+            worker_id=opt_int(d.get("worker")),
+            host=opt_str(d.get("host")),
+            pid=opt_int(d.get("pid")),
+            job_id=opt_str(d.get("job")),
+            log=opt_str(d.get("log")),
+            log_offset=opt_int(d.get("log_offset")),
+            out_log=opt_str(d.get("out_log")),
+            out_offset=opt_int(d.get("out_offset")),
+            run=d.get("run") if isinstance(d.get("run"), int | float) else None,
+            raw=dict(d),
+        )
+
+
+def error_key(d: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A record's distinct error: (exception type, or the failure kind without one; the
+    message; the innermost frame)."""
+    key = d.get("key")
+    if isinstance(key, list) and len(key) == 3:
+        return (str(key[0]), str(key[1]), str(key[2]))
+    return (
+        str(d.get("type") or d.get("kind") or "error"),
+        str(d.get("message") or ""),
+        str(d.get("where") or ""),
+    )
+
+
+# ----------------------------------------------------------------------- writing
+
+
+def _append(fd: int, data: bytes) -> None:
+    """One line, in one ``write`` (a short write, rare on a regular file, goes on)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _KeyState:
+    __slots__ = ("count", "kind", "samples", "written")
+
+    def __init__(self, kind: str) -> None:
+        self.count = 0
+        self.written = 0  # the count of the last count line
+        self.kind = kind
+        self.samples: list[list[int]] = []
+
+
+class ErrorLog:
+    """The appender of one task's ``errors.jsonl`` for one run (see the module docstring).
+
+    The file is opened at the first record; :meth:`close` writes the final counts. A
+    file that cannot be written is logged once, and the run goes on without it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        run: float,
+        *,
+        full_per_error: int = FULL_PER_ERROR,
+        max_keys: int = MAX_KEYS,
+    ) -> None:
+        self.path = Path(path)
+        self.run = run
+        self.full_per_error = full_per_error
+        self.max_keys = max_keys
+        self._fd: int | None = None
+        self._broken = False
+        self._keys: dict[tuple[str, str, str], _KeyState] = {}
+        self._full_bytes = 0
+
+    def _open(self) -> int | None:
+        if self._fd is not None or self._broken:
+            return self._fd
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(self.path, flags, 0o644)
+            size = os.fstat(fd).st_size
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+                _append(fd, b"\n")  # a torn last line must not swallow the next one
+        except OSError as exc:
+            self._fail(exc)
+            return None
+        self._fd = fd
+        return fd
+
+    def _fail(self, exc: OSError) -> None:
+        self._broken = True
+        logger.error("cannot write the error records %s: %s", self.path, exc)
+
+    def _write(self, obj: Mapping[str, Any]) -> int:
+        fd = self._open()
+        if fd is None:
+            return 0
+        data = (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
+        try:
+            _append(fd, data)
+        except OSError as exc:
+            self._fail(exc)
+            return 0
+        return len(data)
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Write one failed attempt: in full while its error is among the first
+        :data:`FULL_PER_ERROR` attempts, else as a count."""
+        key = error_key(record)
+        state = self._keys.get(key)
+        if state is None:
+            if len(self._keys) >= self.max_keys:
+                key = OTHER_KEY
+                state = self._keys.get(key)
+            if state is None:
+                state = self._keys[key] = _KeyState(str(record.get("kind", "error")))
+        state.count += 1
+        coord = record.get("coord")
+        if isinstance(coord, list) and len(state.samples) < SAMPLE_BLOCKS:
+            state.samples.append(coord)
+        full = (
+            key != OTHER_KEY
+            and state.count <= self.full_per_error
+            and self._full_bytes < MAX_FULL_BYTES
+        )
+        if full:
+            record["traceback"] = cap_text(str(record.get("traceback", "")))
+            self._full_bytes += self._write({"v": _VERSION, "run": self.run, **record})
+            state.written = state.count
+            return
+        if state.count & (state.count - 1) == 0:  # a power of two: bounded lines
+            self._write_count(key, state, record.get("task"))
+
+    def _write_count(self, key: tuple[str, str, str], state: _KeyState, task: Any) -> None:
+        self._write(
+            {
+                "v": _VERSION,
+                "run": self.run,
+                "task": task,
+                "key": list(key),
+                "kind": state.kind,
+                "count": state.count,
+                "blocks": state.samples,
+            }
+        )
+        state.written = state.count
+
+    def close(self, task_id: str) -> None:
+        """Write the final count of every error that went past its full records."""
+        for key, state in self._keys.items():
+            if state.count != state.written:
+                self._write_count(key, state, task_id)
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
+
+
+# ----------------------------------------------------------------------- reading
+
+
+def read_errors(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every valid line of an ``errors.jsonl`` (a folder: the one in it), oldest first;
+    [] when there is none. A torn or invalid line is skipped."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / ERRORS_FILE
+    try:
+        raw = p.read_bytes()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    out: list[dict[str, Any]] = []
+    for line in raw.split(b"\n"):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            d = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(d, dict) and d.get("v") == _VERSION:
+            out.append(d)
+    return out
+
+
+def records_of_run(lines: Sequence[Mapping[str, Any]], run: float | None = None) -> list[Any]:
+    """The lines of run ``run`` (None: the last run in ``lines``)."""
+    if run is None:
+        runs = [d.get("run") for d in lines if d.get("run") is not None]
+        if not runs:
+            return list(lines)
+        run = runs[-1]
+    return [d for d in lines if d.get("run") == run]
+
+
+@dataclass
+class ErrorGroupRecord:
+    """One distinct error of a task: every attempt it ended, from the records and counts."""
+
+    task_id: str
+    key: tuple[str, str, str]
+    kind: str
+    count: int
+    blocks: list[tuple[int, ...]]
+    first: ErrorRecord | None
+    records: list[ErrorRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        first = self.first
+        return {
+            "task": self.task_id,
+            "type": self.key[0],
+            "message": self.key[1],
+            "where": self.key[2] or None,
+            "kind": self.kind,
+            "count": self.count,
+            "blocks": [list(b) for b in self.blocks],
+            "traceback": None if first is None else first.traceback,
+            "log": None if first is None else first.log,
+            "log_offset": None if first is None else first.log_offset,
+            "first": None if first is None else dict(first.raw),
+        }
+
+
+def group_errors(lines: Iterable[Mapping[str, Any]]) -> list[ErrorGroupRecord]:
+    """Group records and count lines by task and distinct error, in the order first seen.
+
+    A group's count is the larger of its full records and its last count line (count
+    lines are cumulative within a run); runs add up."""
+    groups: dict[tuple[str, tuple[str, str, str]], ErrorGroupRecord] = {}
+    counted: dict[tuple[str, tuple[str, str, str], Any], int] = {}
+    full: dict[tuple[str, tuple[str, str, str], Any], int] = {}
+    for d in lines:
+        task = str(d.get("task", ""))
+        key = error_key(d)
+        g = groups.get((task, key))
+        if g is None:
+            g = groups[(task, key)] = ErrorGroupRecord(
+                task, key, str(d.get("kind", "error")), 0, [], None, []
+            )
+        run_key = (task, key, d.get("run"))
+        if "count" in d:
+            counted[run_key] = max(counted.get(run_key, 0), int(d.get("count") or 0))
+            for b in d.get("blocks") or ():
+                c = tuple(int(x) for x in b)
+                if c not in g.blocks and len(g.blocks) < SAMPLE_BLOCKS:
+                    g.blocks.append(c)
+            continue
+        rec = ErrorRecord.from_json(d)
+        g.records.append(rec)
+        if g.first is None:
+            g.first = rec
+        full[run_key] = full.get(run_key, 0) + 1
+        if rec.coord not in g.blocks and len(g.blocks) < SAMPLE_BLOCKS:
+            g.blocks.append(rec.coord)
+    for run_key in set(full) | set(counted):
+        task, key, _run = run_key
+        groups[(task, key)].count += max(full.get(run_key, 0), counted.get(run_key, 0))
+    return list(groups.values())
+
+
+def line_number(path: str | os.PathLike[str], offset: int) -> int | None:
+    """The 1-based line at byte ``offset`` of ``path``; None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            n = 1
+            left = offset
+            while left > 0:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    break
+                n += chunk.count(b"\n")
+                left -= len(chunk)
+            return n
+    except OSError:
+        return None
+
+
+def log_excerpt(
+    path: str | os.PathLike[str],
+    offset: int,
+    *,
+    before: bool = False,
+    max_lines: int = 40,
+    max_bytes: int = 16384,
+) -> list[str]:
+    """Lines of ``path`` from byte ``offset`` on (``before``: the last lines before it),
+    at most ``max_lines`` and ``max_bytes``; a run separator or a worker's header line
+    ends the excerpt. [] when the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            if before:
+                start = max(0, offset - max_bytes)
+                f.seek(start)
+                data = f.read(offset - start)
+            else:
+                f.seek(offset)
+                data = f.read(max_bytes)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if before:
+        if offset - max_bytes > 0 and lines:
+            lines = lines[1:]  # the first may be cut
+        kept: list[str] = []
+        for line in reversed(lines):
+            if _is_boundary(line):
+                break
+            kept.append(line)
+        return list(reversed(kept))[-max_lines:]
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if i and _is_boundary(line):
+            break
+        out.append(line)
+        if len(out) >= max_lines:
+            break
+    return out
+
+
+def _is_boundary(line: str) -> bool:
+    return line.startswith("=== bellis run ") or line.startswith("=== bellis worker ")

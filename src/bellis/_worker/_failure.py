@@ -1,0 +1,145 @@
+"""What a failed attempt says about itself for the driver's error records
+(``errors.jsonl``, :mod:`bellis._stats._errorlog`): taken on the failure path only.
+
+:func:`log_offsets` is called before the failure's lines are written: where the
+attempt's lines start in the worker's ``.err`` file, and where its ``.out`` output ends.
+:func:`failure_details` adds the exception's type, message, innermost frame and full
+traceback (capped), the host, the pid and the launcher's job id (SLURM job or array task,
+``BELLIS_JOB_ID`` set by a launcher such as Dask's). The details travel as the second
+item of a failed block's error field, ``[text, details]`` (``bellis._protocol``).
+
+Nothing here runs for a block that succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from types import TracebackType
+from typing import Any
+
+__all__ = ["failure_details", "failure_field", "job_id", "log_offsets", "status_failed"]
+
+_MAX_TRACEBACK_BYTES = 64 * 1024
+_MAX_MESSAGE_CHARS = 2000
+_host: str | None = None
+
+
+def _host_name() -> str:
+    global _host
+    if _host is None:
+        try:
+            _host = socket.gethostname()
+        except OSError:
+            _host = "?"
+    return _host
+
+
+def job_id() -> str | None:
+    """The launcher's job of this process: ``BELLIS_JOB_ID``, else SLURM's array task
+    (``123_4``) or job (``123``); None outside a job."""
+    env = os.environ
+    named = env.get("BELLIS_JOB_ID")
+    if named:
+        return named
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def _position(stream: Any) -> tuple[str | None, int | None]:
+    """The file behind ``stream`` and its end offset, its buffer flushed; (None, None)
+    for a terminal, a pipe or a stream without a descriptor."""
+    if stream is None:
+        return None, None
+    try:
+        stream.flush()
+        fd = stream.fileno()
+        offset = os.lseek(fd, 0, os.SEEK_END)
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    path: str | None = None
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = getattr(stream, "name", None)
+        path = name if isinstance(name, str) and not name.startswith("<") else None
+    if path is not None and not os.path.isfile(path):
+        return None, None
+    return path, offset
+
+
+def log_offsets(out: Any = None, err: Any = None) -> dict[str, Any]:
+    """``log``/``log_offset`` (the ``.err`` file and where the next line starts) and
+    ``out_log``/``out_offset`` (the ``.out`` file and where its output ends so far), of
+    ``out`` and ``err`` (default: this process's stdout and stderr)."""
+    err_path, err_off = _position(sys.stderr if err is None else err)
+    out_path, out_off = _position(sys.stdout if out is None else out)
+    details: dict[str, Any] = {}
+    if err_path is not None:
+        details["log"] = err_path
+        details["log_offset"] = err_off
+    if out_path is not None:
+        details["out_log"] = out_path
+        details["out_offset"] = out_off
+    return details
+
+
+def _innermost(tb: TracebackType | None) -> str | None:
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+
+
+def failure_details(
+    exc: BaseException | None, full_traceback: str | None, offsets: dict[str, Any]
+) -> dict[str, Any]:
+    """The details of a failed attempt (see the module docstring); ``offsets`` from
+    :func:`log_offsets`. Never raises."""
+    details: dict[str, Any] = dict(offsets)
+    details["host"] = _host_name()
+    details["pid"] = os.getpid()
+    job = job_id()
+    if job is not None:
+        details["job"] = job
+    if exc is not None:
+        try:
+            details["type"] = type(exc).__qualname__
+            details["message"] = str(exc)[:_MAX_MESSAGE_CHARS]
+        except Exception:
+            details["message"] = "<an exception that could not be formatted>"
+        where = _innermost(exc.__traceback__)
+        if where is not None:
+            details["where"] = where
+        text = full_traceback
+        if text is None:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        data = text.encode("utf-8", "surrogatepass")
+        if len(data) > _MAX_TRACEBACK_BYTES:
+            text = data[-_MAX_TRACEBACK_BYTES:].decode("utf-8", "ignore")
+        details["traceback"] = text
+    return details
+
+
+def failure_field(
+    text: str,
+    offsets: dict[str, Any] | None = None,
+    exc: BaseException | None = None,
+    full_traceback: str | None = None,
+) -> list[Any]:
+    """A failed block's error field on the wire: ``[text, details]``; ``offsets`` default
+    to the logs' positions now."""
+    if offsets is None:
+        offsets = log_offsets()
+    return [text, failure_details(exc, full_traceback, offsets)]
+
+
+def status_failed() -> list[Any]:
+    """The error field of a block whose function set ``BlockStatus.FAILED``."""
+    return failure_field("block status set to FAILED")

@@ -1,0 +1,219 @@
+"""Error records as users meet them: a user's pipeline script in a subprocess whose blocks
+raise two distinct errors and time out; ``bellis status --failed`` / ``--block`` and
+``task.report().errors()`` in fresh processes; serial mode; the bound on the file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import bellis as daisy
+
+    def process(block):
+        y, x = (int(v) // 10 for v in block.write_roi.offset)
+        print(f"start block {block.block_id} at {y},{x}", flush=True)
+        if (y, x) == (1, 2):
+            raise ValueError("bad voxel size")  # LINE_VALUE
+        if (y, x) in ((2, 5), (0, 9)):
+            raise KeyError("missing channel")  # LINE_KEY
+        if (y, x) == (3, 7) and MODE != "serial":
+            time.sleep(60)
+
+    def task(store):
+        return daisy.Task(
+            "seg",
+            total_roi=daisy.Roi((0, 0), (40, 100)),
+            read_roi=daisy.Roi((0, 0), (10, 10)),
+            write_roi=daisy.Roi((0, 0), (10, 10)),
+            process_function=process,
+            max_retries=2,
+            num_workers=2,
+            timeout=1,
+            read_write_conflict=False,
+            tracking_path=store,
+        )
+
+    MODE = sys.argv[1]
+    if __name__ == "__main__":
+        try:
+            ok = daisy.run_blockwise([task(sys.argv[2])], multiprocessing=MODE != "serial")
+            print("RESULT", ok)
+        except Exception as exc:
+            print("RAISED", type(exc).__name__)
+    """
+)
+
+
+def _line_of(script: Path, marker: str) -> int:
+    lines = script.read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if marker in line)
+
+
+def _bellis(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bellis", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def _run_script(tmp_path: Path, mode: str) -> tuple[Path, Path, str]:
+    script = tmp_path / "my_pipeline.py"
+    script.write_text(SCRIPT)
+    store = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    return script, store, proc.stdout + proc.stderr
+
+
+def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> None:
+    script, store, out = _run_script(tmp_path, "distributed")
+    assert "RESULT False" in out, out
+    assert (store / "errors.jsonl").exists()
+
+    proc = _bellis("status", str(store), "--failed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "3 distinct errors, 12 failed attempts" in text, text
+    assert "[raised] ValueError: bad voxel size" in text
+    assert "[raised] KeyError: 'missing channel'" in text
+    assert "[timeout] timeout: exceeded the block timeout (1s)" in text
+    head = {line.strip() for line in text.splitlines()}
+    assert "3 attempts; blocks (1, 2)" in head
+    assert (
+        "6 attempts; blocks (0, 9), (2, 5)" in head or "6 attempts; blocks (2, 5), (0, 9)" in head
+    )
+    assert "3 attempts; blocks (3, 7)" in head
+    assert f'File "{script}", line {_line_of(script, "LINE_VALUE")}, in process' in text
+    assert f'File "{script}", line {_line_of(script, "LINE_KEY")}, in process' in text
+    assert "worker_" in text and ".err, line " in text
+
+    data = json.loads(_bellis("status", str(store), "--failed", "--json", cwd=tmp_path).stdout)
+    counts = sorted(g["count"] for g in data["errors"])
+    assert counts == [3, 3, 6]
+
+    proc = _bellis("status", str(store), "--block", "1,2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "3 failed attempts recorded" in proc.stdout
+    for n in (1, 2, 3):
+        assert f"  attempt {n} at " in proc.stdout
+    # the attempt's own lines: its traceback in .err, its prints in .out
+    assert "| Traceback (most recent call last):" in proc.stdout
+    assert "| start block ('seg', 7) at 1,2" in proc.stdout
+    block = json.loads(
+        _bellis("status", str(store), "--block", "1,2", "--json", cwd=tmp_path).stdout
+    )
+    attempts = block["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2, 3]
+    for a in attempts:
+        assert a["kind"] == "raised" and a["type"] == "ValueError"
+        assert a["host"] and isinstance(a["pid"], int) and isinstance(a["worker"], int)
+        assert any("ValueError: bad voxel size" in line for line in a["log_lines"])
+
+    timed = json.loads(
+        _bellis("status", str(store), "--block", "3,7", "--json", cwd=tmp_path).stdout
+    )
+    assert [a["kind"] for a in timed["attempts"]] == ["timeout"] * 3
+    assert any("still running after timeout" in "".join(a["log_lines"]) for a in timed["attempts"])
+
+    # a fresh process reads the records back through the Python API
+    check = textwrap.dedent(
+        f"""
+        import sys
+        sys.argv = ["x", "distributed"]
+        sys.path.insert(0, {str(tmp_path)!r})
+        import my_pipeline
+        report = my_pipeline.task({str(store)!r}).report()
+        errors = report.errors()
+        print(len(errors), sorted({{e.kind for e in errors}}))
+        rec = report.block((1, 2))
+        print(len(rec.attempts), rec.attempts[0].type, rec.attempts[0].where)
+        print(len(report.block((0, 0)).attempts))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "12 ['raised', 'timeout']"
+    assert lines[1].startswith("3 ValueError ") and "my_pipeline.py:" in lines[1]
+    assert lines[2] == "0"
+
+
+def test_serial_failure_has_its_traceback(tmp_path: Path) -> None:
+    script, store, out = _run_script(tmp_path, "serial")
+    assert "RAISED" in out, out
+    records = [json.loads(line) for line in (store / "errors.jsonl").read_text().splitlines()]
+    assert len(records) == 1
+    (rec,) = records
+    assert rec["kind"] == "raised" and rec["attempt"] == 1
+    assert rec["worker"] is None and rec.get("host") is None and rec.get("job") is None
+    lines = (_line_of(script, "LINE_VALUE"), _line_of(script, "LINE_KEY"))
+    assert any(f'File "{script}", line {n}, in process' in rec["traceback"] for n in lines)
+    assert rec["log"].endswith("worker_0.err")
+    proc = _bellis("status", str(store), "--failed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 distinct error, 1 failed attempt" in proc.stdout
+    assert str(script) in proc.stdout
+
+
+BOUND_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import bellis as daisy
+
+    def process(block):
+        block.status = daisy.BlockStatus.FAILED
+
+    task = daisy.Task(
+        "many",
+        total_roi=daisy.Roi((0,), (20000,)),
+        read_roi=daisy.Roi((0,), (1,)),
+        write_roi=daisy.Roi((0,), (1,)),
+        process_function=process,
+        max_retries=0,
+        num_workers=2,
+        read_write_conflict=False,
+        tracking_path=sys.argv[2],
+    )
+    print("RESULT", daisy.run_blockwise([task], multiprocessing=sys.argv[1] != "serial",
+                                        progress=False, summary=False))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["distributed", "serial"])
+def test_many_identical_failures_write_little(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "many.py"
+    script.write_text(BOUND_SCRIPT)
+    store = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert "RESULT False" in proc.stdout, proc.stdout + proc.stderr
+    size = (store / "errors.jsonl").stat().st_size
+    assert size < 1 << 20
+    proc = _bellis("status", str(store), "--failed", "--json", cwd=tmp_path)
+    (group,) = json.loads(proc.stdout)["errors"]
+    assert group["count"] == 20000
+    assert group["kind"] == "status FAILED"

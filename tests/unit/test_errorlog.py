@@ -1,0 +1,52 @@
+"""errors.jsonl: whole lines, a torn last line skipped, bounded by distinct error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bellis._stats._errorlog import ErrorLog, group_errors, read_errors, records_of_run
+
+
+def _rec(i: int, message: str = "boom") -> dict[str, object]:
+    return {
+        "task": "t",
+        "block": i,
+        "coord": [i],
+        "attempt": 1,
+        "kind": "raised",
+        "type": "ValueError",
+        "message": message,
+        "where": "f.py:3 in g",
+        "traceback": "Traceback ...\nValueError: " + message,
+        "time": 1.0,
+    }
+
+
+def test_identical_failures_are_counted_after_the_first_records(tmp_path: Path) -> None:
+    log = ErrorLog(tmp_path / "errors.jsonl", run=5.0, full_per_error=10)
+    for i in range(100_000):
+        log.add(_rec(i))
+    log.add(_rec(7, "other"))
+    log.close("t")
+    assert (tmp_path / "errors.jsonl").stat().st_size < 64 * 1024
+    lines = read_errors(tmp_path)
+    assert sum("count" not in d for d in lines) == 11
+    groups = {g.key[1]: g for g in group_errors(lines)}
+    assert groups["boom"].count == 100_000 and groups["other"].count == 1
+    assert groups["boom"].first is not None and groups["boom"].first.block_id == 0
+
+
+def test_a_torn_last_line_is_skipped_and_terminated(tmp_path: Path) -> None:
+    path = tmp_path / "errors.jsonl"
+    log = ErrorLog(path, run=1.0)
+    log.add(_rec(1))
+    log.close("t")
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"run":1.0,"task":"t","blo')  # a crash mid-write
+    assert len(read_errors(path)) == 1
+    log = ErrorLog(path, run=2.0)
+    log.add(_rec(2))
+    log.close("t")
+    lines = read_errors(path)
+    assert [d["block"] for d in lines] == [1, 2]
+    assert [d["block"] for d in records_of_run(lines)] == [2]
