@@ -210,3 +210,19 @@ def test_a_large_demo_reports_progress_while_it_builds(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+def test_status_of_a_basedir_with_a_broken_store_shows_the_others(tmp_path: Path) -> None:
+    base = tmp_path / "tracking"
+    done = subprocess.run(
+        [sys.executable, str(_script(tmp_path)), str(base)], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    (base / "first" / "done" / "zarr.json").write_text("{not json")
+    proc = _run("status", str(base))
+    assert proc.returncode == 2
+    assert str(base / "first") in proc.stderr and "Traceback" not in proc.stderr
+    heads = [line for line in proc.stdout.splitlines() if line.startswith("block tracking at")]
+    assert [h.rsplit("/", 1)[-1] for h in heads] == ["second"]
+    missing = _run("status", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no block tracking at" in missing.stderr

@@ -94,9 +94,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
             return watch_status(
                 path, args.watch, out=sys.stdout, err=sys.stderr, max_width=args.width
             )
-        # a task's store, or a tracking basedir: every task's store under it, in name order
-        stores = find_stores([args.path])
-        print("\n".join(format_status(store, max_width=args.width) for store in stores))
+        path = Path(args.path)
+        if not (path.is_dir() and not (path / "zarr.json").exists()):
+            print(format_status(path, max_width=args.width))  # one task's store
+            return 0
+        # a tracking basedir: every task's store under it, in name order; one that cannot
+        # be read is named on stderr, and the others are still shown
+        texts, code = [], 0
+        for store in find_stores([path]):
+            try:
+                texts.append(format_status(store, max_width=args.width))
+            except TrackingError as exc:
+                print(f"bellis status: {exc}", file=sys.stderr)
+                code = 2
+        print("\n".join(texts))
+        return code
     except TrackingError as exc:
         print(f"bellis status: {exc}", file=sys.stderr)
         return 2
