@@ -39,7 +39,8 @@ from .._stats._reports import (
 from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
-from .._tracking import TrackingStore
+from .._outputs import outputs_record
+from .._tracking import TrackingStore, write_outputs_record
 from .._worker._client import Context
 from ..errors import (
     BellisDeprecationWarning,
@@ -165,6 +166,8 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
             stores[t.task_id] = TrackingStore.open(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
+            if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
+                write_outputs_record(path, outputs_record(t.outputs, t.write_safety))
         except BaseException:
             try:
                 _close_stores(stores)
