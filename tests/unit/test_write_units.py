@@ -68,9 +68,8 @@ def units_of(g, s, k):
 
 def sharing_pairs(g, s):
     units = [units_of(g, s, k) for k in range(g.num_blocks)]
-    return [
-        (a, b) for a in range(g.num_blocks) for b in range(a + 1, g.num_blocks) if units[a] & units[b]
-    ]
+    n = g.num_blocks
+    return [(a, b) for a in range(n) for b in range(a + 1, n) if units[a] & units[b]]
 
 
 def test_blocks_of_one_chunk_in_shards_of_4x4x4_chunks_share_within_the_shard():
@@ -187,9 +186,7 @@ def test_cross_task_check_agrees_with_a_brute_force():
             fit=rng.choice(["valid", "shrink"]),
         )
         # exact: the pairs sharing a unit and the pairs the edge orders are both products
-        assert cross_task_unsafe(up, down, s, direct_edge=True) == bool(
-            _cross_brute(up, down, s)
-        )
+        assert cross_task_unsafe(up, down, s, direct_edge=True) == bool(_cross_brute(up, down, s))
 
 
 def test_two_tasks_writing_one_shard_apart_raise_unless_serialized():
@@ -200,7 +197,7 @@ def test_two_tasks_writing_one_shard_apart_raise_unless_serialized():
         TaskWrites("up", up, (s,), "serialize", ()),
         TaskWrites("down", down, (s,), "error", ()),
     ]
-    with pytest.raises(ConfigurationError, match="both write output /data/out.zarr/seg"):
+    with pytest.raises(ConfigurationError, match=r"both write output /data/out\.zarr/seg"):
         plan_pipeline_writes(tasks, [(0, 1)])
     tasks[1] = tasks[1]._replace(write_safety="serialize")
     reaches, warnings = plan_pipeline_writes(tasks, [(0, 1)])
