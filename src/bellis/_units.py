@@ -219,8 +219,8 @@ def sharing_message(task_id: str, geom: TaskGeometry, spec: OutputSpec) -> str:
         f"{spec.unit_name} on every write: two blocks writing one {spec.unit_name} at once "
         "lose data. Fix: make write_roi a multiple of the "
         f"{spec.unit_name} ({_shape(unit_world)} world units) starting on a "
-        f"{spec.unit_name} boundary (total_roi's offset plus the read context at the "
-        f"array's offset plus a multiple of {_shape(unit_world)}), or pass "
+        f"{spec.unit_name} boundary (total_roi's offset plus the read context, minus the "
+        f"array's offset, a multiple of {_shape(unit_world)}), or pass "
         f"Task(write_safety='serialize') so that no two blocks of one {spec.unit_name} run "
         "at the same time (write_safety='off' keeps the race)"
     )

@@ -99,9 +99,9 @@ class Scheduler:
         self.by_id: dict[str, TaskRun] = {r.task_id: r for r in self.runs}
         by_obj = {id(r.task): r for r in self.runs}
         pairs = list(dict.fromkeys((by_obj[id(u)], by_obj[id(d)]) for u, d in pipeline.edges))
-        reaches = _write_plan(self.runs, [(u.index, d.index) for u, d in pairs])
         for up, down in pairs:
             _check_overlap(up, down)
+        reaches = _write_plan(self.runs, [(u.index, d.index) for u, d in pairs])
         for i, j in reaches:  # write_safety="serialize" between tasks the pipeline orders
             if (self.runs[i], self.runs[j]) not in pairs:
                 pairs.append((self.runs[i], self.runs[j]))
