@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import mmap
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from funlib.geometry import Coordinate, Roi
@@ -94,6 +94,7 @@ class TaskGeometry:
         *,
         fit: str = "valid",
         read_write_conflict: bool = True,
+        unit_stride: tuple[int, ...] | None = None,
     ) -> None:
         total = _as_roi(total_roi, "total_roi")
         read = _as_roi(read_roi, "read_roi")
@@ -167,6 +168,11 @@ class TaskGeometry:
             self.level_stride = tuple(ls)
         else:
             self.level_stride = (1,) * dims
+        if unit_stride is not None and self.num_blocks > 0:  # write_safety="serialize"
+            self.level_stride = tuple(
+                max(s, min(u, n))
+                for s, u, n in zip(self.level_stride, unit_stride, self.grid, strict=True)
+            )
         offsets = list(itertools.product(*(range(s) for s in self.level_stride)))
         offsets.reverse()
         self.level_offsets: tuple[tuple[int, ...], ...] = tuple(offsets)
@@ -448,7 +454,14 @@ class InterTaskEdge:
 
     __slots__ = ("down", "down_hi", "down_lo", "up", "up_hi", "up_lo")
 
-    def __init__(self, up: TaskGeometry, down: TaskGeometry) -> None:
+    def __init__(
+        self,
+        up: TaskGeometry,
+        down: TaskGeometry,
+        reach: Callable[[int, int], tuple[int, int]] | None = None,
+    ) -> None:
+        """``reach(axis, g)``: what a downstream block waits for along an axis (default:
+        its read interval; ``_units.widened_interval`` adds the units it writes)."""
         if up.dims != down.dims:
             raise ValueError(
                 f"task {down.task_id!r} has {down.dims} dimensions but its upstream task "
@@ -460,12 +473,13 @@ class InterTaskEdge:
         self.up_hi: list[list[int]] = []
         self.down_lo: list[list[int]] = []
         self.down_hi: list[list[int]] = []
+        interval = down.read_interval if reach is None else reach
         for i in range(up.dims):
             nu = up.grid[i]
             wiv = [up.write_interval(i, j) for j in range(nu)]
             lo_list, hi_list = [], []
             for g in range(down.grid[i]):
-                a, b = down.read_interval(i, g)
+                a, b = interval(i, g)
                 # intervals are sorted and disjoint: binary-search-free linear estimate
                 w = up.write_shape[i]
                 lo = max(0, (a - up.tw_offset[i]) // w)

@@ -18,6 +18,7 @@ from . import _seams
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
+from ._outputs import declare_outputs
 from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
@@ -118,6 +119,10 @@ class Task:
     memory runs again on a worker with ``memory_growth`` (default 2) times as much, up to
     ``max_memory`` (default: the limit × growth²); only a block that runs out at that cap
     fails (see ``docs/failures.md``).
+
+    ``outputs`` (zarr v3 arrays, their paths or funlib ``Array``s) declares what the blocks
+    write; ``write_safety`` says what to do when two blocks can write one shard (or chunk):
+    ``"error"`` (default), ``"serialize"`` or ``"off"`` (see ``docs/outputs.md``).
     """
 
     def __init__(
@@ -147,6 +152,8 @@ class Task:
         memory_limit: int | str | None = None,
         memory_growth: float | None = None,
         max_memory: int | str | None = None,
+        outputs: Any = None,
+        write_safety: str = "error",
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -174,6 +181,9 @@ class Task:
             )
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
+        self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(
+            self._geom, outputs, write_safety
+        )
         if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
             raise ConfigurationError(
                 f"max_workers must be at least 1 (got {max_workers}); a task with no workers "
@@ -296,6 +306,15 @@ class Task:
         """The largest memory grant in bytes (None: the launcher's, else the request × the
         growth squared)."""
         return self._memory[2]
+
+    @property
+    def outputs(self) -> tuple[Any, ...]:
+        """The declared outputs, as ``OutputSpec``s (store, array path, shapes, mapping)."""
+        return self._outputs
+
+    @property
+    def write_safety(self) -> str:
+        return self._write_safety
 
     @property
     def requires(self) -> dict[str, int]:

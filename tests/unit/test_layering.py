@@ -35,10 +35,10 @@ TOP_LEVEL = {
         "_seams",
     },
     # the model: blocks, grids, task states, skip masks
-    "model": {"_block", "_graph", "_state", "_skipmask"},
+    "model": {"_block", "_graph", "_state", "_skipmask", "_units"},
     "protocol": {"_protocol"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
-    "task": {"_task"},
+    "task": {"_task", "_outputs"},
     # the public face: what users import, and the lazy loader of the public names
     "face": {"__init__", "v2", "v1_compat", "cl_monitor", "block", "_names", "_as_daisy"},
     # the entry points of `python -m bellis` and `python -m bellis.worker`

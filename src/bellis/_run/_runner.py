@@ -19,6 +19,7 @@ import cloudpickle
 from .. import logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._launchers._base import LocalLauncher
+from .._outputs import outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._memory import MemoryPlan, ladder_for
@@ -39,7 +40,7 @@ from .._stats._reports import (
 from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
-from .._tracking import TrackingStore
+from .._tracking import TrackingStore, write_outputs_record
 from .._worker._client import Context
 from ..errors import (
     BellisDeprecationWarning,
@@ -165,6 +166,8 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
             stores[t.task_id] = TrackingStore.open(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
+            if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
+                write_outputs_record(path, outputs_record(t.outputs, t.write_safety))
         except BaseException:
             try:
                 _close_stores(stores)

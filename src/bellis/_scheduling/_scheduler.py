@@ -48,6 +48,7 @@ from .._graph import (
 )
 from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
+from .._units import TaskWrites, plan_pipeline_writes
 from ..errors import ConfigurationError
 from ._task_run import (
     ABANDONED,
@@ -97,14 +98,15 @@ class Scheduler:
         self.runs: list[TaskRun] = [TaskRun(i, t) for i, t in enumerate(order)]
         self.by_id: dict[str, TaskRun] = {r.task_id: r for r in self.runs}
         by_obj = {id(r.task): r for r in self.runs}
-        seen_edges: set[tuple[int, int]] = set()
-        for up_t, down_t in pipeline.edges:
-            up, down = by_obj[id(up_t)], by_obj[id(down_t)]
-            if (up.index, down.index) in seen_edges:
-                continue
-            seen_edges.add((up.index, down.index))
+        pairs = list(dict.fromkeys((by_obj[id(u)], by_obj[id(d)]) for u, d in pipeline.edges))
+        for up, down in pairs:
             _check_overlap(up, down)
-            edge = InterTaskEdge(up.geom, down.geom)
+        reaches = _write_plan(self.runs, [(u.index, d.index) for u, d in pairs])
+        for i, j in reaches:  # write_safety="serialize" between tasks the pipeline orders
+            if (self.runs[i], self.runs[j]) not in pairs:
+                pairs.append((self.runs[i], self.runs[j]))
+        for up, down in pairs:
+            edge = InterTaskEdge(up.geom, down.geom, reaches.get((up.index, down.index)))
             up.down_edges.append((edge, down))
             down.up_edges.append((edge, up))
             up.downstream_tasks.append(down)
@@ -509,6 +511,26 @@ def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | N
         st[mask] = READY
         ready += int(np.count_nonzero(mask))
     return ready
+
+
+def _write_plan(runs: list[TaskRun], edges: list[tuple[int, int]]) -> dict[tuple[int, int], Any]:
+    """The write-safety check between the tasks (``_units.plan_pipeline_writes``): raises
+    on unsafe shared units, logs one WARNING for those under ``write_safety="off"``, and
+    returns the reach of each edge that serializes blocks sharing units."""
+    if not any(r.task._outputs for r in runs):
+        return {}
+    tasks = [
+        TaskWrites(r.task_id, r.geom, r.task._outputs, r.task._write_safety, r.task._shared_outputs)
+        for r in runs
+    ]
+    reaches, warnings = plan_pipeline_writes(tasks, edges)
+    if warnings:
+        logger.warning(
+            "write safety is off: %s; zarr rewrites a whole shard (or chunk) on every write, "
+            "so two blocks writing one at once can lose data (see docs/outputs.md)",
+            "; ".join(warnings),
+        )
+    return reaches
 
 
 def _check_overlap(up: TaskRun, down: TaskRun) -> None:

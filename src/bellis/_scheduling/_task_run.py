@@ -81,7 +81,7 @@ class TaskRun:
         self.state_mv = view(self.state)
         self.deps: np.ndarray[Any, Any] | None = None
         self.deps_mv: memoryview[int] | None = None
-        self.intra = g.read_write_conflict and g.num_levels > 1
+        self.intra = g.num_levels > 1  # read/write conflicts or write_safety="serialize"
         # conflict levels below this one have their dependency counts; the rest are filled
         # in when first needed (lazy: a 10^8-block task starts in milliseconds)
         self.levels_ready = g.num_levels

@@ -6,7 +6,8 @@ blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it
 Owns:
   ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
-  ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays
+  ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
+                ``outputs.json`` (the declared outputs, for ``bellis verify``)
   ``_disk``     what it asks of its filesystem: reserved chunk blocks, the run lock
   ``_migrate``  a store moved to a grown volume, and recovery from an interrupted move
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
@@ -17,6 +18,7 @@ by: the plumbing, the model, ``_protocol``, ``_stats``, ``_scheduling``, ``_work
 """
 
 from ._disk import is_run_in_progress, read_lock_holder
+from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
 from ._status import (
     SlabReader,
@@ -30,6 +32,7 @@ from ._store import TrackingStore, delete_store
 
 __all__ = [
     "NO_WORKER",
+    "OUTPUTS_NAME",
     "STAT_ARRAYS",
     "SlabReader",
     "StatusSnapshot",
@@ -42,6 +45,8 @@ __all__ = [
     "is_run_in_progress",
     "layout_hash",
     "read_lock_holder",
+    "read_outputs_record",
     "read_status",
     "render_status",
+    "write_outputs_record",
 ]

@@ -85,6 +85,36 @@ def write_atomic(file: Path, data: bytes, *, durable: bool = False) -> None:
         fsync_dir(file.parent)
 
 
+#: the task's declared outputs (``Task(outputs=...)``): where each lives, its voxel mapping
+OUTPUTS_NAME = "outputs.json"
+
+
+def write_outputs_record(root: Path, record: dict[str, Any]) -> None:
+    """Write ``outputs.json`` into the group (a zarr reader ignores the file). Rewritten by
+    each run of a task with declared outputs, so it names the last run's outputs."""
+    data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+    file = root / OUTPUTS_NAME
+    try:
+        if file.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    write_atomic(file, data, durable=True)
+
+
+def read_outputs_record(root: Path) -> dict[str, Any] | None:
+    """``outputs.json`` of a group, or None when the task declared no outputs."""
+    try:
+        document = json.loads((root / OUTPUTS_NAME).read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise invalid_metadata(str(root / OUTPUTS_NAME), str(exc)) from exc
+    if not isinstance(document, dict):
+        raise invalid_metadata(str(root / OUTPUTS_NAME), "not a JSON object")
+    return document
+
+
 def chunk_parts(ndim: int) -> tuple[str, ...]:
     return ("0",) * max(1, ndim)
 
