@@ -18,7 +18,7 @@ from . import _seams
 from ._block import _as_roi
 from ._code_origin import function_arity
 from ._graph import FITS, TaskGeometry
-from ._outputs import declare_outputs
+from ._outputs._declared import declare_outputs
 from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError

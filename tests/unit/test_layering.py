@@ -35,10 +35,10 @@ TOP_LEVEL = {
         "_seams",
     },
     # the model: blocks, grids, task states, skip masks
-    "model": {"_block", "_graph", "_state", "_skipmask", "_units"},
+    "model": {"_block", "_graph", "_state", "_skipmask"},
     "protocol": {"_protocol"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
-    "task": {"_task", "_outputs"},
+    "task": {"_task"},
     # the public face: what users import, and the lazy loader of the public names
     "face": {"__init__", "v2", "v1_compat", "cl_monitor", "block", "_names", "_as_daisy"},
     # the entry points of `python -m bellis` and `python -m bellis.worker`
@@ -52,8 +52,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "protocol": {"plumbing", "model"},
     "_tracking": {"plumbing", "model"},
     "_stats": {"plumbing", "model"},
-    "task": {"plumbing", "model", "_tracking", "_stats"},
-    "_scheduling": {"plumbing", "model", "protocol", "task", "_stats"},
+    "_outputs": {"plumbing", "model"},
+    "task": {"plumbing", "model", "_tracking", "_stats", "_outputs"},
+    "_scheduling": {"plumbing", "model", "protocol", "task", "_stats", "_outputs"},
     "_worker": {"plumbing", "model", "protocol"},
     "_launchers": {"plumbing", "model", "protocol", "_worker"},
     "_report": {"plumbing", "model", "_tracking", "_stats"},

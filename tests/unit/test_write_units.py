@@ -1,4 +1,4 @@
-"""Write units (``bellis._units``): which blocks share a shard or chunk of an output, pure.
+"""Write units (``bellis._outputs._units``): which blocks share a shard or chunk of an output, pure.
 
 Each computation is checked against a brute force over every pair of blocks: the units
 each block's write ROI touches, in world units.
@@ -14,8 +14,8 @@ import pytest
 from funlib.geometry import Roi
 
 from bellis._graph import TaskGeometry
-from bellis._outputs import _rebuild
-from bellis._units import (
+from bellis._outputs._declared import _rebuild
+from bellis._outputs._units import (
     OutputSpec,
     TaskWrites,
     cross_task_unsafe,

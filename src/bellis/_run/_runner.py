@@ -19,7 +19,7 @@ import cloudpickle
 from .. import logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._launchers._base import LocalLauncher
-from .._outputs import outputs_record
+from .._outputs._declared import outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._memory import MemoryPlan, ladder_for

@@ -46,9 +46,9 @@ from .._graph import (
     subtract_shifted,
     zeroed,
 )
+from .._outputs._units import TaskWrites, plan_pipeline_writes
 from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
-from .._units import TaskWrites, plan_pipeline_writes
 from ..errors import ConfigurationError
 from ._task_run import (
     ABANDONED,

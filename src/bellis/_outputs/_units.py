@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, NamedTuple
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from ._graph import TaskGeometry
+    from .._graph import TaskGeometry
 
 __all__ = [
     "WRITE_SAFETY",

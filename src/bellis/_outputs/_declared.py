@@ -20,9 +20,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ._graph import TaskGeometry
+from .._graph import TaskGeometry
+from ..errors import ConfigurationError
 from ._units import WRITE_SAFETY, OutputSpec, share_distances, sharing_message
-from .errors import ConfigurationError
 
 __all__ = ["OUTPUTS_RECORD_VERSION", "declare_outputs", "outputs_record", "resolve_output"]
 
