@@ -217,3 +217,61 @@ def test_many_identical_failures_write_little(tmp_path: Path, mode: str) -> None
     (group,) = json.loads(proc.stdout)["errors"]
     assert group["count"] == 20000
     assert group["kind"] == "status FAILED"
+
+
+SLURM_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import bellis as daisy
+
+    def process(block):
+        if int(block.write_roi.offset[0]) == 20:
+            raise ValueError("bad voxel size on the cluster")
+
+    task = daisy.Task(
+        "seg",
+        total_roi=daisy.Roi((0,), (40,)),
+        read_roi=daisy.Roi((0,), (10,)),
+        write_roi=daisy.Roi((0,), (10,)),
+        process_function=process,
+        max_retries=1,
+        num_workers=1,
+        read_write_conflict=False,
+        tracking_path=sys.argv[1],
+    )
+    launcher = daisy.SlurmLauncher(job_name_prefix=sys.argv[2], poll_interval=1.0)
+    print("RESULT", daisy.run_blockwise([task], launcher=launcher, progress=False))
+    """
+)
+
+
+@pytest.mark.slurm
+def test_a_failure_on_slurm_names_its_job(tmp_path: Path) -> None:
+    from kit.slurm import active_jobs, job_prefix, slurm_unavailable_reason
+
+    reason = slurm_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    prefix = job_prefix(tmp_path, "err")
+    script, store = tmp_path / "cluster_pipeline.py", tmp_path / "store"
+    script.write_text(SLURM_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(store), prefix],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert "RESULT False" in proc.stdout, proc.stdout + proc.stderr
+    block = json.loads(_bellis("status", str(store), "--block", "2", "--json", cwd=tmp_path).stdout)
+    attempts = block["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    for a in attempts:
+        assert a["kind"] == "raised" and a["type"] == "ValueError"
+        # the SLURM job the attempt ran in: a job id ("123") or an array task ("123_4")
+        assert a["job"] and str(a["job"]).replace("_", "").isdigit(), a
+        assert any("bad voxel size on the cluster" in line for line in a["log_lines"])
+    text = _bellis("status", str(store), "--failed", cwd=tmp_path).stdout
+    assert "1 distinct error, 2 failed attempts" in text, text
+    assert f'File "{script}", line 7, in process' in text
+    assert active_jobs(prefix) == []
