@@ -1,8 +1,9 @@
 """A user's pipeline whose blocks fail in known ways, run as a script in a subprocess.
 
 One task ``seg`` on a 4 x 10 block grid (blocks of 10 x 10), two workers, two retries,
-a timeout of 1 s. Its script picks the failing blocks itself, and this module names the
-same blocks, so a test checks what bellis recorded against the script's own choice:
+a timeout of 1 s, a restart budget for every failure (each one ends its worker). Its
+script picks the failing blocks itself, and this module names the same blocks, so a test
+checks what bellis recorded against the script's own choice:
 
 * :data:`VALUE_BLOCKS` raise ``ValueError("bad voxel size")`` on every attempt (the line
   marked ``LINE_VALUE``);
@@ -59,6 +60,7 @@ SCRIPT = textwrap.dedent(
             max_retries=2,
             num_workers=2,
             timeout=1,
+            max_worker_restarts=50,
             read_write_conflict=False,
             tracking_path=store,
             resource_tracking=TRACKED,
