@@ -83,6 +83,8 @@ class StoreFailures:
     task_id: str
     path: Path | None
     has_file: bool
+    #: failed attempts the store's ``failures`` array counts
+    counted: int = 0
     groups: list[ErrorGroupRecord] = field(default_factory=list)
     runs: int = 0
 
@@ -97,12 +99,14 @@ def failures_of(stores: list[StoreData]) -> list[StoreFailures]:
     out: list[StoreFailures] = []
     for i, s in enumerate(stores):
         file = None if s.path is None else s.path / ERRORS_FILE
+        counted = s.counts[2]
         if file is None or not file.is_file():
-            out.append(StoreFailures(i, s.task_id, s.path, False))
+            out.append(StoreFailures(i, s.task_id, s.path, False, counted))
             continue
         lines = read_errors(file)
         runs = {d.get("run") for d in lines if d.get("run") is not None}
-        out.append(StoreFailures(i, s.task_id, s.path, True, group_errors(lines), len(runs)))
+        groups = group_errors(lines)
+        out.append(StoreFailures(i, s.task_id, s.path, True, counted, groups, len(runs)))
     return out
 
 
@@ -259,14 +263,16 @@ def failures_section(found: list[StoreFailures], payload: dict[str, Any]) -> str
     head = "<tr><th class=l>kind</th><th class=l>error</th><th>attempts</th><th>blocks</th>"
     head += "<th class=l>blocks (click for details)</th><th class=l>traceback</th></tr>"
     for f in found:
-        if not f.has_file:
-            why = (
-                "no tracking store"
-                if f.path is None
-                else f"no {ERRORS_FILE} in the store (written by daisy 2.0.0 or an older "
-                "bellis, or no attempt ever failed)"
+        if not f.has_file and f.counted:
+            quiet.append(
+                f"{_esc(f.task_id)}: {f.counted} failed attempt(s) counted, but none recorded: "
+                f"the store has no {ERRORS_FILE} (written by daisy 2.0.0 or an older bellis), "
+                "so no traceback is known."
             )
-            quiet.append(f"{_esc(f.task_id)}: no error records ({_esc(why)}).")
+            continue
+        if not f.has_file:
+            where = "no tracking store" if f.path is None else f"no {ERRORS_FILE}"
+            quiet.append(f"{_esc(f.task_id)}: no failed attempt was recorded ({where}).")
             continue
         if not f.groups:
             quiet.append(f"{_esc(f.task_id)}: no failed attempt was recorded.")

@@ -64,11 +64,10 @@ PAGE_JS = r"""
     heading(b, (S ? S.task + ": " : "") + "block (" + key.split(",").join(", ") + ")");
     if (!attempts.length) {
       var why = "No failed attempt of this block was recorded.";
-      if (!S || !S.file) {
-        why = "This store has no errors.jsonl (written by daisy 2.0.0 or an older bellis)" +
-          ": its failed attempts were counted, not recorded.";
-        if (!(failures > 0)) { why = "No failed attempt of this block was counted."; }
-      } else if (failures > 0 || S.counted[key]) {
+      if (S && !S.file && failures > 0) {
+        why = "This store counts " + failures + " failed attempt(s) of this block but has " +
+          "no errors.jsonl (written by daisy 2.0.0 or an older bellis): no traceback is known.";
+      } else if (S && (failures > 0 || S.counted[key])) {
         why = "The store counts " + (failures > 0 ? failures : "some") + " failed attempt(s)" +
           " of this block, but no record of them is in this page: its error went past the " +
           "records errors.jsonl keeps per distinct error, or past the page's bound. " +
