@@ -1,6 +1,7 @@
 """Error records as users meet them: a user's pipeline script in a subprocess whose blocks
-raise two distinct errors and time out; ``bellis status --failed`` / ``--block`` and
-``task.report().errors()`` in fresh processes; serial mode; the bound on the file."""
+raise two distinct errors and time out (``kit.failing_pipeline``); ``bellis status
+--failed`` / ``--block`` and ``task.report().errors()`` in fresh processes; serial mode;
+the bound on the file."""
 
 from __future__ import annotations
 
@@ -12,49 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = textwrap.dedent(
-    """
-    import sys, time
-    import bellis as daisy
-
-    def process(block):
-        y, x = (int(v) // 10 for v in block.write_roi.offset)
-        print(f"start block {block.block_id} at {y},{x}", flush=True)
-        if (y, x) == (1, 2):
-            raise ValueError("bad voxel size")  # LINE_VALUE
-        if (y, x) in ((2, 5), (0, 9)):
-            raise KeyError("missing channel")  # LINE_KEY
-        if (y, x) == (3, 7) and MODE != "serial":
-            time.sleep(60)
-
-    def task(store):
-        return daisy.Task(
-            "seg",
-            total_roi=daisy.Roi((0, 0), (40, 100)),
-            read_roi=daisy.Roi((0, 0), (10, 10)),
-            write_roi=daisy.Roi((0, 0), (10, 10)),
-            process_function=process,
-            max_retries=2,
-            num_workers=2,
-            timeout=1,
-            read_write_conflict=False,
-            tracking_path=store,
-        )
-
-    MODE = sys.argv[1]
-    if __name__ == "__main__":
-        try:
-            ok = daisy.run_blockwise([task(sys.argv[2])], multiprocessing=MODE != "serial")
-            print("RESULT", ok)
-        except Exception as exc:
-            print("RAISED", type(exc).__name__)
-    """
-)
-
-
-def _line_of(script: Path, marker: str) -> int:
-    lines = script.read_text().splitlines()
-    return next(i + 1 for i, line in enumerate(lines) if marker in line)
+from kit.failing_pipeline import run_failing
 
 
 def _bellis(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -67,22 +26,9 @@ def _bellis(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _run_script(tmp_path: Path, mode: str) -> tuple[Path, Path, str]:
-    script = tmp_path / "my_pipeline.py"
-    script.write_text(SCRIPT)
-    store = tmp_path / "store"
-    proc = subprocess.run(
-        [sys.executable, str(script), mode, str(store)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
-    return script, store, proc.stdout + proc.stderr
-
-
 def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> None:
-    script, store, out = _run_script(tmp_path, "distributed")
+    run = run_failing(tmp_path, "distributed")
+    script, store, out = run.script, run.store, run.output
     assert "RESULT False" in out, out
     assert (store / "errors.jsonl").exists()
 
@@ -99,8 +45,8 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
         "6 attempts; blocks (0, 9), (2, 5)" in head or "6 attempts; blocks (2, 5), (0, 9)" in head
     )
     assert "3 attempts; blocks (3, 7)" in head
-    assert f'File "{script}", line {_line_of(script, "LINE_VALUE")}, in process' in text
-    assert f'File "{script}", line {_line_of(script, "LINE_KEY")}, in process' in text
+    assert f'File "{script}", line {run.line_of("LINE_VALUE")}, in process' in text
+    assert f'File "{script}", line {run.line_of("LINE_KEY")}, in process' in text
     assert "worker_" in text and ".err, line " in text
 
     data = json.loads(_bellis("status", str(store), "--failed", "--json", cwd=tmp_path).stdout)
@@ -157,14 +103,15 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
 
 
 def test_serial_failure_has_its_traceback(tmp_path: Path) -> None:
-    script, store, out = _run_script(tmp_path, "serial")
+    run = run_failing(tmp_path, "serial")
+    script, store, out = run.script, run.store, run.output
     assert "RAISED" in out, out
     records = [json.loads(line) for line in (store / "errors.jsonl").read_text().splitlines()]
     assert len(records) == 1
     (rec,) = records
     assert rec["kind"] == "raised" and rec["attempt"] == 1
     assert rec["worker"] is None and rec.get("host") is None and rec.get("job") is None
-    lines = (_line_of(script, "LINE_VALUE"), _line_of(script, "LINE_KEY"))
+    lines = (run.line_of("LINE_VALUE"), run.line_of("LINE_KEY"))
     assert any(f'File "{script}", line {n}, in process' in rec["traceback"] for n in lines)
     assert rec["log"].endswith("worker_0.err")
     proc = _bellis("status", str(store), "--failed", cwd=tmp_path)

@@ -10,5 +10,7 @@ test module imports another: what two of them share lives here.
 * ``launchers``: scenarios every launcher runs alike (``test_dask``, ``test_slurm``).
 * ``slurm``: whether a SLURM controller takes jobs, a test's jobs by name, command shims.
 * ``user_script``: a user's script run in a subprocess, and what it leaves behind.
-* ``browser``: headless Chromium for the HTML report tests.
+* ``browser``: headless Chromium for the HTML report tests, and the page's network requests.
+* ``failing_pipeline``: a user's pipeline script whose blocks fail in known ways (two
+  exceptions, a timeout, a block that fails once), for the error records and the report.
 """

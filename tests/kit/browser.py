@@ -4,7 +4,8 @@
 the top of ``<head>`` (``window.onerror`` and unhandled rejections) and, at the end,
 a probe that waits for ``<body data-rendered="yes">``, runs ``probe_js`` (an async
 function body that returns a JSON-able value) and writes the result and the errors
-into ``<pre id="bellis-probe">``. Chromium's ``--dump-dom`` then prints the DOM.
+into ``<pre id="bellis-probe">``. Chromium's ``--dump-dom`` then prints the DOM, and its
+net log says which network requests the page made (:func:`page_requests`).
 """
 
 from __future__ import annotations
@@ -87,15 +88,41 @@ def _run(args: list[str], profile: Path, timeout: float) -> subprocess.Completed
     )
 
 
+def page_requests(net_log: Path) -> list[str]:
+    """The URLs the page asked for, from Chromium's ``--log-net-log`` file: every request
+    job with an initiator (a page's; Chromium's own background requests have none), less
+    ``file:``, ``data:`` and ``blob:`` URLs."""
+    log = json.loads(net_log.read_text(encoding="utf-8"))
+    start = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    urls = []
+    for event in log.get("events", []):
+        params = event.get("params") or {}
+        url = params.get("url")
+        if event.get("type") != start or not isinstance(url, str):
+            continue
+        if params.get("initiator") in (None, "not an origin"):
+            continue
+        if not url.startswith(("file:", "data:", "blob:")):
+            urls.append(url)
+    return urls
+
+
 def load(page: Path, probe_js: str = "return null;", *, wait_ms: int = 60_000) -> dict[str, Any]:
-    """Load ``page`` headless, run the probe; returns {result, errors, rendered, dom}."""
+    """Load ``page`` headless, run the probe; returns {result, errors, rendered, dom,
+    requests} (``requests``: the network requests the page made, :func:`page_requests`)."""
     page = page.resolve()
     work = Path(tempfile.mkdtemp(prefix="bellis-browser-", dir=page.parent))
     try:
         copy = work / "page.html"
         _instrument(page, copy, probe_js, wait_ms)
+        net_log = work / "net-log.json"
         proc = _run(
-            [f"--virtual-time-budget={wait_ms * 2}", "--dump-dom", copy.as_uri()],
+            [
+                f"--virtual-time-budget={wait_ms * 2}",
+                f"--log-net-log={net_log}",
+                "--dump-dom",
+                copy.as_uri(),
+            ],
             work / "profile",
             timeout=wait_ms / 1000 * 4 + 60,
         )
@@ -110,6 +137,7 @@ def load(page: Path, probe_js: str = "return null;", *, wait_ms: int = 60_000) -
         raw = dom[start + len('<pre id="bellis-probe">') : dom.index("</pre>", start)]
         found: dict[str, Any] = json.loads(html.unescape(raw))
         found["dom"] = dom
+        found["requests"] = page_requests(net_log)
         return found
     finally:
         shutil.rmtree(work, ignore_errors=True)

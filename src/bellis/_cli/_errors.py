@@ -12,9 +12,9 @@ from typing import Any
 from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorRecord,
+    attempt_logs,
     group_errors,
     line_number,
-    log_excerpt,
     read_errors,
     records_of_run,
 )
@@ -131,19 +131,7 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
 
 
 def _attempt_json(r: ErrorRecord) -> dict[str, Any]:
-    d = dict(r.raw)
-    d["log_line"] = (
-        None if r.log is None or r.log_offset is None else line_number(r.log, r.log_offset)
-    )
-    d["log_lines"] = (
-        [] if r.log is None or r.log_offset is None else log_excerpt(r.log, r.log_offset)
-    )
-    d["out_lines"] = (
-        []
-        if r.out_log is None or r.out_offset is None
-        else log_excerpt(r.out_log, r.out_offset, before=True, max_lines=_OUT_LINES)
-    )
-    return d
+    return {**r.raw, **attempt_logs(r, out_lines=_OUT_LINES)}
 
 
 def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = False) -> str:

@@ -5,8 +5,10 @@ Owns:
   ``_data``         what the page reads: every store under the given paths, one snapshot
   ``_figures``      the page's plotly figures, as plain dictionaries
   ``_gantt``        the worker timeline (Gantt chart) of the page
+  ``_failures``     the Failures section and the block details a click shows (errors.jsonl)
   ``_advice``       advice lines, each derived from the store's figures alone
-  ``_page_script``  the page's script: draws the figures and the volume browser
+  ``_page_script``  the page's script: draws the figures and the volume browser, shows
+                    a block's failed attempts on a click
   ``_panel``        the Resource Utilization panel (text)
   ``_notebook``     Jupyter's ``_repr_html_`` of the reports
   ``_trace``        a run as a Chrome/Perfetto trace

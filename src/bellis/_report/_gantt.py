@@ -62,7 +62,7 @@ def _block_text(s: StoreData, k: int, t0: float) -> str:
             parts.append(f"{label} {format_iec(v) if unit == 'B' else format_duration(v)}")
     fails = int(s.failures.reshape(-1)[k])
     if fails:
-        parts.append(f"<b>{fails} failed attempt(s) before it succeeded</b>")
+        parts.append(f"<b>{fails} failed attempt(s) before it succeeded</b> (click: their errors)")
     return "<br>".join(parts)
 
 
@@ -76,7 +76,7 @@ def _attempt_text(s: StoreData, k: int, t0: float) -> str:
             f"ROI {s.roi(k)}",
             _worker(int(f["worker_id"][k])),
             f"sent +{sent - t0:.3f} s, returned +{ret - t0:.3f} s ({ret - sent:.3f} s)",
-            f"failures {fails} (the last attempt is drawn), not done",
+            f"failures {fails} (the last attempt is drawn), not done (click: its errors)",
         ]
     )
 
@@ -168,10 +168,13 @@ def _bars(
     style: tuple[str, str, int],
     text: list[str],
     names: list[str] | None,
+    store: int | None = None,
 ) -> list[dict[str, Any]]:
     """One bar per cell (a WebGL line segment) and a hover marker at its middle, invisible
     for a block, a cross for a failed attempt (so that a short one shows at any zoom);
-    ``y`` is the row's index, or its label (``names``) on the binned chart's category axis."""
+    ``y`` is the row's index, or its label (``names``) on the binned chart's category axis.
+    With ``store`` (the store's index in the page), each marker's ``customdata`` is
+    ``[store, "y,x", failures]``: what a click shows the block's failed attempts by."""
     name, col, width = style
     attempt = col == ATTEMPT_COLOUR
     y: list[Any] = row_of.tolist()
@@ -203,6 +206,12 @@ def _bars(
         "legendgroup": name,
         "showlegend": False,
     }
+    if store is not None:
+        fails = s.failures.reshape(-1)[cells].tolist()
+        marker["customdata"] = [
+            [store, ",".join(map(str, s.coord(int(c)))), int(n)]
+            for c, n in zip(cells.tolist(), fails, strict=True)
+        ]
     return [line, marker]
 
 
@@ -340,7 +349,8 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 if sel.any():
                     text = [_block_text(s, int(c), t0) for c in k[sel].tolist()]
                     row = _row_ids(stores, ti, k[sel], rows)
-                    data += _bars(s, row, k[sel], t0, (name, col, 10), text, None)
+                    store = ti if col == FAILED_COLOUR else None  # a click shows its attempts
+                    data += _bars(s, row, k[sel], t0, (name, col, 10), text, None, store)
     if attempts and (not binned or attempts <= TIMELINE_BLOCKS):
         for s in stamped:
             f = s.failed_stamped()
@@ -348,8 +358,9 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
                 text = [_attempt_text(s, int(c), t0) for c in f.tolist()]
                 style = (f"{s.task_id}: failed attempt", ATTEMPT_COLOUR, 6)
                 names = labels if binned else None
-                row = _row_ids(stores, stores.index(s), f, rows)
-                data += _bars(s, row, f, t0, style, text, names)
+                ti = stores.index(s)
+                row = _row_ids(stores, ti, f, rows)
+                data += _bars(s, row, f, t0, style, text, names, ti)
     elif attempts:
         trace = _binned_attempts(stores, labels, rows, edges, t0)
         if trace is not None:

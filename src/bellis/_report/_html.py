@@ -6,8 +6,9 @@ figure and the volume arrays; a small script draws them. plotly is imported here
 nowhere else, and only when a report is written: workers and ``run_blockwise`` never
 load it.
 
-Sections: summary and notes, advice, worker timeline, volume, distributions, throughput,
-workers, run history (``docs/report.md`` explains each).
+Sections: summary and notes, advice, failures, worker timeline, volume, distributions,
+throughput, workers, run history (``docs/report.md`` explains each). The failure data
+(``_failures``) travels in a second JSON document, ``<script id="bellis-failures">``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .._sizes import format_iec
 from .._stats._reports import RunReport, TaskReport
 from ._advice import advice
 from ._data import StoreData, from_task_report, load_stores
+from ._failures import failure_payload, failures_of, failures_section, payload_json
 from ._figures import (
     did_work,
     histogram_figure,
@@ -57,6 +59,12 @@ table{border-collapse:collapse;font-size:12px;margin:8px 0}
 td,th{border:1px solid #ddd;padding:3px 6px;text-align:right} th{background:#f3f3f3}
 td.l,th.l{text-align:left} .controls{margin:6px 0;font-size:13px}
 .controls label{margin-right:14px} .plot{min-height:200px}
+table.failures td{vertical-align:top} table.failures pre{max-width:560px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;max-height:320px;overflow:auto;
+background:#f7f7f7;padding:6px;font-size:12px;margin:4px 0}
+.detail{border-left:4px solid #d62728;background:#fff;margin:8px 0;padding:4px 10px}
+.detail:empty{display:none} .detail .attempt{border-top:1px solid #eee;padding:4px 0}
+.detail .meta{font-size:12px;color:#555} a.blk{cursor:pointer}
 """
 
 
@@ -257,6 +265,20 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
     )
     parts.append(_section("advice", "Advice", "Read from the figures below only.", body))
 
+    found = failures_of(stores)
+    failures = failure_payload(found)
+    parts.append(
+        _section(
+            "failures",
+            "Failures",
+            "The distinct errors of the failed attempts recorded in each store's errors.jsonl "
+            "(every run), with their blocks. Click a block here, a cell of the failure map or "
+            "a red or orange bar of the timeline for that block's attempts, traceback and "
+            "log lines.",
+            failures_section(found, failures),
+        )
+    )
+
     fig = timeline_figure(stores)
     if fig is not None:
         figures["timeline"] = fig
@@ -269,7 +291,9 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "of a block that is not done. Gaps are idle time. With several runs it opens on the "
             "last run that did work, and each row is one worker of one run (worker ids restart "
             "every run); pick a run above the chart (start, blocks, wall) to zoom to it.",
-            _plot("timeline", "timeline") if fig else _empty(_NO_STAMPS),
+            _plot("timeline", "timeline") + '<div class="detail" id="timeline-detail"></div>'
+            if fig
+            else _empty(_NO_STAMPS),
         )
     )
 
@@ -279,17 +303,20 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         if p is None:
             continue
         p["div"] = f"volume-{i}"
+        p["store"] = i
         volumes.append(p)
         vol_html.append(
             f'<h3>{_esc(s.task_id)}</h3><div class="controls" id="volume-{i}-controls"></div>'
             + _plot(f"volume-{i}", "volume")
+            + f'<div class="detail" id="volume-{i}-detail"></div>'
         )
     parts.append(
         _section(
             "volume",
             "The volume",
             "The block grid: choose a figure; a 3-D grid shows one slice, chosen with the "
-            "slider along the chosen axis. Hover a cell for its coordinate, ROI and figures.",
+            "slider along the chosen axis. Hover a cell for its coordinate, ROI and figures; "
+            "click one for its failed attempts.",
             "".join(vol_html) or _empty("No store with a 1-, 2- or 3-D grid."),
         )
     )
@@ -352,13 +379,15 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         parts.append(_section(sid, title_, intro, body))
 
     payload = json.dumps({"figures": figures, "volumes": volumes}, separators=(",", ":"))
-    payload = payload.replace("</", "<\\/")
+    payload = payload.replace("</", "<\\/").replace("<!--", "\\u003c!--")
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{_esc(title)}</title><style>{_CSS}</style>"
         f"<script>{get_plotlyjs()}</script></head><body>"
         + "".join(parts)
         + f'<script id="bellis-data" type="application/json">{payload}</script>'
+        + f'<script id="bellis-failures" type="application/json">{payload_json(failures)}'
+        + "</script>"
         + f"<script>{PAGE_JS}</script></body></html>"
     )
 

@@ -5,6 +5,13 @@ as base64 typed arrays, sliced here in the browser (one slice of one figure at a
 so a large grid costs its bytes once). When every plot has rendered, ``<body>`` gets
 ``data-rendered="yes"``. ``window.bellisReport.volumes[div].show(metric, axis, index)``
 redraws a volume view (the controls call it; so can a test).
+
+The failed attempts of each block arrive in ``#bellis-failures`` (``_failures``). A click
+on a cell of a volume view, on a red or orange bar of the timeline (its ``customdata``
+names the block) or on a block link of the Failures section shows that block's attempts,
+tracebacks and log lines in the ``.detail`` box below it:
+``window.bellisReport.showBlock(store, "y,x", box, failures)`` does the same. Everything
+from a run is put in the page as text (``textContent``), never as markup.
 """
 
 from __future__ import annotations
@@ -25,9 +32,137 @@ PAGE_JS = r"""
     if (pending <= 0) { document.body.setAttribute("data-rendered", "yes"); }
   }
   if (pending === 0) { document.body.setAttribute("data-rendered", "yes"); }
+  var FE = document.getElementById("bellis-failures");
+  var FD = FE ? JSON.parse(FE.textContent) : {stores: {}};
+  api.failures = FD;
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) { e.className = cls; }
+    if (text !== undefined && text !== null) { e.textContent = String(text); }
+    return e;
+  }
+  function box(target) {
+    return typeof target === "string" ? document.getElementById(target) : target;
+  }
+  function heading(b, text) {
+    b.textContent = "";
+    var head = el("div", "head");
+    var close = el("a", "close", "close");
+    close.href = "#"; close.style.cssFloat = "right";
+    close.addEventListener("click", function (e) { e.preventDefault(); b.textContent = ""; });
+    head.appendChild(close);
+    head.appendChild(el("b", null, text));
+    b.appendChild(head);
+  }
+  // one block's recorded failed attempts, into the box `target`; `failures` is the
+  // store's count of them where the caller knows it
+  function showBlock(store, key, target, failures) {
+    var b = box(target);
+    if (!b) { return null; }
+    var S = FD.stores[String(store)] || null;
+    var attempts = S && S.blocks[key] ? S.blocks[key] : [];
+    heading(b, (S ? S.task + ": " : "") + "block (" + key.split(",").join(", ") + ")");
+    if (!attempts.length) {
+      var why = "No failed attempt of this block was recorded.";
+      if (S && !S.file && failures > 0) {
+        why = "This store counts " + failures + " failed attempt(s) of this block but has " +
+          "no errors.jsonl (written by daisy 2.0.0 or an older bellis): no traceback is known.";
+      } else if (S && (failures > 0 || S.counted[key])) {
+        why = "The store counts " + (failures > 0 ? failures : "some") + " failed attempt(s)" +
+          " of this block, but no record of them is in this page: its error went past the " +
+          "records errors.jsonl keeps per distinct error, or past the page's bound. " +
+          "bellis status " + S.path + " --block " + key + " shows what errors.jsonl holds.";
+      }
+      b.appendChild(el("p", "empty", why));
+      return b;
+    }
+    var n = attempts.length;
+    b.appendChild(el("p", "meta", n + " recorded failed attempt" + (n === 1 ? "" : "s") +
+      (failures > n ? " of the " + failures + " the store counts" : "")));
+    attempts.forEach(function (a) {
+      var d = el("div", "attempt");
+      var what = a.type ? a.type + (a.message ? ": " + a.message : "") : a.message;
+      var title = el("div");
+      title.appendChild(el("b", null, "attempt " + a.attempt + " [" + a.kind + "] "));
+      title.appendChild(document.createTextNode(what || ""));
+      d.appendChild(title);
+      var who = [a.worker !== null && a.worker !== undefined ? "worker " + a.worker
+                                                              : "no worker"];
+      if (a.host) { who.push("host " + a.host); }
+      if (a.pid !== null && a.pid !== undefined) { who.push("pid " + a.pid); }
+      if (a.job) { who.push("job " + a.job); }
+      if (a.time) { who.push("at " + a.time + " UTC"); }
+      if (a.run) { who.push("in the run started " + a.run + " UTC"); }
+      d.appendChild(el("div", "meta", who.join(", ")));
+      if (a.where) { d.appendChild(el("div", "meta", "in " + a.where)); }
+      if (a.traceback) { d.appendChild(el("pre", "tb", a.traceback.replace(/\n+$/, ""))); }
+      if (a.log) {
+        d.appendChild(el("div", "meta", "log " + a.log +
+          (a.log_line !== null && a.log_line !== undefined ? ", line " + a.log_line : "") +
+          (a.log_lines.length ? ":" : " (not readable here)")));
+        if (a.log_lines.length) { d.appendChild(el("pre", "log", a.log_lines.join("\n"))); }
+      }
+      if (a.out_lines && a.out_lines.length) {
+        d.appendChild(el("div", "meta", "last lines of " + a.out_log + " before it:"));
+        d.appendChild(el("pre", "log", a.out_lines.join("\n")));
+      }
+      b.appendChild(d);
+    });
+    return b;
+  }
+  // a downsampled cell covers k blocks per axis: list those with records
+  function listBlocks(store, lo, k, target, failures) {
+    var b = box(target);
+    if (!b) { return null; }
+    var S = FD.stores[String(store)] || null;
+    heading(b, (S ? S.task + ": " : "") + "blocks (" + lo.map(function (g) {
+      return (g * k) + ".." + (g * k + k - 1); }).join(", ") + ")");
+    var keys = S ? Object.keys(S.blocks).filter(function (key) {
+      var c = key.split(",").map(Number);
+      return c.length === lo.length && c.every(function (x, a) {
+        return x >= lo[a] * k && x < lo[a] * k + k; });
+    }) : [];
+    if (!keys.length) {
+      b.appendChild(el("p", "empty", failures > 0
+        ? "No record of the failed attempts of these blocks is in this page."
+        : "No failed attempt in these blocks."));
+      return b;
+    }
+    var p = el("p", "meta", "blocks with recorded failed attempts (click one): ");
+    keys.slice(0, 50).forEach(function (key, i) {
+      var a = el("a", "blk", "(" + key.split(",").join(", ") + ")");
+      a.href = "#";
+      a.addEventListener("click", function (e) {
+        e.preventDefault(); showBlock(store, key, b, undefined);
+      });
+      if (i) { p.appendChild(document.createTextNode(", ")); }
+      p.appendChild(a);
+    });
+    if (keys.length > 50) { p.appendChild(document.createTextNode(" and more")); }
+    b.appendChild(p);
+    return b;
+  }
+  api.showBlock = showBlock;
+  document.querySelectorAll("a.blk[data-block]").forEach(function (a) {
+    a.addEventListener("click", function (e) {
+      e.preventDefault();
+      showBlock(a.getAttribute("data-store"), a.getAttribute("data-block"),
+                "failures-detail", undefined);
+    });
+  });
+
   ids.forEach(function (id) {
     var f = D.figures[id];
-    Plotly.newPlot("plot-" + id, f.data, f.layout, config).then(mark);
+    Plotly.newPlot("plot-" + id, f.data, f.layout, config).then(function (gd) {
+      if (id === "timeline") {  // a red or orange bar: the block's failed attempts
+        gd.on("plotly_click", function (ev) {
+          var pt = ev && ev.points && ev.points[0];
+          var cd = pt && pt.customdata;
+          if (cd) { showBlock(cd[0], cd[1], "timeline-detail", cd[2]); }
+        });
+      }
+      mark();
+    });
   });
 
   function decode(spec) {
@@ -190,8 +325,27 @@ PAGE_JS = r"""
         show(state.metric, state.axis, Number(slider.value));
       });
     }
+    // a click on a cell: its block's failed attempts, below the view
+    function clicked(ev) {
+      var pt = ev && ev.points && ev.points[0];
+      if (!pt || !pt.pointNumber) { return; }
+      var i = pt.pointNumber[0], j = pt.pointNumber[1], ra = 0, ca = 1;
+      var c = [0, 0, 0].slice(0, nd);
+      if (nd === 3) {
+        var rest = [0, 1, 2].filter(function (a) { return a !== state.axis; });
+        ra = rest[0]; ca = rest[1]; c[state.axis] = state.index;
+      }
+      c[ra] = i; c[ca] = j;
+      var f = flatOf(c);
+      var grid = v.ndim === 1 ? [c[1]] : c;
+      if (k === 1) { showBlock(v.store, grid.join(","), v.div + "-detail", M.failures[f]); }
+      else { listBlocks(v.store, grid, k, v.div + "-detail", M.failures[f]); }
+    }
     api.volumes[v.div] = {show: show, state: state, task: v.task};
-    return show(state.metric, state.axis, state.index);
+    return show(state.metric, state.axis, state.index).then(function (gd) {
+      gd.on("plotly_click", clicked);
+      return gd;
+    });
   }
   D.volumes.forEach(function (v) { volume(v).then(mark); });
 })();

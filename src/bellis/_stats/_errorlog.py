@@ -36,6 +36,7 @@ __all__ = [
     "ErrorGroupRecord",
     "ErrorLog",
     "ErrorRecord",
+    "attempt_logs",
     "cap_text",
     "group_errors",
     "line_number",
@@ -457,6 +458,38 @@ def log_excerpt(
         if len(out) >= max_lines:
             break
     return out
+
+
+def attempt_logs(
+    record: ErrorRecord,
+    *,
+    err_lines: int = 40,
+    out_lines: int = 10,
+    max_bytes: int = 16384,
+) -> dict[str, Any]:
+    """What the worker's log files say about one attempt, read at its recorded offsets:
+    ``log_line`` (the 1-based line of the attempt's first line in its ``.err`` file),
+    ``log_lines`` (at most ``err_lines`` lines of ``.err`` from there on) and
+    ``out_lines`` (the last ``out_lines`` lines of ``.out`` before the attempt ended).
+    Missing or unreadable files give None and []. ``bellis status --block`` and the
+    HTML report's block details both show these."""
+    log_line: int | None = None
+    log_lines: list[str] = []
+    out: list[str] = []
+    if record.log is not None and record.log_offset is not None:
+        log_line = line_number(record.log, record.log_offset)
+        log_lines = log_excerpt(
+            record.log, record.log_offset, max_lines=err_lines, max_bytes=max_bytes
+        )
+    if record.out_log is not None and record.out_offset is not None and out_lines > 0:
+        out = log_excerpt(
+            record.out_log,
+            record.out_offset,
+            before=True,
+            max_lines=out_lines,
+            max_bytes=max_bytes,
+        )
+    return {"log_line": log_line, "log_lines": log_lines, "out_lines": out}
 
 
 def _is_boundary(line: str) -> bool:
