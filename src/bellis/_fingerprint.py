@@ -124,10 +124,11 @@ def differences(old: dict[str, Any], new: Fingerprint) -> list[str]:
 
 
 def _docstring_slot(code: CodeType) -> bool:
-    """Whether ``co_consts[0]`` is the code's docstring (never loaded by its bytecode)."""
+    """Whether ``co_consts[0]`` is the code's docstring slot (a string or None that its
+    bytecode never loads), so that editing, adding or removing a docstring changes nothing."""
     if sys.version_info >= (3, 14):
         return bool(code.co_flags & _HAS_DOCSTRING)
-    if not code.co_consts or not isinstance(code.co_consts[0], str):
+    if not code.co_consts or not isinstance(code.co_consts[0], str | None):
         return False
     return not any(i.opcode in _CONST_OPS and i.arg == 0 for i in dis.get_instructions(code))
 
@@ -189,13 +190,22 @@ def _feed_code(h: Any, code: CodeType) -> None:
 
 def hash_code(fn: FunctionType) -> str:
     """The hash of one function: its code (nested code included), defaults and the plain
-    values of the globals it names; no line numbers, comments or docstrings."""
+    values of its closure cells and of the globals it names; no line numbers, comments or
+    docstrings."""
     h = hashlib.blake2b(digest_size=16)
     _feed_code(h, fn.__code__)
     for tag, values in (("d", fn.__defaults__ or ()), ("k", fn.__kwdefaults__ or {})):
         h.update(tag.encode())
         if not _feed_value(h, values):
             h.update(repr([type(v).__name__ for v in values]).encode())
+    for cell_name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if _feed_value(hashlib.blake2b(), value):
+            h.update(f"c:{cell_name}=".encode())
+            _feed_value(h, value)
     names = sorted({n for c in _codes(fn.__code__) for n in c.co_names})
     for name in names:
         value = fn.__globals__.get(name, _MISSING)
