@@ -53,7 +53,8 @@ def test_same_code_same_hash_and_the_functions_it_covered() -> None:
         # the helper moved below the function that calls it
         lambda s: (
             s.replace(
-                "def helper(x):\n    '''Compare against the threshold.'''\n    return x > THRESHOLD\n",
+                "def helper(x):\n    '''Compare against the threshold.'''\n"
+                "    return x > THRESHOLD\n",
                 "",
             )
             + "\ndef helper(x):\n    return x > THRESHOLD\n"
