@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     from ._worker._profiling import profile_block as profile_block
     from .errors import (
         BellisError as BellisError,
+        CodeChangedError as CodeChangedError,
         ConfigurationError as ConfigurationError,
         ConnectionLostError as ConnectionLostError,
         DependencyCycleError as DependencyCycleError,

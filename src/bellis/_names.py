@@ -24,6 +24,7 @@ HOMES: dict[str, tuple[str, str]] = {
     "BlockStatus": ("bellis._block", "BlockStatus"),
     "BlockwiseDependencyGraph": ("bellis._graph", "BlockwiseDependencyGraph"),
     "Client": ("bellis._worker._client", "Client"),
+    "CodeChangedError": ("bellis.errors", "CodeChangedError"),
     "ConfigurationError": ("bellis.errors", "ConfigurationError"),
     "ConnectionLostError": ("bellis.errors", "ConnectionLostError"),
     "Context": ("bellis._worker._client", "Context"),

@@ -17,6 +17,7 @@ import numpy as np
 from . import _seams
 from ._block import _as_roi
 from ._code_origin import function_arity
+from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
 from ._sizes import format_grant, parse_growth, parse_size
@@ -154,6 +155,8 @@ class Task:
         max_memory: int | str | None = None,
         outputs: Any = None,
         write_safety: str = "error",
+        version: str | dict[str, Any] | None = None,
+        on_code_change: str = "warn",
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -225,6 +228,7 @@ class Task:
         self._requires = _parse_requires(requires)
         self._skip_mask = None if skip_mask is None else self._coerce_mask(skip_mask)
         self._launcher = launcher
+        self._version, self._on_code_change = check_code_options(version, on_code_change)
 
     # -- validation helpers ------------------------------------------------------------
     def _coerce_mask(self, mask: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:

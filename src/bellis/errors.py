@@ -6,7 +6,8 @@ The tree::
     ├─ ConfigurationError(ValueError, RuntimeError)
     │   └─ DependencyCycleError
     ├─ TrackingError(RuntimeError)
-    │   └─ LayoutMismatch
+    │   ├─ LayoutMismatch
+    │   └─ CodeChangedError
     ├─ ProtocolError
     ├─ ConnectionLostError(ConnectionError)
     └─ WorkerError(RuntimeError)
@@ -37,6 +38,7 @@ from typing import Any
 __all__ = [
     "BellisDeprecationWarning",
     "BellisError",
+    "CodeChangedError",
     "ConfigurationError",
     "ConnectionLostError",
     "DependencyCycleError",
@@ -101,6 +103,30 @@ class LayoutMismatch(TrackingError):
         super().__init__(message, path=path)
         self.stored = stored
         self.expected = expected
+
+
+class CodeChangedError(TrackingError):
+    """Raised at run start, before any block runs, by a task with
+    ``Task(on_code_change="error")`` whose store has done blocks that other code made
+    (another process function, helper module or ``Task(version=...)``).
+
+    ``task_id`` names the task, ``count`` the blocks, ``differences`` what differs
+    (``"function f"``, ``"file helpers.py"``, ``"version key model"`` ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        task_id: str | None = None,
+        count: int = 0,
+        differences: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, path=path)
+        self.task_id = task_id
+        self.count = count
+        self.differences = differences
 
 
 class ProtocolError(BellisError):

@@ -118,6 +118,8 @@ def test_a_bellis_store_resumes_in_daisy(tmp_path: Path) -> None:
     hash_written = json.loads((store / "zarr.json").read_text())["attributes"]["daisy_task_hash"]
     fixture_hash = json.loads((FIXTURE / "zarr.json").read_text())["attributes"]["daisy_task_hash"]
     assert hash_written == fixture_hash
+    # bellis's per-block code version (issue 26) is in the store daisy opens next
+    assert (store / "code_version" / "zarr.json").is_file()
 
     seen: list[tuple[int, ...]] = []
     dtask = daisy.Task(

@@ -23,6 +23,7 @@ EXPECTED_ALL = {
     "BlockStatus",
     "BlockwiseDependencyGraph",
     "Client",
+    "CodeChangedError",
     "ConfigurationError",
     "ConnectionLostError",
     "Context",

@@ -1192,3 +1192,43 @@ def test_a_forked_child_does_not_keep_the_lock(store_path: Path) -> None:
     finally:
         os.close(write_end)
         os.waitpid(pid, 0)
+
+
+# -- the code version per block (issue 26) -------------------------------------------------
+
+
+def test_code_version_is_created_on_first_use_and_written_before_done(store_path: Path) -> None:
+    from bellis._tracking._codever import clear_cells, code_counts, read_table, register
+
+    with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
+        assert store.code_versions() is None and store.code_view() is None
+        index, table = register(store_path, {"hash": "aa", "functions": {"f": "1"}}, 1.0)
+        assert index == 1 and table[0]["first_seen"] == 1.0
+        assert register(store_path, {"hash": "aa"}, 2.0)[0] == 1  # seen: same index
+        store.use_code_version(index)
+        store.record_success(0, None, -1, 0.0, 0.0)
+        view = store.code_view()
+        view[5] = 1
+        store.done_view()[5] = 1  # type: ignore[index]
+    assert (store_path / "code_version" / "zarr.json").is_file()
+    assert chunk(store_path, "code_version", 2).stat().st_size == 24
+    codes = chunk_values(store_path, "code_version", "uint16", (3, 4))
+    assert codes.reshape(-1).tolist() == [1, 0, 0, 0, 0, 1] + [0] * 6
+    assert [e["hash"] for e in read_table(store_path)] == ["aa"]
+    z = zarr.open_group(str(store_path), mode="r")
+    assert z["code_version"].dtype == np.uint16
+
+    # a new fingerprint gets index 2; its blocks and the unknown ones are told apart
+    with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
+        assert register(store_path, {"hash": "bb"}, 3.0)[0] == 2
+        store.use_code_version(2)
+        store.record_success(1, None, -1, 0.0, 0.0)
+        store.done.reshape(-1)[2] = 1  # done by code that recorded no version: unknown
+        codes_now = store.code_versions()
+        assert codes_now is not None
+        assert code_counts(store.done, codes_now) == {0: 1, 1: 2, 2: 1}
+        assert clear_cells(store.done, codes_now, [1]) == 2
+        assert store.done.reshape(-1)[:6].tolist() == [0, 1, 1, 0, 0, 0]
+    readonly = TrackingStore.open_readonly(store_path)
+    assert readonly.code_versions() is not None
+    readonly.close()

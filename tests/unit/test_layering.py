@@ -31,6 +31,7 @@ TOP_LEVEL = {
         "_streams",
         "_signals",
         "_code_origin",
+        "_fingerprint",
         "_sizes",
         "_seams",
     },

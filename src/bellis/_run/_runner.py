@@ -50,6 +50,7 @@ from ..errors import (
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
+from ._provenance import check_code, code_summary
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._summary import ErrorCollector, error_logs, format_summary, resume_message
@@ -439,7 +440,9 @@ def _execute(plan: RunPlan) -> _RunResult:
         started_wall = time.time()
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
+        notes: dict[str, str] = {}
         try:
+            notes = check_code(list(plan.tasks), stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores)
             result.order = scheduler.task_order
             run = _Run(scheduler, result, errors)
@@ -475,7 +478,7 @@ def _execute(plan: RunPlan) -> _RunResult:
             interrupted=result.interrupted is not None,
             errors=errors.as_dict(),
         )
-        print_to_stdout(text)
+        print_to_stdout(text + code_summary(notes, result.order))
         for tid in result.order:
             msg = resume_message(result.states[tid])
             if msg:

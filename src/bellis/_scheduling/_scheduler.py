@@ -338,6 +338,9 @@ class Scheduler:
         if record and run.store is not None:
             fast = run.done_fast
             if fast is not None and stats is None:
+                code = run.code_fast
+                if code is not None:  # the block's fingerprint first: done names its code
+                    code[k] = run.code_index
                 fast[k] = 1
             else:
                 cell = run.cell_of(k)

@@ -132,6 +132,9 @@ class TaskRun:
         self.store: Any = None
         self.cell_identity = True
         self.done_fast: memoryview | None = None
+        #: where the fast path writes a done block's fingerprint index (``code_index``)
+        self.code_fast: Any = None
+        self.code_index = 0
         self.cell_shift: tuple[int, ...] = ()
         self.cell_grid: tuple[int, ...] = ()
         self.cell_strides: tuple[int, ...] = ()
@@ -211,6 +214,8 @@ class TaskRun:
         self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
         # blocks that return without measurements mark their cell done through this view
         self.done_fast = store.done_view() if self.cell_identity else None
+        if hasattr(store, "code_view"):
+            self.code_fast, self.code_index = store.code_view(), store.code_index
 
     def cell_of(self, k: int) -> int:
         """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""

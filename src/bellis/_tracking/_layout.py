@@ -84,6 +84,7 @@ ARRAY_DTYPES: dict[str, str] = {
     "returned_at": "float64",
     "cpu_children_seconds": "float32",
     "memory_grant_mb": "uint32",
+    "code_version": "uint16",
 }
 """The zarr v3 ``data_type`` of every array bellis knows."""
 

@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 
 from .._block import STATS_ARRAYS
 from ..errors import TrackingError
+from ._codever import CODE_ARRAY
 from ._disk import (
     LOCK_NAME,
     StoreLock,
@@ -97,6 +98,7 @@ _U32_MAX = 2**32 - 1
 _NAN = float("nan")
 _MEMORYVIEW_FORMATS = {
     "uint8": "B",
+    "uint16": "H",
     "uint32": "I",
     "uint64": "Q",
     "float32": "f",
@@ -117,6 +119,8 @@ class TrackingStore:
         "_arrays",
         "_cell_count",
         "_closed",
+        "_code_flat",
+        "_code_index",
         "_columns",
         "_cpu_children",
         "_cpu_seconds",
@@ -183,6 +187,8 @@ class TrackingStore:
         self._missing_stats: tuple[str, ...] = ()
         self._views: list[memoryview] = []
         self._columns: dict[str, NDArray[Any]] = {}
+        self._code_flat: Any = None
+        self._code_index = 0
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -366,14 +372,14 @@ class TrackingStore:
         self._cpu_children = fast("cpu_children_seconds")
         self._columns = {name: self._flat(name) for name in STAT_ARRAYS}
 
-    def _fast(self, name: str) -> Any:
+    def _fast(self, name: str, array: Any = None) -> Any:
         """A flat, writable view of array ``name`` for per-block stores.
 
         A typed ``memoryview`` takes a Python number about three times faster than a
         numpy scalar assignment, and ``record_success`` writes eleven per block. The
         chunks are little-endian, so that is only used on little-endian hosts.
         """
-        flat = self._flat(name)
+        flat = self._flat(name) if array is None else array.reshape(-1).view(np.ndarray)
         if sys.byteorder != "little":
             return flat
         return self._view(flat, ARRAY_DTYPES[name])
@@ -429,7 +435,7 @@ class TrackingStore:
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in BASE_ARRAYS + STAT_ARRAYS:
+        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY,):
             directory = root / name
             meta_file = directory / "zarr.json"
             meta = read_json(meta_file)
@@ -538,6 +544,8 @@ class TrackingStore:
             raise self._refuse_write()
         if not 0 <= cell < self._cell_count:
             return
+        if self._code_flat is not None:
+            self._code_flat[cell] = self._code_index
         self._done_flat[cell] = 1
         if stats is None or not self._tracks_resources:
             return
@@ -593,18 +601,49 @@ class TrackingStore:
             raise self._refuse_write()
         if not 0 <= cell < self._cell_count:
             return
-        array = self._arrays.get(GRANT_ARRAY)
+        array = self._optional_array(GRANT_ARRAY)
+        array.reshape(-1)[cell] = min(megabytes, _U32_MAX)
+
+    def _optional_array(self, name: str) -> np.memmap[Any, Any]:
+        """Array ``name``, mapped, or created when the store lacks it."""
+        array = self._arrays.get(name)
         if array is None:
             try:
-                if (self.path / GRANT_ARRAY / "zarr.json").exists():
-                    array = map_array(self.path, GRANT_ARRAY, self.grid_shape)
+                if (self.path / name / "zarr.json").exists():
+                    array = map_array(self.path, name, self.grid_shape)
                 else:
-                    array = create_array(self.path, GRANT_ARRAY, self.grid_shape)
+                    array = create_array(self.path, name, self.grid_shape)
             except OSError as exc:
-                files = chunk_files(self.path, self.grid_shape, (GRANT_ARRAY,))
+                files = chunk_files(self.path, self.grid_shape, (name,))
                 raise open_error(str(self.path), exc, files) from exc
-            self._arrays[GRANT_ARRAY] = array
-        array.reshape(-1)[cell] = min(megabytes, _U32_MAX)
+            self._arrays[name] = array
+        return array
+
+    def code_versions(self) -> np.memmap[Any, Any] | None:
+        """The ``code_version`` array (``_codever``), or None for a store without it."""
+        self._array("done")  # a closed store raises
+        array = self._arrays.get(CODE_ARRAY)
+        if array is None and self._writable and (self.path / CODE_ARRAY / "zarr.json").exists():
+            array = self._optional_array(CODE_ARRAY)
+        return array
+
+    def use_code_version(self, index: int) -> None:
+        """Record every block marked done from now on as made by fingerprint ``index``
+        (the ``code_version`` array, created by the first call on a store)."""
+        if not self._writable:
+            raise self._refuse_write()
+        self._code_index = index
+        self._code_flat = self._fast(CODE_ARRAY, self._optional_array(CODE_ARRAY))
+
+    def code_view(self) -> Any:
+        """Where the scheduler's fast path writes a block's fingerprint index before its
+        done byte (``code_view[cell] = index``); None until :meth:`use_code_version`."""
+        return self._code_flat
+
+    @property
+    def code_index(self) -> int:
+        """The fingerprint index blocks marked done now are recorded with (0: none)."""
+        return self._code_index
 
     def record_failure(
         self, cell: int, worker_id: int = -1, sent_at: float = 0.0, returned_at: float = 0.0
@@ -677,6 +716,7 @@ class TrackingStore:
         self._columns = {}
         empty: NDArray[Any] = np.zeros(0, dtype=np.uint8)
         self._done_flat = self._failures_flat = empty
+        self._code_flat = None
         if self._tracks_resources:
             self._wall_seconds = self._cpu_seconds = self._peak_rss = empty
             self._io_read = self._io_write = self._gpu_util = self._gpu_mem = empty

@@ -1,0 +1,373 @@
+"""Which code made a block: the fingerprint of a task's code and declared version.
+
+The driver computes one :class:`Fingerprint` per task at run start (:func:`fingerprint`);
+the tracking store keeps a table of the fingerprints it has seen and, per done block, the
+index of the one that made it (``_tracking/_codever.py``). Three things are hashed:
+
+- the code shipped by value with the process function (functions of the script or
+  notebook, their closures and the helpers and class methods they name; the walk is
+  ``_code_origin``'s): bytecode, constants (recursively), names, argument layout and
+  defaults, and the plain values (numbers, strings, tuples of them ...) of the module
+  globals the code names, so editing ``THRESHOLD = 0.5`` is a change. Line numbers,
+  comments and docstrings are not hashed: moving a function or editing a comment changes
+  nothing;
+- the source of the user's own modules the code uses (files outside ``site-packages`` and
+  the standard library, followed through the modules they import in turn);
+- ``Task(version=...)``: a string or a JSON-able dict the user declares.
+
+Recorded beside it, not hashed: the versions of the third-party distributions those
+modules import. Pure apart from reading the user's module files.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from types import CodeType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+from ._code_origin import _codes
+from .errors import ConfigurationError
+
+__all__ = [
+    "ON_CODE_CHANGE",
+    "Fingerprint",
+    "check_code_options",
+    "differences",
+    "fingerprint",
+    "hash_code",
+]
+
+#: what a resume does with done blocks that other code made
+ON_CODE_CHANGE = ("warn", "rerun", "error")
+
+_MAX_OBJECTS = 10_000
+_MAX_VALUE = 4096  # the most items of a global container hashed by value
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_CONST_OPS = frozenset(dis.hasconst)
+# Python 3.14 flags a docstring instead of keeping co_consts[0] for it
+_HAS_DOCSTRING = 0x4000000
+
+
+def check_code_options(version: Any, on_code_change: Any) -> tuple[Any, str]:
+    """``Task(version=..., on_code_change=...)`` validated: ``(version, policy)``."""
+    if on_code_change not in ON_CODE_CHANGE:
+        raise ConfigurationError(
+            f"on_code_change={on_code_change!r}: use 'warn', 'rerun' or 'error'",
+            parameter="on_code_change",
+        )
+    if version is None or isinstance(version, str):
+        return version, on_code_change
+    if not isinstance(version, dict) or not all(isinstance(k, str) for k in version):
+        raise ConfigurationError(
+            f"version must be a string or a dict with string keys (got {type(version).__name__})",
+            parameter="version",
+        )
+    try:
+        return json.loads(json.dumps(version, sort_keys=True, allow_nan=False)), on_code_change
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"version must be JSON-able: {exc}", parameter="version") from exc
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A task's code and declared version, hashed, with what it covered."""
+
+    hash: str
+    #: qualified name -> hash of each function hashed by value
+    functions: dict[str, str] = field(default_factory=dict)
+    #: path -> hash of each user module's source
+    files: dict[str, str] = field(default_factory=dict)
+    version: Any = None
+    #: distribution -> version, recorded only
+    packages: dict[str, str] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "hash": self.hash,
+            "functions": dict(self.functions),
+            "files": dict(self.files),
+            "version": self.version,
+            "packages": dict(self.packages),
+        }
+
+
+def differences(old: dict[str, Any], new: Fingerprint) -> list[str]:
+    """What differs between a stored fingerprint record and ``new``, in words:
+    ``function f``, ``file helpers.py``, ``version key model`` ..."""
+    out: list[str] = []
+    old_fns = old.get("functions") or {}
+    for name in sorted(set(old_fns) | set(new.functions)):
+        if old_fns.get(name) != new.functions.get(name):
+            out.append(f"function {name}")
+    old_files = old.get("files") or {}
+    for path in sorted(set(old_files) | set(new.files)):
+        if old_files.get(path) != new.files.get(path):
+            out.append(f"file {os.path.basename(path)}")
+    a, b = old.get("version"), new.version
+    if a != b:
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out.extend(f"version key {k}" for k in keys)
+        else:
+            out.append("version")
+    return out
+
+
+# -- hashing code ---------------------------------------------------------------------------
+
+
+def _docstring_slot(code: CodeType) -> bool:
+    """Whether ``co_consts[0]`` is the code's docstring slot (a string or None that its
+    bytecode never loads), so that editing, adding or removing a docstring changes nothing."""
+    if sys.version_info >= (3, 14):
+        return bool(code.co_flags & _HAS_DOCSTRING)
+    if not code.co_consts or not isinstance(code.co_consts[0], str | None):
+        return False
+    return not any(i.opcode in _CONST_OPS and i.arg == 0 for i in dis.get_instructions(code))
+
+
+def _feed_value(h: Any, value: Any, depth: int = 0) -> bool:
+    """Feed a plain value (numbers, strings, containers of them) to ``h``; False (and
+    nothing fed) for anything else."""
+    if isinstance(value, _PLAIN):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+        return True
+    if depth > 8 or not isinstance(value, tuple | list | frozenset | set | dict):
+        return False
+    if len(value) > _MAX_VALUE:
+        return False
+    items: list[Any]
+    if isinstance(value, dict):
+        items = [x for kv in value.items() for x in kv]
+    elif isinstance(value, set | frozenset):
+        try:
+            items = sorted(value)
+        except TypeError:
+            return False
+    else:
+        items = list(value)
+    sub = hashlib.blake2b(digest_size=16)
+    for x in items:
+        if not _feed_value(sub, x, depth + 1):
+            return False
+    h.update(f"{type(value).__name__}[{len(items)}]".encode() + sub.digest())
+    return True
+
+
+def _feed_code(h: Any, code: CodeType) -> None:
+    h.update(code.co_code)
+    consts = code.co_consts[1:] if _docstring_slot(code) else code.co_consts
+    for c in consts:
+        if isinstance(c, CodeType):
+            h.update(b"code{")
+            _feed_code(h, c)
+            h.update(b"}")
+        elif not _feed_value(h, c):
+            h.update(f"{type(c).__name__};".encode())
+    h.update(
+        repr(
+            (
+                code.co_name,
+                code.co_names,
+                code.co_varnames,
+                code.co_freevars,
+                code.co_cellvars,
+                code.co_argcount,
+                code.co_posonlyargcount,
+                code.co_kwonlyargcount,
+                code.co_flags & ~_HAS_DOCSTRING,
+            )
+        ).encode()
+    )
+
+
+def hash_code(fn: FunctionType) -> str:
+    """The hash of one function: its code (nested code included), defaults and the plain
+    values of its closure cells and of the globals it names; no line numbers, comments or
+    docstrings."""
+    h = hashlib.blake2b(digest_size=16)
+    _feed_code(h, fn.__code__)
+    for tag, values in (("d", fn.__defaults__ or ()), ("k", fn.__kwdefaults__ or {})):
+        h.update(tag.encode())
+        if not _feed_value(h, values):
+            h.update(repr([type(v).__name__ for v in values]).encode())
+    for cell_name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if _feed_value(hashlib.blake2b(), value):
+            h.update(f"c:{cell_name}=".encode())
+            _feed_value(h, value)
+    names = sorted({n for c in _codes(fn.__code__) for n in c.co_names})
+    for name in names:
+        value = fn.__globals__.get(name, _MISSING)
+        if value is not _MISSING and _feed_value(hashlib.blake2b(), value):
+            h.update(f"g:{name}=".encode())
+            _feed_value(h, value)
+    return h.hexdigest()
+
+
+_MISSING = object()
+
+
+# -- the user's modules ---------------------------------------------------------------------
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
+        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
+    bellis_root = os.path.dirname(os.path.realpath(__file__))
+    roots.add(bellis_root)
+    return tuple(sorted(roots))
+
+
+def _user_file(module: ModuleType, roots: tuple[str, ...]) -> str | None:
+    """The source file of ``module`` when it is the user's own, else None."""
+    if module.__name__ == "__main__":
+        return None
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    real = os.path.realpath(file)
+    parts = real.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return None
+    if any(real == r or real.startswith(r + os.sep) for r in roots):
+        return None
+    return real
+
+
+def _package_version(top: str) -> str | None:
+    module = sys.modules.get(top)
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        from importlib.metadata import version as dist_version
+
+        return dist_version(top)
+    except Exception:
+        return None
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.roots = _library_roots()
+        self.functions: dict[str, str] = {}
+        self.files: dict[str, str] = {}
+        self.packages: dict[str, str] = {}
+        self.seen: set[int] = set()
+        self.stack: list[Any] = []
+
+    def module_of(self, obj: Any) -> ModuleType | None:
+        name = getattr(obj, "__module__", None)
+        return sys.modules.get(name) if isinstance(name, str) else None
+
+    def note_module(self, module: ModuleType | None) -> None:
+        """A module the code uses: the user's (hash its source, follow its imports) or a
+        third-party one (record its distribution's version)."""
+        if module is None or id(module) in self.seen:
+            return
+        self.seen.add(id(module))
+        path = _user_file(module, self.roots)
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    self.files[path] = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+            except OSError:
+                self.files[path] = "unreadable"
+            for value in list(vars(module).values()):
+                if isinstance(value, ModuleType):
+                    self.note_module(value)
+                elif isinstance(value, type | FunctionType):
+                    self.note_module(self.module_of(value))
+            return
+        top = module.__name__.partition(".")[0]
+        if module.__name__ == "__main__" or top in sys.stdlib_module_names or top == "bellis":
+            return
+        if top not in self.packages:
+            version = _package_version(top)
+            if version is not None:
+                self.packages[top] = version
+
+    def run(self, fn: Any) -> None:
+        self.stack.append(fn)
+        while self.stack and len(self.seen) < _MAX_OBJECTS:
+            obj = self.stack.pop()
+            if id(obj) in self.seen:
+                continue
+            if isinstance(obj, ModuleType):
+                self.note_module(obj)
+                continue
+            self.seen.add(id(obj))
+            if isinstance(obj, functools.partial):
+                self.stack.extend((obj.func, *obj.args, *obj.keywords.values()))
+            elif isinstance(obj, MethodType | staticmethod | classmethod):
+                self.stack.append(obj.__func__)
+            elif isinstance(obj, property):
+                self.stack.extend(f for f in (obj.fget, obj.fset, obj.fdel) if f is not None)
+            elif isinstance(obj, type):
+                if obj.__module__ == "__main__":
+                    self.stack.extend(v for v in vars(obj).values() if _is_code(v))
+                else:
+                    self.note_module(self.module_of(obj))
+            elif isinstance(obj, FunctionType):
+                self.function(obj)
+            elif isinstance(vars(type(obj)).get("__call__"), FunctionType):
+                self.stack.append(type(obj))  # a callable instance: its class
+
+    def function(self, f: FunctionType) -> None:
+        if f.__module__ != "__main__":
+            self.note_module(self.module_of(f))
+            return
+        name = f.__qualname__
+        n = 2
+        while name in self.functions:
+            name, n = f"{f.__qualname__}#{n}", n + 1
+        self.functions[name] = hash_code(f)
+        names = {n for c in _codes(f.__code__) for n in c.co_names}
+        g = f.__globals__
+        self.stack.extend(g[n] for n in sorted(names) if n in g)
+        for cell in f.__closure__ or ():
+            try:
+                self.stack.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        self.stack.extend(f.__defaults__ or ())
+
+
+def _is_code(value: Any) -> bool:
+    return isinstance(value, FunctionType | staticmethod | classmethod | property)
+
+
+def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
+    """The fingerprint of process function ``fn`` (None: a task without one) and the
+    task's declared ``version``."""
+    walk = _Walk()
+    if fn is not None:
+        walk.run(fn)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"bellis-code:v1\n")
+    h.update(json.dumps([sorted(walk.functions.items())]).encode())
+    h.update(json.dumps(sorted((os.path.basename(p), v) for p, v in walk.files.items())).encode())
+    h.update(json.dumps(version, sort_keys=True).encode())
+    return Fingerprint(
+        h.hexdigest(),
+        dict(sorted(walk.functions.items())),
+        dict(sorted(walk.files.items())),
+        version,
+        dict(sorted(walk.packages.items())),
+    )
