@@ -8,7 +8,10 @@ index of the one that made it (``_tracking/_codever.py``). Three things are hash
   notebook, their closures and the helpers and class methods they name; the walk is
   ``_code_origin``'s): bytecode, constants (recursively), names, argument layout and
   defaults, and the plain values (numbers, strings, tuples of them ...) of the module
-  globals the code names, so editing ``THRESHOLD = 0.5`` is a change. Line numbers,
+  globals the code names, so editing ``THRESHOLD = 0.5`` is a change. Where the module's
+  source file is known, only globals that it assigns a literal, and only literals, count
+  (``OUT = sys.argv[1]`` is an input of the run, not code: a rerun with other arguments
+  is no code change); a notebook's globals count by their plain values. Line numbers,
   comments and docstrings are not hashed: moving a function or editing a comment changes
   nothing;
 - the source of the user's own modules the code uses (files outside ``site-packages`` and
@@ -21,6 +24,7 @@ modules import. Pure apart from reading the user's module files.
 
 from __future__ import annotations
 
+import ast
 import dis
 import functools
 import hashlib
@@ -207,7 +211,10 @@ def hash_code(fn: FunctionType) -> str:
             h.update(f"c:{cell_name}=".encode())
             _feed_value(h, value)
     names = sorted({n for c in _codes(fn.__code__) for n in c.co_names})
+    literal = _literal_globals_of(fn.__globals__.get("__file__"))
     for name in names:
+        if literal is not None and name not in literal:
+            continue  # computed at run time (an argument, a path): an input, not code
         value = fn.__globals__.get(name, _MISSING)
         if value is not _MISSING and _feed_value(hashlib.blake2b(), value):
             h.update(f"g:{name}=".encode())
@@ -216,6 +223,45 @@ def hash_code(fn: FunctionType) -> str:
 
 
 _MISSING = object()
+
+
+def _literal_globals_of(path: Any) -> frozenset[str] | None:
+    """The module-level names that the source at ``path`` only ever assigns literals
+    (``THRESHOLD = 0.5``, ``SIZES = (32, 64)``); None when there is no readable source
+    (a notebook, an interactive session)."""
+    if not isinstance(path, str):
+        return None
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    return _literal_globals(path, stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _literal_globals(path: str, stamp: int) -> frozenset[str] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    literal: set[str] = set()
+    computed: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        names = {t.id for t in targets if isinstance(t, ast.Name)}
+        try:
+            ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            computed |= names
+        else:
+            literal |= names
+    return frozenset(literal - computed)
 
 
 # -- the user's modules ---------------------------------------------------------------------

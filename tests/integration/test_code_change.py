@@ -152,3 +152,23 @@ def test_blocks_of_an_older_store_are_unknown_never_a_change(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert made == []
     assert (tmp_path / "tracking" / "A" / "code_version" / "zarr.json").exists()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_global_computed_at_run_time_is_an_input_not_code(tmp_path: Path, mode: str) -> None:
+    """`FOLDER = os.environ[...]` (or `sys.argv[1]`) differs from run to run: a rerun with
+    another value is no code change, while a literal constant beside it still is."""
+    script = SCRIPT.replace(
+        'def mark(name):\n    folder = os.environ["RECORDS"]\n',
+        'FOLDER = os.environ["RECORDS"]\n\n\ndef mark(name):\n    folder = FOLDER\n',
+    )
+    assert "folder = FOLDER" in script
+    (tmp_path / "params.py").write_text("SCALE = 1\n")
+    proc, made = _run(tmp_path, script, "run1", mode)
+    assert proc.returncode == 0 and len(made) == 8, proc.stdout + proc.stderr
+    proc, made = _run(tmp_path, script, "run2", mode)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert made == [] and "made by other code" not in proc.stdout + proc.stderr
+    edited = script.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")
+    proc, made = _run(tmp_path, edited, "run3", mode)
+    assert "function upstream" in proc.stdout + proc.stderr
