@@ -159,7 +159,9 @@ def test_bellis_status_reads_a_daisy_store(tmp_path: Path) -> None:
     assert str(store) in out
     lines = [line.split() for line in out.splitlines()]
     assert ["done", "6"] in lines
-    assert ["untouched", "6"] in lines
+    # daisy records only the layout hash: which cells hold a block is unknown, so the cells
+    # not done are an upper bound on the untouched blocks
+    assert any(line[:4] == ["untouched", "at", "most", "6"] for line in lines), out
     assert ["grid", "3", "x", "4", "=", "12", "cells"] in lines
     assert ["###.", "###.", "...."] == [
         ln for ln in (line.strip() for line in out.splitlines()) if ln

@@ -74,6 +74,8 @@ def first_time(name):
 def block_fn(block):
     i = block.block_id[1]
     record(i, "start")
+    if MODE == "big":  # every block raises, with a message of 120,000 characters
+        raise ValueError(f"block {i} raises " + "x" * 120_000)
     if raises(i):
         raise ValueError(f"block {i} raises")
     if MODE == "timeout" and i == 5 and first_time("hung"):
@@ -116,11 +118,11 @@ def main():
     bellis.logging.set_log_basedir(HERE / "logs")
     task = bellis.Task(
         "t",
-        total_roi=bellis.Roi((0,), (BLOCKS,)),
+        total_roi=bellis.Roi((0,), (400 if MODE == "big" else BLOCKS,)),
         read_roi=bellis.Roi((0,), (1,)),
         write_roi=bellis.Roi((0,), (1,)),
         process_function=fn,
-        max_workers=2,
+        max_workers=1 if MODE == "big" else 2,
         max_retries=MAX_RETRIES,
         tracking_path=HERE / "track",
         **extra,
@@ -244,3 +246,17 @@ def test_a_memory_error_under_the_limit_still_ends_the_worker_that_catches(
     assert sum(rows.count((5, "done")) for rows in attempts.values()) == 1
     assert (5, "done") not in attempts[hog]
     assert [i for i, _w in attempts[hog]].count(5) == 1
+
+
+def test_a_batch_of_large_failures_fits_in_one_frame(tmp_path: Path) -> None:
+    """Every block of a catching worker raises with a huge message: the failures of a
+    batch go home in one request, shrunk to fit the server's frame cap, so no worker is
+    dropped as a foreign peer and no block runs twice."""
+    result, attempts = _run(tmp_path, "big", 0)
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*") if p.is_file())
+    assert "outside 1..1048576" not in logs and "does not speak the bellis protocol" not in logs
+    n = 10 * BLOCKS  # one worker, 400 blocks: its batches grow to dozens of blocks
+    assert (result["completed"], result["failed"], result["orphaned"]) == (0, n, 0)
+    assert result["failed_attempts"] == n
+    assert _count(attempts, "start") == {i: 1 for i in range(n)}
+    assert (result["restarts"], result["worker_failures"]) == (0, 0)

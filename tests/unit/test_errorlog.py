@@ -50,3 +50,25 @@ def test_a_torn_last_line_is_skipped_and_terminated(tmp_path: Path) -> None:
     lines = read_errors(path)
     assert [d["block"] for d in lines] == [1, 2]
     assert [d["block"] for d in records_of_run(lines)] == [2]
+
+
+def test_a_batch_of_failures_fits_the_servers_frame() -> None:
+    """64 failures with 64 KiB tracebacks, 8 KiB texts and 2,000-character messages, as a
+    catching worker sends them in one request: encoded, they stay under the frame cap."""
+    import msgpack
+
+    from bellis._protocol import MAX_CLIENT_FRAME_BYTES
+    from bellis._worker import _failure
+
+    used, msg = 0, []
+    for k in range(64):
+        field = [
+            "t" * 8192,
+            {"type": "ValueError", "message": "m" * 2000, "traceback": "x" * 65536, "pid": 1},
+        ]
+        used += _failure.fit(field, used)
+        msg += [k, 2, -1, field]
+    assert used <= _failure.FRAME_BUDGET + 64 * 4096  # past it, at most ~3 KiB a failure
+    assert len(msgpack.packb(msg)) < MAX_CLIENT_FRAME_BYTES // 2
+    # the first failures keep their full tracebacks; the later ones fall back to the text
+    assert "traceback" in msg[3][1] and "traceback" not in msg[-1][1]

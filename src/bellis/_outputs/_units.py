@@ -172,10 +172,11 @@ def widened_interval(
     spans: list[list[tuple[int, int]]] = []
     for i in range(down.dims):
         axis = []
+        ranges = [unit_ranges(down, spec, i) for spec in specs]  # once per axis, not per block
         for g in range(down.grid[i]):
             b, e = down.read_interval(i, g)
-            for spec in specs:
-                lo, hi = unit_ranges(down, spec, i)[g]
+            for spec, per_block in zip(specs, ranges, strict=True):
+                lo, hi = per_block[g]
                 if hi > lo:
                     origin = _frac(spec.offset[i])
                     size = spec.spatial_unit()[i] * _frac(spec.voxel_size[i])

@@ -82,7 +82,8 @@ def take_back(
         results = settle_returns(d, backups, peer, results, now)
     if not results:
         return
-    processed = [r for r in results if r.status != _CREATED]
+    # per block: r[1] is r.status (a NamedTuple field read costs 3x an index)
+    processed = [r for r in results if r[1] != _CREATED]
     # a batch's round trip is shared equally by the blocks it carried
     step = (now - peer.sent_at) / max(1, len(processed))
     if (table is not None or run.task.resource_tracking) and not _record_measured(

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TrackingError
 from ._files import read_json, write_atomic
 
 __all__ = [
@@ -46,14 +47,29 @@ _SLAB = 1 << 22  # cells per pass: no grid-size temporaries
 
 
 def read_table(root: Path) -> list[dict[str, Any]]:
-    """The fingerprints a store has seen, by index (empty for a store without a table)."""
+    """The fingerprints a store has seen, by index (empty for a store without a table).
+
+    A table that exists but cannot be read is an error, never an empty table: renumbering
+    from 1 would credit blocks of other code to the current code."""
+    path = root / TABLE_NAME
     try:
-        doc = read_json(root / TABLE_NAME)
-    except (OSError, ValueError):
+        doc = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise TrackingError(
+            f"cannot read the code-version table {path}: {exc}; restore it, or remove it "
+            "and the store's code_version array (its done blocks then count as made by "
+            "unknown code)",
+            path=str(path),
+        ) from exc
+    if doc is None:
         return []
-    versions = doc.get("versions") if doc is not None else None
+    versions = doc.get("versions")
     if not isinstance(versions, list):
-        return []
+        raise TrackingError(
+            f"the code-version table {path} has no 'versions' list; restore it, or remove "
+            "it and the store's code_version array",
+            path=str(path),
+        )
     return [v for v in versions if isinstance(v, dict) and isinstance(v.get("index"), int)]
 
 
@@ -69,7 +85,10 @@ def register(root: Path, record: dict[str, Any], now: float) -> tuple[int, list[
         return 0, table
     table.append({"index": index, "first_seen": now, **record})
     doc = {"format": 1, "versions": table}
-    write_atomic(root / TABLE_NAME, json.dumps(doc, indent=1, sort_keys=True).encode())
+    # durable: the table must survive whatever the done markers that name it survive
+    write_atomic(
+        root / TABLE_NAME, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=True
+    )
     return index, table
 
 

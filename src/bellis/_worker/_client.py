@@ -287,6 +287,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._decoder = FrameDecoder()
         self._results: list[Any] = []  # (k, status, row, error) per finished block
+        self._failure_chars = 0  # what the pending failures carry (see _failure.fit)
         self._rows = bytearray()  # their measurements, STATS_ROW records
         self._nrows = 0
         self._queue: deque[int] = deque()
@@ -527,10 +528,15 @@ class Client:
         status = BlockStatus.FAILED
         if self._oom_status is not None and isinstance(exc, MemoryError):
             status = self._oom_status
-        self._results += (k, status, -1, _failure.failure_field(capped, offsets, exc, full))
+        self._fail(k, status, _failure.failure_field(capped, offsets, exc, full))
         if status != BlockStatus.FAILED or self._stop_requested:
             with contextlib.suppress(ConnectionLostError):
                 self._bye()
+
+    def _fail(self, k: int, status: int, field: list[Any]) -> None:
+        """Queue block ``k``'s failure, shrunk to fit the frame's share (``_failure.fit``)."""
+        self._failure_chars += _failure.fit(field, self._failure_chars)
+        self._results += (k, status, -1, field)
 
     def _finished(self, k: int, block: Block, measured: Any) -> None:
         self._watchdog.disarm()
@@ -539,11 +545,11 @@ class Client:
                 row = self._row(block, measured)
             except ValueError as exc:
                 logger.warning("block %s failed: %s", block.block_id, exc)
-                self._results += (k, BlockStatus.FAILED, -1, _failure.failure_field(str(exc)))
+                self._fail(k, BlockStatus.FAILED, _failure.failure_field(str(exc)))
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, None)
         else:
-            self._results += (k, BlockStatus.FAILED, -1, _failure.status_failed())
+            self._fail(k, BlockStatus.FAILED, _failure.status_failed())
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
@@ -570,6 +576,7 @@ class Client:
         rows when there are any; the finished blocks are then no longer pending."""
         msg: list[Any] = [op, *self._results, *extra]
         self._results = []
+        self._failure_chars = 0
         if self._nrows:
             msg.append(self._rows)
             self._rows = bytearray()

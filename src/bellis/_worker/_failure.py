@@ -20,7 +20,15 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-__all__ = ["failure_details", "failure_field", "job_id", "log_offsets", "status_failed"]
+__all__ = [
+    "FRAME_BUDGET",
+    "failure_details",
+    "failure_field",
+    "fit",
+    "job_id",
+    "log_offsets",
+    "status_failed",
+]
 
 _MAX_TRACEBACK_BYTES = 64 * 1024
 _MAX_MESSAGE_CHARS = 2000
@@ -138,6 +146,39 @@ def failure_field(
     if offsets is None:
         offsets = log_offsets()
     return [text, failure_details(exc, full_traceback, offsets)]
+
+
+#: the characters of failure fields one frame home may carry: the server drops a frame over
+#: ``MAX_CLIENT_FRAME_BYTES`` (1 MiB), and a worker that catches its blocks' errors sends a
+#: whole batch of failures (up to 64) in one request. Past it, a failure goes without its
+#: detailed traceback (the record keeps the capped one, which the text is), then with
+#: only the last KiB of its text and message.
+FRAME_BUDGET = 256 * 1024
+_TAIL = 1024
+
+
+def _size(field: list[Any]) -> int:
+    text, details = field
+    return 64 + len(text) + sum(len(v) for v in details.values() if isinstance(v, str))
+
+
+def fit(field: list[Any], used: int) -> int:
+    """Shrink ``field`` (``[text, details]``, in place) so that the failures of one frame,
+    ``used`` characters so far, stay within :data:`FRAME_BUDGET`; returns its size."""
+    size = _size(field)
+    if used + size <= FRAME_BUDGET:
+        return size
+    details = field[1]
+    details.pop("traceback", None)
+    size = _size(field)
+    if used + size <= FRAME_BUDGET:
+        return size
+    field[0] = field[0][-_TAIL:]
+    for key in ("message", "where"):
+        value = details.get(key)
+        if isinstance(value, str):
+            details[key] = value[-_TAIL:]
+    return _size(field)
 
 
 def status_failed() -> list[Any]:
