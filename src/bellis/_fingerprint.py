@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -247,21 +248,52 @@ def _literal_globals(path: str, stamp: int) -> frozenset[str] | None:
         return None
     literal: set[str] = set()
     computed: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
+    for node in _module_level(tree.body):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            try:
+                ast.literal_eval(node.value)  # `A, B = 1, 2` too: a tuple of literals
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                computed |= names
+            else:
+                literal |= names
         else:
-            continue
-        names = {t.id for t in targets if isinstance(t, ast.Name)}
-        try:
-            ast.literal_eval(value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            computed |= names
-        else:
-            literal |= names
+            # bound any other way (`X += 1`, `for X in`, `with ... as X`, `import X`,
+            # `(X := ...)`, a def or a class): not a literal constant
+            computed |= _bound_names(node)
     return frozenset(literal - computed)
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements that run at module level: the body, and the bodies of its ``if``
+    (``if __name__ == "__main__":``), ``try`` and ``with`` blocks, not of functions."""
+    for node in body:
+        if isinstance(node, ast.If | ast.Try | ast.With):
+            yield from _module_level(node.body)
+            yield from _module_level(getattr(node, "orelse", []))
+            if isinstance(node, ast.Try):
+                yield from _module_level(node.finalbody)
+                for handler in node.handlers:
+                    yield from _module_level(handler.body)
+            yield from (w for w in [node] if isinstance(w, ast.With))  # its `as` names
+        else:
+            yield node
+
+
+def _bound_names(node: ast.stmt) -> set[str]:
+    """The module-level names statement ``node`` binds (not those its functions bind)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    found: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            found.add(sub.id)
+    return found
 
 
 # -- the user's modules ---------------------------------------------------------------------
@@ -301,11 +333,11 @@ def _package_version(top: str) -> str | None:
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
-    try:
-        from importlib.metadata import version as dist_version
+    from importlib.metadata import PackageNotFoundError, version as dist_version
 
+    try:
         return dist_version(top)
-    except Exception:
+    except (PackageNotFoundError, ValueError):  # a module that no distribution installed
         return None
 
 

@@ -226,3 +226,19 @@ def test_status_of_a_basedir_with_a_broken_store_shows_the_others(tmp_path: Path
     assert [h.rsplit("/", 1)[-1] for h in heads] == ["second"]
     missing = _run("status", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no block tracking at" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["demo", "--size", "-3"], "--size"),
+        (["demo", "--workers", "0"], "--workers"),
+        (["status", ".", "--block", ""], "--block"),
+        (["status", ".", "--watch", "-1"], "--watch"),
+    ],
+)
+def test_bad_cli_input_is_a_clear_error(tmp_path: Path, args: list[str], names: str) -> None:
+    proc = _run(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert names in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "bellis-demo").exists()

@@ -157,3 +157,15 @@ def test_fifty_functions_in_milliseconds() -> None:
     fp = fingerprint(fn)
     assert len(fp.functions) == 52
     assert time.perf_counter() - start < 0.2  # a few ms; loose on a shared machine
+
+
+def test_only_globals_the_source_assigns_literals_count(tmp_path: Path) -> None:
+    from bellis._fingerprint import _literal_globals
+
+    src = tmp_path / "script.py"
+    src.write_text(
+        "import os, sys\nA, B = 1, (2, 3)\nC: float = 0.5\nX = 0\nX += 1\nOUT = sys.argv[0]\n"
+        "for I in range(3):\n    pass\nif __name__ == '__main__':\n    D = 'four'\n"
+        "    E = os.getcwd()\ndef f():\n    G = 1\n"
+    )
+    assert _literal_globals(str(src), 0) == frozenset({"A", "B", "C", "D"})

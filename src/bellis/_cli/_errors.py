@@ -31,11 +31,12 @@ def parse_coord(text: str) -> tuple[int, ...]:
     """``"3,7,2"`` (or ``"3 7 2"``, ``"(3, 7, 2)"``) as a coordinate."""
     parts = text.strip().strip("()[]").replace(",", " ").split()
     try:
-        return tuple(int(p) for p in parts)
+        coord = tuple(int(p) for p in parts)
     except ValueError:
-        raise TrackingError(
-            f"--block takes a grid coordinate such as 3,7,2, not {text!r}"
-        ) from None
+        coord = ()
+    if not coord:
+        raise TrackingError(f"--block takes a grid coordinate such as 3,7,2, not {text!r}")
+    return coord
 
 
 def error_folders(path: str | Path) -> list[Path]:

@@ -117,6 +117,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _watch_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -251,8 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument(
         "--workdir", default="bellis-demo", help="where to write (default ./bellis-demo)"
     )
-    d.add_argument("--size", type=int, default=96, help="edge of the cubic volume (default 96)")
-    d.add_argument("--workers", type=int, default=2, help="workers per task (default 2)")
+    d.add_argument(
+        "--size", type=_positive, default=96, help="edge of the cubic volume (default 96)"
+    )
+    d.add_argument("--workers", type=_positive, default=2, help="workers per task (default 2)")
     d.add_argument("--serial", action="store_true", help="run in the driver process")
     d.add_argument("--fresh", action="store_true", help="start over (new volume, no resume)")
     d.set_defaults(fn=_cmd_demo)

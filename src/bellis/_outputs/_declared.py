@@ -16,6 +16,7 @@ fails before any run starts; the check between tasks runs when a pipeline is sch
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 from .._graph import TaskGeometry
 from ..errors import ConfigurationError
 from ._units import WRITE_SAFETY, OutputSpec, share_distances, sharing_message
+
+logger = logging.getLogger("bellis")
 
 __all__ = ["OUTPUTS_RECORD_VERSION", "declare_outputs", "outputs_record", "resolve_output"]
 
@@ -59,7 +62,10 @@ def _ome_mapping(arr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     parent, _, name = path.rpartition("/")
     try:
         attrs: dict[str, Any] = dict(zarr.open_group(arr.store, path=parent, mode="r").attrs)
-    except Exception:
+    except (OSError, KeyError, ValueError, TypeError) as exc:  # zarr's errors are ValueErrors
+        # no readable parent group: not OME-Zarr, so the 1:1 or attribute mapping stands;
+        # say so, since a wrong mapping would size the write units wrongly
+        logger.info("output %s: no OME-Zarr parent group (%s); not using its scale", path, exc)
         return None
     multiscales = attrs.get("multiscales") or (attrs.get("ome") or {}).get("multiscales")
     for ms in multiscales or []:

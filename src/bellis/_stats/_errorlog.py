@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from ..errors import TrackingError
+
 __all__ = [
     "ERRORS_FILE",
     "FULL_PER_ERROR",
@@ -292,8 +294,10 @@ class ErrorLog:
         if self._fd is not None:
             try:
                 os.fsync(self._fd)
-            except OSError:
-                pass
+            except OSError as exc:  # the lines are written; only their durability is unsure
+                logger.warning(
+                    "errors.jsonl: fsync failed (%s); its lines may not survive a crash", exc
+                )
             os.close(self._fd)
             self._fd = None
 
@@ -309,8 +313,12 @@ def read_errors(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         p = p / ERRORS_FILE
     try:
         raw = p.read_bytes()
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as exc:  # there, but unreadable: "none recorded" would be false
+        raise TrackingError(
+            f"cannot read the error records {p}: {exc}; check its permissions", path=str(p)
+        ) from exc
     out: list[dict[str, Any]] = []
     for line in raw.split(b"\n"):
         line = line.strip()

@@ -96,9 +96,9 @@ def write_outputs_record(root: Path, record: dict[str, Any]) -> None:
     file = root / OUTPUTS_NAME
     try:
         if file.read_bytes() == data:
-            return
+            return  # unchanged: no rewrite, no fsync
     except OSError:
-        pass
+        pass  # missing or unreadable: the write below replaces it (or raises)
     write_atomic(file, data, durable=True)
 
 
