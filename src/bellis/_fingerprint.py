@@ -299,10 +299,12 @@ def _bound_names(node: ast.stmt) -> set[str]:
 # -- the user's modules ---------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
     roots = set()
+    paths = sysconfig.get_paths()  # once: each call rebuilds the whole scheme (~1 ms)
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
+        path = paths.get(key)
         if path:
             roots.add(os.path.realpath(path))
     for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
