@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 import traceback
 from types import TracebackType
@@ -66,9 +67,17 @@ def _position(stream: Any) -> tuple[str | None, int | None]:
     try:
         stream.flush()
         fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, None  # a terminal or a pipe: no file to point into
         offset = os.lseek(fd, 0, os.SEEK_END)
     except (OSError, ValueError, AttributeError):
         return None, None
+    # the file's name, looked up once per open file (a readlink of /proc costs more than
+    # the rest: a worker that fails every block would pay it per block)
+    known = _paths.get(fd)
+    if known is not None and known[0] == (st.st_dev, st.st_ino):
+        return known[1], offset
     path: str | None = None
     try:
         path = os.readlink(f"/proc/self/fd/{fd}")
@@ -77,7 +86,12 @@ def _position(stream: Any) -> tuple[str | None, int | None]:
         path = name if isinstance(name, str) and not name.startswith("<") else None
     if path is not None and not os.path.isfile(path):
         return None, None
+    _paths[fd] = ((st.st_dev, st.st_ino), path)
     return path, offset
+
+
+#: fd -> ((device, inode), path) of the log files the failures point into
+_paths: dict[int, tuple[tuple[int, int], str | None]] = {}
 
 
 def log_offsets(out: Any = None, err: Any = None) -> dict[str, Any]:
