@@ -20,6 +20,7 @@ from ._code_origin import function_arity
 from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
+from ._outputs._readback import check_verify_outputs
 from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
@@ -124,6 +125,8 @@ class Task:
     ``outputs`` (zarr v3 arrays, their paths or funlib ``Array``s) declares what the blocks
     write; ``write_safety`` says what to do when two blocks can write one shard (or chunk):
     ``"error"`` (default), ``"serialize"`` or ``"off"`` (see ``docs/outputs.md``).
+    ``verify_outputs=True`` reads each block's outputs back and records their checksum
+    (``"allow_empty"``: blocks that wrote only the fill value pass); see :meth:`verify`.
     """
 
     def __init__(
@@ -155,6 +158,7 @@ class Task:
         max_memory: int | str | None = None,
         outputs: Any = None,
         write_safety: str = "error",
+        verify_outputs: bool | str = False,
         version: str | dict[str, Any] | None = None,
         on_code_change: str = "warn",
     ) -> None:
@@ -187,6 +191,7 @@ class Task:
         self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(
             self._geom, outputs, write_safety
         )
+        self._verify_outputs = check_verify_outputs(verify_outputs, self._outputs, task_id)
         if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
             raise ConfigurationError(
                 f"max_workers must be at least 1 (got {max_workers}); a task with no workers "
@@ -321,6 +326,10 @@ class Task:
         return self._write_safety
 
     @property
+    def verify_outputs(self) -> bool | str:
+        return self._verify_outputs  # type: ignore[no-any-return]
+
+    @property
     def requires(self) -> dict[str, int]:
         return dict(self._requires)
 
@@ -430,6 +439,22 @@ class Task:
             if all(0 <= c < n for c, n in zip(grid_coords, g.grid, strict=True)):
                 blocks.append(g.block(g.index_of(grid_coords)))
         return blocks
+
+    def verify(self, *, workers: int | None = None, reset: bool = False) -> Any:
+        """``bellis verify`` of this task's store: re-read the outputs of every done block
+        with a recorded checksum, in ``workers`` processes; a ``VerifyResult``. ``reset``
+        clears the mismatched blocks' done markers and those of the downstream blocks that
+        read them (see ``docs/outputs.md``)."""
+        from ._outputs._verify import verify_stores
+
+        path = self.resolved_tracking_path()
+        if path is None:
+            raise ConfigurationError(
+                f'task "{self._task_id}" has no tracking store to verify; pass '
+                "Task(tracking_path=...) or call bellis.set_tracking_basedir(...)",
+                parameter="tracking_path",
+            )
+        return verify_stores([path], workers=workers, reset=reset)[0]
 
     def report(self) -> Any:
         """The TaskReport of this task's last run (from runs.jsonl), or None."""
