@@ -15,6 +15,7 @@ voxel size of 2 and an offset of (8, 16) world units.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -158,6 +159,29 @@ def _done_blocks(root: Path, task: str) -> set[tuple[int, ...]]:
     }
 
 
+def _status(root: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "status", str(root / "tracking" / "a")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _verified_figure(root: Path) -> np.ndarray[Any, Any]:
+    """The report's "verified" volume figure of task a: one code per block (1 verified,
+    2 mismatched, 0 no checksum, NaN not done)."""
+    from bellis._report._data import load_store
+    from bellis._report._figures import volume_payload
+
+    payload = volume_payload(load_store(root / "tracking" / "a"))
+    assert payload is not None
+    spec = payload["metrics"]["verified"]
+    return np.frombuffer(base64.b64decode(spec["bdata"]), dtype="<f4").reshape(N // C, N // C)
+
+
 def _logged(root: Path) -> dict[str, list[tuple[int, ...]]]:
     """What the run's block functions logged: per task, the blocks' write offsets."""
     out: dict[str, list[tuple[int, ...]]] = {"a": [], "b": []}
@@ -242,9 +266,16 @@ def test_verify_finds_exactly_the_damage_and_reset_repairs_it(
     assert list(missing["write_roi"][0]) == list(_a_offset(kind, (1, 1)))
     # a verify without --reset changes no done marker
     assert len(_done_blocks(tmp_path, "a")) == (N // C) ** 2
+    # bellis status and the report's volume map show what the verify found
+    assert "verified    14 verified, 2 mismatched, 0 unverifiable" in _status(tmp_path)
+    figure = np.ones((N // C, N // C), dtype=np.float32)
+    figure[1, 1] = figure[2, 3] = 2.0
+    np.testing.assert_array_equal(_verified_figure(tmp_path), figure)
 
     code, result = _verify(tmp_path, "--reset")
     assert code == 1
+    # the reset blocks are not done any more: neither verified nor mismatched
+    assert "verified    14 verified, 0 mismatched, 0 unverifiable" in _status(tmp_path)
     readers = _b_readers([(1, 1), (2, 3)])
     assert len(readers) == 6
     all_a = {(i, j) for i in range(N // C) for j in range(N // C)}

@@ -24,13 +24,25 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import TrackingError
 from ._disk import StoreLock
 from ._files import map_array, write_atomic
 
-__all__ = ["MAX_LISTED", "VERIFY_NAME", "clear_done", "read_verify_record", "write_verify_record"]
+__all__ = [
+    "MAX_LISTED",
+    "VERIFY_NAME",
+    "VerifyCounts",
+    "clear_done",
+    "read_verify_record",
+    "verify_codes",
+    "verify_counts",
+    "write_verify_record",
+]
 
 VERIFY_NAME = "verify.json"
 #: the most cells ``verify.json`` lists per kind
@@ -100,3 +112,68 @@ def read_verify_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("version") == 1 else None
+
+
+#: cells per pass of :func:`verify_counts` (no grid-size temporaries)
+_SLAB = 1 << 22
+
+
+class VerifyCounts(NamedTuple):
+    """Done blocks by what verify knows of them (``bellis status``, the report)."""
+
+    verified: int  #: a checksum recorded, and not listed as mismatched by the last verify
+    mismatched: int  #: listed as missing or changed by the last verify, and still done
+    unverifiable: int  #: done without a checksum
+    last_verify: float | None  #: when the last ``bellis verify`` ran (None: never)
+
+
+def _listed(record: dict[str, Any] | None) -> NDArray[np.int64]:
+    if record is None:
+        return np.zeros(0, dtype=np.int64)
+    cells = [c for kind in ("missing", "changed") for c in record.get(kind) or []]
+    return np.asarray(sorted(int(c) for c in cells), dtype=np.int64)
+
+
+def verify_codes(
+    done: NDArray[Any], checksums: NDArray[Any] | None, record: dict[str, Any] | None
+) -> NDArray[np.int8]:
+    """Per cell of flat ``done``: -1 not done, 0 done without a checksum, 1 verified (a
+    checksum recorded), 2 mismatched (the last verify's ``record`` lists it)."""
+    codes = np.where(np.asarray(done) != 0, np.int8(0), np.int8(-1))
+    if checksums is not None:
+        codes[(codes == 0) & (np.asarray(checksums) != 0)] = 1
+    listed = _listed(record)
+    listed = listed[(listed >= 0) & (listed < codes.size)]
+    hit = listed[codes[listed] >= 0]
+    codes[hit] = 2
+    return codes
+
+
+def verify_counts(
+    done: NDArray[Any], checksums: NDArray[Any] | None, record: dict[str, Any] | None
+) -> VerifyCounts:
+    """:class:`VerifyCounts` of flat ``done`` and ``checksums``, a slab at a time."""
+    verified = unverifiable = 0
+    n = int(done.size)
+    for a in range(0, n, _SLAB):
+        d = np.asarray(done[a : a + _SLAB]) != 0
+        if checksums is None:
+            unverifiable += int(np.count_nonzero(d))
+            continue
+        c = np.asarray(checksums[a : a + _SLAB]) != 0
+        verified += int(np.count_nonzero(d & c))
+        unverifiable += int(np.count_nonzero(d & ~c))
+    listed = _listed(record)
+    listed = listed[(listed >= 0) & (listed < n)]
+    still = listed[np.asarray(done)[listed] != 0] if listed.size else listed
+    mismatched = int(still.size)
+    if mismatched and checksums is not None:
+        # a listed cell had a checksum when it was verified: it leaves the verified count
+        verified -= int(np.count_nonzero(np.asarray(checksums)[still] != 0))
+    last = record.get("time") if record is not None else None
+    return VerifyCounts(
+        max(0, verified),
+        mismatched,
+        unverifiable,
+        float(last) if isinstance(last, int | float) else None,
+    )
