@@ -25,10 +25,12 @@ result of each verify goes to the store's ``verify.json`` (``_tracking._reset``)
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,7 +320,52 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _verify_one(store: _Store, pool: ProcessPoolExecutor | None, workers: int) -> VerifyResult:
+def _in_processes(
+    targets: list[Target], jobs: list[tuple[int, list[tuple[int, int]], int]], n: int
+) -> tuple[int, list[tuple[int, str, str]]]:
+    """:func:`check_blocks` of ``jobs`` in ``n`` fresh interpreters (``python -m`` this
+    module), each given an interleaved share on its stdin. Fresh interpreters, not a
+    ``multiprocessing`` pool: a spawned pool re-runs the caller's script in every process
+    (a script without a main guard would verify again, and again), and a forked one would
+    copy whatever threads the caller runs."""
+    shares = [jobs[i::n] for i in range(n) if jobs[i::n]]
+    procs = []
+    try:
+        for _share in shares:
+            p = subprocess.Popen(
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            procs.append(p)
+        for p, share in zip(procs, shares, strict=True):
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"targets": targets, "jobs": share}).encode())
+            p.stdin.close()
+            p.stdin = None  # sent: communicate() below only reads
+        matched = 0
+        bad: list[tuple[int, str, str]] = []
+        for p in procs:
+            out, err = p.communicate()
+            if p.returncode != 0:
+                tail = err.decode(errors="replace").strip().splitlines()[-5:]
+                raise TrackingError(
+                    f"a bellis verify process failed (exit code {p.returncode}): "
+                    + " / ".join(tail)
+                )
+            m, b = json.loads(out)
+            matched += m
+            bad += [(int(c), str(k), str(d)) for c, k, d in b]
+        return matched, bad
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _verify_one(store: _Store, workers: int) -> VerifyResult:
     import numpy as np
 
     targets = store.targets()
@@ -335,21 +382,10 @@ def _verify_one(store: _Store, pool: ProcessPoolExecutor | None, workers: int) -
         iv = store.intervals(cell)
         if iv is not None:
             jobs.append((cell, iv, int(sums[cell])))  # type: ignore[index]
-    matched = 0
-    bad: list[tuple[int, str, str]] = []
-    if jobs:
-        if pool is None:
-            matched, bad = check_blocks(targets, jobs)
-        else:
-            size = max(1, min(256, -(-len(jobs) // (workers * 4))))
-            futures = [
-                pool.submit(check_blocks, targets, jobs[i : i + size])
-                for i in range(0, len(jobs), size)
-            ]
-            for f in futures:
-                m, b = f.result()
-                matched += m
-                bad += b
+    if workers > 1 and len(jobs) > 1:
+        matched, bad = _in_processes(targets, jobs, min(workers, len(jobs)))
+    else:
+        matched, bad = check_blocks(targets, jobs)
     mismatches = [store.mismatch(kind, cell, detail) for cell, kind, detail in sorted(bad)]
     mismatches += [
         store.mismatch(UNVERIFIABLE, cell, "no checksum recorded") for cell in without.tolist()
@@ -409,37 +445,37 @@ def verify_stores(
     n = workers or _default_workers()
     stores = {Path(p): _Store(Path(p)) for p in paths}
     results = []
-    pool = None
-    try:
-        if n > 1:
-            import multiprocessing
-
-            # spawn: the driver may have zarr's event-loop thread running, which a fork
-            # would copy in a state no child can use
-            pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
-        for store in stores.values():
-            result = _verify_one(store, pool, n)
-            if reset:
-                cleared = _reset(stores, result)
-                result = VerifyResult(
-                    result.task,
-                    result.path,
-                    result.done,
-                    result.verified,
-                    result.mismatches,
-                    cleared,
-                )
-            write_verify_record(
-                store.path,
-                checked=result.done,
-                verified=result.verified,
-                missing=[m.cell for m in result.missing],
-                changed=[m.cell for m in result.changed],
-                unverifiable=len(result.unverifiable),
-                reset=reset,
+    for store in stores.values():
+        result = _verify_one(store, n)
+        if reset:
+            cleared = _reset(stores, result)
+            result = VerifyResult(
+                result.task,
+                result.path,
+                result.done,
+                result.verified,
+                result.mismatches,
+                cleared,
             )
-            results.append(result)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+        write_verify_record(
+            store.path,
+            checked=result.done,
+            verified=result.verified,
+            missing=[m.cell for m in result.missing],
+            changed=[m.cell for m in result.changed],
+            unverifiable=len(result.unverifiable),
+            reset=reset,
+        )
+        results.append(result)
     return results
+
+
+def _main() -> None:
+    """A verify process: ``{"targets", "jobs"}`` on stdin, ``[matched, bad]`` on stdout."""
+    doc = json.loads(sys.stdin.buffer.read())
+    jobs = [(int(c), [(int(b), int(e)) for b, e in iv], int(x)) for c, iv, x in doc["jobs"]]
+    json.dump(list(check_blocks([tuple(t) for t in doc["targets"]], jobs)), sys.stdout)
+
+
+if __name__ == "__main__":
+    _main()
