@@ -21,6 +21,7 @@ from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
 from ._outputs._readback import check_verify_outputs
+from ._outputs._units import owns_units
 from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
@@ -192,6 +193,8 @@ class Task:
             self._geom, outputs, write_safety
         )
         self._verify_outputs = check_verify_outputs(verify_outputs, self._outputs, task_id)
+        #: per output: whether its read-back checksums stored units (``owns_units``)
+        self._verify_stored = tuple(owns_units(self._geom, s) for s in self._outputs)
         if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
             raise ConfigurationError(
                 f"max_workers must be at least 1 (got {max_workers}); a task with no workers "

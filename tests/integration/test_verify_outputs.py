@@ -42,12 +42,12 @@ import bellis as daisy
 from funlib.geometry import Roi
 
 ROOT, MODE, KIND, HANG = {root!r}, {mode!r}, {kind!r}, {hang!r}
-EMPTY, VERIFY = {empty!r}, {verify!r}
+EMPTY, VERIFY, CA = {empty!r}, {verify!r}, {chunk_a!r}
 VS, OFF = (2, 2) if KIND == "funlib" else (1, 1), (8, 16) if KIND == "funlib" else (0, 0)
 N, C = 32, 8  # voxels per axis, voxels per chunk (= one block of a)
 A, B = os.path.join(ROOT, "a.zarr"), os.path.join(ROOT, "b.zarr")
 if not os.path.exists(A):
-    za = zarr.create_array(A, shape=(N, N), chunks=(C, C), dtype="float32", compressors=None)
+    za = zarr.create_array(A, shape=(N, N), chunks=(CA, CA), dtype="float32", compressors=None)
     zb = zarr.create_array(B, shape=(N, N), chunks=(C // 2, C // 2), dtype="float32")
     if KIND != "funlib":
         za.attrs["voxel_size"], za.attrs["offset"] = list(VS), list(OFF)
@@ -101,7 +101,8 @@ if KIND == "funlib":
 else:
     out_a = A
 a = daisy.Task("a", total, wa, wa, write_a, max_workers=2, outputs=[out_a],
-               verify_outputs=VERIFY, tracking_path=os.path.join(ROOT, "tracking", "a"))
+               verify_outputs=VERIFY, write_safety="serialize" if CA > C else "error",
+               tracking_path=os.path.join(ROOT, "tracking", "a"))
 b = daisy.Task("b", total, rb, wb, write_b, max_workers=2, outputs=[B],
                tracking_path=os.path.join(ROOT, "tracking", "b"))
 ok = daisy.run_blockwise(a + b, multiprocessing=MODE == "distributed", progress=False)
@@ -122,14 +123,21 @@ def _script(
     hang: list[int] | None = None,
     empty: list[int] | None = None,
     verify: bool | str = True,
+    chunk_a: int = 8,
 ) -> str:
     return SCRIPT.format(
-        root=str(root), mode=mode, kind=kind, hang=hang, empty=empty, verify=verify
+        root=str(root),
+        mode=mode,
+        kind=kind,
+        hang=hang,
+        empty=empty,
+        verify=verify,
+        chunk_a=chunk_a,
     )
 
 
-def _run(root: Path, mode: str, kind: str) -> None:
-    proc = run_script(root, _script(root, mode, kind), timeout=300)
+def _run(root: Path, mode: str, kind: str, chunk_a: int = 8) -> None:
+    proc = run_script(root, _script(root, mode, kind, chunk_a=chunk_a), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -234,72 +242,100 @@ def _expected(root: Path) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     return a, b
 
 
+#: where the damage goes, per layout of A's chunks: the chunk file deleted, the chunk file
+#: and byte changed, and the blocks of a each damage hits
+DAMAGE = {
+    # one block per chunk: a block owns its chunk, whose stored bytes its checksum covers
+    "own": (("1", "1"), ("2", "3"), 101, {(1, 1)}, {(2, 3)}),
+    # chunks of 2 x 2 blocks (write_safety="serialize"): checksums of the decoded values;
+    # byte 33 of chunk (0, 0) is in value (0, 8), which block (0, 1) wrote
+    "shared": (("1", "1"), ("0", "0"), 33, {(2, 2), (2, 3), (3, 2), (3, 3)}, {(0, 1)}),
+}
+
+
 @pytest.mark.parametrize(
-    ("mode", "kind"),
-    [("distributed", "plain"), ("serial", "funlib"), ("distributed", "funlib")],
+    ("mode", "kind", "units"),
+    [
+        ("distributed", "plain", "own"),
+        ("serial", "funlib", "own"),
+        ("distributed", "funlib", "own"),
+        ("serial", "plain", "shared"),
+        ("distributed", "plain", "shared"),
+    ],
 )
 def test_verify_finds_exactly_the_damage_and_reset_repairs_it(
-    tmp_path: Path, mode: str, kind: str
+    tmp_path: Path, mode: str, kind: str, units: str
 ) -> None:
-    _run(tmp_path, mode, kind)
+    chunk_a = C if units == "own" else 2 * C
+    _run(tmp_path, mode, kind, chunk_a)
+    record = json.loads((tmp_path / "tracking" / "a" / "outputs.json").read_text())
+    assert record["outputs"][0]["readback"] == ("stored" if units == "own" else "data")
     code, result = _verify(tmp_path)
     assert code == 0, result
-    assert result["done"] == result["verified"] == (N // C) ** 2
+    blocks = (N // C) ** 2
+    assert result["done"] == result["verified"] == blocks
     assert result["mismatches"] == []
 
-    # damage A outside bellis: delete the chunk file of block (1, 1), and change one byte
-    # of block (2, 3)'s (an uncompressed chunk: one float32 value changes)
-    (tmp_path / "a.zarr" / "c" / "1" / "1").unlink()
-    chunk = tmp_path / "a.zarr" / "c" / "2" / "3"
+    # damage A outside bellis: delete one chunk file, and change one byte of another (an
+    # uncompressed chunk: one float32 value changes, and zarr reads it without complaint)
+    deleted, changed, byte, missing_blocks, changed_blocks = DAMAGE[units]
+    (tmp_path / "a.zarr" / "c").joinpath(*deleted).unlink()
+    chunk = (tmp_path / "a.zarr" / "c").joinpath(*changed)
     raw = bytearray(chunk.read_bytes())
-    assert len(raw) == C * C * 4  # the bytes codec alone: the raw values
-    raw[101] ^= 0x40
+    assert len(raw) == chunk_a * chunk_a * 4  # the bytes codec alone: the raw values
+    raw[byte] ^= 0x40
     chunk.write_bytes(bytes(raw))
+    bad = missing_blocks | changed_blocks
 
     code, result = _verify(tmp_path)
     assert code == 1
     found = {(m["kind"], tuple(m["block"])) for m in result["mismatches"]}
-    assert found == {("missing", (1, 1)), ("changed", (2, 3))}
-    assert result["verified"] == (N // C) ** 2 - 2
-    missing = next(m for m in result["mismatches"] if m["kind"] == "missing")
+    assert found == {("missing", b) for b in missing_blocks} | {
+        ("changed", b) for b in changed_blocks
+    }
+    assert result["verified"] == blocks - len(bad)
+    first = min(missing_blocks)
+    missing = next(m for m in result["mismatches"] if tuple(m["block"]) == first)
     assert "chunk file(s) absent" in missing["detail"]
-    assert list(missing["write_roi"][0]) == list(_a_offset(kind, (1, 1)))
+    assert list(missing["write_roi"][0]) == list(_a_offset(kind, first))
     # a verify without --reset changes no done marker
-    assert len(_done_blocks(tmp_path, "a")) == (N // C) ** 2
+    assert len(_done_blocks(tmp_path, "a")) == blocks
     # bellis status and the report's volume map show what the verify found
-    assert "verified    14 verified, 2 mismatched, 0 unverifiable" in _status(tmp_path)
+    line = f"verified    {blocks - len(bad)} verified, {len(bad)} mismatched, 0 unverifiable"
+    assert line in _status(tmp_path)
     figure = np.ones((N // C, N // C), dtype=np.float32)
-    figure[1, 1] = figure[2, 3] = 2.0
+    for b in bad:
+        figure[b] = 2.0
     np.testing.assert_array_equal(_verified_figure(tmp_path), figure)
 
     code, result = _verify(tmp_path, "--reset")
     assert code == 1
     # the reset blocks are not done any more: neither verified nor mismatched
-    assert "verified    14 verified, 0 mismatched, 0 unverifiable" in _status(tmp_path)
-    readers = _b_readers([(1, 1), (2, 3)])
-    assert len(readers) == 6
+    line = f"verified    {blocks - len(bad)} verified, 0 mismatched, 0 unverifiable"
+    assert line in _status(tmp_path)
+    readers = _b_readers(sorted(bad))
     all_a = {(i, j) for i in range(N // C) for j in range(N // C)}
     all_b = {(i, j) for i in range((N - C) // C) for j in range((N - C) // C)}
-    assert _done_blocks(tmp_path, "a") == all_a - {(1, 1), (2, 3)}
+    assert _done_blocks(tmp_path, "a") == all_a - bad
     assert _done_blocks(tmp_path, "b") == all_b - readers
     assert result["reset"] == {
-        str(tmp_path / "tracking" / "a"): 2,
-        str(tmp_path / "tracking" / "b"): 6,
+        str(tmp_path / "tracking" / "a"): len(bad),
+        str(tmp_path / "tracking" / "b"): len(readers),
     }
 
     for f in tmp_path.glob("log-*"):
         f.unlink()
-    _run(tmp_path, mode, kind)
+    _run(tmp_path, mode, kind, chunk_a)
     logged = _logged(tmp_path)
     # the rerun redid exactly the damaged blocks and the downstream blocks that read them
-    assert sorted(logged["a"]) == sorted([_a_offset(kind, (1, 1)), _a_offset(kind, (2, 3))])
+    assert sorted(logged["a"]) == sorted(_a_offset(kind, b) for b in bad)
     vs, off = _vs(kind)
     assert sorted(logged["b"]) == sorted(
         tuple(o + (C // 2 + g * C) * v for o, g, v in zip(off, b, vs, strict=True)) for b in readers
     )
     code, result = _verify(tmp_path)
     assert code == 0, result
-    assert result["verified"] == (N // C) ** 2
+    assert result["verified"] == blocks
     a, b = _expected(tmp_path)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[:], a)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "b.zarr"))[:], b)

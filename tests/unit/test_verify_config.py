@@ -12,6 +12,7 @@ from funlib.geometry import Roi
 import bellis as daisy
 from bellis._graph import TaskGeometry
 from bellis._outputs._readback import RECORDED, ReadBack
+from bellis._outputs._units import OutputSpec, owns_units
 from bellis._outputs._verify import downstream_readers
 from bellis._protocol import ACQUIRE, parse_returns
 from bellis.errors import ConfigurationError, ProtocolError
@@ -92,3 +93,26 @@ def test_downstream_readers_skip_tasks_without_a_grid_and_the_bad_blocks_themsel
     geoms = {"a": _geom("a", 100, 10, 0, 10), "b": _geom("b", 100, 10, 0, 10)}
     assert downstream_readers(geoms, [("a", "b"), ("a", "x")], {"a": {1}, "b": {1}}) == {}
     assert downstream_readers(geoms, [("a", "b")], {"a": set()}) == {}
+
+
+def _spec(shape: int, chunk: int, vs: int = 1, offset: int = 0) -> OutputSpec:
+    return OutputSpec("/s", "", (shape,), (chunk,), None, (vs,), (offset,), "uint8", "1:1")
+
+
+@pytest.mark.parametrize(
+    ("total", "write", "fit", "spec", "owns"),
+    [
+        (64, 16, "valid", _spec(64, 16), True),  # a block per chunk
+        (64, 32, "valid", _spec(64, 16), True),  # two chunks per block
+        (64, 8, "valid", _spec(64, 16), False),  # two blocks per chunk
+        (60, 16, "shrink", _spec(60, 16), True),  # the last block cut by the array's end
+        (60, 16, "shrink", _spec(64, 16), False),  # ... by the task's end, mid-chunk
+        (64, 16, "valid", _spec(72, 16, offset=8), False),  # the grid is off the chunks
+        (128, 32, "valid", _spec(64, 16, vs=2), True),  # world units: 2 per voxel
+    ],
+)
+def test_a_block_owns_its_units_when_each_lies_wholly_in_it(
+    total: int, write: int, fit: str, spec: OutputSpec, owns: bool
+) -> None:
+    geom = TaskGeometry("t", Roi((0,), (total,)), Roi((0,), (write,)), Roi((0,), (write,)), fit=fit)
+    assert owns_units(geom, spec) is owns

@@ -251,6 +251,7 @@ def outputs_record(
     verify_outputs: bool | str = False,
     downstream: Sequence[dict[str, Any]] = (),
     task_id: str | None = None,
+    stored: Sequence[bool] = (),
 ) -> dict[str, Any]:
     """What the tracking group keeps of a task's outputs (``outputs.json``): enough to
     open each array again and map a block's world ROI to its voxels, whether (and with
@@ -273,7 +274,9 @@ def outputs_record(
                 "voxel_size": list(s.voxel_size),
                 "offset": list(s.offset),
                 "mapping": s.mapping,
+                # what verify_outputs checksums: the units' stored bytes, or the values
+                "readback": "stored" if own else "data",
             }
-            for s in specs
+            for s, own in zip(specs, list(stored) or [False] * len(specs), strict=True)
         ],
     }

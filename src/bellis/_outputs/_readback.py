@@ -55,6 +55,10 @@ class Target(NamedTuple):
     path: str
     voxel_size: tuple[float, ...]
     offset: tuple[float, ...]
+    #: checksum the stored bytes of the units (chunk or shard files) the block covers,
+    #: not the decoded values: only for a task whose blocks own their units wholly
+    #: (``_units.owns_units``)
+    stored: bool = False
 
     @property
     def name(self) -> str:
@@ -96,12 +100,13 @@ def check_verify_outputs(verify_outputs: Any, specs: Sequence[Any], task_id: str
     return verify_outputs
 
 
-def wire_outputs(specs: Sequence[Any]) -> list[list[Any]]:
-    """The outputs of a task as its workers get them (the WELCOME's last field)."""
+def wire_outputs(specs: Sequence[Any], stored: Sequence[bool]) -> list[list[Any]]:
+    """The outputs of a task as its workers get them (the WELCOME's last field);
+    ``stored`` per output: whether its blocks own their units (see :class:`Target`)."""
     out = []
-    for s in specs:
+    for s, own in zip(specs, stored, strict=True):
         store = s.store if _is_url(s.store) else os.path.abspath(s.store)
-        out.append([store, s.path, list(s.voxel_size), list(s.offset)])
+        out.append([store, s.path, list(s.voxel_size), list(s.offset), bool(own)])
     return out
 
 
@@ -113,7 +118,12 @@ class ReadBack:
     """
 
     def __init__(self, targets: Sequence[Any], allow_empty: bool = False) -> None:
-        self.targets = [Target(str(t[0]), str(t[1]), tuple(t[2]), tuple(t[3])) for t in targets]
+        self.targets = [
+            Target(
+                str(t[0]), str(t[1]), tuple(t[2]), tuple(t[3]), bool(t[4]) if len(t) > 4 else False
+            )
+            for t in targets
+        ]
         self.allow_empty = allow_empty
         self._arrays: list[Any] | None = None
         self._fill: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -163,14 +173,61 @@ class ReadBack:
             crc = self._fill[key] = int(google_crc32c.value(fill))
         return crc
 
+    def unit_keys(self, i: int, intervals: Sequence[tuple[int, int]]) -> list[str]:
+        """The store keys (relative to the array) of the units (shards, else chunks) of
+        output ``i`` that the world ``intervals`` touch, in C order; channel axes whole."""
+        import itertools
+
+        arr = self.arrays()[i]
+        sel = self.selection(i, intervals)
+        unit = arr.shards if arr.shards is not None else arr.chunks
+        ranges = []
+        for s, u, n in zip(sel, unit, arr.shape, strict=True):
+            lo, hi = (0, n) if s.start is None else (s.start, s.stop)
+            ranges.append(range(lo // u, -(-hi // u)) if hi > lo else range(0))
+        return [arr.metadata.encode_chunk_key(c) for c in itertools.product(*ranges)]
+
+    def read_unit(self, i: int, key: str) -> Any:
+        """The stored bytes of unit ``key`` of output ``i`` (read-only), None if absent."""
+        arr = self.arrays()[i]
+        root = getattr(arr.store, "root", None)
+        if root is not None:  # a local store: the file itself, without zarr's event loop
+            try:
+                with open(os.path.join(root, arr.path, key), "rb") as fh:
+                    return fh.read()
+            except FileNotFoundError:
+                return None
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        buf = sync((arr.store_path / key).get(prototype=default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    def _stored_crc(self, i: int, intervals: Sequence[tuple[int, int]]) -> tuple[int, bool]:
+        import google_crc32c
+
+        crc = 0
+        empty = True
+        for key in self.unit_keys(i, intervals):
+            data = self.read_unit(i, key)
+            crc = google_crc32c.extend(crc, key.encode() + (b"\0" if data is None else b"\1"))
+            if data is not None:
+                crc = google_crc32c.extend(crc, data)
+                empty = False
+        return int(crc), empty
+
     def crcs(self, intervals: Sequence[tuple[int, int]]) -> list[tuple[int, bool]]:
-        """Per output: the CRC-32C of its part of ``intervals``, and whether that part
-        reads as the fill value everywhere (True for an empty part). Raises what zarr
-        raises for data it cannot read."""
+        """Per output: the CRC-32C of its part of ``intervals`` (of its units' stored
+        bytes for a :attr:`Target.stored` output), and whether that part has no data: it
+        reads as the fill value everywhere, or every unit is absent (True for an empty
+        part). Raises what zarr raises for data it cannot read."""
         import google_crc32c
 
         out = []
-        for i in range(len(self.targets)):
+        for i, t in enumerate(self.targets):
+            if t.stored:
+                out.append(self._stored_crc(i, intervals))
+                continue
             data = self.read(i, intervals)
             crc = int(google_crc32c.value(data))
             empty = data.size == 0 or crc == self.fill_crc(i, data.shape)

@@ -183,24 +183,12 @@ _STATE: dict[str, Any] = {}
 
 
 def _absent_units(rb: ReadBack, i: int, intervals: Sequence[tuple[int, int]]) -> list[str]:
-    """The chunk (shard) keys of output ``i`` that the block covers and its store lacks."""
+    """The unit (chunk or shard) keys of output ``i`` that the block covers and its store
+    lacks."""
     from zarr.core.sync import sync
 
     arr = rb.arrays()[i]
-    sel = rb.selection(i, intervals)
-    unit = arr.shards if arr.shards is not None else arr.chunks
-    ranges = [range(s.start // u, -(-s.stop // u)) for s, u in zip(sel, unit, strict=False)]
-    lead = len(arr.shape) - len(intervals)
-    for axis in range(lead):  # channel axes: every unit along them
-        ranges[axis] = range(-(-arr.shape[axis] // unit[axis]))
-    absent: list[str] = []
-    import itertools
-
-    for coords in itertools.product(*ranges):
-        key = arr.metadata.encode_chunk_key(coords)
-        if not sync((arr.store_path / key).exists()):
-            absent.append(key)
-    return absent
+    return [key for key in rb.unit_keys(i, intervals) if not sync((arr.store_path / key).exists())]
 
 
 def check_blocks(
@@ -286,7 +274,13 @@ class _Store:
                 path=str(self.path),
             )
         return [
-            Target(o["store"], o["path"], tuple(o["voxel_size"]), tuple(o["offset"]))
+            Target(
+                o["store"],
+                o["path"],
+                tuple(o["voxel_size"]),
+                tuple(o["offset"]),
+                o.get("readback") == "stored",
+            )
             for o in record["outputs"]
         ]
 

@@ -181,7 +181,7 @@ def _open_stores(
             if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
                 below = downstream_record(t.task_id, edges or [], paths)
                 record = outputs_record(
-                    t.outputs, t.write_safety, t.verify_outputs, below, t.task_id
+                    t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t._verify_stored
                 )
                 write_outputs_record(path, record)
         except BaseException:

@@ -172,7 +172,9 @@ def run_blocks_serially(
             mode = run.task.verify_outputs
             verify = None
             if mode:
-                verify = ReadBack(wire_outputs(run.task.outputs), mode == "allow_empty")
+                verify = ReadBack(
+                    wire_outputs(run.task.outputs, run.task._verify_stored), mode == "allow_empty"
+                )
             acquire = scheduler.acquire_index
             release = scheduler.release_index
             k = acquire(run)

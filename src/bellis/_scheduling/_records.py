@@ -170,7 +170,12 @@ class TaskPlan:
         if task.stall_timeout_secs is not None or task.verify_outputs:
             welcome.append(task.stall_timeout_secs)  # absent or nil: stall detection off
         if task.verify_outputs:  # the outputs its workers read back after each block
-            welcome.append([task.verify_outputs == "allow_empty", wire_outputs(task.outputs)])
+            welcome.append(
+                [
+                    task.verify_outputs == "allow_empty",
+                    wire_outputs(task.outputs, task._verify_stored),
+                ]
+            )
         self.welcome = encode(welcome)
 
     def take_slot(self) -> tuple[int, str | None]:
