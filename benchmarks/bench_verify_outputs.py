@@ -14,7 +14,10 @@ the same campaign, repetitions interleaved (A B A B ...), every run in a fresh i
             does, without the checksum and the comparison). Throughput in MiB/s, pool
             start included in both.
 ``noop``    20,000 no-op blocks on 2 workers with a tracking store: ``outputs=[array]``
-            declared (nothing else) against no outputs. Run wall.
+            declared (nothing else) against no outputs, and against the same array made
+            (zarr imported in the driver) but not declared. Run wall.
+``micro``   in one process: a 128^3 block written, then read back and checksummed by
+            ``ReadBack`` (stored: the chunk file; data: decoded values), medians.
 
 Usage::
 
@@ -43,10 +46,11 @@ WRITE = textwrap.dedent(
     from funlib.geometry import Roi
 
     root, verify, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+    shared = sys.argv[4] == "data"  # chunks of 2 blocks: the read-back decodes the values
     B = 128
     path = os.path.join(root, "out.zarr")
-    zarr.create_array(path, shape=(n * B, 2 * B, 2 * B), chunks=(B, B, B), dtype="float32",
-                      overwrite=True)
+    zarr.create_array(path, shape=(n * B, 2 * B, 2 * B), chunks=(B, B, 2 * B if shared else B),
+                      dtype="float32", overwrite=True)
     BASE = []
 
     def process(block):
@@ -61,6 +65,7 @@ WRITE = textwrap.dedent(
     w = Roi((0, 0, 0), (B, B, B))
     task = bellis.Task("w", total, w, w, process, max_workers=2, outputs=[path],
                        verify_outputs=verify, resource_tracking=True,
+                       write_safety="serialize" if shared else "error",
                        tracking_path=os.path.join(root, "track"))
     t0 = time.perf_counter()
     ok = bellis.run_blockwise([task], progress=False, summary=False)
@@ -125,7 +130,7 @@ NOOP = textwrap.dedent(
 
     root, declared, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
     path = os.path.join(root, "o.zarr")
-    if declared:
+    if sys.argv[2] != "0":  # "2": the array made (zarr imported), but not declared
         zarr.create_array(path, shape=(n,), chunks=(1,), dtype="uint8", overwrite=True)
 
     def process(block):
@@ -138,6 +143,40 @@ NOOP = textwrap.dedent(
     t0 = time.perf_counter()
     ok = bellis.run_blockwise([task], progress=False, summary=False)
     print(json.dumps({"ok": ok, "wall": time.perf_counter() - t0}))
+    """
+)
+
+
+MICRO = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    import numpy as np
+    import zarr
+    from bellis._outputs._readback import ReadBack
+
+    root, reps = sys.argv[1], int(sys.argv[2])
+    B = 128
+    z, y, x = np.mgrid[0:B, 0:B, 0:B].astype(np.float32)
+    base = np.sin(z / 9) + np.cos(y / 7) * np.sin(x / 5)
+    out = {}
+    for mode, chunks in (("stored", (B, B, B)), ("data", (B, B, 2 * B))):
+        path = f"{root}/micro-{mode}.zarr"
+        arr = zarr.create_array(path, shape=(4 * B, B, 2 * B), chunks=chunks, dtype="float32",
+                                overwrite=True)
+        rb = ReadBack([[path, "", [1, 1, 1], [0, 0, 0], mode == "stored"]])
+        writes, backs = [], []
+        for rep in range(reps):
+            i = rep % 4
+            iv = [(i * B, i * B + B), (0, B), (0, B)]
+            t0 = time.perf_counter()
+            arr[i * B:i * B + B, :, :B] = base + rep
+            t1 = time.perf_counter()
+            rb.checksum(iv)
+            t2 = time.perf_counter()
+            writes.append(t1 - t0)
+            backs.append(t2 - t1)
+        out[mode] = [statistics.median(writes), statistics.median(backs)]
+    print(json.dumps(out))
     """
 )
 
@@ -166,7 +205,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--slabs", type=int, default=4, help="128^3 blocks along axis 0 (x 4)")
     ap.add_argument("--noop-blocks", type=int, default=20_000)
-    ap.add_argument("--only", choices=("write", "read", "noop"), default=None)
+    ap.add_argument("--only", choices=("write", "read", "noop", "micro"), default=None)
+    ap.add_argument(
+        "--readback",
+        choices=("stored", "data"),
+        default="stored",
+        help="stored: a block per chunk (the read-back checksums the chunk files); data: "
+        "chunks of 2 blocks, write_safety='serialize' (it decodes the values)",
+    )
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-verify-")
     n = args.slabs
@@ -180,7 +226,7 @@ def main() -> None:
                     d = os.path.join(tmp, name)
                     shutil.rmtree(d, ignore_errors=True)
                     os.makedirs(d)
-                    r = _run(WRITE, d, flag, str(n), cwd=d)
+                    r = _run(WRITE, d, flag, str(n), args.readback, cwd=d)
                     assert r["ok"], r
                     res[name].append(r)
                 if args.only in (None, "read"):
@@ -196,6 +242,7 @@ def main() -> None:
                 print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
             pb = [r["block_median"] for r in res["plain"]]
             vb = [r["block_median"] for r in res["verified"]]
+            print(f"readback {args.readback}")
             print(f"write: {n * 4} blocks of 128^3 float32 ({mib} MiB), 2 workers, ", end="")
             print(f"{args.reps} reps")
             print(
@@ -214,10 +261,18 @@ def main() -> None:
                     f"zarr read {mib / statistics.median(z):.0f} MiB/s"
                 )
                 print(f"  verify throughput / plain read throughput: {_ratio(z, v)}")
+        if args.only in (None, "micro"):
+            r = _run(MICRO, tmp, str(args.reps * 4), cwd=tmp)
+            print(f"micro: one process, 128^3 float32 blocks, {args.reps * 4} reps (medians)")
+            for mode, (w, b) in r.items():
+                print(
+                    f"  readback {mode}: write {w * 1e3:.1f} ms, read-back + checksum "
+                    f"{b * 1e3:.2f} ms = {b / w:.1%} of the write"
+                )
         if args.only in (None, "noop"):
-            walls: dict[str, list[float]] = {"none": [], "declared": []}
+            walls: dict[str, list[float]] = {"none": [], "declared": [], "zarr_only": []}
             for _rep in range(args.reps):
-                for name, flag in (("none", "0"), ("declared", "1")):
+                for name, flag in (("none", "0"), ("declared", "1"), ("zarr_only", "2")):
                     r = _run(NOOP, tmp, flag, str(args.noop_blocks), cwd=tmp)
                     assert r["ok"], r
                     walls[name].append(r["wall"])
@@ -227,6 +282,10 @@ def main() -> None:
                 f"{statistics.median(walls['declared']):.3f} s"
             )
             print(f"  declared / none: {_ratio(walls['declared'], walls['none'])}")
+            print(
+                f"  declared / the same array made but not declared: "
+                f"{_ratio(walls['declared'], walls['zarr_only'])}"
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
