@@ -42,7 +42,7 @@ import bellis as daisy
 from funlib.geometry import Roi
 
 ROOT, MODE, KIND, HANG = {root!r}, {mode!r}, {kind!r}, {hang!r}
-EMPTY, VERIFY, CA = {empty!r}, {verify!r}, {chunk_a!r}
+EMPTY, VERIFY, CA, CHECK = {empty!r}, {verify!r}, {chunk_a!r}, {check!r}
 VS, OFF = (2, 2) if KIND == "funlib" else (1, 1), (8, 16) if KIND == "funlib" else (0, 0)
 N, C = 32, 8  # voxels per axis, voxels per chunk (= one block of a)
 A, B = os.path.join(ROOT, "a.zarr"), os.path.join(ROOT, "b.zarr")
@@ -105,6 +105,11 @@ a = daisy.Task("a", total, wa, wa, write_a, max_workers=2, outputs=[out_a],
                tracking_path=os.path.join(ROOT, "tracking", "a"))
 b = daisy.Task("b", total, rb, wb, write_b, max_workers=2, outputs=[B],
                tracking_path=os.path.join(ROOT, "tracking", "b"))
+if CHECK:  # Task.verify() from this script (no main guard), in 2 processes
+    r = a.verify(workers=2)
+    print(json.dumps({{"ok": r.ok, "verified": r.verified, "missing": len(r.missing),
+                      "changed": len(r.changed), "unverifiable": len(r.unverifiable)}}))
+    sys.exit(0)
 ok = daisy.run_blockwise(a + b, multiprocessing=MODE == "distributed", progress=False)
 sys.exit(0 if ok else 3)
 """
@@ -124,6 +129,7 @@ def _script(
     empty: list[int] | None = None,
     verify: bool | str = True,
     chunk_a: int = 8,
+    check: bool = False,
 ) -> str:
     return SCRIPT.format(
         root=str(root),
@@ -133,6 +139,7 @@ def _script(
         empty=empty,
         verify=verify,
         chunk_a=chunk_a,
+        check=check,
     )
 
 
@@ -289,6 +296,16 @@ def test_verify_finds_exactly_the_damage_and_reset_repairs_it(
 
     code, result = _verify(tmp_path)
     assert code == 1
+    # Task.verify() from a script finds the same
+    proc = run_script(tmp_path, _script(tmp_path, mode, kind, chunk_a=chunk_a, check=True))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "ok": False,
+        "verified": blocks - len(missing_blocks | changed_blocks),
+        "missing": len(missing_blocks),
+        "changed": len(changed_blocks),
+        "unverifiable": 0,
+    }
     found = {(m["kind"], tuple(m["block"])) for m in result["mismatches"]}
     assert found == {("missing", b) for b in missing_blocks} | {
         ("changed", b) for b in changed_blocks

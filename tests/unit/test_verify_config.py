@@ -116,3 +116,17 @@ def test_a_block_owns_its_units_when_each_lies_wholly_in_it(
 ) -> None:
     geom = TaskGeometry("t", Roi((0,), (total,)), Roi((0,), (write,)), Roi((0,), (write,)), fit=fit)
     assert owns_units(geom, spec) is owns
+
+
+def test_verify_codes_and_counts_of_a_store() -> None:
+    import numpy as np
+
+    from bellis._tracking._reset import verify_codes, verify_counts
+
+    done = np.array([1, 1, 1, 1, 0, 1], dtype=np.uint8)
+    sums = np.array([RECORDED, RECORDED | 5, 0, RECORDED, RECORDED, RECORDED], dtype=np.uint64)
+    # the last verify listed cells 1 (still done) and 4 (reset since: not done)
+    record = {"version": 1, "time": 7.0, "missing": [1], "changed": [4]}
+    assert verify_codes(done, sums, record).tolist() == [1, 2, 0, 1, -1, 1]
+    assert verify_counts(done, sums, record) == (3, 1, 1, 7.0)
+    assert verify_counts(done, None, None) == (0, 0, 5, None)
