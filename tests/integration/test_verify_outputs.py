@@ -356,6 +356,16 @@ def test_verify_finds_exactly_the_damage_and_reset_repairs_it(
     a, b = _expected(tmp_path)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[:], a)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "b.zarr"))[:], b)
+    # the pipeline's tracking basedir: task b declares outputs but does not verify them
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "verify", str(tmp_path / "tracking")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tracking/b: its task does not verify outputs, skipped" in proc.stderr
+    assert proc.stdout.splitlines()[1].split() == ["a", str(blocks), str(blocks), "0", "0", "0"]
 
 
 def _marked(marker: str) -> list[int]:

@@ -22,14 +22,25 @@ _LISTED = 200
 
 
 def _stores(paths: list[str]) -> list[Path]:
-    """Each PATH as a store, or the stores of a tracking basedir."""
+    """Each PATH as a store, or the stores of a tracking basedir whose task verifies its
+    outputs (the others are named on stderr: a pipeline's basedir holds tasks with nothing
+    to verify)."""
     from .._report._data import find_stores
+    from .._tracking import read_outputs_record
 
     out: list[Path] = []
     for p in paths:
         path = Path(p)
         if path.is_dir() and not (path / "zarr.json").exists():
-            out += find_stores([path])
+            for store in find_stores([path]):
+                record = read_outputs_record(store) or {}
+                if record.get("verify_outputs") or (store / "output_checksum").is_dir():
+                    out.append(store)
+                else:
+                    print(
+                        f"bellis verify: {store}: its task does not verify outputs, skipped",
+                        file=sys.stderr,
+                    )
         else:
             out.append(path)
     return out
