@@ -444,20 +444,10 @@ class Task:
         return blocks
 
     def verify(self, *, workers: int | None = None, reset: bool = False) -> Any:
-        """``bellis verify`` of this task's store: re-read the outputs of every done block
-        with a recorded checksum, in ``workers`` processes; a ``VerifyResult``. ``reset``
-        clears the mismatched blocks' done markers and those of the downstream blocks that
-        read them (see ``docs/outputs.md``)."""
-        from ._outputs._verify import verify_stores
+        """``bellis verify`` of this task's store, a ``VerifyResult`` (``docs/outputs.md``)."""
+        from ._outputs._verify import verify_task
 
-        path = self.resolved_tracking_path()
-        if path is None:
-            raise ConfigurationError(
-                f'task "{self._task_id}" has no tracking store to verify; pass '
-                "Task(tracking_path=...) or call bellis.set_tracking_basedir(...)",
-                parameter="tracking_path",
-            )
-        return verify_stores([path], workers=workers, reset=reset)[0]
+        return verify_task(self, workers=workers, reset=reset)
 
     def report(self) -> Any:
         """The TaskReport of this task's last run (from runs.jsonl), or None."""

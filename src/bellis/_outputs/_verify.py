@@ -45,6 +45,7 @@ __all__ = [
     "check_blocks",
     "downstream_readers",
     "verify_stores",
+    "verify_task",
 ]
 
 logger = logging.getLogger("bellis")
@@ -462,6 +463,20 @@ def verify_stores(
         )
         results.append(result)
     return results
+
+
+def verify_task(task: Any, *, workers: int | None = None, reset: bool = False) -> VerifyResult:
+    """``Task.verify()``: :func:`verify_stores` of the task's store (re-read the outputs of
+    every done block with a recorded checksum, in ``workers`` processes; ``reset`` clears
+    the mismatched blocks and the downstream blocks that read them)."""
+    path = task.resolved_tracking_path()
+    if path is None:
+        raise ConfigurationError(
+            f'task "{task.task_id}" has no tracking store to verify; pass '
+            "Task(tracking_path=...) or call bellis.set_tracking_basedir(...)",
+            parameter="tracking_path",
+        )
+    return verify_stores([path], workers=workers, reset=reset)[0]
 
 
 def _main() -> None:
