@@ -16,6 +16,7 @@ import signal  # the names of signals only
 from collections import deque
 from typing import Any, NamedTuple
 
+from .._outputs._readback import wire_outputs
 from .._protocol import WELCOME, ExitKind, WorkerExit, encode
 from ._task_run import TaskRun
 
@@ -166,8 +167,15 @@ class TaskPlan:
             "conflict": g.read_write_conflict,
         }
         welcome = [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
-        if task.stall_timeout_secs is not None:
-            welcome.append(task.stall_timeout_secs)  # absent: stall detection off
+        if task.stall_timeout_secs is not None or task.verify_outputs:
+            welcome.append(task.stall_timeout_secs)  # absent or nil: stall detection off
+        if task.verify_outputs:  # the outputs its workers read back after each block
+            welcome.append(
+                [
+                    task.verify_outputs == "allow_empty",
+                    wire_outputs(task.outputs, task._verify_stored),
+                ]
+            )
         self.welcome = encode(welcome)
 
     def take_slot(self) -> tuple[int, str | None]:
