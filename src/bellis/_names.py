@@ -35,6 +35,8 @@ HOMES: dict[str, tuple[str, str]] = {
     "JsonProgressObserver": ("bellis._run._progress", "JsonProgressObserver"),
     "LayoutMismatch": ("bellis.errors", "LayoutMismatch"),
     "LocalLauncher": ("bellis._launchers._base", "LocalLauncher"),
+    "LsfLauncher": ("bellis._launchers._lsf", "LsfLauncher"),
+    "PbsLauncher": ("bellis._launchers._pbs", "PbsLauncher"),
     "Pipeline": ("bellis._task", "Pipeline"),
     "ProtocolError": ("bellis.errors", "ProtocolError"),
     "Roi": ("funlib.geometry", "Roi"),
@@ -96,6 +98,8 @@ LIGHT_HOMES = frozenset(
         "bellis.logging",
         "bellis._launchers._base",
         "bellis._launchers._slurm",
+        "bellis._launchers._lsf",
+        "bellis._launchers._pbs",
         "bellis._launchers._dask",
         "funlib.geometry",
     }

@@ -34,6 +34,8 @@ EXPECTED_ALL = {
     "JsonProgressObserver",
     "LayoutMismatch",
     "LocalLauncher",
+    "LsfLauncher",
+    "PbsLauncher",
     "Pipeline",
     "ProtocolError",
     "Roi",
