@@ -43,6 +43,7 @@ HOMES: dict[str, tuple[str, str]] = {
     "RunReport": ("bellis._stats._reports", "RunReport"),
     "Scheduler": ("bellis.v1_compat", "Scheduler"),
     "SerialServer": ("bellis._run._runner", "SerialServer"),
+    "SgeLauncher": ("bellis._launchers._sge", "SgeLauncher"),
     "Server": ("bellis._run._runner", "Server"),
     "SlurmLauncher": ("bellis._launchers._slurm", "SlurmLauncher"),
     "Stat": ("bellis._stats._reports", "Stat"),
@@ -100,6 +101,7 @@ LIGHT_HOMES = frozenset(
         "bellis._launchers._slurm",
         "bellis._launchers._lsf",
         "bellis._launchers._pbs",
+        "bellis._launchers._sge",
         "bellis._launchers._dask",
         "funlib.geometry",
     }

@@ -43,6 +43,7 @@ EXPECTED_ALL = {
     "Scheduler",
     "SerialServer",
     "Server",
+    "SgeLauncher",
     "SlurmLauncher",
     "Stat",
     "Task",

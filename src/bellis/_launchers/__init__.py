@@ -10,6 +10,7 @@ Owns:
   ``_slurm``       ``SlurmLauncher``: one ``sbatch`` job (or array task) per worker
   ``_lsf``         ``LsfLauncher``: one ``bsub`` job (or array element) per worker
   ``_pbs``         ``PbsLauncher``: one ``qsub`` job (or subjob) per worker
+  ``_sge``         ``SgeLauncher``: one Grid Engine ``qsub`` job (or array task) per worker
   ``_slurm_text``  the text SLURM reads and writes: names, sizes, limits, exit states
   ``_dask``        ``DaskLauncher``: one long-lived Dask task per worker
   ``_net``         which address the server advertises to workers on other machines

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from .._protocol import ExitKind
+from .._protocol import OOM_PREFIX, ExitKind
 from .._sizes import MIB, parse_growth, parse_size
 from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
@@ -647,6 +647,10 @@ class BatchLauncher(WorkerLauncher):
             result = describe_exit(code, job.spec)
             if result.kind == ExitKind.CLEAN:
                 return self._walltime_exit(job) or result
+            if result.message.startswith(OOM_PREFIX):
+                # a MemoryError under an address-space limit: still out of memory
+                rest = result.message[len(OOM_PREFIX) :].lstrip(": ")
+                return WorkerExit(result.kind, result.code, f"{OOM_PREFIX}: {where}: {rest}")
             return WorkerExit(result.kind, result.code, f"{where}: {result.message}")
         return WorkerExit(kind, code, f"{where} ended in state {ending.detail or job.state}")
 
@@ -759,7 +763,7 @@ class BatchLauncher(WorkerLauncher):
         """Cancel every job of this launcher that has not finished; remove scratch files."""
         self._stop(list(self._jobs.values()), 0.0)
         for job in self._jobs.values():
-            if job.exit is not None or self._is_finished(job.state):
+            if job.exit is not None or self._is_finished(job.state) or job.missing_count:
                 job.payload_path.unlink(missing_ok=True)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
