@@ -51,7 +51,8 @@ queue_up() {
 }
 
 configured() {
-    timeout 20 qconf -sq all.q 2>/dev/null | grep -Eq '^load_thresholds +NONE$'
+    timeout 20 qconf -sq all.q 2>/dev/null | grep -Eq '^load_thresholds +NONE$' \
+        && timeout 20 qconf -sconf global 2>/dev/null | grep -q 'accounting_flush_time=00:00:00'
 }
 
 if pgrep -x sge_qmaster >/dev/null 2>&1 && pgrep -x sge_execd >/dev/null 2>&1 && queue_up \
@@ -117,8 +118,9 @@ edit() {  # edit <qconf option> [object]: qconf's editor applies the sed express
     rm -f "$editor"
 }
 
-# root may submit (CI runs as root); no kept job directories
-SED='s/^min_uid .*/min_uid 0/; s/^min_gid .*/min_gid 0/' edit -mconf global
+# root may submit (CI runs as root); finished jobs reach the accounting file (qacct) at once,
+# not after the default 15 s flush
+SED='s/^min_uid .*/min_uid 0/; s/^min_gid .*/min_gid 0/; s/flush_time=[0-9:]*/flush_time=00:00:01 accounting_flush_time=00:00:00/' edit -mconf global
 # schedule every second, not every 15 s
 SED='s/^schedule_interval .*/schedule_interval 0:0:1/; s/^flush_submit_sec .*/flush_submit_sec 1/; s/^flush_finish_sec .*/flush_finish_sec 1/' edit -msconf
 

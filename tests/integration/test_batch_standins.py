@@ -316,8 +316,9 @@ def test_a_block_out_of_memory_succeeds_in_a_larger_job(system: str, tmp_path: P
 def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 40 s walltime (PBS takes seconds) and 1 s blocks: each job's worker leaves before
-    the limit, and new jobs take over until the blocks are done; no job is killed."""
+    """A 40 s walltime (PBS takes seconds) and 80 blocks of 1 s on 2 workers: each job's
+    worker leaves before the limit, and new jobs take over until the blocks are done; no
+    job is killed."""
     from bellis._worker._walltime import LEAVING_MARKER
 
     state = use_standins("pbs", tmp_path, monkeypatch)
@@ -326,7 +327,7 @@ def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
     launcher = make_launcher("pbs", "bw", time_limit="00:00:40", walltime_margin=12)
     task = make_task(
         "wt",
-        40,
+        80,
         functools.partial(sleep_block, str(rec), 1.0),
         max_workers=2,
         max_worker_restarts=0,
@@ -336,10 +337,10 @@ def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
         task, launcher=launcher, return_states=True, progress=False, summary=False
     )
     s = states["wt"]
-    assert (s.completed_count, s.failed_count, s.orphaned_count) == (40, 0, 0)
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (80, 0, 0)
     assert s.worker_failure_count == 0 and s.worker_restart_count == 0
     records = read_records(rec)
-    assert done_ids(records, "wt") == list(range(40))
+    assert done_ids(records, "wt") == list(range(80))
     jobs = job_records(state)
     assert {r["how"] for r in jobs} == {"exited"}, jobs
     exits = task.report().workers.exits

@@ -740,6 +740,16 @@ class BatchLauncher(WorkerLauncher):
             self._cancel([j.job_id for j in left], hard=True)
             self._wait_gone(left, 10.0)
         for job in jobs:
+            if job.exit is None and job.missing_count and not self._is_finished(job.state):
+                # gone from the status query (a system that lists only live jobs): its
+                # accounting record says how it ended; cancelled here if it has none yet
+                if not self._lookup_gone(job):
+                    job.exit = WorkerExit(
+                        ExitKind.ERROR,
+                        None,
+                        f"{self.system} job {job.job_id} ({job.job_name}) was cancelled "
+                        f"({self.cancel_command} at teardown)",
+                    )
             if job.exit is None and self._is_finished(job.state):
                 job.exit = self._finished_exit(job)
 
