@@ -292,3 +292,42 @@ def test_a_job_killed_at_h_rt_is_reported_and_its_block_retried(tmp_path: Path) 
     assert s.first_worker_error is not None
     assert "a block ran longer than the job time limit" in s.first_worker_error
     assert _drained(prefix) == []
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(400)
+def test_dask_jobqueue_sge_cluster_runs_a_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other route: ``DaskLauncher`` over dask-jobqueue's ``SGECluster`` on the same
+    Grid Engine. Its jobs are dask workers, each hosting bellis workers as subprocesses."""
+    jobqueue = pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed")
+    from distributed import Client
+
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    prefix = job_prefix(tmp_path, "gd")
+    # the jobs take this environment (-V): the test's modules are importable there
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    cluster = jobqueue.SGECluster(
+        cores=2,
+        processes=1,
+        memory="2GB",
+        queue="all.q",
+        walltime="00:10:00",
+        job_name=prefix,
+        python=sys.executable,
+        job_extra_directives=["-V"],
+        log_directory=str(tmp_path / "dask-logs"),
+        scheduler_options={"host": "127.0.0.1", "dashboard_address": None},
+        worker_extra_args=["--host", "127.0.0.1"],
+    )
+    try:
+        cluster.scale(jobs=2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=180)
+            assert len(active_jobs(prefix)) == 2
+            run_two_task_pipeline(bellis.DaskLauncher(client), rec, 8)
+    finally:
+        cluster.close()
+    assert _drained(prefix) == []
