@@ -194,6 +194,10 @@ def test_qacct_records_and_their_endings() -> None:
     deleted = parse_qacct((DATA / "sge" / "qacct_qdel.txt").read_text(), None)
     assert deleted is not None
     assert sge_ending(deleted, None).end == End.CANCELLED
+    h_rt = parse_qacct((DATA / "sge" / "qacct_h_rt.txt").read_text(), None)
+    assert h_rt is not None and h_rt["failed"].startswith("37")
+    assert sge_ending(h_rt, 30).end == End.TIME_LIMIT
+    assert sge_ending(h_rt, None).end == End.TIME_LIMIT  # qmaster says so itself
     # killed (SIGKILL) when its wall clock reached h_rt: the time limit
     at_limit = {"failed": "100 : assumedly after job", "exit_status": "137", "ru_wallclock": "31s"}
     assert sge_ending(at_limit, 30).end == End.TIME_LIMIT
