@@ -47,7 +47,7 @@ def test_pipeline_runs_as_grid_engine_jobs(tmp_path: Path) -> None:
     assert launcher.live_job_ids() == []
     assert _drained(prefix) == []
     ids = list(launcher._jobs)
-    assert len(ids) == 4 and any("." in i for i in ids)  # array tasks: <job>.<task>
+    assert len(ids) == 4
     for job_id in ids:
         (record,) = accounting(job_id)
         assert (record["failed"], record["exit_status"].split()[0]) == ("0", "0"), record
@@ -150,6 +150,9 @@ def test_close_deletes_running_jobs(tmp_path: Path) -> None:
     while not any(j[1] == "r" for j in active_jobs(prefix)):
         assert time.monotonic() < deadline, "no job started"
         time.sleep(0.2)
+    # four workers started together: one array, tasks 1-4 (Grid Engine counts from 1)
+    number = handles[0].native.job_id.split(".")[0]
+    assert [h.native.job_id for h in handles] == [f"{number}.{i}" for i in range(1, 5)]
     launcher.close()
     assert launcher.live_job_ids() == []
     assert _drained(prefix, 30.0) == []

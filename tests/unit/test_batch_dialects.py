@@ -11,7 +11,7 @@ import pytest
 import bellis
 from bellis._launchers._base import WorkerSpec
 from bellis._launchers._batch import End, Ending
-from bellis._launchers._batch_text import hms, parse_walltime
+from bellis._launchers._batch_text import array_ranges, hms, longest_run, parse_walltime
 from bellis._launchers._lsf import lsf_ending, parse_bjobs_json
 from bellis._launchers._pbs import parse_qstat_json, pbs_ending
 from bellis._launchers._sge import parse_qacct, parse_qstat_xml, sge_ending
@@ -220,6 +220,13 @@ def test_sge_submit_options_and_address_space_limit() -> None:
 
 
 # -- the core's text and checks ----------------------------------------------------------
+def test_array_indices() -> None:
+    assert array_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
+    # PBS and Grid Engine arrays are one range: the longest run of slots goes as the array
+    assert longest_run([0, 1, 3, 4, 5, 9]) == [3, 4, 5]
+    assert longest_run([4]) == [4] and longest_run([]) == []
+
+
 def test_walltimes_and_their_errors() -> None:
     assert parse_walltime(90) == 5400
     assert parse_walltime("01:30") == 5400

@@ -42,7 +42,7 @@ from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, _stderr_tail, describe_exit
-from ._batch_text import default_margin, file_size, sanitize, write_private
+from ._batch_text import default_margin, file_size, hms, longest_run, sanitize, write_private
 
 __all__ = ["BatchJob", "BatchLauncher", "End", "Ending", "Row"]
 
@@ -456,7 +456,8 @@ class BatchLauncher(WorkerLauncher):
             limit = self._array_size_limit() - self.array_first_index
             in_array = [spec for spec in specs if spec.slot_index < limit]
             if not self.array_lists:
-                in_array = _longest_run(in_array)
+                keep = set(longest_run([spec.slot_index for spec in in_array]))
+                in_array = [spec for spec in in_array if spec.slot_index in keep]
             if len(in_array) < self.array_threshold:
                 in_array = []
         handles: dict[int, WorkerHandle] = {}
@@ -655,8 +656,7 @@ class BatchLauncher(WorkerLauncher):
         return WorkerExit(kind, code, f"{where} ended in state {ending.detail or job.state}")
 
     def _limit_text(self) -> str:
-        seconds = self.limit_seconds or 0
-        return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return hms(self.limit_seconds or 0)
 
     def _walltime_exit(self, job: BatchJob) -> WorkerExit | None:
         """The exit of a worker that left before its job's time limit (it says so in its
@@ -790,17 +790,3 @@ class BatchLauncher(WorkerLauncher):
 
     def _cancel_at_exit(self) -> None:
         self._cancel(self.live_job_ids())
-
-
-def _longest_run(specs: list[WorkerSpec]) -> list[WorkerSpec]:
-    """The specs whose slots form the longest run of consecutive numbers."""
-    ordered = sorted(specs, key=lambda s: s.slot_index)
-    best: list[WorkerSpec] = []
-    run: list[WorkerSpec] = []
-    for spec in ordered:
-        if run and spec.slot_index != run[-1].slot_index + 1:
-            run = []
-        run.append(spec)
-        if len(run) > len(best):
-            best = list(run)
-    return best

@@ -16,6 +16,7 @@ __all__ = [
     "default_margin",
     "file_size",
     "hms",
+    "longest_run",
     "parse_walltime",
     "sanitize",
     "write_private",
@@ -45,6 +46,17 @@ def array_ranges(indices: Sequence[int]) -> str:
         if i is not None:
             start = prev = i
     return ",".join(out)
+
+
+def longest_run(numbers: Sequence[int]) -> list[int]:
+    """The longest run of consecutive numbers among ``numbers``, in order."""
+    best: list[int] = []
+    run: list[int] = []
+    for n in sorted(set(numbers)):
+        run = [*run, n] if run and n == run[-1] + 1 else [n]
+        if len(run) > len(best):
+            best = run
+    return best
 
 
 def parse_walltime(value: int | float | str, parameter: str = "time_limit") -> int:
