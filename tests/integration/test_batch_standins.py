@@ -221,14 +221,14 @@ def test_lsf_without_a_required_project_is_a_start_error(
     assert "bsub exited with code 255" in message
     assert "Request aborted by esub. Job not submitted." in message
     assert "LsfLauncher(project=...)" in message
-    # a run stops after its worker restarts, with that message as the task's error
-    task = make_task(
-        "p", 2, functools.partial(sleep_block, str(tmp_path), 0.0), max_worker_restarts=1
-    )
+    # a run stops at the first refusal, with that message as the task's error: no
+    # restart is spent on a request bsub refuses for good
+    task = make_task("p", 2, functools.partial(sleep_block, str(tmp_path), 0.0), max_workers=1)
     with pytest.raises(bellis.TaskAbandonedError) as abandoned:
         bellis.run_blockwise(task, launcher=launcher, progress=False)
-    last = abandoned.value.daisy_states["p"].last_worker_error  # type: ignore[attr-defined]
-    assert "Request aborted by esub. Job not submitted." in last
+    task_state = abandoned.value.daisy_states["p"]  # type: ignore[attr-defined]
+    assert "Request aborted by esub. Job not submitted." in task_state.last_worker_error
+    assert task_state.worker_failure_count == 1 and task_state.worker_restart_count == 0
     assert job_records(state) == []
     # with a project the same run goes through
     rec = tmp_path / "rec"

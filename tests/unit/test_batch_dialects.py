@@ -100,10 +100,13 @@ def test_lsf_memory_per_slot_sites_get_slots_not_limits() -> None:
 
 
 def test_lsf_255_without_project_quotes_bsub_and_names_the_fix() -> None:
-    message = bellis.LsfLauncher()._submit_error(255, "Request aborted by esub. Job not submitted.")
-    assert message.startswith("bsub exited with code 255: Request aborted by esub.")
-    assert "LsfLauncher(project=...)" in message
-    assert "project=" not in bellis.LsfLauncher(project="x")._submit_error(255, "no")
+    error = bellis.LsfLauncher()._submit_error(255, "Request aborted by esub. Job not submitted.")
+    assert isinstance(error, bellis.WorkerStartError) and error.permanent
+    assert str(error).startswith("bsub exited with code 255: Request aborted by esub.")
+    assert "LsfLauncher(project=...)" in str(error)
+    assert "project=" not in str(bellis.LsfLauncher(project="x")._submit_error(255, "no"))
+    # another failure (a busy mbatchd) may pass on the next start
+    assert not bellis.LsfLauncher()._submit_error(1, "LSF is down").permanent
 
 
 # -- PBS ---------------------------------------------------------------------------------

@@ -292,9 +292,9 @@ class BatchLauncher(WorkerLauncher):
         the system has no such job."""
         return False
 
-    def _submit_error(self, code: int, text: str) -> str:
+    def _submit_error(self, code: int, text: str) -> WorkerStartError:
         """The start error for a submit command that exited with ``code`` saying ``text``."""
-        return f"{self.submit_command} exited with code {code}: {text}"
+        return WorkerStartError(f"{self.submit_command} exited with code {code}: {text}")
 
     def _array_size_limit(self) -> int:
         """Array indices must be below this."""
@@ -395,9 +395,7 @@ class BatchLauncher(WorkerLauncher):
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise WorkerStartError(f"{self.submit_command} failed: {exc}") from exc
         if out.returncode != 0:
-            raise WorkerStartError(
-                self._submit_error(out.returncode, out.stderr.strip() or out.stdout.strip())
-            )
+            raise self._submit_error(out.returncode, out.stderr.strip() or out.stdout.strip())
         job_id = self._submitted_id(out.stdout)
         if not job_id:
             raise WorkerStartError(

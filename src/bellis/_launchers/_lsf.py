@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._sizes import MIB, parse_size
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, WorkerStartError
 from ._base import WorkerSpec
 from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
 from ._batch_text import array_ranges, parse_walltime
@@ -226,14 +226,16 @@ class LsfLauncher(BatchLauncher):
         m = re.search(r"Job <(\d+)> is submitted", stdout)
         return None if m is None else m[1]
 
-    def _submit_error(self, code: int, text: str) -> str:
+    def _submit_error(self, code: int, text: str) -> WorkerStartError:
         message = f"bsub exited with code {code}: {text}"
         if code == 255 and self.project is None:
             message += (
                 "\n(this site may require a project for every job: pass "
                 "LsfLauncher(project=...), the -P of your bsub lines)"
             )
-        return message
+        # bsub refuses such a request for good (an esub's policy, a bad option): every
+        # later start would fail the same way
+        return WorkerStartError(message, permanent=code == 255)
 
     def _element_id(self, array_id: str, index: int) -> str:
         return f"{array_id}[{index}]"
