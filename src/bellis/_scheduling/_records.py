@@ -139,6 +139,8 @@ class TaskPlan:
         #: (each still holds its log slot)
         self.retired_unseen = 0
         self.free_starts = run.task.max_workers
+        #: a start failed in a way no later start can mend (``WorkerStartError.permanent``)
+        self.starts_refused = False
         self.parked: deque[Peer] = deque()
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
