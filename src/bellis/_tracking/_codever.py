@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._fingerprint import CODE_ARRAY_NAME, CODE_TABLE_NAME, RECORD_KEYS, resolve, version_counts
 from ..errors import TrackingError
 from ._files import read_json, write_atomic
 
@@ -52,13 +53,10 @@ __all__ = [
     "version_counts",
 ]
 
-CODE_ARRAY = "code_version"
-TABLE_NAME = "code_versions.json"
+CODE_ARRAY = CODE_ARRAY_NAME
+TABLE_NAME = CODE_TABLE_NAME
 #: the largest index a uint16 holds; later fingerprints are stored as 0 (unknown)
 MAX_CODE_INDEX = 2**16 - 1
-
-#: what an entry says about its fingerprint (an entry with ``same_as`` omits them)
-RECORD_KEYS = ("functions", "files", "version", "packages")
 
 _SLAB = 1 << 22  # cells per pass: no grid-size temporaries
 
@@ -117,20 +115,6 @@ def register(
     return index, table
 
 
-def resolve(table: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The table by index, every entry with its fingerprint's record (``same_as`` filled
-    in from the entry it names)."""
-    by_index = {int(e["index"]): e for e in table}
-    out: dict[int, dict[str, Any]] = {}
-    for i, e in by_index.items():
-        full = dict(e)
-        source = by_index.get(int(e["same_as"])) if isinstance(e.get("same_as"), int) else None
-        if source is not None:
-            full.update((k, source.get(k)) for k in RECORD_KEYS)
-        out[i] = full
-    return out
-
-
 def made_at(table: list[dict[str, Any]]) -> NDArray[np.float64]:
     """Per code index, when the run that made such a block started (UNIX seconds);
     ``-inf`` for 0 (unknown) and indices the table lacks: those blocks count as made
@@ -143,37 +127,6 @@ def made_at(table: list[dict[str, Any]]) -> NDArray[np.float64]:
         if 0 < i <= MAX_CODE_INDEX and isinstance(t, int | float):
             times[i] = float(t)
     return times
-
-
-def version_counts(table: list[dict[str, Any]], counts: dict[int, int]) -> list[dict[str, Any]]:
-    """Done blocks per code version (one per fingerprint hash, in the order first seen),
-    from :func:`code_counts`'s ``counts``: each ``{"version": n (1, 2, ...), "hash",
-    "first_seen", "indices", "blocks", "functions", "files", "version_value"}``, and last,
-    when any, ``{"version": None, "hash": None, "blocks": n}`` for blocks of unknown code."""
-    full = resolve(table)
-    by_hash: dict[str, dict[str, Any]] = {}
-    for i in sorted(full):
-        e = full[i]
-        h = str(e.get("hash"))
-        row = by_hash.get(h)
-        if row is None:
-            row = by_hash[h] = {
-                "version": len(by_hash) + 1,
-                "hash": h,
-                "first_seen": e.get("first_seen"),
-                "indices": [],
-                "blocks": 0,
-                "functions": sorted(e.get("functions") or {}),
-                "files": sorted(e.get("files") or {}),
-                "version_value": e.get("version"),
-            }
-        row["indices"].append(i)
-        row["blocks"] += counts.get(i, 0)
-    rows = list(by_hash.values())
-    unknown = sum(n for i, n in counts.items() if i not in full)
-    if unknown:
-        rows.append({"version": None, "hash": None, "blocks": unknown})
-    return rows
 
 
 def _slabs(done: Any, codes: Any) -> Any:

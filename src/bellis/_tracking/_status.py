@@ -8,6 +8,7 @@ The arrays are read in one pass, a slab at a time (never a whole-array copy).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
+from ._codever import MAX_CODE_INDEX, read_table, version_counts
 from ._disk import data_ranges
 from ._layout import (
     STAT_ARRAYS,
@@ -129,6 +131,9 @@ class StatusSnapshot:
     """which cells of the map's plane hold a block (None: unknown)"""
     middle: int = 0
     """a 3-D map's slice along axis 0: the middle one of the blocks' cells"""
+    code_versions: tuple[dict[str, Any], ...] = ()
+    """done cells per code version (``_codever.version_counts``), the unknown ones last;
+    a store without a ``code_version`` array has all its done cells unknown"""
 
     @property
     def blocks(self) -> int | None:
@@ -261,6 +266,9 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
             SlabReader(store.failures),
             *([SlabReader(stats["returned_at"])] if "returned_at" in stats else []),
         ]
+        codes = store.code_versions()
+        code_reader = None if codes is None else SlabReader(codes)
+        per_code = np.zeros(MAX_CODE_INDEX + 1, dtype=np.int64)
         try:
             for a in range(0, cells, _SLAB):
                 b = min(cells, a + _SLAB)
@@ -274,6 +282,12 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
                     n_done += int(np.count_nonzero(raw_done))
                     if raw_failures is not None or in_plane:
                         done = raw_done != 0
+                    if code_reader is not None:
+                        raw_codes = code_reader.read(a, b)
+                        if raw_codes is not None:
+                            per_code += np.bincount(
+                                raw_codes[raw_done != 0], minlength=MAX_CODE_INDEX + 1
+                            )
                 failed: NDArray[np.bool_] | None = None
                 if raw_failures is not None:
                     if done is None:
@@ -298,12 +312,19 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         finally:
             for reader in readers:
                 reader.close()
+            if code_reader is not None:
+                code_reader.close()
         returned = None
         if "returned_at" in stats:
             returned = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float64)
         task_hash = store.task_hash
         record: dict[str, Any] | None = store.record
         runs_file = store.runs_jsonl
+        counts = {int(i): int(per_code[i]) for i in np.flatnonzero(per_code)}
+        counts[0] = counts.get(0, 0) + n_done - int(per_code.sum())  # no array, or a hole
+        if not counts[0]:
+            del counts[0]
+        table = read_table(store.path) if codes is not None else []
     try:
         runs = _count_runs(runs_file)
     except OSError as exc:
@@ -327,7 +348,30 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         layout,
         _plane_blocks(layout, grid, middle) if window else None,
         middle,
+        tuple(version_counts(table, counts)),
     )
+
+
+def _code_lines(snap: StatusSnapshot) -> list[str]:
+    """``bellis status``'s done blocks per code version (``docs/tracking.md``)."""
+    rows = snap.code_versions
+    if not rows:
+        return ["  code        no done blocks"]
+    out: list[str] = []
+    for row in rows:
+        if row["version"] is None:
+            text = (
+                f"unknown version: {row['blocks']} blocks (made before code versions were recorded)"
+            )
+        else:
+            seen = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["first_seen"] or 0))
+            covered = ", ".join(row["functions"]) or "none"
+            text = (
+                f"version {row['version']}: {row['blocks']} blocks ({row['hash'][:12]}, "
+                f"first seen {seen}, functions {covered})"
+            )
+        out.append(("  code        " if not out else "              ") + text)
+    return out
 
 
 def format_status(
@@ -405,6 +449,7 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
             f"  resources   {len(present)} of {len(STAT_ARRAYS)} arrays (missing {missing})"
         )
     lines.append(f"  runs        {runs} recorded in runs.jsonl")
+    lines.extend(_code_lines(snap))
 
     ndim = len(grid)
     if cells == 0:
