@@ -493,11 +493,26 @@ def _is_code(value: Any) -> bool:
     return isinstance(value, FunctionType | staticmethod | classmethod | property)
 
 
+def _entry(walk: _Walk, fn: Any) -> None:
+    """A process function imported from a module is pickled by reference, so its module's
+    source stands for its code; but which of the module's functions it is counts too
+    (``process_function=segment_v2`` instead of ``segment_v1`` is a change): named by
+    module and qualified name, with its bytecode's hash in the user's own modules."""
+    while isinstance(fn, functools.partial | MethodType):
+        fn = fn.func if isinstance(fn, functools.partial) else fn.__func__
+    if not isinstance(fn, FunctionType) or fn.__module__ == "__main__":
+        return
+    module = walk.module_of(fn)
+    mine = module is not None and _user_file(module, walk.roots) is not None
+    walk.functions[f"{fn.__module__}.{fn.__qualname__}"] = hash_code(fn) if mine else "library"
+
+
 def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
     """The fingerprint of process function ``fn`` (None: a task without one) and the
     task's declared ``version``."""
     walk = _Walk()
     if fn is not None:
+        _entry(walk, fn)
         walk.run(fn)
     h = hashlib.blake2b(digest_size=16)
     h.update(b"bellis-code:v1\n")
