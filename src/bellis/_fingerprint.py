@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import sys
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FunctionType, MethodType, ModuleType
@@ -361,14 +360,16 @@ def _bound_names(node: ast.stmt) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    paths = sysconfig.get_paths()  # once: each call rebuilds the whole scheme (~1 ms)
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = paths.get(key)
-        if path:
-            roots.add(os.path.realpath(path))
-    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
-        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
+    """Where the standard library and installed packages live: the standard library's
+    folder (that of ``os``) and each prefix's ``lib`` folders, which hold the
+    ``site-packages`` of a virtual environment or an installation (any path through a
+    ``site-packages`` or ``dist-packages`` folder counts as installed too). Not
+    ``sysconfig.get_paths()``: its first call builds the whole install scheme, a
+    millisecond of every run's start."""
+    roots = {os.path.realpath(os.path.dirname(os.__file__))}
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        for lib in {"lib", getattr(sys, "platlibdir", "lib")}:
+            roots.add(os.path.realpath(os.path.join(prefix, lib)))
     bellis_root = os.path.dirname(os.path.realpath(__file__))
     roots.add(bellis_root)
     return tuple(sorted(roots))
@@ -495,16 +496,13 @@ def _is_code(value: Any) -> bool:
 
 def _entry(walk: _Walk, fn: Any) -> None:
     """A process function imported from a module is pickled by reference, so its module's
-    source stands for its code; but which of the module's functions it is counts too
-    (``process_function=segment_v2`` instead of ``segment_v1`` is a change): named by
-    module and qualified name, with its bytecode's hash in the user's own modules."""
+    source (a user's module: hashed as a file) stands for its code; but which of the
+    module's functions it is counts too (``process_function=segment_v2`` instead of
+    ``segment_v1`` is a change): recorded by module and qualified name."""
     while isinstance(fn, functools.partial | MethodType):
         fn = fn.func if isinstance(fn, functools.partial) else fn.__func__
-    if not isinstance(fn, FunctionType) or fn.__module__ == "__main__":
-        return
-    module = walk.module_of(fn)
-    mine = module is not None and _user_file(module, walk.roots) is not None
-    walk.functions[f"{fn.__module__}.{fn.__qualname__}"] = hash_code(fn) if mine else "library"
+    if isinstance(fn, FunctionType) and fn.__module__ != "__main__":
+        walk.functions[f"{fn.__module__}.{fn.__qualname__}"] = "by reference"
 
 
 def fingerprint(fn: Any, version: Any = None) -> Fingerprint:

@@ -195,4 +195,4 @@ def test_which_function_of_an_imported_module_counts(tmp_path: Path) -> None:
         del sys.modules["mysteps"]
     import json as library
 
-    assert fingerprint(library.dumps).functions == {"json.dumps": "library"}
+    assert fingerprint(library.dumps).functions == {"json.dumps": "by reference"}
