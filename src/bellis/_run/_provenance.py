@@ -173,7 +173,7 @@ def _when(info: _TaskCode, index: int) -> float:
 def _read_state(info: _TaskCode, ups: list[_TaskCode]) -> None:
     """Find the done blocks (not stale already) that read an upstream block which runs
     in this run or was made in a later run than they were."""
-    if not info.present:
+    if not info.present or not ups:
         return
     g = info.task._geom
     fresh = info.done() if info.stale is None else info.done() & ~info.stale

@@ -107,11 +107,12 @@ def register(
         entry["first_seen"] = first.get("first_seen", started)
         entry["same_as"] = int(first.get("same_as", first["index"]))
     table.append(entry)
-    doc = {"format": 1, "versions": table}
+    # one entry per line, each by json's C encoder (``indent=`` takes the pure-Python one,
+    # a millisecond or more of a run's start for an entry with many packages)
+    lines = ",\n".join(json.dumps(e, sort_keys=True) for e in table)
+    text = '{"format": 1, "versions": [\n' + lines + "\n]}\n"
     # durable: the table must survive whatever the done markers that name it survive
-    write_atomic(
-        root / TABLE_NAME, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=True
-    )
+    write_atomic(root / TABLE_NAME, text.encode(), durable=True)
     return index, table
 
 
