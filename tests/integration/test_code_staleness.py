@@ -221,3 +221,21 @@ def test_status_of_the_store_reads_after_a_rerun(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "done        9" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_error_policy_names_the_upstream_and_runs_nothing(tmp_path: Path, mode: str) -> None:
+    folder = _folder(tmp_path / "work")
+    _run(folder, SCRIPT, "run1", mode)
+    zarr.open_group(str(folder / "tracking" / "A"), mode="r+")["done"][0, 0] = 0
+    proc = run_script(
+        folder,
+        SCRIPT,
+        name="pipeline.py",
+        env={"RECORDS": "run2", "MODE": mode, "POLICY": "error"},
+    )
+    assert proc.returncode == 1
+    assert not (folder / "run2").exists()
+    assert "bellis.errors.CodeChangedError" in proc.stderr
+    # B's block at (2, 2) is the only one whose read box [0, 14)^2 meets A's [0, 10)^2
+    assert 'task "B": 1 done block(s) read blocks of upstream task(s) A' in proc.stderr
