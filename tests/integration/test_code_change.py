@@ -174,3 +174,20 @@ def test_a_global_computed_at_run_time_is_an_input_not_code(tmp_path: Path, mode
     edited = script.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")
     proc, made = _run(tmp_path, edited, "run3", mode)
     assert "function upstream" in proc.stdout + proc.stderr
+
+
+def test_a_lost_table_leaves_its_blocks_of_unrecorded_code(tmp_path: Path) -> None:
+    """code_versions.json deleted by hand: the blocks keep indices no entry explains.
+    The next run's entry never takes one of them, so they count as other code (the
+    safe side), never as made by the current code."""
+    _first_run(tmp_path, "serial")
+    (tmp_path / "tracking" / "A" / "code_versions.json").unlink()
+    proc, made = _run(tmp_path, SCRIPT, "run2", "serial")
+    assert proc.returncode == 0 and made == [], proc.stdout + proc.stderr
+    assert (
+        "A: 4 block(s) skipped as done were made by other code (code the table does not record)"
+        in (proc.stdout)
+    )
+    proc, made = _run(tmp_path, SCRIPT, "run3", "serial", POLICY="rerun")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert made == [f"down_{i}" for i in range(4)] + [f"up_{i}_0.5_1" for i in range(4)]

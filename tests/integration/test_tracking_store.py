@@ -1249,3 +1249,8 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
     readonly = TrackingStore.open_readonly(store_path)
     assert readonly.code_versions() is not None
     readonly.close()
+    # a table deleted by hand: the next index stays above those the array holds
+    (store_path / "code_versions.json").unlink()
+    assert register(store_path, {"hash": "cc"}, 4.0)[0] == 1
+    (store_path / "code_versions.json").unlink()
+    assert register(store_path, {"hash": "cc"}, 4.0, floor=3)[0] == 4

@@ -68,6 +68,8 @@ class CodePlan:
     #: task id -> ``{"hash", "index"}``: what ``runs.jsonl`` records per run (index None:
     #: the run made no block of the task)
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: task id -> the largest code index its store's done blocks hold (``register``)
+    floors: dict[str, int] = field(default_factory=dict)
 
 
 class _TaskCode:
@@ -161,7 +163,8 @@ def _own_state(info: _TaskCode) -> None:
     info.own = int(np.count_nonzero(own))
     info.stale = own
     for i in sorted(other):
-        for item in differences(full.get(i, {}), fp):
+        found = differences(full[i], fp) if i in full else ["code the table does not record"]
+        for item in found:
             if item not in info.what:
                 info.what.append(item)
 
@@ -275,6 +278,7 @@ def check_code(
         _own_state(info)
         assert info.fp is not None
         plan.fingerprints[t.task_id] = info.fp
+        plan.floors[t.task_id] = max(info.present, default=0)
         _read_state(info, [infos[id(u)] for u in ups.get(id(t), []) if id(u) in infos])
         if (info.own or info.reads) and t._on_code_change == "error":
             raise _error(info)
@@ -305,7 +309,8 @@ def record_code(plan: CodePlan, runs: list[Any]) -> None:
             continue
         if fp is None:
             fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t._version)
-        index, _table = register(store.path, fp.record(), plan.started)
+        floor = plan.floors.get(run.task_id, 0)
+        index, _table = register(store.path, fp.record(), plan.started, floor)
         store.use_code_version(index)
         run.code_fast, run.code_index = store.code_view(), store.code_index
         plan.recorded[run.task_id] = {"hash": fp.hash, "index": index}

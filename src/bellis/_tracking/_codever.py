@@ -89,13 +89,18 @@ def read_table(root: Path) -> list[dict[str, Any]]:
 
 
 def register(
-    root: Path, record: dict[str, Any], started: float
+    root: Path, record: dict[str, Any], started: float, floor: int = 0
 ) -> tuple[int, list[dict[str, Any]]]:
     """Add the entry of one run that started at ``started`` with fingerprint ``record``
     to the table at ``root``; returns its index (0 past :data:`MAX_CODE_INDEX`) and the
-    table. A hash seen before is recorded as ``same_as`` its first entry."""
+    table. A hash seen before is recorded as ``same_as`` its first entry.
+
+    ``floor``: the largest index the store's ``code_version`` array holds. The new index
+    is above it even when the table lacks those entries (deleted by hand, or lost): an
+    index is never given to two runs, so blocks of a lost entry stay of unknown origin
+    (other code) instead of being credited to this run's code."""
     table = read_table(root)
-    index = max((int(e["index"]) for e in table), default=0) + 1
+    index = max(max((int(e["index"]) for e in table), default=0), floor) + 1
     if index > MAX_CODE_INDEX:
         return 0, table
     first = next((e for e in table if e.get("hash") == record.get("hash")), None)
