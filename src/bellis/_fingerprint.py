@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import sys
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FunctionType, MethodType, ModuleType
@@ -41,16 +40,28 @@ from ._code_origin import _codes
 from .errors import ConfigurationError
 
 __all__ = [
+    "CODE_ARRAY_NAME",
+    "CODE_TABLE_NAME",
     "ON_CODE_CHANGE",
+    "RECORD_KEYS",
     "Fingerprint",
     "check_code_options",
     "differences",
     "fingerprint",
     "hash_code",
+    "resolve",
+    "version_counts",
 ]
 
 #: what a resume does with done blocks that other code made
 ON_CODE_CHANGE = ("warn", "rerun", "error")
+
+#: in a tracking store: the table of the code versions seen, and the per-block array of
+#: the index that made each done block (``_tracking/_codever.py`` writes both)
+CODE_TABLE_NAME = "code_versions.json"
+CODE_ARRAY_NAME = "code_version"
+#: what a table entry says about its fingerprint (an entry with ``same_as`` omits them)
+RECORD_KEYS = ("functions", "files", "version", "packages")
 
 _MAX_OBJECTS = 10_000
 _MAX_VALUE = 4096  # the most items of a global container hashed by value
@@ -123,6 +134,54 @@ def differences(old: dict[str, Any], new: Fingerprint) -> list[str]:
         else:
             out.append("version")
     return out
+
+
+# -- the store's table of code versions, read ----------------------------------------------
+
+
+def resolve(table: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The table by index, every entry with its fingerprint's record (``same_as`` filled
+    in from the entry it names)."""
+    by_index = {int(e["index"]): e for e in table}
+    out: dict[int, dict[str, Any]] = {}
+    for i, e in by_index.items():
+        full = dict(e)
+        source = by_index.get(int(e["same_as"])) if isinstance(e.get("same_as"), int) else None
+        if source is not None:
+            full.update((k, source.get(k)) for k in RECORD_KEYS)
+        out[i] = full
+    return out
+
+
+def version_counts(table: list[dict[str, Any]], counts: dict[int, int]) -> list[dict[str, Any]]:
+    """Done blocks per code version (one per fingerprint hash, in the order first seen),
+    from :func:`code_counts`'s ``counts``: each ``{"version": n (1, 2, ...), "hash",
+    "first_seen", "indices", "blocks", "functions", "files", "version_value"}``, and last,
+    when any, ``{"version": None, "hash": None, "blocks": n}`` for blocks of unknown code."""
+    full = resolve(table)
+    by_hash: dict[str, dict[str, Any]] = {}
+    for i in sorted(full):
+        e = full[i]
+        h = str(e.get("hash"))
+        row = by_hash.get(h)
+        if row is None:
+            row = by_hash[h] = {
+                "version": len(by_hash) + 1,
+                "hash": h,
+                "first_seen": e.get("first_seen"),
+                "indices": [],
+                "blocks": 0,
+                "functions": sorted(e.get("functions") or {}),
+                "files": sorted(e.get("files") or {}),
+                "version_value": e.get("version"),
+            }
+        row["indices"].append(i)
+        row["blocks"] += counts.get(i, 0)
+    rows = list(by_hash.values())
+    unknown = sum(n for i, n in counts.items() if i not in full)
+    if unknown:
+        rows.append({"version": None, "hash": None, "blocks": unknown})
+    return rows
 
 
 # -- hashing code ---------------------------------------------------------------------------
@@ -301,14 +360,16 @@ def _bound_names(node: ast.stmt) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    paths = sysconfig.get_paths()  # once: each call rebuilds the whole scheme (~1 ms)
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = paths.get(key)
-        if path:
-            roots.add(os.path.realpath(path))
-    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
-        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
+    """Where the standard library and installed packages live: the standard library's
+    folder (that of ``os``) and each prefix's ``lib`` folders, which hold the
+    ``site-packages`` of a virtual environment or an installation (any path through a
+    ``site-packages`` or ``dist-packages`` folder counts as installed too). Not
+    ``sysconfig.get_paths()``: its first call builds the whole install scheme, a
+    millisecond of every run's start."""
+    roots = {os.path.realpath(os.path.dirname(os.__file__))}
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        for lib in {"lib", getattr(sys, "platlibdir", "lib")}:
+            roots.add(os.path.realpath(os.path.join(prefix, lib)))
     bellis_root = os.path.dirname(os.path.realpath(__file__))
     roots.add(bellis_root)
     return tuple(sorted(roots))
@@ -433,11 +494,23 @@ def _is_code(value: Any) -> bool:
     return isinstance(value, FunctionType | staticmethod | classmethod | property)
 
 
+def _entry(walk: _Walk, fn: Any) -> None:
+    """A process function imported from a module is pickled by reference, so its module's
+    source (a user's module: hashed as a file) stands for its code; but which of the
+    module's functions it is counts too (``process_function=segment_v2`` instead of
+    ``segment_v1`` is a change): recorded by module and qualified name."""
+    while isinstance(fn, functools.partial | MethodType):
+        fn = fn.func if isinstance(fn, functools.partial) else fn.__func__
+    if isinstance(fn, FunctionType) and fn.__module__ != "__main__":
+        walk.functions[f"{fn.__module__}.{fn.__qualname__}"] = "by reference"
+
+
 def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
     """The fingerprint of process function ``fn`` (None: a task without one) and the
     task's declared ``version``."""
     walk = _Walk()
     if fn is not None:
+        _entry(walk, fn)
         walk.run(fn)
     h = hashlib.blake2b(digest_size=16)
     h.update(b"bellis-code:v1\n")

@@ -45,6 +45,8 @@ __all__ = [
     "BlockwiseDependencyGraph",
     "InterTaskEdge",
     "TaskGeometry",
+    "block_view",
+    "downstream_readers",
 ]
 
 FITS = ("valid", "overhang", "shrink")
@@ -690,6 +692,63 @@ class BlockwiseDependencyGraph:
 
     def enumerate_all_dependencies(self) -> _Dependencies:
         return _Dependencies(self._geom)
+
+
+# -- which blocks read which (whole grids, numpy) ------------------------------------
+
+
+def block_view(
+    g: TaskGeometry, cells: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:
+    """The part of a tracking-grid array ``cells`` (any shape with the grid's cell count
+    per axis) that covers the block grid of ``g``, and the block-grid slices it covers.
+
+    Cell ``c`` of the tracking grid holds block ``c - g.sid_shift``; blocks past the
+    tracking grid (possible with ``overhang``) have no cell and are left out.
+    """
+    src, dst = [], []
+    for s, n, gn in zip(g.sid_shift, cells.shape, g.grid, strict=True):
+        m = max(0, min(gn, n - s))
+        src.append(slice(s, s + m))
+        dst.append(slice(0, m))
+    return cells[tuple(src)], tuple(dst)
+
+
+def downstream_readers(
+    up: TaskGeometry, down: TaskGeometry, redone: Any
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
+    """Which blocks of ``down`` read at least one of the blocks ``redone`` of ``up``.
+
+    ``redone`` is a boolean array over ``up.grid`` or an iterable of flat block indices
+    of ``up`` (C order, as :meth:`TaskGeometry.index_of`); the answer is a boolean array
+    over ``down.grid``. A block of ``down`` reads a block of ``up`` when its read ROI
+    meets that block's write ROI: the dependency the scheduler orders them by (without
+    ``write_safety`` widening, which orders but does not read). Linear in the two grids
+    (a summed-area table), with no Python per block.
+
+    Used at run start to find the done blocks that read a block redone after them
+    (``_run/_provenance``), and by whatever invalidates blocks of an upstream task
+    (``bellis verify --reset``) to find what must be redone downstream.
+    """
+    import numpy as np
+
+    mask = redone
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+        mask = np.zeros(up.grid, dtype=bool)
+        flat = np.fromiter((int(k) for k in redone), dtype=np.intp)
+        if flat.size and (flat.min() < 0 or flat.max() >= up.num_blocks):
+            raise ValueError(
+                f"redone holds block indices outside task {up.task_id!r} (0 .. {up.num_blocks - 1})"
+            )
+        mask.reshape(-1)[flat] = True
+    elif tuple(mask.shape) != tuple(up.grid):
+        raise ValueError(
+            f"redone has shape {list(mask.shape)}; task {up.task_id!r} has a block grid "
+            f"of {list(up.grid)}"
+        )
+    if not down.num_blocks or not up.num_blocks or not mask.any():
+        return np.zeros(down.grid, dtype=bool)
+    return InterTaskEdge(up, down).done_counts(mask) > 0
 
 
 # -- bulk dependency counts (numpy, in place; used by the scheduler) -------------------

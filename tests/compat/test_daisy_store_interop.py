@@ -8,6 +8,7 @@ The fixture ``daisy_store_fixture/`` was written by daisy 2.0.0 for the task bel
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,85 @@ def test_a_verified_bellis_store_resumes_in_daisy(tmp_path: Path) -> None:
     assert seen == [] and dstates["fx"].skipped_count == 6
     result = task.verify(workers=1)
     assert result.ok and result.verified == 6
+
+
+def _code_lines(store: Path) -> list[str]:
+    """``bellis status``'s lines about code versions."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "status", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.strip() for line in proc.stdout.splitlines()]
+    return [
+        re.sub(r" \(.*", "", line.removeprefix("code").strip())
+        for line in lines
+        if line.startswith(("code ", "version ", "unknown version"))
+    ]
+
+
+def other_recorder(log: Path) -> Any:
+    """Another process function (other code) that records the same offsets."""
+    log_s = str(log)
+
+    def process_v2(block: Any) -> None:
+        with open(log_s, "a") as fh:
+            fh.write("{},{}\n".format(*(int(v) for v in block.write_roi.offset)))
+
+    return process_v2
+
+
+@pytest.mark.parametrize("mp", MODES)
+def test_a_store_daisy_wrote_resumes_with_its_blocks_of_unknown_version(
+    tmp_path: Path, mp: bool
+) -> None:
+    """daisy 2.0.0 writes the store (one block fails there); bellis resumes it: daisy's
+    done blocks are "unknown version" and never count as other code, the block bellis
+    runs is version 1, and a rerun after a code change redoes that block only."""
+    store = tmp_path / "fx"
+    dlog = tmp_path / "daisy.txt"
+    dtask = daisy.Task(
+        "fx",
+        read_write_conflict=False,
+        max_retries=0,
+        **task_args(daisy, offset_recorder(dlog, (2, 12)), store),
+    )
+    daisy.run_blockwise([dtask], multiprocessing=False, progress=False, summary=False)
+    assert set(offsets(dlog)) == ALL_OFFSETS
+    assert not (store / "code_version").exists()
+    assert _code_lines(store) == ["unknown version: 5 blocks"]
+
+    log = tmp_path / "bellis.txt"
+    args = task_args(bellis, offset_recorder(log), store)
+    task = bellis.Task("fx", read_write_conflict=False, max_workers=2, **args)
+    bellis.run_blockwise([task], multiprocessing=mp, progress=False, summary=False)
+    assert offsets(log) == [(2, 12)]
+    assert _code_lines(store) == ["version 1: 1 blocks", "unknown version: 5 blocks"]
+    codes: Any = zarr.open_group(str(store), mode="r")["code_version"]
+    assert np.asarray(codes[:]).tolist() == [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+
+    log.unlink()
+    args = task_args(bellis, other_recorder(log), store)
+    task = bellis.Task(
+        "fx", read_write_conflict=False, max_workers=2, on_code_change="rerun", **args
+    )
+    bellis.run_blockwise([task], multiprocessing=mp, progress=False, summary=False)
+    assert offsets(log) == [(2, 12)]  # daisy's blocks are unknown: never rerun
+    assert _code_lines(store) == [
+        "version 1: 0 blocks",
+        "version 2: 1 blocks",
+        "unknown version: 5 blocks",
+    ]
+    # and daisy 2.0.0 still opens and resumes the store, code_version and all
+    seen: list[tuple[int, ...]] = []
+    dtask = daisy.Task(
+        "fx",
+        read_write_conflict=False,
+        **task_args(daisy, lambda b: seen.append(tuple(int(v) for v in b.write_roi.offset)), store),
+    )
+    dstates = daisy.run_blockwise(
+        [dtask], multiprocessing=False, progress=False, return_states=True, summary=False
+    )
+    assert seen == [] and dstates["fx"].skipped_count == 6

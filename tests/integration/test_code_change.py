@@ -91,7 +91,8 @@ def test_rerun_runs_exactly_the_changed_tasks_blocks(tmp_path: Path, mode: str) 
     edited = SCRIPT.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")
     proc, made = _run(tmp_path, edited, "run2", mode, POLICY="rerun")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert made == [f"up_{i}_0.7_1" for i in range(4)]
+    # A's blocks, then every block of B that reads them (item 4: staleness flows down)
+    assert made == [f"down_{i}" for i in range(4)] + [f"up_{i}_0.7_1" for i in range(4)]
     # the new fingerprint was recorded: a third run has nothing to do
     proc, made = _run(tmp_path, edited, "run3", mode, POLICY="rerun")
     assert proc.returncode == 0 and made == [], proc.stdout + proc.stderr
@@ -126,7 +127,7 @@ def test_helper_module_change_is_detected(tmp_path: Path) -> None:
     (tmp_path / "params.py").write_text("SCALE = 2\n")
     proc, made = _run(tmp_path, SCRIPT, "run2", "serial", POLICY="rerun")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert made == [f"up_{i}_0.5_2" for i in range(4)]
+    assert made == [f"down_{i}" for i in range(4)] + [f"up_{i}_0.5_2" for i in range(4)]
     assert "file params.py" in proc.stdout
 
 
@@ -138,7 +139,7 @@ def test_version_dict_behaves_as_a_code_change(tmp_path: Path, mode: str) -> Non
     assert "version key model" in proc.stderr
     proc, made = _run(tmp_path, SCRIPT, "run3", mode, MODEL="v2", POLICY="rerun")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert made == [f"up_{i}_0.5_1" for i in range(4)]
+    assert made == [f"down_{i}" for i in range(4)] + [f"up_{i}_0.5_1" for i in range(4)]
 
 
 def test_blocks_of_an_older_store_are_unknown_never_a_change(tmp_path: Path) -> None:
@@ -151,7 +152,8 @@ def test_blocks_of_an_older_store_are_unknown_never_a_change(tmp_path: Path) -> 
     proc, made = _run(tmp_path, edited, "run2", "serial", POLICY="error")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert made == []
-    assert (tmp_path / "tracking" / "A" / "code_version" / "zarr.json").exists()
+    # a run with no block to do adds no code version: the store stays as it was
+    assert not (tmp_path / "tracking" / "A" / "code_version" / "zarr.json").exists()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -172,3 +174,20 @@ def test_a_global_computed_at_run_time_is_an_input_not_code(tmp_path: Path, mode
     edited = script.replace("THRESHOLD = 0.5", "THRESHOLD = 0.7")
     proc, made = _run(tmp_path, edited, "run3", mode)
     assert "function upstream" in proc.stdout + proc.stderr
+
+
+def test_a_lost_table_leaves_its_blocks_of_unrecorded_code(tmp_path: Path) -> None:
+    """code_versions.json deleted by hand: the blocks keep indices no entry explains.
+    The next run's entry never takes one of them, so they count as other code (the
+    safe side), never as made by the current code."""
+    _first_run(tmp_path, "serial")
+    (tmp_path / "tracking" / "A" / "code_versions.json").unlink()
+    proc, made = _run(tmp_path, SCRIPT, "run2", "serial")
+    assert proc.returncode == 0 and made == [], proc.stdout + proc.stderr
+    assert (
+        "A: 4 block(s) skipped as done were made by other code (code the table does not record)"
+        in (proc.stdout)
+    )
+    proc, made = _run(tmp_path, SCRIPT, "run3", "serial", POLICY="rerun")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert made == [f"down_{i}" for i in range(4)] + [f"up_{i}_0.5_1" for i in range(4)]

@@ -278,9 +278,10 @@ def test_untracked_store_shows_done_and_failures(tmp_path: Path) -> None:
     proc = _report(str(tmp_path / "tracking" / "segment"), "-o", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text(encoding="utf-8")
-    assert "written without resource tracking: only done and failures are shown" in text
+    note = "written without resource tracking: only done, failures and code versions are shown"
+    assert note in text
     seg = _payload(out)["volumes"][0]
-    assert set(seg["metrics"]) == {"state", "failures"}
+    assert set(seg["metrics"]) == {"state", "failures", "code_version"}
     failed = {k for k, v in enumerate(_f32(seg["metrics"]["failures"])) if v > 0}
     assert failed == {z * 16 + y * 4 + x for z, y, x in FAILING}
     if browser.chromium() is not None:

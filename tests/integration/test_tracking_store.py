@@ -1198,13 +1198,25 @@ def test_a_forked_child_does_not_keep_the_lock(store_path: Path) -> None:
 
 
 def test_code_version_is_created_on_first_use_and_written_before_done(store_path: Path) -> None:
-    from bellis._tracking._codever import clear_cells, code_counts, read_table, register
+    from bellis._tracking._codever import (
+        code_counts,
+        made_at,
+        read_table,
+        register,
+        resolve,
+        version_counts,
+    )
 
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
         assert store.code_versions() is None and store.code_view() is None
         index, table = register(store_path, {"hash": "aa", "functions": {"f": "1"}}, 1.0)
         assert index == 1 and table[0]["first_seen"] == 1.0
-        assert register(store_path, {"hash": "aa"}, 2.0)[0] == 1  # seen: same index
+        # one entry per run: the same code in a later run gets its own index, same_as
+        # the first, and keeps the first time the code was seen
+        again, table = register(store_path, {"hash": "aa", "functions": {"f": "1"}}, 2.0)
+        assert again == 2 and table[1]["same_as"] == 1 and table[1]["first_seen"] == 1.0
+        assert "functions" not in table[1] and resolve(table)[2]["functions"] == {"f": "1"}
+        assert made_at(table)[[0, 1, 2, 3]].tolist() == [-np.inf, 1.0, 2.0, -np.inf]
         store.use_code_version(index)
         store.record_success(0, None, -1, 0.0, 0.0)
         view = store.code_view()
@@ -1214,21 +1226,31 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
     assert chunk(store_path, "code_version", 2).stat().st_size == 24
     codes = chunk_values(store_path, "code_version", "uint16", (3, 4))
     assert codes.reshape(-1).tolist() == [1, 0, 0, 0, 0, 1] + [0] * 6
-    assert [e["hash"] for e in read_table(store_path)] == ["aa"]
+    assert [e["hash"] for e in read_table(store_path)] == ["aa", "aa"]
     z = zarr.open_group(str(store_path), mode="r")
     assert z["code_version"].dtype == np.uint16
 
     # a new fingerprint gets index 2; its blocks and the unknown ones are told apart
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
-        assert register(store_path, {"hash": "bb"}, 3.0)[0] == 2
-        store.use_code_version(2)
+        assert register(store_path, {"hash": "bb"}, 3.0)[0] == 3
+        store.use_code_version(3)
         store.record_success(1, None, -1, 0.0, 0.0)
         store.done.reshape(-1)[2] = 1  # done by code that recorded no version: unknown
         codes_now = store.code_versions()
         assert codes_now is not None
-        assert code_counts(store.done, codes_now) == {0: 1, 1: 2, 2: 1}
-        assert clear_cells(store.done, codes_now, [1]) == 2
-        assert store.done.reshape(-1)[:6].tolist() == [0, 1, 1, 0, 0, 0]
+        counts = code_counts(store.done, codes_now)
+        assert counts == {0: 1, 1: 2, 3: 1}
+        rows = version_counts(read_table(store_path), counts)
+        assert [(r["version"], r["hash"], r["blocks"]) for r in rows] == [
+            (1, "aa", 2),
+            (2, "bb", 1),
+            (None, None, 1),
+        ]
     readonly = TrackingStore.open_readonly(store_path)
     assert readonly.code_versions() is not None
     readonly.close()
+    # a table deleted by hand: the next index stays above those the array holds
+    (store_path / "code_versions.json").unlink()
+    assert register(store_path, {"hash": "cc"}, 4.0)[0] == 1
+    (store_path / "code_versions.json").unlink()
+    assert register(store_path, {"hash": "cc"}, 4.0, floor=3)[0] == 4

@@ -169,3 +169,30 @@ def test_only_globals_the_source_assigns_literals_count(tmp_path: Path) -> None:
         "    E = os.getcwd()\ndef f():\n    G = 1\n"
     )
     assert _literal_globals(str(src), 0) == frozenset({"A", "B", "C", "D"})
+
+
+def test_which_function_of_an_imported_module_counts(tmp_path: Path) -> None:
+    """A process function imported from a module is pickled by reference: its module's
+    source is hashed, and which function of it the task runs is part of the fingerprint
+    (swapping ``segment_v1`` for ``segment_v2`` of one file is a change)."""
+    import sys
+
+    helper_file = tmp_path / "mysteps.py"
+    helper_file.write_text("def segment_v1(b):\n    return 1\n\ndef segment_v2(b):\n    return 2\n")
+    module = types.ModuleType("mysteps")
+    module.__file__ = str(helper_file)
+    exec(compile(helper_file.read_text(), str(helper_file), "exec"), module.__dict__)
+    sys.modules["mysteps"] = module
+    try:
+        one, two = fingerprint(module.segment_v1), fingerprint(module.segment_v2)
+        assert one.files == two.files and one.hash != two.hash
+        assert differences(one.record(), two) == [
+            "function mysteps.segment_v1",
+            "function mysteps.segment_v2",
+        ]
+        assert fingerprint(module.segment_v1).hash == one.hash
+    finally:
+        del sys.modules["mysteps"]
+    import json as library
+
+    assert fingerprint(library.dumps).functions == {"json.dumps": "by reference"}

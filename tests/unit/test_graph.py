@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import bellis as daisy
@@ -260,3 +262,64 @@ def test_downstream_is_the_mirror_of_upstream(
         assert g.level_of(g.coords_of(k)) == next(
             lvl for lvl in range(g.num_levels) if k in set(g.level_indices(lvl))
         )
+
+
+# -- downstream_readers (issue 26: which downstream blocks read redone upstream blocks) --
+
+
+def _grid2(task_id: str, ctx: int, write: int, fit: str = "valid") -> TaskGeometry:
+    return TaskGeometry(
+        task_id,
+        daisy.Roi((0, 0), (47, 53)),
+        daisy.Roi((-ctx, -ctx), (write + 2 * ctx, write + 2 * ctx)),
+        daisy.Roi((0, 0), (write, write)),
+        fit=fit,
+        read_write_conflict=False,
+    )
+
+
+def _brute_readers(up: TaskGeometry, down: TaskGeometry, redone: set[int]) -> set[int]:
+    return {
+        k
+        for k in range(down.num_blocks)
+        if any(down.read_roi_of(k).intersects(up.write_roi_of(j)) for j in redone)
+    }
+
+
+@pytest.mark.parametrize(
+    ("up_args", "down_args"),
+    [((0, 10), (3, 10)), ((0, 7, "shrink"), (4, 9, "overhang")), ((2, 5), (0, 11, "shrink"))],
+)
+def test_downstream_readers_are_the_blocks_whose_read_roi_meets_a_redone_write_roi(
+    up_args: tuple[Any, ...], down_args: tuple[Any, ...]
+) -> None:
+    import numpy as np
+
+    from bellis._graph import downstream_readers
+
+    up, down = _grid2("up", *up_args), _grid2("down", *down_args)
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 3, up.num_blocks // 2):
+        redone = {int(k) for k in rng.choice(up.num_blocks, size=size, replace=False)}
+        want = _brute_readers(up, down, redone)
+        by_index = downstream_readers(up, down, sorted(redone))
+        mask = np.zeros(up.grid, dtype=bool)
+        mask.reshape(-1)[sorted(redone)] = True
+        by_mask = downstream_readers(up, down, mask)
+        assert by_index.shape == tuple(down.grid)
+        assert set(np.flatnonzero(by_index).tolist()) == want
+        assert np.array_equal(by_index, by_mask)
+        if size:
+            assert want  # every redone block here is read by some block
+
+
+def test_downstream_readers_rejects_blocks_of_another_grid() -> None:
+    import numpy as np
+
+    from bellis._graph import downstream_readers
+
+    up, down = _grid2("up", 0, 10), _grid2("down", 3, 10)
+    with pytest.raises(ValueError, match="outside task 'up'"):
+        downstream_readers(up, down, [up.num_blocks])
+    with pytest.raises(ValueError, match="block grid of"):
+        downstream_readers(up, down, np.zeros((2, 2), dtype=bool))

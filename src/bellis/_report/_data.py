@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import STAT_ARRAYS, StoreLayout, TrackingStore, format_roi, read_status
+from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
 from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
 
@@ -170,6 +171,12 @@ class StoreData:
     #: verified, 2 mismatched), for the volume map's "verified" figure; None for a large
     #: store (see ``COPY_CELLS``) or one without ``verify``
     verify_codes: NDArray[np.int8] | None = None
+    #: done blocks per code version, as ``bellis status`` counts them (``version_counts``)
+    code_versions: list[dict[str, Any]] = field(default_factory=list)
+    #: per cell, the code version (1, 2, ... as in ``code_versions``) of a done block, 0
+    #: for a done block of unknown code, NaN for a cell not done; None for a large store
+    #: (past COPY_CELLS, the volume figure shows no code version)
+    code_version: NDArray[np.float32] | None = None
 
     @property
     def blocks(self) -> int | None:
@@ -263,6 +270,8 @@ def load_store(path: Path) -> StoreData:
             stats = dict(store.stats.items())
             snap = read_status(path)
             counts = (snap.done_count, snap.failed_count, snap.attempts)
+        n_done = counts[0] if counts is not None else int(np.count_nonzero(done))
+        versions, per_cell = _code_versions(store, done, maps is None, n_done)
         record = store.record
         runs_file = store.runs_jsonl
         checks = store.checksums()
@@ -280,6 +289,8 @@ def load_store(path: Path) -> StoreData:
     data.precounted = counts
     data.maps = maps
     data.verify, data.verify_codes = verify, codes
+    data.code_versions = versions
+    data.code_version = per_cell
     if record is not None:
         n = len(grid)
         data.grid_offset = _tuple(record.get("grid_offset"), n)
@@ -300,8 +311,8 @@ def load_store(path: Path) -> StoreData:
         )
     if not stats:
         data.notes.append(
-            "written without resource tracking: only done and failures are shown "
-            "(run with resource_tracking=True for times, memory and the timeline)"
+            "written without resource tracking: only done, failures and code versions are "
+            "shown (run with resource_tracking=True for times, memory and the timeline)"
         )
     elif data.missing:
         lost = [_LOST.get(n, n) for n in data.missing]
@@ -313,6 +324,29 @@ def load_store(path: Path) -> StoreData:
     if not runs:
         data.notes.append("runs.jsonl holds no run line: no worker or run history")
     return data
+
+
+def _code_versions(
+    store: TrackingStore, done: NDArray[np.bool_], small: bool, n_done: int
+) -> tuple[list[dict[str, Any]], NDArray[np.float32] | None]:
+    """The done blocks per code version, and (a small store) each cell's version number."""
+    codes = store.code_versions()
+    if codes is None:
+        unknown = [{"version": None, "hash": None, "blocks": n_done}] if n_done else []
+        return unknown, (
+            np.where(done, np.float32(0.0), np.float32(np.nan)).astype(np.float32)
+            if small
+            else None
+        )
+    rows = version_counts(read_table(store.path), code_counts(store.done, codes))
+    if not small:
+        return rows, None
+    lut = np.zeros(MAX_CODE_INDEX + 1, dtype=np.float32)
+    for row in rows:
+        if row["version"] is not None:
+            lut[row["indices"]] = row["version"]
+    per_cell = np.where(done, lut[np.asarray(codes)], np.float32(np.nan)).astype(np.float32)
+    return rows, per_cell
 
 
 def _started(s: StoreData) -> tuple[float, float]:

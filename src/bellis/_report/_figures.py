@@ -76,6 +76,7 @@ VOLUME_METRICS: Final = (
     ("state", "state (done, failed ...)", ""),
     ("failures", "failed attempts", ""),
     ("verified", "verified (bellis verify)", ""),
+    ("code_version", "code version (0: unknown)", ""),
     ("wall_seconds", "wall time", "s"),
     ("cpu_seconds", "CPU time", "s"),
     ("cpu_children_seconds", "CPU of child processes", "s"),
@@ -721,7 +722,12 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         codes = s.verify_codes.reshape(grid).astype(np.float32)
         codes[codes < 0] = np.nan
         metrics["verified"] = typed(_downsample(codes, k, np.nan).reshape(-1))
-    names = [name for name, _, _ in VOLUME_METRICS[3:] if name in s.stats and _shown(s, name)]
+    if s.code_version is not None and s.code_versions:
+        # the newest version over a k-cube of done blocks (NaN: none done)
+        v = np.nan_to_num(s.code_version.reshape(grid), nan=-1.0)
+        v = _downsample(v, k, -1.0)
+        metrics["code_version"] = typed(np.where(v < 0, np.nan, v).astype(np.float32).reshape(-1))
+    names = [name for name, _, _ in VOLUME_METRICS[4:] if name in s.stats and _shown(s, name)]
     if names:
         measured = np.zeros(int(np.prod(grid)), dtype=bool)
         measured[s.measured()] = True

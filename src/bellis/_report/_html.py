@@ -136,6 +136,29 @@ def _oom_cell(r: dict[str, Any]) -> str:
     return text + (f", {failed} failed at the cap" if failed else "")
 
 
+def _code_versions_line(s: StoreData) -> str:
+    """Under a volume's title: its done blocks per code version (the "code version"
+    figure's numbers), as ``bellis status`` prints them."""
+    if not s.code_versions:
+        return ""
+    parts = []
+    for row in s.code_versions:
+        if row["version"] is None:
+            parts.append(f"unknown version: {row['blocks']}")
+        else:
+            parts.append(f"version {row['version']} ({row['hash'][:12]}): {row['blocks']}")
+    return f'<p class="code-versions">done blocks per code version: {_esc("; ".join(parts))}</p>'
+
+
+def _code_cell(r: dict[str, Any]) -> str:
+    """A run's code fingerprint (its first 12 hex digits) and its code-version entry."""
+    code = r.get("code")
+    if not isinstance(code, dict) or not isinstance(code.get("hash"), str):
+        return "-"
+    index = code.get("index")
+    return str(code["hash"])[:12] + (f" (#{index})" if isinstance(index, int) else " (no block)")
+
+
 def _history_rows(stores: list[StoreData]) -> str:
     rows = []
     for s in stores:
@@ -159,10 +182,11 @@ def _history_rows(stores: list[StoreData]) -> str:
                     ", ".join(f"{k} {v}" for k, v in sorted(exits.items())) or "-",
                     _backups_cell(c),
                     _oom_cell(r),
+                    _code_cell(r),
                 ]
             )
     head = ["task", "run", "started (UTC)", "outcome", "mode", "blocks run", "skipped"]
-    head += ["failed", "wall", "blocks/s", "exits", "backups", "oom retries"]
+    head += ["failed", "wall", "blocks/s", "exits", "backups", "oom retries", "code"]
     return _table(head, rows, left=5) if rows else ""
 
 
@@ -323,6 +347,7 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         volumes.append(p)
         vol_html.append(
             f'<h3>{_esc(s.task_id)}</h3><div class="controls" id="volume-{i}-controls"></div>'
+            + _code_versions_line(s)
             + _plot(f"volume-{i}", "volume")
             + f'<div class="detail" id="volume-{i}-detail"></div>'
         )
@@ -330,7 +355,8 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         _section(
             "volume",
             "The volume",
-            "The block grid: choose a figure; a 3-D grid shows one slice, chosen with the "
+            'The block grid: choose a figure ("code version": which code made each done '
+            "block, 0 where unknown); a 3-D grid shows one slice, chosen with the "
             "slider along the chosen axis. Hover a cell for its coordinate, ROI and figures; "
             "click one for its failed attempts.",
             "".join(vol_html) or _empty("No store with a 1-, 2- or 3-D grid."),

@@ -1,105 +1,321 @@
-"""Which code made each block, at run start: fingerprint every task, act on done blocks
-that other code made, and have the run record the current fingerprint per block.
+"""Which code made each block, at run start: fingerprint every task, find the done blocks
+that are stale, act on them, and have the run record which code made each block.
 
-For every task with a tracking store, :func:`check_code` computes the task's
-fingerprint (``_fingerprint``), looks it up in the store's table (``_tracking._codever``)
-and counts the done blocks another fingerprint made (blocks of unknown code, from
-daisy 2.0.0 or older bellis, are never counted). What happens to those blocks is the
-task's ``on_code_change``:
+Theory of operation
+-------------------
+A done block is **stale** when it was made by another fingerprint than the task's
+current one (its code changed), or when it reads (read ROI meets write ROI) a block of
+an upstream task that is made after it: one that runs in this run, or one that a later
+run made. "Later" compares the ``code_version`` indices of the two blocks: every run
+that makes blocks records one entry in its store's table with the time it started
+(``_tracking/_codever``), so each done block knows the start of the run that made it,
+and a pipeline's runs never overlap on a store. Blocks of unknown code (daisy 2.0.0,
+older bellis) count as made before every known run.
 
-- ``"warn"`` (the default, daisy-compatible): they are skipped as done, and one WARNING
-  now and one summary line after the run say how many, what differs and the two fixes;
-- ``"rerun"``: their done markers are cleared before the scheduler reads them, so they
-  run again (and a run killed midway still owes them);
-- ``"error"``: :class:`~bellis.errors.CodeChangedError` before anything is written or run.
+:func:`check_code` runs before the scheduler reads the done markers. It walks the tasks
+in dependency order; per task with a store it computes
 
-Then the fingerprint is registered in the store's table and the store records its index
-for every block marked done from now on.
+- ``own``: done blocks whose code index names another fingerprint (never the unknown 0);
+- ``reads``: other done blocks that read an upstream block which runs in this run (not
+  done now, not masked) or was made in a later run (:func:`~bellis._graph.downstream_readers`
+  over whole grids, once per distinct run among the task's done blocks, and only when an
+  upstream run is later than the task's earliest);
+
+and applies the task's ``on_code_change``: ``"warn"`` (default) keeps them, with one
+WARNING and one summary line; ``"rerun"`` clears their done markers, so they run again
+in this run after what they read, and count in turn as "runs in this run" for the tasks
+below; ``"error"`` raises :class:`~bellis.errors.CodeChangedError` before anything is
+written. Tasks without a store are never stale and make nothing stale (nothing records
+when their blocks ran), and neither do blocks that a ``check_function`` may skip.
+
+:func:`record_code` then (after the scheduler, and in a distributed run while the
+workers start) registers the run's entry in the store of each task with blocks to do and
+points the scheduler's per-block store of the index at it: the only per-block cost is
+that one uint16, written before the done byte.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._fingerprint import Fingerprint, differences, fingerprint
-from .._task import Task
-from .._tracking._codever import clear_cells, code_counts, read_table, register
+from .._graph import block_view, downstream_readers
+from .._task import Task, topological_order
+from .._tracking._codever import code_counts, made_at, read_table, register, resolve
 from ..errors import CodeChangedError
 
-__all__ = ["check_code", "code_summary"]
+__all__ = ["CodePlan", "check_code", "code_summary", "record_code"]
 
 logger = logging.getLogger("bellis")
 
+_FIXES = 'pass Task(on_code_change="rerun") to run them again, or call Task.reset() to start over'
 
-def _stale(store: Any, fp: Fingerprint) -> tuple[dict[int, int], list[str]]:
-    """Done blocks per other fingerprint index, and what differs from those."""
-    codes = None if store.created else store.code_versions()
+
+@dataclass
+class CodePlan:
+    """The outcome of :func:`check_code`: the notes for the summary and what
+    :func:`record_code` needs."""
+
+    started: float
+    #: task id -> fingerprint, for the tasks with a store whose fingerprint is known yet
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
+    #: task id -> its summary line (blocks of other code, or that read redone blocks)
+    notes: dict[str, str] = field(default_factory=dict)
+    #: task id -> ``{"hash", "index"}``: what ``runs.jsonl`` records per run (index None:
+    #: the run made no block of the task)
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: task id -> the largest code index its store's done blocks hold (``register``)
+    floors: dict[str, int] = field(default_factory=dict)
+
+
+class _TaskCode:
+    """What :func:`check_code` found for one task with a store. Its block-grid masks
+    are made when first asked for (one byte per block each): a task that no task below
+    it reads, with nothing stale, costs one scan of its code indices."""
+
+    def __init__(self, task: Task, store: Any) -> None:
+        self.task = task
+        self.store = store
+        self.fp: Fingerprint | None = None
+        #: per code index, when the run that made such a block started (-inf: unknown)
+        self.times: np.ndarray[Any, Any] = np.full(1, -np.inf)
+        #: the code indices among the done blocks (0: unknown)
+        self.present: list[int] = []
+        #: the ``code_version`` cells over the block grid, and the slices they cover
+        self.codes: Any = None
+        self.own = 0
+        self.what: list[str] = []
+        self.reads = 0
+        self.read_from: list[str] = []
+        #: the done blocks this run runs again (``"rerun"``), or warns about
+        self.stale: np.ndarray[Any, Any] | None = None
+        self._done: np.ndarray[Any, Any] | None = None
+        self._runs: np.ndarray[Any, Any] | None = None
+        self._runs_known = False
+
+    def block_cells(self, array: Any) -> tuple[Any, tuple[slice, ...]]:
+        return block_view(self.task._geom, array.reshape(self.store.grid_shape))
+
+    def done(self) -> np.ndarray[Any, Any]:
+        """The done blocks, as the scheduler will find them (after a rerun's clears)."""
+        if self._done is None:
+            done = np.zeros(self.task._geom.grid, dtype=bool)
+            if not self.store.created:
+                view, dst = self.block_cells(self.store.done)
+                np.not_equal(view, 0, out=done[dst])
+            self._done = done
+        return self._done
+
+    def made_when(self, when: float, newer: bool) -> np.ndarray[Any, Any]:
+        """Done blocks made by a run that started after ``when`` (``newer``) or at it."""
+        out = np.zeros(self.task._geom.grid, dtype=bool)
+        if self.codes is None:
+            return out if newer or when != -np.inf else self.done().copy()
+        hit = self.times > when if newer else self.times == when
+        view, dst = self.codes
+        out[dst] = np.isin(view, np.flatnonzero(hit).astype(np.uint16))
+        out &= self.done()
+        return out
+
+    def runs(self) -> np.ndarray[Any, Any] | None:
+        """The blocks that run in this run (not done, addressable, not masked); None
+        when a ``check_function`` may skip any of them."""
+        if not self._runs_known:
+            self._runs_known = True
+            t = self.task
+            if t.check_function is None:
+                runs = np.zeros(t._geom.grid, dtype=bool)
+                _view, dst = self.block_cells(self.store.done)
+                runs[dst] = True
+                runs &= ~self.done()
+                if t._skip_mask is not None:
+                    runs &= np.equal(t._skip_mask, 0)
+                self._runs = runs
+        return self._runs
+
+
+def _own_state(info: _TaskCode) -> None:
+    """Fingerprint a task whose store may hold done blocks; find those of other code."""
+    t, store = info.task, info.store
+    info.fp = fp = fingerprint(t.process_function, t._version)
+    codes = store.code_versions()
     if codes is None:
-        return {}, []
-    table = {int(e["index"]): e for e in read_table(store.path)}
-    current = next((i for i, e in table.items() if e.get("hash") == fp.hash), None)
-    stale = {i: n for i, n in code_counts(store.done, codes).items() if i not in (0, current)}
-    what: list[str] = []
-    for i in sorted(stale):
-        for item in differences(table.get(i, {}), fp):
-            if item not in what:
-                what.append(item)
-    return stale, what
+        info.present = [0] if store.done.any() else []
+        return
+    table = read_table(store.path)
+    full = resolve(table)
+    info.times = made_at(table)
+    info.codes = info.block_cells(codes)
+    counts = code_counts(store.done, codes)
+    info.present = sorted(counts)
+    current = {i for i, e in full.items() if e.get("hash") == fp.hash}
+    other = [i for i in counts if i not in current and i != 0]
+    if not other:
+        return
+    own = np.zeros(t._geom.grid, dtype=bool)
+    view, dst = info.codes
+    own[dst] = np.isin(view, np.asarray(other, dtype=np.uint16))
+    own &= info.done()
+    info.own = int(np.count_nonzero(own))
+    info.stale = own
+    for i in sorted(other):
+        found = differences(full[i], fp) if i in full else ["code the table does not record"]
+        for item in found:
+            if item not in info.what:
+                info.what.append(item)
 
 
-def check_code(tasks: list[Task], stores: dict[str, Any], now: float) -> dict[str, str]:
-    """Fingerprint each task with a store and apply its ``on_code_change`` (see the
-    module docstring); returns the summary line of each task with blocks of other code."""
-    checked: list[tuple[Task, Any, Fingerprint, int, list[str]]] = []
-    for t in tasks:
+def _when(info: _TaskCode, index: int) -> float:
+    return float(info.times[index]) if index < len(info.times) else -np.inf
+
+
+def _read_state(info: _TaskCode, ups: list[_TaskCode]) -> None:
+    """Find the done blocks (not stale already) that read an upstream block which runs
+    in this run or was made in a later run than they were."""
+    if not info.present or not ups:
+        return
+    g = info.task._geom
+    fresh = info.done() if info.stale is None else info.done() & ~info.stale
+    if not fresh.any():
+        return
+    stale = np.zeros(g.grid, dtype=bool)
+    mine = sorted({_when(info, i) for i in info.present})
+    for up in ups:
+        ug = up.task._geom
+        found = np.zeros(g.grid, dtype=bool)
+        runs = up.runs()
+        if runs is not None and runs.any():
+            found |= downstream_readers(ug, g, runs)
+        latest = max((_when(up, i) for i in up.present), default=-np.inf)
+        for when in (w for w in mine if w < latest):
+            readers = downstream_readers(ug, g, up.made_when(when, newer=True))
+            found |= readers & info.made_when(when, newer=False)
+        found &= fresh
+        if found.any():
+            stale |= found
+            info.read_from.append(up.task.task_id)
+    info.reads = int(np.count_nonzero(stale))
+    if info.reads:
+        info.stale = stale if info.stale is None else info.stale | stale
+
+
+def _error(info: _TaskCode) -> CodeChangedError:
+    t = info.task
+    shown = ", ".join(info.what) or "unrecorded differences"
+    parts = []
+    if info.own:
+        parts.append(f"{info.own} done block(s) were made by other code ({shown})")
+    if info.reads:
+        parts.append(
+            f"{info.reads} done block(s) read blocks of upstream task(s) "
+            f"{', '.join(info.read_from)} redone after them"
+        )
+    what = list(info.what) + [f"upstream {u}" for u in info.read_from]
+    return CodeChangedError(
+        f'task "{t.task_id}": {" and ".join(parts)}; nothing ran. Pass '
+        'Task(on_code_change="rerun") to run them again, on_code_change="warn" to keep '
+        "them, or Task.reset() to start over",
+        path=str(info.store.path),
+        task_id=t.task_id,
+        count=info.own + info.reads,
+        differences=tuple(what),
+    )
+
+
+def _note(info: _TaskCode) -> str:
+    """The summary line of a task with stale blocks (and its log line)."""
+    t = info.task
+    shown = ", ".join(info.what) or "unrecorded differences"
+    ups = ", ".join(info.read_from)
+    parts = []
+    if t._on_code_change == "rerun":
+        if info.own:
+            parts.append(f"{info.own} block(s) made by other code ({shown}) run again")
+        if info.reads:
+            parts.append(
+                f"{info.reads} block(s) reading blocks of {ups} redone after them run again"
+            )
+        note = f"{t.task_id}: " + "; ".join(parts)
+        logger.info("%s", note)
+        return note
+    if info.own:
+        parts.append(f"{info.own} done block(s) were made by other code ({shown})")
+    if info.reads:
+        parts.append(f"{info.reads} done block(s) read blocks of {ups} redone after them")
+    logger.warning(
+        'task "%s": %s and are skipped as done; %s', t.task_id, " and ".join(parts), _FIXES
+    )
+    short = [p.replace(" done block(s) were", " block(s) skipped as done were") for p in parts]
+    short = [p.replace(" done block(s) read", " block(s) skipped as done read") for p in short]
+    return (
+        f"{t.task_id}: {' and '.join(short)}; to redo them: "
+        'Task(on_code_change="rerun") or Task.reset()'
+    )
+
+
+def check_code(
+    tasks: list[Task], edges: list[tuple[Task, Task]], stores: dict[str, Any], started: float
+) -> CodePlan:
+    """Find the stale done blocks of every task with a store and apply each task's
+    ``on_code_change`` (see the module docstring). ``started``: the run's start, UNIX
+    seconds. Nothing is written before every task is checked."""
+    plan = CodePlan(started)
+    infos: dict[int, _TaskCode] = {}
+    ups: dict[int, list[Task]] = {}
+    for a, b in edges:
+        ups.setdefault(id(b), []).append(a)
+    for t in topological_order(tasks, edges):
         store = stores.get(t.task_id)
         if store is None:
             continue
-        fp = fingerprint(t.process_function, t._version)
-        stale, what = _stale(store, fp)
-        count = sum(stale.values())
-        shown = ", ".join(what) or "unrecorded differences"
-        if count and t._on_code_change == "error":
-            raise CodeChangedError(
-                f'task "{t.task_id}": {count} done block(s) were made by other code '
-                f'({shown}); nothing ran. Pass Task(on_code_change="rerun") to run them '
-                'again, on_code_change="warn" to keep them, or Task.reset() to start over',
-                path=str(store.path),
-                task_id=t.task_id,
-                count=count,
-                differences=tuple(what),
-            )
-        checked.append((t, store, fp, count, what))
-    notes: dict[str, str] = {}
-    for t, store, fp, count, what in checked:
-        index, _table = register(store.path, fp.record(), now)
-        if count:
-            shown = ", ".join(what) or "unrecorded differences"
-            if t._on_code_change == "rerun":
-                stale, _ = _stale(store, fp)
-                cleared = clear_cells(store.done, store.code_versions(), list(stale))
-                notes[t.task_id] = (
-                    f"{t.task_id}: {cleared} block(s) made by other code ({shown}) run again"
-                )
-                logger.info("%s", notes[t.task_id])
-            else:
-                logger.warning(
-                    'task "%s": %d done block(s) were made by other code (%s) and are '
-                    'skipped as done; pass Task(on_code_change="rerun") to run them again, '
-                    "or call Task.reset() to start the task over",
-                    t.task_id,
-                    count,
-                    shown,
-                )
-                notes[t.task_id] = (
-                    f"{t.task_id}: {count} block(s) skipped as done were made by other code "
-                    f'({shown}); to redo them: Task(on_code_change="rerun") or Task.reset()'
-                )
+        info = infos[id(t)] = _TaskCode(t, store)
+        if store.created:
+            continue  # nothing done: nothing stale, and the fingerprint can wait
+        _own_state(info)
+        assert info.fp is not None
+        plan.fingerprints[t.task_id] = info.fp
+        plan.floors[t.task_id] = max(info.present, default=0)
+        _read_state(info, [infos[id(u)] for u in ups.get(id(t), []) if id(u) in infos])
+        if (info.own or info.reads) and t._on_code_change == "error":
+            raise _error(info)
+        if info.stale is not None and t._on_code_change == "rerun":
+            info.done()[info.stale] = False
+    for info in infos.values():
+        if not (info.own or info.reads):
+            continue
+        if info.task._on_code_change == "rerun" and info.stale is not None:
+            view, dst = info.block_cells(info.store.done)
+            view[info.stale[dst]] = 0
+        plan.notes[info.task.task_id] = _note(info)
+    return plan
+
+
+def record_code(plan: CodePlan, runs: list[Any]) -> None:
+    """For every task run with a store and blocks to do: register this run's entry in
+    the store's code-version table and have its blocks recorded with its index."""
+    for run in runs:
+        store = run.store
+        if store is None or not hasattr(store, "use_code_version"):
+            continue
+        t = run.task
+        fp = plan.fingerprints.get(run.task_id)
+        if run.remaining == 0:
+            if fp is not None:
+                plan.recorded[run.task_id] = {"hash": fp.hash, "index": None}
+            continue
+        if fp is None:
+            fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t._version)
+        floor = plan.floors.get(run.task_id, 0)
+        index, _table = register(store.path, fp.record(), plan.started, floor)
         store.use_code_version(index)
-    return notes
+        run.code_fast, run.code_index = store.code_view(), store.code_index
+        plan.recorded[run.task_id] = {"hash": fp.hash, "index": index}
 
 
 def code_summary(notes: dict[str, str], order: list[str]) -> str:
-    """The summary's lines about blocks of other code, one per task, in task order."""
+    """The summary's lines about stale blocks, one per task, in task order."""
     return "".join(f"\ncode changed: {notes[t]}" for t in order if t in notes)

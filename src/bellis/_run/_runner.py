@@ -50,7 +50,7 @@ from ..errors import (
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
-from ._provenance import check_code, code_summary
+from ._provenance import CodePlan, check_code, code_summary, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._summary import ErrorCollector, error_logs, format_summary, resume_message
@@ -432,10 +432,14 @@ class RunPlan:
 class _Run:
     """One run in progress: its scheduler, what it gathers, and (distributed) its loop."""
 
-    __slots__ = ("aggregates", "errors", "loop", "result", "scheduler", "timelines")
+    __slots__ = ("aggregates", "code", "errors", "loop", "result", "scheduler", "timelines")
 
-    def __init__(self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector) -> None:
+    def __init__(
+        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodePlan
+    ) -> None:
         self.scheduler = scheduler
+        #: which code this run's blocks are recorded with (``record_code``)
+        self.code = code
         self.result = result
         self.errors = errors
         self.aggregates = {r.task_id: TaskAggregates() for r in scheduler.runs}
@@ -460,15 +464,16 @@ def _execute(plan: RunPlan) -> _RunResult:
         started_wall = time.time()
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
-        notes: dict[str, str] = {}
+        code = CodePlan(started_wall)
         try:
-            notes = check_code(list(plan.tasks), stores, started_wall)
+            code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores)
             result.order = scheduler.task_order
-            run = _Run(scheduler, result, errors)
+            run = _Run(scheduler, result, errors, code)
             if plan.distributed:
                 _run_distributed(plan, run)
             else:
+                record_code(code, scheduler.runs)
                 run_observed(
                     make_observer(plan.serial_observer, result.order),
                     lambda: scheduler.task_states,
@@ -498,7 +503,7 @@ def _execute(plan: RunPlan) -> _RunResult:
             interrupted=result.interrupted is not None,
             errors=errors.as_dict(),
         )
-        print_to_stdout(text + code_summary(notes, result.order))
+        print_to_stdout(text + code_summary(code.notes, result.order))
         for tid in result.order:
             msg = resume_message(result.states[tid])
             if msg:
@@ -563,6 +568,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
         context_extra=context_for,
         log_paths=log_paths,
         log_mode=blog.get_log_mode(),
+        while_workers_start=lambda: record_code(run.code, scheduler.runs),
     )
     server = plan.server
     if server is not None:
@@ -610,6 +616,9 @@ def _write_reports(
         memory = memory_from_state(state)
         if memory is not None:
             data["memory"] = memory
+        code = run.code.recorded.get(tid)
+        if code is not None:  # the fingerprint of this run (and its code_version index)
+            data["code"] = code
         store = stores.get(tid)
         store_path = None
         if store is not None:

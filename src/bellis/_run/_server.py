@@ -78,8 +78,12 @@ class RunLoop:
         log_paths: Callable[[str, int, str, bool], tuple[Any, Any]],
         log_mode: str = "file",
         grace_seconds: float = 5.0,
+        while_workers_start: Callable[[], None] | None = None,
     ) -> None:
         self.s = scheduler
+        #: run-start work that can wait until the first workers are launched (the code
+        #: versions of the run: no block can come back before the loop reads one)
+        self._while_workers_start = while_workers_start
         self.plans = plans
         self.observer = observer
         self.net = Transport(bind_host, self._drop)
@@ -130,6 +134,8 @@ class RunLoop:
             for plan in self.plans.values():
                 if plan.run.store is not None:
                     plan.run.store.open_stats()
+            if self._while_workers_start is not None:
+                self._while_workers_start()
             while d.fatal is None:
                 if self.s.is_done():
                     break

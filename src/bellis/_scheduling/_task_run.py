@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._graph import InterTaskEdge, TaskGeometry, store_product, zeroed
+from .._graph import InterTaskEdge, TaskGeometry, block_view, store_product, zeroed
 from .._state import TaskState
 from .._task import Task
 
@@ -262,13 +262,7 @@ class TaskRun:
         Returns the view and the block-grid slices it covers (blocks past the tracking
         grid, possible with ``overhang``, are not addressable).
         """
-        g = self.geom
-        src, dst = [], []
-        for s, n, gn in zip(self.cell_shift, self.cell_grid, g.grid, strict=True):
-            m = max(0, min(gn, n - s))
-            src.append(slice(s, s + m))
-            dst.append(slice(0, m))
-        return arr.reshape(self.cell_grid)[tuple(src)], tuple(dst)
+        return block_view(self.geom, arr.reshape(self.cell_grid))
 
     def init_levels(self, upto: int) -> None:
         """Fill in the dependency counts of conflict levels below ``upto`` (lazy path).

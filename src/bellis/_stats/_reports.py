@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _seams
 from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
+from .._fingerprint import CODE_ARRAY_NAME, CODE_TABLE_NAME, version_counts
 from ..errors import TrackingError
 from ..logging import get_log_basedir, task_log_dirname
 from ._aggregates import (
@@ -467,6 +468,12 @@ class TaskReport:
         )
         self._by_worker = {r.worker_id: r for r in records}
         self.store_path = None if store_path is None else Path(store_path)
+        code = d.get("code") if isinstance(d.get("code"), dict) else {}
+        #: the fingerprint of the task's code in this run (None: no tracking store, or a
+        #: line written before bellis recorded it), and the index of this run's entry in
+        #: the store's code-version table (None: the run made no block of the task)
+        self.code_fingerprint: str | None = code.get("hash")
+        self.code_index: int | None = code.get("index")
 
     @property
     def task_wall_seconds(self) -> float | None:
@@ -555,6 +562,42 @@ class TaskReport:
         if all_runs or self.run_started_at is None:
             return lines
         return records_of_run(lines, self.run_started_at)
+
+    def code_versions(self) -> list[dict[str, Any]]:
+        """The done blocks of the task's store per code version, as ``bellis status``
+        prints them: one dict per fingerprint in the order first seen (``version`` 1, 2,
+        ..., ``hash``, ``first_seen``, ``blocks``, ``functions``, ``files``,
+        ``version_value`` and the table ``indices`` of its runs), then, if any, one with
+        ``version`` None for blocks of unknown code (daisy 2.0.0, older bellis). [] for a
+        task without a store or with no done block."""
+        if self.store_path is None:
+            return []
+        done = _open_store_array(self.store_path, "done")
+        if done is None:
+            return []
+        codes = _open_store_array(self.store_path, CODE_ARRAY_NAME)
+        flat = done.reshape(-1) != 0
+        counts: dict[int, int] = {}
+        if codes is not None:
+            per = np.bincount(codes.reshape(-1)[flat], minlength=1)
+            counts = {int(i): int(per[i]) for i in np.flatnonzero(per)}
+        elif flat.any():
+            counts = {0: int(np.count_nonzero(flat))}
+        table_path = self.store_path / CODE_TABLE_NAME
+        table: list[dict[str, Any]] = []
+        if codes is not None and table_path.exists():
+            try:
+                doc = json.loads(table_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise TrackingError(
+                    f"cannot read the code-version table {table_path}: {exc}",
+                    path=str(self.store_path),
+                ) from exc
+            versions = doc.get("versions") if isinstance(doc, dict) else None
+            table = [
+                v for v in versions or [] if isinstance(v, dict) and isinstance(v.get("index"), int)
+            ]
+        return version_counts(table, counts)
 
     def block_records(self) -> Iterator[BlockRecord]:
         """Every block recorded as done, in grid (C) order."""

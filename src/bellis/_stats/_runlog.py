@@ -229,6 +229,13 @@ def validate_run_line(d: Any) -> list[str]:
     spec = {"run_started_at": "num?", "run_finished_at": "num?", "wall_seconds": "num"}
     spec |= {"first_sent_at": "num?", "last_returned_at": "num?"}  # newer: the task's own span
     _check(d, "", spec, out)
+    code = d.get("code")
+    if code is not None and (
+        not isinstance(code, dict)
+        or not isinstance(code.get("hash"), str)
+        or not (code.get("index") is None or _is_count(code.get("index")))
+    ):
+        out.append("code: must be an object with a string hash and a count or null index")
     sections = {k: d.get(k) for k in ("counters", "blocks", "workers")}
     for key, v in sections.items():
         if not isinstance(v, dict):

@@ -1,17 +1,27 @@
-"""Which code made each done block: the store's fingerprint table and ``code_version``.
+"""Which code made each done block: the store's code-version table and ``code_version``.
 
 On disk, beside the arrays of ``_store``::
 
     <path>/code_versions.json        {"format": 1, "versions": [{index, hash, first_seen,
-                                     functions, files, version, packages}, ...]}
-    <path>/code_version/...          uint16 per cell: the index of the fingerprint that
+                                     run_started_at, functions, files, version, packages
+                                     | same_as}, ...]}
+    <path>/code_version/...          uint16 per cell: the index of the entry whose run
                                      made the done block; 0 = unknown
 
-The table holds each fingerprint once (the run's ``_fingerprint.Fingerprint.record()``
-plus its index and the UNIX time it was first seen); indices start at 1. The array is
-created by the first run that records a fingerprint, like ``memory_grant_mb``: blocks
-done before it (daisy 2.0.0, older bellis) read 0, "unknown", and are never reported as
-made by other code. daisy 2.0.0 ignores both the file and the array.
+Every run that has blocks to do adds one entry (indices start at 1): its fingerprint
+(``_fingerprint.Fingerprint.record()``), the UNIX time its run started
+(``run_started_at``) and the time that fingerprint was first seen in this store
+(``first_seen``). A fingerprint seen before is not written again: the entry names the
+first entry of that hash (``same_as``). So the index of a done block says both which code
+made it and in which run, and two blocks of two tasks compare by the start of the runs
+that made them: a block made in a later run than a downstream block that reads it was
+redone after that block (``_run/_provenance``). A fingerprint is one code version; an
+index is one run of it.
+
+The array is created by the first run that records an index, like ``memory_grant_mb``:
+blocks done before it (daisy 2.0.0, older bellis) read 0, "unknown", are never reported
+as made by other code, and count as made before any known run. daisy 2.0.0 ignores the
+file and the array. Past 65,535 entries a run records its blocks as 0 (unknown).
 
 The scheduler writes one uint16 per block marked done (``TrackingStore.code_view``,
 ``record_success``), before the done byte, so a done block always names its code.
@@ -24,22 +34,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from .._fingerprint import CODE_ARRAY_NAME, CODE_TABLE_NAME, RECORD_KEYS, resolve, version_counts
 from ..errors import TrackingError
 from ._files import read_json, write_atomic
 
 __all__ = [
     "CODE_ARRAY",
     "MAX_CODE_INDEX",
+    "RECORD_KEYS",
     "TABLE_NAME",
-    "clear_cells",
     "code_counts",
+    "made_at",
     "read_table",
     "register",
+    "resolve",
+    "version_counts",
 ]
 
-CODE_ARRAY = "code_version"
-TABLE_NAME = "code_versions.json"
+CODE_ARRAY = CODE_ARRAY_NAME
+TABLE_NAME = CODE_TABLE_NAME
 #: the largest index a uint16 holds; later fingerprints are stored as 0 (unknown)
 MAX_CODE_INDEX = 2**16 - 1
 
@@ -73,23 +88,51 @@ def read_table(root: Path) -> list[dict[str, Any]]:
     return [v for v in versions if isinstance(v, dict) and isinstance(v.get("index"), int)]
 
 
-def register(root: Path, record: dict[str, Any], now: float) -> tuple[int, list[dict[str, Any]]]:
-    """The index of fingerprint ``record`` in the table at ``root``, appended (first seen
-    ``now``) when new; returns it with the table."""
+def register(
+    root: Path, record: dict[str, Any], started: float, floor: int = 0
+) -> tuple[int, list[dict[str, Any]]]:
+    """Add the entry of one run that started at ``started`` with fingerprint ``record``
+    to the table at ``root``; returns its index (0 past :data:`MAX_CODE_INDEX`) and the
+    table. A hash seen before is recorded as ``same_as`` its first entry.
+
+    ``floor``: the largest index the store's ``code_version`` array holds. The new index
+    is above it even when the table lacks those entries (deleted by hand, or lost): an
+    index is never given to two runs, so blocks of a lost entry stay of unknown origin
+    (other code) instead of being credited to this run's code."""
     table = read_table(root)
-    for entry in table:
-        if entry.get("hash") == record.get("hash"):
-            return int(entry["index"]), table
-    index = max((int(e["index"]) for e in table), default=0) + 1
+    index = max(max((int(e["index"]) for e in table), default=0), floor) + 1
     if index > MAX_CODE_INDEX:
         return 0, table
-    table.append({"index": index, "first_seen": now, **record})
-    doc = {"format": 1, "versions": table}
+    first = next((e for e in table if e.get("hash") == record.get("hash")), None)
+    entry: dict[str, Any] = {"index": index, "hash": record.get("hash"), "run_started_at": started}
+    if first is None:
+        entry["first_seen"] = started
+        entry.update((k, record.get(k)) for k in RECORD_KEYS)
+    else:
+        entry["first_seen"] = first.get("first_seen", started)
+        entry["same_as"] = int(first.get("same_as", first["index"]))
+    table.append(entry)
+    # one entry per line, each by json's C encoder (``indent=`` takes the pure-Python one,
+    # a millisecond or more of a run's start for an entry with many packages)
+    lines = ",\n".join(json.dumps(e, sort_keys=True) for e in table)
+    text = '{"format": 1, "versions": [\n' + lines + "\n]}\n"
     # durable: the table must survive whatever the done markers that name it survive
-    write_atomic(
-        root / TABLE_NAME, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=True
-    )
+    write_atomic(root / TABLE_NAME, text.encode(), durable=True)
     return index, table
+
+
+def made_at(table: list[dict[str, Any]]) -> NDArray[np.float64]:
+    """Per code index, when the run that made such a block started (UNIX seconds);
+    ``-inf`` for 0 (unknown) and indices the table lacks: those blocks count as made
+    before every known run. An entry of an older bellis, without ``run_started_at``,
+    counts from its ``first_seen``."""
+    times = np.full(MAX_CODE_INDEX + 1, -np.inf)
+    for e in table:
+        i = int(e["index"])
+        t = e.get("run_started_at", e.get("first_seen"))
+        if 0 < i <= MAX_CODE_INDEX and isinstance(t, int | float):
+            times[i] = float(t)
+    return times
 
 
 def _slabs(done: Any, codes: Any) -> Any:
@@ -107,16 +150,3 @@ def code_counts(done: Any, codes: Any) -> dict[int, int]:
         if sel.size:
             total += np.bincount(sel, minlength=MAX_CODE_INDEX + 1)
     return {int(i): int(total[i]) for i in np.flatnonzero(total)}
-
-
-def clear_cells(done: Any, codes: Any, indices: list[int]) -> int:
-    """Unmark the done cells made by the fingerprints ``indices``; returns how many."""
-    wanted = np.asarray(sorted(indices), dtype=np.uint16)
-    cleared = 0
-    for _start, d, c in _slabs(done, codes):
-        hit = (d != 0) & np.isin(c, wanted)
-        n = int(np.count_nonzero(hit))
-        if n:
-            d[hit] = 0
-            cleared += n
-    return cleared

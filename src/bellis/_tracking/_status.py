@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
+from ._codever import MAX_CODE_INDEX, read_table, version_counts
 from ._disk import data_ranges
 from ._layout import (
     STAT_ARRAYS,
@@ -134,6 +135,9 @@ class StatusSnapshot:
     verify: VerifyCounts | None = None
     """done blocks by what ``bellis verify`` knows of them; None for a store whose blocks
     record no checksum and that was never verified"""
+    code_versions: tuple[dict[str, Any], ...] = ()
+    """done cells per code version (``_codever.version_counts``), the unknown ones last;
+    a store without a ``code_version`` array has all its done cells unknown"""
 
     @property
     def blocks(self) -> int | None:
@@ -266,6 +270,9 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
             SlabReader(store.failures),
             *([SlabReader(stats["returned_at"])] if "returned_at" in stats else []),
         ]
+        codes = store.code_versions()
+        code_reader = None if codes is None else SlabReader(codes)
+        per_code = np.zeros(MAX_CODE_INDEX + 1, dtype=np.int64)
         try:
             for a in range(0, cells, _SLAB):
                 b = min(cells, a + _SLAB)
@@ -279,6 +286,12 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
                     n_done += int(np.count_nonzero(raw_done))
                     if raw_failures is not None or in_plane:
                         done = raw_done != 0
+                    if code_reader is not None:
+                        raw_codes = code_reader.read(a, b)
+                        if raw_codes is not None:
+                            per_code += np.bincount(
+                                raw_codes[raw_done != 0], minlength=MAX_CODE_INDEX + 1
+                            )
                 failed: NDArray[np.bool_] | None = None
                 if raw_failures is not None:
                     if done is None:
@@ -303,6 +316,8 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         finally:
             for reader in readers:
                 reader.close()
+            if code_reader is not None:
+                code_reader.close()
         returned = None
         if "returned_at" in stats:
             returned = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float64)
@@ -315,6 +330,11 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         if checks is not None or last_verify is not None:
             flat = None if checks is None else checks.reshape(-1)
             verify = verify_counts(store.done.reshape(-1), flat, last_verify)
+        counts = {int(i): int(per_code[i]) for i in np.flatnonzero(per_code)}
+        counts[0] = counts.get(0, 0) + n_done - int(per_code.sum())  # no array, or a hole
+        if not counts[0]:
+            del counts[0]
+        table = read_table(store.path) if codes is not None else []
     try:
         runs = _count_runs(runs_file)
     except OSError as exc:
@@ -339,7 +359,30 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         _plane_blocks(layout, grid, middle) if window else None,
         middle,
         verify,
+        tuple(version_counts(table, counts)),
     )
+
+
+def _code_lines(snap: StatusSnapshot) -> list[str]:
+    """``bellis status``'s done blocks per code version (``docs/tracking.md``)."""
+    rows = snap.code_versions
+    if not rows:
+        return ["  code        no done blocks"]
+    out: list[str] = []
+    for row in rows:
+        if row["version"] is None:
+            text = (
+                f"unknown version: {row['blocks']} blocks (made before code versions were recorded)"
+            )
+        else:
+            seen = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["first_seen"] or 0))
+            covered = ", ".join(row["functions"]) or "none"
+            text = (
+                f"version {row['version']}: {row['blocks']} blocks ({row['hash'][:12]}, "
+                f"first seen {seen}, functions {covered})"
+            )
+        out.append(("  code        " if not out else "              ") + text)
+    return out
 
 
 def format_status(
@@ -429,6 +472,7 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
             f"  verified    {v.verified} verified, {v.mismatched} mismatched, "
             f"{v.unverifiable} unverifiable (done, no checksum); {when}"
         )
+    lines.extend(_code_lines(snap))
 
     ndim = len(grid)
     if cells == 0:
