@@ -1,5 +1,5 @@
 """``Task(verify_outputs=...)`` validation, the checksum on the wire, and which downstream
-blocks read a block (``downstream_readers``): pure, no processes or stores."""
+blocks read a block (``transitive_readers``): pure, no processes or stores."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import bellis as daisy
 from bellis._graph import TaskGeometry
 from bellis._outputs._readback import RECORDED, ReadBack
 from bellis._outputs._units import OutputSpec, owns_units
-from bellis._outputs._verify import downstream_readers
+from bellis._outputs._verify import transitive_readers
 from bellis._protocol import ACQUIRE, parse_returns
 from bellis.errors import ConfigurationError, ProtocolError
 
@@ -70,7 +70,7 @@ def _geom(tid: str, total: int, read: int, ctx: int, write: int) -> TaskGeometry
     )
 
 
-def test_downstream_readers_follow_read_rois_transitively() -> None:
+def test_transitive_readers_follow_read_rois_transitively() -> None:
     # a: blocks of 10 over 0..100; b reads 20 (context 5 each side), writes 10 from 5;
     # c reads b's writes exactly (blocks of 10 from 5)
     geoms = {
@@ -78,7 +78,7 @@ def test_downstream_readers_follow_read_rois_transitively() -> None:
         "b": _geom("b", 100, 20, 5, 10),
         "c": TaskGeometry("c", Roi((5,), (90,)), Roi((0,), (10,)), Roi((0,), (10,))),
     }
-    readers = downstream_readers(geoms, [("a", "b"), ("b", "c")], {"a": {3}})
+    readers = transitive_readers(geoms, [("a", "b"), ("b", "c")], {"a": {3}})
     # a block 3 writes [30, 40); b block g reads [10g, 10g + 20): g = 2 and 3
     assert readers["b"] == {2, 3}
     # b blocks 2, 3 write [25, 35) and [35, 45); c block g reads [5 + 10g, 15 + 10g)
@@ -89,10 +89,10 @@ def test_downstream_readers_follow_read_rois_transitively() -> None:
     assert readers["b"] == want_b
 
 
-def test_downstream_readers_skip_tasks_without_a_grid_and_the_bad_blocks_themselves() -> None:
+def test_transitive_readers_skip_tasks_without_a_grid_and_the_bad_blocks_themselves() -> None:
     geoms = {"a": _geom("a", 100, 10, 0, 10), "b": _geom("b", 100, 10, 0, 10)}
-    assert downstream_readers(geoms, [("a", "b"), ("a", "x")], {"a": {1}, "b": {1}}) == {}
-    assert downstream_readers(geoms, [("a", "b")], {"a": set()}) == {}
+    assert transitive_readers(geoms, [("a", "b"), ("a", "x")], {"a": {1}, "b": {1}}) == {}
+    assert transitive_readers(geoms, [("a", "b")], {"a": set()}) == {}
 
 
 def _spec(shape: int, chunk: int, vs: int = 1, offset: int = 0) -> OutputSpec:

@@ -18,7 +18,7 @@ compared:
 
 ``reset`` clears the done markers of the missing and changed blocks, then of every block
 of a downstream task whose read ROI meets the write ROI of a cleared block, transitively
-(:func:`downstream_readers`; the tasks below come from ``outputs.json``, recorded by the
+(:func:`transitive_readers`; the tasks below come from ``outputs.json``, recorded by the
 run). Unverifiable blocks are listed, not reset: nothing says their data is wrong. The
 result of each verify goes to the store's ``verify.json`` (``_tracking._reset``).
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._graph import InterTaskEdge, TaskGeometry
+from .._graph import TaskGeometry, downstream_readers
 from ..errors import ConfigurationError, TrackingError
 from ._readback import HASH_NAME, ReadBack, Target
 
@@ -43,7 +43,7 @@ __all__ = [
     "Mismatch",
     "VerifyResult",
     "check_blocks",
-    "downstream_readers",
+    "transitive_readers",
     "verify_stores",
     "verify_task",
 ]
@@ -143,7 +143,7 @@ def _block_to_cell(layout: Any, geom: TaskGeometry, k: int) -> int:
     return cell
 
 
-def downstream_readers(
+def transitive_readers(
     geoms: dict[str, TaskGeometry],
     edges: Iterable[tuple[str, str]],
     bad: dict[str, set[int]],
@@ -151,31 +151,40 @@ def downstream_readers(
     """The blocks that read ``bad`` blocks, transitively, per task (``bad`` excluded).
 
     ``geoms``: the tasks' block grids; ``edges``: ``(upstream, downstream)`` task ids;
-    ``bad``: block indices per task. A downstream block reads an upstream block when its
-    read ROI meets that block's write ROI (:class:`~bellis._graph.InterTaskEdge`); a block
-    that reads a reader is a reader too. Pure: no store is touched.
+    ``bad``: block indices per task. One step down an edge is
+    :func:`bellis._graph.downstream_readers` (a block reads an upstream block when its read
+    ROI meets that block's write ROI, the same rule run start uses for stale blocks); a
+    block that reads a reader is a reader too. Pure: no store is touched.
     """
+    import numpy as np
+
     edge_list = [(a, b) for a, b in edges if a in geoms and b in geoms]
-    found: dict[str, set[int]] = {}
-    frontier = {t: set(ks) for t, ks in bad.items() if ks}
-    built: dict[tuple[str, str], InterTaskEdge] = {}
+    bad_masks: dict[str, Any] = {}
+    for tid, ks in bad.items():
+        if tid in geoms:
+            mask = np.zeros(geoms[tid].grid, dtype=bool)
+            mask.reshape(-1)[sorted(ks)] = True
+            bad_masks[tid] = mask
+    found: dict[str, Any] = {}
+    frontier = {t: m for t, m in bad_masks.items() if m.any()}
     while frontier:
-        nxt: dict[str, set[int]] = {}
-        for up, ks in frontier.items():
+        nxt: dict[str, Any] = {}
+        for up, mask in frontier.items():
             for a, b in edge_list:
                 if a != up:
                     continue
-                edge = built.get((a, b))
-                if edge is None:
-                    edge = built[(a, b)] = InterTaskEdge(geoms[a], geoms[b])
-                for k in ks:
-                    for d in edge.downstream_of(k):
-                        if d in bad.get(b, ()) or d in found.get(b, ()):
-                            continue
-                        found.setdefault(b, set()).add(d)
-                        nxt.setdefault(b, set()).add(d)
+                readers = downstream_readers(geoms[a], geoms[b], mask)
+                if b in bad_masks:
+                    readers &= ~bad_masks[b]
+                if b in found:
+                    readers &= ~found[b]
+                    found[b] |= readers
+                else:
+                    found[b] = readers
+                if readers.any():
+                    nxt[b] = nxt[b] | readers if b in nxt else readers
         frontier = nxt
-    return found
+    return {t: {int(k) for k in np.flatnonzero(m)} for t, m in found.items() if m.any()}
 
 
 # -- the parallel check ----------------------------------------------------------------------
@@ -415,7 +424,7 @@ def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
             geoms[tid] = down.geom
         edges += [(up, tid) for up in entry.get("upstream") or [] if isinstance(up, str)]
     bad = {root: {_cell_to_block(store.layout, store.geom, c) for c in cells} - {-1}}
-    for tid, ks in downstream_readers(geoms, edges, bad).items():
+    for tid, ks in transitive_readers(geoms, edges, bad).items():
         down = below[tid]
         down_cells = [_block_to_cell(down.layout, down.geom, k) for k in sorted(ks)]
         n = clear_done(down.path, down.grid, [c for c in down_cells if c >= 0])
