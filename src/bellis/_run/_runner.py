@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from .. import logging as blog
+from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._launchers._base import LocalLauncher
 from .._outputs._declared import outputs_record
@@ -623,6 +623,7 @@ def run_blockwise(
     host: str | None = None,
     summary: bool = True,
     launcher: Any = None,
+    dry_run: bool = False,
 ) -> Any:
     """Run a task, a pipeline or a list of tasks to completion.
 
@@ -631,7 +632,11 @@ def run_blockwise(
     :class:`TaskAbandonedError` (a ``RuntimeError``) after the summary when a task
     exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
+    ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
     """
+    if dry_run or _seams.planning_requested():
+        kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
+        return _seams.plan_instead_of_run(pipeline, dry_run, multiprocessing=multiprocessing, **kw)
     result = _execute(
         RunPlan.build(
             pipeline,

@@ -1,0 +1,60 @@
+"""``bellis.plan()`` and ``run_blockwise(..., dry_run=True)`` (the runner's seam)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._streams import print_to_stdout
+from ._dry import dry_run
+from ._model import Plan
+from ._script import settings
+
+__all__ = ["plan", "plan_instead_of_run"]
+
+
+def plan(
+    pipeline: Any,
+    *,
+    multiprocessing: bool = True,
+    resources: dict[str, int] | None = None,
+    block_tracking: bool = True,
+    launcher: Any = None,
+    show: bool = True,
+) -> Plan:
+    """Plan a run of ``pipeline`` (a Task, a Pipeline or a list of tasks) without running it.
+
+    Takes ``run_blockwise``'s arguments and checks them as a run does. Per task the plan
+    says how many blocks there are, how many are done in the tracking store, masked,
+    failed before and left; the conflict levels and the most blocks that can run at once;
+    the upstream and downstream tasks; the tracking store's disk reservation; and how many
+    workers would start on which launcher. No process or check function is called, no
+    worker starts and nothing is written (an existing tracking store is only read).
+    ``show`` prints the plan's table to stdout. See docs/plan.md.
+    """
+    result = dry_run(
+        pipeline,
+        multiprocessing=multiprocessing,
+        resources=resources,
+        block_tracking=block_tracking,
+        launcher=launcher,
+    )
+    if show:
+        print_to_stdout(result.table())
+    return result
+
+
+def plan_instead_of_run(pipeline: Any, dry_run_requested: bool, **kwargs: Any) -> Any:
+    """What ``run_blockwise(pipeline, **kwargs)`` does when it plans instead of running:
+    ``dry_run=True`` returns the :class:`Plan`; under ``bellis plan`` (script planning) the
+    plan is printed and recorded, and the call returns True, as a completed run would."""
+    script = settings()
+    if dry_run_requested or script is None:
+        return plan(pipeline, **kwargs)
+    script.calls += 1
+    result = plan(pipeline, show=False, **kwargs)
+    result.call = script.calls
+    result.assumes = list(script.not_run)
+    print_to_stdout(result.table())
+    script.record(result.to_json())
+    script.not_run.extend(t.task_id for t in result.tasks if t.left)
+    return True
