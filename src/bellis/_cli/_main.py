@@ -1,4 +1,4 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``as-daisy``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``plan``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -310,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=_cmd_status)
 
     _add_report_parser(sub)
+
+    from ._plan_cmd import add_plan_parser
+
+    add_plan_parser(sub)
 
     a = sub.add_parser(
         "as-daisy",
