@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._run._runner import RunPlan
 from .._streams import print_to_stdout
 from ._dry import dry_run
+from ._forecast import forecast
 from ._model import Plan
 from ._script import settings
 
@@ -19,6 +21,9 @@ def plan(
     resources: dict[str, int] | None = None,
     block_tracking: bool = True,
     launcher: Any = None,
+    sample: int | bool | None = None,
+    cost_hint: Any = None,
+    seed: int = 0,
     show: bool = True,
 ) -> Plan:
     """Plan a run of ``pipeline`` (a Task, a Pipeline or a list of tasks) without running it.
@@ -30,14 +35,35 @@ def plan(
     workers would start on which launcher. No process or check function is called, no
     worker starts and nothing is written (an existing tracking store is only read).
     ``show`` prints the plan's table to stdout. See docs/plan.md.
+
+    ``sample=N`` (blocks per task; ``True``: 2% of the blocks left, at least 20) adds a
+    forecast: a sample of blocks spread over the grid really runs on the task's launcher
+    and is recorded done (the real run skips it), and from its figures the plan predicts,
+    with an interval, the run's wall at ``max_workers`` and at x0.5, x2 and x4 (a
+    simulation of the schedule), its core-hours, each task's peak RSS percentiles with a
+    memory request that fits, and for SLURM a time limit; it warns when the settings will
+    not fit. ``cost_hint`` (an array of the skip mask's shape, or a dict of them by task
+    id) steers the sample to costly regions and models the cost per block; ``seed`` makes
+    the sample reproducible.
     """
-    result = dry_run(
-        pipeline,
-        multiprocessing=multiprocessing,
-        resources=resources,
-        block_tracking=block_tracking,
-        launcher=launcher,
-    )
+    if sample is None or sample is False:
+        result = dry_run(
+            pipeline,
+            multiprocessing=multiprocessing,
+            resources=resources,
+            block_tracking=block_tracking,
+            launcher=launcher,
+        )
+    else:
+        rp = RunPlan.build(
+            pipeline,
+            multiprocessing=multiprocessing,
+            resources=resources,
+            block_tracking=block_tracking,
+            launcher=launcher,
+            summary=False,
+        )
+        result = forecast(rp, sample=sample, cost_hint=cost_hint, seed=seed)
     if show:
         print_to_stdout(result.table())
     return result
@@ -51,7 +77,7 @@ def plan_instead_of_run(pipeline: Any, dry_run_requested: bool, **kwargs: Any) -
     if dry_run_requested or script is None:
         return plan(pipeline, **kwargs)
     script.calls += 1
-    result = plan(pipeline, show=False, **kwargs)
+    result = plan(pipeline, show=False, sample=script.sample, **kwargs)
     result.call = script.calls
     result.assumes = list(script.not_run)
     print_to_stdout(result.table())

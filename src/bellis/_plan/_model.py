@@ -24,6 +24,8 @@ def format_bytes(n: float | None) -> str:
 def format_seconds(s: float | None) -> str:
     if s is None:
         return "-"
+    if s < 1:
+        return f"{s * 1000:.1f} ms"
     if s < 120:
         return f"{s:.1f} s"
     if s < 7200:
@@ -221,8 +223,8 @@ def _run_forecast_lines(f: dict[str, Any]) -> list[str]:
     lines = [
         "forecast (from the sample; interval p10-p90 of the simulated schedule):",
         f"  wall at max_workers as set: {_interval(f['wall'], format_seconds)}",
-        f"  core-hours (CPU): {_interval(f['core_hours'], lambda x: f'{x:.3f}')}",
-        f"  worker-hours (held): {_interval(f['worker_hours'], lambda x: f'{x:.3f}')}",
+        f"  core-hours (CPU): {_interval(f['core_hours'], lambda x: f'{x:.3g}')}",
+        f"  worker-hours (held): {_interval(f['worker_hours'], lambda x: f'{x:.3g}')}",
     ]
     for alt in f.get("alternatives", []):
         lines.append(

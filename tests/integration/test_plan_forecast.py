@@ -1,0 +1,177 @@
+"""Issue 28, item 2: ``bellis.plan(tasks, sample=N)`` really runs a sample of blocks on the
+task's launcher, records them done (the real run skips them), and forecasts the rest.
+
+A user script plans a two-task pipeline with a sample, then runs it for real. Every block
+appends its id to a file when it runs, so the test sees which blocks ran when, and how
+often. A downstream block checks that the upstream blocks it reads have run (a sampled
+downstream block needs its upstream blocks sampled too) and fails otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.slurm import job_prefix, needs_slurm
+from kit.user_script import run_script
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import bellis
+    from bellis import Roi
+
+    mode, launcher = sys.argv[1], sys.argv[2]
+    base = os.getcwd()
+    W = 10
+
+    def log(name, block):
+        fd = os.open(os.path.join(base, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, (str(block.block_id[1]) + "\\n").encode())
+        os.close(fd)
+
+    def up(block):
+        time.sleep(0.002)
+        log("ran_a", block)
+        o = [int(v) for v in block.write_roi.offset]
+        open(os.path.join(base, "out_a", f"{o[0]}_{o[1]}"), "w").close()
+
+    def down(block):
+        r = block.read_roi
+        for x in range(int(r.begin[0]), int(r.end[0]), W):
+            for y in range(int(r.begin[1]), int(r.end[1]), W):
+                if not os.path.exists(os.path.join(base, "out_a", f"{x}_{y}")):
+                    raise RuntimeError(f"upstream output {x}_{y} missing")
+        log("ran_b", block)
+
+    os.makedirs(os.path.join(base, "out_a"), exist_ok=True)
+    kw = {}
+    if launcher == "slurm":
+        kw["launcher"] = bellis.SlurmLauncher(
+            job_name_prefix=sys.argv[3], poll_interval=0.5, time_limit=10, mem="1M",
+            partition="oversub")
+    total = Roi((0, 0), (200, 200))
+    a = bellis.Task("a", total, Roi((0, 0), (W, W)), Roi((0, 0), (W, W)), process_function=up,
+                    max_workers=2, max_retries=0, **kw)
+    b = bellis.Task("b", Roi((0, 0), (200, 200)), Roi((0, 0), (3 * W, 3 * W)),
+                    Roi((W, W), (W, W)), process_function=down, max_workers=2,
+                    read_write_conflict=False, max_retries=0, **kw)
+    bellis.set_tracking_basedir(os.path.join(base, "tracking"))
+    distributed = mode == "distributed"
+    plan = bellis.plan(a + b, sample=25, multiprocessing=distributed, seed=3)
+    with open(os.path.join(base, "plan.json"), "w") as f:
+        json.dump(plan.to_json(), f)
+    for name in ("ran_a", "ran_b"):
+        os.replace(os.path.join(base, name), os.path.join(base, name + "_sample"))
+    ok = bellis.run_blockwise(a + b, multiprocessing=distributed, progress=False, summary=False)
+    print("@@" + json.dumps({"ok": ok}))
+    """
+)
+
+RUN_FIELDS = {
+    "blocks_left",
+    "sampled",
+    "start_delay_seconds",
+    "overhead_seconds_per_block",
+    "workers",
+    "wall",
+    "core_hours",
+    "worker_hours",
+    "alternatives",
+}
+TASK_FIELDS = {
+    "sampled",
+    "sampled_done",
+    "sample_failed",
+    "cost_model",
+    "block_wall",
+    "block_cpu",
+    "peak_rss",
+    "time_limit",
+    "wall",
+}
+STAT_FIELDS = {"mean", "p50", "p95", "p99", "max"}
+
+
+def _ids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def _interval_ok(d: dict[str, float]) -> None:
+    assert set(d) == {"estimate", "low", "high"}
+    assert 0 <= d["low"] <= d["estimate"] <= d["high"]
+
+
+def _check(tmp_path: Path, proc: Any, launcher: str) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    a, b = plan["tasks"]
+    sample_a, sample_b = _ids(tmp_path / "ran_a_sample"), _ids(tmp_path / "ran_b_sample")
+    # the sample ran, each block once; b's sampled blocks brought the upstream blocks they
+    # read into a's sample, so none of them failed
+    assert len(set(sample_b)) == len(sample_b) == 25
+    assert len(set(sample_a)) == len(sample_a) >= 25
+    assert b["forecast"]["sampled"] == b["forecast"]["sampled_done"] == 25
+    assert a["forecast"]["sampled"] == a["forecast"]["sampled_done"] == len(sample_a)
+    assert a["forecast"]["sample_failed"] == b["forecast"]["sample_failed"] == 0
+    # ... and was recorded done: the plan counts it, and the real run skips it
+    assert (a["done"], a["left"]) == (len(sample_a), 400 - len(sample_a))
+    assert (b["done"], b["left"]) == (25, b["blocks"] - 25)
+    assert '"ok": true' in proc.stdout
+    real_a, real_b = _ids(tmp_path / "ran_a"), _ids(tmp_path / "ran_b")
+    assert len(real_a) + len(sample_a) == 400 and not set(real_a) & set(sample_a)
+    assert len(real_b) + len(sample_b) == b["blocks"] and not set(real_b) & set(sample_b)
+    # every field of the forecast
+    f = plan["forecast"]
+    assert set(f) == RUN_FIELDS
+    assert f["blocks_left"] == a["left"] + b["left"]
+    assert f["sampled"] == len(sample_a) + len(sample_b)
+    for key in ("wall", "core_hours", "worker_hours"):
+        _interval_ok(f[key])
+    assert f["wall"]["estimate"] > 0.002 * a["left"] / 2  # at least the sleeps on 2 workers
+    if plan["mode"] == "distributed":
+        assert [alt["scale"] for alt in f["alternatives"]] == [0.5, 2.0, 4.0]
+        for alt in f["alternatives"]:
+            _interval_ok(alt["wall"])
+        walls = [alt["wall"]["estimate"] for alt in f["alternatives"]]
+        assert walls[0] >= f["wall"]["estimate"] >= walls[1] >= walls[2]
+    else:
+        assert f["alternatives"] == []
+    for t in (a, b):
+        tf = t["forecast"]
+        assert set(tf) == TASK_FIELDS
+        assert set(tf["block_wall"]) == set(tf["block_cpu"]) == STAT_FIELDS
+        assert tf["block_wall"]["p50"] > 0
+        rss = tf["peak_rss"]
+        assert set(rss) == STAT_FIELDS | {"request", "ladder", "configured"}
+        assert 0 < rss["p50"] <= rss["p95"] <= rss["p99"] <= rss["max"] < rss["request"]
+        assert rss["ladder"][0] == rss["request"] and rss["ladder"] == sorted(rss["ladder"])
+        _interval_ok(tf["wall"])
+        assert (tf["time_limit"] is None) == (launcher != "slurm")
+    return plan
+
+
+@pytest.mark.parametrize("mode", ["serial", "distributed"])
+def test_a_forecast_runs_its_sample_records_it_done_and_says_everything(
+    tmp_path: Path, mode: str
+) -> None:
+    proc = run_script(tmp_path, SCRIPT, mode, "local")
+    plan = _check(tmp_path, proc, "local")
+    assert "forecast (from the sample" in proc.stdout
+    assert plan["tasks"][0]["launcher"] == ("local" if mode == "distributed" else "serial")
+
+
+@pytest.mark.parametrize("marks", [pytest.param(0, marks=needs_slurm())])
+def test_a_forecast_on_slurm_gives_a_time_limit_and_warns_of_a_low_memory_request(
+    tmp_path: Path, marks: int
+) -> None:
+    proc = run_script(tmp_path, SCRIPT, "distributed", "slurm", job_prefix(tmp_path, "pf"))
+    plan = _check(tmp_path, proc, "slurm")
+    for t in plan["tasks"]:
+        assert t["launcher"] == "slurm"
+        assert t["forecast"]["peak_rss"]["configured"] == 1 << 20
+    assert any("the memory request 1.0 MiB is below the sampled p99" in w for w in plan["warnings"])
