@@ -44,10 +44,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _plan(tmp_path: Path, *script_args: str) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+def _plan(
+    tmp_path: Path, *script_args: str, sample: list[str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
     (tmp_path / "pipeline.py").write_text(SCRIPT)
+    cli = [sys.executable, "-m", "bellis", "plan", *(sample or []), "--"]
     proc = subprocess.run(
-        [sys.executable, "-m", "bellis", "plan", "--", sys.executable, "pipeline.py", *script_args],
+        [*cli, sys.executable, "pipeline.py", *script_args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -106,3 +109,32 @@ def test_plan_without_a_command_says_how_to_call_it(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "bellis plan -- python my_pipeline.py ARGS" in proc.stderr
+
+
+def test_plan_with_a_sample_forecasts_each_call_and_runs_only_the_sample(tmp_path: Path) -> None:
+    proc, entries = _plan(tmp_path, "out", "strict", sample=["--sample", "5"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the sample ran for real (and wrote its outputs, so the strict script went on)
+    ran = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len([n for n in ran if not n.startswith("second-")]) == 5
+    assert len([n for n in ran if n.startswith("second-")]) == 5
+    plans = [e["plan"] for e in entries]
+    assert [p["call"] for p in plans] == [1, 2]
+    for p, left in zip(plans, (16 - 5, 9 - 5), strict=True):
+        task = p["tasks"][0]
+        assert task["done"] == 5 and task["left"] == left
+        assert task["forecast"]["sampled_done"] == 5
+        assert p["forecast"]["blocks_left"] == left and p["forecast"]["wall"]["estimate"] >= 0
+    assert "forecast (from the sample" in proc.stdout
+
+
+def test_plan_rejects_a_bad_sample(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "plan", "--sample", "0", "--", "true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--sample wants a positive number of blocks per task (got '0')" in proc.stderr

@@ -1,6 +1,7 @@
-"""``bellis plan [--out FILE] -- python my_pipeline.py ARGS``: run an unchanged script with
-planning switched on (``bellis._plan._script``): each ``run_blockwise`` call it reaches
-prints and saves its plan instead of running, and returns True."""
+"""``bellis plan [--sample [N]] [--out FILE] -- python my_pipeline.py ARGS``: run an
+unchanged script with planning switched on (``bellis._plan._script``): each
+``run_blockwise`` call it reaches prints and saves its plan instead of running, and returns
+True."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     out = Path(args.out).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")  # this command's plans only
-    settings = {"out": str(out), "sample": None}
+    settings = {"out": str(out), "sample": args.sample}
     env = {**os.environ, PLAN_ENV: json.dumps(settings)}
     try:
         code = subprocess.run(command, env=env, check=False).returncode
@@ -89,6 +90,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sample(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"--sample wants a positive number of blocks per task (got {text!r}); give "
+            "--sample alone for the default (2% of the blocks left, at least 20)"
+        )
+    return n
+
+
 def add_plan_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "plan",
@@ -102,6 +116,15 @@ def add_plan_parser(sub: Any) -> None:
         "--out",
         default="bellis-plan.jsonl",
         help="where the plans are saved, one JSON line per call (default ./bellis-plan.jsonl)",
+    )
+    p.add_argument(
+        "--sample",
+        nargs="?",
+        const=True,
+        type=_sample,
+        metavar="N",
+        help="also forecast: run N blocks per task for real (recorded done) and predict the "
+        "wall, core-hours and memory; without N, 2%% of the blocks left (at least 20)",
     )
     p.add_argument("script", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(fn=_cmd_plan)

@@ -29,7 +29,8 @@ class ScriptPlanning:
     """The settings ``bellis plan`` passed, and this process's calls so far."""
 
     out: Path | None
-    sample: int | None
+    #: blocks per task to sample (True: the default size), or None for a dry run
+    sample: int | bool | None
     calls: int = 0
     #: task ids of earlier calls that had blocks left (a dry run did not run them)
     not_run: list[str] = field(default_factory=list)
@@ -62,6 +63,6 @@ def settings() -> ScriptPlanning | None:
         sample = data.get("sample")
         _state = ScriptPlanning(
             out=Path(out) if isinstance(out, str) and out else None,
-            sample=sample if isinstance(sample, int) and not isinstance(sample, bool) else None,
+            sample=sample if isinstance(sample, int) and (sample is True or sample > 0) else None,
         )
     return _state
