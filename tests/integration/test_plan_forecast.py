@@ -76,6 +76,7 @@ RUN_FIELDS = {
     "blocks_left",
     "sampled",
     "start_delay_seconds",
+    "warm_up_seconds",
     "overhead_seconds_per_block",
     "workers",
     "wall",

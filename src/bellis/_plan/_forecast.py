@@ -207,13 +207,59 @@ def _grid_figures(dry: DryRun, run: Any) -> dict[str, np.ndarray[Any, Any]]:
     if store is None:
         return out
     arrays = {"done": store.done, **store.stats}
-    for name in ("done", "wall_seconds", "cpu_seconds", "cpu_children_seconds", "peak_rss_bytes"):
+    names = ("done", "wall_seconds", "cpu_seconds", "cpu_children_seconds", "peak_rss_bytes")
+    for name in (*names, "worker_id", "sent_at", "returned_at"):
         if name not in arrays:
             continue
         full = np.zeros(run.geom.grid, dtype=np.float64)
         view, dst = run.store_view(arrays[name])
         full[dst] = view
         out[name] = full.reshape(-1)
+    return out
+
+
+def _warm_up(
+    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
+) -> tuple[float | None, np.ndarray[Any, Any]]:
+    """A worker's first block pays for its warm-up (imports, first allocations, caches),
+    and blocks that run while other workers still start share the machine with their
+    start-up: a short sample is all start-up, a long run hardly any. Returns the median
+    excess of the workers' first blocks over the other blocks' median (the warm-up, which
+    the simulation adds to the worker start), and the mask of the *steady* blocks: not a
+    worker's first, and sent once every worker had its first block (when at least a third
+    of the blocks are; else only the first blocks are left out). ``(None, all True)`` with
+    too few blocks to tell."""
+    first = np.zeros(len(wall), dtype=bool)
+    for w in np.unique(worker_id):
+        idx = np.flatnonzero(worker_id == w)
+        first[idx[np.argmin(sent_at[idx])]] = True
+    steady = ~first
+    if steady.sum() < 3:
+        return None, np.ones(len(wall), dtype=bool)
+    excess = np.maximum(0.0, wall[first] - float(np.median(wall[steady])))
+    settled = steady & (sent_at > sent_at[first].max())
+    if settled.sum() >= max(3, len(wall) // 3):
+        steady = settled
+    return float(np.median(excess)), steady
+
+
+def _overheads(
+    worker_id: np.ndarray[Any, Any],
+    sent_at: np.ndarray[Any, Any],
+    returned_at: np.ndarray[Any, Any],
+    wall: np.ndarray[Any, Any],
+) -> list[float]:
+    """Per worker with two blocks or more: the seconds per block it was out of its block
+    function while it held blocks (dispatch, round trips, recording), from when its first
+    block was sent to when its last came back. Every sampled block is ready at once, so a
+    worker never waits for one in between."""
+    out = []
+    for w in np.unique(worker_id):
+        idx = np.flatnonzero(worker_id == w)
+        if len(idx) < 2:
+            continue
+        span = float(returned_at[idx].max() - sent_at[idx].min())
+        out.append(max(0.0, (span - float(wall[idx].sum())) / len(idx)))
     return out
 
 
@@ -343,6 +389,7 @@ def _predict(
     total = 0
     start_delays: list[float] = []
     overheads: list[float] = []
+    warm_ups: list[float] = []
     for gi, run in enumerate(runs):
         out = plan[run.task_id]
         figs = _grid_figures(dry, run)
@@ -354,7 +401,16 @@ def _predict(
         )
         rss = figs["peak_rss_bytes"][ok] if "peak_rss_bytes" in figs else np.zeros(0)
         targets = np.flatnonzero(dry.left_mask(run).reshape(-1))
-        costs, model = _predict_costs(run.geom.grid, targets, ok, wall, hints.get(run.task_id))
+        model_ok, model_wall = ok, wall
+        steady_mask = np.ones(len(ok), dtype=bool)
+        if rp.distributed and "worker_id" in figs and "sent_at" in figs:
+            warm, steady_mask = _warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
+            if warm is not None:
+                warm_ups.append(warm)
+                model_ok, model_wall = ok[steady_mask], wall[steady_mask]
+        costs, model = _predict_costs(
+            run.geom.grid, targets, model_ok, model_wall, hints.get(run.task_id)
+        )
         cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
         index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
         offsets[run.task_id] = total
@@ -369,12 +425,16 @@ def _predict(
         started, first = rep.get("run_started_at"), rep.get("first_sent_at")
         if started is not None and first is not None and not run.up_edges:
             start_delays.append(max(0.0, float(first) - float(started)))
-        last = rep.get("last_returned_at")
-        if first is not None and last is not None and len(wall) and rp.distributed:
-            w_used = max(1, min(run.task.max_workers, len(wall)))
-            span = float(last) - float(first)
-            ideal = simulate(list(wall), [[]] * len(wall), [0] * len(wall), [w_used]).wall
-            overheads.append(max(0.0, (span - ideal) * w_used / len(wall)))
+        if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
+            sel = ok[steady_mask]
+            overheads.extend(
+                _overheads(
+                    figs["worker_id"][sel],
+                    figs["sent_at"][sel],
+                    figs["returned_at"][sel],
+                    wall[steady_mask],
+                )
+            )
         configured = _configured_memory(run.task, run.task.launcher or rp.launcher)
         growth = run.task.memory_growth or 2.0
         rss_stat = _stat(rss) if len(rss) else None
@@ -433,6 +493,8 @@ def _predict(
     cpu_all = np.concatenate(all_cpu) if all_cpu else np.zeros(0)
     lo_hi = np.percentile(np.concatenate(ratios), [10, 90]) if ratios else np.array([1.0, 1.0])
     start_delay = float(np.median(start_delays)) if start_delays else 0.0
+    warm_up = float(np.median(warm_ups)) if warm_ups else 0.0
+    start_delay += warm_up
     overhead = float(np.median(overheads)) if overheads else 0.0
     base_workers = [max(1, plan[r.task_id].workers or r.task.max_workers) for r in runs]
     if not rp.distributed:  # one block at a time, in this process
@@ -454,6 +516,7 @@ def _predict(
         "blocks_left": int(total),
         "sampled": int(sum(len(v) for v in picks.values())),
         "start_delay_seconds": start_delay,
+        "warm_up_seconds": warm_up,
         "overhead_seconds_per_block": overhead,
         "workers": {r.task_id: w for r, w in zip(runs, base_workers, strict=False)},
         "wall": _interval(est.wall, low.wall, high.wall),
