@@ -219,7 +219,10 @@ def _grid_figures(dry: DryRun, run: Any) -> dict[str, np.ndarray[Any, Any]]:
 
 
 def _warm_up(
-    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
+    worker_id: np.ndarray[Any, Any],
+    sent_at: np.ndarray[Any, Any],
+    returned_at: np.ndarray[Any, Any],
+    wall: np.ndarray[Any, Any],
 ) -> tuple[float | None, np.ndarray[Any, Any]]:
     """A worker's first block pays for its warm-up (imports, first allocations, caches),
     and blocks that run while other workers still start share the machine with their
@@ -237,9 +240,10 @@ def _warm_up(
     if steady.sum() < 3:
         return None, np.ones(len(wall), dtype=bool)
     excess = np.maximum(0.0, wall[first] - float(np.median(wall[steady])))
-    settled = steady & (sent_at > sent_at[first].max())
-    if settled.sum() >= max(3, len(wall) // 3):
-        steady = settled
+    for since in (returned_at[first].max(), sent_at[first].max()):
+        settled = steady & (sent_at >= since)
+        if settled.sum() >= max(3, len(wall) // 4):
+            return float(np.median(excess)), settled
     return float(np.median(excess)), steady
 
 
@@ -403,8 +407,9 @@ def _predict(
         targets = np.flatnonzero(dry.left_mask(run).reshape(-1))
         model_ok, model_wall = ok, wall
         steady_mask = np.ones(len(ok), dtype=bool)
-        if rp.distributed and "worker_id" in figs and "sent_at" in figs:
-            warm, steady_mask = _warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
+        if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
+            stamps = (figs["worker_id"][ok], figs["sent_at"][ok], figs["returned_at"][ok])
+            warm, steady_mask = _warm_up(*stamps, wall)
             if warm is not None:
                 warm_ups.append(warm)
                 model_ok, model_wall = ok[steady_mask], wall[steady_mask]
