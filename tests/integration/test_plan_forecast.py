@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent(
             partition="oversub")
     total = Roi((0, 0), (200, 200))
     a = bellis.Task("a", total, Roi((0, 0), (W, W)), Roi((0, 0), (W, W)), process_function=up,
-                    max_workers=2, max_retries=0, **kw)
+                    max_workers=2, max_retries=0, resource_tracking=True, **kw)
     b = bellis.Task("b", Roi((0, 0), (200, 200)), Roi((0, 0), (3 * W, 3 * W)),
                     Roi((W, W), (W, W)), process_function=down, max_workers=2,
                     read_write_conflict=False, max_retries=0, **kw)
@@ -94,6 +94,7 @@ TASK_FIELDS = {
     "peak_rss",
     "time_limit",
     "wall",
+    "core_hours",
 }
 STAT_FIELDS = {"mean", "p50", "p95", "p99", "max"}
 
@@ -152,8 +153,43 @@ def _check(tmp_path: Path, proc: Any, launcher: str) -> dict[str, Any]:
         assert 0 < rss["p50"] <= rss["p95"] <= rss["p99"] <= rss["max"] < rss["request"]
         assert rss["ladder"][0] == rss["request"] and rss["ladder"] == sorted(rss["ladder"])
         _interval_ok(tf["wall"])
+        _interval_ok(tf["core_hours"])
         assert (tf["time_limit"] is None) == (launcher != "slurm")
+    _check_scored(tmp_path, plan)
     return plan
+
+
+def _check_scored(tmp_path: Path, plan: dict[str, Any]) -> None:
+    """The real run took each task's forecast and scored it in its run line."""
+    for t, tracked in zip(plan["tasks"], (True, False), strict=True):
+        store = tmp_path / "tracking" / t["task_id"]
+        assert not (store / "forecast.json").exists()  # taken by the run
+        sample_line, run_line = (
+            json.loads(x) for x in (store / "runs.jsonl").read_text().splitlines()
+        )
+        assert "forecast" not in sample_line
+        scored = run_line["forecast"]
+        assert scored["wall"] == plan["forecast"]["wall"]
+        assert scored["task_wall"] == t["forecast"]["wall"]
+        assert scored["core_hours"] == t["forecast"]["core_hours"]
+        assert scored["peak_rss_p99"] == t["forecast"]["peak_rss"]["p99"]
+        assert (scored["blocks_left"], scored["sampled"]) == (t["left"], t["forecast"]["sampled"])
+        actual, err = scored["actual"], scored["error_pct"]
+        assert actual["wall"] == run_line["wall_seconds"] > 0
+        assert actual["blocks"] == t["left"]
+        assert err["wall"] == pytest.approx(
+            100 * (scored["wall"]["estimate"] - actual["wall"]) / actual["wall"]
+        )
+        if tracked:  # resource tracking: CPU and memory measured too
+            cpu = run_line["blocks"]["cpu"]["total"] + run_line["blocks"]["cpu_children"]["total"]
+            assert actual["core_hours"] == pytest.approx(cpu / 3600)
+            assert 0 < actual["peak_rss_p99"] <= run_line["blocks"]["peak_rss"]["max"]
+            assert err["peak_rss_p99"] == pytest.approx(
+                100 * (scored["peak_rss_p99"] - actual["peak_rss_p99"]) / actual["peak_rss_p99"]
+            )
+        else:
+            assert actual["core_hours"] is actual["peak_rss_p99"] is None
+            assert err["core_hours"] is err["peak_rss_p99"] is None
 
 
 @pytest.mark.parametrize("mode", ["serial", "distributed"])

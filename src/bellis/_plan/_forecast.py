@@ -26,12 +26,15 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._run._runner import RunPlan, _execute, _finish
 from .._sizes import parse_size
+from .._stats._forecast_score import write_forecast
 from .._task import Pipeline, Task
 from ..errors import ConfigurationError
 from ._dry import DryRun
@@ -372,7 +375,31 @@ def forecast(
     with DryRun(rp) as after:
         plan = after.plan()
         _predict(rp, after, plan, picks, reports, hints)
+    _leave_for_scoring(plan)
     return plan
+
+
+def _leave_for_scoring(plan: Plan) -> None:
+    """Leave each task's forecast in its store: its next run scores it (_forecast_score)."""
+    assert plan.forecast is not None
+    for t in plan.tasks:
+        f = t.forecast
+        if t.store is None or f is None or not Path(t.store).is_dir():
+            continue
+        rss = f.get("peak_rss")
+        write_forecast(
+            t.store,
+            {
+                "made_at": time.time(),
+                "sampled": f["sampled"],
+                "blocks_left": t.left,
+                "workers": t.workers,
+                "wall": plan.forecast["wall"],
+                "task_wall": f["wall"],
+                "core_hours": f["core_hours"],
+                "peak_rss_p99": None if rss is None else rss["p99"],
+            },
+        )
 
 
 def _predict(
@@ -552,6 +579,10 @@ def _predict(
         assert task_forecast is not None
         gx = gi if rp.distributed else 0
         task_forecast["wall"] = _interval(est.finished[gx], low.finished[gx], high.finished[gx])
+        cpu_h = float(all_cpu[gi].sum()) / 3600
+        task_forecast["core_hours"] = _interval(
+            cpu_h, cpu_h * float(lo_hi[0]), cpu_h * float(lo_hi[1])
+        )
         lau = run.task.launcher or rp.launcher
         if getattr(lau, "name", None) == "slurm":
             need = high.finished[gx] * 1.25 + 300.0

@@ -28,6 +28,7 @@ from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import ABANDONED, TaskRun
 from .._signals import install_abort_handlers
 from .._state import DEFAULT_TIMEOUT_SECONDS, TaskState
+from .._stats._forecast_score import score_forecast
 from .._stats._report_load import append_report, remember_report
 from .._stats._reports import (
     RunReport,
@@ -594,6 +595,8 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
+            if (scored := score_forecast(store, data)) is not None:
+                data["forecast"] = scored  # what bellis.plan(sample=...) predicted
             append_report(Path(store.runs_jsonl), data)
         else:
             base = blog.get_log_basedir()
