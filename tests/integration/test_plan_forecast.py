@@ -10,12 +10,15 @@ downstream block needs its upstream blocks sampled too) and fails otherwise.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kit import browser
 from kit.slurm import job_prefix, needs_slurm
 from kit.user_script import run_script
 
@@ -200,6 +203,43 @@ def test_a_forecast_runs_its_sample_records_it_done_and_says_everything(
     plan = _check(tmp_path, proc, "local")
     assert "forecast (from the sample" in proc.stdout
     assert plan["tasks"][0]["launcher"] == ("local" if mode == "distributed" else "serial")
+    _check_report(tmp_path)
+
+
+def _check_report(tmp_path: Path) -> None:
+    """``bellis report`` shows the scored forecasts, one row per task, in Chromium."""
+    out = tmp_path / "report.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "report", str(tmp_path / "tracking"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Forecast vs actual" in out.read_text(encoding="utf-8")
+    if browser.chromium() is None:
+        return
+    probe = """
+    var rows = [];
+    document.querySelectorAll('#forecast table tr').forEach(function (tr) {
+      rows.push(Array.prototype.map.call(tr.children, function (c) { return c.textContent; }));
+    });
+    return {title: document.querySelector('#forecast h2').textContent, rows: rows};
+    """
+    found = browser.load(out, probe)
+    assert found["errors"] == [] and found["rendered"] == "yes"
+    rows = found["result"]["rows"]
+    assert found["result"]["title"] == "Forecast vs actual"
+    assert rows[0][:6] == ["task", "run", "started (UTC)", "wall forecast", "wall actual", "error"]
+    body = {r[0]: r for r in rows[1:]}
+    assert set(body) == {"a", "b"} and len(rows) == 3
+    for task in ("a", "b"):
+        line = json.loads((tmp_path / "tracking" / task / "runs.jsonl").read_text().splitlines()[1])
+        err = line["forecast"]["error_pct"]["wall"]
+        assert body[task][1] == "2"  # the second run line: the real run
+        assert body[task][5] == f"{err:+.1f}%"
+    assert body["a"][8].endswith("%") and body["b"][8] == "-"  # core-hours: a was tracked
 
 
 @pytest.mark.parametrize("marks", [pytest.param(0, marks=needs_slurm())])
