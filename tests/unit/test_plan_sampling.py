@@ -49,11 +49,11 @@ def test_each_workers_first_block_is_its_warm_up() -> None:
     sent = np.array([0.0, 0.0, 0.3, 0.3, 0.4, 0.4, 0.5, 0.5])
     returned = sent + np.array([0.21, 0.21, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01])
     wall = returned - sent
-    warm, steady = _warm_up(worker, sent, returned, wall)
+    warm, steady = _warm_up(worker, sent, wall)
     assert warm == pytest.approx(0.2)
     assert steady.tolist() == [False, False, True, True, True, True, True, True]
     # too few blocks to tell: nothing is left out
-    warm, steady = _warm_up(worker[:2], sent[:2], returned[:2], wall[:2])
+    warm, steady = _warm_up(worker[:2], sent[:2], wall[:2])
     assert warm is None and steady.all()
 
 

@@ -222,19 +222,17 @@ def _grid_figures(dry: DryRun, run: Any) -> dict[str, np.ndarray[Any, Any]]:
 
 
 def _warm_up(
-    worker_id: np.ndarray[Any, Any],
-    sent_at: np.ndarray[Any, Any],
-    returned_at: np.ndarray[Any, Any],
-    wall: np.ndarray[Any, Any],
+    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
 ) -> tuple[float | None, np.ndarray[Any, Any]]:
-    """A worker's first block pays for its warm-up (imports, first allocations, caches),
-    and blocks that run while other workers still start share the machine with their
-    start-up: a short sample is all start-up, a long run hardly any. Returns the median
-    excess of the workers' first blocks over the other blocks' median (the warm-up, which
-    the simulation adds to the worker start), and the mask of the *steady* blocks: not a
-    worker's first, and sent once every worker had its first block (when at least a third
-    of the blocks are; else only the first blocks are left out). ``(None, all True)`` with
-    too few blocks to tell."""
+    """A worker's first block pays for its warm-up (imports, first allocations, caches).
+    Returns the median excess of the workers' first blocks over the other blocks' median
+    (the warm-up, which the simulation adds to the worker start), and the mask of the
+    other, *steady* blocks, whose costs model the run. ``(None, all True)`` with too few
+    blocks to tell.
+
+    Blocks that ran while other workers were still starting are kept: leaving them out
+    too would shrink a small sample further, and a heavy-tailed one (a few very costly
+    blocks) cannot afford that (benchmarks/RESULTS.md, "Forecast accuracy")."""
     first = np.zeros(len(wall), dtype=bool)
     for w in np.unique(worker_id):
         idx = np.flatnonzero(worker_id == w)
@@ -243,10 +241,6 @@ def _warm_up(
     if steady.sum() < 3:
         return None, np.ones(len(wall), dtype=bool)
     excess = np.maximum(0.0, wall[first] - float(np.median(wall[steady])))
-    for since in (returned_at[first].max(), sent_at[first].max()):
-        settled = steady & (sent_at >= since)
-        if settled.sum() >= max(3, len(wall) // 4):
-            return float(np.median(excess)), settled
     return float(np.median(excess)), steady
 
 
@@ -435,8 +429,7 @@ def _predict(
         model_ok, model_wall = ok, wall
         steady_mask = np.ones(len(ok), dtype=bool)
         if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
-            stamps = (figs["worker_id"][ok], figs["sent_at"][ok], figs["returned_at"][ok])
-            warm, steady_mask = _warm_up(*stamps, wall)
+            warm, steady_mask = _warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
             if warm is not None:
                 warm_ups.append(warm)
                 model_ok, model_wall = ok[steady_mask], wall[steady_mask]
@@ -467,8 +460,9 @@ def _predict(
                     wall[steady_mask],
                 )
             )
-        configured = _configured_memory(run.task, run.task.launcher or rp.launcher)
-        growth = run.task.memory_growth or 2.0
+        lau = run.task.launcher or rp.launcher
+        configured = _configured_memory(run.task, lau)
+        growth = run.task.memory_growth or getattr(lau, "memory_growth", None) or 2.0
         rss_stat = _stat(rss) if len(rss) else None
         f: dict[str, Any] = {
             "sampled": len(chosen),

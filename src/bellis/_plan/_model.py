@@ -7,18 +7,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._sizes import format_iec
+
 __all__ = ["Plan", "TaskOutlook", "format_bytes", "format_seconds"]
 
 
 def format_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - the loop returns
+    """``25.5 MiB`` (``_sizes.format_iec``), ``-`` for None."""
+    return "-" if n is None else format_iec(n)
 
 
 def format_seconds(s: float | None) -> str:
