@@ -188,3 +188,39 @@ def test_plans_count_what_a_run_does_and_run_nothing(tmp_path: Path, fit: str, m
     assert a["store_to_allocate_bytes"] == 0  # the run reserved its chunks
     assert a["workers"] == min(workers_a, a["max_parallel"])
     assert 0 < a["max_parallel"] <= a["left"]
+
+
+SLURM_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    import bellis
+    from bellis import Roi
+
+    def process(block):
+        open(os.path.join(os.getcwd(), "ran"), "a").close()
+
+    t = bellis.Task("t", Roi((0, 0), (100, 100)), Roi((0, 0), (10, 10)), Roi((0, 0), (10, 10)),
+                    process_function=process, max_workers=6, requires={"gpu": 1})
+    bellis.set_tracking_basedir("tracking")
+    plan = bellis.run_blockwise(t, launcher=bellis.SlurmLauncher(time_limit=5),
+                                resources={"gpu": 4}, dry_run=True)
+    print("@@" + json.dumps(plan.to_json()))
+    """
+)
+
+
+def test_a_dry_run_on_slurm_submits_no_job(tmp_path: Path) -> None:
+    # an sbatch first on PATH that leaves a mark: the dry run must never call it
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path / 'sbatch-called'}\nexit 1\n")
+    (shim / "sbatch").chmod(0o755)
+    proc = run_script(
+        tmp_path, SLURM_SCRIPT, env={"PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (t,) = _plans(proc.stdout)["tasks"]
+    assert not (tmp_path / "sbatch-called").exists() and not (tmp_path / "ran").exists()
+    assert not (tmp_path / "tracking").exists()
+    assert (t["launcher"], t["blocks"], t["left"], t["max_workers"]) == ("slurm", 100, 100, 6)
+    assert t["workers"] == 4  # max_workers 6, but the resources hold 4 workers' gpus
