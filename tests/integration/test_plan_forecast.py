@@ -252,3 +252,46 @@ def test_a_forecast_on_slurm_gives_a_time_limit_and_warns_of_a_low_memory_reques
         assert t["launcher"] == "slurm"
         assert t["forecast"]["peak_rss"]["configured"] == 1 << 20
     assert any("the memory request 1.0 MiB is below the sampled p99" in w for w in plan["warnings"])
+
+
+SLOW = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import bellis
+    from bellis import Roi
+
+    def slow(block):
+        time.sleep(0.3)
+
+    launcher = bellis.SlurmLauncher(job_name_prefix=sys.argv[1], poll_interval=0.5,
+                                    time_limit=1, partition="oversub")
+    t = bellis.Task("slow", Roi((0,), (500,)), Roi((0,), (1,)), Roi((0,), (1,)),
+                    process_function=slow, max_workers=2, max_worker_restarts=0,
+                    launcher=launcher)
+    bellis.set_tracking_basedir("tracking")
+    plan = bellis.plan(t, sample=10)
+    print("@@" + json.dumps(plan.to_json()))
+    """
+)
+
+
+@pytest.mark.parametrize("marks", [pytest.param(0, marks=needs_slurm())])
+def test_a_forecast_warns_when_the_run_would_outlast_the_job_time_limit(
+    tmp_path: Path, marks: int
+) -> None:
+    # 490 blocks of 0.3 s on 2 workers: over a minute, and each worker is one 1-minute job
+    proc = run_script(tmp_path, SLOW, job_prefix(tmp_path, "pt"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+    plan = json.loads(line[2:])
+    (t,) = plan["tasks"]
+    assert t["done"] == 10 and t["left"] == 490
+    assert plan["forecast"]["wall"]["estimate"] > 60
+    limit = t["forecast"]["time_limit"]
+    h, m, s = (int(x) for x in limit.split(":"))
+    assert h * 3600 + m * 60 + s >= 1.25 * t["forecast"]["wall"]["high"] + 300
+    assert any(
+        "outlasts the job time limit (1) times its 1 starts" in w and limit in w
+        for w in plan["warnings"]
+    ), plan["warnings"]
+    assert "warning: task 'slow': the forecast wall" in proc.stdout
