@@ -39,7 +39,9 @@ SCRIPT = textwrap.dedent(
         sys.exit("the first step wrote no output: " + out)
     t2 = daisy.Task("second", Roi((0, 0), (40, 40)), Roi((0, 0), (20, 20)),
                     Roi((5, 5), (10, 10)), process_function=second, max_workers=4)
-    print("second returned", daisy.run_blockwise([t2], multiprocessing=False))
+    states = daisy.run_blockwise([t2], multiprocessing=False, return_states=True)
+    s = states["second"]
+    print("second returned", s.completed_count == s.total_block_count, s.total_block_count)
     """
 )
 
@@ -67,7 +69,7 @@ def test_each_run_blockwise_call_of_a_script_prints_and_saves_its_plan(tmp_path:
     # nothing ran: no block wrote its file, no store was created, no worker log
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bellis-plan.jsonl", "pipeline.py"]
     # each call returned True, as a completed run would
-    assert "first returned True" in proc.stdout and "second returned True" in proc.stdout
+    assert "first returned True" in proc.stdout and "second returned True 9" in proc.stdout
     assert "run_blockwise call 1" in proc.stdout and "run_blockwise call 2" in proc.stdout
     assert "2 run_blockwise call(s) planned" in proc.stdout
     plans = [e["plan"] for e in entries]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._run._runner import RunPlan
+from .._state import TaskState
 from .._streams import print_to_stdout
 from ._dry import dry_run
 from ._forecast import forecast
@@ -69,10 +70,13 @@ def plan(
     return result
 
 
-def plan_instead_of_run(pipeline: Any, dry_run_requested: bool, **kwargs: Any) -> Any:
+def plan_instead_of_run(
+    pipeline: Any, dry_run_requested: bool, *, return_states: bool = False, **kwargs: Any
+) -> Any:
     """What ``run_blockwise(pipeline, **kwargs)`` does when it plans instead of running:
     ``dry_run=True`` returns the :class:`Plan`; under ``bellis plan`` (script planning) the
-    plan is printed and recorded, and the call returns True, as a completed run would."""
+    plan is printed and recorded, and the call returns what a completed run would: True,
+    or with ``return_states=True`` each task's state with every block completed."""
     script = settings()
     if dry_run_requested or script is None:
         return plan(pipeline, **kwargs)
@@ -83,4 +87,17 @@ def plan_instead_of_run(pipeline: Any, dry_run_requested: bool, **kwargs: Any) -
     print_to_stdout(result.table())
     script.record(result.to_json())
     script.not_run.extend(t.task_id for t in result.tasks if t.left)
-    return True
+    if not return_states:
+        return True
+    return {
+        t.task_id: TaskState(
+            task_id=t.task_id,
+            started=True,
+            total_block_count=t.blocks,
+            completed_count=t.blocks,
+            skipped_count=t.done + t.masked,
+            skipped_done_count=t.done,
+            skipped_mask_count=t.masked,
+        )
+        for t in result.tasks
+    }

@@ -639,7 +639,8 @@ def run_blockwise(
     """
     if dry_run or _seams.planning_requested():
         kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
-        return _seams.plan_instead_of_run(pipeline, dry_run, multiprocessing=multiprocessing, **kw)
+        kw |= {"multiprocessing": multiprocessing, "return_states": return_states}
+        return _seams.plan_instead_of_run(pipeline, dry_run, **kw)
     result = _execute(
         RunPlan.build(
             pipeline,
