@@ -32,6 +32,9 @@ SCRIPT = textwrap.dedent(
     def second(block):
         open(os.path.join(out, "second-" + str(block.block_id[1])), "w").close()
 
+    def third(block):
+        open(os.path.join(out, "third-" + str(block.block_id[1])), "w").close()
+
     t1 = daisy.Task("first", Roi((0, 0), (40, 40)), Roi((0, 0), (10, 10)),
                     Roi((0, 0), (10, 10)), process_function=first, max_workers=2)
     print("first returned", daisy.run_blockwise([t1]))
@@ -42,6 +45,10 @@ SCRIPT = textwrap.dedent(
     states = daisy.run_blockwise([t2], multiprocessing=False, return_states=True)
     s = states["second"]
     print("second returned", s.completed_count == s.total_block_count, s.total_block_count)
+    t3 = daisy.Task("third", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)),
+                    process_function=third)
+    states = daisy.Server().run_blockwise([t3], progress=False)
+    print("third returned", states["third"].completed_count)
     """
 )
 
@@ -70,10 +77,11 @@ def test_each_run_blockwise_call_of_a_script_prints_and_saves_its_plan(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bellis-plan.jsonl", "pipeline.py"]
     # each call returned True, as a completed run would
     assert "first returned True" in proc.stdout and "second returned True 9" in proc.stdout
-    assert "run_blockwise call 1" in proc.stdout and "run_blockwise call 2" in proc.stdout
-    assert "2 run_blockwise call(s) planned" in proc.stdout
+    assert "third returned 4" in proc.stdout  # a Server plans too
+    assert "run_blockwise call 1" in proc.stdout and "run_blockwise call 3" in proc.stdout
+    assert "3 run_blockwise call(s) planned" in proc.stdout
     plans = [e["plan"] for e in entries]
-    assert [p["call"] for p in plans] == [1, 2]
+    assert [p["call"] for p in plans] == [1, 2, 3]
     first, second = plans[0]["tasks"][0], plans[1]["tasks"][0]
     assert (first["task_id"], first["blocks"], first["left"], first["workers"]) == (
         "first",
@@ -86,6 +94,7 @@ def test_each_run_blockwise_call_of_a_script_prints_and_saves_its_plan(tmp_path:
     assert (second["task_id"], second["blocks"], second["left"]) == ("second", 9, 9)
     assert second["levels"] > 1 and second["launcher"] == "serial" and second["workers"] == 0
     assert plans[0]["assumes"] == [] and plans[1]["assumes"] == ["first"]
+    assert plans[2]["assumes"] == ["first", "second"]
     assert "assumes: the blocks earlier run_blockwise calls left to run (first)" in proc.stdout
 
 
@@ -118,11 +127,15 @@ def test_plan_with_a_sample_forecasts_each_call_and_runs_only_the_sample(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the sample ran for real (and wrote its outputs, so the strict script went on)
     ran = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert len([n for n in ran if not n.startswith("second-")]) == 5
+    assert len([n for n in ran if n.isdigit()]) == 5
     assert len([n for n in ran if n.startswith("second-")]) == 5
+    assert len([n for n in ran if n.startswith("third-")]) == 4
+    assert "third returned 4" in proc.stdout
     plans = [e["plan"] for e in entries]
-    assert [p["call"] for p in plans] == [1, 2]
-    for p, left in zip(plans, (16 - 5, 9 - 5), strict=True):
+    assert [p["call"] for p in plans] == [1, 2, 3]
+    # the third task has 4 blocks: its sample is all of them, and nothing is left
+    assert plans[2]["tasks"][0]["left"] == 0 and plans[2]["forecast"]["wall"]["estimate"] == 0
+    for p, left in zip(plans, (16 - 5, 9 - 5), strict=False):
         task = p["tasks"][0]
         assert task["done"] == 5 and task["left"] == left
         assert task["forecast"]["sampled_done"] == 5

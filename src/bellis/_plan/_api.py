@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._run._runner import RunPlan
+from .._run._runner import RunPlan, _RunResult
 from .._state import TaskState
 from .._streams import print_to_stdout
-from ._dry import dry_run
+from ._dry import DryRun, dry_run
 from ._forecast import forecast
 from ._model import Plan
 from ._script import settings
 
-__all__ = ["plan", "plan_instead_of_run"]
+__all__ = ["plan", "plan_script_call"]
 
 
 def plan(
@@ -70,26 +70,27 @@ def plan(
     return result
 
 
-def plan_instead_of_run(
-    pipeline: Any, dry_run_requested: bool, *, return_states: bool = False, **kwargs: Any
-) -> Any:
-    """What ``run_blockwise(pipeline, **kwargs)`` does when it plans instead of running:
-    ``dry_run=True`` returns the :class:`Plan`; under ``bellis plan`` (script planning) the
-    plan is printed and recorded, and the call returns what a completed run would: True,
-    or with ``return_states=True`` each task's state with every block completed."""
+def plan_script_call(rp: RunPlan) -> _RunResult:
+    """A run under ``bellis plan`` (script planning, :mod:`._script`): its plan is printed
+    and recorded, and the run's result says what a completed run would: every block of
+    every task completed (``run_blockwise`` returns True, or with ``return_states=True``
+    those states; a ``Server`` returns the states)."""
     script = settings()
-    if dry_run_requested or script is None:
-        return plan(pipeline, **kwargs)
+    assert script is not None, "plan_script_call outside bellis plan"
     script.calls += 1
-    result = plan(pipeline, show=False, sample=script.sample, **kwargs)
+    if script.sample:
+        result = forecast(rp, sample=script.sample)
+    else:
+        with DryRun(rp) as dry:
+            result = dry.plan()
     result.call = script.calls
     result.assumes = list(script.not_run)
     print_to_stdout(result.table())
     script.record(result.to_json())
     script.not_run.extend(t.task_id for t in result.tasks if t.left)
-    if not return_states:
-        return True
-    return {
+    out = _RunResult()
+    out.order = [t.task_id for t in result.tasks]
+    out.states = {
         t.task_id: TaskState(
             task_id=t.task_id,
             started=True,
@@ -98,6 +99,13 @@ def plan_instead_of_run(
             skipped_count=t.done + t.masked,
             skipped_done_count=t.done,
             skipped_mask_count=t.masked,
+            timeout_secs=task.timeout_secs,
         )
-        for t in result.tasks
+        for t, task in zip(result.tasks, _by_order(rp, out.order), strict=True)
     }
+    return out
+
+
+def _by_order(rp: RunPlan, order: list[str]) -> list[Any]:
+    by_id = {t.task_id: t for t in rp.tasks}
+    return [by_id[tid] for tid in order]

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._run._runner import RunPlan, _execute, _finish
+from .._run._runner import RunPlan, _finish, _run_plan
 from .._sizes import parse_size
 from .._stats._forecast_score import write_forecast
 from .._task import Pipeline, Task
@@ -187,7 +187,7 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         [clones[id(t)] for t in rp.pipeline.tasks],
         [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
     )
-    result = _execute(
+    result = _run_plan(  # never planned again, also under bellis plan
         RunPlan.build(
             pipe,
             multiprocessing=rp.distributed,

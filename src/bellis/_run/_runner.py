@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -432,6 +432,13 @@ class _Run:
 
 
 def _execute(plan: RunPlan) -> _RunResult:
+    """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
+    if _seams.planning_requested():
+        return cast(_RunResult, _seams.plan_script_call(plan))
+    return _run_plan(plan)
+
+
+def _run_plan(plan: RunPlan) -> _RunResult:
     """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
@@ -637,10 +644,9 @@ def run_blockwise(
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
     ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
     """
-    if dry_run or _seams.planning_requested():
+    if dry_run:
         kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
-        kw |= {"multiprocessing": multiprocessing, "return_states": return_states}
-        return _seams.plan_instead_of_run(pipeline, dry_run, **kw)
+        return _seams.dry_run(pipeline, multiprocessing=multiprocessing, **kw)
     result = _execute(
         RunPlan.build(
             pipeline,
