@@ -56,7 +56,7 @@ def costs_for(name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     return np.where(hot, 0.060, 0.003), np.where(hot, 64 * MIB, 16 * MIB)
 
 
-def make_task(name: str, costs: Path, workers: int, conflicts: bool) -> Any:
+def make_task(name: str, costs: Path, workers: int, conflicts: bool, launcher: Any = None) -> Any:
     ctx = W if conflicts else 0
     total = Roi((-ctx, -ctx), (GRID[0] * W + 2 * ctx, GRID[1] * W + 2 * ctx))
     return bellis.Task(
@@ -68,6 +68,7 @@ def make_task(name: str, costs: Path, workers: int, conflicts: bool) -> Any:
         read_write_conflict=conflicts,
         max_workers=workers,
         resource_tracking=True,
+        launcher=launcher,
     )
 
 
@@ -88,7 +89,7 @@ class _Block:
         del buf
 
 
-def run_case(name: str, workers: int, base: Path) -> dict[str, Any]:
+def run_case(name: str, workers: int, base: Path, slurm: bool = False) -> dict[str, Any]:
     kind = name.split("+")[0]
     sec, mem = costs_for(kind)
     work = base / name
@@ -97,7 +98,12 @@ def run_case(name: str, workers: int, base: Path) -> dict[str, Any]:
     table = work / "costs.npy"
     np.save(table, np.stack([sec, mem]).astype(np.float64))
     bellis.set_tracking_basedir(work / "tracking")
-    task = make_task(kind, table, workers, conflicts=kind == "gradient")
+    launcher = None
+    if slurm:
+        launcher = bellis.SlurmLauncher(
+            partition="oversub", poll_interval=0.5, job_name_prefix="bfc"
+        )
+    task = make_task(kind, table, workers, conflicts=kind == "gradient", launcher=launcher)
     hint = sec if name.endswith("+hint") else None
     t0 = time.perf_counter()
     plan = bellis.plan(task, sample=True, cost_hint=hint, show=False)
@@ -122,7 +128,7 @@ def run_case(name: str, workers: int, base: Path) -> dict[str, Any]:
     left = plan.tasks[0].left
     naive = tf["block_wall"]["mean"] * left / workers
     return {
-        "case": name,
+        "case": name + (" (slurm)" if slurm else ""),
         "blocks": int(np.prod(GRID)),
         "sampled": tf["sampled"],
         "workers": workers,
@@ -151,6 +157,7 @@ def main() -> int:
         "--cases", default="uniform,gradient,hotspots,hotspots+hint", help="comma-separated"
     )
     p.add_argument("--json", help="also write the records here (one JSON line per run)")
+    p.add_argument("--slurm", action="store_true", help="workers as SLURM jobs (oversub)")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-forecast-"))
     os.chdir(base)  # worker logs land here too
@@ -160,7 +167,7 @@ def main() -> int:
         for rep in range(args.reps):
             order = cases[rep % len(cases) :] + cases[: rep % len(cases)]  # rotate
             for name in order:
-                row = run_case(name, args.workers, base)
+                row = run_case(name, args.workers, base, args.slurm)
                 rows[name].append(row)
                 print(json.dumps(row), file=sys.stderr)
                 if args.json:

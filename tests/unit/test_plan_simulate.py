@@ -58,3 +58,15 @@ def test_a_block_that_can_never_run_is_an_error() -> None:
         simulate([1.0, 1.0], [[1], [0]], [0, 0], [1])
     with pytest.raises(ValueError, match="one entry per block"):
         simulate([1.0], [], [0], [1])
+
+
+def test_workers_that_start_late_take_what_is_left() -> None:
+    costs, deps, group = [1.0] * 4, [[]] * 4, [0] * 4
+    # the second worker arrives after the first has done everything
+    late = simulate(costs, deps, group, [2], arrivals=[[0.0, 5.0]])
+    assert late.wall == 4.0 and late.peak_parallel == (1,) and late.started == (0.0,)
+    # it arrives after 1 s: b0 on w0 (0-1); b1 and b2 (1-2); b3 (2-3)
+    assert simulate(costs, deps, group, [2], arrivals=[[0.0, 1.0]]).wall == 3.0
+    # fewer arrivals than workers: the last one repeats; none: start_delay
+    assert simulate(costs, deps, group, [4], arrivals=[[2.0]]).wall == 3.0
+    assert simulate(costs, deps, group, [4], arrivals=[[]], start_delay=0.5).wall == 1.5

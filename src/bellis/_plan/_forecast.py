@@ -264,6 +264,26 @@ def _overheads(
     return out
 
 
+def _worker_starts(report: dict[str, Any]) -> tuple[list[float], float]:
+    """The sample run's worker starts (spawn to first request, sorted) and, for its
+    workers that never connected before it ended (a SLURM job still pending), the floor of
+    theirs: the sample run's wall."""
+    records = (report.get("workers") or {}).get("records") or []
+    seen = sorted(float(r["startup"]) for r in records if r.get("startup") is not None)
+    floor = float(report.get("wall_seconds") or 0.0)
+    return seen, max([floor, *seen[-1:]])
+
+
+def _arrivals(seen: list[float], floor: float, workers: int, warm_up: float) -> list[float]:
+    """Each of ``workers`` workers' start: those the sample saw, then the floor (a lower
+    bound), plus the warm-up of a worker's first block. Empty when the sample saw no
+    worker start: the simulation then uses the run's start delay for every worker."""
+    if not seen:
+        return []
+    out = [*seen[:workers], *[floor] * max(0, workers - len(seen))]
+    return [x + warm_up for x in out]
+
+
 def _stat(values: np.ndarray[Any, Any]) -> dict[str, float]:
     if not len(values):
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
@@ -413,6 +433,8 @@ def _predict(
     ratios: list[np.ndarray[Any, Any]] = []
     total = 0
     start_delays: list[float] = []
+    #: per task: the sample's worker starts (seconds, sorted), and a floor for the others
+    starts: list[tuple[list[float], float]] = []
     overheads: list[float] = []
     warm_ups: list[float] = []
     for gi, run in enumerate(runs):
@@ -450,6 +472,7 @@ def _predict(
         started, first = rep.get("run_started_at"), rep.get("first_sent_at")
         if started is not None and first is not None and not run.up_edges:
             start_delays.append(max(0.0, float(first) - float(started)))
+        starts.append(_worker_starts(rep))
         if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
             sel = ok[steady_mask]
             overheads.extend(
@@ -528,6 +551,12 @@ def _predict(
         base_workers = [1]
 
     def sim(scale: float, workers: list[int]) -> Any:
+        arrivals = None
+        if rp.distributed:
+            arrivals = [
+                _arrivals(seen, floor, w, warm_up)
+                for (seen, floor), w in zip(starts, workers, strict=True)
+            ]
         return simulate(
             list(costs * scale),
             deps,
@@ -535,6 +564,7 @@ def _predict(
             workers,
             start_delay=start_delay if rp.distributed else 0.0,
             overhead=overhead,
+            arrivals=arrivals,
         )
 
     est, low, high = (sim(s, base_workers) for s in (1.0, float(lo_hi[0]), float(lo_hi[1])))

@@ -6,7 +6,8 @@ Blocks are numbered ``0..n-1`` across the run; each has a cost in seconds, a *gr
 task: a task's workers run only its blocks) and the blocks it waits for (conflict levels
 within a task, read/write overlap between tasks). A group has ``workers[g]`` workers. They
 are asked for when the group first has a ready block, as bellis's staffing does, and are
-ready ``start_delay`` seconds later (the worker start the sample measured). An idle worker
+ready ``start_delay`` seconds later, or each after its own delay (``arrivals``: the worker
+starts the sample measured; on a cluster they are spread out). An idle worker
 takes the ready block that became ready first (ties: the lower number), holds it for its
 cost plus ``overhead`` (the per-block dispatch cost the sample measured), and when it
 finishes, the blocks waiting for it may become ready.
@@ -55,10 +56,14 @@ def simulate(
     *,
     start_delay: float = 0.0,
     overhead: float = 0.0,
+    arrivals: Sequence[Sequence[float]] | None = None,
 ) -> SimResult:
     """Simulate the run of blocks with ``costs`` waiting for ``deps``, run by the
-    ``workers`` of their ``group``; see the module docstring. Raises ValueError for a
-    block that can never run (a dependency cycle or a group without workers)."""
+    ``workers`` of their ``group``; see the module docstring. ``arrivals`` gives, per
+    group, each worker's own start delay (a group with fewer entries than workers repeats
+    its last; an empty one uses ``start_delay``): workers on a cluster do not all start
+    at once. Raises ValueError for a block that can never run (a dependency cycle or a
+    group without workers)."""
     n = len(costs)
     if len(deps) != n or len(group) != n:
         raise ValueError("costs, deps and group must have one entry per block")
@@ -82,9 +87,13 @@ def simulate(
         heapq.heappush(ready[g], (t, i))
         if not asked[g]:
             asked[g] = True
-            started[g] = t + start_delay
-            for _ in range(workers[g]):
-                heapq.heappush(events, (t + start_delay, _ARRIVE, g))
+            mine = list(arrivals[g]) if arrivals is not None and g < len(arrivals) else []
+            delays = [
+                mine[min(j, len(mine) - 1)] if mine else start_delay for j in range(workers[g])
+            ]
+            started[g] = t + min(delays, default=start_delay)
+            for d in delays:
+                heapq.heappush(events, (t + d, _ARRIVE, g))
 
     for i in range(n):
         if not waiting[i]:
