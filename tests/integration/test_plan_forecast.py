@@ -51,27 +51,40 @@ SCRIPT = textwrap.dedent(
                     raise RuntimeError(f"upstream output {x}_{y} missing")
         log("ran_b", block)
 
-    os.makedirs(os.path.join(base, "out_a"), exist_ok=True)
-    kw = {}
-    if launcher == "slurm":
-        kw["launcher"] = bellis.SlurmLauncher(
-            job_name_prefix=sys.argv[3], poll_interval=0.5, time_limit=10, mem="1M",
-            partition="oversub")
-    total = Roi((0, 0), (200, 200))
-    a = bellis.Task("a", total, Roi((0, 0), (W, W)), Roi((0, 0), (W, W)), process_function=up,
-                    max_workers=2, max_retries=0, resource_tracking=True, **kw)
-    b = bellis.Task("b", Roi((0, 0), (200, 200)), Roi((0, 0), (3 * W, 3 * W)),
-                    Roi((W, W), (W, W)), process_function=down, max_workers=2,
-                    read_write_conflict=False, max_retries=0, **kw)
-    bellis.set_tracking_basedir(os.path.join(base, "tracking"))
-    distributed = mode == "distributed"
-    plan = bellis.plan(a + b, sample=25, multiprocessing=distributed, seed=3)
-    with open(os.path.join(base, "plan.json"), "w") as f:
-        json.dump(plan.to_json(), f)
-    for name in ("ran_a", "ran_b"):
-        os.replace(os.path.join(base, name), os.path.join(base, name + "_sample"))
-    ok = bellis.run_blockwise(a + b, multiprocessing=distributed, progress=False, summary=False)
-    print("@@" + json.dumps({"ok": ok}))
+    def main(kw):
+        os.makedirs(os.path.join(base, "out_a"), exist_ok=True)
+        total = Roi((0, 0), (200, 200))
+        a = bellis.Task("a", total, Roi((0, 0), (W, W)), Roi((0, 0), (W, W)),
+                        process_function=up, max_workers=2, max_retries=0,
+                        resource_tracking=True, **kw)
+        b = bellis.Task("b", Roi((0, 0), (200, 200)), Roi((0, 0), (3 * W, 3 * W)),
+                        Roi((W, W), (W, W)), process_function=down, max_workers=2,
+                        read_write_conflict=False, max_retries=0, **kw)
+        bellis.set_tracking_basedir(os.path.join(base, "tracking"))
+        distributed = mode == "distributed"
+        plan = bellis.plan(a + b, sample=25, multiprocessing=distributed, seed=3)
+        with open(os.path.join(base, "plan.json"), "w") as f:
+            json.dump(plan.to_json(), f)
+        for name in ("ran_a", "ran_b"):
+            os.replace(os.path.join(base, name), os.path.join(base, name + "_sample"))
+        ok = bellis.run_blockwise(a + b, multiprocessing=distributed, progress=False,
+                                  summary=False)
+        print("@@" + json.dumps({"ok": ok}))
+
+    if __name__ == "__main__":
+        if launcher == "slurm":
+            main({"launcher": bellis.SlurmLauncher(
+                job_name_prefix=sys.argv[3], poll_interval=0.5, time_limit=10, mem="1M",
+                partition="oversub")})
+        elif launcher == "dask":
+            from distributed import Client, LocalCluster
+
+            with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                              dashboard_address=None, scheduler_port=0, host="127.0.0.1",
+                              silence_logs=40) as lc, Client(lc) as client:
+                main({"launcher": bellis.DaskLauncher(client)})
+        else:
+            main({})
     """
 )
 
@@ -240,6 +253,14 @@ def _check_report(tmp_path: Path) -> None:
         assert body[task][1] == "2"  # the second run line: the real run
         assert body[task][5] == f"{err:+.1f}%"
     assert body["a"][8].endswith("%") and body["b"][8] == "-"  # core-hours: a was tracked
+
+
+@pytest.mark.dask
+def test_a_forecast_runs_its_sample_on_dask_workers(tmp_path: Path) -> None:
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    proc = run_script(tmp_path, SCRIPT, "distributed", "dask")
+    plan = _check(tmp_path, proc, "dask")
+    assert [t["launcher"] for t in plan["tasks"]] == ["dask", "dask"]
 
 
 @pytest.mark.parametrize("marks", [pytest.param(0, marks=needs_slurm())])
