@@ -104,3 +104,29 @@ def test_a_bad_sample_or_no_store_is_refused_before_anything_runs() -> None:
             bellis.plan(t, sample=bad, show=False)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="a forecast records its sampled blocks done"):
         bellis.plan(t, sample=5, show=False)
+
+
+def test_a_sampled_block_brings_every_block_it_waits_for() -> None:
+    from bellis._plan._dry import DryRun
+    from bellis._plan._forecast import _close, _first_level
+    from bellis._run._runner import RunPlan
+
+    # 1-d, blocks of 10 with 5 of context: conflict levels, and b reads a's neighbours
+    kw = {"process_function": _noop, "tracking_path": False}
+    a = Task("a", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
+    b = Task("b", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
+    rp = RunPlan.build(a + b, multiprocessing=False, block_tracking=False)
+    with DryRun(rp) as dry:
+        run_a, run_b = dry.scheduler.runs
+        assert run_a.intra and run_a.geom.num_levels == 2
+        free = _first_level(dry, run_a)
+        assert free.sum() == 10 and all(not run_a.geom.upstream_of(k) for k in np.flatnonzero(free))
+        picks = {"b": np.array([7])}
+        _close(dry, picks)
+        chosen_a = set(picks["a"].tolist())
+        edge = run_b.up_edges[0][0]
+        assert set(edge.upstream_of(7)) <= chosen_a  # what b's block reads
+        for k in chosen_a:  # and, within a, every lower-level block those wait for
+            assert set(run_a.geom.upstream_of(k)) <= chosen_a
+        assert any(run_a.geom.upstream_of(k) for k in chosen_a)  # the closure did work
+        assert picks["b"].tolist() == [7]

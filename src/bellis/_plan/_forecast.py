@@ -6,9 +6,11 @@ Theory of operation
    random place in each of ``N`` equal slices of the blocks left in grid order, so the
    sample covers the grid. With a ``cost_hint`` (one value per block, the skip mask's
    shape) half the sample is stratified by the hint's order instead of the grid's, and half
-   drawn with probability proportional to the hint: costly regions are seen. A downstream
-   block needs its upstream blocks' outputs, so the upstream blocks it reads that are not
-   done join the sample (transitively).
+   drawn with probability proportional to the hint: costly regions are seen. With conflict
+   levels, only blocks of the first level are picked: they wait for no neighbour. A
+   downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
+   that are not done join the sample, with the lower-level neighbours they wait for
+   (transitively).
 2. **Run.** The tasks run as they would (same launcher, workers, resources), each as a copy
    whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
    blocks are recorded done in the tasks' own stores: the real run skips them.
@@ -155,14 +157,38 @@ def _pick(
     return np.unique(np.concatenate([first, second]))
 
 
-def _close_upstream(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
-    """Add to ``picks`` every upstream block, not done, that a picked block reads."""
+def _first_level(dry: DryRun, run: Any) -> np.ndarray[Any, Any]:
+    """The blocks left of ``run`` that wait for no other block left of their own task: a
+    sample of them needs no neighbour to have run first (conflict levels). All blocks
+    left when none is."""
+    left = dry.left_mask(run)
+    if not run.intra:
+        return left
+    free = np.zeros_like(left)
+    free[run.geom.level_slices(0)] = left[run.geom.level_slices(0)]
+    return free if free.any() else left
+
+
+def _close(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
+    """Add to ``picks`` every block, not done, that a picked block waits for: the blocks
+    of lower conflict levels it reads (a block added from downstream may be of any
+    level), and the upstream tasks' blocks whose outputs it reads, transitively."""
     runs = dry.scheduler.runs
     left = {r.task_id: dry.left_mask(r).reshape(-1) for r in runs}
     for run in reversed(runs):  # downstream first: what it adds upstream is closed in turn
         chosen = picks.get(run.task_id)
         if chosen is None or not len(chosen):
             continue
+        mine = left[run.task_id]
+        if run.intra:
+            seen = set(chosen.tolist())
+            todo = list(seen)
+            while todo:
+                for u in run.geom.upstream_of(todo.pop()):
+                    if mine[u] and u not in seen:
+                        seen.add(u)
+                        todo.append(u)
+            chosen = picks[run.task_id] = np.fromiter(sorted(seen), dtype=np.int64)
         for edge, up in run.up_edges:
             need: set[int] = set()
             for k in chosen.tolist():
@@ -379,10 +405,10 @@ def forecast(
     with DryRun(rp) as before:
         picks: dict[str, np.ndarray[Any, Any]] = {}
         for run in before.scheduler.runs:
-            left = before.left_mask(run)
-            n = sample_size(int(left.sum()), sample)
-            picks[run.task_id] = _pick(left, n, hints.get(run.task_id), rng)
-        _close_upstream(before, picks)
+            n = sample_size(int(before.left_mask(run).sum()), sample)
+            free = _first_level(before, run)
+            picks[run.task_id] = _pick(free, n, hints.get(run.task_id), rng)
+        _close(before, picks)
     n_picked = sum(len(v) for v in picks.values())
     logger.info("bellis plan: running a sample of %d blocks", n_picked)
     reports = _run_sample(rp, picks) if n_picked else {}
