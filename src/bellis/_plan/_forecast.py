@@ -7,7 +7,8 @@ Theory of operation
    sample covers the grid. With a ``cost_hint`` (one value per block, the skip mask's
    shape) half the sample is stratified by the hint's order instead of the grid's, and half
    drawn with probability proportional to the hint: costly regions are seen. With conflict
-   levels, only blocks of the first level are picked: they wait for no neighbour. A
+   levels, blocks of the first level are picked (they wait for no neighbour); when it has
+   too few, others too, with the lower-level blocks they wait for. A
    downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
    that are not done join the sample, with the lower-level neighbours they wait for
    (transitively).
@@ -406,8 +407,13 @@ def forecast(
         picks: dict[str, np.ndarray[Any, Any]] = {}
         for run in before.scheduler.runs:
             n = sample_size(int(before.left_mask(run).sum()), sample)
-            free = _first_level(before, run)
-            picks[run.task_id] = _pick(free, n, hints.get(run.task_id), rng)
+            hint = hints.get(run.task_id)
+            picked = _pick(_first_level(before, run), n, hint, rng)
+            if len(picked) < n:  # a small first level: more, of any level (closed below)
+                rest = before.left_mask(run).reshape(-1).copy()
+                rest[picked] = False
+                picked = np.union1d(picked, _pick(rest, n - len(picked), hint, rng))
+            picks[run.task_id] = picked
         _close(before, picks)
     n_picked = sum(len(v) for v in picks.values())
     logger.info("bellis plan: running a sample of %d blocks", n_picked)
