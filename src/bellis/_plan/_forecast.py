@@ -457,7 +457,6 @@ def _predict(
     hints: dict[str, np.ndarray[Any, Any]],
 ) -> None:
     runs = dry.scheduler.runs
-    offsets: dict[str, int] = {}
     all_costs: list[np.ndarray[Any, Any]] = []
     all_cpu: list[np.ndarray[Any, Any]] = []
     index_of: dict[str, dict[int, int]] = {}
@@ -492,7 +491,6 @@ def _predict(
         )
         cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
         index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
-        offsets[run.task_id] = total
         total += len(targets)
         all_costs.append(costs)
         all_cpu.append(costs * cpu_ratio)

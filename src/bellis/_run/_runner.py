@@ -433,9 +433,8 @@ class _Run:
 
 def _execute(plan: RunPlan) -> _RunResult:
     """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
-    if _seams.planning_requested():
-        return cast(_RunResult, _seams.plan_script_call(plan))
-    return _run_plan(plan)
+    planned = _seams.planning_requested()
+    return cast(_RunResult, _seams.plan_script_call(plan)) if planned else _run_plan(plan)
 
 
 def _run_plan(plan: RunPlan) -> _RunResult:
