@@ -224,3 +224,43 @@ def test_a_dry_run_on_slurm_submits_no_job(tmp_path: Path) -> None:
     assert not (tmp_path / "tracking").exists()
     assert (t["launcher"], t["blocks"], t["left"], t["max_workers"]) == ("slurm", 100, 100, 6)
     assert t["workers"] == 4  # max_workers 6, but the resources hold 4 workers' gpus
+
+
+NOTES_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    import bellis
+    from bellis import Roi
+
+    def process(block):
+        pass
+
+    def check(block):
+        open(os.path.join(os.getcwd(), "checked"), "a").close()
+        return False
+
+    bellis.set_tracking_basedir("tracking")
+    small = bellis.Task("t", Roi((0,), (100,)), Roi((0,), (10,)), Roi((0,), (10,)),
+                        process_function=process)
+    assert bellis.run_blockwise(small, multiprocessing=False, progress=False, summary=False)
+    # the same task id with another block size: the store belongs to another layout
+    big = bellis.Task("t", Roi((0,), (100,)), Roi((0,), (20,)), Roi((0,), (20,)),
+                      process_function=process, check_function=check)
+    plan = bellis.plan(big, multiprocessing=False, show=False)
+    print("@@" + json.dumps(plan.to_json()))
+    """
+)
+
+
+def test_a_plan_notes_a_store_of_another_layout_and_an_uncalled_check_function(
+    tmp_path: Path,
+) -> None:
+    proc = run_script(tmp_path, NOTES_SCRIPT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (t,) = _plans(proc.stdout)["tasks"]
+    assert not (tmp_path / "checked").exists()  # the check function was never called
+    assert (t["blocks"], t["done"], t["left"], t["ready_at_start"]) == (5, 0, 5, 5)
+    assert t["check_function"] is True and not t["store_exists"]
+    notes = " ".join(t["notes"])
+    assert "belongs to another layout" in notes and "LayoutMismatch" in notes
+    assert "a check_function runs for each of the 5 blocks left" in notes
