@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
         WorkerLauncher as WorkerLauncher,
     )
     from ._launchers._dask import DaskLauncher as DaskLauncher
+    from ._launchers._lsf import LsfLauncher as LsfLauncher
+    from ._launchers._pbs import PbsLauncher as PbsLauncher
+    from ._launchers._sge import SgeLauncher as SgeLauncher
     from ._launchers._slurm import SlurmLauncher as SlurmLauncher
     from ._plan._api import plan as plan
     from ._plan._model import Plan as Plan

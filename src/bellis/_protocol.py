@@ -17,7 +17,9 @@ CHALLENGE   s -> c     nonce (bytes)
 HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid, setup_seconds,
                        [worker_mac]   (the nonce signed with the worker's own token)
 WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict),
-                       [stall_timeout_seconds]   (only for a task with ``stall_timeout``)
+                       [stall_timeout_seconds]   (a task with ``stall_timeout``; else nil
+                       when the next field follows),
+                       [[allow_empty, outputs]]  (``verify_outputs``: what to read back)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
@@ -35,6 +37,9 @@ only with returned blocks) is how long the worker spent on them, from the SEND t
 message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
 trip, which also counts the wait behind the server's other connections.
 
+A successful block of a task with ``verify_outputs`` carries its outputs' checksum in the
+``error`` field (an int; ``bellis._outputs._readback``), so it travels home with the
+block's status and measurement row and is stored before the block is marked done.
 A failed block's ``error`` is its text, or, from a worker that knows the error records
 (``errors.jsonl``), ``[text, details]``: a flat map of where and how the attempt failed
 (host, pid, job, the log files and offsets of its lines, the exception's type, message,
@@ -146,6 +151,8 @@ EXIT_OUT_OF_MEMORY: Final = 89
 #: the environment variable that carries a local worker's memory limit, in bytes
 MEMORY_LIMIT_ENV: Final = "BELLIS_MEMORY_LIMIT"
 _CREATED: Final = int(BlockStatus.CREATED)  # returned unstarted
+_SUCCESS: Final = int(BlockStatus.SUCCESS)
+_U64: Final = 1 << 64
 
 _HEADER = struct.Struct(">IB")
 _AUTH_TAG = b"bellis-auth-v1"
@@ -292,7 +299,8 @@ class Returned(NamedTuple):
     #: its row in the message's measurement rows; -1: none
     row: int
     #: the block's error text (None: none), or ``[text, details]``: a worker since the
-    #: error records says where the failure happened (:func:`error_parts`)
+    #: error records says where the failure happened (:func:`error_parts`); for a success
+    #: of a task with ``verify_outputs``, its outputs' checksum (an int)
     error: Any
 
 
@@ -371,7 +379,9 @@ def parse_returns(
         if type(row) is not int or not -1 <= row < row_count:
             raise ProtocolError(f"malformed measurements for block {task_id}/{k}")
         if error is not None and type(error) is not str and not _is_detailed(error):
-            raise ProtocolError(f"malformed error text for block {task_id}/{k}")
+            # a success may carry its outputs' checksum (verify_outputs): a uint64
+            if not (type(error) is int and status == _SUCCESS and 0 <= error < _U64):
+                raise ProtocolError(f"malformed error text for block {task_id}/{k}")
         results.append(_new_tuple(Returned, (k, status, row, error)))
     return results
 

@@ -20,6 +20,8 @@ from ._code_origin import function_arity
 from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
+from ._outputs._readback import check_verify_outputs
+from ._outputs._units import owns_units
 from ._sizes import format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError, DependencyCycleError
@@ -124,6 +126,8 @@ class Task:
     ``outputs`` (zarr v3 arrays, their paths or funlib ``Array``s) declares what the blocks
     write; ``write_safety`` says what to do when two blocks can write one shard (or chunk):
     ``"error"`` (default), ``"serialize"`` or ``"off"`` (see ``docs/outputs.md``).
+    ``verify_outputs=True`` reads each block's outputs back and records their checksum
+    (``"allow_empty"``: blocks that wrote only the fill value pass); see :meth:`verify`.
     """
 
     def __init__(
@@ -155,6 +159,7 @@ class Task:
         max_memory: int | str | None = None,
         outputs: Any = None,
         write_safety: str = "error",
+        verify_outputs: bool | str = False,
         version: str | dict[str, Any] | None = None,
         on_code_change: str = "warn",
     ) -> None:
@@ -187,6 +192,9 @@ class Task:
         self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(
             self._geom, outputs, write_safety
         )
+        self._verify_outputs = check_verify_outputs(verify_outputs, self._outputs, task_id)
+        #: per output: whether its read-back checksums stored units (``owns_units``)
+        self._verify_stored = tuple(owns_units(self._geom, s) for s in self._outputs)
         if isinstance(max_workers, int) and not isinstance(max_workers, bool) and max_workers < 1:
             raise ConfigurationError(
                 f"max_workers must be at least 1 (got {max_workers}); a task with no workers "
@@ -321,6 +329,10 @@ class Task:
         return self._write_safety
 
     @property
+    def verify_outputs(self) -> bool | str:
+        return self._verify_outputs  # type: ignore[no-any-return]
+
+    @property
     def requires(self) -> dict[str, int]:
         return dict(self._requires)
 
@@ -430,6 +442,12 @@ class Task:
             if all(0 <= c < n for c, n in zip(grid_coords, g.grid, strict=True)):
                 blocks.append(g.block(g.index_of(grid_coords)))
         return blocks
+
+    def verify(self, *, workers: int | None = None, reset: bool = False) -> Any:
+        """``bellis verify`` of this task's store, a ``VerifyResult`` (``docs/outputs.md``)."""
+        from ._outputs._verify import verify_task
+
+        return verify_task(self, workers=workers, reset=reset)
 
     def report(self) -> Any:
         """The TaskReport of this task's last run (from runs.jsonl), or None."""

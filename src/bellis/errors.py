@@ -146,7 +146,18 @@ class WorkerError(BellisError, RuntimeError):
 
 
 class WorkerStartError(WorkerError):
-    """Raised when a worker cannot be started, e.g. its function cannot be serialized."""
+    """Raised when a worker cannot be started, e.g. its function cannot be serialized.
+
+    ``permanent``: no later start can succeed either (a batch system that refuses every job
+    of this request, e.g. LSF without a required project): the task then starts no more
+    workers and is abandoned once none is left, instead of failing every restart the same
+    way."""
+
+    def __init__(
+        self, message: str, *, task_id: str | None = None, permanent: bool = False
+    ) -> None:
+        super().__init__(message, task_id=task_id)
+        self.permanent = permanent
 
 
 class TaskAbandonedError(WorkerError):

@@ -447,7 +447,7 @@ def _rewrite_notebook_names(text: str) -> str:
 
 
 def _format_rich(
-    exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> str:
     from rich.console import Console
     from rich.traceback import Traceback
@@ -482,7 +482,7 @@ def format_traceback(
         if exc_type is None:
             exc_type = type(exc) if exc is not None else type(None)  # type: ignore[assignment]
         stripped = _strip_internal_frames(tb)
-        if _settings.traceback_style == "rich" and exc_type is not None:
+        if _settings.traceback_style == "rich" and exc_type is not None and exc is not None:
             try:
                 text = _format_rich(exc_type, exc, stripped)
             except Exception:

@@ -167,3 +167,35 @@ def test_bellis_status_reads_a_daisy_store(tmp_path: Path) -> None:
         ln for ln in (line.strip() for line in out.splitlines()) if ln
     ][-3:]
     assert bellis._tracking.format_status(store).strip() == out.strip()
+
+
+def test_a_verified_bellis_store_resumes_in_daisy(tmp_path: Path) -> None:
+    """A store with ``output_checksum`` (``verify_outputs``) and ``outputs.json``: daisy
+    2.0.0 opens it, skips its done blocks, and bellis then still verifies every block."""
+    store = tmp_path / "fx"
+    out = str(tmp_path / "out.zarr")
+    arr = zarr.create_array(out, shape=(20, 30), chunks=(10, 10), dtype="uint8")
+    arr.attrs["voxel_size"], arr.attrs["offset"] = [1, 1], [2, 2]
+
+    def write(block: Any) -> None:
+        off = tuple(int(v) - 2 for v in block.write_roi.offset)
+        zarr.open_array(out, mode="r+")[off[0] : off[0] + 10, off[1] : off[1] + 10] = 7
+
+    task = bellis.Task(
+        "fx",
+        read_write_conflict=False,
+        outputs=[out],
+        verify_outputs=True,
+        **task_args(bellis, write, store),
+    )
+    assert bellis.run_blockwise([task], multiprocessing=False, progress=False, summary=False)
+    assert (store / "output_checksum" / "zarr.json").is_file()
+
+    seen: list[Any] = []
+    dtask = daisy.Task("fx", read_write_conflict=False, **task_args(daisy, seen.append, store))
+    dstates = daisy.run_blockwise(
+        [dtask], multiprocessing=False, progress=False, return_states=True, summary=False
+    )
+    assert seen == [] and dstates["fx"].skipped_count == 6
+    result = task.verify(workers=1)
+    assert result.ok and result.verified == 6

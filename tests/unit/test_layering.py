@@ -53,10 +53,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "protocol": {"plumbing", "model"},
     "_tracking": {"plumbing", "model"},
     "_stats": {"plumbing", "model"},
-    "_outputs": {"plumbing", "model"},
+    "_outputs": {"plumbing", "model", "_tracking"},
     "task": {"plumbing", "model", "_tracking", "_stats", "_outputs"},
     "_scheduling": {"plumbing", "model", "protocol", "task", "_stats", "_outputs"},
-    "_worker": {"plumbing", "model", "protocol"},
+    "_worker": {"plumbing", "model", "protocol", "_outputs"},
     "_launchers": {"plumbing", "model", "protocol", "_worker"},
     "_report": {"plumbing", "model", "_tracking", "_stats"},
 }

@@ -1,4 +1,5 @@
-"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``plan``, ``as-daisy``."""
+"""The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``verify``,
+``plan``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -310,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=_cmd_status)
 
     _add_report_parser(sub)
+
+    from ._verify import add_verify_parser
+
+    add_verify_parser(sub, _positive)
 
     from ._plan_cmd import add_plan_parser
 

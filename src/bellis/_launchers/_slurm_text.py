@@ -1,12 +1,13 @@
-"""The text SLURM reads and writes, for the SLURM launcher: names, sizes, time limits,
-exit statuses, array indices and private files. No process is started here."""
+"""The text SLURM reads and writes, for the SLURM launcher: time limits, memory sizes,
+exit statuses, ``scontrol`` fields and filename patterns (the helpers every batch system
+shares come from ``_batch_text``). No process is started here."""
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
+
+from ._batch_text import array_ranges, default_margin, file_size, sanitize, write_private
 
 __all__ = [
     "array_ranges",
@@ -21,10 +22,6 @@ __all__ = [
     "time_limit_seconds",
     "write_private",
 ]
-
-
-def sanitize(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
 def format_time_limit(value: int | float | str) -> str:
@@ -56,11 +53,6 @@ def time_limit_seconds(text: str) -> int:
     return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def default_margin(limit_seconds: int) -> float:
-    """5% of the limit, at least 10 s and at most 60 s."""
-    return float(min(60.0, max(10.0, 0.05 * limit_seconds)))
-
-
 def exit_status(text: str) -> str:
     """squeue's ``exit_code`` (a raw wait status, or ``code:signal`` in some versions) as
     ``scontrol``'s ``ExitCode=code:signal``; empty when there is none."""
@@ -72,21 +64,6 @@ def exit_status(text: str) -> str:
     except ValueError:
         return ""
     return f"{(raw >> 8) & 0xFF}:{raw & 0x7F}"
-
-
-def array_ranges(indices: Sequence[int]) -> str:
-    """``--array`` indices as ranges: ``0-3,7,9-10``."""
-    out: list[str] = []
-    ordered = sorted(indices)
-    start = prev = ordered[0]
-    for i in [*ordered[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(out)
 
 
 def format_mem(value: int | str) -> str:
@@ -112,21 +89,3 @@ def slurm_pattern(path: Path | str) -> str:
     """``path`` for an ``#SBATCH --output``/``--error`` line: SLURM reads ``%`` as the start
     of a replacement symbol there (task directories can hold ``%25``-style escapes)."""
     return str(path).replace("%", "%%")
-
-
-def file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner can read: job scripts hold the run's secret, and the
-    payload is the pickled function the worker will run."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-        os.write(fd, data)
-    finally:
-        os.close(fd)

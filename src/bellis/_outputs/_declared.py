@@ -27,7 +27,13 @@ from ._units import WRITE_SAFETY, OutputSpec, share_distances, sharing_message
 
 logger = logging.getLogger("bellis")
 
-__all__ = ["OUTPUTS_RECORD_VERSION", "declare_outputs", "outputs_record", "resolve_output"]
+__all__ = [
+    "OUTPUTS_RECORD_VERSION",
+    "declare_outputs",
+    "downstream_record",
+    "outputs_record",
+    "resolve_output",
+]
 
 #: the ``version`` of ``outputs.json``; a reader refuses a later one
 OUTPUTS_RECORD_VERSION = 1
@@ -210,12 +216,53 @@ def declare_outputs(
     return specs, write_safety, geom, tuple(shared)
 
 
-def outputs_record(specs: Sequence[OutputSpec], write_safety: str) -> dict[str, Any]:
+def downstream_record(
+    task_id: str, edges: Sequence[tuple[str, str]], paths: dict[str, str | None]
+) -> list[dict[str, Any]]:
+    """The tasks below ``task_id`` in a pipeline of ``edges`` (task id pairs), each with its
+    tracking store (``paths``; None: untracked) and its upstream tasks among them, in
+    breadth-first order: what ``bellis verify --reset`` follows to the blocks that read a
+    mismatched block."""
+    below: list[str] = []
+    seen = {task_id}
+    frontier = [task_id]
+    while frontier:
+        nxt = []
+        for up in frontier:
+            for a, b in edges:
+                if a == up and b not in seen:
+                    seen.add(b)
+                    below.append(b)
+                    nxt.append(b)
+        frontier = nxt
+    return [
+        {
+            "task_id": down,
+            "tracking": paths.get(down),
+            "upstream": sorted({a for a, b in edges if b == down and a in seen}),
+        }
+        for down in below
+    ]
+
+
+def outputs_record(
+    specs: Sequence[OutputSpec],
+    write_safety: str,
+    verify_outputs: bool | str = False,
+    downstream: Sequence[dict[str, Any]] = (),
+    task_id: str | None = None,
+    stored: Sequence[bool] = (),
+) -> dict[str, Any]:
     """What the tracking group keeps of a task's outputs (``outputs.json``): enough to
-    open each array again and map a block's world ROI to its voxels."""
+    open each array again and map a block's world ROI to its voxels, whether (and with
+    which hash) its blocks record checksums, and the tasks downstream of it."""
     return {
         "version": OUTPUTS_RECORD_VERSION,
+        "task_id": task_id,
         "write_safety": write_safety,
+        "verify_outputs": verify_outputs,
+        "checksum": "crc32c",
+        "downstream": list(downstream),
         "outputs": [
             {
                 "store": s.store,
@@ -227,7 +274,9 @@ def outputs_record(specs: Sequence[OutputSpec], write_safety: str) -> dict[str, 
                 "voxel_size": list(s.voxel_size),
                 "offset": list(s.offset),
                 "mapping": s.mapping,
+                # what verify_outputs checksums: the units' stored bytes, or the values
+                "readback": "stored" if own else "data",
             }
-            for s in specs
+            for s, own in zip(specs, list(stored) or [False] * len(specs), strict=True)
         ],
     }

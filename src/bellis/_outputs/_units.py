@@ -40,6 +40,7 @@ __all__ = [
     "WRITE_SAFETY",
     "OutputSpec",
     "cross_task_unsafe",
+    "owns_units",
     "plan_pipeline_writes",
     "share_distances",
     "sharing_message",
@@ -130,6 +131,32 @@ def share_distances(geom: TaskGeometry, spec: OutputSpec) -> tuple[int, ...]:
     if geom.num_blocks == 0:
         return (0,) * geom.dims
     return tuple(_share_distance(unit_ranges(geom, spec, i)) for i in range(geom.dims))
+
+
+def owns_units(geom: TaskGeometry, spec: OutputSpec) -> bool:
+    """Whether every unit of ``spec`` that a block of ``geom`` writes into lies wholly in
+    that block's write ROI, or is cut off by the array's end: the unit's stored bytes then
+    hold that block's data alone (``verify_outputs`` checksums them, not the decoded
+    values; ``_readback``). Channel axes are written whole by every block."""
+    dims = geom.dims
+    for axis in range(dims):
+        origin = _frac(spec.offset[axis])
+        vs = _frac(spec.voxel_size[axis])
+        unit = spec.spatial_unit()[axis]
+        extent = spec.shape[len(spec.shape) - dims + axis]
+        for g in range(geom.grid[axis]):
+            b, e = geom.write_interval(axis, g)
+            if e <= b:
+                continue
+            vb, ve = (b - origin) / vs, (e - origin) / vs
+            if vb.denominator != 1 or ve.denominator != 1:
+                return False
+            lo, hi = max(0, int(vb)), min(extent, int(ve))
+            if hi <= lo:
+                continue
+            if lo % unit or (hi % unit and hi < extent):
+                return False
+    return True
 
 
 def _pairs_meet(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> list[set[int]]:

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import STAT_ARRAYS, StoreLayout, TrackingStore, format_roi, read_status
+from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
 
 __all__ = ["StoreData", "find_stores", "load_stores"]
@@ -162,6 +163,13 @@ class StoreData:
     #: the block geometry from the ``bellis_layout`` record: which cells are blocks, and
     #: their write ROIs; None without a record (a daisy 2.0.0 store has only the hash)
     layout: StoreLayout | None = None
+    #: done blocks by what ``bellis verify`` knows (verified, mismatched, unverifiable);
+    #: None for a task that records no checksums and was never verified
+    verify: Any = None
+    #: per cell, ``_tracking._reset.verify_codes`` (-1 not done, 0 no checksum, 1
+    #: verified, 2 mismatched), for the volume map's "verified" figure; None for a large
+    #: store (see ``COPY_CELLS``) or one without ``verify``
+    verify_codes: NDArray[np.int8] | None = None
 
     @property
     def blocks(self) -> int | None:
@@ -257,11 +265,21 @@ def load_store(path: Path) -> StoreData:
             counts = (snap.done_count, snap.failed_count, snap.attempts)
         record = store.record
         runs_file = store.runs_jsonl
+        checks = store.checksums()
+        last_verify = read_verify_record(path)
+        verify = codes = None
+        if checks is not None or last_verify is not None:
+            flat_done = store.done.reshape(-1)
+            flat = None if checks is None else checks.reshape(-1)
+            verify = verify_counts(flat_done, flat, last_verify)
+            if maps is None:
+                codes = verify_codes(flat_done, flat, last_verify)
     runs = read_runs(runs_file)
     task_id = str(runs[-1].get("task_id")) if runs else path.name
     data = StoreData(task_id, path, grid, done, failures, stats, runs, holder)
     data.precounted = counts
     data.maps = maps
+    data.verify, data.verify_codes = verify, codes
     if record is not None:
         n = len(grid)
         data.grid_offset = _tuple(record.get("grid_offset"), n)

@@ -75,6 +75,7 @@ FAILED_COLOUR: Final = "#d62728"
 VOLUME_METRICS: Final = (
     ("state", "state (done, failed ...)", ""),
     ("failures", "failed attempts", ""),
+    ("verified", "verified (bellis verify)", ""),
     ("wall_seconds", "wall time", "s"),
     ("cpu_seconds", "CPU time", "s"),
     ("cpu_children_seconds", "CPU of child processes", "s"),
@@ -716,7 +717,11 @@ def volume_payload(s: StoreData) -> dict[str, Any] | None:
         failures_ds = _downsample(failures, k, 0.0)
     metrics["state"] = typed(state_ds.reshape(-1))
     metrics["failures"] = typed(failures_ds.reshape(-1))
-    names = [name for name, _, _ in VOLUME_METRICS[2:] if name in s.stats and _shown(s, name)]
+    if s.verify_codes is not None:  # -1 not done: no colour; 0 .. 2 (the worst shown)
+        codes = s.verify_codes.reshape(grid).astype(np.float32)
+        codes[codes < 0] = np.nan
+        metrics["verified"] = typed(_downsample(codes, k, np.nan).reshape(-1))
+    names = [name for name, _, _ in VOLUME_METRICS[3:] if name in s.stats and _shown(s, name)]
     if names:
         measured = np.zeros(int(np.prod(grid)), dtype=bool)
         measured[s.measured()] = True

@@ -218,6 +218,7 @@ def _forecast_rows(stores: list[StoreData]) -> str:
 
 def _summary(stores: list[StoreData]) -> str:
     rows = []
+    verifies = any(s.verify is not None for s in stores)
     for s in stores:
         done, failed, attempts = s.counts
         last = s.runs[-1] if s.runs else {}
@@ -237,12 +238,27 @@ def _summary(stores: list[StoreData]) -> str:
                 failed,
                 untouched,
                 attempts,
+                *(_verify_cells(s) if verifies else []),
                 "in flight" if s.in_flight else last.get("outcome", "-"),
                 str(s.path) if s.path else "-",
             ]
         )
     head = ["task", "block grid", "blocks", "done", "failed", "untouched", "failed attempts"]
+    if verifies:
+        head += ["verified", "mismatched", "unverifiable"]
     return _table([*head, "last run", "store"], rows)
+
+
+def _verify_cells(s: StoreData) -> list[Any]:
+    """verified / mismatched / unverifiable (``bellis verify``), or dashes."""
+    v = s.verify
+    if v is None:
+        return ["-", "-", "-"]
+    return [
+        v.verified if v.last_verify is not None else f"{v.verified} (not yet verified)",
+        v.mismatched,
+        v.unverifiable,
+    ]
 
 
 def _why_no_workers(line: dict[str, Any]) -> str:

@@ -179,6 +179,10 @@ PAGE_JS = r"""
   var STATE_SCALE = [[0, "#ffffff"], [0.2, "#ffffff"], [0.2, "#e6e6e6"], [0.4, "#e6e6e6"],
                      [0.4, "#2ca02c"], [0.6, "#2ca02c"], [0.6, "#ff7f0e"], [0.8, "#ff7f0e"],
                      [0.8, "#d62728"], [1, "#d62728"]];
+  // verify codes 0..2 (bellis verify): VERIFY[code]; a block not done has none
+  var VERIFY = ["unverifiable (no checksum)", "verified", "mismatched"];
+  var VERIFY_SCALE = [[0, "#bdbdbd"], [0.333, "#bdbdbd"], [0.333, "#2ca02c"],
+                      [0.667, "#2ca02c"], [0.667, "#d62728"], [1, "#d62728"]];
   function fmt(v, unit) {
     if (v !== v) { return "-"; }
     if (unit === "B") {
@@ -256,8 +260,11 @@ PAGE_JS = r"""
       if (M.failures[f] > 0) { lines.push("failed attempts " + M.failures[f]); }
       if (W && M.state[f] > 0 && W[f] !== 4294967295 && M.wall_seconds &&
           M.wall_seconds[f] === M.wall_seconds[f]) { lines.push("worker " + W[f]); }
+      if (M.verified && M.verified[f] === M.verified[f]) {
+        lines.push("verify " + VERIFY[M.verified[f]] + (k > 1 ? " (worst)" : ""));
+      }
       Object.keys(v.labels).forEach(function (n) {
-        if (n === "state" || n === "failures") { return; }
+        if (n === "state" || n === "failures" || n === "verified") { return; }
         var val = M[n][f];
         if (val === val) { lines.push(v.labels[n][0] + " " + fmt(val, v.labels[n][1])); }
       });
@@ -293,6 +300,9 @@ PAGE_JS = r"""
       if (metric === "state") {
         trace.zmin = -1.5; trace.zmax = 3.5; trace.colorscale = STATE_SCALE;
         trace.colorbar = {tickvals: [-1, 0, 1, 2, 3], ticktext: STATES};
+      } else if (metric === "verified") {
+        trace.zmin = -0.5; trace.zmax = 2.5; trace.colorscale = VERIFY_SCALE;
+        trace.colorbar = {tickvals: [0, 1, 2], ticktext: VERIFY};
       } else {
         trace.colorscale = metric === "failures" ? "Reds" : "Viridis";
         trace.colorbar = {title: {text: unit}};

@@ -19,7 +19,7 @@ import cloudpickle
 from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._launchers._base import LocalLauncher
-from .._outputs._declared import outputs_record
+from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._memory import MemoryPlan, ladder_for
@@ -146,8 +146,19 @@ def _check_resources(resources: Any) -> dict[str, int]:
     return out
 
 
-def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) -> dict[str, Any]:
+def _open_stores(
+    order: list[Task],
+    block_tracking: bool,
+    *,
+    defer_stats: bool,
+    edges: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     stores: dict[str, Any] = {}
+    paths: dict[str, str | None] = {}
+    if block_tracking and edges and any(t.outputs for t in order):
+        for t in order:
+            p = t.resolved_tracking_path()
+            paths[t.task_id] = None if p is None else os.path.abspath(p)
     for t in order:
         path = t.resolved_tracking_path() if block_tracking else None
         if path is None:
@@ -169,7 +180,11 @@ def _open_stores(order: list[Task], block_tracking: bool, *, defer_stats: bool) 
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
             if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
-                write_outputs_record(path, outputs_record(t.outputs, t.write_safety))
+                below = downstream_record(t.task_id, edges or [], paths)
+                record = outputs_record(
+                    t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t._verify_stored
+                )
+                write_outputs_record(path, record)
         except BaseException:
             try:
                 _close_stores(stores)
@@ -441,7 +456,12 @@ def _run_plan(plan: RunPlan) -> _RunResult:
     """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
-        stores = _open_stores(list(plan.tasks), plan.block_tracking, defer_stats=plan.distributed)
+        stores = _open_stores(
+            list(plan.tasks),
+            plan.block_tracking,
+            defer_stats=plan.distributed,
+            edges=[(a.task_id, b.task_id) for a, b in plan.pipeline.edges],
+        )
         result = _RunResult()
         errors = ErrorCollector()
         started_wall = time.time()

@@ -14,6 +14,7 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
+from .._outputs._readback import ReadBack, wire_outputs
 from .._scheduling._attempts import attempt_record
 from .._scheduling._scheduler import Scheduler
 from .._worker._failure import failure_details, log_offsets
@@ -114,6 +115,23 @@ def _record_failure(
     errors.record(attempt_record(None, run, k, text, None, details))
 
 
+def _read_back(verify: ReadBack, run: Any, k: int, block: Block, errors: Any) -> bool:
+    """``verify_outputs``: read block ``k``'s outputs back and store their checksum before
+    its release marks it done; False (a failed attempt, recorded) when they cannot be."""
+    geom = run.geom
+    intervals = [geom.write_interval(i, g) for i, g in enumerate(geom.coords_of(k))]
+    checksum = verify.checksum(intervals)
+    if isinstance(checksum, str):
+        logger.warning("block %s failed: %s", block.block_id, checksum)
+        _record_failure(errors, run, k, checksum, None, None)
+        return False
+    if run.store is not None:
+        cell = run.cell_of(k)
+        if cell >= 0:
+            run.store.record_checksum(cell, checksum)
+    return True
+
+
 def run_blocks_serially(
     scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None, errors: Any = None
 ) -> None:
@@ -151,6 +169,12 @@ def run_blocks_serially(
             if meter is not None:
                 attach_gpu(meter)
             geom = run.geom
+            mode = run.task.verify_outputs
+            verify = None
+            if mode:
+                verify = ReadBack(
+                    wire_outputs(run.task.outputs, run.task._verify_stored), mode == "allow_empty"
+                )
             acquire = scheduler.acquire_index
             release = scheduler.release_index
             k = acquire(run)
@@ -200,6 +224,8 @@ def run_blocks_serially(
                             _record_failure(errors, run, k, problem, None, None)
                     elif not ok:
                         _record_failure(errors, run, k, "block status set to FAILED", None, None)
+                    if ok and verify is not None:
+                        ok = _read_back(verify, run, k, block, errors)
                     release(run, k, ok, stats, -1, t0, t1)
                     if tracked or not ok:
                         agg.add_block(None, stats if ok else None, not ok)

@@ -16,6 +16,7 @@ import signal  # the names of signals only
 from collections import deque
 from typing import Any, NamedTuple
 
+from .._outputs._readback import wire_outputs
 from .._protocol import WELCOME, ExitKind, WorkerExit, encode
 from ._task_run import TaskRun
 
@@ -138,6 +139,8 @@ class TaskPlan:
         #: (each still holds its log slot)
         self.retired_unseen = 0
         self.free_starts = run.task.max_workers
+        #: a start failed in a way no later start can mend (``WorkerStartError.permanent``)
+        self.starts_refused = False
         self.parked: deque[Peer] = deque()
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
@@ -166,8 +169,15 @@ class TaskPlan:
             "conflict": g.read_write_conflict,
         }
         welcome = [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
-        if task.stall_timeout_secs is not None:
-            welcome.append(task.stall_timeout_secs)  # absent: stall detection off
+        if task.stall_timeout_secs is not None or task.verify_outputs:
+            welcome.append(task.stall_timeout_secs)  # absent or nil: stall detection off
+        if task.verify_outputs:  # the outputs its workers read back after each block
+            welcome.append(
+                [
+                    task.verify_outputs == "allow_empty",
+                    wire_outputs(task.outputs, task._verify_stored),
+                ]
+            )
         self.welcome = encode(welcome)
 
     def take_slot(self) -> tuple[int, str | None]:

@@ -169,7 +169,7 @@ def _take_returned(
     k: int,
     status: int,
     measured: bool,
-    error: str | None,
+    error: Any,
     sent: float,
     returned: float,
     now: float,
@@ -181,4 +181,9 @@ def _take_returned(
         text, details = error_parts(error)
         kind = KIND_OOM if status == OUT_OF_MEMORY else None
         d.record_error(peer, run, k, text if text is not None else "block failed", kind, details)
+    elif error is not None and run.store is not None:
+        # the outputs' checksum (verify_outputs), stored before the release marks it done
+        cell = run.cell_of(k)
+        if cell >= 0:
+            run.store.record_checksum(cell, error)
     d.release(peer, run, k, success, measured, sent, returned, now)

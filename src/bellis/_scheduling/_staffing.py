@@ -76,8 +76,8 @@ class Staffing:
         return True
 
     def out_of_starts(self, plan: TaskPlan) -> bool:
-        """No free start left and the restart budget spent."""
-        return (
+        """No free start left and the restart budget spent (or starts refused for good)."""
+        return plan.starts_refused or (
             plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.task.max_worker_restarts
         )
 
@@ -145,6 +145,8 @@ class Staffing:
         for k, v in self.charge(plan, booking.mem_step).items():
             self.used[k] -= v
         msg = f"could not start a worker for task '{run.task_id}': {exc}"
+        if getattr(exc, "permanent", False):
+            plan.starts_refused = True  # every later start would fail the same way
         run.worker_failures += 1
         if run.first_worker_error is None:
             run.first_worker_error = msg

@@ -11,6 +11,8 @@ Owns:
   ``_disk``     what it asks of its filesystem: reserved chunk blocks, the run lock
   ``_migrate``  a store moved to a grown volume, and recovery from an interrupted move
   ``_codever``  the fingerprint table and the ``code_version`` array: which code made a block
+  ``_reset``    done markers cleared under the run lock (``bellis verify --reset``) and
+                ``verify.json``, what the last verify found
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
 
 May import: the plumbing (``errors``) and the model (``_block``). Must never be imported

@@ -32,6 +32,7 @@ from ..errors import ConfigurationError, LayoutMismatch, TrackingError
 __all__ = [
     "ARRAY_DTYPES",
     "BASE_ARRAYS",
+    "CHECKSUM_ARRAY",
     "GRANT_ARRAY",
     "LAYOUT_RECORD_VERSION",
     "NO_WORKER",
@@ -62,6 +63,11 @@ GRANT_ARRAY = "memory_grant_mb"
 """The memory grant (megabytes) a block succeeded with after it ran out of memory; 0: the
 task's request. Created when a store first records one: older stores lack it."""
 
+CHECKSUM_ARRAY = "output_checksum"
+"""The checksum of a done block's declared outputs as the worker read them back
+(``Task(verify_outputs=True)``; ``bellis._outputs._readback``): bit 32 set means recorded,
+the low 32 bits are the CRC-32C; 0: none recorded. Created when a store first records one."""
+
 STAT_ARRAYS: tuple[str, ...] = (*STATS_ARRAYS[:7], *STAMP_ARRAYS, STATS_ARRAYS[7])
 """The arrays a store opened with ``resource_tracking`` has, in SPEC §4.2 order.
 
@@ -85,6 +91,7 @@ ARRAY_DTYPES: dict[str, str] = {
     "cpu_children_seconds": "float32",
     "memory_grant_mb": "uint32",
     "code_version": "uint16",
+    "output_checksum": "uint64",
 }
 """The zarr v3 ``data_type`` of every array bellis knows."""
 

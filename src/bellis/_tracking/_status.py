@@ -8,6 +8,7 @@ The arrays are read in one pass, a slab at a time (never a whole-array copy).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ._layout import (
     layout_mismatch,
     plan_growth,
 )
+from ._reset import VerifyCounts, read_verify_record, verify_counts
 from ._store import TrackingStore
 
 __all__ = [
@@ -129,6 +131,9 @@ class StatusSnapshot:
     """which cells of the map's plane hold a block (None: unknown)"""
     middle: int = 0
     """a 3-D map's slice along axis 0: the middle one of the blocks' cells"""
+    verify: VerifyCounts | None = None
+    """done blocks by what ``bellis verify`` knows of them; None for a store whose blocks
+    record no checksum and that was never verified"""
 
     @property
     def blocks(self) -> int | None:
@@ -304,6 +309,12 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         task_hash = store.task_hash
         record: dict[str, Any] | None = store.record
         runs_file = store.runs_jsonl
+        checks = store.checksums()
+        last_verify = read_verify_record(path)
+        verify = None
+        if checks is not None or last_verify is not None:
+            flat = None if checks is None else checks.reshape(-1)
+            verify = verify_counts(store.done.reshape(-1), flat, last_verify)
     try:
         runs = _count_runs(runs_file)
     except OSError as exc:
@@ -327,6 +338,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         layout,
         _plane_blocks(layout, grid, middle) if window else None,
         middle,
+        verify,
     )
 
 
@@ -405,6 +417,18 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
             f"  resources   {len(present)} of {len(STAT_ARRAYS)} arrays (missing {missing})"
         )
     lines.append(f"  runs        {runs} recorded in runs.jsonl")
+    if snap.verify is not None:
+        v = snap.verify
+        when = (
+            "never verified (bellis verify PATH)"
+            if v.last_verify is None
+            else "last bellis verify "
+            + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.last_verify))
+        )
+        lines.append(
+            f"  verified    {v.verified} verified, {v.mismatched} mismatched, "
+            f"{v.unverifiable} unverifiable (done, no checksum); {when}"
+        )
 
     ndim = len(grid)
     if cells == 0:

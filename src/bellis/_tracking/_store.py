@@ -72,6 +72,7 @@ from ._files import (
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    CHECKSUM_ARRAY,
     GRANT_ARRAY,
     NO_WORKER,
     STAT_ARRAYS,
@@ -118,6 +119,7 @@ class TrackingStore:
     __slots__ = (
         "_arrays",
         "_cell_count",
+        "_checksum_flat",
         "_closed",
         "_code_flat",
         "_code_index",
@@ -189,6 +191,7 @@ class TrackingStore:
         self._columns: dict[str, NDArray[Any]] = {}
         self._code_flat: Any = None
         self._code_index = 0
+        self._checksum_flat: Any = None
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -435,7 +438,7 @@ class TrackingStore:
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY,):
+        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY):
             directory = root / name
             meta_file = directory / "zarr.json"
             meta = read_json(meta_file)
@@ -619,6 +622,30 @@ class TrackingStore:
             self._arrays[name] = array
         return array
 
+    def record_checksum(self, cell: int, checksum: int) -> None:
+        """Record the checksum of ``cell``'s outputs as its worker read them back
+        (``output_checksum``, created by the first record), before the done marker."""
+        if not self._writable:
+            raise self._refuse_write()
+        if not 0 <= cell < self._cell_count:
+            return
+        flat = self._checksum_flat
+        if flat is None:
+            flat = self._checksum_flat = self._flat_of(self._optional_array(CHECKSUM_ARRAY))
+        flat[cell] = checksum
+
+    @staticmethod
+    def _flat_of(array: np.memmap[Any, Any]) -> NDArray[Any]:
+        return array.reshape(-1).view(np.ndarray)
+
+    def checksums(self) -> np.memmap[Any, Any] | None:
+        """The ``output_checksum`` array, or None for a store that never recorded one."""
+        self._array("done")  # a closed store raises
+        array = self._arrays.get(CHECKSUM_ARRAY)
+        if array is None and self._writable and (self.path / CHECKSUM_ARRAY / "zarr.json").exists():
+            array = self._optional_array(CHECKSUM_ARRAY)
+        return array
+
     def code_versions(self) -> np.memmap[Any, Any] | None:
         """The ``code_version`` array (``_codever``), or None for a store without it."""
         self._array("done")  # a closed store raises
@@ -717,6 +744,7 @@ class TrackingStore:
         empty: NDArray[Any] = np.zeros(0, dtype=np.uint8)
         self._done_flat = self._failures_flat = empty
         self._code_flat = None
+        self._checksum_flat = None
         if self._tracks_resources:
             self._wall_seconds = self._cpu_seconds = self._peak_rss = empty
             self._io_read = self._io_write = self._gpu_util = self._gpu_mem = empty

@@ -294,6 +294,8 @@ class Client:
         #: when the batch in hand arrived (the next ACQUIRE reports the time since)
         self._served_at = 0.0
         self._geom: Any = None
+        #: the read-back of ``Task(verify_outputs=...)`` (``_outputs._readback``); None: off
+        self._verify: Any = None
         self.timeout_secs = 0.0
         self._watchdog = Watchdog(self.worker_id)
         self._watchdog.task_id = self.task_id
@@ -369,8 +371,12 @@ class Client:
             raise ProtocolError(f"unexpected reply to hello: opcode {reply[0]}")
         self.timeout_secs = float(reply[1])
         self.resource_tracking = bool(reply[2])
-        # a task with stall_timeout sends it as a fifth field
-        self._watchdog.stall = float(reply[4]) if len(reply) > 4 else 0.0
+        # a task with stall_timeout sends it as a fifth field (nil: none)
+        self._watchdog.stall = float(reply[4]) if len(reply) > 4 and reply[4] is not None else 0.0
+        if len(reply) > 5:  # verify_outputs: read each block's outputs back
+            from .._outputs._readback import ReadBack  # numpy and zarr, on first read only
+
+            self._verify = ReadBack(reply[5][1], allow_empty=bool(reply[5][0]))
         from .._graph import TaskGeometry
 
         g = reply[3]
@@ -538,16 +544,31 @@ class Client:
         self._failure_chars += _failure.fit(field, self._failure_chars)
         self._results += (k, status, -1, field)
 
-    def _finished(self, k: int, block: Block, measured: Any) -> None:
+    def _read_back(self, k: int, block: Block) -> int | str | None:
+        """``verify_outputs``: the checksum of block ``k``'s outputs as they read back, or
+        why they could not (the block then fails); None for a block that failed already."""
+        if block._status not in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
+            return None
+        geom = self._geom
+        coords = geom.coords_of(k)
+        result: int | str = self._verify.checksum(
+            [geom.write_interval(i, g) for i, g in enumerate(coords)]
+        )
+        return result
+
+    def _finished(self, k: int, block: Block, measured: Any, checksum: Any = None) -> None:
         self._watchdog.disarm()
-        if block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
+        if checksum is not None and type(checksum) is str:
+            logger.warning("block %s failed: %s", block.block_id, checksum)
+            self._fail(k, BlockStatus.FAILED, _failure.failure_field(checksum))
+        elif block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS):
             try:
                 row = self._row(block, measured)
             except ValueError as exc:
                 logger.warning("block %s failed: %s", block.block_id, exc)
                 self._fail(k, BlockStatus.FAILED, _failure.failure_field(str(exc)))
             else:
-                self._results += (k, BlockStatus.SUCCESS, row, None)
+                self._results += (k, BlockStatus.SUCCESS, row, checksum)
         else:
             self._fail(k, BlockStatus.FAILED, _failure.status_failed())
         # only now may a SIGTERM exit at once: close() sends the results home
@@ -604,7 +625,8 @@ class Client:
             _attach(block, meter)
             self._failed(k, block, exc)
             raise
-        self._finished(k, block, _attach(block, meter))
+        checksum = None if self._verify is None else self._read_back(k, block)
+        self._finished(k, block, _attach(block, meter), checksum)
 
     def run_block_function(self, fn: Callable[[Block], Any]) -> None:
         """Run ``fn`` on every block this worker is given, then disconnect.
@@ -618,6 +640,7 @@ class Client:
         if meter is not None:
             attach_gpu(meter)
         queue = self._queue
+        verify = self._verify
         try:
             while True:
                 in_batch = len(queue) > 0  # no round trip before this block
@@ -634,11 +657,13 @@ class Client:
                 except BaseException as exc:
                     self._failed(k, block, exc)
                     raise
+                # the read-back is part of the block: measured and under its timeout
+                checksum = None if verify is None else self._read_back(k, block)
                 if meter is None:
-                    self._finished(k, block, None)
+                    self._finished(k, block, None, checksum)
                 else:
                     measured = meter.finish()
-                    self._finished(k, block, measured if block.stats is None else None)
+                    self._finished(k, block, measured if block.stats is None else None, checksum)
         finally:
             self.close()
 

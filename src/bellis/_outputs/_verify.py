@@ -1,0 +1,490 @@
+"""``bellis verify`` and ``Task.verify()``: is every done block's data still there?
+
+Theory of operation
+-------------------
+A verify needs nothing but tracking stores. Each store's ``outputs.json`` says where the
+task's outputs live and how world units map to their voxels; its ``bellis_layout`` record
+gives every block's write ROI; ``output_checksum`` holds what the block's worker read back
+(``_readback``). For every done block with a checksum the outputs are read again, in
+parallel processes (each opens the arrays once and takes a share of the blocks), and
+compared:
+
+* **missing**: the checksum differs, and the block's data is not there: an output's part
+  reads as the fill value everywhere, or a chunk (shard) file it covers is absent;
+* **changed**: the checksum differs otherwise (one byte is enough), or the data cannot be
+  decoded any more (the detail says so);
+* **unverifiable**: done, but no checksum recorded (blocks done before ``verify_outputs``,
+  or by daisy).
+
+``reset`` clears the done markers of the missing and changed blocks, then of every block
+of a downstream task whose read ROI meets the write ROI of a cleared block, transitively
+(:func:`downstream_readers`; the tasks below come from ``outputs.json``, recorded by the
+run). Unverifiable blocks are listed, not reset: nothing says their data is wrong. The
+result of each verify goes to the store's ``verify.json`` (``_tracking._reset``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._graph import InterTaskEdge, TaskGeometry
+from ..errors import ConfigurationError, TrackingError
+from ._readback import HASH_NAME, ReadBack, Target
+
+__all__ = [
+    "Mismatch",
+    "VerifyResult",
+    "check_blocks",
+    "downstream_readers",
+    "verify_stores",
+    "verify_task",
+]
+
+logger = logging.getLogger("bellis")
+
+MISSING, CHANGED, UNVERIFIABLE = "missing", "changed", "unverifiable"
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One done block whose outputs do not verify."""
+
+    kind: str  #: ``missing``, ``changed`` or ``unverifiable``
+    cell: int  #: the block's flat tracking cell
+    block: tuple[int, ...]  #: its block grid coordinates
+    write_roi: tuple[tuple[int, ...], tuple[int, ...]]  #: (offset, shape), world units
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What ``bellis verify`` found in one task's store."""
+
+    task: str  #: the store's name (the task's tracking directory)
+    path: str
+    done: int  #: done blocks
+    verified: int  #: done blocks whose outputs match their checksum
+    mismatches: tuple[Mismatch, ...]
+    #: blocks whose done marker ``reset`` cleared, per store path (the downstream ones too)
+    reset: dict[str, int] = field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[Mismatch]:
+        return [m for m in self.mismatches if m.kind == kind]
+
+    @property
+    def missing(self) -> list[Mismatch]:
+        return self.of_kind(MISSING)
+
+    @property
+    def changed(self) -> list[Mismatch]:
+        return self.of_kind(CHANGED)
+
+    @property
+    def unverifiable(self) -> list[Mismatch]:
+        return self.of_kind(UNVERIFIABLE)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every done block verified."""
+        return not self.mismatches
+
+
+# -- geometry ------------------------------------------------------------------------------
+
+
+def _geometry(task_id: str, layout: Any) -> TaskGeometry:
+    """The block grid a store's layout describes (read ROI at 0, as the record has it)."""
+    from funlib.geometry import Roi
+
+    return TaskGeometry(
+        task_id,
+        Roi(layout.total_offset, layout.total_shape),
+        Roi(layout.read_offset, layout.read_shape),
+        Roi(layout.write_offset, layout.write_shape),
+        fit=layout.fit,
+        read_write_conflict=False,
+    )
+
+
+def _cell_to_block(layout: Any, geom: TaskGeometry, cell: int) -> int:
+    """Block index of tracking ``cell``, or -1 when no block maps to it."""
+    coords = []
+    rem = cell
+    for n in reversed(layout.grid_shape):
+        rem, c = divmod(rem, n)
+        coords.append(c)
+    coords.reverse()
+    out = []
+    for c, (first, count) in zip(coords, layout.block_cells, strict=True):
+        g = c - first
+        if not 0 <= g < count:
+            return -1
+        out.append(g)
+    return geom.index_of(out)
+
+
+def _block_to_cell(layout: Any, geom: TaskGeometry, k: int) -> int:
+    cell = 0
+    for g, (first, _count), n in zip(
+        geom.coords_of(k), layout.block_cells, layout.grid_shape, strict=True
+    ):
+        c = g + first
+        if c >= n:
+            return -1
+        cell = cell * n + c
+    return cell
+
+
+def downstream_readers(
+    geoms: dict[str, TaskGeometry],
+    edges: Iterable[tuple[str, str]],
+    bad: dict[str, set[int]],
+) -> dict[str, set[int]]:
+    """The blocks that read ``bad`` blocks, transitively, per task (``bad`` excluded).
+
+    ``geoms``: the tasks' block grids; ``edges``: ``(upstream, downstream)`` task ids;
+    ``bad``: block indices per task. A downstream block reads an upstream block when its
+    read ROI meets that block's write ROI (:class:`~bellis._graph.InterTaskEdge`); a block
+    that reads a reader is a reader too. Pure: no store is touched.
+    """
+    edge_list = [(a, b) for a, b in edges if a in geoms and b in geoms]
+    found: dict[str, set[int]] = {}
+    frontier = {t: set(ks) for t, ks in bad.items() if ks}
+    built: dict[tuple[str, str], InterTaskEdge] = {}
+    while frontier:
+        nxt: dict[str, set[int]] = {}
+        for up, ks in frontier.items():
+            for a, b in edge_list:
+                if a != up:
+                    continue
+                edge = built.get((a, b))
+                if edge is None:
+                    edge = built[(a, b)] = InterTaskEdge(geoms[a], geoms[b])
+                for k in ks:
+                    for d in edge.downstream_of(k):
+                        if d in bad.get(b, ()) or d in found.get(b, ()):
+                            continue
+                        found.setdefault(b, set()).add(d)
+                        nxt.setdefault(b, set()).add(d)
+        frontier = nxt
+    return found
+
+
+# -- the parallel check ----------------------------------------------------------------------
+
+_STATE: dict[str, Any] = {}
+
+
+def _absent_units(rb: ReadBack, i: int, intervals: Sequence[tuple[int, int]]) -> list[str]:
+    """The unit (chunk or shard) keys of output ``i`` that the block covers and its store
+    lacks."""
+    from zarr.core.sync import sync
+
+    arr = rb.arrays()[i]
+    return [key for key in rb.unit_keys(i, intervals) if not sync((arr.store_path / key).exists())]
+
+
+def check_blocks(
+    targets: Sequence[Any], jobs: Sequence[tuple[int, list[tuple[int, int]], int]]
+) -> tuple[int, list[tuple[int, str, str]]]:
+    """Re-read the blocks ``jobs`` (cell, write intervals, recorded checksum) of one store's
+    ``targets``: how many matched, and (cell, kind, detail) of each that did not. Runs in a
+    verify process; the arrays stay open there between calls."""
+    key = repr(targets)
+    rb = _STATE.get(key)
+    if rb is None:
+        rb = _STATE[key] = ReadBack(targets, allow_empty=True)
+    matched = 0
+    bad: list[tuple[int, str, str]] = []
+    for cell, intervals, expected in jobs:
+        try:
+            parts = rb.crcs(intervals)
+        except Exception as exc:
+            bad.append((cell, CHANGED, f"unreadable: {type(exc).__name__}: {exc}"))
+            continue
+        if rb.combine([crc for crc, _e in parts]) == expected:
+            matched += 1
+            continue
+        why = []
+        for i, (t, (_crc, empty)) in enumerate(zip(rb.targets, parts, strict=True)):
+            absent = _absent_units(rb, i, intervals)
+            if absent:
+                why.append(f"{t.name}: {len(absent)} chunk file(s) absent ({absent[0]}...)")
+            elif empty:
+                why.append(f"{t.name}: reads as the fill value everywhere")
+        if why:
+            bad.append((cell, MISSING, "; ".join(why)))
+        else:
+            bad.append((cell, CHANGED, "the checksum differs from the one recorded"))
+    return matched, bad
+
+
+# -- stores ------------------------------------------------------------------------------------
+
+
+class _Store:
+    """One store as verify reads it."""
+
+    def __init__(self, path: Path) -> None:
+        from .._tracking import StoreLayout, TrackingStore, read_outputs_record
+
+        self.path = path
+        self.name = path.name
+        store = TrackingStore.open_readonly(path)
+        try:
+            layout = StoreLayout.from_record(store.record)
+            if layout is None or layout.grid_shape != store.grid_shape:
+                raise TrackingError(
+                    f"block tracking at {path} has no bellis_layout record (a daisy store): "
+                    "its blocks' write ROIs are not known, so it cannot be verified",
+                    path=str(path),
+                )
+            self.layout = layout
+            self.grid = store.grid_shape
+            self.done = store.done.reshape(-1).copy()
+            sums = store.checksums()
+            self.checksums = None if sums is None else sums.reshape(-1).copy()
+        finally:
+            store.close()
+        self.record = read_outputs_record(path)
+        task_id = (self.record or {}).get("task_id")
+        if isinstance(task_id, str):
+            self.name = task_id
+        self.geom = _geometry(self.name, self.layout)
+
+    def targets(self) -> list[Target]:
+        record = self.record
+        if record is None or not record.get("outputs"):
+            raise ConfigurationError(
+                f"block tracking at {self.path} records no declared outputs (outputs.json): "
+                "run the task with Task(outputs=[...], verify_outputs=True) to verify it",
+                parameter="verify_outputs",
+            )
+        if record.get("checksum", HASH_NAME) != HASH_NAME:
+            raise TrackingError(
+                f"{self.path}: checksums are {record.get('checksum')!r}; this bellis "
+                f"knows {HASH_NAME!r}",
+                path=str(self.path),
+            )
+        return [
+            Target(
+                o["store"],
+                o["path"],
+                tuple(o["voxel_size"]),
+                tuple(o["offset"]),
+                o.get("readback") == "stored",
+            )
+            for o in record["outputs"]
+        ]
+
+    def intervals(self, cell: int) -> list[tuple[int, int]] | None:
+        coord = []
+        rem = cell
+        for n in reversed(self.grid):
+            rem, c = divmod(rem, n)
+            coord.append(c)
+        roi = self.layout.write_roi_of_cell(tuple(reversed(coord)))
+        if roi is None:
+            return None
+        return list(zip(roi[0], roi[1], strict=True))
+
+    def mismatch(self, kind: str, cell: int, detail: str) -> Mismatch:
+        k = _cell_to_block(self.layout, self.geom, cell)
+        iv = self.intervals(cell) or []
+        return Mismatch(
+            kind,
+            cell,
+            tuple(self.geom.coords_of(k)) if k >= 0 else (),
+            (tuple(b for b, _ in iv), tuple(e - b for b, e in iv)),
+            detail,
+        )
+
+
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _in_processes(
+    targets: list[Target], jobs: list[tuple[int, list[tuple[int, int]], int]], n: int
+) -> tuple[int, list[tuple[int, str, str]]]:
+    """:func:`check_blocks` of ``jobs`` in ``n`` fresh interpreters (``python -m`` this
+    module), each given an interleaved share on its stdin. Fresh interpreters, not a
+    ``multiprocessing`` pool: a spawned pool re-runs the caller's script in every process
+    (a script without a main guard would verify again, and again), and a forked one would
+    copy whatever threads the caller runs."""
+    shares = [jobs[i::n] for i in range(n) if jobs[i::n]]
+    procs = []
+    try:
+        for _share in shares:
+            p = subprocess.Popen(
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            procs.append(p)
+        for p, share in zip(procs, shares, strict=True):
+            assert p.stdin is not None
+            p.stdin.write(json.dumps({"targets": targets, "jobs": share}).encode())
+            p.stdin.close()
+            p.stdin = None  # sent: communicate() below only reads
+        matched = 0
+        bad: list[tuple[int, str, str]] = []
+        for p in procs:
+            out, err = p.communicate()
+            if p.returncode != 0:
+                tail = err.decode(errors="replace").strip().splitlines()[-5:]
+                raise TrackingError(
+                    f"a bellis verify process failed (exit code {p.returncode}): "
+                    + " / ".join(tail)
+                )
+            m, b = json.loads(out)
+            matched += m
+            bad += [(int(c), str(k), str(d)) for c, k, d in b]
+        return matched, bad
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _verify_one(store: _Store, workers: int) -> VerifyResult:
+    import numpy as np
+
+    targets = store.targets()
+    done_cells = np.flatnonzero(store.done)
+    sums = store.checksums
+    if sums is None:
+        with_sum = np.zeros(0, dtype=np.intp)
+        without = done_cells
+    else:
+        has = sums[done_cells] != 0
+        with_sum, without = done_cells[has], done_cells[~has]
+    jobs = []
+    for cell in with_sum.tolist():
+        iv = store.intervals(cell)
+        if iv is not None:
+            jobs.append((cell, iv, int(sums[cell])))  # type: ignore[index]
+    if workers > 1 and len(jobs) > 1:
+        matched, bad = _in_processes(targets, jobs, min(workers, len(jobs)))
+    else:
+        matched, bad = check_blocks(targets, jobs)
+    mismatches = [store.mismatch(kind, cell, detail) for cell, kind, detail in sorted(bad)]
+    mismatches += [
+        store.mismatch(UNVERIFIABLE, cell, "no checksum recorded") for cell in without.tolist()
+    ]
+    return VerifyResult(
+        store.name, str(store.path), len(done_cells), matched, tuple(mismatches), {}
+    )
+
+
+def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
+    """Clear the mismatched blocks of ``result`` and their downstream readers; returns the
+    cleared count per store path."""
+    from .._tracking._reset import clear_done
+
+    store = stores[Path(result.path)]
+    cells = [m.cell for m in result.mismatches if m.kind in (MISSING, CHANGED)]
+    if not cells:
+        return {}
+    cleared = {result.path: clear_done(store.path, store.grid, cells)}
+    record = store.record or {}
+    root = record.get("task_id") or store.name
+    geoms = {root: store.geom}
+    below: dict[str, _Store] = {}
+    edges: list[tuple[str, str]] = []
+    for entry in record.get("downstream") or []:
+        tid, path = entry.get("task_id"), entry.get("tracking")
+        if not isinstance(tid, str):
+            continue
+        if isinstance(path, str) and (Path(path) / "zarr.json").exists():
+            down = stores.get(Path(path)) or _Store(Path(path))
+            below[tid] = down
+            geoms[tid] = down.geom
+        edges += [(up, tid) for up in entry.get("upstream") or [] if isinstance(up, str)]
+    bad = {root: {_cell_to_block(store.layout, store.geom, c) for c in cells} - {-1}}
+    for tid, ks in downstream_readers(geoms, edges, bad).items():
+        down = below[tid]
+        down_cells = [_block_to_cell(down.layout, down.geom, k) for k in sorted(ks)]
+        n = clear_done(down.path, down.grid, [c for c in down_cells if c >= 0])
+        cleared[str(down.path)] = cleared.get(str(down.path), 0) + n
+    return cleared
+
+
+def verify_stores(
+    paths: Sequence[str | os.PathLike[str]], *, workers: int | None = None, reset: bool = False
+) -> list[VerifyResult]:
+    """Verify the tracking stores at ``paths`` (each one task's), in ``workers`` processes
+    (default: the cores this process may use; 1: in this process). With ``reset``, clear
+    the done markers of the missing and changed blocks and of their downstream readers.
+    Each store's ``verify.json`` records the outcome."""
+    from .._tracking._reset import write_verify_record
+
+    if workers is not None and (isinstance(workers, bool) or workers < 1):
+        raise ConfigurationError(
+            f"workers={workers!r} is not a number of processes; pass 1 or more",
+            parameter="workers",
+        )
+    n = workers or _default_workers()
+    stores = {Path(p): _Store(Path(p)) for p in paths}
+    results = []
+    for store in stores.values():
+        result = _verify_one(store, n)
+        if reset:
+            cleared = _reset(stores, result)
+            result = VerifyResult(
+                result.task,
+                result.path,
+                result.done,
+                result.verified,
+                result.mismatches,
+                cleared,
+            )
+        write_verify_record(
+            store.path,
+            checked=result.done,
+            verified=result.verified,
+            missing=[m.cell for m in result.missing],
+            changed=[m.cell for m in result.changed],
+            unverifiable=len(result.unverifiable),
+            reset=reset,
+        )
+        results.append(result)
+    return results
+
+
+def verify_task(task: Any, *, workers: int | None = None, reset: bool = False) -> VerifyResult:
+    """``Task.verify()``: :func:`verify_stores` of the task's store (re-read the outputs of
+    every done block with a recorded checksum, in ``workers`` processes; ``reset`` clears
+    the mismatched blocks and the downstream blocks that read them)."""
+    path = task.resolved_tracking_path()
+    if path is None:
+        raise ConfigurationError(
+            f'task "{task.task_id}" has no tracking store to verify; pass '
+            "Task(tracking_path=...) or call bellis.set_tracking_basedir(...)",
+            parameter="tracking_path",
+        )
+    return verify_stores([path], workers=workers, reset=reset)[0]
+
+
+def _main() -> None:
+    """A verify process: ``{"targets", "jobs"}`` on stdin, ``[matched, bad]`` on stdout."""
+    doc = json.loads(sys.stdin.buffer.read())
+    jobs = [(int(c), [(int(b), int(e)) for b, e in iv], int(x)) for c, iv, x in doc["jobs"]]
+    json.dump(list(check_blocks([tuple(t) for t in doc["targets"]], jobs)), sys.stdout)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,417 @@
+"""``LsfLauncher`` and ``PbsLauncher`` end to end against command-line stand-ins
+(``kit/standins``): ``bsub``/``bjobs``/``bkill`` and ``qsub``/``qstat``/``qdel`` that run
+jobs as local processes, print the formats IBM and Altair document, and kill a job over
+its memory or time limit as the systems do. The scenarios are the SLURM tests' own: a
+pipeline, a job killed mid-run, out of memory and the memory ladder, walltime hand-over,
+teardown with no job left behind, and LSF's refusal of a job without a project."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bellis
+from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from kit.batch import active, drained, job_records, make_launcher, use_standins
+from kit.blocks import done_ids, make_task, read_records, sleep_block
+from kit.launchers import run_losing_a_worker, run_two_task_pipeline
+
+SYSTEMS = ["lsf", "pbs"]
+
+
+@pytest.fixture(params=SYSTEMS)
+def system(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    use_standins(request.param, tmp_path, monkeypatch)
+    return str(request.param)
+
+
+def _state(tmp_path: Path, system: str) -> Path:
+    return tmp_path / f"{system}-state"
+
+
+def test_pipeline_runs_as_batch_jobs(system: str, tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = make_launcher(system, "bp", array_threshold=2)
+    run_two_task_pipeline(launcher, rec, 12, context=10)
+    assert launcher.live_job_ids() == []
+    records = job_records(_state(tmp_path, system))
+    # four workers; those started together went as one array of two elements
+    assert len(records) == 4
+    assert {(r["how"], r["code"]) for r in records} == {("exited", 0)}
+    assert all(r["name"].startswith("bp-bellis-") for r in records)
+    arrays = [r for r in records if r["index"] is not None]
+    assert arrays and all(r["name"].endswith("-array") for r in arrays)
+    # LSF numbers array elements from 1, PBS from 0
+    first = 1 if system == "lsf" else 0
+    assert sorted(r["index"] for r in arrays if r["name"].startswith("bp-bellis-a-")) == [
+        first,
+        first + 1,
+    ]
+    # the job script and the system's own files sit next to the workers' logs
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in (logs / "a").glob("worker_array*")) == sorted(
+        [f"worker_array.{system}"]
+        + [f"worker_array_{first + i}.{system}.{ext}" for i in (0, 1) for ext in ("out", "err")]
+    )
+    assert all(p.stat().st_mode & 0o077 == 0 for p in logs.rglob(f"*.{system}"))
+    assert list(logs.rglob("*.payload")) == []
+    out = (logs / "a" / "worker_0.out").read_text()
+    assert "=== bellis worker" in out
+
+
+def test_a_killed_job_is_replaced(system: str, tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    state = _state(tmp_path, system)
+    launcher = make_launcher(system, "bk")
+    task = make_task(
+        "s", 8, functools.partial(sleep_block, str(rec), 1.0), max_workers=2, max_retries=3
+    )
+    # qdel's SIGTERM lets a bellis worker finish its block and exit 0, which PBS records
+    # as such (a clean exit): -W force kills the job at once, as bkill's TERM_OWNER ends it
+    cancel = ["bkill"] if system == "lsf" else ["qdel", "-W", "force"]
+
+    def kill_one() -> str | None:
+        import subprocess
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = [r for r in active(state) if r["state"] == "running"]
+            if running and any(rec.iterdir()):
+                r = running[0]
+                job_id = str(r["job"]) if system == "lsf" else f"{r['job']}.standin"
+                subprocess.run([*cancel, job_id], check=True, timeout=30, capture_output=True)
+                return job_id
+            time.sleep(0.1)
+        return None
+
+    state_, killed = run_losing_a_worker(
+        task, launcher, rec, 8, kill_one, "no running job was found to kill"
+    )
+    assert state_.first_worker_error is not None
+    assert f"{system.upper()} job {killed}" in state_.first_worker_error
+    assert "was cancelled" in state_.first_worker_error
+    assert drained(state) == []
+
+
+def _standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> WorkerSpec:
+    import cloudpickle
+
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    payload = cloudpickle.dumps(
+        {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return WorkerSpec(
+        task_id="solo",
+        worker_id=worker_id,
+        env=env,
+        payload=payload,
+        out_path=logs / f"w{worker_id}.out",
+        err_path=logs / f"w{worker_id}.err",
+        **kwargs,
+    )
+
+
+def _hog_memory() -> None:
+    hog = bytearray(400 * 1024 * 1024)
+    for i in range(0, len(hog), 4096):
+        hog[i] = 1
+    time.sleep(30)
+
+
+def _exit_three() -> None:
+    print("about to fail", file=sys.stderr, flush=True)
+    sys.exit(3)
+
+
+def _sleep_long() -> None:
+    time.sleep(120)
+
+
+def _wait_for_exit(launcher: Any, handles: list[WorkerHandle], seconds: float) -> list[WorkerExit]:
+    deadline = time.monotonic() + seconds
+    exits: list[WorkerExit | None] = [None] * len(handles)
+    while time.monotonic() < deadline and any(e is None for e in exits):
+        exits = [launcher.poll(h) for h in handles]
+        time.sleep(0.1)
+    assert all(e is not None for e in exits), f"jobs did not finish in {seconds}s"
+    return [e for e in exits if e is not None]
+
+
+def test_exit_codes_and_the_memory_kill_are_told_apart(system: str, tmp_path: Path) -> None:
+    launcher = make_launcher(system, "bx", mem="150M")
+    try:
+        handles = [
+            launcher.launch(_standalone_spec(tmp_path, 0, _exit_three)),
+            launcher.launch(_standalone_spec(tmp_path, 1, _hog_memory)),
+        ]
+        failed, oom = _wait_for_exit(launcher, handles, 60)
+    finally:
+        launcher.close()
+    assert (failed.kind, failed.code) == ("error", 3)
+    assert "exited with code 3" in failed.message and "about to fail" in failed.message
+    assert oom.kind == "error"
+    assert oom.message.startswith(f"out of memory: {system.upper()} job ")
+    # the system's own words for the kill, from its files, come with the message
+    if system == "pbs":
+        assert "PBS: job killed: mem" in oom.message
+    records = {r["key"]: r for r in job_records(_state(tmp_path, system))}
+    assert [r["mem_mb"] for r in records.values()] == [150, 150]
+    assert active(_state(tmp_path, system)) == []
+
+
+def test_close_cancels_running_jobs(system: str, tmp_path: Path) -> None:
+    state = _state(tmp_path, system)
+    launcher = make_launcher(system, "bc")
+    handle = launcher.launch(_standalone_spec(tmp_path, 0, _sleep_long))
+    deadline = time.monotonic() + 30
+    while not [r for r in active(state) if r["state"] == "running"]:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    launcher.close()
+    assert launcher.live_job_ids() == []
+    assert active(state) == []
+    (record,) = job_records(state)
+    assert record["how"] == "cancelled"
+    assert handle.native.exit is not None and "was cancelled" in handle.native.exit.message
+
+
+def test_an_interrupted_run_leaves_no_job(system: str, tmp_path: Path) -> None:
+    """Jobs of an array, some still waiting for their turn under the cap, all end when the
+    run is torn down."""
+    state = _state(tmp_path, system)
+    launcher = make_launcher(system, "bi", array_threshold=2, array_cap=1)
+    specs = [_standalone_spec(tmp_path, i, _sleep_long, slot=i) for i in range(3)]
+    handles = launcher.launch_many(specs)
+    deadline = time.monotonic() + 30
+    while not [r for r in active(state) if r["state"] == "running"]:
+        assert time.monotonic() < deadline, "no element started"
+        time.sleep(0.1)
+    # the cap holds: one element runs, the others wait
+    assert sorted(r["state"] for r in active(state)) == ["pending", "pending", "running"]
+    launcher.cancel(handles, grace_seconds=5.0)
+    launcher.close()
+    assert drained(state) == []
+    assert launcher.live_job_ids() == []
+    assert all("was cancelled" in (h.native.exit.message or "") for h in handles)
+
+
+def test_lsf_without_a_required_project_is_a_start_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = use_standins("lsf", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_REQUIRE_PROJECT", "1")
+    launcher = make_launcher("lsf", "bn")
+    with pytest.raises(bellis.WorkerStartError) as info:
+        launcher.launch(_standalone_spec(tmp_path, 0, _exit_three))
+    message = str(info.value)
+    # bsub's own words, and the fix
+    assert "bsub exited with code 255" in message
+    assert "Request aborted by esub. Job not submitted." in message
+    assert "LsfLauncher(project=...)" in message
+    # a run stops at the first refusal, with that message as the task's error: no
+    # restart is spent on a request bsub refuses for good
+    task = make_task("p", 2, functools.partial(sleep_block, str(tmp_path), 0.0), max_workers=1)
+    with pytest.raises(bellis.TaskAbandonedError) as abandoned:
+        bellis.run_blockwise(task, launcher=launcher, progress=False)
+    task_state = abandoned.value.daisy_states["p"]  # type: ignore[attr-defined]
+    assert "Request aborted by esub. Job not submitted." in task_state.last_worker_error
+    assert task_state.worker_failure_count == 1 and task_state.worker_restart_count == 0
+    assert job_records(state) == []
+    # with a project the same run goes through
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    task = make_task("p", 2, functools.partial(sleep_block, str(rec), 0.0))
+    assert bellis.run_blockwise(
+        task, launcher=make_launcher("lsf", "bn", project="lab"), progress=False
+    )
+    assert {r["options"]["-P"][0] for r in job_records(state)} == {"lab"}
+
+
+MEMORY_SCRIPT = """
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import bellis
+from bellis import Roi
+
+HERE = Path(__file__).parent
+HOG = 7
+
+
+def block_fn(block):
+    sid = block.block_id[1]
+    if sid == HOG:
+        data = bytearray(300 * 2**20)
+        for i in range(0, len(data), 4096):
+            data[i] = 1
+        time.sleep(2)
+    job = os.environ.get("LSB_JOBID") or os.environ.get("PBS_JOBID")
+    index = os.environ.get("LSB_JOBINDEX") or os.environ.get("PBS_ARRAY_INDEX") or "0"
+    mem = os.environ.get("BELLIS_STANDIN_MEM_MB", "?")
+    (HERE / "records" / f"{sid}_{job}-{index}").write_text(mem)
+
+
+def main():
+    system, prefix = sys.argv[1], sys.argv[2]
+    bellis.logging.set_log_basedir(HERE / "logs")
+    bellis.set_tracking_basedir(HERE / "tracking")
+    (HERE / "records").mkdir()
+    task = bellis.Task(
+        "t",
+        total_roi=Roi((0,), (20,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=block_fn,
+        read_write_conflict=False,
+        max_workers=2,
+    )
+    cls = bellis.LsfLauncher if system == "lsf" else bellis.PbsLauncher
+    launcher = cls(mem="150M", poll_interval=0.3, job_name_prefix=prefix)
+    ok = bellis.run_blockwise([task], launcher=launcher, progress=False)
+    report = task.report()
+    (HERE / "result.json").write_text(json.dumps({"ok": ok, "report": report.to_json()}))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_block_out_of_memory_succeeds_in_a_larger_job(system: str, tmp_path: Path) -> None:
+    from kit.user_script import grant_records, ran_alone, run_script
+
+    proc = run_script(tmp_path, MEMORY_SCRIPT, system, "bm", name="run.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = grant_records(tmp_path)
+    assert sorted(records) == list(range(20))
+    _big_job, mem = ran_alone(records, 7, 150)
+    assert mem in (300, 600)
+    assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
+        proc.stderr
+    )
+    report = json.loads((tmp_path / "result.json").read_text())["report"]
+    assert report["memory"]["succeeded"] == {f"{mem}M": 1}
+    assert active(_state(tmp_path, system)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 40 s walltime (PBS takes seconds) and 80 blocks of 1 s on 2 workers: each job's
+    worker leaves before the limit, and new jobs take over until the blocks are done; no
+    job is killed."""
+    from bellis._worker._walltime import LEAVING_MARKER
+
+    state = use_standins("pbs", tmp_path, monkeypatch)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = make_launcher("pbs", "bw", time_limit="00:00:40", walltime_margin=12)
+    task = make_task(
+        "wt",
+        80,
+        functools.partial(sleep_block, str(rec), 1.0),
+        max_workers=2,
+        max_worker_restarts=0,
+        max_retries=0,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["wt"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (80, 0, 0)
+    assert s.worker_failure_count == 0 and s.worker_restart_count == 0
+    records = read_records(rec)
+    assert done_ids(records, "wt") == list(range(80))
+    jobs = job_records(state)
+    assert {r["how"] for r in jobs} == {"exited"}, jobs
+    exits = task.report().workers.exits
+    assert exits.get("walltime", 0) >= 2 and sum(exits.values()) == len(jobs), exits
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "wt").glob("worker_*.err"))
+    assert logs.count(LEAVING_MARKER) == exits["walltime"]
+    assert {r["walltime_s"] for r in jobs} == {40}
+
+
+def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
+    marker = Path(recdir) / "slept"
+    if block.block_id[1] == 0 and not marker.exists():
+        marker.touch()
+        time.sleep(120)
+    sleep_block(recdir, 0.0, block)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pbs_walltime_kill_is_reported_and_the_block_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = use_standins("pbs", tmp_path, monkeypatch)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = make_launcher("pbs", "bt", time_limit="00:00:30")
+    task = make_task(
+        "t",
+        3,
+        functools.partial(_slow_first_attempt, str(rec)),
+        max_workers=1,
+        max_retries=2,
+        max_worker_restarts=2,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["t"]
+    assert s.completed_count == 3 and s.worker_failure_count == 1
+    assert s.first_worker_error is not None
+    assert "a block ran longer than the job time limit" in s.first_worker_error
+    assert sorted(r["how"] for r in job_records(state)) == ["exited", "walltime"]
+    assert active(state) == []
+
+
+def test_workers_of_a_run_go_as_one_capped_array(system: str, tmp_path: Path) -> None:
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    state = _state(tmp_path, system)
+    launcher = make_launcher(system, "ba", array_threshold=3, array_cap=2)
+    task = make_task("arr", 9, functools.partial(sleep_block, str(rec), 0.05), max_workers=3)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], sum(r["state"] == "running" for r in active(state)))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        states = bellis.run_blockwise(
+            task, launcher=launcher, return_states=True, progress=False, summary=False
+        )
+    finally:
+        stop.set()
+        watcher.join()
+    assert states["arr"].completed_count == 9
+    assert done_ids(read_records(rec), "arr") == list(range(9))
+    jobs = job_records(state)
+    assert len({r["job"] for r in jobs}) == 1 and len(jobs) == 3
+    assert peak[0] <= 2
+    assert active(state) == []
