@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     from ._launchers._pbs import PbsLauncher as PbsLauncher
     from ._launchers._sge import SgeLauncher as SgeLauncher
     from ._launchers._slurm import SlurmLauncher as SlurmLauncher
+    from ._plan._api import plan as plan
+    from ._plan._model import Plan as Plan
     from ._report._html import write_report as write_report
     from ._report._trace import write_trace as write_trace
     from ._run._progress import JsonProgressObserver as JsonProgressObserver

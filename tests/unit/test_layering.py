@@ -62,7 +62,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 _BELOW_RUN = set(MAY_IMPORT) | {"_scheduling", "_worker", "_launchers", "_report"}
 MAY_IMPORT["_run"] = _BELOW_RUN
-MAY_IMPORT["face"] = _BELOW_RUN | {"_run"}
+MAY_IMPORT["_plan"] = _BELOW_RUN | {"_run"}
+MAY_IMPORT["face"] = _BELOW_RUN | {"_run", "_plan"}
 MAY_IMPORT["_cli"] = MAY_IMPORT["face"] | {"face"}
 MAY_IMPORT["entry"] = {"plumbing", "_cli"}
 

@@ -1,5 +1,5 @@
 """The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``verify``,
-``as-daisy``."""
+``plan``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     from ._verify import add_verify_parser
 
     add_verify_parser(sub, _positive)
+
+    from ._plan_cmd import add_plan_parser
+
+    add_plan_parser(sub)
 
     a = sub.add_parser(
         "as-daisy",

@@ -190,6 +190,56 @@ def _history_rows(stores: list[StoreData]) -> str:
     return _table(head, rows, left=5) if rows else ""
 
 
+def _forecast_rows(stores: list[StoreData]) -> str:
+    """One row per run line that scored a forecast (``bellis.plan(tasks, sample=N)``)."""
+
+    def pct(v: Any) -> str:
+        return f"{v:+.1f}%" if isinstance(v, int | float) else "-"
+
+    def num(v: Any, fmt: Any) -> str:
+        return fmt(float(v)) if isinstance(v, int | float) else "-"
+
+    def interval(d: Any, fmt: Any) -> str:
+        if not isinstance(d, dict):
+            return "-"
+        return (
+            f"{num(d.get('estimate'), fmt)} ({num(d.get('low'), fmt)} to {num(d.get('high'), fmt)})"
+        )
+
+    def hours(x: float) -> str:
+        return f"{x:.3g}"
+
+    rows = []
+    for s in stores:
+        for i, r in enumerate(s.runs):
+            f = r.get("forecast")
+            if not isinstance(f, dict):
+                continue
+            act = f.get("actual") if isinstance(f.get("actual"), dict) else {}
+            err = f.get("error_pct") if isinstance(f.get("error_pct"), dict) else {}
+            assert isinstance(act, dict) and isinstance(err, dict)
+            rows.append(
+                [
+                    s.task_id,
+                    i + 1,
+                    _when(r.get("run_started_at")),
+                    interval(f.get("wall"), format_duration),
+                    num(act.get("wall"), format_duration),
+                    pct(err.get("wall")),
+                    interval(f.get("core_hours"), hours),
+                    num(act.get("core_hours"), hours),
+                    pct(err.get("core_hours")),
+                    num(f.get("peak_rss_p99"), format_iec),
+                    num(act.get("peak_rss_p99"), format_iec),
+                    pct(err.get("peak_rss_p99")),
+                ]
+            )
+    head = ["task", "run", "started (UTC)", "wall forecast", "wall actual", "error"]
+    head += ["core-hours forecast", "core-hours actual", "error"]
+    head += ["p99 peak RSS forecast", "actual", "error"]
+    return _table(head, rows, left=3) if rows else ""
+
+
 def _summary(stores: list[StoreData]) -> str:
     rows = []
     verifies = any(s.verify is not None for s in stores)
@@ -419,6 +469,23 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
         if sid == "history":
             body += _history_rows(stores)
         parts.append(_section(sid, title_, intro, body))
+
+    scored = _forecast_rows(stores)
+    parts.append(
+        _section(
+            "forecast",
+            "Forecast vs actual",
+            "What bellis.plan(tasks, sample=N) predicted before a run (its interval: the "
+            "10th to 90th percentile), against what that run measured. The wall is the "
+            "run's; core-hours and p99 peak RSS are the task's (measured with resource "
+            "tracking only).",
+            scored
+            or _empty(
+                "No run was forecast: bellis.plan(tasks, sample=N) leaves a forecast in "
+                "each task's store, and the next run scores it here."
+            ),
+        )
+    )
 
     payload = json.dumps({"figures": figures, "volumes": volumes}, separators=(",", ":"))
     payload = payload.replace("</", "<\\/").replace("<!--", "\\u003c!--")

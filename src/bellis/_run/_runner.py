@@ -12,11 +12,11 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
-from .. import logging as blog
+from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
@@ -28,6 +28,7 @@ from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import ABANDONED, TaskRun
 from .._signals import install_abort_handlers
 from .._state import DEFAULT_TIMEOUT_SECONDS, TaskState
+from .._stats._forecast_score import score_forecast
 from .._stats._report_load import append_report, remember_report
 from .._stats._reports import (
     RunReport,
@@ -450,6 +451,12 @@ class _Run:
 
 
 def _execute(plan: RunPlan) -> _RunResult:
+    """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
+    planned = _seams.planning_requested()
+    return cast(_RunResult, _seams.plan_script_call(plan)) if planned else _run_plan(plan)
+
+
+def _run_plan(plan: RunPlan) -> _RunResult:
     """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
@@ -623,6 +630,8 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
+            if (scored := score_forecast(store, data)) is not None:
+                data["forecast"] = scored  # what bellis.plan(sample=...) predicted
             append_report(Path(store.runs_jsonl), data)
         else:
             base = blog.get_log_basedir()
@@ -652,6 +661,7 @@ def run_blockwise(
     host: str | None = None,
     summary: bool = True,
     launcher: Any = None,
+    dry_run: bool = False,
 ) -> Any:
     """Run a task, a pipeline or a list of tasks to completion.
 
@@ -660,7 +670,11 @@ def run_blockwise(
     :class:`TaskAbandonedError` (a ``RuntimeError``) after the summary when a task
     exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
+    ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
     """
+    if dry_run:
+        kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
+        return _seams.dry_run(pipeline, multiprocessing=multiprocessing, **kw)
     result = _execute(
         RunPlan.build(
             pipeline,

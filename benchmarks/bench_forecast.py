@@ -1,0 +1,200 @@
+"""How good is ``bellis.plan(tasks, sample=...)``'s forecast? (issue 28)
+
+Per workload: a fresh tracking store; ``bellis.plan(task, sample=True)`` (2% of the blocks,
+at least 20) runs its sample and forecasts the rest; then the real run runs what is left,
+timed, with resource tracking on so that every block's peak RSS is in the store. The
+forecast is scored against the run: total wall (the forecast's estimate and interval
+against the measured ``run_blockwise`` wall) and p99 peak RSS per block (the sample's
+against all blocks'). A naive forecast (mean sampled block × blocks left ÷ workers) is
+shown beside it.
+
+Blocks sleep (a few ms) and hold a buffer, so the runs are short and the machine's load
+matters little; the workers are local.
+
+Workloads (2-d grids of 3,000 blocks):
+
+* ``uniform``: every block 4 ms, 16 MiB;
+* ``gradient``: 1 to 8 ms, rising along axis 0, with read/write conflicts (levels);
+* ``hotspots``: 5% of blocks (random) 20x slower (60 ms instead of 3) and 4x the memory;
+* ``hotspots+hint``: the same, with a ``cost_hint`` that marks the hot blocks (as a
+  downsampled volume would).
+
+Run: ``.venv/bin/python -m compileall -q src && .venv/bin/python benchmarks/bench_forecast.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import bellis
+from bellis import Roi
+
+GRID = (50, 60)
+W = 10
+MIB = 1 << 20
+
+
+def costs_for(name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Seconds and bytes per block, on the grid."""
+    rng = np.random.default_rng(7)
+    if name == "uniform":
+        return np.full(GRID, 0.004), np.full(GRID, 16 * MIB)
+    if name == "gradient":
+        sec = np.linspace(0.001, 0.008, GRID[0])[:, None] * np.ones(GRID)
+        return sec, np.full(GRID, 16 * MIB)
+    hot = rng.random(GRID) < 0.05
+    return np.where(hot, 0.060, 0.003), np.where(hot, 64 * MIB, 16 * MIB)
+
+
+def make_task(name: str, costs: Path, workers: int, conflicts: bool, launcher: Any = None) -> Any:
+    ctx = W if conflicts else 0
+    total = Roi((-ctx, -ctx), (GRID[0] * W + 2 * ctx, GRID[1] * W + 2 * ctx))
+    return bellis.Task(
+        name,
+        total,
+        Roi((0, 0), (W + 2 * ctx, W + 2 * ctx)),
+        Roi((ctx, ctx), (W, W)),
+        process_function=_Block(str(costs)),
+        read_write_conflict=conflicts,
+        max_workers=workers,
+        resource_tracking=True,
+        launcher=launcher,
+    )
+
+
+class _Block:
+    """The block function: sleep for the block's cost, hold its buffer."""
+
+    def __init__(self, costs: str) -> None:
+        self.costs = costs
+        self.table: Any = None
+
+    def __call__(self, block: Any) -> None:
+        if self.table is None:
+            self.table = np.load(self.costs)
+        o = block.write_roi.offset
+        sec, nbytes = self.table[:, int(o[0]) // W, int(o[1]) // W]
+        buf = np.ones(int(nbytes) // 8)  # touched: resident
+        time.sleep(float(sec))
+        del buf
+
+
+def run_case(name: str, workers: int, base: Path, slurm: bool = False) -> dict[str, Any]:
+    kind = name.split("+")[0]
+    sec, mem = costs_for(kind)
+    work = base / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    table = work / "costs.npy"
+    np.save(table, np.stack([sec, mem]).astype(np.float64))
+    bellis.set_tracking_basedir(work / "tracking")
+    launcher = None
+    if slurm:
+        launcher = bellis.SlurmLauncher(
+            partition="oversub", poll_interval=0.5, job_name_prefix="bfc"
+        )
+    task = make_task(kind, table, workers, conflicts=kind == "gradient", launcher=launcher)
+    hint = sec if name.endswith("+hint") else None
+    t0 = time.perf_counter()
+    plan = bellis.plan(task, sample=True, cost_hint=hint, show=False)
+    t_plan = time.perf_counter() - t0
+    f = plan.forecast
+    assert f is not None
+    tf = plan.tasks[0].forecast
+    assert tf is not None
+    t0 = time.perf_counter()
+    ok = bellis.run_blockwise(task, progress=False, summary=False)
+    actual = time.perf_counter() - t0
+    assert ok, name
+    store = bellis._tracking.TrackingStore.open_readonly(work / "tracking" / kind)
+    try:
+        rss = np.asarray(store.stats["peak_rss_bytes"]).reshape(-1)
+        done = np.asarray(store.done).reshape(-1) != 0
+        block_wall = np.asarray(store.stats["wall_seconds"]).reshape(-1)[done & (rss > 0)]
+        rss = rss[done & (rss > 0)]
+    finally:
+        store.close()
+    actual_p99 = float(np.percentile(rss, 99))
+    left = plan.tasks[0].left
+    naive = tf["block_wall"]["mean"] * left / workers
+    return {
+        "case": name + (" (slurm)" if slurm else ""),
+        "blocks": int(np.prod(GRID)),
+        "sampled": tf["sampled"],
+        "workers": workers,
+        "plan_seconds": t_plan,
+        "wall_actual": actual,
+        "wall_forecast": f["wall"],
+        "wall_error_pct": 100 * (f["wall"]["estimate"] - actual) / actual,
+        "in_interval": f["wall"]["low"] <= actual <= f["wall"]["high"],
+        "naive_wall": naive,
+        "block_wall_mean_sample": tf["block_wall"]["mean"],
+        "block_wall_mean_all": float(block_wall.mean()),
+        "overhead_per_block": f["overhead_seconds_per_block"],
+        "start_delay": f["start_delay_seconds"],
+        "naive_error_pct": 100 * (naive - actual) / actual,
+        "p99_rss_actual": actual_p99,
+        "p99_rss_forecast": tf["peak_rss"]["p99"],
+        "p99_rss_error_pct": 100 * (tf["peak_rss"]["p99"] - actual_p99) / actual_p99,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--reps", type=int, default=3, help="repetitions per case (interleaved)")
+    p.add_argument(
+        "--cases", default="uniform,gradient,hotspots,hotspots+hint", help="comma-separated"
+    )
+    p.add_argument("--json", help="also write the records here (one JSON line per run)")
+    p.add_argument("--slurm", action="store_true", help="workers as SLURM jobs (oversub)")
+    args = p.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-forecast-"))
+    os.chdir(base)  # worker logs land here too
+    cases = args.cases.split(",")
+    rows: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+    try:
+        for rep in range(args.reps):
+            order = cases[rep % len(cases) :] + cases[: rep % len(cases)]  # rotate
+            for name in order:
+                row = run_case(name, args.workers, base, args.slurm)
+                rows[name].append(row)
+                print(json.dumps(row), file=sys.stderr)
+                if args.json:
+                    with open(args.json, "a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(
+        "| case | blocks | sample | wall actual (median) | wall error per rep | in interval "
+        "| naive error per rep | p99 RSS actual | p99 RSS error per rep |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in cases:
+        rs = rows[name]
+        walls = sorted(r["wall_actual"] for r in rs)
+        print(
+            f"| {name} | {rs[0]['blocks']} | {rs[0]['sampled']} | "
+            f"{walls[len(walls) // 2]:.2f} s | "
+            + ", ".join(f"{r['wall_error_pct']:+.0f}%" for r in rs)
+            + f" | {sum(r['in_interval'] for r in rs)}/{len(rs)} | "
+            + ", ".join(f"{r['naive_error_pct']:+.0f}%" for r in rs)
+            + f" | {rs[0]['p99_rss_actual'] / MIB:.1f} MiB | "
+            + ", ".join(f"{r['p99_rss_error_pct']:+.1f}%" for r in rs)
+            + " |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

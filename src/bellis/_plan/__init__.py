@@ -1,0 +1,19 @@
+"""Planning a run before paying for it: ``bellis.plan``, ``run_blockwise(dry_run=True)`` and
+``bellis plan -- python script.py`` (docs/plan.md).
+
+Owns:
+  ``_model``     ``Plan`` and ``TaskOutlook``: what a plan says, its table and its JSON
+  ``_dry``       the dry run: counts from the scheduler's own bulk initialisation over the
+                 tracking stores opened read-only; no user code runs, nothing is written
+  ``_simulate``  a pure discrete-event simulation of a run's schedule (levels,
+                 dependencies, worker start) from per-block costs
+  ``_forecast``  the sampled forecast: a sample of blocks really runs, and its figures feed
+                 the simulation, the memory percentiles and the warnings
+  ``_script``    planning switched on for a whole script (``BELLIS_PLAN``): each
+                 ``run_blockwise`` call plans instead of running
+  ``_api``       ``bellis.plan()`` and the runner's seam into it
+
+May import: everything ``_run`` may, and ``_run``. Imported by the public face and the CLI.
+Must never be imported by: any folder below the face (``_run._runner`` reaches it only
+through :mod:`bellis._seams`).
+"""

@@ -1,0 +1,111 @@
+"""``bellis.plan()`` and ``run_blockwise(..., dry_run=True)`` (the runner's seam)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._run._runner import RunPlan, _RunResult
+from .._state import TaskState
+from .._streams import print_to_stdout
+from ._dry import DryRun, dry_run
+from ._forecast import forecast
+from ._model import Plan
+from ._script import settings
+
+__all__ = ["plan", "plan_script_call"]
+
+
+def plan(
+    pipeline: Any,
+    *,
+    multiprocessing: bool = True,
+    resources: dict[str, int] | None = None,
+    block_tracking: bool = True,
+    launcher: Any = None,
+    sample: int | bool | None = None,
+    cost_hint: Any = None,
+    seed: int = 0,
+    show: bool = True,
+) -> Plan:
+    """Plan a run of ``pipeline`` (a Task, a Pipeline or a list of tasks) without running it.
+
+    Takes ``run_blockwise``'s arguments and checks them as a run does. Per task the plan
+    says how many blocks there are, how many are done in the tracking store, masked,
+    failed before and left; the conflict levels and the most blocks that can run at once;
+    the upstream and downstream tasks; the tracking store's disk reservation; and how many
+    workers would start on which launcher. No process or check function is called, no
+    worker starts and nothing is written (an existing tracking store is only read).
+    ``show`` prints the plan's table to stdout. See docs/plan.md.
+
+    ``sample=N`` (blocks per task; ``True``: 2% of the blocks left, at least 20) adds a
+    forecast: a sample of blocks spread over the grid really runs on the task's launcher
+    and is recorded done (the real run skips it), and from its figures the plan predicts,
+    with an interval, the run's wall at ``max_workers`` and at x0.5, x2 and x4 (a
+    simulation of the schedule), its core-hours, each task's peak RSS percentiles with a
+    memory request that fits, and for SLURM a time limit; it warns when the settings will
+    not fit. ``cost_hint`` (an array of the skip mask's shape, or a dict of them by task
+    id) steers the sample to costly regions and models the cost per block; ``seed`` makes
+    the sample reproducible.
+    """
+    if sample is None or sample is False:
+        result = dry_run(
+            pipeline,
+            multiprocessing=multiprocessing,
+            resources=resources,
+            block_tracking=block_tracking,
+            launcher=launcher,
+        )
+    else:
+        rp = RunPlan.build(
+            pipeline,
+            multiprocessing=multiprocessing,
+            resources=resources,
+            block_tracking=block_tracking,
+            launcher=launcher,
+            summary=False,
+        )
+        result = forecast(rp, sample=sample, cost_hint=cost_hint, seed=seed)
+    if show:
+        print_to_stdout(result.table())
+    return result
+
+
+def plan_script_call(rp: RunPlan) -> _RunResult:
+    """A run under ``bellis plan`` (script planning, :mod:`._script`): its plan is printed
+    and recorded, and the run's result says what a completed run would: every block of
+    every task completed (``run_blockwise`` returns True, or with ``return_states=True``
+    those states; a ``Server`` returns the states)."""
+    script = settings()
+    assert script is not None, "plan_script_call outside bellis plan"
+    script.calls += 1
+    if script.sample:
+        result = forecast(rp, sample=script.sample)
+    else:
+        with DryRun(rp) as dry:
+            result = dry.plan()
+    result.call = script.calls
+    result.assumes = list(script.not_run)
+    print_to_stdout(result.table())
+    script.record(result.to_json())
+    script.not_run.extend(t.task_id for t in result.tasks if t.left)
+    out = _RunResult()
+    out.order = [t.task_id for t in result.tasks]
+    out.states = {
+        t.task_id: TaskState(
+            task_id=t.task_id,
+            started=True,
+            total_block_count=t.blocks,
+            completed_count=t.blocks,
+            skipped_count=t.done + t.masked,
+            skipped_done_count=t.done,
+            skipped_mask_count=t.masked,
+            timeout_secs=task.timeout_secs,
+        )
+        for t, task in zip(result.tasks, _by_order(rp, out.order), strict=True)
+    }
+    return out
+
+
+def _by_order(rp: RunPlan, order: list[str]) -> list[Any]:
+    by_id = {t.task_id: t for t in rp.tasks}
+    return [by_id[tid] for tid in order]

@@ -1,0 +1,672 @@
+"""The sampled forecast: ``bellis.plan(tasks, sample=N)``.
+
+Theory of operation
+-------------------
+1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20): one block at a
+   random place in each of ``N`` equal slices of the blocks left in grid order, so the
+   sample covers the grid. With a ``cost_hint`` (one value per block, the skip mask's
+   shape) half the sample is stratified by the hint's order instead of the grid's, and half
+   drawn with probability proportional to the hint: costly regions are seen. With conflict
+   levels, blocks of the first level are picked (they wait for no neighbour); when it has
+   too few, others too, with the lower-level blocks they wait for. A
+   downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
+   that are not done join the sample, with the lower-level neighbours they wait for
+   (transitively).
+2. **Run.** The tasks run as they would (same launcher, workers, resources), each as a copy
+   whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
+   blocks are recorded done in the tasks' own stores: the real run skips them.
+3. **Measure.** Each sampled block's wall, CPU and peak RSS are read back from the store;
+   the sample run's report gives the worker start delay and the dispatch overhead.
+4. **Predict.** Every block left gets a cost: the cost of the nearest sampled block in the
+   grid (or, with a hint, a least-squares line in the hint). The run's schedule is then
+   simulated (:mod:`._simulate`: levels, dependencies, worker start) at the tasks'
+   ``max_workers`` and at x0.5, x2 and x4. The interval scales every cost by the 10th and
+   90th percentiles of bootstrap resamples of the sample's mean cost.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._run._runner import RunPlan, _finish, _run_plan
+from .._sizes import parse_size
+from .._stats._forecast_score import write_forecast
+from .._task import Pipeline, Task
+from ..errors import ConfigurationError
+from ._dry import DryRun
+from ._model import Plan, format_bytes, format_seconds
+from ._simulate import simulate
+
+__all__ = ["forecast", "sample_size"]
+
+logger = logging.getLogger("bellis")
+
+#: the default sample: this fraction of the blocks left, and at least MIN_SAMPLE per task
+DEFAULT_FRACTION = 0.02
+MIN_SAMPLE = 20
+ALTERNATIVES = (0.5, 2.0, 4.0)
+_BOOTSTRAP = 400
+_NEAREST_CELLS = 50_000_000  # above this many block x sample pairs: chunked anyway
+
+
+def sample_size(left: int, sample: int | bool) -> int:
+    """Blocks to sample from ``left``: ``True`` is the default (2%, at least 20)."""
+    if sample is True:
+        n = max(MIN_SAMPLE, math.ceil(DEFAULT_FRACTION * left))
+    else:
+        n = int(sample)
+    return max(0, min(n, left))
+
+
+def _check_sample(sample: Any) -> int | bool:
+    if sample is True:
+        return True
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ConfigurationError(
+            f"sample={sample!r} is not a number of blocks: pass a positive int (blocks per "
+            "task), True for the default (2% of the blocks left, at least 20), or leave it "
+            "out for a dry run",
+            parameter="sample",
+        )
+    return sample
+
+
+def _hints(cost_hint: Any, tasks: list[Task]) -> dict[str, np.ndarray[Any, Any]]:
+    """``cost_hint`` per task id: one array (for every task whose grid has its shape) or a
+    dict of task id to array, each of the task's block grid shape."""
+    if cost_hint is None:
+        return {}
+    per: dict[str, Any] = {}
+    if isinstance(cost_hint, dict):
+        ids = {t.task_id for t in tasks}
+        for k in cost_hint:
+            if k not in ids:
+                raise ConfigurationError(
+                    f"cost_hint names task {k!r}, which is not in the pipeline "
+                    f"(tasks: {sorted(ids)})",
+                    parameter="cost_hint",
+                )
+        per = dict(cost_hint)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    for t in tasks:
+        grid = tuple(t.block_grid_shape)
+        raw = per.get(t.task_id) if per else cost_hint
+        if raw is None:
+            continue
+        arr = np.asarray(raw, dtype=np.float64)
+        if arr.shape != grid:
+            if per:
+                raise ConfigurationError(
+                    f"cost_hint[{t.task_id!r}] has shape {list(arr.shape)} but task "
+                    f"{t.task_id!r} has a block grid of shape {list(grid)} (one value per "
+                    "block, as a skip mask; see Task.block_grid_shape)",
+                    parameter="cost_hint",
+                )
+            if len(tasks) == 1:
+                raise ConfigurationError(
+                    f"cost_hint has shape {list(arr.shape)} but task {t.task_id!r} has a "
+                    f"block grid of shape {list(grid)} (one value per block, as a skip "
+                    "mask; see Task.block_grid_shape)",
+                    parameter="cost_hint",
+                )
+            continue
+        if not np.all(np.isfinite(arr)) or (arr < 0).any():
+            raise ConfigurationError(
+                f"cost_hint for task {t.task_id!r} holds negative or non-finite values; "
+                "give a relative cost >= 0 per block",
+                parameter="cost_hint",
+            )
+        out[t.task_id] = arr.reshape(-1)
+    return out
+
+
+def _pick(
+    left: np.ndarray[Any, Any], n: int, hint: np.ndarray[Any, Any] | None, rng: Any
+) -> np.ndarray[Any, Any]:
+    """``n`` flat indices of ``left`` blocks, spread (see the module docstring)."""
+    candidates = np.flatnonzero(left.reshape(-1))
+    if n <= 0 or not len(candidates):
+        return np.zeros(0, dtype=np.int64)
+    if n >= len(candidates):
+        all_left: np.ndarray[Any, Any] = candidates
+        return all_left
+
+    def stratified(order: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any]:
+        edges = np.linspace(0, len(order), m + 1)
+        lo = np.floor(edges[:-1]).astype(np.int64)
+        hi = np.maximum(lo + 1, np.floor(edges[1:]).astype(np.int64))
+        pos = lo + (rng.random(m) * (hi - lo)).astype(np.int64)
+        picked: np.ndarray[Any, Any] = order[np.minimum(pos, len(order) - 1)]
+        return picked
+
+    if hint is None:
+        return np.unique(stratified(candidates, n))
+    h = hint[candidates]
+    by_hint = candidates[np.argsort(h, kind="stable")]
+    first = stratified(by_hint, (n + 1) // 2)
+    rest = np.setdiff1d(candidates, first)
+    m = min(n - len(first), len(rest))
+    weights = hint[rest] + 1e-12
+    second = rng.choice(rest, size=m, replace=False, p=weights / weights.sum())
+    return np.unique(np.concatenate([first, second]))
+
+
+def _first_level(dry: DryRun, run: Any) -> np.ndarray[Any, Any]:
+    """The blocks left of ``run`` that wait for no other block left of their own task: a
+    sample of them needs no neighbour to have run first (conflict levels). All blocks
+    left when none is."""
+    left = dry.left_mask(run)
+    if not run.intra:
+        return left
+    free = np.zeros_like(left)
+    free[run.geom.level_slices(0)] = left[run.geom.level_slices(0)]
+    return free if free.any() else left
+
+
+def _close(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
+    """Add to ``picks`` every block, not done, that a picked block waits for: the blocks
+    of lower conflict levels it reads (a block added from downstream may be of any
+    level), and the upstream tasks' blocks whose outputs it reads, transitively."""
+    runs = dry.scheduler.runs
+    left = {r.task_id: dry.left_mask(r).reshape(-1) for r in runs}
+    for run in reversed(runs):  # downstream first: what it adds upstream is closed in turn
+        chosen = picks.get(run.task_id)
+        if chosen is None or not len(chosen):
+            continue
+        mine = left[run.task_id]
+        if run.intra:
+            seen = set(chosen.tolist())
+            todo = list(seen)
+            while todo:
+                for u in run.geom.upstream_of(todo.pop()):
+                    if mine[u] and u not in seen:
+                        seen.add(u)
+                        todo.append(u)
+            chosen = picks[run.task_id] = np.fromiter(sorted(seen), dtype=np.int64)
+        for edge, up in run.up_edges:
+            need: set[int] = set()
+            for k in chosen.tolist():
+                need.update(u for u in edge.upstream_of(k) if left[up.task_id][u])
+            if need:
+                have = picks.get(up.task_id, np.zeros(0, dtype=np.int64))
+                merged = np.union1d(have, np.fromiter(need, dtype=np.int64, count=len(need)))
+                picks[up.task_id] = merged
+
+
+def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    """Run only the picked blocks (see the module docstring); their run's report JSON."""
+    clones: dict[int, Task] = {}
+    for t in rp.tasks:
+        c = copy.copy(t)
+        keep = np.zeros(t._geom.num_blocks, dtype=bool)
+        keep[picks.get(t.task_id, np.zeros(0, dtype=np.int64))] = True
+        c._skip_mask = (~keep).astype(np.uint8).reshape(t._geom.grid)
+        c._resource_tracking = True
+        clones[id(t)] = c
+    pipe = Pipeline(
+        [clones[id(t)] for t in rp.pipeline.tasks],
+        [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
+    )
+    result = _run_plan(  # never planned again, also under bellis plan
+        RunPlan.build(
+            pipe,
+            multiprocessing=rp.distributed,
+            resources=rp.resources,
+            progress=False,
+            block_tracking=True,
+            summary=False,
+            launcher=rp.launcher,
+            host=rp.host,
+        )
+    )
+    _finish(result, True, raise_abandoned=True)
+    return {tid: rep.to_json() for tid, rep in result.report.tasks.items()}
+
+
+def _grid_figures(dry: DryRun, run: Any) -> dict[str, np.ndarray[Any, Any]]:
+    """The store's per-block figures of ``run``'s task, flat over its block grid."""
+    store = dry.stores.get(run.task_id)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    if store is None:
+        return out
+    arrays = {"done": store.done, **store.stats}
+    names = ("done", "wall_seconds", "cpu_seconds", "cpu_children_seconds", "peak_rss_bytes")
+    for name in (*names, "worker_id", "sent_at", "returned_at"):
+        if name not in arrays:
+            continue
+        full = np.zeros(run.geom.grid, dtype=np.float64)
+        view, dst = run.store_view(arrays[name])
+        full[dst] = view
+        out[name] = full.reshape(-1)
+    return out
+
+
+def _warm_up(
+    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
+) -> tuple[float | None, np.ndarray[Any, Any]]:
+    """A worker's first block pays for its warm-up (imports, first allocations, caches).
+    Returns the median excess of the workers' first blocks over the other blocks' median
+    (the warm-up, which the simulation adds to the worker start), and the mask of the
+    other, *steady* blocks, whose costs model the run. ``(None, all True)`` with too few
+    blocks to tell.
+
+    Blocks that ran while other workers were still starting are kept: leaving them out
+    too would shrink a small sample further, and a heavy-tailed one (a few very costly
+    blocks) cannot afford that (benchmarks/RESULTS.md, "Forecast accuracy")."""
+    first = np.zeros(len(wall), dtype=bool)
+    for w in np.unique(worker_id):
+        idx = np.flatnonzero(worker_id == w)
+        first[idx[np.argmin(sent_at[idx])]] = True
+    steady = ~first
+    if steady.sum() < 3:
+        return None, np.ones(len(wall), dtype=bool)
+    excess = np.maximum(0.0, wall[first] - float(np.median(wall[steady])))
+    return float(np.median(excess)), steady
+
+
+def _overheads(
+    worker_id: np.ndarray[Any, Any],
+    sent_at: np.ndarray[Any, Any],
+    returned_at: np.ndarray[Any, Any],
+    wall: np.ndarray[Any, Any],
+) -> list[float]:
+    """Per worker with two blocks or more: the seconds per block it was out of its block
+    function while it held blocks (dispatch, round trips, recording), from when its first
+    block was sent to when its last came back. Every sampled block is ready at once, so a
+    worker never waits for one in between."""
+    out = []
+    for w in np.unique(worker_id):
+        idx = np.flatnonzero(worker_id == w)
+        if len(idx) < 2:
+            continue
+        span = float(returned_at[idx].max() - sent_at[idx].min())
+        out.append(max(0.0, (span - float(wall[idx].sum())) / len(idx)))
+    return out
+
+
+def _worker_starts(report: dict[str, Any]) -> tuple[list[float], float]:
+    """The sample run's worker starts (spawn to first request, sorted) and, for its
+    workers that never connected before it ended (a SLURM job still pending), the floor of
+    theirs: the sample run's wall."""
+    records = (report.get("workers") or {}).get("records") or []
+    seen = sorted(float(r["startup"]) for r in records if r.get("startup") is not None)
+    floor = float(report.get("wall_seconds") or 0.0)
+    return seen, max([floor, *seen[-1:]])
+
+
+def _arrivals(seen: list[float], floor: float, workers: int, warm_up: float) -> list[float]:
+    """Each of ``workers`` workers' start: those the sample saw, then the floor (a lower
+    bound), plus the warm-up of a worker's first block. Empty when the sample saw no
+    worker start: the simulation then uses the run's start delay for every worker."""
+    if not seen:
+        return []
+    out = [*seen[:workers], *[floor] * max(0, workers - len(seen))]
+    return [x + warm_up for x in out]
+
+
+def _stat(values: np.ndarray[Any, Any]) -> dict[str, float]:
+    if not len(values):
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p95": float(p95),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
+
+
+def _nearest(
+    grid: tuple[int, ...], targets: np.ndarray[Any, Any], sampled: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """For each flat index in ``targets``, the position in ``sampled`` of the nearest
+    sampled block (euclidean in grid coordinates)."""
+    tc = np.stack(np.unravel_index(targets, grid), axis=1).astype(np.float64)
+    sc = np.stack(np.unravel_index(sampled, grid), axis=1).astype(np.float64)
+    out = np.empty(len(targets), dtype=np.int64)
+    step = max(1, _NEAREST_CELLS // max(1, len(sampled)) // 8)
+    for a in range(0, len(targets), step):
+        d = ((tc[a : a + step, None, :] - sc[None, :, :]) ** 2).sum(axis=2)
+        out[a : a + step] = d.argmin(axis=1)
+    return out
+
+
+def _predict_costs(
+    grid: tuple[int, ...],
+    targets: np.ndarray[Any, Any],
+    sampled: np.ndarray[Any, Any],
+    costs: np.ndarray[Any, Any],
+    hint: np.ndarray[Any, Any] | None,
+) -> tuple[np.ndarray[Any, Any], str]:
+    if not len(targets):
+        return np.zeros(0), "none"
+    if not len(sampled):
+        return np.zeros(len(targets)), "none (no sampled block completed)"
+    if hint is not None and len(sampled) >= 3 and np.ptp(hint[sampled]) > 0:
+        slope, icpt = np.polyfit(hint[sampled], costs, 1)
+        if slope > 0:
+            pred = icpt + slope * hint[targets]
+            return np.maximum(pred, costs.min()), "a line in cost_hint"
+    return costs[_nearest(grid, targets, sampled)], "the nearest sampled block"
+
+
+def _ladder(request: int, growth: float) -> list[int]:
+    return [int(request * growth**i) for i in range(3)]
+
+
+def _round_request(p99: float) -> int:
+    step = 64 << 20
+    return int(math.ceil(p99 * 1.25 / step) * step)
+
+
+def _configured_memory(task: Task, launcher: Any) -> int | None:
+    if task.memory_limit is not None:
+        return int(task.memory_limit)
+    mem = getattr(launcher, "mem", None)
+    if isinstance(mem, str):
+        try:
+            return parse_size(mem, "mem")
+        except ConfigurationError:
+            return None
+    return None
+
+
+def _format_time(seconds: float) -> str:
+    s = math.ceil(seconds)
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def forecast(
+    rp: RunPlan,
+    *,
+    sample: Any = True,
+    cost_hint: Any = None,
+    seed: int = 0,
+) -> Plan:
+    """Run a sample of ``rp``'s blocks and forecast the rest (see the module docstring)."""
+    sample = _check_sample(sample)
+    hints = _hints(cost_hint, list(rp.tasks))
+    if not rp.block_tracking or any(t.resolved_tracking_path() is None for t in rp.tasks):
+        raise ConfigurationError(
+            "a forecast records its sampled blocks done in each task's tracking store, and "
+            "reads their figures back from it; give every task one: "
+            "bellis.set_tracking_basedir(...) or Task(tracking_path=...), and keep "
+            "block_tracking=True",
+            parameter="sample",
+        )
+    rng = np.random.default_rng(seed)
+    with DryRun(rp) as before:
+        picks: dict[str, np.ndarray[Any, Any]] = {}
+        for run in before.scheduler.runs:
+            n = sample_size(int(before.left_mask(run).sum()), sample)
+            hint = hints.get(run.task_id)
+            picked = _pick(_first_level(before, run), n, hint, rng)
+            if len(picked) < n:  # a small first level: more, of any level (closed below)
+                rest = before.left_mask(run).reshape(-1).copy()
+                rest[picked] = False
+                picked = np.union1d(picked, _pick(rest, n - len(picked), hint, rng))
+            picks[run.task_id] = picked
+        _close(before, picks)
+    n_picked = sum(len(v) for v in picks.values())
+    logger.info("bellis plan: running a sample of %d blocks", n_picked)
+    reports = _run_sample(rp, picks) if n_picked else {}
+    with DryRun(rp) as after:
+        plan = after.plan()
+        _predict(rp, after, plan, picks, reports, hints)
+    _leave_for_scoring(plan)
+    return plan
+
+
+def _leave_for_scoring(plan: Plan) -> None:
+    """Leave each task's forecast in its store: its next run scores it (_forecast_score)."""
+    assert plan.forecast is not None
+    for t in plan.tasks:
+        f = t.forecast
+        if t.store is None or f is None or not Path(t.store).is_dir():
+            continue
+        rss = f.get("peak_rss")
+        write_forecast(
+            t.store,
+            {
+                "made_at": time.time(),
+                "sampled": f["sampled"],
+                "blocks_left": t.left,
+                "workers": t.workers,
+                "wall": plan.forecast["wall"],
+                "task_wall": f["wall"],
+                "core_hours": f["core_hours"],
+                "peak_rss_p99": None if rss is None else rss["p99"],
+            },
+        )
+
+
+def _predict(
+    rp: RunPlan,
+    dry: DryRun,
+    plan: Plan,
+    picks: dict[str, np.ndarray[Any, Any]],
+    reports: dict[str, Any],
+    hints: dict[str, np.ndarray[Any, Any]],
+) -> None:
+    runs = dry.scheduler.runs
+    all_costs: list[np.ndarray[Any, Any]] = []
+    all_cpu: list[np.ndarray[Any, Any]] = []
+    index_of: dict[str, dict[int, int]] = {}
+    groups: list[int] = []
+    ratios: list[np.ndarray[Any, Any]] = []
+    total = 0
+    start_delays: list[float] = []
+    #: per task: the sample's worker starts (seconds, sorted), and a floor for the others
+    starts: list[tuple[list[float], float]] = []
+    overheads: list[float] = []
+    warm_ups: list[float] = []
+    for gi, run in enumerate(runs):
+        out = plan[run.task_id]
+        figs = _grid_figures(dry, run)
+        chosen = picks.get(run.task_id, np.zeros(0, dtype=np.int64))
+        ok = chosen[figs["done"][chosen] != 0] if "done" in figs and len(chosen) else chosen[:0]
+        wall = figs["wall_seconds"][ok] if "wall_seconds" in figs else np.zeros(0)
+        cpu = (figs.get("cpu_seconds", np.zeros(0))[ok] if len(ok) else np.zeros(0)) + (
+            figs["cpu_children_seconds"][ok] if "cpu_children_seconds" in figs else 0.0
+        )
+        rss = figs["peak_rss_bytes"][ok] if "peak_rss_bytes" in figs else np.zeros(0)
+        targets = np.flatnonzero(dry.left_mask(run).reshape(-1))
+        model_ok, model_wall = ok, wall
+        steady_mask = np.ones(len(ok), dtype=bool)
+        if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
+            warm, steady_mask = _warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
+            if warm is not None:
+                warm_ups.append(warm)
+                model_ok, model_wall = ok[steady_mask], wall[steady_mask]
+        costs, model = _predict_costs(
+            run.geom.grid, targets, model_ok, model_wall, hints.get(run.task_id)
+        )
+        cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
+        index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
+        total += len(targets)
+        all_costs.append(costs)
+        all_cpu.append(costs * cpu_ratio)
+        groups.extend([gi] * len(targets))
+        if len(wall):
+            means = _bootstrap_means(wall)
+            ratios.append(means / max(wall.mean(), 1e-12))
+        rep = reports.get(run.task_id) or {}
+        started, first = rep.get("run_started_at"), rep.get("first_sent_at")
+        if started is not None and first is not None and not run.up_edges:
+            start_delays.append(max(0.0, float(first) - float(started)))
+        starts.append(_worker_starts(rep))
+        if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
+            sel = ok[steady_mask]
+            overheads.extend(
+                _overheads(
+                    figs["worker_id"][sel],
+                    figs["sent_at"][sel],
+                    figs["returned_at"][sel],
+                    wall[steady_mask],
+                )
+            )
+        lau = run.task.launcher or rp.launcher
+        configured = _configured_memory(run.task, lau)
+        growth = run.task.memory_growth or getattr(lau, "memory_growth", None) or 2.0
+        rss_stat = _stat(rss) if len(rss) else None
+        f: dict[str, Any] = {
+            "sampled": len(chosen),
+            "sampled_done": len(ok),
+            "sample_failed": int(len(chosen) - len(ok)),
+            "cost_model": model,
+            "block_wall": _stat(wall),
+            "block_cpu": _stat(cpu),
+            "peak_rss": None,
+            "time_limit": None,
+        }
+        if rss_stat is not None:
+            request = _round_request(rss_stat["p99"])
+            f["peak_rss"] = {
+                **rss_stat,
+                "request": request,
+                "ladder": _ladder(request, growth),
+                "configured": configured,
+            }
+            if configured is not None and configured < rss_stat["p99"]:
+                plan.warnings.append(
+                    f"task {run.task_id!r}: the memory request {format_bytes(configured)} is "
+                    f"below the sampled p99 peak RSS {format_bytes(rss_stat['p99'])}; request "
+                    f"{format_bytes(request)} (memory_limit= or SlurmLauncher(mem=...))"
+                )
+        if len(targets) and not len(ok):
+            plan.warnings.append(
+                f"task {run.task_id!r}: no sampled block completed, so its {len(targets)} "
+                "blocks left are forecast at no cost: the forecast is too low"
+            )
+        if f["sample_failed"]:
+            plan.warnings.append(
+                f"task {run.task_id!r}: {f['sample_failed']} of {len(chosen)} sampled blocks "
+                "did not complete; they are left for the run (see bellis status --failed)"
+            )
+        if len(wall) and wall.max() > 0.5 * run.task.timeout_secs:
+            plan.warnings.append(
+                f"task {run.task_id!r}: a sampled block took "
+                f"{format_seconds(float(wall.max()))}, over half the block timeout "
+                f"({run.task.timeout_secs:g} s); raise Task(timeout=...)"
+            )
+        out.forecast = f
+    deps: list[list[int]] = [[] for _ in range(total)]
+    for run in runs:
+        mine = index_of[run.task_id]
+        g = run.geom
+        for k, i in mine.items():
+            if run.intra:
+                deps[i].extend(mine[u] for u in g.upstream_of(k) if u in mine)
+            for edge, up in run.up_edges:
+                theirs = index_of[up.task_id]
+                deps[i].extend(theirs[u] for u in edge.upstream_of(k) if u in theirs)
+    costs = np.concatenate(all_costs) if all_costs else np.zeros(0)
+    cpu_all = np.concatenate(all_cpu) if all_cpu else np.zeros(0)
+    lo_hi = np.percentile(np.concatenate(ratios), [10, 90]) if ratios else np.array([1.0, 1.0])
+    start_delay = float(np.median(start_delays)) if start_delays else 0.0
+    warm_up = float(np.median(warm_ups)) if warm_ups else 0.0
+    start_delay += warm_up
+    overhead = float(np.median(overheads)) if overheads else 0.0
+    base_workers = [max(1, plan[r.task_id].workers or r.task.max_workers) for r in runs]
+    if not rp.distributed:  # one block at a time, in this process
+        groups = [0] * total
+        base_workers = [1]
+
+    def sim(scale: float, workers: list[int]) -> Any:
+        arrivals = None
+        if rp.distributed:
+            arrivals = [
+                _arrivals(seen, floor, w, warm_up)
+                for (seen, floor), w in zip(starts, workers, strict=True)
+            ]
+        return simulate(
+            list(costs * scale),
+            deps,
+            groups,
+            workers,
+            start_delay=start_delay if rp.distributed else 0.0,
+            overhead=overhead,
+            arrivals=arrivals,
+        )
+
+    est, low, high = (sim(s, base_workers) for s in (1.0, float(lo_hi[0]), float(lo_hi[1])))
+    forecast_json: dict[str, Any] = {
+        "blocks_left": int(total),
+        "sampled": int(sum(len(v) for v in picks.values())),
+        "start_delay_seconds": start_delay,
+        "warm_up_seconds": warm_up,
+        "overhead_seconds_per_block": overhead,
+        "workers": {r.task_id: w for r, w in zip(runs, base_workers, strict=False)},
+        "wall": _interval(est.wall, low.wall, high.wall),
+        "core_hours": _interval(
+            float(cpu_all.sum()) / 3600,
+            float(cpu_all.sum()) * float(lo_hi[0]) / 3600,
+            float(cpu_all.sum()) * float(lo_hi[1]) / 3600,
+        ),
+        "worker_hours": _interval(
+            est.worker_seconds(base_workers) / 3600,
+            low.worker_seconds(base_workers) / 3600,
+            high.worker_seconds(base_workers) / 3600,
+        ),
+        "alternatives": [],
+    }
+    if rp.distributed:
+        for scale in ALTERNATIVES:
+            ws = []
+            for r, _w in zip(runs, base_workers, strict=True):
+                cap = max(1, plan[r.task_id].max_parallel)
+                ws.append(max(1, min(cap, round(r.task.max_workers * scale))))
+            walls = [sim(s, ws).wall for s in (1.0, float(lo_hi[0]), float(lo_hi[1]))]
+            forecast_json["alternatives"].append(
+                {"scale": scale, "workers": int(sum(ws)), "wall": _interval(*walls)}
+            )
+    for gi, run in enumerate(runs):
+        task_forecast = plan[run.task_id].forecast
+        assert task_forecast is not None
+        gx = gi if rp.distributed else 0
+        task_forecast["wall"] = _interval(est.finished[gx], low.finished[gx], high.finished[gx])
+        cpu_h = float(all_cpu[gi].sum()) / 3600
+        task_forecast["core_hours"] = _interval(
+            cpu_h, cpu_h * float(lo_hi[0]), cpu_h * float(lo_hi[1])
+        )
+        lau = run.task.launcher or rp.launcher
+        if getattr(lau, "name", None) == "slurm":
+            need = high.finished[gx] * 1.25 + 300.0
+            task_forecast["time_limit"] = _format_time(need)
+            limit = getattr(lau, "walltime_seconds", None)
+            if limit is None and getattr(lau, "time_limit", None):
+                from .._launchers._slurm_text import time_limit_seconds
+
+                limit = time_limit_seconds(lau.time_limit)
+            if limit and limit * (1 + run.task.max_worker_restarts) < est.finished[gx]:
+                plan.warnings.append(
+                    f"task {run.task_id!r}: the forecast wall {format_seconds(est.finished[gx])} "
+                    f"outlasts the job time limit ({lau.time_limit}) times its "
+                    f"{1 + run.task.max_worker_restarts} starts; set "
+                    f"SlurmLauncher(time_limit={task_forecast['time_limit']!r}) or more workers"
+                )
+    plan.forecast = forecast_json
+
+
+def _bootstrap_means(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Bootstrap means of ``values`` (a fixed seed: the forecast is reproducible)."""
+    rng = np.random.default_rng(12345)
+    idx = rng.integers(0, len(values), size=(_BOOTSTRAP, len(values)))
+    out: np.ndarray[Any, Any] = values[idx].mean(axis=1)
+    return out
+
+
+def _interval(estimate: float, low: float, high: float) -> dict[str, float]:
+    return {
+        "estimate": float(estimate),
+        "low": float(min(low, estimate)),
+        "high": float(max(high, estimate)),
+    }
