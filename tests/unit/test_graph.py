@@ -295,7 +295,7 @@ def test_downstream_readers_are_the_blocks_whose_read_roi_meets_a_redone_write_r
 ) -> None:
     import numpy as np
 
-    from bellis._graph import downstream_readers
+    from bellis._bulk import downstream_readers
 
     up, down = _grid2("up", *up_args), _grid2("down", *down_args)
     rng = np.random.default_rng(3)
@@ -316,7 +316,7 @@ def test_downstream_readers_are_the_blocks_whose_read_roi_meets_a_redone_write_r
 def test_downstream_readers_rejects_blocks_of_another_grid() -> None:
     import numpy as np
 
-    from bellis._graph import downstream_readers
+    from bellis._bulk import downstream_readers
 
     up, down = _grid2("up", 0, 10), _grid2("down", 3, 10)
     with pytest.raises(ValueError, match="outside task 'up'"):

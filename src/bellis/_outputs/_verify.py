@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._graph import TaskGeometry, downstream_readers
+from .._bulk import downstream_readers
+from .._graph import TaskGeometry
 from ..errors import ConfigurationError, TrackingError
 from ._readback import HASH_NAME, ReadBack, Target
 
@@ -152,7 +153,7 @@ def transitive_readers(
 
     ``geoms``: the tasks' block grids; ``edges``: ``(upstream, downstream)`` task ids;
     ``bad``: block indices per task. One step down an edge is
-    :func:`bellis._graph.downstream_readers` (a block reads an upstream block when its read
+    :func:`bellis._bulk.downstream_readers` (a block reads an upstream block when its read
     ROI meets that block's write ROI, the same rule run start uses for stale blocks); a
     block that reads a reader is a reader too. Pure: no store is touched.
     """

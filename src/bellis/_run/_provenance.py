@@ -17,7 +17,7 @@ in dependency order; per task with a store it computes
 
 - ``own``: done blocks whose code index names another fingerprint (never the unknown 0);
 - ``reads``: other done blocks that read an upstream block which runs in this run (not
-  done now, not masked) or was made in a later run (:func:`~bellis._graph.downstream_readers`
+  done now, not masked) or was made in a later run (:func:`~bellis._bulk.downstream_readers`
   over whole grids, once per distinct run among the task's done blocks, and only when an
   upstream run is later than the task's earliest);
 
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from .._bulk import block_view, downstream_readers
 from .._fingerprint import Fingerprint, differences, fingerprint
-from .._graph import block_view, downstream_readers
 from .._task import Task, topological_order
 from .._tracking._codever import code_counts, made_at, read_table, register, resolve
 from ..errors import CodeChangedError

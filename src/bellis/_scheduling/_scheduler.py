@@ -38,14 +38,8 @@ from typing import Any
 import numpy as np
 
 from .._block import Block, BlockStatus
-from .._graph import (
-    InterTaskEdge,
-    add_product,
-    edge_axis_counts,
-    store_product,
-    subtract_shifted,
-    zeroed,
-)
+from .._bulk import add_product, edge_axis_counts, store_product, subtract_shifted, zeroed
+from .._graph import InterTaskEdge
 from .._outputs._units import TaskWrites, plan_pipeline_writes
 from .._state import TaskState
 from .._task import Pipeline, Task, topological_order

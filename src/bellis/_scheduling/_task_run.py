@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .._graph import InterTaskEdge, TaskGeometry, block_view, store_product, zeroed
+from .._bulk import block_view, store_product, zeroed
+from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
 
