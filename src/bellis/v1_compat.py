@@ -12,7 +12,7 @@ from typing import Any
 
 from . import logging as logging
 from ._names import HOMES, PUBLIC_NAMES as _PUBLIC_NAMES, load_public_name
-from ._run._runner import _pipeline_from_list
+from ._run._checks import _pipeline_from_list
 from ._scheduling._scheduler import Scheduler as _Scheduler
 from ._task import Task as _V2Task
 from .errors import BellisDeprecationWarning

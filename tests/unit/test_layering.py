@@ -39,7 +39,7 @@ TOP_LEVEL = {
     "model": {"_block", "_graph", "_bulk", "_state", "_skipmask"},
     "protocol": {"_protocol"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
-    "task": {"_task"},
+    "task": {"_task", "_task_params"},
     # the public face: what users import, and the lazy loader of the public names
     "face": {"__init__", "v2", "v1_compat", "cl_monitor", "block", "_names", "_as_daisy"},
     # the entry points of `python -m bellis` and `python -m bellis.worker`

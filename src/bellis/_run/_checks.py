@@ -1,0 +1,137 @@
+"""What ``run_blockwise`` checks before a run starts: the pipeline it was given, the
+resource budget, each task's process function for the mode, and the address workers dial.
+
+Owns: the "invalid configuration: ..." errors of a run (each names the parameter and the
+fix) and the choice of bind and advertised host. May import the model, ``_task`` and
+``_launchers._net``; used by ``_runner`` (and ``v1_compat`` for daisy 1.x task lists).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from typing import Any
+
+from .._task import Pipeline, Task, function_arity
+from ..errors import ConfigurationError
+
+__all__ = [
+    "_check_config",
+    "_check_resources",
+    "_choose_hosts",
+    "_coerce_pipeline",
+    "_config_error",
+    "_pipeline_from_list",
+]
+
+logger = logging.getLogger("bellis")
+
+
+def _coerce_pipeline(obj: Any) -> Pipeline:
+    if isinstance(obj, Pipeline):
+        return obj
+    if isinstance(obj, Task):
+        return Pipeline.from_task(obj)
+    if isinstance(obj, list | tuple):
+        return _pipeline_from_list(list(obj))
+    raise TypeError(f"expected a Pipeline, a Task, or a list of tasks; got {type(obj).__name__}")
+
+
+def _pipeline_from_list(tasks: list[Any]) -> Pipeline:
+    """The daisy 1.x bridge: follow ``upstream_tasks`` transitively."""
+    seen: dict[int, Task] = {}
+    edges: list[tuple[Task, Task]] = []
+    todo = list(tasks)
+    while todo:
+        t = todo.pop(0)
+        if not isinstance(t, Task):
+            raise TypeError(
+                f"expected a Pipeline, a Task, or a list of tasks; the list holds a "
+                f"{type(t).__name__}"
+            )
+        if id(t) in seen:
+            continue
+        seen[id(t)] = t
+        for up in getattr(t, "upstream_tasks", None) or []:
+            edges.append((up, t))
+            todo.append(up)
+    return Pipeline(list(seen.values()), edges, _validate=True)
+
+
+def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
+    return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
+
+
+def _check_config(
+    order: list[Task], *, distributed: bool, resources: dict[str, int], external: bool
+) -> None:
+    for t in order:
+        fn = t.process_function
+        if distributed:
+            if fn is None and not external:
+                raise _config_error(
+                    f'task "{t.task_id}" has no process_function; distributed mode starts '
+                    "workers that run it, so without one the run would wait forever. Pass "
+                    "Task(process_function=...), or serve external workers with "
+                    "Server(external_workers=True)",
+                    "process_function",
+                )
+            for k, v in t.requires.items():
+                if v > resources.get(k, 0):
+                    have = {k: resources.get(k, 0)}
+                    raise _config_error(
+                        f'task "{t.task_id}" requires {{{k}: {v}}} but the global budget only '
+                        f"has {{{k}: {have[k]}}}. Raise run_blockwise(resources=...) or lower "
+                        "Task(requires=...)",
+                        "requires",
+                    )
+        else:
+            if fn is None or function_arity(fn) == 0:
+                raise _config_error(
+                    f'task "{t.task_id}" has no 1-argument process_function; serial mode '
+                    "(multiprocessing=False) runs block functions in-process and cannot run "
+                    "a worker function that expects to connect to a server",
+                    "process_function",
+                )
+
+
+def _check_resources(resources: Any) -> dict[str, int]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise TypeError(
+            f"resources must be a dict of resource name to int, e.g. {{'gpu': 2}} (got "
+            f"{type(resources).__name__})"
+        )
+    out = {}
+    for k, v in resources.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _config_error(f"resources[{k!r}] = {v!r} is not a non-negative int", "resources")
+        out[k] = v
+    return out
+
+
+def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
+    """(bind address, advertised address)."""
+    host = host or os.environ.get("BELLIS_HOST") or os.environ.get("DAISY_HOST")
+    if host is None:
+        if all(getattr(launcher, "is_local", True) for launcher in launchers):
+            return "127.0.0.1", "127.0.0.1"
+        from .._launchers._net import detect_reachable_host
+
+        host = detect_reachable_host()
+        logger.info("bellis server advertises %s to its workers", host)
+    if host in ("localhost",):
+        return "127.0.0.1", "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+        if ip.is_loopback:
+            return host, host
+    except ValueError:
+        from .._launchers._net import resolve_interface
+
+        resolved = resolve_interface(host)
+        if resolved is not None:
+            return "0.0.0.0", resolved
+    return "0.0.0.0", host

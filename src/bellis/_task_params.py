@@ -1,0 +1,194 @@
+"""Task parameters, read and checked: the validators ``Task.__init__`` calls.
+
+Owns: each parameter's accepted forms and the error that names the parameter, the value
+and the fix. May import the plumbing and the model; imported by ``_task`` only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import warnings
+from datetime import timedelta
+from typing import Any, Final
+
+import numpy as np
+
+from ._sizes import format_grant, parse_growth, parse_size
+from ._state import DEFAULT_TIMEOUT_SECONDS
+from .errors import BellisDeprecationWarning, ConfigurationError
+
+#: a keyword argument the caller did not pass (``None`` is a value there)
+UNSET: Any = object()
+
+#: ``Task(speculative=True)``: a block is a straggler after this many median blocks
+DEFAULT_BACKUP_AFTER: Final = 3.0
+
+
+def check_count(name: str, value: Any, minimum: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int (got {type(value).__name__} {value!r})")
+    value = int(value)
+    if value < minimum:
+        raise ConfigurationError(
+            f"{name} must be at least {minimum} (got {value}); {fix}", parameter=name
+        )
+    result: int = value
+    return result
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by this function's caller point at
+    the first frame outside bellis (level 1 is the caller itself)."""
+    here_frame = inspect.currentframe()
+    frame = here_frame.f_back if here_frame is not None else None
+    level = 1
+    here = os.path.dirname(__file__)
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(here):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 2
+
+
+def parse_timeout(timeout: Any) -> float:
+    if timeout is None:
+        return DEFAULT_TIMEOUT_SECONDS
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, int | float | np.integer | np.floating) and not isinstance(
+        timeout, bool
+    ):
+        seconds = float(timeout)
+    else:
+        raise TypeError(
+            "timeout must be a float seconds, a timedelta, or None (None means the "
+            f"{DEFAULT_TIMEOUT_SECONDS:g}s default)"
+        )
+    if not seconds > 0:
+        raise ConfigurationError(
+            "block timeout must be positive; blocks are expected to be fast — raise the "
+            "timeout instead of disabling it",
+            parameter="timeout",
+        )
+    return seconds
+
+
+def parse_stall_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(
+            f"stall_timeout={value!r} is not a duration: pass seconds (a positive number), "
+            "a timedelta, or None to turn stall detection off",
+            parameter="stall_timeout",
+        )
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ConfigurationError(
+            f"stall_timeout={value!r} must be a positive, finite number of seconds (how long "
+            "a block may go without CPU, IO or heartbeat before its worker is replaced); "
+            "pass None to turn stall detection off",
+            parameter="stall_timeout",
+        )
+    return seconds
+
+
+def parse_backup_after(speculative: Any, backup_after: Any) -> float | None:
+    if not isinstance(speculative, bool | np.bool_):
+        raise ConfigurationError(
+            f"speculative={speculative!r} must be True or False (True: back up straggler "
+            "blocks after 3x the median block; backup_after=factor sets another factor)",
+            parameter="speculative",
+        )
+    if backup_after is None:
+        return DEFAULT_BACKUP_AFTER if speculative else None
+    if (
+        isinstance(backup_after, bool)
+        or not isinstance(backup_after, int | float | np.integer | np.floating)
+        or not (1.0 < float(backup_after) < math.inf)
+    ):
+        raise ConfigurationError(
+            f"backup_after={backup_after!r} must be a finite number above 1: a block out "
+            "longer than this many times the median block gets a backup copy (e.g. "
+            "backup_after=3.0); pass None to turn backups off",
+            parameter="backup_after",
+        )
+    return float(backup_after)
+
+
+def parse_memory(limit: Any, growth: Any, cap: Any) -> tuple[int | None, float | None, int | None]:
+    lim = None if limit is None else parse_size(limit, "memory_limit")
+    grow = None if growth is None else parse_growth(growth)
+    top = None if cap is None else parse_size(cap, "max_memory")
+    if lim is not None and top is not None and top < lim:
+        raise ConfigurationError(
+            f"max_memory={cap!r} ({format_grant(top)}) is below memory_limit={limit!r} "
+            f"({format_grant(lim)}): the largest grant must be at least the first; raise "
+            "max_memory",
+            parameter="max_memory",
+        )
+    return lim, grow, top
+
+
+def parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool | None:
+    if done_marker_path is not UNSET and tracking_path is not UNSET:
+        raise TypeError(
+            "pass either tracking_path or done_marker_path, not both (done_marker_path is "
+            "the deprecated alias)"
+        )
+    value = tracking_path
+    name = "tracking_path"
+    if done_marker_path is not UNSET:
+        name = "done_marker_path"
+        value = done_marker_path
+        if value is not None:
+            warnings.warn(
+                "done_marker_path is deprecated; use tracking_path",
+                BellisDeprecationWarning,
+                stacklevel=user_stacklevel(),
+            )
+    if value is UNSET or value is None:
+        return None
+    if value is True:
+        raise TypeError(
+            f"{name}=True is not a valid value; use None (auto), False (disabled), or a str/Path"
+        )
+    if value is False:
+        return False
+    if isinstance(value, str | os.PathLike):
+        return os.fspath(value) if not isinstance(value, bytes) else value.decode()  # type: ignore[return-value, unused-ignore]
+    raise TypeError(
+        f"{name} must be None (auto), False (disabled), or a str/Path (got "
+        f"{type(value).__name__} {value!r})"
+    )
+
+
+def parse_requires(requires: Any) -> dict[str, int]:
+    if requires is None:
+        return {}
+    if not isinstance(requires, dict):
+        raise TypeError(
+            f"requires must be a dict of resource name to int, e.g. {{'gpu': 1}} "
+            f"(got {type(requires).__name__})"
+        )
+    out = {}
+    for k, v in requires.items():
+        if not isinstance(k, str):
+            raise TypeError(f"requires keys must be str (got {k!r})")
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise TypeError(f"requires[{k!r}] must be an int (got {v!r})")
+        if v < 0:
+            raise ConfigurationError(
+                f"requires[{k!r}]={v} is negative; a task needs 0 or more units of a "
+                "resource (leave it out for none)",
+                parameter="requires",
+            )
+        if v > 0:
+            out[k] = int(v)
+    return out
