@@ -38,7 +38,7 @@ import numpy as np
 from .._run._runner import RunPlan, _finish, _run_plan
 from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB
-from .._stats._forecast_score import write_forecast
+from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
 from ..errors import ConfigurationError
 from ._dry import DryRun
@@ -215,18 +215,18 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         [clones[id(t)] for t in rp.pipeline.tasks],
         [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
     )
-    result = _run_plan(  # never planned again, also under bellis plan
-        RunPlan.build(
-            pipe,
-            multiprocessing=rp.distributed,
-            resources=rp.resources,
-            progress=False,
-            block_tracking=True,
-            summary=False,
-            launcher=rp.launcher,
-            host=rp.host,
-        )
+    sample_plan = RunPlan.build(
+        pipe,
+        multiprocessing=rp.distributed,
+        resources=rp.resources,
+        progress=False,
+        block_tracking=True,
+        summary=False,
+        launcher=rp.launcher,
+        host=rp.host,
     )
+    with sample_run():  # scores no waiting forecast
+        result = _run_plan(sample_plan)  # never planned again, also under bellis plan
     _finish(result, True, raise_abandoned=True)
     return {tid: rep.to_json() for tid, rep in result.report.tasks.items()}
 
@@ -446,6 +446,7 @@ def _leave_for_scoring(plan: Plan) -> None:
             t.store,
             {
                 "made_at": time.time(),
+                "tasks": [x.task_id for x in plan.tasks],  # the run it forecasts
                 "sampled": f["sampled"],
                 "blocks_left": t.left,
                 "workers": t.workers,
