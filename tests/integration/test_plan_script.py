@@ -156,3 +156,21 @@ def test_plan_rejects_a_bad_sample(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--sample wants a positive number of blocks per task (got '0')" in proc.stderr
+
+
+def test_plan_help_says_what_a_sample_runs_and_writes(tmp_path: Path) -> None:
+    # review finding 11: the help said "No block runs and no tracking store is written",
+    # which --sample contradicts (its blocks run, are recorded done, and leave a forecast)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "plan", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "No block runs and no tracking store is written." not in text
+    assert "Without --sample no block runs and no tracking store is written" in text
+    assert "with --sample each call's sample of blocks really runs, is recorded done" in text
+    assert "forecast.json" in text

@@ -110,7 +110,10 @@ def add_plan_parser(sub: Any) -> None:
         description="Runs COMMAND (e.g. `python my_pipeline.py ARGS`) with planning switched "
         "on: each run_blockwise call prints its plan (blocks done, masked, failed before, "
         "left; levels; workers) and saves it as a JSON line instead of running, then returns "
-        "True. No block runs and no tracking store is written. See docs/plan.md.",
+        "True. Without --sample no block runs and no tracking store is written (stores are only "
+        "read); with --sample each call's sample of blocks really runs, is recorded done in "
+        "the tracking stores and leaves a forecast.json there for the next real run to "
+        "score. See docs/plan.md.",
     )
     p.add_argument(
         "--out",

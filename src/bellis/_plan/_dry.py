@@ -12,11 +12,13 @@ starts. Nothing calls a process or check function, and no worker starts.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._run._provenance import check_code
 from .._run._runner import RunPlan
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
@@ -25,6 +27,7 @@ from .._tracking import STAT_ARRAYS, TrackingStore, layout_hash
 from .._tracking._disk import free_bytes, unreserved_bytes
 from .._tracking._files import chunk_files
 from .._tracking._layout import BASE_ARRAYS
+from ..errors import CodeChangedError
 from ._model import Plan, TaskOutlook
 
 __all__ = ["DryRun", "dry_run"]
@@ -37,12 +40,17 @@ class DryRun:
         self.run_plan = run_plan
         self.stores: dict[str, TrackingStore] = {}
         self.notes: dict[str, list[str]] = {t.task_id: [] for t in run_plan.tasks}
+        #: what the real run would raise at its start (on_code_change="error"), as text
+        self.warnings: list[str] = []
         try:
             for t in run_plan.tasks:
                 store = self._open_store(t) if run_plan.block_tracking else None
                 if store is not None:
                     self.stores[t.task_id] = store
-            self.scheduler = Scheduler(run_plan.pipeline, _stores=dict(self.stores))
+            #: the stores as the run's scheduler would find them, after check_code
+            self.seen = {tid: _StoreAsRunSees(s) for tid, s in self.stores.items()}
+            self._check_code()
+            self.scheduler = Scheduler(run_plan.pipeline, _stores=dict(self.seen))
         except BaseException:
             self.close()
             raise
@@ -61,6 +69,26 @@ class DryRun:
             store.close()
             return None
         return store
+
+    def _check_code(self) -> None:
+        """The run's code-staleness check over the copies (see the module docstring)."""
+        rp = self.run_plan
+        try:
+            code = check_code(list(rp.tasks), rp.pipeline.edges, dict(self.seen), time.time())
+        except CodeChangedError as exc:
+            tid = exc.task_id or "?"
+            self.warnings.append(
+                f"a real run would raise CodeChangedError before running anything: task "
+                f'{tid!r} (on_code_change="error") has {exc.count} stale done block(s): {exc}'
+            )
+            if tid in self.notes:
+                self.notes[tid].append(
+                    f'on_code_change="error": {exc.count} stale done block(s); a real run '
+                    "raises CodeChangedError"
+                )
+            return
+        for tid, note in code.notes.items():
+            self.notes[tid].append("a real run: " + note.removeprefix(f"{tid}: "))
 
     def close(self) -> None:
         for store in self.stores.values():
@@ -89,7 +117,7 @@ class DryRun:
             max_parallel = max(max_parallel, int(np.count_nonzero(left[g.level_slices(lvl)])))
         n_left = run.total - run.skipped_done - run.skipped_mask
         failed_before = 0
-        store = self.stores.get(run.task_id)
+        store = self.seen.get(run.task_id)
         if store is not None:
             fails, _ = run.store_view(store.failures)
             done, _ = run.store_view(store.done)
@@ -143,7 +171,22 @@ class DryRun:
         )
 
     def plan(self) -> Plan:
-        return Plan(self.run_plan.mode, [self.outlook(r) for r in self.scheduler.runs])
+        out = Plan(self.run_plan.mode, [self.outlook(r) for r in self.scheduler.runs])
+        out.warnings.extend(self.warnings)
+        return out
+
+
+class _StoreAsRunSees:
+    """A store opened read-only, with its done markers as a private copy: what the run's
+    scheduler would find after ``check_code`` cleared the blocks ``on_code_change="rerun"``
+    runs again. Everything else is the store's own (read-only)."""
+
+    def __init__(self, store: TrackingStore) -> None:
+        self._store = store
+        self.done: np.ndarray[Any, Any] = np.array(store.done)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
 
 
 def _existing_parent(path: Path) -> Path:

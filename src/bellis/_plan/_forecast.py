@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from .._run._runner import RunPlan, _finish, _run_plan
-from .._sizes import parse_size
-from .._stats._forecast_score import write_forecast
+from .._scheduling._memory import MEMORY_KEYS
+from .._sizes import MIB
+from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
 from ..errors import ConfigurationError
 from ._dry import DryRun
@@ -214,18 +215,18 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         [clones[id(t)] for t in rp.pipeline.tasks],
         [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
     )
-    result = _run_plan(  # never planned again, also under bellis plan
-        RunPlan.build(
-            pipe,
-            multiprocessing=rp.distributed,
-            resources=rp.resources,
-            progress=False,
-            block_tracking=True,
-            summary=False,
-            launcher=rp.launcher,
-            host=rp.host,
-        )
+    sample_plan = RunPlan.build(
+        pipe,
+        multiprocessing=rp.distributed,
+        resources=rp.resources,
+        progress=False,
+        block_tracking=True,
+        summary=False,
+        launcher=rp.launcher,
+        host=rp.host,
     )
+    with sample_run():  # scores no waiting forecast
+        result = _run_plan(sample_plan)  # never planned again, also under bellis plan
     _finish(result, True, raise_abandoned=True)
     return {tid: rep.to_json() for tid, rep in result.report.tasks.items()}
 
@@ -367,15 +368,23 @@ def _round_request(p99: float) -> int:
     return int(math.ceil(p99 * 1.25 / step) * step)
 
 
-def _configured_memory(task: Task, launcher: Any) -> int | None:
+def _configured_memory(task: Task, launcher: Any) -> tuple[int, str] | None:
+    """The memory each worker of ``task`` asks for (bytes) and the parameter that sets it,
+    as the run's memory ladder finds it (``_scheduling._memory.ladder_for``): the task's
+    ``memory_limit``, else, on a launcher that grants memory, the task's ``requires``
+    megabytes (batch launchers) or the launcher's ``mem`` (``memory_request``: SLURM, LSF,
+    PBS, SGE). None: no request."""
     if task.memory_limit is not None:
-        return int(task.memory_limit)
-    mem = getattr(launcher, "mem", None)
-    if isinstance(mem, str):
-        try:
-            return parse_size(mem, "mem")
-        except ConfigurationError:
-            return None
+        return int(task.memory_limit), "Task(memory_limit=...)"
+    if launcher is None or not getattr(launcher, "memory_grants", False):
+        return None
+    if not getattr(launcher, "is_local", True):
+        key = next((k for k in MEMORY_KEYS if task.requires.get(k)), None)
+        if key is not None:
+            return int(task.requires[key]) * MIB, f"Task(requires={{{key!r}: ...}}) (megabytes)"
+    request = getattr(launcher, "memory_request", None)
+    if isinstance(request, int) and not isinstance(request, bool) and request > 0:
+        return request, f"{type(launcher).__name__}(mem=...)"
     return None
 
 
@@ -437,6 +446,7 @@ def _leave_for_scoring(plan: Plan) -> None:
             t.store,
             {
                 "made_at": time.time(),
+                "tasks": [x.task_id for x in plan.tasks],  # the run it forecasts
                 "sampled": f["sampled"],
                 "blocks_left": t.left,
                 "workers": t.workers,
@@ -514,7 +524,8 @@ def _predict(
                 )
             )
         lau = run.task.launcher or rp.launcher
-        configured = _configured_memory(run.task, lau)
+        memory = _configured_memory(run.task, lau)
+        configured = None if memory is None else memory[0]
         growth = run.task.memory_growth or getattr(lau, "memory_growth", None) or 2.0
         rss_stat = _stat(rss) if len(rss) else None
         f: dict[str, Any] = {
@@ -535,11 +546,11 @@ def _predict(
                 "ladder": _ladder(request, growth),
                 "configured": configured,
             }
-            if configured is not None and configured < rss_stat["p99"]:
+            if memory is not None and memory[0] < rss_stat["p99"]:
                 plan.warnings.append(
-                    f"task {run.task_id!r}: the memory request {format_bytes(configured)} is "
+                    f"task {run.task_id!r}: the memory request {format_bytes(memory[0])} is "
                     f"below the sampled p99 peak RSS {format_bytes(rss_stat['p99'])}; request "
-                    f"{format_bytes(request)} (memory_limit= or SlurmLauncher(mem=...))"
+                    f"{format_bytes(request)} ({memory[1]})"
                 )
         if len(targets) and not len(ok):
             plan.warnings.append(

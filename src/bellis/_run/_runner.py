@@ -498,6 +498,10 @@ def _write_reports(
 ) -> Any:
     reports = {}
     result = run.result
+    # only a complete run scores a waiting forecast (_forecast_score)
+    complete = result.interrupted is None and all(
+        _outcome(result.states[r.task_id], r, False) == "completed" for r in run.scheduler.runs
+    )
     for task_run in run.scheduler.runs:
         tid = task_run.task_id
         state = result.states[tid]
@@ -526,7 +530,9 @@ def _write_reports(
         store_path = None
         if store is not None:
             store_path = store.path
-            if (scored := score_forecast(store, data)) is not None:
+            left = state.total_block_count - state.skipped_done_count - state.skipped_mask_count
+            scored = score_forecast(store, data, tasks=result.order, complete=complete, left=left)
+            if scored is not None:
                 data["forecast"] = scored  # what bellis.plan(sample=...) predicted
             append_report(Path(store.runs_jsonl), data)
         else:
