@@ -76,7 +76,7 @@ from .._protocol import (
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
-from ._attempts import KIND_LOST, attempt_record
+from ._attempts import KIND_LOST, attempt_record, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -356,8 +356,14 @@ class Dispatcher:
         run.last_worker_error = text
         sid = run.geom.spatial_id_of(k)
         log = peer.worker.log if peer.worker is not None else None
-        self.errors.add(run.task_id, sid, text, log)
-        self.errors.record(attempt_record(peer, run, k, text, kind, details))
+        errors = self.errors
+        errors.add(run.task_id, sid, text, log)
+        # a server-side kind (timeout, lost, out of memory) is rare: always recorded
+        if kind is not None or not errors.counted(run.task_id, text, details):
+            errors.record(
+                attempt_record(peer, run, k, text, kind, details),
+                text_key(run.task_id, text, kind, details),
+            )
         logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 
     def release(

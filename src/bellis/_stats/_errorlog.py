@@ -179,13 +179,16 @@ def _append(fd: int, data: bytes) -> None:
 
 
 class _KeyState:
-    __slots__ = ("count", "kind", "samples", "written")
+    __slots__ = ("count", "counting", "key", "kind", "samples", "written")
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, key: tuple[str, str, str], kind: str) -> None:
+        self.key = key
         self.count = 0
         self.written = 0  # the count of the last count line
         self.kind = kind
         self.samples: list[list[int]] = []
+        #: its attempts are only counted now (full records are done with for good)
+        self.counting = False
 
 
 class ErrorLog:
@@ -210,7 +213,10 @@ class ErrorLog:
         self._fd: int | None = None
         self._broken = False
         self._keys: dict[tuple[str, str, str], _KeyState] = {}
+        #: the error texts, without details, of errors that are only counted now
+        self._texts: dict[str, _KeyState] = {}
         self._full_bytes = 0
+        self._task: Any = None
 
     def _open(self) -> int | None:
         if self._fd is not None or self._broken:
@@ -244,9 +250,11 @@ class ErrorLog:
             return 0
         return len(data)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], text: str | None = None) -> None:
         """Write one failed attempt: in full while its error is among the first
-        :data:`FULL_PER_ERROR` attempts, else as a count."""
+        :data:`FULL_PER_ERROR` attempts, else as a count. ``text``: the attempt's error
+        text, where its error is a function of that text alone (no details name it);
+        :meth:`repeat` then counts the next attempts with that text."""
         key = error_key(record)
         state = self._keys.get(key)
         if state is None:
@@ -254,7 +262,9 @@ class ErrorLog:
                 key = OTHER_KEY
                 state = self._keys.get(key)
             if state is None:
-                state = self._keys[key] = _KeyState(str(record.get("kind", "error")))
+                state = self._keys[key] = _KeyState(key, str(record.get("kind", "error")))
+        if self._task is None:
+            self._task = record.get("task")
         state.count += 1
         coord = record.get("coord")
         if isinstance(coord, list) and len(state.samples) < SAMPLE_BLOCKS:
@@ -269,8 +279,37 @@ class ErrorLog:
             self._full_bytes += self._write({"v": _VERSION, "run": self.run, **record})
             state.written = state.count
             return
+        # no later attempt of this error is written in full: count and sample only
+        state.counting = True
+        if text is not None and len(self._texts) < self.max_keys:
+            self._texts[text] = state
         if state.count & (state.count - 1) == 0:  # a power of two: bounded lines
             self._write_count(key, state, record.get("task"))
+
+    def repeat(self, text: str, details: Mapping[str, Any] | None) -> bool:
+        """Count one failed attempt of an error that is only counted now, and return
+        True; False when the attempt needs :meth:`add` (its error is not counted yet, or
+        its block may still be a sample). ``details``: what the worker said, which names
+        the error by its ``type``, ``message`` and ``where``; without them, the error is
+        found by its ``text`` (see :meth:`add`). The per-attempt path of a run whose
+        blocks keep failing the same way: a lookup and an increment."""
+        if details is None:
+            state = self._texts.get(text)
+        elif details.get("type"):
+            message = details.get("message")
+            if message is None:
+                return False
+            state = self._keys.get((details["type"], message, details.get("where") or ""))
+        elif details.get("message") is None and not details.get("where"):
+            state = self._texts.get(text)  # the details say where, not what
+        else:
+            return False
+        if state is None or not state.counting or len(state.samples) < SAMPLE_BLOCKS:
+            return False
+        n = state.count = state.count + 1
+        if n & (n - 1) == 0:  # a power of two: bounded lines
+            self._write_count(state.key, state, self._task)
+        return True
 
     def _write_count(self, key: tuple[str, str, str], state: _KeyState, task: Any) -> None:
         self._write(
