@@ -38,10 +38,12 @@ __all__ = [
     "ErrorGroupRecord",
     "ErrorLog",
     "ErrorRecord",
+    "LogReader",
     "attempt_logs",
     "cap_text",
     "group_errors",
     "line_number",
+    "line_numbers",
     "log_excerpt",
     "read_errors",
     "records_of_run",
@@ -368,8 +370,27 @@ def read_errors(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(d, dict) and d.get("v") == _VERSION:
+            if b"\\ud" in line or b"\\uD" in line:  # maybe a lone surrogate: escape it
+                d = _valid_utf8(d)
             out.append(d)
     return out
+
+
+def _valid_utf8(value: Any) -> Any:
+    """``value`` (from JSON) with every string valid UTF-8: a lone surrogate, which a
+    record of an older bellis may hold (an error message about an undecodable file
+    name), escaped as ``\\udcff`` so that printing it cannot fail."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_valid_utf8(k): _valid_utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_utf8(v) for v in value]
+    return value
 
 
 def records_of_run(lines: Sequence[Mapping[str, Any]], run: float | None = None) -> list[Any]:
@@ -450,19 +471,82 @@ def group_errors(lines: Iterable[Mapping[str, Any]]) -> list[ErrorGroupRecord]:
 
 def line_number(path: str | os.PathLike[str], offset: int) -> int | None:
     """The 1-based line at byte ``offset`` of ``path``; None when it cannot be read."""
+    return line_numbers(path, [offset])[offset]
+
+
+def line_numbers(path: str | os.PathLike[str], offsets: Iterable[int]) -> dict[int, int | None]:
+    """The 1-based line at each byte offset of ``path``, from one pass over the file up to
+    the last of them (an offset past its end: the line after its last); None for each
+    when it cannot be read."""
+    wanted = sorted(set(offsets))
+    out: dict[int, int | None] = {}
     try:
         with open(path, "rb") as f:
-            n = 1
-            left = offset
-            while left > 0:
-                chunk = f.read(min(left, 1 << 20))
-                if not chunk:
-                    break
-                n += chunk.count(b"\n")
-                left -= len(chunk)
-            return n
+            n, pos = 1, 0
+            for offset in wanted:
+                while pos < offset:
+                    chunk = f.read(min(offset - pos, 1 << 20))
+                    if not chunk:
+                        break
+                    n += chunk.count(b"\n")
+                    pos += len(chunk)
+                out[offset] = n
     except OSError:
-        return None
+        return dict.fromkeys(wanted)
+    return out
+
+
+class LogReader:
+    """The worker log files that many attempts point into, read once each: the line
+    numbers of all their offsets in a file come from one pass over it (at its first
+    use), and the excerpts from a seek to each offset. What :func:`attempt_logs` reads
+    for one attempt, for many (the report's embedded attempts, ``bellis status``):
+    counting lines from a huge log's start once per attempt would read it per attempt."""
+
+    def __init__(self, records: Iterable[ErrorRecord] = ()) -> None:
+        self._wanted: dict[str, set[int]] = {}
+        for r in records:
+            if r.log is not None and r.log_offset is not None:
+                self._wanted.setdefault(r.log, set()).add(r.log_offset)
+        self._lines: dict[str, dict[int, int | None]] = {}
+
+    def line(self, path: str, offset: int) -> int | None:
+        """The 1-based line at byte ``offset`` of ``path`` (:func:`line_number`)."""
+        lines = self._lines.get(path)
+        if lines is None:
+            wanted = self._wanted.get(path, set()) | {offset}
+            lines = self._lines[path] = line_numbers(path, wanted)
+        elif offset not in lines:  # not among the records given: one more pass
+            lines.update(line_numbers(path, [offset]))
+        return lines[offset]
+
+    def logs(
+        self,
+        record: ErrorRecord,
+        *,
+        err_lines: int = 40,
+        out_lines: int = 10,
+        max_bytes: int = 16384,
+    ) -> dict[str, Any]:
+        """``record``'s ``log_line``, ``log_lines`` and ``out_lines`` (see
+        :func:`attempt_logs`)."""
+        log_line: int | None = None
+        log_lines: list[str] = []
+        out: list[str] = []
+        if record.log is not None and record.log_offset is not None:
+            log_line = self.line(record.log, record.log_offset)
+            log_lines = log_excerpt(
+                record.log, record.log_offset, max_lines=err_lines, max_bytes=max_bytes
+            )
+        if record.out_log is not None and record.out_offset is not None and out_lines > 0:
+            out = log_excerpt(
+                record.out_log,
+                record.out_offset,
+                before=True,
+                max_lines=out_lines,
+                max_bytes=max_bytes,
+            )
+        return {"log_line": log_line, "log_lines": log_lines, "out_lines": out}
 
 
 def log_excerpt(
@@ -519,24 +603,9 @@ def attempt_logs(
     ``log_lines`` (at most ``err_lines`` lines of ``.err`` from there on) and
     ``out_lines`` (the last ``out_lines`` lines of ``.out`` before the attempt ended).
     Missing or unreadable files give None and []. ``bellis status --block`` and the
-    HTML report's block details both show these."""
-    log_line: int | None = None
-    log_lines: list[str] = []
-    out: list[str] = []
-    if record.log is not None and record.log_offset is not None:
-        log_line = line_number(record.log, record.log_offset)
-        log_lines = log_excerpt(
-            record.log, record.log_offset, max_lines=err_lines, max_bytes=max_bytes
-        )
-    if record.out_log is not None and record.out_offset is not None and out_lines > 0:
-        out = log_excerpt(
-            record.out_log,
-            record.out_offset,
-            before=True,
-            max_lines=out_lines,
-            max_bytes=max_bytes,
-        )
-    return {"log_line": log_line, "log_lines": log_lines, "out_lines": out}
+    HTML report's block details both show these; for many attempts, a
+    :class:`LogReader` reads each file once."""
+    return LogReader().logs(record, err_lines=err_lines, out_lines=out_lines, max_bytes=max_bytes)
 
 
 def _is_boundary(line: str) -> bool:
