@@ -189,7 +189,7 @@ class _KeyState:
         self.written = 0  # the count of the last count line
         self.kind = kind
         self.samples: list[list[int]] = []
-        #: its attempts are only counted now (full records are done with for good)
+        #: its attempts are only counted now: its full records and samples are done with
         self.counting = False
 
 
@@ -281,8 +281,9 @@ class ErrorLog:
             self._full_bytes += self._write({"v": _VERSION, "run": self.run, **record})
             state.written = state.count
             return
-        # no later attempt of this error is written in full: count and sample only
-        state.counting = True
+        # no later attempt of this error is written in full: once its samples are taken
+        # too, repeat() counts them without a record
+        state.counting = len(state.samples) >= SAMPLE_BLOCKS
         if text is not None and len(self._texts) < self.max_keys:
             self._texts[text] = state
         if state.count & (state.count - 1) == 0:  # a power of two: bounded lines
@@ -306,10 +307,10 @@ class ErrorLog:
             state = self._texts.get(text)  # the details say where, not what
         else:
             return False
-        if state is None or not state.counting or len(state.samples) < SAMPLE_BLOCKS:
+        if state is None or not state.counting:
             return False
         n = state.count = state.count + 1
-        if n & (n - 1) == 0:  # a power of two: bounded lines
+        if not n & (n - 1):  # a power of two: bounded lines
             self._write_count(state.key, state, self._task)
         return True
 
