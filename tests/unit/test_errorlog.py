@@ -119,7 +119,8 @@ def _feed(tmp_path: Path, name: str, fast: bool) -> tuple[list[dict[str, Any]], 
     errors.sinks = {"t": ErrorLog(tmp_path / name / "errors.jsonl", run=3.0)}
     built = 0
     for i, text, details in _attempts():
-        if fast and errors.counted("t", text, details):
+        group = errors.add("t", i, text)  # as the dispatcher does: the summary's groups
+        if fast and errors.counted("t", text, details, group):
             continue
         d = details or {}
         record = {
@@ -134,7 +135,7 @@ def _feed(tmp_path: Path, name: str, fast: bool) -> tuple[list[dict[str, Any]], 
             "traceback": d.get("traceback", text),
             "time": 1.0,
         }
-        errors.record(record, text_key("t", text, None, details) if fast else None)
+        errors.record(record, text_key("t", text, None, details) if fast else None, group)
         built += 1
     errors.close_sinks()
     return read_errors(tmp_path / name), built

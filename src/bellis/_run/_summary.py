@@ -112,6 +112,12 @@ class ErrorGroup:
     block_ids: list[int] = field(default_factory=list)
     count: int = 0
     log_path: str | None = None
+    #: the error text (no details) of this group's last error that its task's error log
+    #: only counts now, and that error's count there (``ErrorLog``): the next attempt
+    #: with the same text is counted from here, touching nothing else (see
+    #: :meth:`ErrorCollector.counted`)
+    repeat_text: str | None = field(default=None, repr=False, compare=False)
+    repeat_count: Any = field(default=None, repr=False, compare=False)
 
 
 def error_summary_line(traceback_text: str) -> str:
@@ -145,19 +151,37 @@ class ErrorCollector:
         #: each task's error record appender (``bellis._stats._errorlog.ErrorLog``)
         self.sinks: dict[str, Any] = {}
 
-    def record(self, record: dict[str, Any], text: str | None = None) -> None:
+    def record(
+        self, record: dict[str, Any], text: str | None = None, group: ErrorGroup | None = None
+    ) -> None:
         """One failed attempt's error record (``bellis._scheduling._attempts``): stamped
         and appended to its task's ``errors.jsonl``, where the task has one. ``text``:
-        the error text its error is known by, if by its text alone (``ErrorLog.add``)."""
+        the error text its error is known by, if by its text alone (``ErrorLog.add``);
+        ``group``: the attempt's group (:meth:`add`), which keeps that text for
+        :meth:`counted` once the error is only counted."""
         sink = self.sinks.get(record.get("task", ""))
         if sink is not None:
             record.setdefault("time", round(time.time(), 6))
-            sink.add(record, text)
+            count = sink.add(record, text)
+            if group is not None and text is not None and count is not None:
+                group.repeat_text, group.repeat_count = text, count
 
-    def counted(self, task_id: str, text: str, details: dict[str, Any] | None) -> bool:
+    def counted(
+        self,
+        task_id: str,
+        text: str,
+        details: dict[str, Any] | None,
+        group: ErrorGroup | None = None,
+    ) -> bool:
         """True when a failed attempt of ``task_id`` needs no record built: the task
         keeps none, or its error is only counted now and this counted it
-        (``ErrorLog.repeat``). Else the caller builds the record for :meth:`record`."""
+        (``ErrorLog.repeat``). Else the caller builds the record for :meth:`record`.
+
+        ``group``: the attempt's group, from :meth:`add` just before. A run whose blocks
+        keep failing the same way finds its error there, by its text: the per-attempt
+        path touches the group, which :meth:`add` just did, and the count."""
+        if details is None and group is not None and group.repeat_text == text:
+            return bool(group.repeat_count.again())
         sink = self.sinks.get(task_id)
         return sink is None or sink.repeat(text, details)
 

@@ -357,12 +357,13 @@ class Dispatcher:
         sid = run.geom.spatial_id_of(k)
         log = peer.worker.log if peer.worker is not None else None
         errors = self.errors
-        errors.add(run.task_id, sid, text, log)
+        group = errors.add(run.task_id, sid, text, log)
         # a server-side kind (timeout, lost, out of memory) is rare: always recorded
-        if kind is not None or not errors.counted(run.task_id, text, details):
+        if kind is not None or not errors.counted(run.task_id, text, details, group):
             errors.record(
                 attempt_record(peer, run, k, text, kind, details),
                 text_key(run.task_id, text, kind, details),
+                group,
             )
         logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 

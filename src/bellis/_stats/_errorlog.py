@@ -35,6 +35,7 @@ __all__ = [
     "ERRORS_FILE",
     "FULL_PER_ERROR",
     "MAX_TRACEBACK_BYTES",
+    "ErrorCount",
     "ErrorGroupRecord",
     "ErrorLog",
     "ErrorRecord",
@@ -180,10 +181,14 @@ def _append(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class _KeyState:
-    __slots__ = ("count", "counting", "key", "kind", "samples", "written")
+class ErrorCount:
+    """One distinct error of an :class:`ErrorLog`: its attempts so far, the count its
+    last count line wrote, and its sample blocks."""
 
-    def __init__(self, key: tuple[str, str, str], kind: str) -> None:
+    __slots__ = ("count", "counting", "key", "kind", "log", "samples", "written")
+
+    def __init__(self, log: ErrorLog, key: tuple[str, str, str], kind: str) -> None:
+        self.log = log
         self.key = key
         self.count = 0
         self.written = 0  # the count of the last count line
@@ -191,6 +196,16 @@ class _KeyState:
         self.samples: list[list[int]] = []
         #: its attempts are only counted now: its full records and samples are done with
         self.counting = False
+
+    def again(self) -> bool:
+        """Count one more attempt of this error, if it is only counted now (else False:
+        the attempt needs :meth:`ErrorLog.add`)."""
+        if not self.counting:
+            return False
+        n = self.count = self.count + 1
+        if not n & (n - 1):  # a power of two: bounded lines
+            self.log._write_count(self.key, self, self.log._task)
+        return True
 
 
 class ErrorLog:
@@ -214,9 +229,9 @@ class ErrorLog:
         self.max_keys = max_keys
         self._fd: int | None = None
         self._broken = False
-        self._keys: dict[tuple[str, str, str], _KeyState] = {}
+        self._keys: dict[tuple[str, str, str], ErrorCount] = {}
         #: the error texts, without details, of errors that are only counted now
-        self._texts: dict[str, _KeyState] = {}
+        self._texts: dict[str, ErrorCount] = {}
         self._full_bytes = 0
         self._task: Any = None
 
@@ -252,11 +267,13 @@ class ErrorLog:
             return 0
         return len(data)
 
-    def add(self, record: dict[str, Any], text: str | None = None) -> None:
+    def add(self, record: dict[str, Any], text: str | None = None) -> ErrorCount | None:
         """Write one failed attempt: in full while its error is among the first
         :data:`FULL_PER_ERROR` attempts, else as a count. ``text``: the attempt's error
         text, where its error is a function of that text alone (no details name it);
-        :meth:`repeat` then counts the next attempts with that text."""
+        :meth:`repeat` then counts the next attempts with that text. Returns the error's
+        :class:`ErrorCount` once it is only counted (its :meth:`ErrorCount.again` counts
+        the next attempt), else None."""
         key = error_key(record)
         state = self._keys.get(key)
         if state is None:
@@ -264,7 +281,7 @@ class ErrorLog:
                 key = OTHER_KEY
                 state = self._keys.get(key)
             if state is None:
-                state = self._keys[key] = _KeyState(key, str(record.get("kind", "error")))
+                state = self._keys[key] = ErrorCount(self, key, str(record.get("kind", "error")))
         if self._task is None:
             self._task = record.get("task")
         state.count += 1
@@ -280,7 +297,7 @@ class ErrorLog:
             record["traceback"] = cap_text(str(record.get("traceback", "")))
             self._full_bytes += self._write({"v": _VERSION, "run": self.run, **record})
             state.written = state.count
-            return
+            return None
         # no later attempt of this error is written in full: once its samples are taken
         # too, repeat() counts them without a record
         state.counting = len(state.samples) >= SAMPLE_BLOCKS
@@ -288,6 +305,7 @@ class ErrorLog:
             self._texts[text] = state
         if state.count & (state.count - 1) == 0:  # a power of two: bounded lines
             self._write_count(key, state, record.get("task"))
+        return state if state.counting else None
 
     def repeat(self, text: str, details: Mapping[str, Any] | None) -> bool:
         """Count one failed attempt of an error that is only counted now, and return
@@ -307,14 +325,9 @@ class ErrorLog:
             state = self._texts.get(text)  # the details say where, not what
         else:
             return False
-        if state is None or not state.counting:
-            return False
-        n = state.count = state.count + 1
-        if not n & (n - 1):  # a power of two: bounded lines
-            self._write_count(state.key, state, self._task)
-        return True
+        return state is not None and state.again()
 
-    def _write_count(self, key: tuple[str, str, str], state: _KeyState, task: Any) -> None:
+    def _write_count(self, key: tuple[str, str, str], state: ErrorCount, task: Any) -> None:
         self._write(
             {
                 "v": _VERSION,
