@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
-from bellis._stats._errorlog import ERRORS_FILE, ErrorLog
+from bellis._stats._errorlog import ERRORS_FILE, ErrorCount, ErrorLog
 from bellis.logging import get_log_basedir, get_log_mode, task_log_dirname
 
 __all__ = [
@@ -113,11 +113,12 @@ class ErrorGroup:
     count: int = 0
     log_path: str | None = None
     #: the error text (no details) of this group's last error that its task's error log
-    #: only counts now, and that error's count there (``ErrorLog``): the next attempt
-    #: with the same text is counted from here, touching nothing else (see
-    #: :meth:`ErrorCollector.counted`)
+    #: only counts now, and that error's count there (``ErrorLog``; its ``counting`` is
+    #: True for good): the next attempt with the same text, no details and no server-side
+    #: kind is counted from here (:meth:`ErrorCollector.counted`, and the dispatcher's
+    #: ``record_error`` inline)
     repeat_text: str | None = field(default=None, repr=False, compare=False)
-    repeat_count: Any = field(default=None, repr=False, compare=False)
+    repeat_count: ErrorCount | None = field(default=None, repr=False, compare=False)
 
 
 def error_summary_line(traceback_text: str) -> str:
@@ -181,7 +182,9 @@ class ErrorCollector:
         keep failing the same way finds its error there, by its text: the per-attempt
         path touches the group, which :meth:`add` just did, and the count."""
         if details is None and group is not None and group.repeat_text == text:
-            return bool(group.repeat_count.again())
+            count = group.repeat_count
+            if count is not None:
+                return count.again()
         sink = self.sinks.get(task_id)
         return sink is None or sink.repeat(text, details)
 

@@ -358,8 +358,15 @@ class Dispatcher:
         log = peer.worker.log if peer.worker is not None else None
         errors = self.errors
         group = errors.add(run.task_id, sid, text, log)
+        if kind is None and details is None and group.repeat_text == text:
+            # a run whose blocks keep failing the same way: this error's full records are
+            # written, and this attempt is only counted (``ErrorCount.again``, inline)
+            count = group.repeat_count
+            n = count.count = count.count + 1
+            if not n & (n - 1):  # a power of two: its count line
+                count.write_line()
         # a server-side kind (timeout, lost, out of memory) is rare: always recorded
-        if kind is not None or not errors.counted(run.task_id, text, details, group):
+        elif kind is not None or not errors.counted(run.task_id, text, details, group):
             errors.record(
                 attempt_record(peer, run, k, text, kind, details),
                 text_key(run.task_id, text, kind, details),

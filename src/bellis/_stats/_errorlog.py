@@ -199,13 +199,19 @@ class ErrorCount:
 
     def again(self) -> bool:
         """Count one more attempt of this error, if it is only counted now (else False:
-        the attempt needs :meth:`ErrorLog.add`)."""
+        the attempt needs :meth:`ErrorLog.add`). The driver's dispatcher does the same
+        inline for a run whose blocks keep failing the same way: ``count`` up by one, and
+        :meth:`write_line` when it reaches a power of two."""
         if not self.counting:
             return False
         n = self.count = self.count + 1
         if not n & (n - 1):  # a power of two: bounded lines
-            self.log._write_count(self.key, self, self.log._task)
+            self.write_line()
         return True
+
+    def write_line(self) -> None:
+        """Write this error's count line now (cumulative: the latest one counts)."""
+        self.log._write_count(self.key, self, self.log._task)
 
 
 class ErrorLog:
