@@ -556,7 +556,10 @@ class Client:
                 row = self._row(block, measured)
             except ValueError as exc:
                 logger.warning("block %s failed: %s", block.block_id, exc)
-                self._fail(k, BlockStatus.FAILED, _failure.failure_field(str(exc)))
+                text = str(exc)  # bad block.stats: the same text for the same mistake
+                full = self._repeats.full(text)
+                field = _failure.failure_field(text) if full else _failure.clean(text)
+                self._fail(k, BlockStatus.FAILED, field)
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, None)
         else:
