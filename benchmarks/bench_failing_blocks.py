@@ -26,7 +26,7 @@ import textwrap
 
 DRIVER = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, resource, sys, time
     import bellis
 
     def process(block):
@@ -38,12 +38,19 @@ DRIVER = textwrap.dedent(
         write_roi=bellis.Roi((0,), (1,)), process_function=process, max_retries=0,
         max_workers=2, read_write_conflict=False, tracking_path=store,
     )
+    def cpu(who):
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    s0, c0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     states = bellis.run_blockwise([task], progress=False, summary=False, return_states=True)
     wall = time.perf_counter() - t0
+    server, workers = cpu(resource.RUSAGE_SELF) - s0, cpu(resource.RUSAGE_CHILDREN) - c0
     records = os.path.join(store, "errors.jsonl")
     size = os.path.getsize(records) if os.path.exists(records) else 0
-    print(json.dumps({"wall": wall, "failed": states["fail"].failed_count, "bytes": size}))
+    print(json.dumps({"wall": wall, "failed": states["fail"].failed_count, "bytes": size,
+                      "server": server, "workers": workers}))
     """
 )
 
@@ -73,18 +80,35 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=100_000)
     p.add_argument("--reps", type=int, default=7)
     args = p.parse_args()
-    walls: dict[str, list[float]] = {"old": [], "new": []}
+    got: dict[str, dict[str, list[float]]] = {
+        label: {"wall": [], "server": [], "workers": []} for label in ("old", "new")
+    }
+    ratios: list[float] = []
     size = {"old": 0.0, "new": 0.0}
     for _ in range(args.reps):
+        wall = {}
         for label, src in (("old", args.old_src), ("new", args.new_src)):
             r = run(src, args.blocks)
-            walls[label].append(r["wall"])
+            for key in ("wall", "server", "workers"):
+                got[label][key].append(r[key])
+            wall[label] = r["wall"]
             size[label] = r["bytes"]
-    old, new = statistics.median(walls["old"]), statistics.median(walls["new"])
-    print(f"{args.blocks} failing blocks, 2 workers, {args.reps} interleaved reps")
-    print(f"  old: median wall {old:.3f} s ({1e6 * old / args.blocks:.1f} us/block)")
-    print(f"  new: median wall {new:.3f} s ({1e6 * new / args.blocks:.1f} us/block)")
-    print(f"  ratio new/old {new / old:.3f}; errors.jsonl {size['new'] / 1024:.1f} KiB")
+        ratios.append(wall["new"] / wall["old"])
+    n = args.blocks
+    print(f"{n} failing blocks, 2 workers, {args.reps} interleaved reps (medians)")
+    for label in ("old", "new"):
+        w, s, c = (statistics.median(got[label][key]) for key in ("wall", "server", "workers"))
+        print(
+            f"  {label}: wall {w:.3f} s ({1e6 * w / n:.1f} us/block); CPU per block: "
+            f"driver {1e6 * s / n:.2f} us, workers {1e6 * c / n:.2f} us"
+        )
+    old, new = statistics.median(got["old"]["wall"]), statistics.median(got["new"]["wall"])
+    srv = statistics.median(got["new"]["server"]) / statistics.median(got["old"]["server"])
+    print(
+        f"  ratio new/old: wall {new / old:.3f} (paired median {statistics.median(ratios):.3f}, "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}), driver CPU {srv:.3f}; "
+        f"errors.jsonl {size['new'] / 1024:.1f} KiB"
+    )
 
 
 if __name__ == "__main__":

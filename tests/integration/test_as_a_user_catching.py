@@ -22,6 +22,8 @@ limit, still ends its worker when the function catches the exception.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,8 @@ def block_fn(block):
     record(i, "start")
     if MODE == "big":  # every block raises, with a message of 120,000 characters
         raise ValueError(f"block {i} raises " + "x" * 120_000)
+    if MODE == "same":  # every block raises the same error
+        raise ValueError("the same error")
     if raises(i):
         raise ValueError(f"block {i} raises")
     if MODE == "timeout" and i == 5 and first_time("hung"):
@@ -118,7 +122,7 @@ def main():
     bellis.logging.set_log_basedir(HERE / "logs")
     task = bellis.Task(
         "t",
-        total_roi=bellis.Roi((0,), (400 if MODE == "big" else BLOCKS,)),
+        total_roi=bellis.Roi((0,), (400 if MODE in ("big", "same") else BLOCKS,)),
         read_roi=bellis.Roi((0,), (1,)),
         write_roi=bellis.Roi((0,), (1,)),
         process_function=fn,
@@ -260,3 +264,36 @@ def test_a_batch_of_large_failures_fits_in_one_frame(tmp_path: Path) -> None:
     assert result["failed_attempts"] == n
     assert _count(attempts, "start") == {i: 1 for i in range(n)}
     assert (result["restarts"], result["worker_failures"]) == (0, 0)
+
+
+def test_a_catching_worker_s_repeated_error_is_counted_under_one_key(tmp_path: Path) -> None:
+    """Every block of two catching workers raises the same error: each worker sends the
+    details of its first failures of it, then only the error's key, and the driver writes
+    the first records in full and counts the rest under the same distinct error."""
+    from bellis._stats._errorlog import FULL_PER_ERROR
+
+    result, attempts = _run(tmp_path, "same", 0)
+    n = 10 * BLOCKS
+    assert (result["completed"], result["failed"], result["failed_attempts"]) == (0, n, n)
+    assert len(attempts) <= 2 and result["restarts"] == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "status", str(tmp_path / "track"), "--failed", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (group,) = json.loads(proc.stdout)["errors"]
+    assert (group["type"], group["message"], group["count"]) == ("ValueError", "the same error", n)
+    assert "user_script.py:" in group["where"] and group["where"].endswith(" in block_fn")
+    records = [
+        json.loads(line) for line in (tmp_path / "track" / "errors.jsonl").read_text().splitlines()
+    ]
+    full = [r for r in records if "count" not in r]
+    assert len(full) == FULL_PER_ERROR
+    for r in full:  # the first attempts carry what the worker said about them
+        assert "ValueError: the same error" in r["traceback"]
+        assert r["log"].endswith(".err") and isinstance(r["log_offset"], int)
+        assert isinstance(r["pid"], int) and r["host"]
+    assert max(r["count"] for r in records if "count" in r) == n

@@ -130,7 +130,7 @@ BOUND_SCRIPT = textwrap.dedent(
 
     task = daisy.Task(
         "many",
-        total_roi=daisy.Roi((0,), (20000,)),
+        total_roi=daisy.Roi((0,), (100_000,)),
         read_roi=daisy.Roi((0,), (1,)),
         write_roi=daisy.Roi((0,), (1,)),
         process_function=process,
@@ -147,6 +147,10 @@ BOUND_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("mode", ["distributed", "serial"])
 def test_many_identical_failures_write_little(tmp_path: Path, mode: str) -> None:
+    """100,000 failing attempts of one error write under 1 MiB: the first ones in full,
+    with what the worker said about them, then counts."""
+    from bellis._stats._errorlog import FULL_PER_ERROR
+
     script = tmp_path / "many.py"
     script.write_text(BOUND_SCRIPT)
     store = tmp_path / "store"
@@ -162,8 +166,15 @@ def test_many_identical_failures_write_little(tmp_path: Path, mode: str) -> None
     assert size < 1 << 20
     proc = _bellis("status", str(store), "--failed", "--json", cwd=tmp_path)
     (group,) = json.loads(proc.stdout)["errors"]
-    assert group["count"] == 20000
+    assert group["count"] == 100_000
     assert group["kind"] == "status FAILED"
+    records = [json.loads(line) for line in (store / "errors.jsonl").read_text().splitlines()]
+    full = [r for r in records if "count" not in r]
+    assert len(full) == FULL_PER_ERROR
+    for r in full:
+        assert r["kind"] == "status FAILED" and r["log"].endswith(".err")
+        assert isinstance(r["log_offset"], int)
+        assert (r["worker"] is None) == (mode == "serial")
 
 
 SLURM_SCRIPT = textwrap.dedent(
@@ -222,3 +233,65 @@ def test_a_failure_on_slurm_names_its_job(tmp_path: Path) -> None:
     assert "1 distinct error, 2 failed attempts" in text, text
     assert f'File "{script}", line 7, in process' in text
     assert active_jobs(prefix) == []
+
+
+SURROGATE_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sys
+    import bellis as daisy
+
+    NAME = os.fsdecode(b"scan_\\xff.tif")  # a file name with an undecodable byte
+
+    def process(block):
+        if int(block.write_roi.offset[0]) % 2:
+            raise OSError(f"cannot open {NAME}")
+
+    task = daisy.Task(
+        "scans",
+        total_roi=daisy.Roi((0,), (6,)),
+        read_roi=daisy.Roi((0,), (1,)),
+        write_roi=daisy.Roi((0,), (1,)),
+        process_function=process,
+        max_retries=0,
+        max_workers=1,
+        read_write_conflict=False,
+        tracking_path=sys.argv[2],
+    )
+    try:
+        ok = daisy.run_blockwise([task], multiprocessing=sys.argv[1] != "serial",
+                                 progress=False, summary=False)
+    except OSError as exc:
+        ok = "RAISED " + type(exc).__name__
+    print("RESULT", ok)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["distributed", "serial"])
+def test_a_message_with_a_lone_surrogate_is_recorded_escaped(tmp_path: Path, mode: str) -> None:
+    """An error message about a file name with undecodable bytes holds a lone surrogate,
+    which UTF-8 cannot encode: the failure still goes home and into ``errors.jsonl``, and
+    ``bellis status --failed`` prints it escaped."""
+    script = tmp_path / "scans.py"
+    script.write_text(SURROGATE_SCRIPT)
+    store = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    expected = "RESULT RAISED OSError" if mode == "serial" else "RESULT False"
+    assert expected in proc.stdout, proc.stdout + proc.stderr
+    raw = (store / "errors.jsonl").read_bytes()
+    raw.decode("utf-8")  # valid UTF-8 (JSON escapes, no raw surrogate)
+    proc = _bellis("status", str(store), "--failed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[raised] OSError: cannot open scan_\\udcff.tif" in proc.stdout, proc.stdout
+    data = json.loads(_bellis("status", str(store), "--failed", "--json", cwd=tmp_path).stdout)
+    (group,) = data["errors"]
+    assert group["message"] == "cannot open scan_\\udcff.tif"
+    assert group["count"] == (1 if mode == "serial" else 3)
+    assert "scan_\\udcff.tif" in group["traceback"]

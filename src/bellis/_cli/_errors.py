@@ -12,9 +12,8 @@ from typing import Any
 from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorRecord,
-    attempt_logs,
+    LogReader,
     group_errors,
-    line_number,
     read_errors,
     records_of_run,
 )
@@ -63,12 +62,11 @@ def _when(t: float | None) -> str:
     return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
-def _log_place(log: str | None, offset: int | None) -> str | None:
+def _log_place(log: str | None, offset: int | None, line: int | None) -> str | None:
     if log is None:
         return None
     if offset is None:
         return log
-    line = line_number(log, offset)
     return f"{log}, line {line}" if line is not None else f"{log}, byte {offset}"
 
 
@@ -79,6 +77,7 @@ def _coord_text(c: tuple[int, ...] | list[int]) -> str:
 def _failed_json(folder: Path) -> dict[str, Any]:
     lines = records_of_run(read_errors(folder))
     groups = group_errors(lines)
+    reader = LogReader(g.first for g in groups if g.first is not None)
     out = []
     for g in groups:
         d = g.to_json()
@@ -87,7 +86,7 @@ def _failed_json(folder: Path) -> dict[str, Any]:
         d["log_line"] = (
             None
             if first is None or first.log is None or first.log_offset is None
-            else line_number(first.log, first.log_offset)
+            else reader.line(first.log, first.log_offset)
         )
         out.append(d)
     run = next((d.get("run") for d in lines if d.get("run") is not None), None)
@@ -131,8 +130,8 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
     return "\n".join(out)
 
 
-def _attempt_json(r: ErrorRecord) -> dict[str, Any]:
-    return {**r.raw, **attempt_logs(r, out_lines=_OUT_LINES)}
+def _attempt_json(r: ErrorRecord, reader: LogReader) -> dict[str, Any]:
+    return {**r.raw, **reader.logs(r, out_lines=_OUT_LINES)}
 
 
 def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = False) -> str:
@@ -146,11 +145,12 @@ def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = Fa
             if "count" not in d and tuple(d.get("coord") or ()) == coord
         ]
         counted = sum(1 for d in lines if "count" in d and list(coord) in (d.get("blocks") or []))
+        reader = LogReader(records)  # each log file read once for all the attempts
         data.append(
             {
                 "path": str(folder),
                 "block": list(coord),
-                "attempts": [_attempt_json(r) for r in records],
+                "attempts": [_attempt_json(r, reader) for r in records],
                 "counted_errors": counted,
             }
         )
@@ -180,7 +180,7 @@ def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = Fa
             )
             tb = str(a.get("traceback") or "").rstrip("\n").splitlines()
             out += ["      " + line for line in tb[-_SHOWN_TRACEBACK_LINES:]]
-            place = _log_place(a.get("log"), a.get("log_offset"))
+            place = _log_place(a.get("log"), a.get("log_offset"), a.get("log_line"))
             if place is not None:
                 out.append(f"    log {place}:")
                 out += ["      | " + line for line in a["log_lines"]]

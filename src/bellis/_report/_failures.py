@@ -33,7 +33,7 @@ from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorGroupRecord,
     ErrorRecord,
-    attempt_logs,
+    LogReader,
     cap_text,
     group_errors,
     read_errors,
@@ -116,9 +116,9 @@ def _when(t: Any) -> str | None:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _attempt(r: ErrorRecord, group: int) -> dict[str, Any]:
+def _attempt(r: ErrorRecord, group: int, reader: LogReader) -> dict[str, Any]:
     """One attempt as the page's script shows it, with its log excerpt."""
-    logs = attempt_logs(r, err_lines=ERR_LINES, out_lines=OUT_LINES, max_bytes=LOG_BYTES)
+    logs = reader.logs(r, err_lines=ERR_LINES, out_lines=OUT_LINES, max_bytes=LOG_BYTES)
     return {
         "attempt": r.attempt,
         "run": _when(r.run),
@@ -178,11 +178,13 @@ def failure_payload(
             for b in g.blocks:
                 stores[str(f.index)]["counted"][coord_key(b)] = True
     embedded = omitted = used = 0
-    for si, gi, r in _order(found):
+    order = _order(found)
+    reader = LogReader(r for _si, _gi, r in order)  # each log file read once, not per attempt
+    for si, gi, r in order:
         if embedded >= max_attempts or used >= max_bytes:
             omitted += 1
             continue
-        a = _attempt(r, gi)
+        a = _attempt(r, gi, reader)
         size = len(json.dumps(a))
         if used + size > max_bytes:
             omitted += 1

@@ -15,9 +15,9 @@ from typing import IO, Any, cast
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
 from .._outputs._readback import ReadBack, wire_outputs
-from .._scheduling._attempts import attempt_record
+from .._scheduling._attempts import attempt_record, text_key
 from .._scheduling._scheduler import Scheduler
-from .._worker._failure import failure_details, log_offsets
+from .._worker._failure import clean, failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
 
 __all__ = ["run_blocks_serially"]
@@ -103,16 +103,22 @@ def _record_failure(
     worker, host or job). Failure path only."""
     if errors is None:
         return
+    if exc is None and errors.counted(run.task_id, text, None):
+        return  # its error's full records are written: counted
     files = blog.current_slot_files()
     if files is None:
         offsets: dict[str, Any] = {}
     else:
         offsets = log_offsets(*files)
+    text = clean(text)
     details = failure_details(exc, full, offsets)
     details.pop("host", None)
     details.pop("pid", None)
     details.pop("job", None)
-    errors.record(attempt_record(None, run, k, text, None, details))
+    errors.record(
+        attempt_record(None, run, k, text, None, details),
+        text_key(run.task_id, text, None, details),
+    )
 
 
 def _read_back(verify: ReadBack, run: Any, k: int, block: Block, errors: Any) -> bool:

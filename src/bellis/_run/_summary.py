@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
-from bellis._stats._errorlog import ERRORS_FILE, ErrorLog
+from bellis._stats._errorlog import ERRORS_FILE, ErrorCount, ErrorLog
 from bellis.logging import get_log_basedir, get_log_mode, task_log_dirname
 
 __all__ = [
@@ -112,10 +112,22 @@ class ErrorGroup:
     block_ids: list[int] = field(default_factory=list)
     count: int = 0
     log_path: str | None = None
+    #: the error text (no details) of this group's last error that its task's error log
+    #: only counts now, and that error's count there (``ErrorLog``; its ``counting`` is
+    #: True for good): the next attempt with the same text, no details and no server-side
+    #: kind is counted from here (:meth:`ErrorCollector.counted`, and the dispatcher's
+    #: ``record_error`` inline)
+    repeat_text: str | None = field(default=None, repr=False, compare=False)
+    repeat_count: ErrorCount | None = field(default=None, repr=False, compare=False)
 
 
 def error_summary_line(traceback_text: str) -> str:
     """Return the last non-empty line of a traceback: ``"ValueError: boom"``."""
+    # per failed attempt: the last line found without splitting the whole text, when it
+    # holds no other line boundary than "\n" (isprintable: none of splitlines' others)
+    last = traceback_text.rstrip().rpartition("\n")[2]
+    if last and last.isprintable():
+        return last.strip()
     for line in reversed(traceback_text.splitlines()):
         if line.strip():
             return line.strip()
@@ -140,13 +152,41 @@ class ErrorCollector:
         #: each task's error record appender (``bellis._stats._errorlog.ErrorLog``)
         self.sinks: dict[str, Any] = {}
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(
+        self, record: dict[str, Any], text: str | None = None, group: ErrorGroup | None = None
+    ) -> None:
         """One failed attempt's error record (``bellis._scheduling._attempts``): stamped
-        and appended to its task's ``errors.jsonl``, where the task has one."""
+        and appended to its task's ``errors.jsonl``, where the task has one. ``text``:
+        the error text its error is known by, if by its text alone (``ErrorLog.add``);
+        ``group``: the attempt's group (:meth:`add`), which keeps that text for
+        :meth:`counted` once the error is only counted."""
         sink = self.sinks.get(record.get("task", ""))
         if sink is not None:
             record.setdefault("time", round(time.time(), 6))
-            sink.add(record)
+            count = sink.add(record, text)
+            if group is not None and text is not None and count is not None:
+                group.repeat_text, group.repeat_count = text, count
+
+    def counted(
+        self,
+        task_id: str,
+        text: str,
+        details: dict[str, Any] | None,
+        group: ErrorGroup | None = None,
+    ) -> bool:
+        """True when a failed attempt of ``task_id`` needs no record built: the task
+        keeps none, or its error is only counted now and this counted it
+        (``ErrorLog.repeat``). Else the caller builds the record for :meth:`record`.
+
+        ``group``: the attempt's group, from :meth:`add` just before. A run whose blocks
+        keep failing the same way finds its error there, by its text: the per-attempt
+        path touches the group, which :meth:`add` just did, and the count."""
+        if details is None and group is not None and group.repeat_text == text:
+            count = group.repeat_count
+            if count is not None:
+                return count.again()
+        sink = self.sinks.get(task_id)
+        return sink is None or sink.repeat(text, details)
 
     def close_sinks(self) -> None:
         """Write the final counts of the error records and close their files."""
@@ -163,7 +203,9 @@ class ErrorCollector:
     ) -> ErrorGroup:
         """Record one failed attempt of block ``spatial_id``; return its group."""
         summary = error_summary_line(traceback_text)
-        groups = self._groups.setdefault(task_id, {})
+        groups = self._groups.get(task_id)
+        if groups is None:
+            groups = self._groups[task_id] = {}
         group = groups.get(summary)
         if group is None:
             if len(groups) >= self._max_groups:
@@ -176,10 +218,11 @@ class ErrorCollector:
         group.count += 1
         if group.log_path is None and log_path is not None:
             group.log_path = str(log_path)
-        seen = self._block_sets.setdefault((task_id, summary), set())
-        if spatial_id not in seen and len(group.block_ids) < MAX_BLOCK_IDS_PER_GROUP:
-            seen.add(spatial_id)
-            group.block_ids.append(spatial_id)
+        if len(group.block_ids) < MAX_BLOCK_IDS_PER_GROUP:  # else: no set work per attempt
+            seen = self._block_sets.setdefault((task_id, summary), set())
+            if spatial_id not in seen:
+                seen.add(spatial_id)
+                group.block_ids.append(spatial_id)
         return group
 
     def groups(self, task_id: str) -> list[ErrorGroup]:

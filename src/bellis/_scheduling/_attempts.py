@@ -25,6 +25,7 @@ __all__ = [
     "KIND_STATUS",
     "KIND_TIMEOUT",
     "attempt_record",
+    "text_key",
 ]
 
 KIND_RAISED: Final = "raised"
@@ -96,3 +97,22 @@ def attempt_record(
         rec.setdefault("out_log", files[0])
         rec.setdefault("log", files[1])
     return rec
+
+
+def text_key(
+    task_id: str, text: str, kind: str | None, details: dict[str, Any] | None
+) -> str | None:
+    """``text`` where an attempt's distinct error is a function of its error text alone,
+    so that the error log may find the error by it (``ErrorLog.add``); else None. So it
+    is without a server-side ``kind`` and without details that name the error, and when
+    the text's last line names no block of ``task_id``, whose prefix the record would
+    strip (see :func:`attempt_record`)."""
+    if kind is not None:
+        return None
+    if details is not None and (
+        details.get("type") or details.get("message") is not None or details.get("where")
+    ):
+        return None
+    if _summary_line(text).startswith(f"block {task_id}/"):
+        return None
+    return text

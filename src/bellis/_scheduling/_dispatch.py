@@ -76,7 +76,7 @@ from .._protocol import (
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
-from ._attempts import KIND_LOST, attempt_record
+from ._attempts import KIND_LOST, attempt_record, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -356,8 +356,22 @@ class Dispatcher:
         run.last_worker_error = text
         sid = run.geom.spatial_id_of(k)
         log = peer.worker.log if peer.worker is not None else None
-        self.errors.add(run.task_id, sid, text, log)
-        self.errors.record(attempt_record(peer, run, k, text, kind, details))
+        errors = self.errors
+        group = errors.add(run.task_id, sid, text, log)
+        if kind is None and details is None and group.repeat_text == text:
+            # a run whose blocks keep failing the same way: this error's full records are
+            # written, and this attempt is only counted (``ErrorCount.again``, inline)
+            count = group.repeat_count
+            n = count.count = count.count + 1
+            if not n & (n - 1):  # a power of two: its count line
+                count.write_line()
+        # a server-side kind (timeout, lost, out of memory) is rare: always recorded
+        elif kind is not None or not errors.counted(run.task_id, text, details, group):
+            errors.record(
+                attempt_record(peer, run, k, text, kind, details),
+                text_key(run.task_id, text, kind, details),
+                group,
+            )
         logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 
     def release(

@@ -174,11 +174,17 @@ def _take_returned(
     returned: float,
     now: float,
 ) -> None:
+    """``error``: the checked error field, ``text`` or ``[text, details]``
+    (:func:`error_parts`)."""
     success = status == _SUCCESS
     if peer.worker is not None:
         peer.worker.earned = True
     if not success:
-        text, details = error_parts(error)
+        # error_parts(error), inlined: a run whose blocks all fail takes this per block
+        if type(error) is list:
+            text, details = error
+        else:
+            text, details = error, None
         kind = KIND_OOM if status == OUT_OF_MEMORY else None
         d.record_error(peer, run, k, text if text is not None else "block failed", kind, details)
     elif error is not None and run.store is not None:

@@ -35,13 +35,16 @@ __all__ = [
     "ERRORS_FILE",
     "FULL_PER_ERROR",
     "MAX_TRACEBACK_BYTES",
+    "ErrorCount",
     "ErrorGroupRecord",
     "ErrorLog",
     "ErrorRecord",
+    "LogReader",
     "attempt_logs",
     "cap_text",
     "group_errors",
     "line_number",
+    "line_numbers",
     "log_excerpt",
     "read_errors",
     "records_of_run",
@@ -178,14 +181,37 @@ def _append(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class _KeyState:
-    __slots__ = ("count", "kind", "samples", "written")
+class ErrorCount:
+    """One distinct error of an :class:`ErrorLog`: its attempts so far, the count its
+    last count line wrote, and its sample blocks."""
 
-    def __init__(self, kind: str) -> None:
+    __slots__ = ("count", "counting", "key", "kind", "log", "samples", "written")
+
+    def __init__(self, log: ErrorLog, key: tuple[str, str, str], kind: str) -> None:
+        self.log = log
+        self.key = key
         self.count = 0
         self.written = 0  # the count of the last count line
         self.kind = kind
         self.samples: list[list[int]] = []
+        #: its attempts are only counted now: its full records and samples are done with
+        self.counting = False
+
+    def again(self) -> bool:
+        """Count one more attempt of this error, if it is only counted now (else False:
+        the attempt needs :meth:`ErrorLog.add`). The driver's dispatcher does the same
+        inline for a run whose blocks keep failing the same way: ``count`` up by one, and
+        :meth:`write_line` when it reaches a power of two."""
+        if not self.counting:
+            return False
+        n = self.count = self.count + 1
+        if not n & (n - 1):  # a power of two: bounded lines
+            self.write_line()
+        return True
+
+    def write_line(self) -> None:
+        """Write this error's count line now (cumulative: the latest one counts)."""
+        self.log._write_count(self.key, self, self.log._task)
 
 
 class ErrorLog:
@@ -209,8 +235,11 @@ class ErrorLog:
         self.max_keys = max_keys
         self._fd: int | None = None
         self._broken = False
-        self._keys: dict[tuple[str, str, str], _KeyState] = {}
+        self._keys: dict[tuple[str, str, str], ErrorCount] = {}
+        #: the error texts, without details, of errors that are only counted now
+        self._texts: dict[str, ErrorCount] = {}
         self._full_bytes = 0
+        self._task: Any = None
 
     def _open(self) -> int | None:
         if self._fd is not None or self._broken:
@@ -244,9 +273,13 @@ class ErrorLog:
             return 0
         return len(data)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], text: str | None = None) -> ErrorCount | None:
         """Write one failed attempt: in full while its error is among the first
-        :data:`FULL_PER_ERROR` attempts, else as a count."""
+        :data:`FULL_PER_ERROR` attempts, else as a count. ``text``: the attempt's error
+        text, where its error is a function of that text alone (no details name it);
+        :meth:`repeat` then counts the next attempts with that text. Returns the error's
+        :class:`ErrorCount` once it is only counted (its :meth:`ErrorCount.again` counts
+        the next attempt), else None."""
         key = error_key(record)
         state = self._keys.get(key)
         if state is None:
@@ -254,7 +287,9 @@ class ErrorLog:
                 key = OTHER_KEY
                 state = self._keys.get(key)
             if state is None:
-                state = self._keys[key] = _KeyState(str(record.get("kind", "error")))
+                state = self._keys[key] = ErrorCount(self, key, str(record.get("kind", "error")))
+        if self._task is None:
+            self._task = record.get("task")
         state.count += 1
         coord = record.get("coord")
         if isinstance(coord, list) and len(state.samples) < SAMPLE_BLOCKS:
@@ -268,11 +303,37 @@ class ErrorLog:
             record["traceback"] = cap_text(str(record.get("traceback", "")))
             self._full_bytes += self._write({"v": _VERSION, "run": self.run, **record})
             state.written = state.count
-            return
+            return None
+        # no later attempt of this error is written in full: once its samples are taken
+        # too, repeat() counts them without a record
+        state.counting = len(state.samples) >= SAMPLE_BLOCKS
+        if text is not None and len(self._texts) < self.max_keys:
+            self._texts[text] = state
         if state.count & (state.count - 1) == 0:  # a power of two: bounded lines
             self._write_count(key, state, record.get("task"))
+        return state if state.counting else None
 
-    def _write_count(self, key: tuple[str, str, str], state: _KeyState, task: Any) -> None:
+    def repeat(self, text: str, details: Mapping[str, Any] | None) -> bool:
+        """Count one failed attempt of an error that is only counted now, and return
+        True; False when the attempt needs :meth:`add` (its error is not counted yet, or
+        its block may still be a sample). ``details``: what the worker said, which names
+        the error by its ``type``, ``message`` and ``where``; without them, the error is
+        found by its ``text`` (see :meth:`add`). The per-attempt path of a run whose
+        blocks keep failing the same way: a lookup and an increment."""
+        if details is None:
+            state = self._texts.get(text)
+        elif details.get("type"):
+            message = details.get("message")
+            if message is None:
+                return False
+            state = self._keys.get((details["type"], message, details.get("where") or ""))
+        elif details.get("message") is None and not details.get("where"):
+            state = self._texts.get(text)  # the details say where, not what
+        else:
+            return False
+        return state is not None and state.again()
+
+    def _write_count(self, key: tuple[str, str, str], state: ErrorCount, task: Any) -> None:
         self._write(
             {
                 "v": _VERSION,
@@ -329,8 +390,27 @@ def read_errors(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(d, dict) and d.get("v") == _VERSION:
+            if b"\\ud" in line or b"\\uD" in line:  # maybe a lone surrogate: escape it
+                d = _valid_utf8(d)
             out.append(d)
     return out
+
+
+def _valid_utf8(value: Any) -> Any:
+    """``value`` (from JSON) with every string valid UTF-8: a lone surrogate, which a
+    record of an older bellis may hold (an error message about an undecodable file
+    name), escaped as ``\\udcff`` so that printing it cannot fail."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_valid_utf8(k): _valid_utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_utf8(v) for v in value]
+    return value
 
 
 def records_of_run(lines: Sequence[Mapping[str, Any]], run: float | None = None) -> list[Any]:
@@ -411,19 +491,82 @@ def group_errors(lines: Iterable[Mapping[str, Any]]) -> list[ErrorGroupRecord]:
 
 def line_number(path: str | os.PathLike[str], offset: int) -> int | None:
     """The 1-based line at byte ``offset`` of ``path``; None when it cannot be read."""
+    return line_numbers(path, [offset])[offset]
+
+
+def line_numbers(path: str | os.PathLike[str], offsets: Iterable[int]) -> dict[int, int | None]:
+    """The 1-based line at each byte offset of ``path``, from one pass over the file up to
+    the last of them (an offset past its end: the line after its last); None for each
+    when it cannot be read."""
+    wanted = sorted(set(offsets))
+    out: dict[int, int | None] = {}
     try:
         with open(path, "rb") as f:
-            n = 1
-            left = offset
-            while left > 0:
-                chunk = f.read(min(left, 1 << 20))
-                if not chunk:
-                    break
-                n += chunk.count(b"\n")
-                left -= len(chunk)
-            return n
+            n, pos = 1, 0
+            for offset in wanted:
+                while pos < offset:
+                    chunk = f.read(min(offset - pos, 1 << 20))
+                    if not chunk:
+                        break
+                    n += chunk.count(b"\n")
+                    pos += len(chunk)
+                out[offset] = n
     except OSError:
-        return None
+        return dict.fromkeys(wanted)
+    return out
+
+
+class LogReader:
+    """The worker log files that many attempts point into, read once each: the line
+    numbers of all their offsets in a file come from one pass over it (at its first
+    use), and the excerpts from a seek to each offset. What :func:`attempt_logs` reads
+    for one attempt, for many (the report's embedded attempts, ``bellis status``):
+    counting lines from a huge log's start once per attempt would read it per attempt."""
+
+    def __init__(self, records: Iterable[ErrorRecord] = ()) -> None:
+        self._wanted: dict[str, set[int]] = {}
+        for r in records:
+            if r.log is not None and r.log_offset is not None:
+                self._wanted.setdefault(r.log, set()).add(r.log_offset)
+        self._lines: dict[str, dict[int, int | None]] = {}
+
+    def line(self, path: str, offset: int) -> int | None:
+        """The 1-based line at byte ``offset`` of ``path`` (:func:`line_number`)."""
+        lines = self._lines.get(path)
+        if lines is None:
+            wanted = self._wanted.get(path, set()) | {offset}
+            lines = self._lines[path] = line_numbers(path, wanted)
+        elif offset not in lines:  # not among the records given: one more pass
+            lines.update(line_numbers(path, [offset]))
+        return lines[offset]
+
+    def logs(
+        self,
+        record: ErrorRecord,
+        *,
+        err_lines: int = 40,
+        out_lines: int = 10,
+        max_bytes: int = 16384,
+    ) -> dict[str, Any]:
+        """``record``'s ``log_line``, ``log_lines`` and ``out_lines`` (see
+        :func:`attempt_logs`)."""
+        log_line: int | None = None
+        log_lines: list[str] = []
+        out: list[str] = []
+        if record.log is not None and record.log_offset is not None:
+            log_line = self.line(record.log, record.log_offset)
+            log_lines = log_excerpt(
+                record.log, record.log_offset, max_lines=err_lines, max_bytes=max_bytes
+            )
+        if record.out_log is not None and record.out_offset is not None and out_lines > 0:
+            out = log_excerpt(
+                record.out_log,
+                record.out_offset,
+                before=True,
+                max_lines=out_lines,
+                max_bytes=max_bytes,
+            )
+        return {"log_line": log_line, "log_lines": log_lines, "out_lines": out}
 
 
 def log_excerpt(
@@ -480,24 +623,9 @@ def attempt_logs(
     ``log_lines`` (at most ``err_lines`` lines of ``.err`` from there on) and
     ``out_lines`` (the last ``out_lines`` lines of ``.out`` before the attempt ended).
     Missing or unreadable files give None and []. ``bellis status --block`` and the
-    HTML report's block details both show these."""
-    log_line: int | None = None
-    log_lines: list[str] = []
-    out: list[str] = []
-    if record.log is not None and record.log_offset is not None:
-        log_line = line_number(record.log, record.log_offset)
-        log_lines = log_excerpt(
-            record.log, record.log_offset, max_lines=err_lines, max_bytes=max_bytes
-        )
-    if record.out_log is not None and record.out_offset is not None and out_lines > 0:
-        out = log_excerpt(
-            record.out_log,
-            record.out_offset,
-            before=True,
-            max_lines=out_lines,
-            max_bytes=max_bytes,
-        )
-    return {"log_line": log_line, "log_lines": log_lines, "out_lines": out}
+    HTML report's block details both show these; for many attempts, a
+    :class:`LogReader` reads each file once."""
+    return LogReader().logs(record, err_lines=err_lines, out_lines=out_lines, max_bytes=max_bytes)
 
 
 def _is_boundary(line: str) -> bool:

@@ -288,6 +288,8 @@ class Client:
         self._decoder = FrameDecoder()
         self._results: list[Any] = []  # (k, status, row, error) per finished block
         self._failure_chars = 0  # what the pending failures carry (see _failure.fit)
+        #: the distinct errors sent home with their details (see ``_failure.Repeats``)
+        self._repeats = _failure.Repeats()
         self._rows = bytearray()  # their measurements, STATS_ROW records
         self._nrows = 0
         self._queue: deque[int] = deque()
@@ -527,21 +529,30 @@ class Client:
         self._watchdog.disarm()
         self._in_block = False
         block._status = BlockStatus.FAILED
-        offsets, (full, capped) = _failure.log_offsets(), _render_traceback()  # offsets first
+        key = _failure.error_key(exc)
+        detailed = self._repeats.full(key)
+        offsets = _failure.log_offsets() if detailed else None  # before the lines below
+        full, capped = _render_traceback()
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(full if full.endswith("\n") else full + "\n")
         self.reported = exc
         status = BlockStatus.FAILED
         if self._oom_status is not None and isinstance(exc, MemoryError):
             status = self._oom_status
-        self._fail(k, status, _failure.failure_field(capped, offsets, exc, full))
+        if offsets is not None:
+            field = _failure.failure_field(capped, offsets, exc, full)
+        else:  # the driver has this error's records: it counts this one
+            field = _failure.repeat_field(capped, key)
+        self._fail(k, status, field)
         if status != BlockStatus.FAILED or self._stop_requested:
             with contextlib.suppress(ConnectionLostError):
                 self._bye()
 
-    def _fail(self, k: int, status: int, field: list[Any]) -> None:
-        """Queue block ``k``'s failure, shrunk to fit the frame's share (``_failure.fit``)."""
-        self._failure_chars += _failure.fit(field, self._failure_chars)
+    def _fail(self, k: int, status: int, field: Any) -> None:
+        """Queue block ``k``'s failure, a ``[text, details]`` field shrunk to fit the
+        frame's share (``_failure.fit``); a short text alone goes as it is."""
+        if type(field) is list:
+            self._failure_chars += _failure.fit(field, self._failure_chars)
         self._results += (k, status, -1, field)
 
     def _read_back(self, k: int, block: Block) -> int | str | None:
@@ -566,11 +577,14 @@ class Client:
                 row = self._row(block, measured)
             except ValueError as exc:
                 logger.warning("block %s failed: %s", block.block_id, exc)
-                self._fail(k, BlockStatus.FAILED, _failure.failure_field(str(exc)))
+                text = str(exc)  # bad block.stats: the same text for the same mistake
+                full = self._repeats.full(text)
+                field = _failure.failure_field(text) if full else _failure.clean(text)
+                self._fail(k, BlockStatus.FAILED, field)
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, checksum)
         else:
-            self._fail(k, BlockStatus.FAILED, _failure.status_failed())
+            self._fail(k, BlockStatus.FAILED, _failure.status_failed(self._repeats))
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:

@@ -8,6 +8,17 @@ traceback (capped), the host, the pid and the launcher's job id (SLURM job or ar
 ``BELLIS_JOB_ID`` set by a launcher such as Dask's). The details travel as the second
 item of a failed block's error field, ``[text, details]`` (``bellis._protocol``).
 
+Bounded like the records they become: a client sends the details of the first
+:data:`FULL_PER_ERROR` failures of each distinct error (:class:`Repeats`), which are as
+many as the driver writes in full. Later failures of that error go home as their text
+alone (a block that set ``FAILED``) or with only the error's key (``type``, ``message``,
+``where``): the driver only counts them, and a worker that fails every block pays no log
+offsets, host or traceback copy per block.
+
+Every string a failure carries is valid UTF-8 (:func:`clean`): a message with lone
+surrogates (a file name with undecodable bytes) goes with them escaped (``\\udcff``), or
+msgpack could not send it and ``errors.jsonl`` could not be printed.
+
 Nothing here runs for a block that succeeds.
 """
 
@@ -23,17 +34,64 @@ from typing import Any
 
 __all__ = [
     "FRAME_BUDGET",
+    "FULL_PER_ERROR",
+    "STATUS_FAILED_TEXT",
+    "Repeats",
+    "clean",
+    "error_key",
     "failure_details",
     "failure_field",
     "fit",
     "job_id",
     "log_offsets",
+    "repeat_field",
     "status_failed",
 ]
 
 _MAX_TRACEBACK_BYTES = 64 * 1024
 _MAX_MESSAGE_CHARS = 2000
 _host: str | None = None
+
+#: failures of one distinct error a client sends with their details; at least the driver's
+#: full records per error (``bellis._stats._errorlog.FULL_PER_ERROR``, a test checks it)
+FULL_PER_ERROR = 10
+#: distinct errors a client counts; past them, every failure of a new one goes in full
+_MAX_ERRORS = 1000
+#: the error text of a block whose function set ``BlockStatus.FAILED``
+STATUS_FAILED_TEXT = "block status set to FAILED"
+
+
+def clean(text: str) -> str:
+    """``text`` as valid UTF-8: lone surrogates escaped (``\\udcff``); ``text`` itself
+    when it is already valid (the common case costs one scan)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+class Repeats:
+    """How many failures of each distinct error a client has sent with their details
+    (see the module docstring). One per client: its counts mean "the driver has these"
+    only for the connection they went over."""
+
+    __slots__ = ("_sent",)
+
+    def __init__(self) -> None:
+        self._sent: dict[Any, int] = {}
+
+    def full(self, key: Any) -> bool:
+        """Whether this failure of ``key`` goes with its details; counts it."""
+        sent = self._sent
+        n = sent.get(key, 0)
+        if n >= FULL_PER_ERROR:
+            return False
+        if n or len(sent) < _MAX_ERRORS:
+            sent[key] = n + 1
+        return True
 
 
 def _host_name() -> str:
@@ -131,22 +189,39 @@ def failure_details(
     if job is not None:
         details["job"] = job
     if exc is not None:
-        try:
-            details["type"] = type(exc).__qualname__
-            details["message"] = str(exc)[:_MAX_MESSAGE_CHARS]
-        except Exception:
-            details["message"] = "<an exception that could not be formatted>"
-        where = _innermost(exc.__traceback__)
+        type_name, message, where = error_key(exc)
+        details["type"] = type_name
+        details["message"] = message
         if where is not None:
             details["where"] = where
         text = full_traceback
         if text is None:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        data = text.encode("utf-8", "surrogatepass")
+        data = clean(text).encode("utf-8")
         if len(data) > _MAX_TRACEBACK_BYTES:
-            text = data[-_MAX_TRACEBACK_BYTES:].decode("utf-8", "ignore")
-        details["traceback"] = text
+            data = data[-_MAX_TRACEBACK_BYTES:]
+        details["traceback"] = data.decode("utf-8", "ignore")
     return details
+
+
+def error_key(exc: BaseException) -> tuple[str, str, str | None]:
+    """``exc``'s distinct error as its details name it: (type, message, innermost frame),
+    each valid UTF-8. Never raises."""
+    try:
+        message = clean(str(exc)[:_MAX_MESSAGE_CHARS])
+    except Exception:
+        message = "<an exception that could not be formatted>"
+    where = _innermost(exc.__traceback__)
+    return type(exc).__qualname__, message, None if where is None else clean(where)
+
+
+def repeat_field(text: str, key: tuple[str, str, str | None]) -> list[Any]:
+    """The error field of a failure whose error went home in full :data:`FULL_PER_ERROR`
+    times already: its text and the error's key, which is all the driver counts it by."""
+    details: dict[str, Any] = {"type": key[0], "message": key[1]}
+    if key[2] is not None:
+        details["where"] = key[2]
+    return [clean(text), details]
 
 
 def failure_field(
@@ -159,7 +234,7 @@ def failure_field(
     to the logs' positions now."""
     if offsets is None:
         offsets = log_offsets()
-    return [text, failure_details(exc, full_traceback, offsets)]
+    return [clean(text), failure_details(exc, full_traceback, offsets)]
 
 
 #: the characters of failure fields one frame home may carry: the server drops a frame over
@@ -195,6 +270,9 @@ def fit(field: list[Any], used: int) -> int:
     return _size(field)
 
 
-def status_failed() -> list[Any]:
-    """The error field of a block whose function set ``BlockStatus.FAILED``."""
-    return failure_field("block status set to FAILED")
+def status_failed(repeats: Repeats | None = None) -> Any:
+    """The error field of a block whose function set ``BlockStatus.FAILED``: in full, or
+    its text alone once ``repeats`` sent it in full :data:`FULL_PER_ERROR` times."""
+    if repeats is not None and not repeats.full(STATUS_FAILED_TEXT):
+        return STATUS_FAILED_TEXT
+    return failure_field(STATUS_FAILED_TEXT)
