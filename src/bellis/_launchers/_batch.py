@@ -42,7 +42,15 @@ from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, _stderr_tail, describe_exit
-from ._batch_text import default_margin, file_size, hms, longest_run, sanitize, write_private
+from ._batch_text import (
+    default_margin,
+    file_size,
+    hms,
+    longest_run,
+    sanitize,
+    write_new_private,
+    write_private,
+)
 
 __all__ = ["BatchJob", "BatchLauncher", "End", "Ending", "Row"]
 
@@ -106,6 +114,8 @@ class BatchJob:
     warn_pending_at: float = 0.0
     #: the array task index (None: a job of its own)
     index: int | None = None
+    #: the job script of the array this task belongs to (None: a job of its own)
+    array_script: Path | None = None
 
 
 class BatchLauncher(WorkerLauncher):
@@ -230,6 +240,9 @@ class BatchLauncher(WorkerLauncher):
         self._scratch: Path | None = None
         self._atexit_registered = False
         self._max_array_size: int | None = None
+        #: each array's own job script, with the jobs of its tasks (removed once none of
+        #: them runs or may still start: an element reads it when it starts)
+        self._array_scripts: dict[Path, list[BatchJob]] = {}
 
     # -- the dialect ----------------------------------------------------------------------
     @abstractmethod
@@ -291,6 +304,13 @@ class BatchLauncher(WorkerLauncher):
         record). True: found (``state`` and ``extra`` updated); False: not known yet; None:
         the system has no such job."""
         return False
+
+    def _lost_message(self, job: BatchJob) -> str:
+        """The exit message of ``job``, gone from the status query with no record of its end."""
+        return (
+            f"job lost: {self.system} job {job.job_id} ({job.job_name}) vanished from "
+            f"{self.job_lists}"
+        )
 
     def _submit_error(self, code: int, text: str) -> WorkerStartError:
         """The start error for a submit command that exited with ``code`` saying ``text``."""
@@ -503,8 +523,12 @@ class BatchLauncher(WorkerLauncher):
             body.append("    ;;")
         body.append(f'*) echo "unknown array index ${self.array_index_env}" >&2; exit 2;;')
         body += ["esac", self._exec_line()]
-        script = directory / f"worker_array.{self.script_suffix}"
-        write_private(script, self._script(header, body))
+        # a script of its own: a system that reads it when an element starts (LSF runs
+        # `/bin/sh <script>`) must not find another array's case block there, as a pending
+        # element of an earlier array would if the file were shared
+        script = write_new_private(
+            directory, "worker_array", self.script_suffix, self._script(header, body)
+        )
         sys_errs = [directory / err_stem.format(index=index) for index in indices]
         offsets = [file_size(path) for path in sys_errs]
         try:
@@ -512,6 +536,7 @@ class BatchLauncher(WorkerLauncher):
         except BaseException:
             for payload in payloads:
                 payload.unlink(missing_ok=True)
+            script.unlink(missing_ok=True)
             raise
         handles = []
         jobs = []
@@ -519,12 +544,29 @@ class BatchLauncher(WorkerLauncher):
             specs, indices, sys_errs, offsets, payloads, strict=True
         ):
             job_id = self._element_id(array_id, index)
-            job = BatchJob(job_id, spec, name, sys_err, payload, offset, index=index)
+            job = BatchJob(
+                job_id, spec, name, sys_err, payload, offset, index=index, array_script=script
+            )
             self._jobs[job_id] = job
             jobs.append(job)
             handles.append(WorkerHandle(spec, job))
+        self._array_scripts[script] = jobs
         self._check_hopeless(jobs)
         return handles
+
+    def _release_scripts(self, teardown: bool = False) -> None:
+        """Remove the script of every array none of whose tasks may still start or runs
+        (at ``teardown``: none is known to live on)."""
+        for script, jobs in list(self._array_scripts.items()):
+            if all(
+                job.exit is not None
+                or self._is_finished(job.state)
+                or (teardown and job.missing_count > 0)
+                or job.job_id not in self._jobs
+                for job in jobs
+            ):
+                script.unlink(missing_ok=True)
+                del self._array_scripts[script]
 
     def _check_hopeless(self, jobs: list[BatchJob]) -> None:
         self._query(jobs)
@@ -543,6 +585,7 @@ class BatchLauncher(WorkerLauncher):
         for j in jobs:
             self._jobs.pop(j.job_id, None)
             j.payload_path.unlink(missing_ok=True)
+        self._release_scripts()
 
     # -- watching --------------------------------------------------------------------------
     def _query(self, jobs: list[BatchJob]) -> None:
@@ -579,15 +622,11 @@ class BatchLauncher(WorkerLauncher):
                 self._report_long_wait(job)
             elif job.missing_count > 0:
                 found = self._lookup_gone(job)
-                if found is None or job.missing_count >= self.lost_after_misses:
-                    job.exit = WorkerExit(
-                        ExitKind.ERROR,
-                        None,
-                        f"job lost: {self.system} job {job.job_id} ({job.job_name}) vanished "
-                        f"from {self.job_lists}",
-                    )
-                elif found and self._is_finished(job.state):
+                if found and self._is_finished(job.state):
                     job.exit = self._finished_exit(job)
+                elif found is None or job.missing_count >= self.lost_after_misses:
+                    job.exit = WorkerExit(ExitKind.ERROR, None, self._lost_message(job))
+        self._release_scripts()
 
     def _report_long_wait(self, job: BatchJob) -> None:
         now = time.monotonic()
@@ -773,6 +812,7 @@ class BatchLauncher(WorkerLauncher):
         for job in self._jobs.values():
             if job.exit is not None or self._is_finished(job.state) or job.missing_count:
                 job.payload_path.unlink(missing_ok=True)
+        self._release_scripts(teardown=True)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None

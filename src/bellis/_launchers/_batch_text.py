@@ -19,6 +19,7 @@ __all__ = [
     "longest_run",
     "parse_walltime",
     "sanitize",
+    "write_new_private",
     "write_private",
 ]
 
@@ -108,3 +109,22 @@ def write_private(path: Path, data: bytes) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def write_new_private(directory: Path, stem: str, suffix: str, data: bytes) -> Path:
+    """Write ``data`` to a new private file ``<directory>/<stem>.<n>.<suffix>``, ``n`` the
+    first number whose file does not exist yet (created exclusively, so two writers never
+    share one); its path."""
+    n = 1
+    while True:
+        path = directory / f"{stem}.{n}.{suffix}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            n += 1
+            continue
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return path
