@@ -379,6 +379,68 @@ def test_a_block_out_of_memory_succeeds_in_a_larger_job(system: str, tmp_path: P
     assert active(_state(tmp_path, system)) == []
 
 
+def _sleep_briefly() -> None:
+    time.sleep(3)
+
+
+def test_pbs_without_job_history_still_tells_exits_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PBS server that keeps no job history (its default): finished jobs leave ``qstat
+    -x`` and subjobs show no ``Exit_status``; exit codes come from the files the job
+    scripts write, and a memory kill from MoM's note, still out of memory."""
+    state = use_standins("pbs", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_PBS_HISTORY", "0")
+    launcher = make_launcher("pbs", "bh", mem="150M", array_threshold=2)
+    try:
+        handles = [
+            launcher.launch(_standalone_spec(tmp_path, 0, _exit_three)),
+            launcher.launch(_standalone_spec(tmp_path, 1, _hog_memory)),
+            *launcher.launch_many(
+                [
+                    _standalone_spec(tmp_path, 2, _exit_three, slot=2),
+                    _standalone_spec(tmp_path, 3, _sleep_briefly, slot=3),
+                ]
+            ),
+        ]
+        failed, oom, sub_failed, sub_clean = _wait_for_exit(launcher, handles, 90)
+    finally:
+        launcher.close()
+    assert launcher.history_off
+    assert (failed.kind, failed.code) == ("error", 3)
+    assert "about to fail" in failed.message
+    assert oom.kind == "error"
+    assert oom.message.startswith("out of memory: PBS job ")
+    assert "PBS: job killed: mem" in oom.message
+    assert (sub_failed.kind, sub_failed.code) == ("error", 3)
+    assert (sub_clean.kind, sub_clean.code) == ("clean", 0)
+    assert active(state) == []
+    # the exit files are read and removed
+    assert list((tmp_path / "logs").glob("*.exit")) == []
+
+
+def test_pbs_without_job_history_a_memory_kill_reaches_the_ladder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kit.user_script import grant_records, ran_alone, run_script
+
+    use_standins("pbs", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_PBS_HISTORY", "0")
+    proc = run_script(tmp_path, MEMORY_SCRIPT, "pbs", "bl", name="run.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = grant_records(tmp_path)
+    assert sorted(records) == list(range(20))
+    _big_job, mem = ran_alone(records, 7, 150)
+    assert mem in (300, 600)
+    assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
+        proc.stderr
+    )
+    # said once, with the fix
+    assert proc.stderr.count("this PBS server keeps no job history") == 1
+    assert "job_history_enable=True" in proc.stderr
+    assert "job lost" not in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
