@@ -26,7 +26,6 @@ import logging
 import os
 import shlex
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
@@ -47,8 +46,11 @@ from ._batch_text import (
     file_size,
     hms,
     longest_run,
+    redirect_line,
     sanitize,
+    walltime_lines,
     write_new_private,
+    write_payload,
     write_private,
 )
 
@@ -240,8 +242,7 @@ class BatchLauncher(WorkerLauncher):
         self._scratch: Path | None = None
         self._atexit_registered = False
         self._max_array_size: int | None = None
-        #: each array's own job script, with the jobs of its tasks (removed once none of
-        #: them runs or may still start: an element reads it when it starts)
+        #: each array's own job script, with its tasks' jobs (removed once all have ended)
         self._array_scripts: dict[Path, list[BatchJob]] = {}
 
     # -- the dialect ----------------------------------------------------------------------
@@ -362,36 +363,12 @@ class BatchLauncher(WorkerLauncher):
         directory.mkdir(exist_ok=True)
         return directory
 
-    def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
-        path = directory / f"{stem}.payload"
-        tmp = path.with_suffix(".payload.tmp")
-        write_private(tmp, struct.pack("<Q", len(spec.payload)) + spec.payload)
-        tmp.replace(path)
-        return path
-
     def _worker_lines(self, spec: WorkerSpec, payload: Path) -> list[str]:
         lines = [f"export BELLIS_PAYLOAD_FILE={shlex.quote(str(payload))}"]
         for key in ("BELLIS_CONTEXT", "DAISY_CONTEXT"):
             if key in spec.env:
                 lines.append(f"export {key}={shlex.quote(spec.env[key])}")
         return lines
-
-    @staticmethod
-    def _redirect(spec: WorkerSpec) -> str:
-        out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
-        err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
-        return f"exec >>{shlex.quote(out)} 2>>{shlex.quote(err)}"
-
-    def _walltime_lines(self) -> list[str]:
-        """The job script's first commands when workers watch the time limit: the job's
-        start (epoch seconds), the limit and the margin (see ``bellis._worker._walltime``)."""
-        if self.walltime_seconds is None:
-            return []
-        return [
-            "BELLIS_JOB_STARTED=$(date +%s)",
-            f"export BELLIS_JOB_STARTED BELLIS_JOB_TIME_LIMIT={self.walltime_seconds} "
-            f"BELLIS_WALLTIME_MARGIN={self.walltime_margin:g}",
-        ]
 
     def _exec_line(self) -> str:
         return f"exec {shlex.quote(self.python)} -m bellis._worker._main"
@@ -425,13 +402,14 @@ class BatchLauncher(WorkerLauncher):
         return job_id
 
     def _script(self, header: list[str], body: list[str]) -> bytes:
-        return ("\n".join(["#!/bin/sh", *header, *self._walltime_lines(), *body]) + "\n").encode()
+        start = walltime_lines(self.walltime_seconds, self.walltime_margin)
+        return ("\n".join(["#!/bin/sh", *header, *start, *body]) + "\n").encode()
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         name = self.job_name(spec)
         directory = self._work_dir(spec)
         stem = f"worker_{spec.slot_index}"
-        payload = self._write_payload(spec, directory, stem)
+        payload = write_payload(directory / f"{stem}.payload", spec.payload)
         body = self._worker_lines(spec, payload)
         if self.logs_via_system:
             sys_out = "/dev/null" if spec.out_path is None else self._file(str(spec.out_path))
@@ -441,7 +419,7 @@ class BatchLauncher(WorkerLauncher):
             sys_out = self._file(str(directory / f"{stem}.{self.name}.out"))
             sys_err_path = directory / f"{stem}.{self.name}.err"
             offset = file_size(sys_err_path)
-            body.append(self._redirect(spec))
+            body.append(redirect_line(spec.out_path, spec.err_path))
         sys_err = "/dev/null" if sys_err_path is None else self._file(str(sys_err_path))
         header, options = self._submission(name, spec, None, sys_out, sys_err)
         body.append(self._exec_line())
@@ -515,17 +493,15 @@ class BatchLauncher(WorkerLauncher):
         body = [f'case "${self.array_index_env}" in']
         payloads: list[Path] = []
         for spec, index in zip(specs, indices, strict=True):
-            payload = self._write_payload(spec, directory, f"worker_{spec.slot_index}")
+            payload = write_payload(directory / f"worker_{spec.slot_index}.payload", spec.payload)
             payloads.append(payload)
             body.append(f"{index})")
             body += ["    " + line for line in self._worker_lines(spec, payload)]
-            body.append("    " + self._redirect(spec))
+            body.append("    " + redirect_line(spec.out_path, spec.err_path))
             body.append("    ;;")
         body.append(f'*) echo "unknown array index ${self.array_index_env}" >&2; exit 2;;')
         body += ["esac", self._exec_line()]
-        # a script of its own: a system that reads it when an element starts (LSF runs
-        # `/bin/sh <script>`) must not find another array's case block there, as a pending
-        # element of an earlier array would if the file were shared
+        # its own script: LSF reads it when an element starts, maybe after the next array's
         script = write_new_private(
             directory, "worker_array", self.script_suffix, self._script(header, body)
         )
