@@ -58,9 +58,9 @@ def test_pipeline_runs_as_batch_jobs(system: str, tmp_path: Path) -> None:
     ]
     # the job script and the system's own files sit next to the workers' logs
     logs = tmp_path / "logs"
+    # (the array's own script went when its elements had ended)
     assert sorted(p.name for p in (logs / "a").glob("worker_array*")) == sorted(
-        [f"worker_array.{system}"]
-        + [f"worker_array_{first + i}.{system}.{ext}" for i in (0, 1) for ext in ("out", "err")]
+        [f"worker_array_{first + i}.{system}.{ext}" for i in (0, 1) for ext in ("out", "err")]
     )
     assert all(p.stat().st_mode & 0o077 == 0 for p in logs.rglob(f"*.{system}"))
     assert list(logs.rglob("*.payload")) == []
@@ -208,6 +208,74 @@ def test_an_interrupted_run_leaves_no_job(system: str, tmp_path: Path) -> None:
     assert all("was cancelled" in (h.native.exit.message or "") for h in handles)
 
 
+def _record_job(recdir: str, worker_id: int, gate: str | None) -> None:
+    """Write which job ran worker ``worker_id``; with ``gate``, first wait for that file."""
+    deadline = time.monotonic() + 120
+    while gate is not None and not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job = os.environ.get("LSB_JOBID") or os.environ.get("PBS_JOBID") or "?"
+    index = os.environ.get("LSB_JOBINDEX") or os.environ.get("PBS_ARRAY_INDEX") or "?"
+    (Path(recdir) / f"w{worker_id}").write_text(f"{job} {index}")
+
+
+def test_pending_array_elements_run_their_own_worker(system: str, tmp_path: Path) -> None:
+    """A second array launched while elements of the first still wait under the cap: each
+    element, whenever it starts, runs the worker of its own slot (an array's script is its
+    own file, not one rewritten by the next array), and the scripts go once all ended."""
+    state = _state(tmp_path, system)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    gate = tmp_path / "gate"
+    logs = tmp_path / "logs"
+    launcher = make_launcher(system, "bu", array_threshold=2, array_cap=1)
+
+    def specs(ids: range, gated: bool) -> list[WorkerSpec]:
+        fn = functools.partial(_record_job, str(rec))
+        return [
+            _standalone_spec(
+                tmp_path, i, functools.partial(fn, i, str(gate) if gated else None), slot=i
+            )
+            for i in ids
+        ]
+
+    try:
+        first = launcher.launch_many(specs(range(4), gated=True))
+        deadline = time.monotonic() + 60
+        while not [r for r in active(state) if r["state"] == "running"]:
+            assert time.monotonic() < deadline, "no element of the first array started"
+            time.sleep(0.1)
+        second = launcher.launch_many(specs(range(4, 8), gated=False))
+        # the first array's first element waits at the gate, the cap holds the others back
+        first_job = job_records(state)[0]["job"]
+        assert sorted(r["state"] for r in job_records(state) if r["job"] == first_job) == [
+            "pending",
+            "pending",
+            "pending",
+            "running",
+        ]
+        assert len(list(logs.glob(f"worker_array*.{system}"))) == 2
+        gate.touch()
+        exits = _wait_for_exit(launcher, [*first, *second], 180)
+        # every element has ended: no array script is left behind
+        assert list(logs.glob(f"worker_array*.{system}")) == []
+    finally:
+        launcher.close()
+    assert [(e.kind, e.code) for e in exits] == [("clean", 0)] * 8, [e.message for e in exits]
+    records = job_records(state)
+    assert len(records) == 8 and {(r["how"], r["code"]) for r in records} == {("exited", 0)}
+    first_index = 1 if system == "lsf" else 0
+    for worker_id, handle in enumerate([*first, *second]):
+        job, index = (rec / f"w{worker_id}").read_text().split()
+        # the element that ran worker n is the one launched for it, at its slot's index
+        assert int(index) == worker_id + first_index
+        assert handle.native.index == int(index)
+        if system == "lsf":
+            assert f"{job}[{index}]" == handle.native.job_id
+        else:
+            assert job == handle.native.job_id
+    assert active(state) == []
+
+
 def test_lsf_without_a_required_project_is_a_start_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +377,68 @@ def test_a_block_out_of_memory_succeeds_in_a_larger_job(system: str, tmp_path: P
     report = json.loads((tmp_path / "result.json").read_text())["report"]
     assert report["memory"]["succeeded"] == {f"{mem}M": 1}
     assert active(_state(tmp_path, system)) == []
+
+
+def _sleep_briefly() -> None:
+    time.sleep(3)
+
+
+def test_pbs_without_job_history_still_tells_exits_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PBS server that keeps no job history (its default): finished jobs leave ``qstat
+    -x`` and subjobs show no ``Exit_status``; exit codes come from the files the job
+    scripts write, and a memory kill from MoM's note, still out of memory."""
+    state = use_standins("pbs", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_PBS_HISTORY", "0")
+    launcher = make_launcher("pbs", "bh", mem="150M", array_threshold=2)
+    try:
+        handles = [
+            launcher.launch(_standalone_spec(tmp_path, 0, _exit_three)),
+            launcher.launch(_standalone_spec(tmp_path, 1, _hog_memory)),
+            *launcher.launch_many(
+                [
+                    _standalone_spec(tmp_path, 2, _exit_three, slot=2),
+                    _standalone_spec(tmp_path, 3, _sleep_briefly, slot=3),
+                ]
+            ),
+        ]
+        failed, oom, sub_failed, sub_clean = _wait_for_exit(launcher, handles, 90)
+    finally:
+        launcher.close()
+    assert launcher.history_off
+    assert (failed.kind, failed.code) == ("error", 3)
+    assert "about to fail" in failed.message
+    assert oom.kind == "error"
+    assert oom.message.startswith("out of memory: PBS job ")
+    assert "PBS: job killed: mem" in oom.message
+    assert (sub_failed.kind, sub_failed.code) == ("error", 3)
+    assert (sub_clean.kind, sub_clean.code) == ("clean", 0)
+    assert active(state) == []
+    # the exit files are read and removed
+    assert list((tmp_path / "logs").glob("*.exit")) == []
+
+
+def test_pbs_without_job_history_a_memory_kill_reaches_the_ladder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kit.user_script import grant_records, ran_alone, run_script
+
+    use_standins("pbs", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_PBS_HISTORY", "0")
+    proc = run_script(tmp_path, MEMORY_SCRIPT, "pbs", "bl", name="run.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = grant_records(tmp_path)
+    assert sorted(records) == list(range(20))
+    _big_job, mem = ran_alone(records, 7, 150)
+    assert mem in (300, 600)
+    assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
+        proc.stderr
+    )
+    # said once, with the fix
+    assert proc.stderr.count("this PBS server keeps no job history") == 1
+    assert "job_history_enable=True" in proc.stderr
+    assert "job lost" not in proc.stderr
 
 
 @pytest.mark.slow

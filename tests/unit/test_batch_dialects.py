@@ -157,6 +157,27 @@ def test_pbs_exit_statuses_map_to_endings(status: str, tail: str, end: End, code
     assert (ending.end, ending.code) == (end, code)
 
 
+@pytest.mark.parametrize(
+    ("script_exit", "tail", "end", "code"),
+    [
+        # a server without job history: the exit code the job script wrote ($?)
+        ("0", "", End.EXITED, 0),
+        ("3", "", End.EXITED, 3),
+        ("143", "", End.CANCELLED, -15),
+        ("143", "=>> PBS: job killed: walltime 65 exceeded limit 60\n", End.TIME_LIMIT, -15),
+        # killed at a limit before the script could write one: MoM's note says why
+        ("", "=>> PBS: job killed: mem 2048kb exceeded limit 1024kb\n", End.OUT_OF_MEMORY, -9),
+        ("", "=>> PBS: job killed: walltime 65 exceeded limit 60\n", End.TIME_LIMIT, -9),
+        ("", "", End.CANCELLED, None),
+    ],
+)
+def test_pbs_endings_without_job_history(script_exit: str, tail: str, end: End, code: int) -> None:
+    ending = pbs_ending("", tail, script_exit)
+    assert (ending.end, ending.code) == (end, code)
+    # an Exit_status, where the server keeps one, comes first
+    assert pbs_ending("-27", "", script_exit).end == End.OUT_OF_MEMORY
+
+
 def test_pbs_submit_options() -> None:
     launcher = bellis.PbsLauncher(
         queue="workq", account="proj1", time_limit="02:00:00", mem="4G", cpus_per_worker=4,

@@ -26,7 +26,6 @@ import logging
 import os
 import shlex
 import shutil
-import struct
 import subprocess
 import tempfile
 import time
@@ -42,7 +41,18 @@ from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, _stderr_tail, describe_exit
-from ._batch_text import default_margin, file_size, hms, longest_run, sanitize, write_private
+from ._batch_text import (
+    default_margin,
+    file_size,
+    hms,
+    longest_run,
+    redirect_line,
+    sanitize,
+    walltime_lines,
+    write_new_private,
+    write_payload,
+    write_private,
+)
 
 __all__ = ["BatchJob", "BatchLauncher", "End", "Ending", "Row"]
 
@@ -106,6 +116,8 @@ class BatchJob:
     warn_pending_at: float = 0.0
     #: the array task index (None: a job of its own)
     index: int | None = None
+    #: the job script of the array this task belongs to (None: a job of its own)
+    array_script: Path | None = None
 
 
 class BatchLauncher(WorkerLauncher):
@@ -230,6 +242,8 @@ class BatchLauncher(WorkerLauncher):
         self._scratch: Path | None = None
         self._atexit_registered = False
         self._max_array_size: int | None = None
+        #: each array's own job script, with its tasks' jobs (removed once all have ended)
+        self._array_scripts: dict[Path, list[BatchJob]] = {}
 
     # -- the dialect ----------------------------------------------------------------------
     @abstractmethod
@@ -292,6 +306,13 @@ class BatchLauncher(WorkerLauncher):
         the system has no such job."""
         return False
 
+    def _lost_message(self, job: BatchJob) -> str:
+        """The exit message of ``job``, gone from the status query with no record of its end."""
+        return (
+            f"job lost: {self.system} job {job.job_id} ({job.job_name}) vanished from "
+            f"{self.job_lists}"
+        )
+
     def _submit_error(self, code: int, text: str) -> WorkerStartError:
         """The start error for a submit command that exited with ``code`` saying ``text``."""
         return WorkerStartError(f"{self.submit_command} exited with code {code}: {text}")
@@ -342,36 +363,12 @@ class BatchLauncher(WorkerLauncher):
         directory.mkdir(exist_ok=True)
         return directory
 
-    def _write_payload(self, spec: WorkerSpec, directory: Path, stem: str) -> Path:
-        path = directory / f"{stem}.payload"
-        tmp = path.with_suffix(".payload.tmp")
-        write_private(tmp, struct.pack("<Q", len(spec.payload)) + spec.payload)
-        tmp.replace(path)
-        return path
-
     def _worker_lines(self, spec: WorkerSpec, payload: Path) -> list[str]:
         lines = [f"export BELLIS_PAYLOAD_FILE={shlex.quote(str(payload))}"]
         for key in ("BELLIS_CONTEXT", "DAISY_CONTEXT"):
             if key in spec.env:
                 lines.append(f"export {key}={shlex.quote(spec.env[key])}")
         return lines
-
-    @staticmethod
-    def _redirect(spec: WorkerSpec) -> str:
-        out = str(spec.out_path) if spec.out_path is not None else "/dev/null"
-        err = str(spec.err_path) if spec.err_path is not None else "/dev/null"
-        return f"exec >>{shlex.quote(out)} 2>>{shlex.quote(err)}"
-
-    def _walltime_lines(self) -> list[str]:
-        """The job script's first commands when workers watch the time limit: the job's
-        start (epoch seconds), the limit and the margin (see ``bellis._worker._walltime``)."""
-        if self.walltime_seconds is None:
-            return []
-        return [
-            "BELLIS_JOB_STARTED=$(date +%s)",
-            f"export BELLIS_JOB_STARTED BELLIS_JOB_TIME_LIMIT={self.walltime_seconds} "
-            f"BELLIS_WALLTIME_MARGIN={self.walltime_margin:g}",
-        ]
 
     def _exec_line(self) -> str:
         return f"exec {shlex.quote(self.python)} -m bellis._worker._main"
@@ -405,13 +402,14 @@ class BatchLauncher(WorkerLauncher):
         return job_id
 
     def _script(self, header: list[str], body: list[str]) -> bytes:
-        return ("\n".join(["#!/bin/sh", *header, *self._walltime_lines(), *body]) + "\n").encode()
+        start = walltime_lines(self.walltime_seconds, self.walltime_margin)
+        return ("\n".join(["#!/bin/sh", *header, *start, *body]) + "\n").encode()
 
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         name = self.job_name(spec)
         directory = self._work_dir(spec)
         stem = f"worker_{spec.slot_index}"
-        payload = self._write_payload(spec, directory, stem)
+        payload = write_payload(directory / f"{stem}.payload", spec.payload)
         body = self._worker_lines(spec, payload)
         if self.logs_via_system:
             sys_out = "/dev/null" if spec.out_path is None else self._file(str(spec.out_path))
@@ -421,7 +419,7 @@ class BatchLauncher(WorkerLauncher):
             sys_out = self._file(str(directory / f"{stem}.{self.name}.out"))
             sys_err_path = directory / f"{stem}.{self.name}.err"
             offset = file_size(sys_err_path)
-            body.append(self._redirect(spec))
+            body.append(redirect_line(spec.out_path, spec.err_path))
         sys_err = "/dev/null" if sys_err_path is None else self._file(str(sys_err_path))
         header, options = self._submission(name, spec, None, sys_out, sys_err)
         body.append(self._exec_line())
@@ -495,16 +493,18 @@ class BatchLauncher(WorkerLauncher):
         body = [f'case "${self.array_index_env}" in']
         payloads: list[Path] = []
         for spec, index in zip(specs, indices, strict=True):
-            payload = self._write_payload(spec, directory, f"worker_{spec.slot_index}")
+            payload = write_payload(directory / f"worker_{spec.slot_index}.payload", spec.payload)
             payloads.append(payload)
             body.append(f"{index})")
             body += ["    " + line for line in self._worker_lines(spec, payload)]
-            body.append("    " + self._redirect(spec))
+            body.append("    " + redirect_line(spec.out_path, spec.err_path))
             body.append("    ;;")
         body.append(f'*) echo "unknown array index ${self.array_index_env}" >&2; exit 2;;')
         body += ["esac", self._exec_line()]
-        script = directory / f"worker_array.{self.script_suffix}"
-        write_private(script, self._script(header, body))
+        # its own script: LSF reads it when an element starts, maybe after the next array's
+        script = write_new_private(
+            directory, "worker_array", self.script_suffix, self._script(header, body)
+        )
         sys_errs = [directory / err_stem.format(index=index) for index in indices]
         offsets = [file_size(path) for path in sys_errs]
         try:
@@ -512,6 +512,7 @@ class BatchLauncher(WorkerLauncher):
         except BaseException:
             for payload in payloads:
                 payload.unlink(missing_ok=True)
+            script.unlink(missing_ok=True)
             raise
         handles = []
         jobs = []
@@ -519,12 +520,29 @@ class BatchLauncher(WorkerLauncher):
             specs, indices, sys_errs, offsets, payloads, strict=True
         ):
             job_id = self._element_id(array_id, index)
-            job = BatchJob(job_id, spec, name, sys_err, payload, offset, index=index)
+            job = BatchJob(
+                job_id, spec, name, sys_err, payload, offset, index=index, array_script=script
+            )
             self._jobs[job_id] = job
             jobs.append(job)
             handles.append(WorkerHandle(spec, job))
+        self._array_scripts[script] = jobs
         self._check_hopeless(jobs)
         return handles
+
+    def _release_scripts(self, teardown: bool = False) -> None:
+        """Remove the script of every array none of whose tasks may still start or runs
+        (at ``teardown``: none is known to live on)."""
+        for script, jobs in list(self._array_scripts.items()):
+            if all(
+                job.exit is not None
+                or self._is_finished(job.state)
+                or (teardown and job.missing_count > 0)
+                or job.job_id not in self._jobs
+                for job in jobs
+            ):
+                script.unlink(missing_ok=True)
+                del self._array_scripts[script]
 
     def _check_hopeless(self, jobs: list[BatchJob]) -> None:
         self._query(jobs)
@@ -543,6 +561,7 @@ class BatchLauncher(WorkerLauncher):
         for j in jobs:
             self._jobs.pop(j.job_id, None)
             j.payload_path.unlink(missing_ok=True)
+        self._release_scripts()
 
     # -- watching --------------------------------------------------------------------------
     def _query(self, jobs: list[BatchJob]) -> None:
@@ -579,15 +598,11 @@ class BatchLauncher(WorkerLauncher):
                 self._report_long_wait(job)
             elif job.missing_count > 0:
                 found = self._lookup_gone(job)
-                if found is None or job.missing_count >= self.lost_after_misses:
-                    job.exit = WorkerExit(
-                        ExitKind.ERROR,
-                        None,
-                        f"job lost: {self.system} job {job.job_id} ({job.job_name}) vanished "
-                        f"from {self.job_lists}",
-                    )
-                elif found and self._is_finished(job.state):
+                if found and self._is_finished(job.state):
                     job.exit = self._finished_exit(job)
+                elif found is None or job.missing_count >= self.lost_after_misses:
+                    job.exit = WorkerExit(ExitKind.ERROR, None, self._lost_message(job))
+        self._release_scripts()
 
     def _report_long_wait(self, job: BatchJob) -> None:
         now = time.monotonic()
@@ -773,6 +788,7 @@ class BatchLauncher(WorkerLauncher):
         for job in self._jobs.values():
             if job.exit is not None or self._is_finished(job.state) or job.missing_count:
                 job.payload_path.unlink(missing_ok=True)
+        self._release_scripts(teardown=True)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None

@@ -1,11 +1,14 @@
 """The text every batch system reads and writes, for the batch launchers (``_batch``):
-job names, array indices, time limits, memory sizes and private files. No process is
-started here; each system's own spellings live with its dialect."""
+job names, array indices, time limits, memory sizes, the job scripts' shared lines and
+private files (scripts, payloads). No process is started here; each system's own
+spellings live with its dialect."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +21,11 @@ __all__ = [
     "hms",
     "longest_run",
     "parse_walltime",
+    "redirect_line",
     "sanitize",
+    "walltime_lines",
+    "write_new_private",
+    "write_payload",
     "write_private",
 ]
 
@@ -108,3 +115,51 @@ def write_private(path: Path, data: bytes) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def write_new_private(directory: Path, stem: str, suffix: str, data: bytes) -> Path:
+    """Write ``data`` to a new private file ``<directory>/<stem>.<n>.<suffix>``, ``n`` the
+    first number whose file does not exist yet (created exclusively, so two writers never
+    share one); its path."""
+    n = 1
+    while True:
+        path = directory / f"{stem}.{n}.{suffix}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            n += 1
+            continue
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return path
+
+
+def write_payload(path: Path, payload: bytes) -> Path:
+    """Write a worker's payload (its length, then its bytes) to ``path``, privately and
+    atomically; ``path``."""
+    tmp = path.with_suffix(".payload.tmp")
+    write_private(tmp, struct.pack("<Q", len(payload)) + payload)
+    tmp.replace(path)
+    return path
+
+
+def redirect_line(out: Path | None, err: Path | None) -> str:
+    """The job script's line that sends its output to a worker's logs (None: nowhere)."""
+    out_text = "/dev/null" if out is None else str(out)
+    err_text = "/dev/null" if err is None else str(err)
+    return f"exec >>{shlex.quote(out_text)} 2>>{shlex.quote(err_text)}"
+
+
+def walltime_lines(seconds: int | None, margin: float) -> list[str]:
+    """The job script's first commands when workers watch the time limit (``seconds``;
+    None: they do not): the job's start (epoch seconds), the limit and the margin (see
+    ``bellis._worker._walltime``)."""
+    if seconds is None:
+        return []
+    return [
+        "BELLIS_JOB_STARTED=$(date +%s)",
+        f"export BELLIS_JOB_STARTED BELLIS_JOB_TIME_LIMIT={seconds} "
+        f"BELLIS_WALLTIME_MARGIN={margin:g}",
+    ]

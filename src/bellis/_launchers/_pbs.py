@@ -8,6 +8,15 @@ walltime=``, ``-J`` for arrays, ``-o``/``-e``, ``-r n``, ``-V``), one ``qstat -x
 limit), and the negative ``JOB_EXEC_*`` codes (-27 memory, -29 walltime, ...). A kill at a
 limit is told from a ``qdel`` by the line MoM writes to the job's error file
 (``=>> PBS: job killed: walltime 65 exceeded limit 60``).
+
+PBS keeps finished jobs for ``qstat -x`` only where the server's ``job_history_enable`` is
+True, and its default is False: there a job leaves ``qstat`` when it ends, with its
+``Exit_status``. So the job script does not ``exec`` the worker: it waits for it and writes
+its exit code to ``worker_<slot>.<job number>.exit`` next to the payload (then ends the
+way the worker did, a signal included). A job gone from ``qstat -x`` (or a subjob shown
+finished without an ``Exit_status``) ends as that file and MoM's note in the job's error
+file say: a kill at the memory or walltime limit still reaches the memory ladder. A job
+that left neither (deleted before it ran, its node lost) is reported lost.
 """
 
 from __future__ import annotations
@@ -15,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._base import WorkerSpec
+from ._base import WorkerSpec, _stderr_tail
 from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
 from ._batch_text import hms, parse_walltime
 
@@ -75,12 +85,24 @@ def parse_qstat_json(text: str) -> dict[str, Row]:
     return rows
 
 
-def pbs_ending(exit_status: str, error_tail: str) -> Ending:
-    """How a finished PBS job ended, from its ``Exit_status`` and the end of its error file."""
-    if not re.fullmatch(r"-?\d+", exit_status or ""):
+def pbs_ending(exit_status: str, error_tail: str, script_exit: str = "") -> Ending:
+    """How a finished PBS job ended, from its ``Exit_status`` and the end of its error file;
+    without an ``Exit_status`` (a server that keeps no job history), from the exit code
+    its job script wrote (``script_exit``, as ``$?``: 128 + n for a signal) or MoM's note."""
+    if re.fullmatch(r"-?\d+", exit_status or ""):
+        status = int(exit_status)
+    elif re.fullmatch(r"\d+", script_exit or ""):
+        code = int(script_exit)
+        status = 256 + code - 128 if 128 < code < 160 else code
+    else:
+        killed = _KILLED.findall(error_tail)
+        what = killed[-1].lower() if killed else ""
+        if what in ("mem", "vmem", "pmem", "pvmem"):
+            return Ending(End.OUT_OF_MEMORY, -9, f"killed at its {what} limit (no Exit_status)")
+        if what in ("walltime", "cput"):
+            return Ending(End.TIME_LIMIT, -9, f"killed at its {what} limit (no Exit_status)")
         # finished without an exit status: deleted before it ran
         return Ending(End.CANCELLED, None, "deleted before it started")
-    status = int(exit_status)
     if status < 0:
         end, words = _EXEC_CODES.get(status, (End.OTHER, f"JOB_EXEC code {status}"))
         return Ending(end, None, f"Exit_status={status} ({words})")
@@ -161,6 +183,8 @@ class PbsLauncher(BatchLauncher):
         )
         self.queue = queue
         self.account = account
+        #: whether a job was seen to leave ``qstat -x`` (the server keeps no job history)
+        self.history_off = False
 
     def select(self, spec: WorkerSpec) -> str:
         """The job's one chunk: ``1:ncpus=N[:mem=Mmb][:ngpus=G]``."""
@@ -191,6 +215,75 @@ class PbsLauncher(BatchLauncher):
 
     def _submit_argv(self, script: Path, options: list[str]) -> list[str]:
         return ["qsub", *options, str(script)]
+
+    def _exec_line(self) -> str:
+        """Run the worker and write its exit code where the launcher finds it when the
+        server keeps no history; then end as it did (256 + n in ``Exit_status`` for a
+        signal, as if the worker were the job's top process). A ``TERM`` from ``qdel`` or
+        a limit goes to the whole job: the shell waits for the worker's own answer to it."""
+        return "\n".join(
+            [
+                "trap : TERM",
+                f"{shlex.quote(self.python)} -m bellis._worker._main",
+                "code=$?",
+                'exit_file="${BELLIS_PAYLOAD_FILE%.payload}.${PBS_JOBID%%.*}.exit"',
+                'echo "$code" >"$exit_file.tmp" && mv -f "$exit_file.tmp" "$exit_file"',
+                "trap - TERM",
+                'if [ "$code" -gt 128 ] && [ "$code" -lt 160 ]; then kill -$((code - 128)) $$; fi',
+                'exit "$code"',
+            ]
+        )
+
+    @staticmethod
+    def exit_file(job: BatchJob) -> Path:
+        """Where ``job``'s script writes its worker's exit code."""
+        number = job.job_id.split(".")[0]
+        return job.payload_path.with_name(f"{job.payload_path.stem}.{number}.exit")
+
+    def _script_exit(self, job: BatchJob) -> str:
+        """The exit code ``job``'s script wrote ("" if none yet); the file is read once."""
+        if "ScriptExit" not in job.extra:
+            path = self.exit_file(job)
+            try:
+                text = path.read_text().strip()
+            except OSError:
+                return ""
+            job.extra["ScriptExit"] = text
+            path.unlink(missing_ok=True)
+        return job.extra["ScriptExit"]
+
+    def _lookup_gone(self, job: BatchJob) -> bool | None:
+        """A job gone from ``qstat -x``: the server keeps no job history. Its end is what
+        its exit file or MoM's note in its error file says (False: neither, yet)."""
+        if not self.history_off:
+            self.history_off = True
+            logger.warning(
+                "PBS job %s ended and left `qstat -x`: this PBS server keeps no job history "
+                "(job_history_enable=False, its default). bellis reads how jobs ended from "
+                "the exit files their scripts write and MoM's notes in their error files; "
+                "a job that left neither is reported lost. Ask the administrators to set "
+                "job_history_enable=True for PBS's own exit statuses",
+                job.job_id,
+            )
+        tail = _stderr_tail(job.system_err, lines=20, start=job.system_err_offset)
+        if not self._script_exit(job) and not _KILLED.search(tail):
+            return False
+        job.state = "F"
+        return True
+
+    def _lost_message(self, job: BatchJob) -> str:
+        return (
+            f"job lost: PBS job {job.job_id} ({job.job_name}) left qstat -x with no exit "
+            "status (the server keeps no job history: job_history_enable=False, or the "
+            f"job's expired), wrote no exit file ({self.exit_file(job).name}) and has no "
+            "MoM note in its error file: deleted before it ran, or its node failed"
+        )
+
+    def close(self) -> None:
+        super().close()
+        for job in self._jobs.values():
+            if job.exit is not None:
+                self.exit_file(job).unlink(missing_ok=True)
 
     def _submitted_id(self, stdout: str) -> str | None:
         lines = stdout.strip().splitlines()
@@ -229,7 +322,8 @@ class PbsLauncher(BatchLauncher):
             return None
 
     def _ending(self, job: BatchJob, system_tail: str) -> Ending:
-        return pbs_ending(job.extra.get("ExitCode", ""), system_tail)
+        status = job.extra.get("ExitCode", "")
+        return pbs_ending(status, system_tail, "" if status else self._script_exit(job))
 
     def _cancel_argvs(self, ids: list[str], hard: bool) -> list[list[str]]:
         return [["qdel", "-W", "force", *ids]] if hard else [["qdel", *ids]]

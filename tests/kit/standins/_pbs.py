@@ -7,6 +7,10 @@ They take the options bellis passes and print what Altair documents for PBS Prof
 an array that has begun), ``Exit_status`` once finished (0-255 the script's code, 256 + n
 killed by signal n, -27 memory limit), ``Resource_List`` and the array attributes;
 an unknown id gets ``qstat: Unknown Job Id <id>`` on stderr and exit status 153.
+
+With ``BELLIS_STANDIN_PBS_HISTORY=0`` the server keeps no job history, as PBS's default
+``job_history_enable=False``: a finished job is unknown to ``qstat -x`` (153), and a
+finished subjob of an array that still runs shows ``X`` with no ``Exit_status``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,10 @@ def _exit_status(record: _engine.Record) -> int | None:
     return None if code is None else int(code)
 
 
+def _history() -> bool:
+    return os.environ.get("BELLIS_STANDIN_PBS_HISTORY", "1") != "0"
+
+
 def _attributes(record: _engine.Record) -> dict[str, object]:
     state = {"pending": "Q", "running": "R"}.get(record["state"], "F")
     if state == "F" and record["index"] is not None:
@@ -136,7 +144,7 @@ def _attributes(record: _engine.Record) -> dict[str, object]:
     elif record["state"] == "running":
         attrs["comment"] = f"Job run at {time.ctime(record.get('start', 0))} on (standin:ncpus=1)"
     else:
-        status = _exit_status(record)
+        status = _exit_status(record) if _history() else None
         if status is not None:
             attrs["Exit_status"] = status
         attrs["comment"] = f"Job run at {time.ctime(record.get('start', 0))} and finished"
@@ -178,6 +186,8 @@ def qstat(args: list[str]) -> int:
     for wanted in ids:
         m = re.fullmatch(r"(\d+)(\[(\d*)\])?(?:\.\S+)?", wanted)
         found = [] if m is None else _engine.elements(int(m[1]))
+        if not _history() and all(r["state"] == "done" for r in found):
+            found = []  # no history: a job (an array) that has ended is gone
         if m is not None and m[3]:
             found = [r for r in found if r["index"] == int(m[3])]
         if not show_finished:
