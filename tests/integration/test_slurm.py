@@ -496,8 +496,8 @@ def test_restarted_jobs_append_to_their_slot_files(tmp_path: Path) -> None:
     assert state.worker_start_count >= 8
     logdir = tmp_path / "logs" / "slots"
     names = sorted(p.name for p in logdir.iterdir())
-    # two log files per slot; the job scripts go per slot too (the array's script is
-    # rewritten for each array); the payloads are removed at the end of the run
+    # two log files per slot; the job scripts go per slot too (each array has its own
+    # script, removed once its elements have ended); the payloads are removed at the end
     logs = [n for n in names if n.endswith((".out", ".err"))]
     assert logs == ["worker_0.err", "worker_0.out", "worker_1.err", "worker_1.out"]
     others = {"worker_0.sbatch", "worker_1.sbatch", "worker_array.sbatch", "runs.jsonl"}
