@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 
 # names whose modules compute with numpy (the driver's side: tasks, pipelines, the
-# scheduler, the runner, reports, skip masks, the dependency graph): touching one loads
-# numpy, with a reason. All other public names must load neither numpy nor v1_compat.
+# scheduler, the runner, reports, skip masks, the dependency graph, and planning, which
+# counts a run through the scheduler): touching one loads numpy, with a reason. All other public names must load neither numpy nor v1_compat.
 NEEDS_NUMPY = {
     "BlockRecord",
     "BlockwiseDependencyGraph",
     "DependencyGraph",
     "Pipeline",
+    "Plan",
     "RunReport",
     "Scheduler",
     "SerialServer",
@@ -41,6 +42,7 @@ NEEDS_NUMPY = {
     "WorkerRecord",
     "get_done_marker_basedir",
     "get_tracking_basedir",
+    "plan",
     "run_blockwise",
     "set_done_marker_basedir",
     "set_tracking_basedir",
