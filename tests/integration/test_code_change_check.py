@@ -37,6 +37,8 @@ def record(name, text):
 def upstream(block):
     if os.environ.get("KILL") == str(block.block_id[1]):
         os._exit(9)  # the run is killed here
+    if os.environ.get("FAIL") == str(block.block_id[1]):
+        raise RuntimeError("this block fails")
     record(f"up_{block.block_id[1]}", str(THRESHOLD))
 
 
@@ -184,3 +186,27 @@ def test_blocks_a_check_finds_before_any_run_are_of_unknown_code(tmp_path: Path)
     assert made == [*DOWN, "up_2", "up_3"]
     versions = _versions(tmp_path, "A")
     assert versions.get(0) == 2 and sum(versions.values()) == 4
+
+
+def test_the_summary_counts_only_the_cleared_blocks_that_ran(tmp_path: Path) -> None:
+    """Distributed: a block that raises fails and the run goes on (in serial mode the
+    exception ends the script, as in daisy; the killed-resume test covers that)."""
+    mode = "dist"
+    proc, _ = _run(tmp_path, SCRIPT, "run1", mode, POLICY="rerun")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, made = _run(tmp_path, EDITED, "run2", mode, POLICY="rerun", FAIL="3")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert made == ["down_0", "down_1", "down_2", "up_0", "up_1", "up_2"]
+    assert (
+        "A: 3 of 4 block(s) made by other code (function upstream) ran again "
+        "(1 not done: a next run redoes them)" in proc.stdout
+    )
+    assert "B: 3 of 4 block(s) reading blocks of A redone after them ran again" in proc.stdout
+    # the failed block still holds the old output, which its check finds: it runs anyway
+    proc, made = _run(tmp_path, EDITED, "run3", mode, POLICY="rerun")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert made == ["down_3", "up_3"]
+    assert _threshold_on_disk(tmp_path) == ["0.7"] * 4
+    assert "A: 1 block(s) made by other code (function upstream) ran again" in proc.stdout
+    proc, made = _run(tmp_path, EDITED, "run4", mode, POLICY="error")
+    assert proc.returncode == 0 and made == [], proc.stdout + proc.stderr

@@ -394,8 +394,8 @@ def finish_code(plan: CodePlan, runs: list[Any]) -> None:
                 parts.append(f"{total} block(s) {what} ran again")
             else:
                 parts.append(
-                    f"{ran} of {total} block(s) {what} ran again; the other {total - ran} "
-                    "are not done and run in the next run"
+                    f"{ran} of {total} block(s) {what} ran again ({total - ran} not done: "
+                    "a next run redoes them)"
                 )
         plan.notes[run.task_id] = f"{run.task_id}: " + "; ".join(parts)
 
