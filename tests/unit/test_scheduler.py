@@ -164,6 +164,27 @@ def test_check_function_skip_counts_as_skipped_and_completed() -> None:
     assert (st.completed_count, st.skipped_count, st.skipped_check_count) == (6, 3, 3)
 
 
+def test_unchecked_blocks_run_without_asking_the_check_function() -> None:
+    """Blocks cleared by on_code_change="rerun" (``_unchecked``) are made by other code:
+    the check would find their old output, so it is not asked and they are handed out."""
+    seen = []
+
+    def check(block: daisy.Block) -> bool:
+        seen.append(block.block_id[1])
+        return True
+
+    with pytest.warns(UserWarning, match="check_function"):
+        task = task1("t", total=60, check_function=check)
+    unchecked = np.zeros(6, dtype=bool)
+    unchecked[[1, 4]] = True
+    s = CoreScheduler(task, _unchecked={"t": unchecked})
+    handed = drain(s, ["t"], fail=set())
+    assert handed == [("t", 1), ("t", 4)]
+    assert sorted(seen) == [0, 2, 3, 5]
+    st = s.task_states["t"]
+    assert (st.completed_count, st.skipped_check_count) == (6, 4)
+
+
 def test_raising_check_function_runs_block_with_one_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -28,6 +28,15 @@ below; ``"error"`` raises :class:`~bellis.errors.CodeChangedError` before anythi
 written. Tasks without a store are never stale and make nothing stale (nothing records
 when their blocks ran), and neither do blocks that a ``check_function`` may skip.
 
+A ``check_function`` says that a block's output exists, not which code made it. With
+``"rerun"`` the blocks cleared as stale are not passed to it (``CodePlan.unchecked``,
+the scheduler's ``_unchecked``): they run, and count as "runs in this run" below. The
+blocks not done whose ``code_version`` names a run (a rerun cleared them and was stopped
+before they ran again) count as made for such a task (:meth:`_TaskCode.made`), so the
+next ``"rerun"`` finds them stale too. A check skip keeps the block's ``code_version``
+(``TrackingStore.record_skip``). :func:`finish_code` counts, after the run, the cleared
+blocks that ran, for the summary.
+
 :func:`record_code` then (after the scheduler, and in a distributed run while the
 workers start) registers the run's entry in the store of each task with blocks to do and
 points the scheduler's per-block store of the index at it: the only per-block cost is
@@ -44,11 +53,12 @@ import numpy as np
 
 from .._bulk import block_view, downstream_readers
 from .._fingerprint import Fingerprint, differences, fingerprint
+from .._scheduling._task_run import DONE as _DONE
 from .._task import Task, topological_order
 from .._tracking._codever import code_counts, made_at, read_table, register, resolve
 from ..errors import CodeChangedError
 
-__all__ = ["CodePlan", "check_code", "code_summary", "record_code"]
+__all__ = ["CodePlan", "check_code", "code_summary", "finish_code", "record_code"]
 
 logger = logging.getLogger("bellis")
 
@@ -70,6 +80,13 @@ class CodePlan:
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: task id -> the largest code index its store's done blocks hold (``register``)
     floors: dict[str, int] = field(default_factory=dict)
+    #: task id -> the blocks over its grid whose check_function is not called: cleared
+    #: by ``"rerun"`` as made by other code (or reading redone blocks), they run
+    unchecked: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+    #: task id -> what ``"rerun"`` cleared: (what, blocks over the grid) for the blocks
+    #: of other code and those reading redone blocks; :func:`finish_code` counts those
+    #: that ran for the summary
+    redone: dict[str, list[tuple[str, np.ndarray[Any, Any]]]] = field(default_factory=dict)
 
 
 class _TaskCode:
@@ -80,6 +97,9 @@ class _TaskCode:
     def __init__(self, task: Task, store: Any) -> None:
         self.task = task
         self.store = store
+        #: "rerun" with a check_function: blocks made by other code whose done markers an
+        #: earlier run cleared count as made too (the check would skip them as done)
+        self.recheck = task.check_function is not None and task._on_code_change == "rerun"
         self.fp: Fingerprint | None = None
         #: per code index, when the run that made such a block started (-inf: unknown)
         self.times: np.ndarray[Any, Any] = np.full(1, -np.inf)
@@ -93,7 +113,10 @@ class _TaskCode:
         self.read_from: list[str] = []
         #: the done blocks this run runs again (``"rerun"``), or warns about
         self.stale: np.ndarray[Any, Any] | None = None
+        #: the blocks of ``stale`` made by other code (the rest read redone blocks)
+        self.own_stale: np.ndarray[Any, Any] | None = None
         self._done: np.ndarray[Any, Any] | None = None
+        self._made: np.ndarray[Any, Any] | None = None
         self._runs: np.ndarray[Any, Any] | None = None
         self._runs_known = False
 
@@ -110,24 +133,46 @@ class _TaskCode:
             self._done = done
         return self._done
 
-    def made_when(self, when: float, newer: bool) -> np.ndarray[Any, Any]:
-        """Done blocks made by a run that started after ``when`` (``newer``) or at it."""
+    def made(self) -> np.ndarray[Any, Any]:
+        """The blocks a run made whose output this run would keep: the done blocks, and
+        (``recheck``) the blocks not done whose ``code_version`` names a run: a rerun
+        cleared them and was stopped before they ran again, and the check_function would
+        skip them. Asked for before this run's clears."""
+        if self._made is None:
+            made = self.done()
+            if self.recheck and self.codes is not None:
+                view, dst = self.codes
+                prior = np.zeros(self.task._geom.grid, dtype=bool)
+                np.not_equal(view, 0, out=prior[dst])
+                if self.task._skip_mask is not None:
+                    prior &= np.equal(self.task._skip_mask, 0)
+                made = made | prior
+            self._made = made
+        return self._made
+
+    def made_when(self, when: float, newer: bool, made: bool = False) -> np.ndarray[Any, Any]:
+        """Done blocks (``made``: :meth:`made` blocks) made by a run that started after
+        ``when`` (``newer``) or at it."""
+        among = self.made() if made else self.done()
         out = np.zeros(self.task._geom.grid, dtype=bool)
         if self.codes is None:
-            return out if newer or when != -np.inf else self.done().copy()
+            return out if newer or when != -np.inf else among.copy()
         hit = self.times > when if newer else self.times == when
         view, dst = self.codes
         out[dst] = np.isin(view, np.flatnonzero(hit).astype(np.uint16))
-        out &= self.done()
+        out &= among
         return out
 
     def runs(self) -> np.ndarray[Any, Any] | None:
-        """The blocks that run in this run (not done, addressable, not masked); None
-        when a ``check_function`` may skip any of them."""
+        """The blocks that run in this run (not done, addressable, not masked). With a
+        ``check_function``, only those it is not asked about (``"rerun"`` cleared them);
+        None when there are none."""
         if not self._runs_known:
             self._runs_known = True
             t = self.task
-            if t.check_function is None:
+            if t.check_function is not None:
+                self._runs = self.stale if self.recheck else None
+            else:
                 runs = np.zeros(t._geom.grid, dtype=bool)
                 _view, dst = self.block_cells(self.store.done)
                 runs[dst] = True
@@ -151,17 +196,21 @@ def _own_state(info: _TaskCode) -> None:
     info.times = made_at(table)
     info.codes = info.block_cells(codes)
     counts = code_counts(store.done, codes)
+    view, dst = info.codes
+    made = info.made()
+    if made is not info.done():  # recheck: the indices of the cleared blocks too
+        for index in np.unique(view[made[dst]]).tolist():
+            counts.setdefault(int(index), 0)
     info.present = sorted(counts)
     current = {i for i, e in full.items() if e.get("hash") == fp.hash}
     other = [i for i in counts if i not in current and i != 0]
     if not other:
         return
     own = np.zeros(t._geom.grid, dtype=bool)
-    view, dst = info.codes
     own[dst] = np.isin(view, np.asarray(other, dtype=np.uint16))
-    own &= info.done()
+    own &= made
     info.own = int(np.count_nonzero(own))
-    info.stale = own
+    info.stale = info.own_stale = own
     for i in sorted(other):
         found = differences(full[i], fp) if i in full else ["code the table does not record"]
         for item in found:
@@ -179,7 +228,7 @@ def _read_state(info: _TaskCode, ups: list[_TaskCode]) -> None:
     if not info.present or not ups:
         return
     g = info.task._geom
-    fresh = info.done() if info.stale is None else info.done() & ~info.stale
+    fresh = info.made() if info.stale is None else info.made() & ~info.stale
     if not fresh.any():
         return
     stale = np.zeros(g.grid, dtype=bool)
@@ -193,7 +242,7 @@ def _read_state(info: _TaskCode, ups: list[_TaskCode]) -> None:
         latest = max((_when(up, i) for i in up.present), default=-np.inf)
         for when in (w for w in mine if w < latest):
             readers = downstream_readers(ug, g, up.made_when(when, newer=True))
-            found |= readers & info.made_when(when, newer=False)
+            found |= readers & info.made_when(when, newer=False, made=True)
         found &= fresh
         if found.any():
             stale |= found
@@ -234,14 +283,12 @@ def _note(info: _TaskCode) -> str:
     parts = []
     if t._on_code_change == "rerun":
         if info.own:
-            parts.append(f"{info.own} block(s) made by other code ({shown}) run again")
+            parts.append(f"{info.own} block(s) made by other code ({shown})")
         if info.reads:
-            parts.append(
-                f"{info.reads} block(s) reading blocks of {ups} redone after them run again"
-            )
-        note = f"{t.task_id}: " + "; ".join(parts)
-        logger.info("%s", note)
-        return note
+            parts.append(f"{info.reads} block(s) reading blocks of {ups} redone after them")
+        unasked = " (their check_function is not called)" if t.check_function else ""
+        logger.info("%s: %s are cleared to run again%s", t.task_id, " and ".join(parts), unasked)
+        return f"{t.task_id}: " + " and ".join(parts) + " are cleared to run again"
     if info.own:
         parts.append(f"{info.own} done block(s) were made by other code ({shown})")
     if info.reads:
@@ -284,6 +331,16 @@ def check_code(
             raise _error(info)
         if info.stale is not None and t._on_code_change == "rerun":
             info.done()[info.stale] = False
+            own = info.own_stale if info.own_stale is not None else np.zeros_like(info.stale)
+            plan.redone[t.task_id] = [
+                (f"made by other code ({', '.join(info.what) or 'unrecorded differences'})", own),
+                (
+                    f"reading blocks of {', '.join(info.read_from)} redone after them",
+                    info.stale & ~own,
+                ),
+            ]
+            if info.recheck:
+                plan.unchecked[t.task_id] = info.stale
     for info in infos.values():
         if not (info.own or info.reads):
             continue
@@ -314,6 +371,33 @@ def record_code(plan: CodePlan, runs: list[Any]) -> None:
         store.use_code_version(index)
         run.code_fast, run.code_index = store.code_view(), store.code_index
         plan.recorded[run.task_id] = {"hash": fp.hash, "index": index}
+
+
+def finish_code(plan: CodePlan, runs: list[Any]) -> None:
+    """After the run: the summary line of each task whose stale blocks ``"rerun"``
+    cleared says how many of them ran again (the scheduler's block states: a cleared
+    block is never skipped by a check_function, so one that is done ran)."""
+    for run in runs:
+        cleared = plan.redone.get(run.task_id)
+        if cleared is None:
+            continue
+        done = np.equal(run.state, _DONE).reshape(cleared[0][1].shape)
+        if run.task._skip_mask is not None:  # masked: skipped, never ran
+            done &= np.equal(run.task._skip_mask, 0)
+        parts = []
+        for what, blocks in cleared:
+            total = int(np.count_nonzero(blocks))
+            if not total:
+                continue
+            ran = int(np.count_nonzero(blocks & done))
+            if ran == total:
+                parts.append(f"{total} block(s) {what} ran again")
+            else:
+                parts.append(
+                    f"{ran} of {total} block(s) {what} ran again ({total - ran} not done: "
+                    "a next run redoes them)"
+                )
+        plan.notes[run.task_id] = f"{run.task_id}: " + "; ".join(parts)
 
 
 def code_summary(notes: dict[str, str], order: list[str]) -> str:

@@ -56,7 +56,7 @@ from ._checks import (
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
-from ._provenance import CodePlan, check_code, code_summary, record_code
+from ._provenance import CodePlan, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._summary import ErrorCollector, error_logs, format_summary, resume_message
@@ -370,7 +370,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
         code = CodePlan(started_wall)
         try:
             code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
-            scheduler = Scheduler(plan.pipeline, _stores=stores)
+            scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
             result.order = scheduler.task_order
             run = _Run(scheduler, result, errors, code)
             if plan.distributed:
@@ -385,6 +385,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
                     ),
                 )
             result.states = scheduler.task_states
+            finish_code(code, scheduler.runs)
             for r in scheduler.runs:
                 run.aggregates[r.task_id].add_skipped(r.skipped)
                 result.lost[r.task_id] = r.lost_on_abandon

@@ -76,10 +76,17 @@ class Scheduler:
 
     ``Scheduler(pipeline_or_task)``. No tracking store is opened here; the runner passes
     the stores it opened (``_stores``), and their done blocks are resolved in bulk at
-    construction.
+    construction. ``_unchecked``: per task id, a boolean array over the block grid of the
+    blocks whose ``check_function`` is not called (they run: ``_run/_provenance``).
     """
 
-    def __init__(self, pipeline: Any, *, _stores: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Any,
+        *,
+        _stores: dict[str, Any] | None = None,
+        _unchecked: dict[str, np.ndarray[Any, Any]] | None = None,
+    ) -> None:
         if isinstance(pipeline, Task):
             pipeline = Pipeline.from_task(pipeline)
         if not isinstance(pipeline, Pipeline):
@@ -107,6 +114,10 @@ class Scheduler:
         for run in self.runs:
             if _stores and run.task_id in _stores and _stores[run.task_id] is not None:
                 run.attach_store(_stores[run.task_id])
+            if _unchecked and run.task_id in _unchecked and run.check_function is not None:
+                run.unchecked = view(
+                    np.ascontiguousarray(_unchecked[run.task_id], np.uint8).reshape(-1)
+                )
         self._first_running = 0
         self._check_clock: Callable[[], float] | None = None
         self._check_slice_seconds = 0.0
@@ -245,6 +256,9 @@ class Scheduler:
         """Run the check_function; on a truthy answer release ``k`` as a skip."""
         fn = run.check_function
         assert fn is not None
+        unchecked = run.unchecked
+        if unchecked is not None and unchecked[k]:
+            return False  # made by other code and cleared by on_code_change="rerun": it runs
         block = run.geom.block(k, BlockStatus.PROCESSING)
         try:
             done = bool(fn(block))
@@ -265,7 +279,11 @@ class Scheduler:
         run.state_mv[k] = PROCESSING
         run.processing += 1
         run.skipped_check += 1
-        self._succeed(run, k, None, -1, 0.0, 0.0, record=True)
+        if run.store is not None:  # done, but the code that made it stays as recorded
+            cell = run.cell_of(k)
+            if cell >= 0:
+                run.store.record_skip(cell)
+        self._succeed(run, k, None, -1, 0.0, 0.0, record=False)
         return True
 
     def release_index(

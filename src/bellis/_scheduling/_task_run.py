@@ -111,6 +111,9 @@ class TaskRun:
         #: counts them too, with the blocks orphaned by failed upstream blocks)
         self.lost_on_abandon = 0
         self.check_warned = False
+        #: per block, 1: the check_function is not called (a block cleared as made by
+        #: other code, ``Scheduler(_unchecked=...)``); None: every block is checked
+        self.unchecked: memoryview[int] | None = None
         # worker bookkeeping, owned by the server but reported in TaskState
         self.worker_starts = 0
         self.worker_restarts = 0

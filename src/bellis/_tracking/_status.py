@@ -372,7 +372,8 @@ def _code_lines(snap: StatusSnapshot) -> list[str]:
     for row in rows:
         if row["version"] is None:
             text = (
-                f"unknown version: {row['blocks']} blocks (made before code versions were recorded)"
+                f"unknown version: {row['blocks']} blocks (made before code versions were "
+                "recorded, or output a check_function found)"
             )
         else:
             seen = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["first_seen"] or 0))

@@ -567,6 +567,16 @@ class TrackingStore:
         self._sent_at[cell] = sent_at
         self._returned_at[cell] = returned_at
 
+    def record_skip(self, cell: int) -> None:
+        """Mark ``cell`` done for a ``check_function`` that found its output: only the done
+        byte. Its ``code_version`` keeps what it holds (the code of the run that made the
+        block, unknown 0 if none): a check says that the output exists, not which code made
+        it. A cell outside the grid is ignored."""
+        if not self._writable:
+            raise self._refuse_write()
+        if 0 <= cell < self._cell_count:
+            self._done_flat[cell] = 1
+
     def record_measured(
         self,
         cells: NDArray[np.intp],
