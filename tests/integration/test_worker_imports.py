@@ -25,7 +25,8 @@ import pytest
 
 # names whose modules compute with numpy (the driver's side: tasks, pipelines, the
 # scheduler, the runner, reports, skip masks, the dependency graph, and planning, which
-# counts a run through the scheduler): touching one loads numpy, with a reason. All other public names must load neither numpy nor v1_compat.
+# counts a run through the scheduler): touching one loads numpy, with a reason. All other
+# public names must load neither numpy nor v1_compat.
 NEEDS_NUMPY = {
     "BlockRecord",
     "BlockwiseDependencyGraph",

@@ -49,8 +49,12 @@ class DryRun:
                     self.stores[t.task_id] = store
             #: the stores as the run's scheduler would find them, after check_code
             self.seen = {tid: _StoreAsRunSees(s) for tid, s in self.stores.items()}
+            #: blocks "rerun" clears as stale, which a run never asks the check_function about
+            self.unchecked: dict[str, np.ndarray[Any, Any]] = {}
             self._check_code()
-            self.scheduler = Scheduler(run_plan.pipeline, _stores=dict(self.seen))
+            self.scheduler = Scheduler(
+                run_plan.pipeline, _stores=dict(self.seen), _unchecked=self.unchecked
+            )
         except BaseException:
             self.close()
             raise
@@ -87,6 +91,7 @@ class DryRun:
                     "raises CodeChangedError"
                 )
             return
+        self.unchecked = code.unchecked
         for tid, note in code.notes.items():
             self.notes[tid].append("a real run: " + note.removeprefix(f"{tid}: "))
 
