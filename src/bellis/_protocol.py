@@ -378,9 +378,17 @@ def parse_returns(
             )
         if type(row) is not int or not -1 <= row < row_count:
             raise ProtocolError(f"malformed measurements for block {task_id}/{k}")
-        if error is not None and type(error) is not str and not _is_detailed(error):
-            # a success may carry its outputs' checksum (verify_outputs): a uint64
-            if not (type(error) is int and status == _SUCCESS and 0 <= error < _U64):
+        if error is not None:
+            if status == _SUCCESS:
+                # a success carries nothing, or its outputs' checksum (verify_outputs): a
+                # uint64, which the server stores as it is
+                if type(error) is not int or not 0 <= error < _U64:
+                    raise ProtocolError(
+                        f"malformed output checksum for block {task_id}/{k}: a "
+                        f"{type(error).__name__} where a success carries none or an "
+                        "integer 0 <= n < 2**64"
+                    )
+            elif type(error) is not str and not _is_detailed(error):
                 raise ProtocolError(f"malformed error text for block {task_id}/{k}")
         results.append(_new_tuple(Returned, (k, status, row, error)))
     return results

@@ -224,7 +224,10 @@ def test_a_worker_that_reports_a_failure_and_asks_for_more_keeps_working() -> No
     a = held[0]  # fails on every try; the other block succeeds
     served = list(held)
     while held:
-        out = sc.acquire(peer, *((k, FAIL if k == a else OK, -1, "ValueError: boom") for k in held))
+        out = sc.acquire(
+            peer,
+            *((k, FAIL, -1, "ValueError: boom") if k == a else (k, OK, -1, None) for k in held),
+        )
         assert not closed(out, peer) and not any(i[0] in (KILL, LAUNCH) for i in out), out
         (msg,) = sent(out, peer)
         held = msg[1:] if msg[0] != SHUTDOWN else []
@@ -253,6 +256,30 @@ def test_a_malformed_status_drops_the_client() -> None:
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     assert closed(sc.acquire(peer, (k, "ok", -1, None)), peer)
+
+
+@pytest.mark.parametrize("checksum", ["text where a checksum goes", ["e", {}], {"crc": 7}, 1 << 64])
+def test_a_success_with_a_malformed_checksum_is_that_workers_protocol_error(
+    checksum: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what a success carries is stored as its outputs' checksum (verify_outputs): a worker
+    # that sends anything but a uint64 there is dropped, none of its batch taken back, and
+    # the server goes on serving the others without an error of its own
+    sc = Script(task(blocks=2, max_retries=1))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    with caplog.at_level(logging.WARNING, logger="bellis"):
+        out = sc.acquire(peer, (k, OK, -1, checksum))
+    assert closed(out, peer) and not sent(out, peer)
+    assert sc.run().completed == 0
+    assert f"malformed output checksum for block t/{k}" in caplog.text
+    assert "error while serving client" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+    # its block took the retry path: another worker does it, with a checksum
+    other = sc.connect()
+    ks = send_of(sc.acquire(other), other)
+    sc.acquire(other, *[(j, OK, -1, (1 << 32) | 7) for j in ks])
+    assert sc.run().completed == len(ks)
 
 
 def test_a_rogue_opcode_from_an_authenticated_client_drops_it() -> None:

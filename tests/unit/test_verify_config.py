@@ -54,8 +54,23 @@ def test_a_checksum_travels_only_with_a_success() -> None:
     ]
     with pytest.raises(ProtocolError, match="malformed error text"):
         parse_returns([ACQUIRE, 5, FAIL, -1, checksum], 4, 0, {5}, False, "t")
-    with pytest.raises(ProtocolError, match="malformed error text"):
+    with pytest.raises(ProtocolError, match="malformed output checksum"):
         parse_returns([ACQUIRE, 5, OK, -1, -1], 4, 0, {5}, False, "t")
+
+
+@pytest.mark.parametrize(
+    "bad", ["deadbeef", ["text", {}], 1.5, True, 1 << 64, -1, b"\x01", {"crc": 1}]
+)
+def test_a_success_carries_no_checksum_but_an_integer_the_store_holds(bad: object) -> None:
+    # a worker's error text or anything else where a success's checksum goes would be
+    # stored into output_checksum by the server: the message is refused whole, before any
+    # block of it is taken back (the block before it in the batch included)
+    msg = [ACQUIRE, 4, OK, -1, None, 5, OK, -1, bad]
+    with pytest.raises(ProtocolError, match=r"malformed output checksum for block t/5"):
+        parse_returns(msg, 8, 0, {4, 5}, False, "t")
+    assert parse_returns([ACQUIRE, 5, OK, -1, (1 << 64) - 1], 4, 0, {5}, False, "t") == [
+        (5, OK, -1, (1 << 64) - 1)
+    ]
 
 
 def test_checksums_are_marked_recorded_and_combine_in_order() -> None:

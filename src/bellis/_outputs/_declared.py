@@ -151,7 +151,9 @@ def resolve_output(obj: Any, dims: int, index: int) -> OutputSpec:
     store = arr.store
     root = getattr(store, "root", None)
     return OutputSpec(
-        store=os.fspath(root) if root is not None else str(store),
+        # a local store by its absolute path: outputs.json must name the array wherever
+        # `bellis verify` runs from, not relative to the directory this task ran in
+        store=os.path.abspath(os.fspath(root)) if root is not None else str(store),
         path=arr.path,
         shape=shape,
         chunks=tuple(int(c) for c in arr.chunks),

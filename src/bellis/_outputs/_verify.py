@@ -16,11 +16,21 @@ compared:
 * **unverifiable**: done, but no checksum recorded (blocks done before ``verify_outputs``,
   or by daisy).
 
+An output that cannot be *read* says nothing about its data: an array that cannot be
+opened (deleted, an unmounted file system, a relative path in an old ``outputs.json``) or
+a read the operating system refuses (permission denied, an I/O error: an ``OSError`` with
+an errno) ends the verify with a :class:`~bellis.errors.TrackingError` (``bellis verify``
+exits 2), and nothing is reset: every store's outputs are opened before any block is
+read, and every store is read before any marker is cleared.
+
 ``reset`` clears the done markers of the missing and changed blocks, then of every block
 of a downstream task whose read ROI meets the write ROI of a cleared block, transitively
 (:func:`transitive_readers`; the tasks below come from ``outputs.json``, recorded by the
 run). Unverifiable blocks are listed, not reset: nothing says their data is wrong. The
-result of each verify goes to the store's ``verify.json`` (``_tracking._reset``).
+result of each verify goes to the store's ``verify.json`` (``_tracking._reset``). Several
+stores are all read first, then reset upstream first; a store's result leaves out the
+blocks an upstream store's reset cleared (:func:`_less_upstream_resets`), as if it had
+been read after it.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +54,7 @@ __all__ = [
     "Mismatch",
     "VerifyResult",
     "check_blocks",
+    "open_targets",
     "transitive_readers",
     "verify_stores",
     "verify_task",
@@ -202,22 +213,62 @@ def _absent_units(rb: ReadBack, i: int, intervals: Sequence[tuple[int, int]]) ->
     return [key for key in rb.unit_keys(i, intervals) if not sync((arr.store_path / key).exists())]
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is the operating system refusing a read (permission denied, an I/O
+    error, a vanished mount: an ``OSError`` with an errno), not data that fails to decode
+    (a codec's error; gzip's ``BadGzipFile`` is an ``OSError`` without an errno)."""
+    return isinstance(exc, OSError) and exc.errno is not None
+
+
+def _cannot_read(what: str, exc: BaseException) -> TrackingError:
+    return TrackingError(
+        f"cannot read {what} ({type(exc).__name__}: {exc}), so its blocks cannot be "
+        "verified; nothing was reset. Make the output readable at that path (the file "
+        "system mounted, read permission) and verify again"
+    )
+
+
+def open_targets(targets: Sequence[Any]) -> ReadBack:
+    """A :class:`ReadBack` of ``targets`` with every array open; TrackingError naming the
+    output that cannot be opened."""
+    rb = ReadBack(targets, allow_empty=True)
+    try:
+        rb.arrays()
+    except Exception:
+        for t in rb.targets:  # which one (only when one fails)
+            try:
+                ReadBack([t]).arrays()
+            except Exception as exc:
+                raise TrackingError(
+                    f"cannot open output {t.name} ({type(exc).__name__}: {exc}): its "
+                    "blocks cannot be verified, and nothing was reset. If the array moved, "
+                    'write its new place into the "store" (and "path") of outputs.json; if '
+                    "its file system is not mounted or not readable here, verify where it is"
+                ) from exc
+        raise
+    return rb
+
+
 def check_blocks(
     targets: Sequence[Any], jobs: Sequence[tuple[int, list[tuple[int, int]], int]]
 ) -> tuple[int, list[tuple[int, str, str]]]:
     """Re-read the blocks ``jobs`` (cell, write intervals, recorded checksum) of one store's
     ``targets``: how many matched, and (cell, kind, detail) of each that did not. Runs in a
-    verify process; the arrays stay open there between calls."""
+    verify process; the arrays stay open there between calls. An output that cannot be
+    opened or read (see the module docstring) raises TrackingError."""
     key = repr(targets)
     rb = _STATE.get(key)
     if rb is None:
-        rb = _STATE[key] = ReadBack(targets, allow_empty=True)
+        rb = _STATE[key] = open_targets(targets)
     matched = 0
     bad: list[tuple[int, str, str]] = []
     for cell, intervals, expected in jobs:
         try:
             parts = rb.crcs(intervals)
         except Exception as exc:
+            if _refused(exc):
+                names = ", ".join(t.name for t in rb.targets)
+                raise _cannot_read(f"{names} at {_roi_text(intervals)}", exc) from exc
             bad.append((cell, CHANGED, f"unreadable: {type(exc).__name__}: {exc}"))
             continue
         if rb.combine([crc for crc, _e in parts]) == expected:
@@ -237,6 +288,12 @@ def check_blocks(
     return matched, bad
 
 
+def _roi_text(intervals: Sequence[tuple[int, int]]) -> str:
+    begin = ", ".join(str(b) for b, _e in intervals)
+    shape = ", ".join(str(e - b) for b, e in intervals)
+    return f"write ROI [{begin}]+({shape})"
+
+
 # -- stores ------------------------------------------------------------------------------------
 
 
@@ -244,10 +301,22 @@ class _Store:
     """One store as verify reads it."""
 
     def __init__(self, path: Path) -> None:
-        from .._tracking import StoreLayout, TrackingStore, read_outputs_record
+        from .._tracking import read_outputs_record
 
         self.path = path
         self.name = path.name
+        self.load()
+        self.record = read_outputs_record(path)
+        task_id = (self.record or {}).get("task_id")
+        if isinstance(task_id, str):
+            self.name = task_id
+        self.geom = _geometry(self.name, self.layout)
+
+    def load(self) -> None:
+        """(Re)read the layout, the done markers and the checksums."""
+        from .._tracking import StoreLayout, TrackingStore
+
+        path = self.path
         store = TrackingStore.open_readonly(path)
         try:
             layout = StoreLayout.from_record(store.record)
@@ -264,11 +333,18 @@ class _Store:
             self.checksums = None if sums is None else sums.reshape(-1).copy()
         finally:
             store.close()
-        self.record = read_outputs_record(path)
-        task_id = (self.record or {}).get("task_id")
-        if isinstance(task_id, str):
-            self.name = task_id
-        self.geom = _geometry(self.name, self.layout)
+
+    def key(self) -> str:
+        return os.path.realpath(self.path)
+
+    def below(self) -> list[str]:
+        """The (real) paths of the tracking stores of the tasks downstream of this one."""
+        out = []
+        for entry in (self.record or {}).get("downstream") or []:
+            path = entry.get("tracking") if isinstance(entry, dict) else None
+            if isinstance(path, str):
+                out.append(os.path.realpath(path))
+        return out
 
     def targets(self) -> list[Target]:
         record = self.record
@@ -284,16 +360,31 @@ class _Store:
                 f"knows {HASH_NAME!r}",
                 path=str(self.path),
             )
-        return [
-            Target(
-                o["store"],
-                o["path"],
-                tuple(o["voxel_size"]),
-                tuple(o["offset"]),
-                o.get("readback") == "stored",
+        out = []
+        for i, o in enumerate(record["outputs"]):
+            where = str(o.get("store"))
+            if "://" not in where and not os.path.isabs(where):
+                # relative to the directory the task ran in, which nothing records: read
+                # from here, it could be another array, or none, and a reset would clear
+                # blocks whose data is fine
+                raise TrackingError(
+                    f"{self.path / 'outputs.json'}: outputs[{i}] is at the relative path "
+                    f"{where!r}, and the directory it is relative to is not recorded, so "
+                    "its blocks cannot be verified; nothing was reset. Write the array's "
+                    'absolute path into its "store" field (a run of this bellis records '
+                    "absolute paths) and verify again",
+                    path=str(self.path),
+                )
+            out.append(
+                Target(
+                    where,
+                    o["path"],
+                    tuple(o["voxel_size"]),
+                    tuple(o["offset"]),
+                    o.get("readback") == "stored",
+                )
             )
-            for o in record["outputs"]
-        ]
+        return out
 
     def intervals(self, cell: int) -> list[tuple[int, int]] | None:
         coord = []
@@ -359,7 +450,10 @@ def _in_processes(
                     f"a bellis verify process failed (exit code {p.returncode}): "
                     + " / ".join(tail)
                 )
-            m, b = json.loads(out)
+            answer = json.loads(out)
+            if isinstance(answer, dict):  # an output it could not read: the whole verify ends
+                raise TrackingError(str(answer.get("error")))
+            m, b = answer
             matched += m
             bad += [(int(c), str(k), str(d)) for c, k, d in b]
         return matched, bad
@@ -449,19 +543,25 @@ def verify_stores(
         )
     n = workers or _default_workers()
     stores = {Path(p): _Store(Path(p)) for p in paths}
-    results = []
+    order = _upstream_first(stores)
+    # every store is read before any marker is cleared: an output that cannot be opened
+    # or read (deleted, not mounted, permission denied) says nothing about the blocks'
+    # data, and ends the verify with nothing reset. Every output opens before any block
+    # is read
     for store in stores.values():
-        result = _verify_one(store, n)
-        if reset:
+        open_targets(store.targets())
+    results = {path: _verify_one(stores[path], n) for path in order}
+    if reset:
+        touched = False
+        for path in order:  # upstream first: a reset clears blocks downstream only
+            store, result = stores[path], results[path]
+            if touched:
+                result = _less_upstream_resets(store, result)
             cleared = _reset(stores, result)
-            result = VerifyResult(
-                result.task,
-                result.path,
-                result.done,
-                result.verified,
-                result.mismatches,
-                cleared,
-            )
+            touched = touched or bool(cleared)
+            results[path] = replace(result, reset=cleared)
+    for path in order:
+        store, result = stores[path], results[path]
         write_verify_record(
             store.path,
             checked=result.done,
@@ -470,9 +570,53 @@ def verify_stores(
             changed=[m.cell for m in result.changed],
             unverifiable=len(result.unverifiable),
             reset=reset,
+            grid=store.grid,
         )
-        results.append(result)
-    return results
+    return [results[p] for p in stores]
+
+
+def _less_upstream_resets(store: _Store, result: VerifyResult) -> VerifyResult:
+    """``result`` without the blocks that the resets of stores upstream cleared since it
+    was read (they are redone by the next run, as if they had not been done): not
+    counted as done or verified, not listed, not reset again."""
+    import numpy as np
+
+    before, sums = store.done, store.checksums
+    store.load()
+    gone = (before != 0) & (store.done == 0)
+    if not gone.any():
+        return result
+    cells = set(np.flatnonzero(gone).tolist())
+    # the cleared blocks that had verified: those with a checksum, less the mismatched
+    bad = {m.cell for m in result.mismatches if m.kind != UNVERIFIABLE} & cells
+    matched = 0 if sums is None else int(np.count_nonzero(sums[gone])) - len(bad)
+    return replace(
+        result,
+        done=result.done - len(cells),
+        verified=result.verified - matched,
+        mismatches=tuple(m for m in result.mismatches if m.cell not in cells),
+    )
+
+
+def _upstream_first(stores: dict[Path, _Store]) -> list[Path]:
+    """The stores in an order where each comes after every store upstream of it (by the
+    ``downstream`` lists of their ``outputs.json``), else in the order given."""
+    by_key = {s.key(): p for p, s in stores.items()}
+    uppers: dict[Path, set[Path]] = {p: set() for p in stores}
+    for p, s in stores.items():
+        for below in s.below():
+            q = by_key.get(below)
+            if q is not None and q != p:
+                uppers[q].add(p)
+    order: list[Path] = []
+    placed: set[Path] = set()
+    while len(order) < len(stores):
+        ready = [p for p in stores if p not in placed and uppers[p] <= placed]
+        if not ready:  # a cycle (records of different pipelines): the order given
+            ready = [p for p in stores if p not in placed][:1]
+        order.append(ready[0])
+        placed.add(ready[0])
+    return order
 
 
 def verify_task(task: Any, *, workers: int | None = None, reset: bool = False) -> VerifyResult:
@@ -490,10 +634,15 @@ def verify_task(task: Any, *, workers: int | None = None, reset: bool = False) -
 
 
 def _main() -> None:
-    """A verify process: ``{"targets", "jobs"}`` on stdin, ``[matched, bad]`` on stdout."""
+    """A verify process: ``{"targets", "jobs"}`` on stdin, ``[matched, bad]`` on stdout
+    (``{"error": text}`` when an output cannot be read)."""
     doc = json.loads(sys.stdin.buffer.read())
     jobs = [(int(c), [(int(b), int(e)) for b, e in iv], int(x)) for c, iv, x in doc["jobs"]]
-    json.dump(list(check_blocks([tuple(t) for t in doc["targets"]], jobs)), sys.stdout)
+    try:
+        answer: Any = list(check_blocks([tuple(t) for t in doc["targets"]], jobs))
+    except TrackingError as exc:
+        answer = {"error": str(exc)}
+    json.dump(answer, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ back by the dispatcher.
 
 :func:`take_back` owns one message's returns, from the checked fields to each block's
 path. The whole message is checked first (:func:`bellis._protocol.parse_returns`: only
-blocks the connection holds, well-formed fields), so a malformed one takes nothing back.
+blocks the connection holds, well-formed fields, a success's checksum an integer that
+``output_checksum`` holds), so a malformed one takes nothing back: the connection is
+dropped, as that worker's protocol error, and its blocks take the retry path.
 Then, in order:
 
 * straggler backups settle their pairs (:func:`._backups.settle_returns`, a task with

@@ -14,6 +14,10 @@ refused. The migration of every child array ``A`` goes in four phases:
    file. This single ``os.replace`` is the commit point;
 4. *clean*: remove every ``A/c.pre-<old hash>``.
 
+After the commit, the cells the last ``bellis verify`` listed (``verify.json``) are
+remapped onto the new grid (``_reset.remap_verify_record``): a summary, so a crash before
+it leaves a record of the old grid, which its readers ignore.
+
 Why a crash anywhere leaves a usable store: every writable open first runs
 :func:`recover`, which reads the group's hash ``H`` and grid ``G`` (the committed state)
 and, in every child directory, deletes ``c.migrating`` and temporary files, then looks at
@@ -52,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TrackingError
 from ._disk import check_space, data_ranges
 from ._files import (
     TMP_PREFIX,
@@ -74,6 +79,7 @@ from ._layout import (
     numpy_dtype,
     reshaped_metadata,
 )
+from ._reset import remap_verify_record
 
 __all__ = ["MIGRATING", "PRE_PREFIX", "migrate", "recover"]
 
@@ -200,6 +206,12 @@ def migrate(
     committed["attributes"] = attributes
     write_atomic(root / "zarr.json", dump_metadata(committed), durable=True)
     _step("committed")
+    # the last verify's listed cells move with their blocks; until this is written the
+    # record names the old grid, and its readers list nothing from it (``_reset``)
+    try:
+        remap_verify_record(root, plan.old_grid, plan.new_grid, plan.shift)
+    except (OSError, TrackingError) as exc:
+        _log.warning("block tracking at %s: could not remap verify.json: %s", display, exc)
 
     for name, _meta_file, _meta in arrays:
         rmtree(root / name / pre_name)

@@ -10,11 +10,20 @@ marks the block done again).
 ``verify.json`` keeps what the last verify found, for ``bellis status`` and the report::
 
     {"version": 1, "time": <UNIX seconds>, "checked": n, "verified": n,
-     "missing": [cell, ...], "changed": [cell, ...], "unverifiable": n, "reset": bool}
+     "missing": [cell, ...], "changed": [cell, ...], "unverifiable": n, "reset": bool,
+     "grid": [n, ...]}
 
 ``missing`` and ``changed`` hold at most :data:`MAX_LISTED` cells each (the counts are
-``missing_count`` and ``changed_count``). Cells a reset cleared are not done any more, and
-the readers count only the listed cells that are still done as mismatched.
+``missing_count`` and ``changed_count``), flat cells of the tracking grid ``grid``. The
+readers count a listed cell as mismatched only while it is still what the verify saw:
+
+* a verify with ``reset`` cleared every cell it lists: a listed cell done again was
+  redone since (and verified by its new checksum), so none counts;
+* otherwise a listed cell counts while it is done;
+* the cells name places in ``grid``: a migration to a grown volume remaps them
+  (:func:`remap_verify_record`, after its commit), and a record whose ``grid`` is not the
+  store's (a migration interrupted between the two) lists nothing. A record without
+  ``grid`` (an older bellis) is taken as it is.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ __all__ = [
     "VerifyCounts",
     "clear_done",
     "read_verify_record",
+    "remap_verify_record",
     "verify_codes",
     "verify_counts",
     "write_verify_record",
@@ -84,8 +94,10 @@ def write_verify_record(
     changed: Sequence[int],
     unverifiable: int,
     reset: bool,
+    grid: Sequence[int],
 ) -> None:
-    """Write ``verify.json`` into the store at ``path`` (atomically)."""
+    """Write ``verify.json`` into the store at ``path`` (tracking grid ``grid``),
+    atomically."""
     doc: dict[str, Any] = {
         "version": 1,
         "time": time.time(),
@@ -97,21 +109,73 @@ def write_verify_record(
         "changed": sorted(changed)[:MAX_LISTED],
         "unverifiable": unverifiable,
         "reset": reset,
+        "grid": [int(n) for n in grid],
     }
+    _write(path, doc)
+
+
+def _write(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
     try:
         write_atomic(Path(path) / VERIFY_NAME, json.dumps(doc, sort_keys=True).encode())
     except OSError as exc:
         raise TrackingError(f"cannot write {Path(path) / VERIFY_NAME}: {exc}") from exc
 
 
-def read_verify_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``verify.json`` of the store at ``path``; None when it was never verified (or the
-    record cannot be read: it is a summary, not the store's state)."""
+def _read(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         doc = json.loads((Path(path) / VERIFY_NAME).read_bytes())
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("version") == 1 else None
+
+
+def _store_grid(path: str | os.PathLike[str]) -> list[int] | None:
+    """The tracking grid of the store at ``path`` (its ``done`` array's shape)."""
+    try:
+        meta = json.loads((Path(path) / "done" / "zarr.json").read_bytes())
+        return [int(n) for n in meta["shape"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_verify_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``verify.json`` of the store at ``path``; None when it was never verified (or the
+    record cannot be read: it is a summary, not the store's state). A record of another
+    grid than the store's lists no cells (module docstring)."""
+    doc = _read(path)
+    if doc is not None and isinstance(doc.get("grid"), list):
+        if doc["grid"] != _store_grid(path):
+            doc = {**doc, "missing": [], "changed": [], "stale_grid": True}
+    return doc
+
+
+def remap_verify_record(
+    path: str | os.PathLike[str],
+    old_grid: Sequence[int],
+    new_grid: Sequence[int],
+    shift: Sequence[int],
+) -> bool:
+    """After a migration to a grown volume (old cell ``c`` is new cell ``c + shift``):
+    rewrite the cells ``verify.json`` lists in ``new_grid``. Returns whether it rewrote
+    one; a record of another grid than ``old_grid`` is left as it is."""
+    doc = _read(path)
+    if doc is None:
+        return False
+    if doc.get("grid") not in (None, [int(n) for n in old_grid]):
+        return False
+    old = tuple(int(n) for n in old_grid)
+    new = tuple(int(n) for n in new_grid)
+    for kind in ("missing", "changed"):
+        cells = np.asarray([int(c) for c in doc.get(kind) or []], dtype=np.int64)
+        cells = cells[(cells >= 0) & (cells < int(np.prod(old, dtype=np.int64)))]
+        if cells.size:
+            coords = np.unravel_index(cells, old)
+            moved = tuple(c + int(k) for c, k in zip(coords, shift, strict=True))
+            cells = np.ravel_multi_index(moved, new)
+        doc[kind] = sorted(int(c) for c in cells)
+    doc["grid"] = list(new)
+    _write(path, doc)
+    return True
 
 
 #: cells per pass of :func:`verify_counts` (no grid-size temporaries)
@@ -128,7 +192,8 @@ class VerifyCounts(NamedTuple):
 
 
 def _listed(record: dict[str, Any] | None) -> NDArray[np.int64]:
-    if record is None:
+    """The cells ``record`` lists as mismatched that may still be (module docstring)."""
+    if record is None or record.get("reset"):
         return np.zeros(0, dtype=np.int64)
     cells = [c for kind in ("missing", "changed") for c in record.get(kind) or []]
     return np.asarray(sorted(int(c) for c in cells), dtype=np.int64)
