@@ -3,7 +3,8 @@
 jobs as local processes, print the formats IBM and Altair document, and kill a job over
 its memory or time limit as the systems do. The scenarios are the SLURM tests' own: a
 pipeline, a job killed mid-run, out of memory and the memory ladder, walltime hand-over
-and a job killed at its time limit (LSF's in scaled minutes), teardown with no job left behind, and LSF's refusal of a job without a project."""
+and a job killed at its time limit (LSF's in scaled minutes), teardown with no job left
+behind, and LSF's refusal of a job without a project."""
 
 from __future__ import annotations
 
