@@ -2,8 +2,9 @@
 (``kit/standins``): ``bsub``/``bjobs``/``bkill`` and ``qsub``/``qstat``/``qdel`` that run
 jobs as local processes, print the formats IBM and Altair document, and kill a job over
 its memory or time limit as the systems do. The scenarios are the SLURM tests' own: a
-pipeline, a job killed mid-run, out of memory and the memory ladder, walltime hand-over,
-teardown with no job left behind, and LSF's refusal of a job without a project."""
+pipeline, a job killed mid-run, out of memory and the memory ladder, walltime hand-over
+and a job killed at its time limit (LSF's in scaled minutes), teardown with no job left
+behind, and LSF's refusal of a job without a project."""
 
 from __future__ import annotations
 
@@ -513,6 +514,107 @@ def test_pbs_walltime_kill_is_reported_and_the_block_retried(
     assert s.first_worker_error is not None
     assert "a block ran longer than the job time limit" in s.first_worker_error
     assert sorted(r["how"] for r in job_records(state)) == ["exited", "walltime"]
+    assert active(state) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lsf_workers_leave_before_their_run_limit_and_are_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-W 0:01`` with a stand-in minute of 40 s and 80 blocks of 1 s on 2 workers: each
+    job's worker, reckoning its end from its start and the minute it asked for, leaves
+    before the stand-in's limit, and new jobs take over until the blocks are done; no job is
+    killed."""
+    from bellis._worker._walltime import LEAVING_MARKER
+
+    state = use_standins("lsf", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_SECONDS_PER_MINUTE", "40")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = make_launcher("lsf", "bw", time_limit=1, walltime_margin=12)
+    task = make_task(
+        "wt",
+        80,
+        functools.partial(sleep_block, str(rec), 1.0),
+        max_workers=2,
+        max_worker_restarts=0,
+        max_retries=0,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["wt"]
+    assert (s.completed_count, s.failed_count, s.orphaned_count) == (80, 0, 0)
+    assert s.worker_failure_count == 0 and s.worker_restart_count == 0
+    records = read_records(rec)
+    assert done_ids(records, "wt") == list(range(80))
+    jobs = job_records(state)
+    assert {r["how"] for r in jobs} == {"exited"}, jobs
+    exits = task.report().workers.exits
+    assert exits.get("walltime", 0) >= 2 and sum(exits.values()) == len(jobs), exits
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "wt").glob("worker_*.err"))
+    assert logs.count(LEAVING_MARKER) == exits["walltime"]
+    # bsub got whole minutes; the stand-in ran each job for 40 s of them
+    assert {r["options"]["-W"][0] for r in jobs} == {"0:01"}
+    assert {r["walltime_s"] for r in jobs} == {40}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lsf_run_limit_kill_is_reported_and_the_block_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block that outlives ``-W 0:01`` (a stand-in minute of 30 s): LSF sends the job
+    SIGUSR2 and ``bjobs`` says ``EXIT``, 140, ``TERM_RUNLIMIT``; bellis reports a block that
+    ran longer than the time limit, and the block runs again in a new job."""
+    import subprocess
+
+    from bellis._launchers._batch import End
+    from bellis._launchers._lsf import BJOBS_FIELDS, lsf_ending
+
+    state = use_standins("lsf", tmp_path, monkeypatch)
+    monkeypatch.setenv("BELLIS_STANDIN_SECONDS_PER_MINUTE", "30")
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launcher = make_launcher("lsf", "bt", time_limit=1)
+    task = make_task(
+        "t",
+        3,
+        functools.partial(_slow_first_attempt, str(rec)),
+        max_workers=1,
+        max_retries=2,
+        max_worker_restarts=2,
+    )
+    states = bellis.run_blockwise(
+        task, launcher=launcher, return_states=True, progress=False, summary=False
+    )
+    s = states["t"]
+    assert s.completed_count == 3 and s.worker_failure_count == 1
+    assert done_ids(read_records(rec), "t") == [0, 1, 2]
+    assert s.first_worker_error is not None
+    assert "a block ran longer than the job time limit" in s.first_worker_error
+    assert "LSF stopped the job at its limit" in s.first_worker_error
+    jobs = job_records(state)
+    assert sorted(r["how"] for r in jobs) == ["exited", "walltime"]
+    (killed,) = [r for r in jobs if r["how"] == "walltime"]
+    assert killed["signal"] == 12 and killed["walltime_s"] == 30
+    assert f"LSF job {killed['job']} " in s.first_worker_error
+    # what bellis read: bjobs's own record of the kill
+    out = subprocess.run(
+        ["bjobs", "-a", "-o", BJOBS_FIELDS, "-json", str(killed["job"])],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    (row,) = json.loads(out.stdout)["RECORDS"]
+    assert (row["STAT"], row["EXIT_CODE"]) == ("EXIT", "140")
+    assert row["EXIT_REASON"].startswith("TERM_RUNLIMIT")
+    ending = lsf_ending(row["STAT"], row["EXIT_REASON"], row["EXIT_CODE"])
+    assert (ending.end, ending.code) == (End.TIME_LIMIT, 140)
+    # the killed worker is the run's one error; the job after it ran to its end
+    assert task.report().workers.exits.get("error") == 1
     assert active(state) == []
 
 

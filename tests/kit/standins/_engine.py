@@ -10,8 +10,11 @@ with the submitting environment, and enforces the job's limits as the systems do
 * memory: the resident memory of the job's process group, sampled every 0.2 s; over the
   limit, the group is killed (SIGKILL) and the job ends as the system records it
   (LSF ``TERM_MEMLIMIT``; PBS ``Exit_status=-27`` and MoM's line in the error file);
-* walltime: at the limit the group gets SIGTERM, then SIGKILL 2 s later (LSF
-  ``TERM_RUNLIMIT``; PBS ``Exit_status=271`` and MoM's line);
+* walltime: at the limit the group gets the system's signal (``limit_signal`` in the
+  record: SIGUSR2 for LSF, SIGTERM for PBS), then SIGKILL ``limit_grace_s`` later (LSF's
+  ten minutes, scaled; 2 s for PBS) (LSF ``TERM_RUNLIMIT``; PBS ``Exit_status=271`` and
+  MoM's line); a job whose record has a ``clock_shift`` gets a ``date`` first on its PATH
+  that reads that many seconds early (the LSF stand-in's scaled clock, see ``_lsf``);
 * cancellation: ``bkill``/``qdel`` mark the job and signal its group (LSF ``TERM_OWNER``;
   PBS ``Exit_status=271``, or 265 with ``-W force``); an element not started yet never starts.
 
@@ -24,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,11 +214,18 @@ def _start(record: Record) -> subprocess.Popen[bytes]:
     if record["system"] == "lsf":
         env["LSB_JOBID"] = str(record["job"])
         env["LSB_JOBINDEX"] = str(record["index"] or 0)
+        env["LSB_JOBNAME"] = (
+            record["name"] if record["index"] is None else f"{record['name']}[{record['index']}]"
+        )
+        env["LSB_QUEUE"] = str(record.get("queue", ""))
+        env["LSB_HOSTS"] = os.uname().nodename
     else:
         index = "" if record["index"] is None else f"[{record['index']}]"
         env["PBS_JOBID"] = f"{record['job']}{index}.standin"
         if record["index"] is not None:
             env["PBS_ARRAY_INDEX"] = str(record["index"])
+    if record.get("clock_shift"):
+        env["PATH"] = f"{_early_date(record)}{os.pathsep}{env.get('PATH', '')}"
     out = open(_expand(record["out"], record), "ab")
     err = open(_expand(record["err"], record), "ab")
     try:
@@ -230,6 +241,24 @@ def _start(record: Record) -> subprocess.Popen[bytes]:
     finally:
         out.close()
         err.close()
+
+
+def _early_date(record: Record) -> str:
+    """A folder with a ``date`` that reads the clock ``clock_shift`` seconds early (GNU
+    ``date -d @<epoch>``, the options given passed on)."""
+    real = shutil.which("date")
+    if real is None:
+        raise RuntimeError("stand-in: no date command on PATH")
+    folder = state_dir() / "clock" / record["key"]
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "date"
+    shim.write_text(
+        "#!/bin/sh\n"
+        f"# the stand-in's scaled clock: {record['clock_shift']} s early\n"
+        f'now=$({real} +%s)\nexec {real} -d "@$((now - {int(record["clock_shift"])}))" "$@"\n'
+    )
+    shim.chmod(0o755)
+    return str(folder)
 
 
 def _note(record: Record, line: str) -> None:
@@ -273,9 +302,11 @@ def supervise(job: int) -> None:
                             os.killpg(proc.pid, signal.SIGKILL)
                 walltime = record.get("walltime_s")
                 if walltime and key not in killing and time.monotonic() - started > walltime:
-                    killing[key] = ("walltime", time.monotonic() + 2.0)
+                    grace = float(record.get("limit_grace_s", 2.0))
+                    killing[key] = ("walltime", time.monotonic() + grace)
+                    sent = getattr(signal, record.get("limit_signal", "SIGTERM"))
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGTERM)
+                        os.killpg(proc.pid, sent)
                 why = killing.get(key)
                 if why is not None and time.monotonic() > why[1]:
                     with contextlib.suppress(ProcessLookupError):

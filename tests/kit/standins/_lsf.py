@@ -7,6 +7,18 @@ upper-cased field names, and ``{"JOBID": ..., "ERROR": "Job <n> is not found"}``
 unknown job; ``bkill`` says ``Job <n> is being terminated``. With
 ``BELLIS_STANDIN_REQUIRE_PROJECT=1`` a ``bsub`` without ``-P`` is refused (exit 255), as
 sites that bill by project do.
+
+Run limits (``-W [hour:]minute``) are enforced as LSF does for UNIX jobs: at the limit the
+job's processes get SIGUSR2 (a process that does not handle it ends at once, and ``bjobs``
+then shows ``EXIT``, exit code 140 = 128 + 12, ``TERM_RUNLIMIT``); one still running ten
+minutes later is killed (SIGKILL). LSF counts run limits in whole minutes; with
+``BELLIS_STANDIN_SECONDS_PER_MINUTE=s`` (read by ``bsub`` when the job is submitted, by the
+stand-in only) a minute of a run limit, and of that grace, lasts ``s`` seconds, so a ``-W 1``
+job is stopped after ``s`` seconds. Such a job sees its run limit scaled the same way: LSF
+tells a job nothing of its limit, a job script that wants its end reads the clock at its
+start (``date +%s``) and adds the ``-W`` it asked for; the stand-in's ``date`` (first on the
+job's PATH) is set back by the minutes' difference (``-W`` x (60 - s) seconds), so that
+start plus the unscaled limit is when the stand-in stops the job.
 """
 
 from __future__ import annotations
@@ -58,10 +70,16 @@ def bsub(args: list[str]) -> int:
             return 255
         cap = int(cap_text) if cap_text else None
     mem = opts.get("-M", [None])[0]
+    per_minute = _seconds_per_minute()
+    if per_minute is None:
+        return 255
     walltime = None
+    clock_shift = 0
     if "-W" in opts:
         hours, _, minutes = opts["-W"][0].rpartition(":")
-        walltime = (int(hours or 0) * 60 + int(minutes)) * 60
+        total_minutes = int(hours or 0) * 60 + int(minutes)
+        walltime = total_minutes * per_minute
+        clock_shift = total_minutes * 60 - walltime
     queue = opts.get("-q", ["normal"])[0]
     job = _engine.submit(
         name=name,
@@ -73,10 +91,30 @@ def bsub(args: list[str]) -> int:
         mem_mb=None if mem is None else _engine.parse_mem_mb(mem),
         walltime_s=walltime,
         system="lsf",
-        extra={"queue": queue, "options": opts},
+        extra={
+            "queue": queue,
+            "options": opts,
+            "clock_shift": clock_shift,
+            # LSF's kill sequence for a run limit: SIGUSR2, SIGKILL ten minutes later
+            "limit_signal": "SIGUSR2",
+            "limit_grace_s": 10 * per_minute,
+        },
     )
     print(f"Job <{job}> is submitted to queue <{queue}>.")
     return 0
+
+
+def _seconds_per_minute() -> int | None:
+    """How long a minute of a run limit lasts: ``BELLIS_STANDIN_SECONDS_PER_MINUTE``, else 60;
+    None (and a message) for a value that is not a whole number of seconds >= 1."""
+    text = os.environ.get("BELLIS_STANDIN_SECONDS_PER_MINUTE", "60")
+    if not text.isdigit() or int(text) < 1:
+        print(
+            f"stand-in: BELLIS_STANDIN_SECONDS_PER_MINUTE={text!r} is not whole seconds >= 1",
+            file=sys.stderr,
+        )
+        return None
+    return int(text)
 
 
 def _lsf_id(record: _engine.Record) -> str:
