@@ -105,7 +105,7 @@ def _workers(tmp_path: Path) -> dict[int, dict[str, object]]:
 
 
 def test_four_workers_four_gpus_one_each(tmp_path: Path) -> None:
-    _run(
+    out = _run(
         tmp_path,
         """
 open("crashed", "w").close()  # no crash here
@@ -126,6 +126,9 @@ dump_workers(task)
     assert sorted(w["gpus"][0] for w in workers.values()) == ["0", "1", "2", "3"]  # type: ignore[index]
     by_slot = {w["slot"]: w["gpus"] for w in workers.values()}
     assert by_slot == {s: [h[0][1]] for s, h in headers.items()}
+    # the summary's workers table names each worker's GPU in its slot column
+    cells = set(re.findall(r"\b(\d) \(GPU (\d)\)", out))
+    assert cells == {(str(s), str(h[0][1])) for s, h in headers.items()}, out
 
 
 def test_a_killed_workers_replacement_gets_its_gpu(tmp_path: Path) -> None:
