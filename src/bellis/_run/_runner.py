@@ -305,7 +305,7 @@ class RunPlan:
         pipe = _coerce_pipeline(pipeline)
         tasks = pipe.validate()
         budget = _check_resources(resources)
-        if multiprocessing:
+        if multiprocessing and not external:
             _check_gpus(tasks, launcher, budget)
         _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
         payloads: dict[str, bytes | None] = {}
