@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bellis  # noqa: E402
-from bellis import logging as blog  # noqa: E402
+import bellis
+from bellis import logging as blog
 
 BLOCKS = 20
 CPU_ONLY = {18, 19}
