@@ -286,3 +286,30 @@ def test_a_gpu_budget_above_the_devices_is_a_clear_error(tmp_path: Path) -> None
     )
     assert out.startswith("REFUSED resources |"), out
     assert "asks for 3 GPUs" in out and "has 2" in out
+
+
+def test_a_worker_killed_for_a_block_timeout_gives_its_gpu_to_the_next(tmp_path: Path) -> None:
+    # the run retires a worker whose block timed out and starts the next before the killed
+    # process is seen to end: the one GPU must be free for it by then
+    _run(
+        tmp_path,
+        """
+def hang_once(block):
+    record(block)
+    if int(block.block_id[1]) == 1 and not os.path.exists("hung"):
+        open("hung", "w").close()
+        time.sleep(120)
+
+open("crashed", "w").close()
+task = make_task(4, max_workers=1, requires={"gpu": 1}, timeout=3)
+task.process_function = hang_once
+assert bellis.run_blockwise([task], launcher=bellis.LocalLauncher(gpus=["GPU-only"]),
+                            progress=False)
+dump_workers(task)
+""",
+    )
+    assert (tmp_path / "hung").exists()
+    seen = _seen(tmp_path)
+    assert len(seen) >= 2 and set(seen.values()) == {"GPU-only"}, seen
+    workers = _workers(tmp_path)
+    assert len(workers) >= 2 and all(w["gpus"] == ["GPU-only"] for w in workers.values())

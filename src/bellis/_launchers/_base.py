@@ -603,7 +603,11 @@ class LocalLauncher(WorkerLauncher):
                     os.killpg(p.pid, signal.SIGKILL)
 
     def kill(self, handle: WorkerHandle) -> None:
-        """Kill one worker at once (its block timed out)."""
+        """Kill one worker at once (its block timed out). Its GPUs are given back now: the
+        run has retired it, and the worker that takes its place may start before its exit
+        is seen (the driver frees a killed process's device memory as it dies)."""
+        if handle.spec.gpus is not None:
+            self.release_gpus(handle.spec.task_id, handle.spec.slot_index)
         p = handle.native
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
