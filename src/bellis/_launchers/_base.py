@@ -283,7 +283,12 @@ def _echo(stream: StreamName, text: str) -> None:
 
 class LocalLauncher(WorkerLauncher):
     """Worker processes on this machine: forked from a preloaded zygote on Linux
-    (``_zygote``), else subprocesses (``python -c``, the fallback)."""
+    (``_zygote``), else subprocesses (``python -c``, the fallback).
+
+    ``gpus``: the GPUs (indices, or ``"GPU-..."``/``"MIG-..."`` ids) handed to the workers of
+    tasks with ``requires={"gpu": ...}``, each worker its own through its
+    ``CUDA_VISIBLE_DEVICES`` (``_gpus``); None: the driver's ``CUDA_VISIBLE_DEVICES``, else
+    the devices NVML lists."""
 
     name = "local"
     is_local = True

@@ -119,7 +119,12 @@ def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> 
             raise _config_error(
                 f"task \"{t.task_id}\" requires {{'gpu': {need:g}}} per worker but {where} "
                 f"has {have} GPU(s). Lower Task(requires={{'gpu': ...}}) (0.5 puts two workers on "
-                "a GPU) or name the GPUs with LocalLauncher(gpus=[0, 1, ...])",
+                "a GPU) or name the GPUs with LocalLauncher(gpus=[0, 1, ...])"
+                + (
+                    "; without them, pip install 'bellis[gpu]' lets NVML list them"
+                    if not have
+                    else ""
+                ),
                 "requires",
             )
         given = resources.get("gpu")
