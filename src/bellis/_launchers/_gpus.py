@@ -104,7 +104,9 @@ def find_gpus(env: Mapping[str, str], load: Callable[[], Any]) -> list[str]:
     for i in range(binding.device_count()):
         handle = binding.handle_by_index(i)
         migs = binding.mig_handles(handle)
-        out += [binding.uuid(m) for m in migs] if migs else [str(i)]
+        for entry in [binding.uuid(m) for m in migs] if migs else [str(i)]:
+            if entry not in out:  # one device is never two workers' own
+                out.append(entry)
     return out
 
 
