@@ -9,6 +9,8 @@ Three spellings, each for its reader, none interchangeable:
 * :func:`format_bytes` writes the Resource Utilization panel's figures: ``"25.5 MB"``
   (1024 steps; the panel's format is SPEC §5.9's, shared with daisy).
 
+And :data:`GPU_SHARES`, a GPU counted in integer shares (``requires={"gpu": 0.5}``).
+
 Pure functions; imports nothing of bellis but the errors.
 """
 
@@ -22,6 +24,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "BYTE_UNITS",
+    "GPU_SHARES",
     "MIB",
     "format_bytes",
     "format_grant",
@@ -29,6 +32,10 @@ __all__ = [
     "parse_growth",
     "parse_size",
 ]
+
+#: a GPU in shares: a worker's ``requires={"gpu": 1/n}`` (n up to 8) is a whole number of
+#: them, so that the run's GPU budget and the local GPU book count exactly
+GPU_SHARES: Final = 840
 
 MIB: Final = 1 << 20
 _UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -22,6 +22,7 @@ from ._outputs._readback import check_verify_outputs
 from ._outputs._units import owns_units
 from ._task_params import (
     UNSET as _UNSET,
+    budget_units as _budget_units,
     check_count as _check_count,
     parse_backup_after as _parse_backup_after,
     parse_memory as _parse_memory,
@@ -134,7 +135,7 @@ class Task:
         timeout: float | timedelta | None = None,
         done_marker_path: Any = _UNSET,
         resource_tracking: bool = False,
-        requires: dict[str, int] | None = None,
+        requires: dict[str, float] | None = None,
         max_worker_restarts: int = 10,
         skip_mask: Any = None,
         *,
@@ -223,6 +224,8 @@ class Task:
         self._tracking_path = _parse_tracking_path(done_marker_path, tracking_path)
         self._resource_tracking = bool(resource_tracking)
         self._requires = _parse_requires(requires)
+        #: ``requires`` in the run budget's integer units (``gpu`` in shares)
+        self._budget = _budget_units(self._requires)
         self._skip_mask = None if skip_mask is None else self._coerce_mask(skip_mask)
         self._launcher = launcher
         self._version, self._on_code_change = check_code_options(version, on_code_change)
@@ -322,7 +325,9 @@ class Task:
         return self._verify_outputs  # type: ignore[no-any-return]
 
     @property
-    def requires(self) -> dict[str, int]:
+    def requires(self) -> dict[str, float]:
+        """What each worker takes of the run's ``resources``: ints, but ``gpu`` may be a
+        fraction of one GPU (0.5: two workers share a GPU)."""
         return dict(self._requires)
 
     @property

@@ -10,12 +10,13 @@ import inspect
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Final
 
 import numpy as np
 
-from ._sizes import format_grant, parse_growth, parse_size
+from ._sizes import GPU_SHARES, format_grant, parse_growth, parse_size
 from ._state import DEFAULT_TIMEOUT_SECONDS
 from .errors import BellisDeprecationWarning, ConfigurationError
 
@@ -169,7 +170,10 @@ def parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool
     )
 
 
-def parse_requires(requires: Any) -> dict[str, int]:
+_GPU_FRACTIONS: Final = {GPU_SHARES // n: n for n in range(2, 9)}
+
+
+def parse_requires(requires: Any) -> dict[str, float]:
     if requires is None:
         return {}
     if not isinstance(requires, dict):
@@ -177,12 +181,22 @@ def parse_requires(requires: Any) -> dict[str, int]:
             f"requires must be a dict of resource name to int, e.g. {{'gpu': 1}} "
             f"(got {type(requires).__name__})"
         )
-    out = {}
+    out: dict[str, float] = {}
     for k, v in requires.items():
         if not isinstance(k, str):
             raise TypeError(f"requires keys must be str (got {k!r})")
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        if k == "gpu" and isinstance(v, float | np.floating) and not float(v).is_integer():
+            out[k] = _gpu_fraction(float(v))
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | np.integer | float | np.floating):
             raise TypeError(f"requires[{k!r}] must be an int (got {v!r})")
+        if isinstance(v, float | np.floating):
+            if not float(v).is_integer():
+                raise TypeError(
+                    f"requires[{k!r}] must be an int (got {v!r}); only 'gpu' may be a "
+                    "fraction (0.5: two workers share a GPU)"
+                )
+            v = int(v)
         if v < 0:
             raise ConfigurationError(
                 f"requires[{k!r}]={v} is negative; a task needs 0 or more units of a "
@@ -192,3 +206,22 @@ def parse_requires(requires: Any) -> dict[str, int]:
         if v > 0:
             out[k] = int(v)
     return out
+
+
+def _gpu_fraction(v: float) -> float:
+    shares = v * GPU_SHARES
+    n = _GPU_FRACTIONS.get(round(shares)) if 0 < v < 1 else None
+    if n is None or abs(shares - round(shares)) > 1e-6:
+        raise ConfigurationError(
+            f"requires['gpu']={v!r} is not a share of a GPU bellis can pack: pass a whole "
+            "number of GPUs (1, 2, ...) or 1/n of one for n workers on a GPU (0.5, 0.25, "
+            "1/3, ... down to 1/8)",
+            parameter="requires",
+        )
+    return 1 / n
+
+
+def budget_units(amounts: Mapping[str, float]) -> dict[str, int]:
+    """``requires`` or ``resources`` in the integer units the run's budget counts in: as
+    given, but ``gpu`` in :data:`GPU_SHARES` per GPU."""
+    return {k: round(v * GPU_SHARES) if k == "gpu" else int(v) for k, v in amounts.items()}

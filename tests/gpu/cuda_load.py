@@ -68,3 +68,12 @@ def busy(seconds: float, nbytes: int) -> None:
         _check(cuda.cuMemFree_v2(ptr), "cuMemFree")
     finally:
         cuda.cuCtxDestroy_v2(ctx)
+
+
+def device_count() -> int:
+    """How many devices CUDA shows this process (after ``CUDA_VISIBLE_DEVICES``)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    _check(cuda.cuInit(0), "cuInit")
+    n = ctypes.c_int()
+    _check(cuda.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+    return int(n.value)

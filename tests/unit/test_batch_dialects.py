@@ -272,3 +272,13 @@ def test_bad_parameters_are_named(cls: type) -> None:
         cls(mem="4G", max_memory="1G")
     with pytest.raises(bellis.ConfigurationError, match="time_limit='later'"):
         cls(time_limit="later")
+
+
+def test_a_fraction_of_a_gpu_is_a_whole_gpu_per_batch_job() -> None:
+    # requires={"gpu": 0.5} packs workers on a GPU of this machine; a cluster job gets one
+    half = _spec(requires={"gpu": 0.5})
+    assert bellis.LsfLauncher().gpus(half) == 1
+    assert bellis.PbsLauncher().gpus(_spec(requires={"gpu": 2})) == 2
+    options = bellis.LsfLauncher()._submission("j", half, None, "o", "e")[1]
+    assert options[options.index("-gpu") + 1] == "num=1"
+    assert "--gres=gpu:1" in bellis.SlurmLauncher()._resource_flags(half)

@@ -33,6 +33,7 @@ from bellis._scheduling._dispatch import (
 )
 from bellis._scheduling._records import Peer
 from bellis._scheduling._task_run import ABANDONED, FINISHED, RUNNING
+from bellis._sizes import GPU_SHARES
 from bellis.errors import ConfigurationError, ProtocolError
 from kit.dispatch import CREATED, FAIL, KEY, OK, SECRET, Script, closed, send_of, sent, task
 
@@ -598,7 +599,23 @@ def test_a_rebalance_books_up_to_max_workers_within_the_resources() -> None:
     ((op, plan, bookings),) = sc.take()
     assert op == LAUNCH and plan is sc.plans["t"]
     assert [b.slot for b in bookings] == [0, 1, 2]
-    assert sc.d.used == {"gpu": 3} and plan.alive == 3 and plan.free_starts == 1
+    # the budget counts GPUs in integer shares (GPU_SHARES to a GPU)
+    assert sc.d.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 3 and plan.free_starts == 1
+
+
+def test_half_gpus_pack_two_workers_on_each_gpu_of_the_budget() -> None:
+    sc = Script(task(blocks=10, max_workers=8, requires={"gpu": 0.5}), resources={"gpu": 3})
+    sc.d.rebalance(sc.now)
+    ((_op, plan, bookings),) = sc.take()
+    assert [b.slot for b in bookings] == [0, 1, 2, 3, 4, 5]
+    assert sc.d.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 6
+
+
+def test_thirds_of_a_gpu_fill_the_budget_exactly() -> None:
+    sc = Script(task(blocks=10, max_workers=9, requires={"gpu": 1 / 3}), resources={"gpu": 2})
+    sc.d.rebalance(sc.now)
+    ((_op, _plan, bookings),) = sc.take()
+    assert len(bookings) == 6 and sc.d.used == {"gpu": 2 * GPU_SHARES}
 
 
 def test_a_release_books_workers_only_for_the_task_it_made_ready() -> None:

@@ -385,3 +385,13 @@ def test_slurm_gpus_per_worker_requests_gres() -> None:
             SlurmLauncher(gpus_per_worker=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="not both"):
         SlurmLauncher(gpus_per_worker=1, gres="gpu:a100:1")
+
+
+def test_local_gpu_discovery_through_the_adapter() -> None:
+    # the devices a LocalLauncher hands out, as NVML lists them (issue 30): by index, or a
+    # device in MIG mode as its MIG instances, by UUID; an id NVML gives twice (the
+    # stand-in names every instance GPU-0) is one device
+    from bellis._launchers._gpus import find_gpus
+
+    assert find_gpus({}, lambda: _Pynvml(fake_pynvml())) == ["0"]
+    assert find_gpus({}, lambda: _Pynvml(fake_pynvml(mig=True))) == ["GPU-0"]

@@ -188,8 +188,13 @@ def test_requires_validation() -> None:
     assert make(requires={"gpu": 1, "cpu": 0}).requires == {"gpu": 1}
     with pytest.raises(TypeError, match="requires must be a dict"):
         make(requires=[("gpu", 1)])
-    with pytest.raises(TypeError, match=r"requires\['gpu'\] must be an int"):
+    with pytest.raises(TypeError, match=r"requires\['cpu'\] must be an int"):
+        make(requires={"cpu": 1.5})
+    with pytest.raises(ValueError, match=r"requires\['gpu'\]=1.5 is not a share of a GPU"):
         make(requires={"gpu": 1.5})
+    with pytest.raises(TypeError, match=r"requires\['gpu'\] must be an int"):
+        make(requires={"gpu": "1"})
+    assert make(requires={"gpu": 0.5}).requires == {"gpu": 0.5}
     with pytest.raises(ValueError, match=r"requires\['gpu'\]=-1 is negative"):
         make(requires={"gpu": -1})
 

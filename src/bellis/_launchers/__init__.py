@@ -2,6 +2,7 @@
 
 Owns:
   ``_base``        ``WorkerLauncher``, ``LocalLauncher``, ``WorkerSpec``, ``WorkerHandle``
+  ``_gpus``        which GPU(s) each local worker sees (``CUDA_VISIBLE_DEVICES``)
   ``_zygote``      the fork server for local workers
   ``_exits``       event-driven exit detection for local workers (pidfds, one epoll fd)
   ``_batch``       the batch-system core: one job (or array task) per worker; dialects

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ from .._protocol import (
 from .._sizes import format_grant
 from .._state import DEFAULT_TIMEOUT_SECONDS
 from .._streams import StreamName, write_to_stream
+from .._worker._gpu import load_nvml
 from ._exits import ExitWatch
+from ._gpus import GpuBook, check_gpus_argument, find_gpus
 from ._zygote import ForkedProcess, ForkServer, choose_start, is_fork_server_supported, usable_cpus
 
 __all__ = ["LocalLauncher", "WorkerExit", "WorkerHandle", "WorkerLauncher", "WorkerSpec"]
@@ -50,7 +53,7 @@ class WorkerSpec:
     payload: bytes
     out_path: Path | None
     err_path: Path | None
-    requires: dict[str, int] = field(default_factory=dict)
+    requires: dict[str, float] = field(default_factory=dict)
     timeout_secs: float = DEFAULT_TIMEOUT_SECONDS
     run_name: str = "bellis"
     #: log mode ``"both"``: the worker's output goes to its log files and to the driver's
@@ -70,6 +73,8 @@ class WorkerSpec:
     slot: int | None = None
     #: the worker's memory grant in bytes (``bellis._scheduling._memory``); None: the launcher's own
     memory: int | None = None
+    #: the GPUs the worker sees (its ``CUDA_VISIBLE_DEVICES``; ``_gpus``); None: not assigned
+    gpus: tuple[str, ...] | None = None
 
     @property
     def slot_index(self) -> int:
@@ -278,15 +283,30 @@ def _echo(stream: StreamName, text: str) -> None:
 
 class LocalLauncher(WorkerLauncher):
     """Worker processes on this machine: forked from a preloaded zygote on Linux
-    (``_zygote``), else subprocesses (``python -c``, the fallback)."""
+    (``_zygote``), else subprocesses (``python -c``, the fallback).
+
+    ``gpus``: the GPUs (indices, or ``"GPU-..."``/``"MIG-..."`` ids) handed to the workers of
+    tasks with ``requires={"gpu": ...}``, each worker its own through its
+    ``CUDA_VISIBLE_DEVICES`` (``_gpus``); None: the driver's ``CUDA_VISIBLE_DEVICES``, else
+    the devices NVML lists."""
 
     name = "local"
     is_local = True
     #: it enforces a task's ``memory_limit`` (``RLIMIT_AS`` in the worker)
     memory_grants = True
 
-    def __init__(self, python: str | None = None, *, fork_server: bool | None = None) -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        fork_server: bool | None = None,
+        gpus: Sequence[int | str] | None = None,
+    ) -> None:
         self.python = python or sys.executable
+        #: the GPUs its workers are given (``CUDA_VISIBLE_DEVICES`` entries) for a task with
+        #: ``requires={"gpu": ...}``; None: those this machine shows (``_gpus.find_gpus``)
+        self.gpus = check_gpus_argument(gpus)
+        self._gpu_book: GpuBook | None = None
         #: start workers by forking a preloaded zygote (Linux; see ``_zygote``): True for
         #: every worker, False for none, None: as ``choose_start`` decides, where
         #: supported (``BELLIS_WORKER_START``: ``fork`` for every worker, ``spawn`` none)
@@ -299,6 +319,29 @@ class LocalLauncher(WorkerLauncher):
         self._tees: dict[Any, list[threading.Thread]] = {}  # by worker process object
         self._tee_deadlines: dict[Any, float] = {}
         self._tees_done: set[threading.Thread] = set()  # finished, perhaps still alive
+
+    @staticmethod
+    def find_devices() -> list[str]:
+        """The GPUs this machine shows this process (``_gpus.find_gpus``)."""
+        return find_gpus(os.environ, load_nvml)
+
+    def gpu_devices(self) -> list[str]:
+        """The GPUs this launcher hands out: its ``gpus=``, else :meth:`find_devices`."""
+        if self._gpu_book is None:
+            self._gpu_book = GpuBook(self.gpus if self.gpus is not None else self.find_devices())
+        return list(self._gpu_book.devices)
+
+    def take_gpus(self, task_id: str, slot: int, shares: int) -> tuple[str, ...]:
+        """The GPUs for a worker of ``task_id`` in log ``slot`` that needs ``shares``
+        (``GPU_SHARES`` per GPU): the ones its slot's last worker had, where they fit.
+        They are given back when :meth:`poll` sees it end (or by :meth:`release_gpus`)."""
+        self.gpu_devices()
+        assert self._gpu_book is not None
+        return self._gpu_book.take((task_id, slot), shares)
+
+    def release_gpus(self, task_id: str, slot: int) -> None:
+        if self._gpu_book is not None:
+            self._gpu_book.release((task_id, slot))
 
     def _wants_fork_server(self) -> bool:
         """Whether workers may be forked (then ``_launch_forked`` decides for each)."""
@@ -522,6 +565,8 @@ class LocalLauncher(WorkerLauncher):
         if code is None:
             return None
         self._ended(handle, proc)
+        if handle.spec.gpus is not None:
+            self.release_gpus(handle.spec.task_id, handle.spec.slot_index)
         tees = self._tees.get(proc)
         if tees:
             # its last output reaches the log files (and the exit message's tail) first; a
@@ -563,7 +608,11 @@ class LocalLauncher(WorkerLauncher):
                     os.killpg(p.pid, signal.SIGKILL)
 
     def kill(self, handle: WorkerHandle) -> None:
-        """Kill one worker at once (its block timed out)."""
+        """Kill one worker at once (its block timed out). Its GPUs are given back now: the
+        run has retired it, and the worker that takes its place may start before its exit
+        is seen (the driver frees a killed process's device memory as it dies)."""
+        if handle.spec.gpus is not None:
+            self.release_gpus(handle.spec.task_id, handle.spec.slot_index)
         p = handle.native
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -581,3 +630,4 @@ class LocalLauncher(WorkerLauncher):
             exits.close()
         self._live.clear()
         self._tees_done.clear()
+        self._gpu_book = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -348,8 +349,10 @@ class BatchLauncher(WorkerLauncher):
         return None if self.memory_request is None else -(-self.memory_request // MIB)
 
     def gpus(self, spec: WorkerSpec) -> int:
+        """The GPUs a worker's job asks for: a fraction of one (``requires={"gpu": 0.5}``,
+        which packs workers on a GPU of this machine) is a whole GPU per job."""
         gpu = spec.requires.get("gpu")
-        return int(gpu) if gpu else (self.gpus_per_worker or 0)
+        return math.ceil(gpu) if gpu else (self.gpus_per_worker or 0)
 
     # -- submission ------------------------------------------------------------------------
     def _work_dir(self, spec: WorkerSpec) -> Path:

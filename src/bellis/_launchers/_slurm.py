@@ -179,7 +179,7 @@ class SlurmLauncher(BatchLauncher):
             mem = format_mem(self.memory_mb(spec) or 1)  # a grant of the memory ladder
         if mem is not None:
             flags.append(f"--mem={mem}")
-        gres = f"gpu:{int(req['gpu'])}" if req.get("gpu") else self.gres
+        gres = f"gpu:{self.gpus(spec)}" if req.get("gpu") else self.gres
         if gres:
             flags.append(f"--gres={gres}")
         if self.time_limit is not None:

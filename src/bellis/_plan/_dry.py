@@ -23,6 +23,7 @@ from .._run._runner import RunPlan
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
 from .._task import Task
+from .._task_params import budget_units
 from .._tracking import STAT_ARRAYS, TrackingStore, layout_hash
 from .._tracking._disk import free_bytes, unreserved_bytes
 from .._tracking._files import chunk_files
@@ -142,9 +143,10 @@ class DryRun:
             lau = task.launcher or rp.launcher
             launcher = "local" if lau is None else str(getattr(lau, "name", type(lau).__name__))
             workers = min(task.max_workers, max_parallel) if n_left else 0
-            for k, v in task.requires.items():
+            have = budget_units(rp.resources)
+            for k, v in task._budget.items():
                 if v > 0:
-                    workers = min(workers, rp.resources.get(k, 0) // v)
+                    workers = min(workers, have.get(k, 0) // v)
         notes = list(self.notes[run.task_id])
         if run.check_function is not None and n_left:
             notes.append(

@@ -460,7 +460,8 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
         for kind, n in rep.workers.exits.items():
             exits[(s.task_id, kind)] = n
         for w in rep.workers.records:
-            labels.append(f"{s.task_id} · worker {w.worker_id}")
+            gpu = "" if w.gpus is None else f" · GPU {','.join(w.gpus)}"
+            labels.append(f"{s.task_id} · worker {w.worker_id}{gpu}")
             vals = {
                 "launch": w.launch if w.launch is not None else (w.startup or 0.0),
                 "setup": w.setup or 0.0,

@@ -90,12 +90,18 @@ WORKER_HEADER: Final = (
 )
 
 
+def _slot_cell(r: WorkerRecord) -> str:
+    """The slot, and the GPU(s) a local worker was given: ``0 (GPU 2)``."""
+    slot = "-" if r.slot is None else str(r.slot)
+    return slot if r.gpus is None else f"{slot} (GPU {','.join(r.gpus)})"
+
+
 def worker_rows(records: Sequence[WorkerRecord]) -> list[tuple[str, ...]]:
     """The cells of the worker table (one tuple per record, :data:`WORKER_HEADER` order)."""
     return [
         (
             str(r.worker_id),
-            "-" if r.slot is None else str(r.slot),
+            _slot_cell(r),
             format_duration(r.startup),
             str(r.blocks),
             format_duration(r.idle.total) if r.idle.n else format_duration(0.0),

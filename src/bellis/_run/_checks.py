@@ -13,11 +13,14 @@ import logging
 import os
 from typing import Any
 
+from .._launchers._base import LocalLauncher
 from .._task import Pipeline, Task, function_arity
+from .._task_params import budget_units
 from ..errors import ConfigurationError
 
 __all__ = [
     "_check_config",
+    "_check_gpus",
     "_check_resources",
     "_choose_hosts",
     "_coerce_pipeline",
@@ -77,13 +80,13 @@ def _check_config(
                     "Server(external_workers=True)",
                     "process_function",
                 )
-            for k, v in t.requires.items():
-                if v > resources.get(k, 0):
-                    have = {k: resources.get(k, 0)}
+            have = budget_units(resources)
+            for k, v in t._budget.items():
+                if v > have.get(k, 0):
                     raise _config_error(
-                        f'task "{t.task_id}" requires {{{k}: {v}}} but the global budget only '
-                        f"has {{{k}: {have[k]}}}. Raise run_blockwise(resources=...) or lower "
-                        "Task(requires=...)",
+                        f'task "{t.task_id}" requires {{{k}: {t.requires[k]:g}}} but the global '
+                        f"budget only has {{{k}: {resources.get(k, 0)}}}. Raise "
+                        "run_blockwise(resources=...) or lower Task(requires=...)",
                         "requires",
                     )
         else:
@@ -94,6 +97,45 @@ def _check_config(
                     "a worker function that expects to connect to a server",
                     "process_function",
                 )
+
+
+def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> None:
+    """The GPUs of the tasks a local launcher runs: the run's ``gpu`` budget, where not
+    given, is the GPUs that launcher hands out (its ``gpus=``, else those this machine
+    shows; ``_launchers._gpus``), and no worker may need more GPUs than there are."""
+    for t in order:
+        need = t.requires.get("gpu", 0)
+        lau = t.launcher or launcher or None
+        if not need or not (lau is None or isinstance(lau, LocalLauncher)):
+            continue
+        devices = lau.gpu_devices() if lau is not None else LocalLauncher.find_devices()
+        have = len(devices)
+        where = (
+            f"LocalLauncher(gpus={devices!r})"
+            if lau is not None and lau.gpus is not None
+            else "this machine (NVML, or the driver's CUDA_VISIBLE_DEVICES)"
+        )
+        if need > have:
+            raise _config_error(
+                f"task \"{t.task_id}\" requires {{'gpu': {need:g}}} per worker but {where} "
+                f"has {have} GPU(s). Lower Task(requires={{'gpu': ...}}) (0.5 puts two workers on "
+                "a GPU) or name the GPUs with LocalLauncher(gpus=[0, 1, ...])"
+                + (
+                    "; without them, pip install 'bellis[gpu]' lets NVML list them"
+                    if not have
+                    else ""
+                ),
+                "requires",
+            )
+        given = resources.get("gpu")
+        if given is None:
+            resources["gpu"] = have
+        elif given > have:
+            raise _config_error(
+                f"resources={{'gpu': {given}}} asks for {given} GPUs but {where} has {have}: "
+                "lower run_blockwise(resources=...) or leave 'gpu' out to use every GPU",
+                "resources",
+            )
 
 
 def _check_resources(resources: Any) -> dict[str, int]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._launchers._base import WorkerHandle, WorkerSpec
+from .._launchers._gpus import GpuShortage
 from .._protocol import ExitKind, WorkerExit
 from .._scheduling._records import Booking, ManagedWorker, TaskPlan
 from .._scheduling._task_run import TaskRun
@@ -38,9 +39,12 @@ def _size(path: Any) -> int:
         return 0
 
 
-def _slot_header(worker_id: int, slot: int, reason: str) -> str:
+def _slot_header(
+    worker_id: int, slot: int, reason: str, gpus: tuple[str, ...] | None = None
+) -> str:
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    return f"=== bellis worker {worker_id} (slot {slot}) started {stamp}: {reason} ==="
+    where = f"slot {slot}" if gpus is None else f"slot {slot}, GPU {','.join(gpus)}"
+    return f"=== bellis worker {worker_id} ({where}) started {stamp}: {reason} ==="
 
 
 class WorkerPool:
@@ -108,6 +112,7 @@ class WorkerPool:
             try:
                 out.append((booking, launcher.launch(spec), None))
             except Exception as exc:
+                self._release_gpus(plan, booking.slot, spec.gpus)
                 out.append((booking, None, exc))
         return out
 
@@ -117,8 +122,13 @@ class WorkerPool:
         :class:`WorkerStartError` when they cannot be."""
         run = plan.run
         wid, slot, before = booking.worker_id, booking.slot, booking.reason
-        header = _slot_header(wid, slot, "first start" if before is None else before)
-        out_path, err_path = self.log_paths(run.task_id, slot, header, before is None)
+        gpus = self._take_gpus(plan, slot)
+        header = _slot_header(wid, slot, "first start" if before is None else before, gpus)
+        try:
+            out_path, err_path = self.log_paths(run.task_id, slot, header, before is None)
+        except BaseException:
+            self._release_gpus(plan, slot, gpus)
+            raise
         if out_path is not None and err_path is not None:
             booking.timeline.log_files = (str(out_path), str(err_path))
         env = dict(os.environ)
@@ -126,6 +136,9 @@ class WorkerPool:
         env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
         # the worker unpickles the function only after putting the driver's path in place
         env["BELLIS_SYS_PATH"] = os.pathsep.join(p for p in sys.path if p)
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            booking.timeline.gpus = gpus
         return WorkerSpec(
             task_id=run.task_id,
             worker_id=wid,
@@ -142,7 +155,28 @@ class WorkerPool:
             err_offset=_size(err_path),
             slot=slot,
             memory=None if plan.memory is None else plan.memory.grant(booking.mem_step),
+            gpus=gpus,
         )
+
+    def _take_gpus(self, plan: TaskPlan, slot: int) -> tuple[str, ...] | None:
+        """The GPUs of a worker of ``plan`` in ``slot`` (``_launchers._gpus``): None where
+        its task needs none or its launcher does not assign them (a batch system does)."""
+        shares = plan.run.task._budget.get("gpu", 0)
+        take = getattr(plan.launcher, "take_gpus", None)
+        if not shares or take is None:
+            return None
+        try:
+            gpus: tuple[str, ...] = take(plan.run.task_id, slot, shares)
+        except GpuShortage as exc:
+            raise WorkerStartError(
+                f"task '{plan.run.task_id}': {exc}; mixed GPU fractions across tasks can "
+                "leave no device with room: give the tasks the same requires['gpu']"
+            ) from exc
+        return gpus
+
+    def _release_gpus(self, plan: TaskPlan, slot: int, gpus: tuple[str, ...] | None) -> None:
+        if gpus is not None:
+            plan.launcher.release_gpus(plan.run.task_id, slot)
 
     def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:
         """Where a started worker's output goes."""

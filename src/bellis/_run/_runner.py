@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ._checks import (
     _check_config,
+    _check_gpus,
     _check_resources,
     _choose_hosts,
     _coerce_pipeline,
@@ -304,6 +305,8 @@ class RunPlan:
         pipe = _coerce_pipeline(pipeline)
         tasks = pipe.validate()
         budget = _check_resources(resources)
+        if multiprocessing and not external:
+            _check_gpus(tasks, launcher, budget)
         _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
         payloads: dict[str, bytes | None] = {}
         if multiprocessing:

@@ -98,7 +98,7 @@ def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLa
     grants = getattr(launcher, "memory_grants", False)
     request: int | None = task.memory_limit
     if request is None and grants:
-        req = task.requires
+        req = task._budget
         mb = next((req[k] for k in MEMORY_KEYS if req.get(k)), 0)
         request = mb * MIB if mb and not launcher.is_local else launcher.memory_request
     if request is None:
@@ -377,7 +377,7 @@ def book_big(
     if plan.payload is None or not run.is_running:
         return
     for step in mem.wanted(task.max_workers):
-        need = charge(task.requires, mem.ladder, step)
+        need = charge(task._budget, mem.ladder, step)
         if any(d.used.get(k, 0) + v > d.resources.get(k, 0) for k, v in need.items()):
             _stop_one_parked(d, plan, now)  # an idle ordinary worker makes room
             continue

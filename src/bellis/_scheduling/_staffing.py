@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from .._protocol import ExitKind, Hello, WorkerExit, verify_mac, worker_token
+from .._task_params import budget_units
 from ._memory import charge
 from ._records import Booking, ManagedWorker, Peer, TaskPlan, replacing
 from ._task_run import RUNNING, TaskRun
@@ -46,7 +47,7 @@ class Staffing:
 
     def __init__(self, plans: dict[str, TaskPlan], resources: dict[str, int]) -> None:
         self.plan_of = {p.run.index: p for p in plans.values()}
-        self.resources = dict(resources)
+        self.resources = budget_units(resources)  # gpu in shares, as each task's _budget
         #: what the live workers take of :attr:`resources`
         self.used: dict[str, int] = {k: 0 for k in resources}
         self.workers: dict[int, ManagedWorker] = {}
@@ -70,7 +71,7 @@ class Staffing:
             return False
         if self.out_of_starts(plan):
             return False
-        for k, v in task.requires.items():
+        for k, v in task._budget.items():
             if self.used.get(k, 0) + v > self.resources.get(k, 0):
                 return False
         return True
@@ -120,8 +121,8 @@ class Staffing:
     def charge(self, plan: TaskPlan, mem_step: int) -> dict[str, int]:
         """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
         if not mem_step:
-            return plan.run.task.requires
-        return charge(plan.run.task.requires, plan.memory.ladder, mem_step)
+            return plan.run.task._budget
+        return charge(plan.run.task._budget, plan.memory.ladder, mem_step)
 
     def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
         """The booked worker was started: ``handle`` is its launcher's handle."""

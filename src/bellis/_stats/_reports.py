@@ -215,12 +215,15 @@ class WorkerRecord:
     final_wait: float | None
     slot: int | None = None
     log_files: tuple[str, str] | None = None
+    #: the GPUs a local worker was given (its ``CUDA_VISIBLE_DEVICES``); None: none assigned
+    gpus: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["idle"] = self.idle.to_dict()
         d["compute"] = self.compute.to_dict()
         d["log_files"] = None if self.log_files is None else list(self.log_files)
+        d["gpus"] = None if self.gpus is None else list(self.gpus)
         return d
 
     @classmethod
@@ -238,6 +241,7 @@ class WorkerRecord:
             blocks_failed=int(d.get("blocks_failed", 0)),
             slot=None if d.get("slot") is None else int(d["slot"]),
             log_files=_log_files_from_json(d.get("log_files")),
+            gpus=None if d.get("gpus") is None else tuple(str(g) for g in d["gpus"]),
             **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
         )
 

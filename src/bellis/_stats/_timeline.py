@@ -54,6 +54,7 @@ class WorkerTimeline:
         "compute",
         "exit_kind",
         "final_wait",
+        "gpus",
         "idle",
         "log_files",
         "slot",
@@ -79,6 +80,8 @@ class WorkerTimeline:
         #: the server when it starts the worker; none in console mode)
         self.slot: int | None = None
         self.log_files: tuple[str, str] | None = None
+        #: the GPUs it was given (its ``CUDA_VISIBLE_DEVICES``); None: none assigned
+        self.gpus: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -197,6 +200,7 @@ class WorkerTimeline:
             final_wait=self.final_wait,
             slot=self.slot,
             log_files=self.log_files,
+            gpus=self.gpus,
         )
 
 

@@ -53,7 +53,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["GpuMeter", "NvmlBinding", "now_us", "open_gpu_meter", "visible_devices"]
+__all__ = [
+    "GpuMeter",
+    "NvmlBinding",
+    "load_nvml",
+    "now_us",
+    "open_gpu_meter",
+    "visible_devices",
+]
 
 _DRIVER_MARKER = "/proc/driver/nvidia/version"
 _log = logging.getLogger("bellis")
@@ -347,6 +354,12 @@ def open_gpu_meter(
     if not devices:
         return None
     return GpuMeter(binding, devices, pids)
+
+
+def load_nvml() -> NvmlBinding | None:
+    """NVML through ``pynvml`` where the driver and ``nvidia-ml-py`` are present; None
+    otherwise (the driver's GPU discovery, ``bellis._launchers._gpus``, uses it too)."""
+    return _load_pynvml()
 
 
 def _load_pynvml() -> NvmlBinding | None:
