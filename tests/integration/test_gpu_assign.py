@@ -278,6 +278,35 @@ def test_asking_for_more_gpus_than_the_machine_shows(tmp_path: Path) -> None:
     assert "requires {'gpu': 1} per worker" in out and "has 0 GPU(s)" in out
 
 
+def test_a_counted_gpu_budget_without_devices_runs_as_daisy_did(tmp_path: Path) -> None:
+    """No GPU to assign (none named, none visible, no NVML device) but the user counts
+    GPUs with ``resources``: 'gpu' is an abstract resource, as in daisy, with one WARNING;
+    the run completes and each worker keeps the driver's CUDA_VISIBLE_DEVICES."""
+    out = _run(
+        tmp_path,
+        """
+import logging
+open("crashed", "w").close()
+seen = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        seen.append(record.getMessage())
+logging.getLogger("bellis").addHandler(Keep(logging.WARNING))
+task = make_task(6, max_workers=4, requires={"gpu": 1})
+assert bellis.run_blockwise([task], resources={"gpu": 2}, progress=False)
+print("WARNINGS", json.dumps([m for m in seen if "abstract resource" in m]))
+""",
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+    warnings = json.loads(out.split("WARNINGS", 1)[1].strip().splitlines()[0])
+    assert len(warnings) == 1, out
+    assert 'resources={"gpu": 2}' in warnings[0] and "LocalLauncher(gpus=" in warnings[0]
+    records = list((tmp_path / "records").iterdir())
+    assert sorted(int(f.name.split("_")[0]) for f in records) == list(range(6))
+    assert set(_seen(tmp_path).values()) == {""}
+    assert all(h[1] is None for hs in _headers(tmp_path).values() for h in hs)
+
+
 def test_a_gpu_budget_above_the_devices_is_a_clear_error(tmp_path: Path) -> None:
     out = _run(
         tmp_path,

@@ -110,6 +110,21 @@ def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> 
             continue
         devices = lau.gpu_devices() if lau is not None else LocalLauncher.find_devices()
         have = len(devices)
+        given = resources.get("gpu")
+        if not have and given is not None:
+            # no device to hand out, but the user counts GPUs themselves (daisy's abstract
+            # resources, or NVML not installed): count, and leave CUDA_VISIBLE_DEVICES alone
+            logger.warning(
+                'task "%s" requires a GPU and resources={"gpu": %s} counts them, but no GPU '
+                "was found to assign (no LocalLauncher(gpus=...), no CUDA_VISIBLE_DEVICES, "
+                "and NVML lists none or nvidia-ml-py is not installed): 'gpu' is counted as "
+                "an abstract resource and workers keep the driver's CUDA_VISIBLE_DEVICES; "
+                "pip install 'bellis[gpu]' or pass LocalLauncher(gpus=[...]) to give each "
+                "worker its own GPU",
+                t.task_id,
+                given,
+            )
+            continue
         where = (
             f"LocalLauncher(gpus={devices!r})"
             if lau is not None and lau.gpus is not None
@@ -127,7 +142,6 @@ def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> 
                 ),
                 "requires",
             )
-        given = resources.get("gpu")
         if given is None:
             resources["gpu"] = have
         elif given > have:

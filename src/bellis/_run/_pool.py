@@ -163,8 +163,8 @@ class WorkerPool:
         its task needs none or its launcher does not assign them (a batch system does)."""
         shares = plan.run.task._budget.get("gpu", 0)
         take = getattr(plan.launcher, "take_gpus", None)
-        if not shares or take is None:
-            return None
+        if not shares or take is None or not plan.launcher.gpu_devices():
+            return None  # no GPU to hand out: 'gpu' is only counted (see _checks._check_gpus)
         try:
             gpus: tuple[str, ...] = take(plan.run.task_id, slot, shares)
         except GpuShortage as exc:
