@@ -235,8 +235,10 @@ def test_a_block_that_times_out_still_ends_the_worker_that_catches(tmp_path: Pat
     assert [f for i, f in enumerate(failures) if i != 5] == [
         3 if _raises(i) else 0 for i in range(BLOCKS) if i != 5
     ]
-    # only the timed-out worker's replacement spent the restart budget
-    assert result["restarts"] == 1
+    # only the timed-out worker's replacement may spend the restart budget: the raising
+    # blocks end no worker. (The other worker may finish every block, block 5 included,
+    # before that replacement starts; then the run ends without it, and nothing is spent.)
+    assert result["restarts"] <= 1
 
 
 def test_a_memory_error_under_the_limit_still_ends_the_worker_that_catches(
