@@ -15,9 +15,12 @@ Workloads (2-d grids of 3,000 blocks):
 
 * ``uniform``: every block 4 ms, 16 MiB;
 * ``gradient``: 1 to 8 ms, rising along axis 0, with read/write conflicts (levels);
-* ``hotspots``: 5% of blocks (random) 20x slower (60 ms instead of 3) and 4x the memory;
-* ``hotspots+hint``: the same, with a ``cost_hint`` that marks the hot blocks (as a
-  downsampled volume would).
+* ``hotspots``: 5% of the blocks, in three round spots of about 50 blocks, 20x slower
+  (60 ms instead of 3) and 4x the memory;
+* ``scattered``: the same 5%, but each hot block at random, alone: the case a spread
+  sample of 2% cannot see (it holds 0 to 7 of the 150 hot blocks);
+* ``+hint`` (``scattered+hint``, ``hotspots+hint``): the same, with a ``cost_hint`` that
+  marks the hot blocks (as a downsampled volume would).
 
 Run: ``.venv/bin/python -m compileall -q src && .venv/bin/python benchmarks/bench_forecast.py``
 """
@@ -41,6 +44,7 @@ from bellis import Roi
 
 GRID = (50, 60)
 W = 10
+SPOT_RADIUS = 4.0  # blocks: a spot is about 50 blocks, so 3 spots make 5%
 MIB = 1 << 20
 
 
@@ -52,7 +56,16 @@ def costs_for(name: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     if name == "gradient":
         sec = np.linspace(0.001, 0.008, GRID[0])[:, None] * np.ones(GRID)
         return sec, np.full(GRID, 16 * MIB)
-    hot = rng.random(GRID) < 0.05
+    if name == "hotspots":  # round spots (dense tissue, a nucleus), 5% of the blocks
+        hot = np.zeros(GRID, dtype=bool)
+        yy, xx = np.indices(GRID)
+        while hot.mean() < 0.05:
+            cy, cx = rng.uniform(0, GRID[0]), rng.uniform(0, GRID[1])
+            hot |= (yy - cy) ** 2 + (xx - cx) ** 2 <= SPOT_RADIUS**2
+    elif name == "scattered":  # 5% of the blocks, each at random
+        hot = rng.random(GRID) < 0.05
+    else:
+        raise ValueError(f"no workload {name!r}")
     return np.where(hot, 0.060, 0.003), np.where(hot, 64 * MIB, 16 * MIB)
 
 
@@ -154,7 +167,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reps", type=int, default=3, help="repetitions per case (interleaved)")
     p.add_argument(
-        "--cases", default="uniform,gradient,hotspots,hotspots+hint", help="comma-separated"
+        "--cases",
+        default="uniform,gradient,hotspots,scattered,scattered+hint",
+        help="comma-separated",
     )
     p.add_argument("--json", help="also write the records here (one JSON line per run)")
     p.add_argument("--slurm", action="store_true", help="workers as SLURM jobs (oversub)")

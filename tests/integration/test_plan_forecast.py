@@ -93,6 +93,7 @@ RUN_FIELDS = {
     "sampled",
     "start_delay_seconds",
     "warm_up_seconds",
+    "round_trip_seconds",
     "overhead_seconds_per_block",
     "workers",
     "wall",

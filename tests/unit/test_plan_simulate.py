@@ -3,9 +3,10 @@ worked out by hand. Pure: no clock, no processes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from bellis._plan._simulate import simulate
+from bellis._plan._simulate import _event_loop, _independent, simulate
 
 
 def test_independent_blocks_share_the_workers() -> None:
@@ -70,3 +71,22 @@ def test_workers_that_start_late_take_what_is_left() -> None:
     # fewer arrivals than workers: the last one repeats; none: start_delay
     assert simulate(costs, deps, group, [4], arrivals=[[2.0]]).wall == 3.0
     assert simulate(costs, deps, group, [4], arrivals=[[]], start_delay=0.5).wall == 1.5
+
+
+def test_the_fast_path_for_independent_blocks_is_the_event_loops_schedule() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(0, 60))
+        groups = int(rng.integers(1, 4))
+        costs = [float(c) for c in rng.choice([0.5, 1.0, 2.0, 7.0], size=n)]
+        group = [int(g) for g in rng.integers(0, groups, size=n)]
+        workers = [int(w) for w in rng.integers(1, 6, size=groups)]
+        arrivals = [[float(a) for a in rng.choice([0.0, 0.5, 3.0], size=w)] for w in workers]
+        args = (costs, group, workers, 0.25, 0.125, arrivals if trial % 2 else None)
+        fast = _independent(*args)
+        slow = _event_loop(costs, [[]] * n, *args[1:])
+        assert fast == slow, (trial, fast, slow)
+    # simulate takes the fast path for deps=None and for no dependencies at all
+    assert simulate([1.0] * 5, None, [0] * 5, [2]) == _event_loop(
+        [1.0] * 5, [[]] * 5, [0] * 5, [2], 0.0, 0.0, None
+    )

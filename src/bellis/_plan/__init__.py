@@ -7,6 +7,8 @@ Owns:
                  tracking stores opened read-only; no user code runs, nothing is written
   ``_simulate``  a pure discrete-event simulation of a run's schedule (levels,
                  dependencies, worker start) from per-block costs
+  ``_costs``     which blocks a sample takes, and what each block left costs from the
+                 sample's measurements (pure numpy)
   ``_forecast``  the sampled forecast: a sample of blocks really runs, and its figures feed
                  the simulation, the memory percentiles and the warnings
   ``_script``    planning switched on for a whole script (``BELLIS_PLAN``): each

@@ -3,10 +3,10 @@
 Theory of operation
 -------------------
 1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20): one block at a
-   random place in each of ``N`` equal slices of the blocks left in grid order, so the
-   sample covers the grid. With a ``cost_hint`` (one value per block, the skip mask's
-   shape) half the sample is stratified by the hint's order instead of the grid's, and half
-   drawn with probability proportional to the hint: costly regions are seen. With conflict
+   random place in each of ``N`` equal slices of the blocks left in Z-order (Morton), so
+   the sample covers the grid in every axis. With a ``cost_hint`` (one value per block,
+   the skip mask's shape) half the sample is stratified by the hint's order instead, and
+   half drawn with probability proportional to the hint: costly regions are seen. With conflict
    levels, blocks of the first level are picked (they wait for no neighbour); when it has
    too few, others too, with the lower-level blocks they wait for. A
    downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
@@ -16,7 +16,11 @@ Theory of operation
    whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
    blocks are recorded done in the tasks' own stores: the real run skips them.
 3. **Measure.** Each sampled block's wall, CPU and peak RSS are read back from the store;
-   the sample run's report gives the worker start delay and the dispatch overhead.
+   the sample run's report gives the worker starts, and the blocks' send and return times
+   the round trip per batch. The sample's first blocks wait until the task's workers are
+   all there (``_scheduling._gate``), so they run beside as many others as in the run; a
+   worker's first few blocks pay for its warm-up, which is taken out of their cost and
+   added to the worker's start (:func:`._costs.warm_up`).
 4. **Predict.** Every block left gets a cost: the cost of the nearest sampled block in the
    grid (or, with a hint, a least-squares line in the hint). The run's schedule is then
    simulated (:mod:`._simulate`: levels, dependencies, worker start) at the tasks'
@@ -27,6 +31,7 @@ Theory of operation
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -41,6 +46,7 @@ from .._sizes import MIB
 from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
 from ..errors import ConfigurationError
+from . import _costs
 from ._dry import DryRun
 from ._model import Plan, format_bytes, format_seconds
 from ._simulate import simulate
@@ -54,7 +60,8 @@ DEFAULT_FRACTION = 0.02
 MIN_SAMPLE = 20
 ALTERNATIVES = (0.5, 2.0, 4.0)
 _BOOTSTRAP = 400
-_NEAREST_CELLS = 50_000_000  # above this many block x sample pairs: chunked anyway
+#: the most seconds a sample's first blocks wait for the task's workers to be all there
+SAMPLE_GATE_SECONDS = 30.0
 
 
 def sample_size(left: int, sample: int | bool) -> int:
@@ -128,37 +135,6 @@ def _hints(cost_hint: Any, tasks: list[Task]) -> dict[str, np.ndarray[Any, Any]]
     return out
 
 
-def _pick(
-    left: np.ndarray[Any, Any], n: int, hint: np.ndarray[Any, Any] | None, rng: Any
-) -> np.ndarray[Any, Any]:
-    """``n`` flat indices of ``left`` blocks, spread (see the module docstring)."""
-    candidates = np.flatnonzero(left.reshape(-1))
-    if n <= 0 or not len(candidates):
-        return np.zeros(0, dtype=np.int64)
-    if n >= len(candidates):
-        all_left: np.ndarray[Any, Any] = candidates
-        return all_left
-
-    def stratified(order: np.ndarray[Any, Any], m: int) -> np.ndarray[Any, Any]:
-        edges = np.linspace(0, len(order), m + 1)
-        lo = np.floor(edges[:-1]).astype(np.int64)
-        hi = np.maximum(lo + 1, np.floor(edges[1:]).astype(np.int64))
-        pos = lo + (rng.random(m) * (hi - lo)).astype(np.int64)
-        picked: np.ndarray[Any, Any] = order[np.minimum(pos, len(order) - 1)]
-        return picked
-
-    if hint is None:
-        return np.unique(stratified(candidates, n))
-    h = hint[candidates]
-    by_hint = candidates[np.argsort(h, kind="stable")]
-    first = stratified(by_hint, (n + 1) // 2)
-    rest = np.setdiff1d(candidates, first)
-    m = min(n - len(first), len(rest))
-    weights = hint[rest] + 1e-12
-    second = rng.choice(rest, size=m, replace=False, p=weights / weights.sum())
-    return np.unique(np.concatenate([first, second]))
-
-
 def _first_level(dry: DryRun, run: Any) -> np.ndarray[Any, Any]:
     """The blocks left of ``run`` that wait for no other block left of their own task: a
     sample of them needs no neighbour to have run first (conflict levels). All blocks
@@ -225,6 +201,8 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         launcher=rp.launcher,
         host=rp.host,
     )
+    # the blocks wait for the workers: measured in the run's steady state (_scheduling._gate)
+    sample_plan = dataclasses.replace(sample_plan, start_gate=SAMPLE_GATE_SECONDS)
     with sample_run():  # scores no waiting forecast
         result = _run_plan(sample_plan)  # never planned again, also under bellis plan
     _finish(result, True, raise_abandoned=True)
@@ -246,49 +224,6 @@ def _grid_figures(dry: DryRun, run: Any) -> dict[str, np.ndarray[Any, Any]]:
         view, dst = run.store_view(arrays[name])
         full[dst] = view
         out[name] = full.reshape(-1)
-    return out
-
-
-def _warm_up(
-    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
-) -> tuple[float | None, np.ndarray[Any, Any]]:
-    """A worker's first block pays for its warm-up (imports, first allocations, caches).
-    Returns the median excess of the workers' first blocks over the other blocks' median
-    (the warm-up, which the simulation adds to the worker start), and the mask of the
-    other, *steady* blocks, whose costs model the run. ``(None, all True)`` with too few
-    blocks to tell.
-
-    Blocks that ran while other workers were still starting are kept: leaving them out
-    too would shrink a small sample further, and a heavy-tailed one (a few very costly
-    blocks) cannot afford that (benchmarks/RESULTS.md, "Forecast accuracy")."""
-    first = np.zeros(len(wall), dtype=bool)
-    for w in np.unique(worker_id):
-        idx = np.flatnonzero(worker_id == w)
-        first[idx[np.argmin(sent_at[idx])]] = True
-    steady = ~first
-    if steady.sum() < 3:
-        return None, np.ones(len(wall), dtype=bool)
-    excess = np.maximum(0.0, wall[first] - float(np.median(wall[steady])))
-    return float(np.median(excess)), steady
-
-
-def _overheads(
-    worker_id: np.ndarray[Any, Any],
-    sent_at: np.ndarray[Any, Any],
-    returned_at: np.ndarray[Any, Any],
-    wall: np.ndarray[Any, Any],
-) -> list[float]:
-    """Per worker with two blocks or more: the seconds per block it was out of its block
-    function while it held blocks (dispatch, round trips, recording), from when its first
-    block was sent to when its last came back. Every sampled block is ready at once, so a
-    worker never waits for one in between."""
-    out = []
-    for w in np.unique(worker_id):
-        idx = np.flatnonzero(worker_id == w)
-        if len(idx) < 2:
-            continue
-        span = float(returned_at[idx].max() - sent_at[idx].min())
-        out.append(max(0.0, (span - float(wall[idx].sum())) / len(idx)))
     return out
 
 
@@ -323,40 +258,6 @@ def _stat(values: np.ndarray[Any, Any]) -> dict[str, float]:
         "p99": float(p99),
         "max": float(values.max()),
     }
-
-
-def _nearest(
-    grid: tuple[int, ...], targets: np.ndarray[Any, Any], sampled: np.ndarray[Any, Any]
-) -> np.ndarray[Any, Any]:
-    """For each flat index in ``targets``, the position in ``sampled`` of the nearest
-    sampled block (euclidean in grid coordinates)."""
-    tc = np.stack(np.unravel_index(targets, grid), axis=1).astype(np.float64)
-    sc = np.stack(np.unravel_index(sampled, grid), axis=1).astype(np.float64)
-    out = np.empty(len(targets), dtype=np.int64)
-    step = max(1, _NEAREST_CELLS // max(1, len(sampled)) // 8)
-    for a in range(0, len(targets), step):
-        d = ((tc[a : a + step, None, :] - sc[None, :, :]) ** 2).sum(axis=2)
-        out[a : a + step] = d.argmin(axis=1)
-    return out
-
-
-def _predict_costs(
-    grid: tuple[int, ...],
-    targets: np.ndarray[Any, Any],
-    sampled: np.ndarray[Any, Any],
-    costs: np.ndarray[Any, Any],
-    hint: np.ndarray[Any, Any] | None,
-) -> tuple[np.ndarray[Any, Any], str]:
-    if not len(targets):
-        return np.zeros(0), "none"
-    if not len(sampled):
-        return np.zeros(len(targets)), "none (no sampled block completed)"
-    if hint is not None and len(sampled) >= 3 and np.ptp(hint[sampled]) > 0:
-        slope, icpt = np.polyfit(hint[sampled], costs, 1)
-        if slope > 0:
-            pred = icpt + slope * hint[targets]
-            return np.maximum(pred, costs.min()), "a line in cost_hint"
-    return costs[_nearest(grid, targets, sampled)], "the nearest sampled block"
 
 
 def _ladder(request: int, growth: float) -> list[int]:
@@ -417,11 +318,11 @@ def forecast(
         for run in before.scheduler.runs:
             n = sample_size(int(before.left_mask(run).sum()), sample)
             hint = hints.get(run.task_id)
-            picked = _pick(_first_level(before, run), n, hint, rng)
+            picked = _costs.pick(_first_level(before, run), n, hint, rng)
             if len(picked) < n:  # a small first level: more, of any level (closed below)
-                rest = before.left_mask(run).reshape(-1).copy()
-                rest[picked] = False
-                picked = np.union1d(picked, _pick(rest, n - len(picked), hint, rng))
+                rest = before.left_mask(run).copy()
+                rest.reshape(-1)[picked] = False
+                picked = np.union1d(picked, _costs.pick(rest, n - len(picked), hint, rng))
             picks[run.task_id] = picked
         _close(before, picks)
     n_picked = sum(len(v) for v in picks.values())
@@ -476,7 +377,7 @@ def _predict(
     start_delays: list[float] = []
     #: per task: the sample's worker starts (seconds, sorted), and a floor for the others
     starts: list[tuple[list[float], float]] = []
-    overheads: list[float] = []
+    round_trips: list[float] = []
     warm_ups: list[float] = []
     for gi, run in enumerate(runs):
         out = plan[run.task_id]
@@ -489,15 +390,13 @@ def _predict(
         )
         rss = figs["peak_rss_bytes"][ok] if "peak_rss_bytes" in figs else np.zeros(0)
         targets = np.flatnonzero(dry.left_mask(run).reshape(-1))
-        model_ok, model_wall = ok, wall
-        steady_mask = np.ones(len(ok), dtype=bool)
+        model_wall = wall
         if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
-            warm, steady_mask = _warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
+            warm, model_wall = _costs.warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
             if warm is not None:
                 warm_ups.append(warm)
-                model_ok, model_wall = ok[steady_mask], wall[steady_mask]
-        costs, model = _predict_costs(
-            run.geom.grid, targets, model_ok, model_wall, hints.get(run.task_id)
+        costs, model = _costs.predict_costs(
+            run.geom.grid, targets, ok, model_wall, hints.get(run.task_id)
         )
         cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
         index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
@@ -506,21 +405,17 @@ def _predict(
         all_cpu.append(costs * cpu_ratio)
         groups.extend([gi] * len(targets))
         if len(wall):
-            means = _bootstrap_means(wall)
-            ratios.append(means / max(wall.mean(), 1e-12))
+            means = _bootstrap_means(model_wall)
+            ratios.append(means / max(model_wall.mean(), 1e-12))
         rep = reports.get(run.task_id) or {}
         started, first = rep.get("run_started_at"), rep.get("first_sent_at")
         if started is not None and first is not None and not run.up_edges:
             start_delays.append(max(0.0, float(first) - float(started)))
         starts.append(_worker_starts(rep))
         if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
-            sel = ok[steady_mask]
-            overheads.extend(
-                _overheads(
-                    figs["worker_id"][sel],
-                    figs["sent_at"][sel],
-                    figs["returned_at"][sel],
-                    wall[steady_mask],
+            round_trips.extend(
+                _costs.round_trips(
+                    figs["worker_id"][ok], figs["sent_at"][ok], figs["returned_at"][ok], wall
                 )
             )
         lau = run.task.launcher or rp.launcher
@@ -569,23 +464,15 @@ def _predict(
                 f"({run.task.timeout_secs:g} s); raise Task(timeout=...)"
             )
         out.forecast = f
-    deps: list[list[int]] = [[] for _ in range(total)]
-    for run in runs:
-        mine = index_of[run.task_id]
-        g = run.geom
-        for k, i in mine.items():
-            if run.intra:
-                deps[i].extend(mine[u] for u in g.upstream_of(k) if u in mine)
-            for edge, up in run.up_edges:
-                theirs = index_of[up.task_id]
-                deps[i].extend(theirs[u] for u in edge.upstream_of(k) if u in theirs)
+    deps = _dependencies(runs, index_of, total)
     costs = np.concatenate(all_costs) if all_costs else np.zeros(0)
     cpu_all = np.concatenate(all_cpu) if all_cpu else np.zeros(0)
     lo_hi = np.percentile(np.concatenate(ratios), [10, 90]) if ratios else np.array([1.0, 1.0])
     start_delay = float(np.median(start_delays)) if start_delays else 0.0
     warm_up = float(np.median(warm_ups)) if warm_ups else 0.0
     start_delay += warm_up
-    overhead = float(np.median(overheads)) if overheads else 0.0
+    round_trip = float(np.median(round_trips)) if round_trips else 0.0
+    overhead = _costs.per_block_overhead(round_trip, costs)
     base_workers = [max(1, plan[r.task_id].workers or r.task.max_workers) for r in runs]
     if not rp.distributed:  # one block at a time, in this process
         groups = [0] * total
@@ -598,13 +485,13 @@ def _predict(
                 _arrivals(seen, floor, w, warm_up)
                 for (seen, floor), w in zip(starts, workers, strict=True)
             ]
+        scaled = costs * scale  # what a worker holds each block: its cost and round trip
         return simulate(
-            list(costs * scale),
+            list(scaled + _costs.per_block_overhead(round_trip, scaled)),
             deps,
             groups,
             workers,
             start_delay=start_delay if rp.distributed else 0.0,
-            overhead=overhead,
             arrivals=arrivals,
         )
 
@@ -614,7 +501,8 @@ def _predict(
         "sampled": int(sum(len(v) for v in picks.values())),
         "start_delay_seconds": start_delay,
         "warm_up_seconds": warm_up,
-        "overhead_seconds_per_block": overhead,
+        "round_trip_seconds": round_trip,
+        "overhead_seconds_per_block": float(overhead.mean()) if len(overhead) else 0.0,
         "workers": {r.task_id: w for r, w in zip(runs, base_workers, strict=False)},
         "wall": _interval(est.wall, low.wall, high.wall),
         "core_hours": _interval(
@@ -635,9 +523,17 @@ def _predict(
             for r, _w in zip(runs, base_workers, strict=True):
                 cap = max(1, plan[r.task_id].max_parallel)
                 ws.append(max(1, min(cap, round(r.task.max_workers * scale))))
-            walls = [sim(s, ws).wall for s in (1.0, float(lo_hi[0]), float(lo_hi[1]))]
+            alt = sim(1.0, ws).wall  # its interval: the base run's, in proportion
             forecast_json["alternatives"].append(
-                {"scale": scale, "workers": int(sum(ws)), "wall": _interval(*walls)}
+                {
+                    "scale": scale,
+                    "workers": int(sum(ws)),
+                    "wall": _interval(
+                        alt,
+                        alt * low.wall / max(est.wall, 1e-12),
+                        alt * high.wall / max(est.wall, 1e-12),
+                    ),
+                }
             )
     for gi, run in enumerate(runs):
         task_forecast = plan[run.task_id].forecast
@@ -665,6 +561,27 @@ def _predict(
                     f"SlurmLauncher(time_limit={task_forecast['time_limit']!r}) or more workers"
                 )
     plan.forecast = forecast_json
+
+
+def _dependencies(
+    runs: Any, index_of: dict[str, dict[int, int]], total: int
+) -> list[list[int]] | None:
+    """Per block left (numbered as ``index_of`` says), the blocks left it waits for: the
+    lower conflict levels of its task, and the upstream blocks it reads. None when no
+    block waits for another (the simulation's fast path)."""
+    if not any(run.intra or run.up_edges for run in runs):
+        return None
+    deps: list[list[int]] = [[] for _ in range(total)]
+    for run in runs:
+        mine = index_of[run.task_id]
+        g = run.geom
+        for k, i in mine.items():
+            if run.intra:
+                deps[i].extend(mine[u] for u in g.upstream_of(k) if u in mine)
+            for edge, up in run.up_edges:
+                theirs = index_of[up.task_id]
+                deps[i].extend(theirs[u] for u in edge.upstream_of(k) if u in theirs)
+    return deps
 
 
 def _bootstrap_means(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -48,9 +48,78 @@ class SimResult:
         )
 
 
+def _delays(
+    g: int, workers: Sequence[int], start_delay: float, arrivals: Sequence[Sequence[float]] | None
+) -> list[float]:
+    """Group ``g``'s workers' start delays, from when it is first asked (see simulate)."""
+    mine = list(arrivals[g]) if arrivals is not None and g < len(arrivals) else []
+    return [mine[min(j, len(mine) - 1)] if mine else start_delay for j in range(workers[g])]
+
+
+def _independent(
+    costs: Sequence[float],
+    group: Sequence[int],
+    workers: Sequence[int],
+    start_delay: float,
+    overhead: float,
+    arrivals: Sequence[Sequence[float]] | None,
+) -> SimResult:
+    """:func:`simulate` where no block waits for another: every group's blocks are ready
+    at 0 and go, in order, each to the group's worker that is free first (ties: the one
+    that came first). The same schedule as the event loop, without its per-block events
+    (about 10x faster: 10^6 blocks in well under a second)."""
+    n_groups = len(workers)
+    count = [0] * n_groups
+    for g in group:
+        count[g] += 1
+    free: list[list[tuple[float, int]]] = []
+    first: list[list[float]] = []
+    started = [0.0] * n_groups
+    for g in range(n_groups):
+        d = _delays(g, workers, start_delay, arrivals) if count[g] else []
+        if count[g] and not d:
+            raise ValueError(
+                f"{count[g]} of {len(costs)} blocks never ran: a dependency cycle, or a group "
+                "without workers"
+            )
+        free.append(sorted((t, j) for j, t in enumerate(d)))
+        first.append([-1.0] * len(d))
+        started[g] = min(d, default=0.0)
+    finished = [0.0] * n_groups
+    busy = 0.0
+    replace = heapq.heapreplace
+    for i, c in enumerate(costs):
+        g = group[i]
+        h = free[g]
+        t, j = h[0]
+        held = c + overhead
+        busy += held
+        end = t + held
+        if first[g][j] < 0:
+            first[g][j] = t
+        replace(h, (end, j))
+        if end > finished[g]:
+            finished[g] = end
+    peak = []
+    for g in range(n_groups):
+        # a worker is busy from its first block on until its last ends (every block is
+        # ready from the start): the most intervals open at once
+        ends = {j: t for t, j in free[g]}
+        points = sorted(
+            [(first[g][j], 1) for j in ends if first[g][j] >= 0]
+            + [(ends[j], -1) for j in ends if first[g][j] >= 0]
+        )
+        now = most = 0
+        for _, step in points:
+            now += step
+            most = max(most, now)
+        peak.append(most)
+    return SimResult(max(finished, default=0.0), busy, tuple(started), tuple(finished), tuple(peak))
+
+
 def simulate(
     costs: Sequence[float],
-    deps: Sequence[Sequence[int]],
+    deps: Sequence[Sequence[int]] | None,
     group: Sequence[int],
     workers: Sequence[int],
     *,
@@ -62,11 +131,28 @@ def simulate(
     ``workers`` of their ``group``; see the module docstring. ``arrivals`` gives, per
     group, each worker's own start delay (a group with fewer entries than workers repeats
     its last; an empty one uses ``start_delay``): workers on a cluster do not all start
-    at once. Raises ValueError for a block that can never run (a dependency cycle or a
-    group without workers)."""
+    at once. ``deps`` None: no block waits for another (the fast path, :func:`_independent`).
+    Raises ValueError for a block that can never run (a dependency cycle or a group
+    without workers)."""
     n = len(costs)
-    if len(deps) != n or len(group) != n:
+    if (deps is not None and len(deps) != n) or len(group) != n:
         raise ValueError("costs, deps and group must have one entry per block")
+    if deps is None or not any(deps):
+        return _independent(costs, group, workers, start_delay, overhead, arrivals)
+    return _event_loop(costs, deps, group, workers, start_delay, overhead, arrivals)
+
+
+def _event_loop(
+    costs: Sequence[float],
+    deps: Sequence[Sequence[int]],
+    group: Sequence[int],
+    workers: Sequence[int],
+    start_delay: float,
+    overhead: float,
+    arrivals: Sequence[Sequence[float]] | None,
+) -> SimResult:
+    """:func:`simulate`'s event loop: any dependencies."""
+    n = len(costs)
     n_groups = len(workers)
     waiting = [len(d) for d in deps]
     dependants: list[list[int]] = [[] for _ in range(n)]
@@ -87,10 +173,7 @@ def simulate(
         heapq.heappush(ready[g], (t, i))
         if not asked[g]:
             asked[g] = True
-            mine = list(arrivals[g]) if arrivals is not None and g < len(arrivals) else []
-            delays = [
-                mine[min(j, len(mine) - 1)] if mine else start_delay for j in range(workers[g])
-            ]
+            delays = _delays(g, workers, start_delay, arrivals)
             started[g] = t + min(delays, default=start_delay)
             for d in delays:
                 heapq.heappush(events, (t + d, _ARRIVE, g))
@@ -101,32 +184,36 @@ def simulate(
     done = 0
     busy = 0.0
     wall = 0.0
+    pop, push = heapq.heappop, heapq.heappush  # the loop runs once per block: locals
     while events:
-        t, kind, x = heapq.heappop(events)
+        t, kind, x = pop(events)
         if kind == _ARRIVE:
-            g = x
-            idle[g] += 1
+            idle[x] += 1
         else:
             g = group[x]
             idle[g] += 1
             running[g] -= 1
             done += 1
-            wall = max(wall, t)
-            finished[g] = max(finished[g], t)
+            if t > wall:
+                wall = t
+            if t > finished[g]:
+                finished[g] = t
             for d in dependants[x]:
                 waiting[d] -= 1
                 if not waiting[d]:
                     make_ready(d, t)
         # hand out: only groups whose workers are here and have work
         for h in range(n_groups):
-            while idle[h] and ready[h]:
-                _, i = heapq.heappop(ready[h])
+            queue = ready[h]
+            while idle[h] and queue:
+                i = pop(queue)[1]
                 idle[h] -= 1
                 running[h] += 1
-                peak[h] = max(peak[h], running[h])
+                if running[h] > peak[h]:
+                    peak[h] = running[h]
                 held = costs[i] + overhead
                 busy += held
-                heapq.heappush(events, (t + held, _END, i))
+                push(events, (t + held, _END, i))
     if done != n:
         raise ValueError(
             f"{n - done} of {n} blocks never ran: a dependency cycle, or a group without workers"

@@ -21,6 +21,7 @@ from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
+from .._scheduling._gate import StartGate
 from .._scheduling._memory import MemoryPlan, ladder_for
 from .._scheduling._records import TaskPlan
 from .._scheduling._scheduler import Scheduler
@@ -279,6 +280,9 @@ class RunPlan:
     server: Server | None = None
     #: serial mode's observer spec (SerialServer's attached observers)
     serial_observer: Any = None
+    #: a plan's sample run: each task's first blocks wait up to this many seconds for its
+    #: workers to be all there (``_scheduling._gate``); None: no gate
+    start_gate: float | None = None
 
     @property
     def mode(self) -> str:
@@ -436,6 +440,8 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
         ladder = ladder_for(task_run.task, lau, plan.resources)
         if ladder is not None:
             plans[tid].memory = MemoryPlan(ladder, task_run)
+        if plan.start_gate is not None:
+            plans[tid].gate = StartGate(plan.start_gate)
     bind, advertise = _choose_hosts(plan.host, [p.launcher for p in plans.values()])
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()

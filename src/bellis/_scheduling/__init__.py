@@ -13,6 +13,7 @@ Owns:
   ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskPlan, Booking
   ``_batching``    batch sizes, and the checks on a returned batch
   ``_deadlines``   when each connection's blocks are due back
+  ``_gate``        a plan's sample run: a task's first blocks wait for all its workers
   ``_backups``     straggler backups: a second copy, first success wins
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
 

@@ -424,6 +424,8 @@ class Dispatcher:
     def serve_parked(self, plan: TaskPlan, now: float) -> None:
         """Serve the requests parked on ``plan``'s task while it has ready blocks."""
         run = plan.run
+        if plan.gate is not None and self._gate_holds(plan, now):
+            return
         while (
             plan.parked
             and run.index not in self.checking
@@ -451,20 +453,24 @@ class Dispatcher:
                 return
             draining = True  # nothing for a big worker: it is told to stop
         if not draining and self.abort_reason is None and self.shutdown_started is None:
+            plan = self.plan_of[run.index]
+            if plan.gate is not None and self._gate_holds(plan, now):
+                plan.parked.append(peer)  # a plan's sample run: until its workers are here
+                peer.parked = True
+                return
             k = self.s.acquire_index(run)
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
-                self.plan_of[run.index].parked.appendleft(peer)
+                plan.parked.appendleft(peer)
                 peer.parked = True
                 self.checking.add(run.index)
                 self.dirty = True
                 return
-            if k < 0 and self.plan_of[run.index].backups is not None:
-                k = self.plan_of[run.index].backups.copy_for(peer, now)  # a straggler's copy
+            if k < 0 and plan.backups is not None:
+                k = plan.backups.copy_for(peer, now)  # a straggler's copy
             if k >= 0:
                 held = [k]
                 want = peer.batch
-                plan = self.plan_of[run.index]
                 suspects = plan.suspects
                 if want > 1 and not (suspects and k in suspects):
                     # adaptive batching for fast blocks, never starving the other workers;
@@ -481,16 +487,26 @@ class Dispatcher:
                 self._send_held(peer, run, held, now)
                 return
             if run.status == RUNNING and run.pending > 0:
-                self.plan_of[run.index].parked.append(peer)
+                plan.parked.append(peer)
                 peer.parked = True
                 return
-            backups = self.plan_of[run.index].backups
+            backups = plan.backups
             if backups is not None and backups.wait(peer):
                 return  # waits for a straggler to copy
         if peer.worker is not None:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
+
+    def _gate_holds(self, plan: TaskPlan, now: float) -> bool:
+        """Whether ``plan``'s start gate (:mod:`._gate`) still holds its requests; once it
+        opens it is dropped, and the requests it held are served."""
+        gate = plan.gate
+        if gate.holds(plan.workers, plan.alive, self.staff.eligible(plan), now):
+            return True
+        plan.gate = None
+        self.serve_parked(plan, now)
+        return False
 
     def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""

@@ -142,6 +142,8 @@ class TaskPlan:
         #: a start failed in a way no later start can mend (``WorkerStartError.permanent``)
         self.starts_refused = False
         self.parked: deque[Peer] = deque()
+        #: a plan's sample run: the first blocks wait for the workers (``_gate.StartGate``)
+        self.gate: Any = None
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
