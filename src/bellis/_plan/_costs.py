@@ -6,6 +6,7 @@ no clock, no I/O; :mod:`._forecast` runs the sample and calls these.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -82,41 +83,53 @@ def pick(
     return np.unique(np.concatenate([first, second]))
 
 
-#: a worker's first blocks that may pay for its warm-up (see :func:`warm_up`)
-_WARM_POSITIONS = 3
-
-
 def warm_up(
-    worker_id: np.ndarray[Any, Any], sent_at: np.ndarray[Any, Any], wall: np.ndarray[Any, Any]
+    worker_id: np.ndarray[Any, Any],
+    sent_at: np.ndarray[Any, Any],
+    wall: np.ndarray[Any, Any],
+    where: tuple[np.ndarray[Any, Any], tuple[int, ...]] | None = None,
 ) -> tuple[float | None, np.ndarray[Any, Any]]:
     """A worker's first blocks pay for its warm-up: imports, first allocations (a fresh
-    process faults in the memory a later block reuses), caches. Per position ``j`` of a
-    block among its worker's blocks (``j`` < :data:`_WARM_POSITIONS`), the warm-up excess
-    is the median over the workers of their ``j``-th block's wall, less the median wall of
-    the later blocks (0 if below). Returns the summed excess (the warm-up, which the
-    simulation adds to every worker's start) and each block's wall less its position's
-    excess (never below the least later wall): every sampled block stays in the cost model
-    (a heavy-tailed sample cannot afford to lose its few costly blocks), measured as it
-    would run in the steady state. ``(None, wall)`` with too few later blocks to tell."""
+    process faults in memory that later blocks reuse), caches; on a 2-core machine it
+    took 8 of a worker's blocks to settle (benchmarks/RESULTS.md, "Forecast accuracy").
+    The first half of each worker's positions may be warming up; the second half is the
+    steady state. Each warming block is compared with what it would cost when steady: the
+    nearest steady block's wall (``where``: the blocks' flat indices and the grid, so a
+    smooth gradient of costs is not taken for warm-up), else the steady blocks' median.
+    Per position ``j`` among a worker's blocks, the excess is the median over the workers
+    of that difference (0 if below), and never more than the position before's (a
+    warm-up only wanes: this keeps noise from adding up). Returns the summed excess (the
+    warm-up, which the simulation adds to every worker's start) and each block's wall
+    less its position's excess (never below the least steady wall): every sampled block
+    stays in the cost model (a heavy-tailed sample cannot afford to lose its few costly
+    blocks), as it would run in the steady state. ``(None, wall)`` with too few blocks to
+    tell."""
     position = np.zeros(len(wall), dtype=np.int64)
     for w in np.unique(worker_id):
         idx = np.flatnonzero(worker_id == w)
         position[idx[np.argsort(sent_at[idx], kind="stable")]] = np.arange(len(idx))
-    k = _WARM_POSITIONS
-    while k > 0 and (position >= k).sum() < max(3, len(wall) // 2):
-        k -= 1  # few blocks per worker: fewer positions, so the later ones are a majority
+    k = (int(position.max()) + 1) // 2 if len(wall) else 0
     later = position >= k
     if k == 0 or later.sum() < 3:
         return None, wall
-    base = float(np.median(wall[later]))
+    if where is not None:
+        flat, grid = where
+        early = np.flatnonzero(~later)
+        steady_idx = np.flatnonzero(later)
+        expected = np.full(len(wall), float(np.median(wall[later])))
+        expected[early] = wall[steady_idx[nearest(grid, flat[early], flat[steady_idx])]]
+    else:
+        expected = np.full(len(wall), float(np.median(wall[later])))
     floor = float(wall[later].min())
     steady = wall.astype(np.float64)
     total = 0.0
+    last = math.inf
     for j in range(k):
         at = position == j
-        excess = max(0.0, float(np.median(wall[at])) - base)
+        excess = min(last, max(0.0, float(np.median(wall[at] - expected[at]))))
         steady[at] = np.maximum(wall[at] - excess, floor)
         total += excess
+        last = excess
     return total, steady
 
 

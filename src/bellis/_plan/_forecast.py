@@ -392,7 +392,9 @@ def _predict(
         targets = np.flatnonzero(dry.left_mask(run).reshape(-1))
         model_wall = wall
         if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
-            warm, model_wall = _costs.warm_up(figs["worker_id"][ok], figs["sent_at"][ok], wall)
+            warm, model_wall = _costs.warm_up(
+                figs["worker_id"][ok], figs["sent_at"][ok], wall, (ok, run.geom.grid)
+            )
             if warm is not None:
                 warm_ups.append(warm)
         costs, model = _costs.predict_costs(

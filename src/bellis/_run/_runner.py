@@ -21,7 +21,7 @@ from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
-from .._scheduling._gate import StartGate
+from .._scheduling._gate import StartGate, shuffle_roots
 from .._scheduling._memory import MemoryPlan, ladder_for
 from .._scheduling._records import TaskPlan
 from .._scheduling._scheduler import Scheduler
@@ -281,7 +281,8 @@ class RunPlan:
     #: serial mode's observer spec (SerialServer's attached observers)
     serial_observer: Any = None
     #: a plan's sample run: each task's first blocks wait up to this many seconds for its
-    #: workers to be all there (``_scheduling._gate``); None: no gate
+    #: workers to be all there, and go out in a random order (``_scheduling._gate``);
+    #: None: an ordinary run
     start_gate: float | None = None
 
     @property
@@ -378,6 +379,8 @@ def _run_plan(plan: RunPlan) -> _RunResult:
         try:
             code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
+            if plan.start_gate is not None:  # a plan's sample run: in a random order too
+                shuffle_roots(scheduler.runs, 0)
             result.order = scheduler.task_order
             run = _Run(scheduler, result, errors, code)
             if plan.distributed:

@@ -17,13 +17,19 @@ gated task parks every request until:
 Only a plan's sample run has a gate (``RunPlan.start_gate``); the dispatcher asks it only
 while it is closed, and drops it once it opens, so an ordinary run pays one ``is None``
 test per request.
+
+A sample run also hands its blocks out in a random order (:func:`shuffle_roots`): in grid
+order a worker's first blocks (those that pay for its warm-up) would all come from the
+grid's first rows, and a cost that grows along the first axis would pass for warm-up, or
+hide it (``_plan._costs.warm_up``).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-__all__ = ["StartGate"]
+__all__ = ["StartGate", "shuffle_roots"]
 
 
 class StartGate:
@@ -50,3 +56,15 @@ class StartGate:
             return True
         here = sum(1 for w in workers if w.conn is not None and w.exit is None)
         return here < alive
+
+
+def shuffle_roots(runs: Any, seed: int) -> None:
+    """Hand out each task's initially ready blocks in a random order (``seed``): every one
+    of them is ready, so any order is a valid one. Lists them all at once (a sample: a
+    few percent of the blocks)."""
+    rng = random.Random(seed)
+    for run in runs:
+        if run.roots is not None:
+            order = list(run.roots)
+            rng.shuffle(order)
+            run.roots = iter(order)
