@@ -10,7 +10,8 @@ A system is a *dialect*, a subclass that says how to submit (its submit line and
 read the job id it prints), how to query (one command for all jobs, parsed into rows of
 state, reason and exit text), how to cancel, and its state table: which states wait,
 which are over, and how a finished job ended (:class:`Ending`). ``_slurm``, ``_lsf``,
-``_pbs`` and ``_sge`` are the dialects.
+``_pbs`` and ``_sge`` are the dialects. A job's record, its ending and the status commands
+live in ``_batch_jobs``; the text the systems read and write in ``_batch_text``.
 
 The job script runs ``python -m bellis._worker._main``; the worker reads its payload from a
 file next to its logs (``BELLIS_PAYLOAD_FILE``) and connects back to the server over TCP.
