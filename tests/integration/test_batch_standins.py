@@ -11,19 +11,28 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import bellis
-from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from bellis._launchers._base import WorkerSpec
 from kit.batch import active, drained, job_records, make_launcher, use_standins
 from kit.blocks import done_ids, make_task, read_records, sleep_block
-from kit.launchers import run_losing_a_worker, run_two_task_pipeline
+from kit.launchers import (
+    exit_three,
+    hog_memory,
+    run_cancelling_a_job,
+    run_time_limit_kill,
+    run_two_task_pipeline,
+    run_walltime_handover,
+    sleep_long,
+    standalone_spec,
+    wait_for_exit,
+)
+from kit.user_script import check_memory_ladder, hog_script, run_script
 
 SYSTEMS = ["lsf", "pbs"]
 
@@ -70,95 +79,28 @@ def test_pipeline_runs_as_batch_jobs(system: str, tmp_path: Path) -> None:
 
 
 def test_a_killed_job_is_replaced(system: str, tmp_path: Path) -> None:
-    rec = tmp_path / "rec"
-    rec.mkdir()
     state = _state(tmp_path, system)
     launcher = make_launcher(system, "bk")
-    task = make_task(
-        "s", 8, functools.partial(sleep_block, str(rec), 1.0), max_workers=2, max_retries=3
-    )
     # qdel's SIGTERM lets a bellis worker finish its block and exit 0, which PBS records
     # as such (a clean exit): -W force kills the job at once, as bkill's TERM_OWNER ends it
     cancel = ["bkill"] if system == "lsf" else ["qdel", "-W", "force"]
+    suffix = "" if system == "lsf" else ".standin"
 
-    def kill_one() -> str | None:
-        import subprocess
+    def running() -> list[str]:
+        return [f"{r['job']}{suffix}" for r in active(state) if r["state"] == "running"]
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            running = [r for r in active(state) if r["state"] == "running"]
-            if running and any(rec.iterdir()):
-                r = running[0]
-                job_id = str(r["job"]) if system == "lsf" else f"{r['job']}.standin"
-                subprocess.run([*cancel, job_id], check=True, timeout=30, capture_output=True)
-                return job_id
-            time.sleep(0.1)
-        return None
-
-    state_, killed = run_losing_a_worker(
-        task, launcher, rec, 8, kill_one, "no running job was found to kill"
-    )
-    assert state_.first_worker_error is not None
-    assert f"{system.upper()} job {killed}" in state_.first_worker_error
-    assert "was cancelled" in state_.first_worker_error
+    run_cancelling_a_job(launcher, tmp_path, system.upper(), running, cancel, pause=0.1)
     assert drained(state) == []
-
-
-def _standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> WorkerSpec:
-    import cloudpickle
-
-    logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    payload = cloudpickle.dumps(
-        {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
-    )
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return WorkerSpec(
-        task_id="solo",
-        worker_id=worker_id,
-        env=env,
-        payload=payload,
-        out_path=logs / f"w{worker_id}.out",
-        err_path=logs / f"w{worker_id}.err",
-        **kwargs,
-    )
-
-
-def _hog_memory() -> None:
-    hog = bytearray(400 * 1024 * 1024)
-    for i in range(0, len(hog), 4096):
-        hog[i] = 1
-    time.sleep(30)
-
-
-def _exit_three() -> None:
-    print("about to fail", file=sys.stderr, flush=True)
-    sys.exit(3)
-
-
-def _sleep_long() -> None:
-    time.sleep(120)
-
-
-def _wait_for_exit(launcher: Any, handles: list[WorkerHandle], seconds: float) -> list[WorkerExit]:
-    deadline = time.monotonic() + seconds
-    exits: list[WorkerExit | None] = [None] * len(handles)
-    while time.monotonic() < deadline and any(e is None for e in exits):
-        exits = [launcher.poll(h) for h in handles]
-        time.sleep(0.1)
-    assert all(e is not None for e in exits), f"jobs did not finish in {seconds}s"
-    return [e for e in exits if e is not None]
 
 
 def test_exit_codes_and_the_memory_kill_are_told_apart(system: str, tmp_path: Path) -> None:
     launcher = make_launcher(system, "bx", mem="150M")
     try:
         handles = [
-            launcher.launch(_standalone_spec(tmp_path, 0, _exit_three)),
-            launcher.launch(_standalone_spec(tmp_path, 1, _hog_memory)),
+            launcher.launch(standalone_spec(tmp_path, 0, exit_three)),
+            launcher.launch(standalone_spec(tmp_path, 1, functools.partial(hog_memory, 400))),
         ]
-        failed, oom = _wait_for_exit(launcher, handles, 60)
+        failed, oom = wait_for_exit(launcher, handles, 60)
     finally:
         launcher.close()
     assert (failed.kind, failed.code) == ("error", 3)
@@ -176,7 +118,7 @@ def test_exit_codes_and_the_memory_kill_are_told_apart(system: str, tmp_path: Pa
 def test_close_cancels_running_jobs(system: str, tmp_path: Path) -> None:
     state = _state(tmp_path, system)
     launcher = make_launcher(system, "bc")
-    handle = launcher.launch(_standalone_spec(tmp_path, 0, _sleep_long))
+    handle = launcher.launch(standalone_spec(tmp_path, 0, sleep_long))
     deadline = time.monotonic() + 30
     while not [r for r in active(state) if r["state"] == "running"]:
         assert time.monotonic() < deadline, "the job never started"
@@ -194,7 +136,7 @@ def test_an_interrupted_run_leaves_no_job(system: str, tmp_path: Path) -> None:
     run is torn down."""
     state = _state(tmp_path, system)
     launcher = make_launcher(system, "bi", array_threshold=2, array_cap=1)
-    specs = [_standalone_spec(tmp_path, i, _sleep_long, slot=i) for i in range(3)]
+    specs = [standalone_spec(tmp_path, i, sleep_long, slot=i) for i in range(3)]
     handles = launcher.launch_many(specs)
     deadline = time.monotonic() + 30
     while not [r for r in active(state) if r["state"] == "running"]:
@@ -233,7 +175,7 @@ def test_pending_array_elements_run_their_own_worker(system: str, tmp_path: Path
     def specs(ids: range, gated: bool) -> list[WorkerSpec]:
         fn = functools.partial(_record_job, str(rec))
         return [
-            _standalone_spec(
+            standalone_spec(
                 tmp_path, i, functools.partial(fn, i, str(gate) if gated else None), slot=i
             )
             for i in ids
@@ -256,7 +198,7 @@ def test_pending_array_elements_run_their_own_worker(system: str, tmp_path: Path
         ]
         assert len(list(logs.glob(f"worker_array*.{system}"))) == 2
         gate.touch()
-        exits = _wait_for_exit(launcher, [*first, *second], 180)
+        exits = wait_for_exit(launcher, [*first, *second], 180)
         # every element has ended: no array script is left behind
         assert list(logs.glob(f"worker_array*.{system}")) == []
     finally:
@@ -284,7 +226,7 @@ def test_lsf_without_a_required_project_is_a_start_error(
     monkeypatch.setenv("BELLIS_STANDIN_REQUIRE_PROJECT", "1")
     launcher = make_launcher("lsf", "bn")
     with pytest.raises(bellis.WorkerStartError) as info:
-        launcher.launch(_standalone_spec(tmp_path, 0, _exit_three))
+        launcher.launch(standalone_spec(tmp_path, 0, exit_three))
     message = str(info.value)
     # bsub's own words, and the fix
     assert "bsub exited with code 255" in message
@@ -309,74 +251,24 @@ def test_lsf_without_a_required_project_is_a_start_error(
     assert {r["options"]["-P"][0] for r in job_records(state)} == {"lab"}
 
 
-MEMORY_SCRIPT = """
-import json
-import os
-import sys
-import time
-from pathlib import Path
-
-import bellis
-from bellis import Roi
-
-HERE = Path(__file__).parent
-HOG = 7
-
-
-def block_fn(block):
-    sid = block.block_id[1]
-    if sid == HOG:
-        data = bytearray(300 * 2**20)
-        for i in range(0, len(data), 4096):
-            data[i] = 1
-        time.sleep(2)
-    job = os.environ.get("LSB_JOBID") or os.environ.get("PBS_JOBID")
-    index = os.environ.get("LSB_JOBINDEX") or os.environ.get("PBS_ARRAY_INDEX") or "0"
-    mem = os.environ.get("BELLIS_STANDIN_MEM_MB", "?")
-    (HERE / "records" / f"{sid}_{job}-{index}").write_text(mem)
-
-
-def main():
-    system, prefix = sys.argv[1], sys.argv[2]
-    bellis.logging.set_log_basedir(HERE / "logs")
-    bellis.set_tracking_basedir(HERE / "tracking")
-    (HERE / "records").mkdir()
-    task = bellis.Task(
-        "t",
-        total_roi=Roi((0,), (20,)),
-        read_roi=Roi((0,), (1,)),
-        write_roi=Roi((0,), (1,)),
-        process_function=block_fn,
-        read_write_conflict=False,
-        max_workers=2,
+def _memory_script(system: str) -> str:
+    """The memory ladder's user script on ``system``'s launcher, ``mem="150M"``."""
+    cls = "LsfLauncher" if system == "lsf" else "PbsLauncher"
+    return hog_script(
+        hog_mb=300,
+        hold=2,
+        who=(
+            "f\"{os.environ.get('LSB_JOBID') or os.environ.get('PBS_JOBID')}-"
+            "{os.environ.get('LSB_JOBINDEX') or os.environ.get('PBS_ARRAY_INDEX') or '0'}\""
+        ),
+        grant='os.environ.get("BELLIS_STANDIN_MEM_MB", "?")',
+        launcher=f'bellis.{cls}(mem="150M", poll_interval=0.3, job_name_prefix=arg)',
     )
-    cls = bellis.LsfLauncher if system == "lsf" else bellis.PbsLauncher
-    launcher = cls(mem="150M", poll_interval=0.3, job_name_prefix=prefix)
-    ok = bellis.run_blockwise([task], launcher=launcher, progress=False)
-    report = task.report()
-    (HERE / "result.json").write_text(json.dumps({"ok": ok, "report": report.to_json()}))
-    sys.exit(0 if ok else 1)
-
-
-if __name__ == "__main__":
-    main()
-"""
 
 
 def test_a_block_out_of_memory_succeeds_in_a_larger_job(system: str, tmp_path: Path) -> None:
-    from kit.user_script import grant_records, ran_alone, run_script
-
-    proc = run_script(tmp_path, MEMORY_SCRIPT, system, "bm", name="run.py")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = grant_records(tmp_path)
-    assert sorted(records) == list(range(20))
-    _big_job, mem = ran_alone(records, 7, 150)
-    assert mem in (300, 600)
-    assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
-        proc.stderr
-    )
-    report = json.loads((tmp_path / "result.json").read_text())["report"]
-    assert report["memory"]["succeeded"] == {f"{mem}M": 1}
+    proc = run_script(tmp_path, _memory_script(system), "bm", name="run.py")
+    check_memory_ladder(tmp_path, proc, 150)
     assert active(_state(tmp_path, system)) == []
 
 
@@ -395,16 +287,16 @@ def test_pbs_without_job_history_still_tells_exits_apart(
     launcher = make_launcher("pbs", "bh", mem="150M", array_threshold=2)
     try:
         handles = [
-            launcher.launch(_standalone_spec(tmp_path, 0, _exit_three)),
-            launcher.launch(_standalone_spec(tmp_path, 1, _hog_memory)),
+            launcher.launch(standalone_spec(tmp_path, 0, exit_three)),
+            launcher.launch(standalone_spec(tmp_path, 1, functools.partial(hog_memory, 400))),
             *launcher.launch_many(
                 [
-                    _standalone_spec(tmp_path, 2, _exit_three, slot=2),
-                    _standalone_spec(tmp_path, 3, _sleep_briefly, slot=3),
+                    standalone_spec(tmp_path, 2, exit_three, slot=2),
+                    standalone_spec(tmp_path, 3, _sleep_briefly, slot=3),
                 ]
             ),
         ]
-        failed, oom, sub_failed, sub_clean = _wait_for_exit(launcher, handles, 90)
+        failed, oom, sub_failed, sub_clean = wait_for_exit(launcher, handles, 90)
     finally:
         launcher.close()
     assert launcher.history_off
@@ -423,19 +315,10 @@ def test_pbs_without_job_history_still_tells_exits_apart(
 def test_pbs_without_job_history_a_memory_kill_reaches_the_ladder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kit.user_script import grant_records, ran_alone, run_script
-
     use_standins("pbs", tmp_path, monkeypatch)
     monkeypatch.setenv("BELLIS_STANDIN_PBS_HISTORY", "0")
-    proc = run_script(tmp_path, MEMORY_SCRIPT, "pbs", "bl", name="run.py")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = grant_records(tmp_path)
-    assert sorted(records) == list(range(20))
-    _big_job, mem = ran_alone(records, 7, 150)
-    assert mem in (300, 600)
-    assert "block t/7 ran out of memory with 150M; it runs again on a worker with 300M" in (
-        proc.stderr
-    )
+    proc = run_script(tmp_path, _memory_script("pbs"), "bl", name="run.py")
+    check_memory_ladder(tmp_path, proc, 150)
     # said once, with the fix
     assert proc.stderr.count("this PBS server keeps no job history") == 1
     assert "job_history_enable=True" in proc.stderr
@@ -450,43 +333,13 @@ def test_pbs_workers_leave_before_their_walltime_and_are_replaced(
     """A 40 s walltime (PBS takes seconds) and 80 blocks of 1 s on 2 workers: each job's
     worker leaves before the limit, and new jobs take over until the blocks are done; no
     job is killed."""
-    from bellis._worker._walltime import LEAVING_MARKER
-
     state = use_standins("pbs", tmp_path, monkeypatch)
-    rec = tmp_path / "rec"
-    rec.mkdir()
     launcher = make_launcher("pbs", "bw", time_limit="00:00:40", walltime_margin=12)
-    task = make_task(
-        "wt",
-        80,
-        functools.partial(sleep_block, str(rec), 1.0),
-        max_workers=2,
-        max_worker_restarts=0,
-        max_retries=0,
-    )
-    states = bellis.run_blockwise(
-        task, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    s = states["wt"]
-    assert (s.completed_count, s.failed_count, s.orphaned_count) == (80, 0, 0)
-    assert s.worker_failure_count == 0 and s.worker_restart_count == 0
-    records = read_records(rec)
-    assert done_ids(records, "wt") == list(range(80))
+    exits = run_walltime_handover(launcher, tmp_path)
     jobs = job_records(state)
     assert {r["how"] for r in jobs} == {"exited"}, jobs
-    exits = task.report().workers.exits
-    assert exits.get("walltime", 0) >= 2 and sum(exits.values()) == len(jobs), exits
-    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "wt").glob("worker_*.err"))
-    assert logs.count(LEAVING_MARKER) == exits["walltime"]
+    assert sum(exits.values()) == len(jobs), exits
     assert {r["walltime_s"] for r in jobs} == {40}
-
-
-def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
-    marker = Path(recdir) / "slept"
-    if block.block_id[1] == 0 and not marker.exists():
-        marker.touch()
-        time.sleep(120)
-    sleep_block(recdir, 0.0, block)
 
 
 @pytest.mark.slow
@@ -495,24 +348,8 @@ def test_pbs_walltime_kill_is_reported_and_the_block_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = use_standins("pbs", tmp_path, monkeypatch)
-    rec = tmp_path / "rec"
-    rec.mkdir()
     launcher = make_launcher("pbs", "bt", time_limit="00:00:30")
-    task = make_task(
-        "t",
-        3,
-        functools.partial(_slow_first_attempt, str(rec)),
-        max_workers=1,
-        max_retries=2,
-        max_worker_restarts=2,
-    )
-    states = bellis.run_blockwise(
-        task, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    s = states["t"]
-    assert s.completed_count == 3 and s.worker_failure_count == 1
-    assert s.first_worker_error is not None
-    assert "a block ran longer than the job time limit" in s.first_worker_error
+    run_time_limit_kill(launcher, tmp_path, 120)
     assert sorted(r["how"] for r in job_records(state)) == ["exited", "walltime"]
     assert active(state) == []
 
@@ -526,35 +363,13 @@ def test_lsf_workers_leave_before_their_run_limit_and_are_replaced(
     job's worker, reckoning its end from its start and the minute it asked for, leaves
     before the stand-in's limit, and new jobs take over until the blocks are done; no job is
     killed."""
-    from bellis._worker._walltime import LEAVING_MARKER
-
     state = use_standins("lsf", tmp_path, monkeypatch)
     monkeypatch.setenv("BELLIS_STANDIN_SECONDS_PER_MINUTE", "40")
-    rec = tmp_path / "rec"
-    rec.mkdir()
     launcher = make_launcher("lsf", "bw", time_limit=1, walltime_margin=12)
-    task = make_task(
-        "wt",
-        80,
-        functools.partial(sleep_block, str(rec), 1.0),
-        max_workers=2,
-        max_worker_restarts=0,
-        max_retries=0,
-    )
-    states = bellis.run_blockwise(
-        task, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    s = states["wt"]
-    assert (s.completed_count, s.failed_count, s.orphaned_count) == (80, 0, 0)
-    assert s.worker_failure_count == 0 and s.worker_restart_count == 0
-    records = read_records(rec)
-    assert done_ids(records, "wt") == list(range(80))
+    exits = run_walltime_handover(launcher, tmp_path)
     jobs = job_records(state)
     assert {r["how"] for r in jobs} == {"exited"}, jobs
-    exits = task.report().workers.exits
-    assert exits.get("walltime", 0) >= 2 and sum(exits.values()) == len(jobs), exits
-    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "wt").glob("worker_*.err"))
-    assert logs.count(LEAVING_MARKER) == exits["walltime"]
+    assert sum(exits.values()) == len(jobs), exits
     # bsub got whole minutes; the stand-in ran each job for 40 s of them
     assert {r["options"]["-W"][0] for r in jobs} == {"0:01"}
     assert {r["walltime_s"] for r in jobs} == {40}
@@ -575,25 +390,8 @@ def test_lsf_run_limit_kill_is_reported_and_the_block_retried(
 
     state = use_standins("lsf", tmp_path, monkeypatch)
     monkeypatch.setenv("BELLIS_STANDIN_SECONDS_PER_MINUTE", "30")
-    rec = tmp_path / "rec"
-    rec.mkdir()
     launcher = make_launcher("lsf", "bt", time_limit=1)
-    task = make_task(
-        "t",
-        3,
-        functools.partial(_slow_first_attempt, str(rec)),
-        max_workers=1,
-        max_retries=2,
-        max_worker_restarts=2,
-    )
-    states = bellis.run_blockwise(
-        task, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    s = states["t"]
-    assert s.completed_count == 3 and s.worker_failure_count == 1
-    assert done_ids(read_records(rec), "t") == [0, 1, 2]
-    assert s.first_worker_error is not None
-    assert "a block ran longer than the job time limit" in s.first_worker_error
+    task, s = run_time_limit_kill(launcher, tmp_path, 120)
     assert "LSF stopped the job at its limit" in s.first_worker_error
     jobs = job_records(state)
     assert sorted(r["how"] for r in jobs) == ["exited", "walltime"]

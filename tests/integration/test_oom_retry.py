@@ -21,61 +21,18 @@ import sys
 from pathlib import Path
 
 from bellis._stats._runlog import validate_run_line
-from kit.user_script import grant_records, ran_alone, run_script
+from kit.user_script import grant_records, hog_script, ran_alone, run_script
 
-SCRIPT = """
-import json
-import os
-import sys
-from pathlib import Path
-
-import bellis
-from bellis import Roi
-
-HERE = Path(__file__).parent
-HOG = 7
-
-
-def block_fn(block):
-    sid = block.block_id[1]
-    if sid == HOG:
-        data = bytearray(400 * 2**20)
-        for i in range(0, len(data), 4096):
-            data[i] = 1  # touched: resident, not only reserved
-    grant = os.environ.get("BELLIS_MEMORY_LIMIT")
-    with open(HERE / "records" / f"{sid}_{os.getpid()}", "w") as f:
-        f.write(str(grant))
-
-
-def main():
-    cap = sys.argv[1]
-    bellis.logging.set_log_basedir(HERE / "logs")
-    bellis.set_tracking_basedir(HERE / "tracking")
-    (HERE / "records").mkdir()
-    task = bellis.Task(
-        "t",
-        total_roi=Roi((0,), (20,)),
-        read_roi=Roi((0,), (1,)),
-        write_roi=Roi((0,), (1,)),
-        process_function=block_fn,
-        read_write_conflict=False,
-        max_workers=2,
-        memory_limit="300M",
-        max_memory=cap,
-    )
-    ok = bellis.run_blockwise([task], progress=False)
-    report = task.report()
-    grants = {r.coord[0]: r.memory_grant for r in report.block_records()}
-    (HERE / "result.json").write_text(
-        json.dumps({"ok": ok, "report": report.to_json(), "grants": grants})
-    )
-    (HERE / "panel.txt").write_text(report.panel())
-    sys.exit(0 if ok else 1)
-
-
-if __name__ == "__main__":
-    main()
-"""
+SCRIPT = hog_script(
+    hog_mb=400,
+    who="os.getpid()",
+    grant='os.environ.get("BELLIS_MEMORY_LIMIT")',
+    task_args=['memory_limit="300M"', "max_memory=arg"],
+    results=[
+        'result["grants"] = {r.coord[0]: r.memory_grant for r in report.block_records()}',
+        '(HERE / "panel.txt").write_text(report.panel())',
+    ],
+)
 
 MB = 2**20
 

@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 import bellis
-from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from bellis._launchers._base import WorkerHandle
 from bellis._launchers._slurm import SlurmLauncher
 from kit.blocks import (
     done_ids,
@@ -25,7 +24,16 @@ from kit.blocks import (
     read_records,
     sleep_block,
 )
-from kit.launchers import run_losing_a_worker, run_two_task_pipeline
+from kit.launchers import (
+    exit_three,
+    hog_memory,
+    run_cancelling_a_job,
+    run_time_limit_kill,
+    run_two_task_pipeline,
+    sleep_long,
+    standalone_spec,
+    wait_for_exit,
+)
 from kit.slurm import (
     active_jobs,
     job_prefix,
@@ -85,73 +93,28 @@ def test_workers_started_together_go_as_one_job_array(tmp_path: Path) -> None:
 
 
 def test_scancelled_job_is_replaced(tmp_path: Path) -> None:
-    rec = tmp_path / "rec"
-    rec.mkdir()
     prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
-    task = make_task(
-        "s", 8, functools.partial(sleep_block, str(rec), 1.0), max_workers=2, max_retries=3
-    )
 
-    def cancel_one() -> str | None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            running = jobs_named(prefix, "RUNNING")
-            if running and any(rec.iterdir()):
-                job_id = running[0][0]
-                subprocess.run(["scancel", job_id], check=True, timeout=30)
-                return job_id
-            time.sleep(0.2)
-        return None
+    def running() -> list[str]:
+        return [job_id for job_id, _, _ in jobs_named(prefix, "RUNNING")]
 
-    state, cancelled = run_losing_a_worker(
-        task, launcher, rec, 8, cancel_one, "no running job was found to cancel"
-    )
+    _state, cancelled = run_cancelling_a_job(launcher, tmp_path, "SLURM", running, ["scancel"])
     assert scontrol_job(cancelled)["JobState"] == "CANCELLED"
-    assert state.first_worker_error is not None
-    assert f"SLURM job {cancelled} " in state.first_worker_error
-    assert "was cancelled" in state.first_worker_error
     assert active_jobs(prefix) == []
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_time_limit_exit_is_reported_and_block_retried(tmp_path: Path) -> None:
-    rec = tmp_path / "rec"
-    rec.mkdir()
     prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, time_limit=1, poll_interval=1.0)
-    # block 0 sleeps past the one-minute limit on its first attempt only
-    task = make_task(
-        "t",
-        3,
-        functools.partial(_slow_first_attempt, str(rec)),
-        max_workers=1,
-        max_retries=2,
-        max_worker_restarts=2,
-    )
-    states = bellis.run_blockwise(
-        task, launcher=launcher, return_states=True, progress=False, summary=False
-    )
-    state = states["t"]
-    assert state.completed_count == 3
-    assert state.worker_failure_count == 1
-    assert state.first_worker_error is not None
-    # the worker took block 0 with the whole minute left: the block alone outlasted it
-    assert "a block ran longer than the job time limit" in state.first_worker_error
-    records = read_records(rec)
-    assert done_ids(records, "t") == [0, 1, 2]
+    # block 0 sleeps past the one-minute limit on its first attempt only; the worker took
+    # it with the whole minute left: the block alone outlasted it
+    run_time_limit_kill(launcher, tmp_path, 150)
     jobs = jobs_named(prefix)
     assert sorted(s for _, s, _ in jobs) == ["COMPLETED", "TIMEOUT"]
     assert active_jobs(prefix) == []
-
-
-def _slow_first_attempt(recdir: str, block: bellis.Block) -> None:
-    marker = Path(recdir) / "slept"
-    if block.block_id[1] == 0 and not marker.exists():
-        marker.touch()
-        time.sleep(150)
-    sleep_block(recdir, 0.0, block)
 
 
 def test_block_timeout_kills_the_job(tmp_path: Path) -> None:
@@ -217,78 +180,28 @@ def test_unsatisfiable_request_is_a_start_error(tmp_path: Path) -> None:
 # -- the launcher alone: workers whose function takes no block never contact a server ---------
 
 
-def _standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> WorkerSpec:
-    import cloudpickle
-
-    logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    payload = cloudpickle.dumps(
-        {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
-    )
-    env = dict(os.environ)
-    # the payload is unpickled before its sys_path applies: let the worker import this module
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return WorkerSpec(
-        task_id="solo",
-        worker_id=worker_id,
-        env=env,
-        payload=payload,
-        out_path=logs / f"w{worker_id}.out",
-        err_path=logs / f"w{worker_id}.err",
-        **kwargs,
-    )
-
-
 def _record_array_index(path: str) -> None:
     Path(path).write_text(os.environ.get("SLURM_ARRAY_TASK_ID", "none"))
-
-
-def _exit_three() -> None:
-    print("about to fail", file=sys.stderr, flush=True)
-    sys.exit(3)
 
 
 def _exit_like_block_timeout() -> None:
     os._exit(87)
 
 
-def _hog_memory() -> None:
-    hog = bytearray(600 * 1024 * 1024)
-    for i in range(0, len(hog), 4096):
-        hog[i] = 1
-    time.sleep(30)
-
-
-def _sleep_long() -> None:
-    time.sleep(120)
-
-
-def _wait_for_exit(
-    launcher: SlurmLauncher, handles: list[WorkerHandle], seconds: float
-) -> list[WorkerExit]:
-    deadline = time.monotonic() + seconds
-    exits: list[WorkerExit | None] = [None] * len(handles)
-    while time.monotonic() < deadline and any(e is None for e in exits):
-        exits = [launcher.poll(h) for h in handles]
-        time.sleep(0.1)
-    assert all(e is not None for e in exits), f"jobs did not finish in {seconds}s"
-    return [e for e in exits if e is not None]
-
-
 def test_job_array_and_failure_exit(tmp_path: Path) -> None:
     prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, array_threshold=2, poll_interval=1.0)
     specs = [
-        _standalone_spec(
+        standalone_spec(
             tmp_path, i, functools.partial(_record_array_index, str(tmp_path / f"a{i}"))
         )
         for i in range(3)
     ]
-    specs.append(_standalone_spec(tmp_path, 3, _exit_three))
-    specs.append(_standalone_spec(tmp_path, 4, _exit_like_block_timeout, timeout_secs=5.0))
+    specs.append(standalone_spec(tmp_path, 3, exit_three))
+    specs.append(standalone_spec(tmp_path, 4, _exit_like_block_timeout, timeout_secs=5.0))
     try:
         handles = launcher.launch_many(specs)
-        exits = _wait_for_exit(launcher, handles, 60)
+        exits = wait_for_exit(launcher, handles, 60)
     finally:
         launcher.close()
     assert [e.kind for e in exits] == ["clean", "clean", "clean", "error", "timeout"]
@@ -309,8 +222,8 @@ def test_over_memory_job_reports_out_of_memory(tmp_path: Path) -> None:
     prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix, mem="100M", poll_interval=0.5)
     try:
-        handle = launcher.launch(_standalone_spec(tmp_path, 0, _hog_memory))
-        (exit_,) = _wait_for_exit(launcher, [handle], 40)
+        handle = launcher.launch(standalone_spec(tmp_path, 0, functools.partial(hog_memory, 600)))
+        (exit_,) = wait_for_exit(launcher, [handle], 40)
     finally:
         launcher.close()
     assert exit_.kind == "error"
@@ -321,7 +234,7 @@ def test_over_memory_job_reports_out_of_memory(tmp_path: Path) -> None:
 def test_close_cancels_running_jobs(tmp_path: Path) -> None:
     prefix = job_prefix(tmp_path, "bt")
     launcher = SlurmLauncher(job_name_prefix=prefix)
-    handle = launcher.launch(_standalone_spec(tmp_path, 0, _sleep_long))
+    handle = launcher.launch(standalone_spec(tmp_path, 0, sleep_long))
     job_id = handle.native.job_id
     deadline = time.monotonic() + 30
     while scontrol_job(job_id)["JobState"] != "RUNNING":
@@ -456,7 +369,7 @@ def test_a_job_that_vanishes_while_pending_is_reported_lost(tmp_path: Path) -> N
     from bellis._launchers._slurm import _Job
 
     launcher = SlurmLauncher(job_name_prefix=job_prefix(tmp_path, "bt"), poll_interval=0.1)
-    spec = _standalone_spec(tmp_path, 0, _exit_three)
+    spec = standalone_spec(tmp_path, 0, exit_three)
     # a job id SLURM has never heard of, as a purged job looks
     job = _Job("999999999", spec, "vanished", None, tmp_path / "none.payload")
     launcher._jobs[job.job_id] = job

@@ -7,9 +7,12 @@ test module imports another: what two of them share lives here.
 * ``blocks``: block and worker functions that record each attempt in a file, the records
   read back, and 1-D tasks.
 * ``procs``: whether a process is alive, waiting for one to go.
-* ``launchers``: scenarios every launcher runs alike (``test_dask``, ``test_slurm``).
+* ``launchers``: scenarios every launcher runs alike (``test_dask``, ``test_slurm``,
+  ``test_sge``, ``test_batch_standins``), and a launcher driven alone (worker specs whose
+  function takes no block, such functions, their exits).
 * ``slurm``: whether a SLURM controller takes jobs, a test's jobs by name, command shims.
-* ``user_script``: a user's script run in a subprocess, and what it leaves behind.
+* ``user_script``: a user's script run in a subprocess, and what it leaves behind (the
+  memory ladder's script and its checks among them).
 * ``browser``: headless Chromium for the HTML report tests, and the page's network requests.
 * ``failing_pipeline``: a user's pipeline script whose blocks fail in known ways (two
   exceptions, a timeout, a block that fails once), for the error records and the report.

@@ -226,3 +226,13 @@ def detach_and_return() -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+
+def slow_first_attempt(recdir: str, seconds: float, block: Any) -> None:
+    """Block 0 sleeps ``seconds`` (past a job's time limit) on its first attempt only (a
+    marker file ``slept`` says so); then every block runs as ``sleep_block`` with no delay."""
+    marker = Path(recdir) / "slept"
+    if block.block_id[1] == 0 and not marker.exists():
+        marker.touch()
+        time.sleep(seconds)
+    sleep_block(recdir, 0.0, block)

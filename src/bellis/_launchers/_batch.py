@@ -10,7 +10,8 @@ A system is a *dialect*, a subclass that says how to submit (its submit line and
 read the job id it prints), how to query (one command for all jobs, parsed into rows of
 state, reason and exit text), how to cancel, and its state table: which states wait,
 which are over, and how a finished job ended (:class:`Ending`). ``_slurm``, ``_lsf``,
-``_pbs`` and ``_sge`` are the dialects.
+``_pbs`` and ``_sge`` are the dialects. A job's record, its ending and the status commands
+live in ``_batch_jobs``; the text the systems read and write in ``_batch_text``.
 
 The job script runs ``python -m bellis._worker._main``; the worker reads its payload from a
 file next to its logs (``BELLIS_PAYLOAD_FILE``) and connects back to the server over TCP.
@@ -31,17 +32,24 @@ import subprocess
 import tempfile
 import time
 from abc import abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
-from .._protocol import OOM_PREFIX, ExitKind
+from .._protocol import ExitKind
 from .._sizes import MIB, parse_growth, parse_size
 from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
 from ..logging import task_log_dirname
-from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, _stderr_tail, describe_exit
+from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, _stderr_tail
+from ._batch_jobs import (
+    COMMAND_TIMEOUT_SECONDS,
+    BatchJob,
+    End,
+    Ending,
+    Row,
+    ending_exit,
+)
 from ._batch_text import (
     default_margin,
     file_size,
@@ -55,70 +63,46 @@ from ._batch_text import (
     write_private,
 )
 
-__all__ = ["BatchJob", "BatchLauncher", "End", "Ending", "Row"]
+__all__ = [
+    "COMMAND_TIMEOUT_SECONDS",
+    "BatchJob",
+    "BatchLauncher",
+    "BatchOptions",
+    "End",
+    "Ending",
+    "Row",
+    "shared_options",
+]
 
 logger = logging.getLogger("bellis")
 
-COMMAND_TIMEOUT_SECONDS = 30.0
 #: how often jobs are polled once the run told them to stop (whatever poll_interval is)
 _SHUTDOWN_POLL_SECONDS = 0.5
 
 
-class End(StrEnum):
-    """How a batch job ended, in bellis's words (each dialect maps its states to these)."""
+class BatchOptions(TypedDict):
+    """The parameters every dialect takes and hands to :class:`BatchLauncher` as they are."""
 
-    #: the job's script ran and exited: its exit code (or signal) tells the rest
-    EXITED = "exited"
-    OUT_OF_MEMORY = "out_of_memory"
-    TIME_LIMIT = "time_limit"
-    NODE_FAIL = "node_fail"
-    CANCELLED = "cancelled"
-    PREEMPTED = "preempted"
-    #: the system could not start the job's script
-    NOT_STARTED = "not_started"
-    #: a state the table does not know
-    OTHER = "other"
-
-
-@dataclass(frozen=True)
-class Ending:
-    """A finished job: how it ended, its exit code (negative: killed by that signal; None:
-    none known) and the system's own words for it (a state, an exit reason)."""
-
-    end: End
-    code: int | None = None
-    detail: str = ""
+    walltime_margin: float | None
+    walltime_aware: bool
+    cpus_per_worker: int
+    mem: int | str | None
+    memory_growth: float | None
+    max_memory: int | str | None
+    gpus_per_worker: int | None
+    extra_args: Sequence[str]
+    python: str
+    job_name_prefix: str
+    poll_interval: float
+    array_threshold: int
+    array_cap: int | None
+    pending_warning: float
 
 
-#: one job as a status query saw it: state, reason (why pending, why ended), exit text
-Row = tuple[str, str, str]
-
-
-@dataclass
-class BatchJob:
-    """What the launcher knows about one submitted worker job."""
-
-    job_id: str
-    spec: WorkerSpec
-    job_name: str
-    #: the file the batch system writes its own messages for this job to (None: none)
-    system_err: Path | None
-    payload_path: Path
-    #: where this job's own part of ``system_err`` starts (a log is appended to)
-    system_err_offset: int = 0
-    state: str = "PENDING"
-    reason: str = ""
-    exit: WorkerExit | None = None
-    missing_count: int = 0
-    #: the dialect's fields of a finished job (an exit code, an exit reason)
-    extra: dict[str, str] = field(default_factory=dict)
-    submitted_at: float = field(default_factory=time.monotonic)
-    #: when a long pending wait is next reported
-    warn_pending_at: float = 0.0
-    #: the array task index (None: a job of its own)
-    index: int | None = None
-    #: the job script of the array this task belongs to (None: a job of its own)
-    array_script: Path | None = None
+def shared_options(arguments: Mapping[str, Any]) -> BatchOptions:
+    """The :class:`BatchOptions` among a dialect constructor's ``arguments`` (its
+    ``locals()``), for ``super().__init__(**shared_options(locals()), ...)``."""
+    return cast(BatchOptions, {key: arguments[key] for key in BatchOptions.__required_keys__})
 
 
 class BatchLauncher(WorkerLauncher):
@@ -153,6 +137,11 @@ class BatchLauncher(WorkerLauncher):
     index_token = "%a"
     #: consecutive polls a job may be missing from the status query before it is lost
     lost_after_misses = 3
+    #: the states in which a job never runs again, and those in which it waits to start
+    finished_states: frozenset[str] = frozenset()
+    pending_states: frozenset[str] = frozenset()
+    #: the cancel command's options that kill a job at once
+    hard_cancel_options: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -255,9 +244,9 @@ class BatchLauncher(WorkerLauncher):
         a job named ``name`` (an array of ``indices`` if given) whose system output and
         error files are ``out`` and ``err`` (array index patterns already in them)."""
 
-    @abstractmethod
     def _submit_argv(self, script: Path, options: list[str]) -> list[str]:
         """The submit command line for ``script`` with ``options`` (extra_args included)."""
+        return [self.submit_command, *options, str(script)]
 
     @abstractmethod
     def _submitted_id(self, stdout: str) -> str | None:
@@ -271,22 +260,27 @@ class BatchLauncher(WorkerLauncher):
     def _query_rows(self, jobs: list[BatchJob]) -> dict[str, Row] | None:
         """Rows by job id for ``jobs``, from one status command; None when it failed."""
 
-    @abstractmethod
     def _is_finished(self, state: str) -> bool:
         """Whether a job in ``state`` never runs again."""
+        return state in self.finished_states
 
-    @abstractmethod
     def _is_pending(self, state: str) -> bool:
         """Whether a job in ``state`` waits to start."""
+        return state in self.pending_states
 
     @abstractmethod
     def _ending(self, job: BatchJob, system_tail: str) -> Ending:
         """How a finished job ended (its state table); ``system_tail`` is the end of this
         job's part of the system's error file."""
 
-    @abstractmethod
     def _cancel_argvs(self, ids: list[str], hard: bool) -> list[list[str]]:
         """The command lines that cancel ``ids``; ``hard``: kill them now."""
+        options = self.hard_cancel_options if hard else ()
+        return [[self.cancel_command, *options, *ids]]
+
+    def _array_cap_suffix(self) -> str:
+        """``%<array_cap>``, how most systems cap an array's running tasks ("" for none)."""
+        return "" if self.array_cap is None else f"%{self.array_cap}"
 
     def _file(self, path: str) -> str:
         """``path`` as the system reads an output file name (escaped where it has patterns)."""
@@ -627,49 +621,20 @@ class BatchLauncher(WorkerLauncher):
 
     def _finished_exit(self, job: BatchJob) -> WorkerExit:
         system_tail = _stderr_tail(job.system_err, lines=20, start=job.system_err_offset)
-        ending = self._ending(job, system_tail)
-        where = f"{self.system} job {job.job_id} ({job.job_name})"
-        kind = ExitKind.ERROR  # every exit below but a clean (or walltime) one
-        end, code = ending.end, ending.code
-        if end == End.OUT_OF_MEMORY:
-            return WorkerExit(
-                kind,
-                code or -9,
-                f"out of memory: {where} exceeded its memory limit; raise mem=\n{system_tail}",
-            )
-        if end == End.TIME_LIMIT:
-            if self.walltime_seconds is None:
-                return WorkerExit(kind, None, f"{where}: job exceeded its {self.system} time limit")
-            # its worker takes no block it expects to outlast the job: the block it ran
-            # alone outlasted what was left of the limit
-            return WorkerExit(
-                kind,
-                None,
-                f"{where}: a block ran longer than the job time limit allowed "
-                f"(time_limit={self._limit_text()}, walltime_margin="
-                f"{self.walltime_margin:g} s): {self.system} stopped the job at its limit; "
-                "raise time_limit= above the longest block's wall, or make the blocks smaller",
-            )
-        if end == End.CANCELLED:
-            return WorkerExit(
-                kind, None, f"{where} was cancelled ({self.cancel_command} or preemption)"
-            )
-        if end == End.PREEMPTED:
-            return WorkerExit(kind, None, f"{where} was preempted by {self.system}")
-        if end == End.NOT_STARTED:
-            return WorkerExit(
-                kind, None, f"{where} failed to start ({ending.detail or 'reason unknown'})"
-            )
-        if end == End.EXITED and code is not None:
-            result = describe_exit(code, job.spec)
-            if result.kind == ExitKind.CLEAN:
-                return self._walltime_exit(job) or result
-            if result.message.startswith(OOM_PREFIX):
-                # a MemoryError under an address-space limit: still out of memory
-                rest = result.message[len(OOM_PREFIX) :].lstrip(": ")
-                return WorkerExit(result.kind, result.code, f"{OOM_PREFIX}: {where}: {rest}")
-            return WorkerExit(result.kind, result.code, f"{where}: {result.message}")
-        return WorkerExit(kind, code, f"{where} ended in state {ending.detail or job.state}")
+        watched = None
+        if self.walltime_seconds is not None:
+            watched = f"time_limit={self._limit_text()}, walltime_margin={self.walltime_margin:g} s"
+        result = ending_exit(
+            self._ending(job, system_tail),
+            job,
+            system_tail,
+            system=self.system,
+            cancel_command=self.cancel_command,
+            walltime=watched,
+        )
+        if result.kind == ExitKind.CLEAN:
+            return self._walltime_exit(job) or result
+        return result
 
     def _limit_text(self) -> str:
         return hms(self.limit_seconds or 0)

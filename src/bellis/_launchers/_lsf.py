@@ -13,10 +13,8 @@ Array elements are numbered from 1 (LSF has no index 0): the worker in slot ``n`
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,15 +22,13 @@ from pathlib import Path
 from .._sizes import MIB, parse_size
 from ..errors import ConfigurationError, WorkerStartError
 from ._base import WorkerSpec
-from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
+from ._batch import BatchJob, BatchLauncher, End, Ending, Row, shared_options
+from ._batch_jobs import query_rows
 from ._batch_text import array_ranges, parse_walltime
 
 __all__ = ["LsfLauncher", "lsf_ending", "parse_bjobs_json"]
 
-logger = logging.getLogger("bellis")
 
-_PENDING = frozenset({"PEND", "PSUSP", "WAIT"})
-_FINISHED = frozenset({"DONE", "EXIT"})
 #: ``bjobs -o`` fields, in the order of the JSON keys read
 BJOBS_FIELDS = "jobid jobindex stat exit_code exit_reason pend_reason"
 #: LSF's exit reasons (``TERM_*``, as ``bjobs`` and the job report print them) by ending
@@ -129,6 +125,9 @@ class LsfLauncher(BatchLauncher):
     index_token = "%I"
     script_suffix = "lsf"
     job_lists = "bjobs -a"
+    finished_states = frozenset({"DONE", "EXIT"})
+    pending_states = frozenset({"PEND", "PSUSP", "WAIT"})
+    hard_cancel_options = ("-s", "KILL")
     #: LSF's default MAX_JOB_ARRAY_SIZE (1000 elements, indices 1-1000)
     default_max_array_size = 1001
 
@@ -156,23 +155,7 @@ class LsfLauncher(BatchLauncher):
         seconds = None if time_limit is None else parse_walltime(time_limit)
         if seconds is not None:
             seconds = 60 * math.ceil(seconds / 60)  # LSF's -W is whole minutes
-        super().__init__(
-            time_limit_seconds=seconds,
-            walltime_margin=walltime_margin,
-            walltime_aware=walltime_aware,
-            cpus_per_worker=cpus_per_worker,
-            mem=mem,
-            memory_growth=memory_growth,
-            max_memory=max_memory,
-            gpus_per_worker=gpus_per_worker,
-            extra_args=extra_args,
-            python=python,
-            job_name_prefix=job_name_prefix,
-            poll_interval=poll_interval,
-            array_threshold=array_threshold,
-            array_cap=array_cap,
-            pending_warning=pending_warning,
-        )
+        super().__init__(time_limit_seconds=seconds, **shared_options(locals()))
         self.queue = queue
         self.project = project
         self.mem_per_slot = (
@@ -214,8 +197,7 @@ class LsfLauncher(BatchLauncher):
         self, name: str, spec: WorkerSpec, indices: list[int] | None, out: str, err: str
     ) -> tuple[list[str], list[str]]:
         if indices is not None:
-            cap = "" if self.array_cap is None else f"%{self.array_cap}"
-            name = f"{name}[{array_ranges(indices)}]{cap}"
+            name = f"{name}[{array_ranges(indices)}]{self._array_cap_suffix()}"
         options = ["-J", name, *self._resource_options(spec), "-o", out, "-e", err]
         return [], options
 
@@ -244,33 +226,9 @@ class LsfLauncher(BatchLauncher):
         return f"bjobs -l {job.job_id.split('[')[0]}"
 
     # -- watching -------------------------------------------------------------------------
-    def _is_finished(self, state: str) -> bool:
-        return state in _FINISHED
-
-    def _is_pending(self, state: str) -> bool:
-        return state in _PENDING
-
     def _query_rows(self, jobs: list[BatchJob]) -> dict[str, Row] | None:
         ids = list(dict.fromkeys(j.job_id.split("[")[0] for j in jobs))
-        try:
-            out = subprocess.run(
-                ["bjobs", "-a", "-o", BJOBS_FIELDS, "-json", *ids],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.debug("bjobs failed: %s", exc)
-            return None
-        try:
-            return parse_bjobs_json(out.stdout)
-        except ValueError as exc:
-            logger.debug("bjobs exited with %d: %s %s", out.returncode, exc, out.stderr.strip())
-            return None
+        return query_rows(["bjobs", "-a", "-o", BJOBS_FIELDS, "-json", *ids], parse_bjobs_json)
 
     def _ending(self, job: BatchJob, system_tail: str) -> Ending:
         return lsf_ending(job.state, job.reason, job.extra.get("ExitCode", ""))
-
-    def _cancel_argvs(self, ids: list[str], hard: bool) -> list[list[str]]:
-        return [["bkill", "-s", "KILL", *ids]] if hard else [["bkill", *ids]]

@@ -25,21 +25,19 @@ import json
 import logging
 import re
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ._base import WorkerSpec, _stderr_tail
-from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
+from ._batch import BatchJob, BatchLauncher, End, Ending, Row, shared_options
+from ._batch_jobs import query_rows
 from ._batch_text import hms, parse_walltime
 
 __all__ = ["PbsLauncher", "parse_qstat_json", "pbs_ending"]
 
 logger = logging.getLogger("bellis")
 
-_PENDING = frozenset({"Q", "H", "W", "T", "M"})
-_FINISHED = frozenset({"F", "X"})
 #: the negative exit statuses PBS sets itself (``JOB_EXEC_*``), by ending
 _EXEC_CODES: dict[int, tuple[End, str]] = {
     -1: (End.NOT_STARTED, "JOB_EXEC_FAIL1: the job could not be started"),
@@ -141,6 +139,9 @@ class PbsLauncher(BatchLauncher):
     index_token = "^array_index^"
     script_suffix = "pbs"
     job_lists = "qstat -x"
+    finished_states = frozenset({"F", "X"})
+    pending_states = frozenset({"Q", "H", "W", "T", "M"})
+    hard_cancel_options = ("-W", "force")
     #: PBS's default max_array_size (10000 subjobs)
     default_max_array_size = 10000
 
@@ -166,20 +167,7 @@ class PbsLauncher(BatchLauncher):
     ) -> None:
         super().__init__(
             time_limit_seconds=None if time_limit is None else parse_walltime(time_limit),
-            walltime_margin=walltime_margin,
-            walltime_aware=walltime_aware,
-            cpus_per_worker=cpus_per_worker,
-            mem=mem,
-            memory_growth=memory_growth,
-            max_memory=max_memory,
-            gpus_per_worker=gpus_per_worker,
-            extra_args=extra_args,
-            python=python,
-            job_name_prefix=job_name_prefix,
-            poll_interval=poll_interval,
-            array_threshold=array_threshold,
-            array_cap=array_cap,
-            pending_warning=pending_warning,
+            **shared_options(locals()),
         )
         self.queue = queue
         self.account = account
@@ -208,13 +196,9 @@ class PbsLauncher(BatchLauncher):
         if self.account:
             options += ["-A", self.account]
         if indices is not None:
-            cap = "" if self.array_cap is None else f"%{self.array_cap}"
-            options += ["-J", f"{min(indices)}-{max(indices)}{cap}"]
+            options += ["-J", f"{min(indices)}-{max(indices)}{self._array_cap_suffix()}"]
         options += ["-o", out, "-e", err, "-j", "n", "-r", "n", "-V"]
         return [], options
-
-    def _submit_argv(self, script: Path, options: list[str]) -> list[str]:
-        return ["qsub", *options, str(script)]
 
     def _exec_line(self) -> str:
         """Run the worker and write its exit code where the launcher finds it when the
@@ -296,34 +280,10 @@ class PbsLauncher(BatchLauncher):
         return f"qstat -x -f {job.job_id}"
 
     # -- watching -------------------------------------------------------------------------
-    def _is_finished(self, state: str) -> bool:
-        return state in _FINISHED
-
-    def _is_pending(self, state: str) -> bool:
-        return state in _PENDING
-
     def _query_rows(self, jobs: list[BatchJob]) -> dict[str, Row] | None:
         ids = list(dict.fromkeys(re.sub(r"\[\d+\]", "[]", j.job_id) for j in jobs))
-        try:
-            out = subprocess.run(
-                ["qstat", "-x", "-f", "-F", "json", "-t", *ids],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.debug("qstat failed: %s", exc)
-            return None
-        try:
-            return parse_qstat_json(out.stdout)
-        except ValueError as exc:
-            logger.debug("qstat exited with %d: %s %s", out.returncode, exc, out.stderr.strip())
-            return None
+        return query_rows(["qstat", "-x", "-f", "-F", "json", "-t", *ids], parse_qstat_json)
 
     def _ending(self, job: BatchJob, system_tail: str) -> Ending:
         status = job.extra.get("ExitCode", "")
         return pbs_ending(status, system_tail, "" if status else self._script_exit(job))
-
-    def _cancel_argvs(self, ids: list[str], hard: bool) -> list[list[str]]:
-        return [["qdel", "-W", "force", *ids]] if hard else [["qdel", *ids]]

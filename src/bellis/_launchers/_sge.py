@@ -16,9 +16,7 @@ ladder then runs it again in a bigger job). A job killed at ``h_rt`` (SIGKILL) o
 
 from __future__ import annotations
 
-import logging
 import re
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -27,12 +25,12 @@ from pathlib import Path
 from .._protocol import MEMORY_LIMIT_ENV
 from .._sizes import MIB
 from ._base import WorkerSpec
-from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
+from ._batch import BatchJob, BatchLauncher, End, Ending, Row, shared_options
+from ._batch_jobs import query_rows, run_command
 from ._batch_text import hms, parse_walltime
 
 __all__ = ["SgeLauncher", "parse_qacct", "parse_qstat_xml", "sge_ending"]
 
-logger = logging.getLogger("bellis")
 
 #: the state the launcher gives a job it found in the accounting file
 DONE = "done"
@@ -133,6 +131,7 @@ class SgeLauncher(BatchLauncher):
     index_token = "$TASK_ID"
     script_suffix = "sge"
     job_lists = "qstat and qacct"
+    hard_cancel_options = ("-f",)
     #: SGE's default max_aj_tasks (75000)
     default_max_array_size = 75001
     #: a finished job reaches the accounting file within seconds of leaving qstat
@@ -162,20 +161,7 @@ class SgeLauncher(BatchLauncher):
     ) -> None:
         super().__init__(
             time_limit_seconds=None if time_limit is None else parse_walltime(time_limit),
-            walltime_margin=walltime_margin,
-            walltime_aware=walltime_aware,
-            cpus_per_worker=cpus_per_worker,
-            mem=mem,
-            memory_growth=memory_growth,
-            max_memory=max_memory,
-            gpus_per_worker=gpus_per_worker,
-            extra_args=extra_args,
-            python=python,
-            job_name_prefix=job_name_prefix,
-            poll_interval=poll_interval,
-            array_threshold=array_threshold,
-            array_cap=array_cap,
-            pending_warning=pending_warning,
+            **shared_options(locals()),
         )
         self.queue = queue
         self.project = project
@@ -220,9 +206,6 @@ class SgeLauncher(BatchLauncher):
         options += ["-o", out, "-e", err, "-j", "n", "-r", "n", "-V", "-S", "/bin/sh"]
         return [], options
 
-    def _submit_argv(self, script: Path, options: list[str]) -> list[str]:
-        return ["qsub", *options, str(script)]
-
     def _submitted_id(self, stdout: str) -> str | None:
         m = re.match(r"\s*(\d+)", stdout)
         return None if m is None else m[1]
@@ -249,38 +232,12 @@ class SgeLauncher(BatchLauncher):
         )
 
     def _query_rows(self, jobs: list[BatchJob]) -> dict[str, Row] | None:
-        try:
-            out = subprocess.run(
-                ["qstat", "-xml"],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.debug("qstat failed: %s", exc)
-            return None
-        if out.returncode != 0:
-            logger.debug("qstat exited with %d: %s", out.returncode, out.stderr.strip())
-            return None
-        try:
-            return parse_qstat_xml(out.stdout)
-        except ValueError as exc:
-            logger.debug("%s", exc)
-            return None
+        return query_rows(["qstat", "-xml"], parse_qstat_xml, need_success=True)
 
     def _lookup_gone(self, job: BatchJob) -> bool | None:
         number, _, task = job.job_id.partition(".")
-        try:
-            out = subprocess.run(
-                ["qacct", "-j", number],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.debug("qacct failed: %s", exc)
+        out = run_command(["qacct", "-j", number])
+        if out is None:
             return False
         fields = parse_qacct(out.stdout, int(task) if task else None)
         if fields is None:
@@ -291,6 +248,3 @@ class SgeLauncher(BatchLauncher):
 
     def _ending(self, job: BatchJob, system_tail: str) -> Ending:
         return sge_ending(job.extra, self.limit_seconds)
-
-    def _cancel_argvs(self, ids: list[str], hard: bool) -> list[list[str]]:
-        return [["qdel", "-f", *ids]] if hard else [["qdel", *ids]]

@@ -23,7 +23,16 @@ from pathlib import Path
 
 from ..errors import ConfigurationError
 from ._base import WorkerSpec
-from ._batch import COMMAND_TIMEOUT_SECONDS, BatchJob, BatchLauncher, End, Ending, Row
+from ._batch import (
+    COMMAND_TIMEOUT_SECONDS,
+    BatchJob,
+    BatchLauncher,
+    End,
+    Ending,
+    Row,
+    shared_options,
+)
+from ._batch_jobs import run_command
 from ._batch_text import array_ranges
 from ._slurm_text import (
     exit_status,
@@ -113,6 +122,8 @@ class SlurmLauncher(BatchLauncher):
     script_suffix = "sbatch"
     logs_via_system = True
     job_lists = "squeue and scontrol"
+    finished_states = _FINISHED_STATES
+    pending_states = frozenset({"PENDING"})
     #: SLURM's default MaxArraySize, where ``scontrol show config`` does not say
     default_max_array_size = 1001
 
@@ -148,20 +159,7 @@ class SlurmLauncher(BatchLauncher):
             time_limit_seconds=(
                 None if self.time_limit is None else time_limit_seconds(self.time_limit)
             ),
-            walltime_margin=walltime_margin,
-            walltime_aware=walltime_aware,
-            cpus_per_worker=cpus_per_worker,
-            mem=mem,
-            memory_growth=memory_growth,
-            max_memory=max_memory,
-            gpus_per_worker=gpus_per_worker,
-            extra_args=extra_args,
-            python=python,
-            job_name_prefix=job_name_prefix,
-            poll_interval=poll_interval,
-            array_threshold=array_threshold,
-            array_cap=array_cap,
-            pending_warning=pending_warning,
+            **shared_options(locals()),
         )
         self.partition = partition
         self.mem = None if mem is None else format_mem(mem)
@@ -201,8 +199,7 @@ class SlurmLauncher(BatchLauncher):
         lines += [f"#SBATCH --output={out}", f"#SBATCH --error={err}", "#SBATCH --open-mode=append"]
         options = []
         if indices is not None:
-            cap = "" if self.array_cap is None else f"%{self.array_cap}"
-            options.append(f"--array={array_ranges(indices)}{cap}")
+            options.append(f"--array={array_ranges(indices)}{self._array_cap_suffix()}")
         return lines, options
 
     def _file(self, path: str) -> str:
@@ -237,16 +234,8 @@ class SlurmLauncher(BatchLauncher):
         """SLURM's ``MaxArraySize`` (array indices are below it), read once."""
         if self._max_array_size is None:
             self._max_array_size = self.default_max_array_size
-            try:
-                out = subprocess.run(
-                    ["scontrol", "show", "config"],
-                    capture_output=True,
-                    text=True,
-                    timeout=COMMAND_TIMEOUT_SECONDS,
-                    check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                logger.debug("scontrol show config failed: %s", exc)
+            out = run_command(["scontrol", "show", "config"], "scontrol show config")
+            if out is None:
                 return self._max_array_size
             m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.M)
             if m is not None:
@@ -268,12 +257,6 @@ class SlurmLauncher(BatchLauncher):
         return str(self.time_limit)
 
     # -- watching -------------------------------------------------------------------------
-    def _is_finished(self, state: str) -> bool:
-        return state in _FINISHED_STATES
-
-    def _is_pending(self, state: str) -> bool:
-        return state == "PENDING"
-
     def _query_rows(self, jobs: list[BatchJob]) -> dict[str, Row] | None:
         """One squeue call, however many jobs: an array's tasks are asked for by the
         array's id (``-r`` lists them one per line)."""
@@ -297,16 +280,8 @@ class SlurmLauncher(BatchLauncher):
             fmt = ["-O", _SQUEUE_FIELDS]
         else:
             fmt = ["-o", "%i|%T|%r||"]
-        try:
-            out = subprocess.run(
-                ["squeue", "-r", "-h", "-t", "all", "-j", ids, *fmt],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_SECONDS,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.debug("squeue failed: %s", exc)
+        out = run_command(["squeue", "-r", "-h", "-t", "all", "-j", ids, *fmt])
+        if out is None:
             return None
         if "format" in out.stderr.lower():
             raise _FormatUnsupported(out.stderr.strip())
