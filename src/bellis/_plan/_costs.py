@@ -75,7 +75,7 @@ def pick(
         return np.unique(stratified(candidates, n))
     h = hint[candidates]
     by_hint = candidates[np.argsort(h, kind="stable")]
-    first = stratified(by_hint, (n + 1) // 2)
+    first = stratified(by_hint, n - n // 3)
     rest = np.setdiff1d(candidates, first)
     m = min(n - len(first), len(rest))
     weights = hint[rest] + 1e-12

@@ -5,8 +5,10 @@ Theory of operation
 1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20): one block at a
    random place in each of ``N`` equal slices of the blocks left in Z-order (Morton), so
    the sample covers the grid in every axis. With a ``cost_hint`` (one value per block,
-   the skip mask's shape) half the sample is stratified by the hint's order instead, and
-   half drawn with probability proportional to the hint: costly regions are seen. With conflict
+   the skip mask's shape) two thirds of the sample are stratified by the hint's order
+   instead, and a third drawn with probability proportional to the hint: costly regions
+   are seen, and a sample that is mostly costly blocks (which contend with each other as
+   they would not in the run) is avoided. With conflict
    levels, blocks of the first level are picked (they wait for no neighbour); when it has
    too few, others too, with the lower-level blocks they wait for. A
    downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
