@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .._launchers._batch import BatchLauncher
 from .._run._runner import RunPlan, _finish, _run_plan
 from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB
@@ -549,20 +550,18 @@ def _predict(
             cpu_h, cpu_h * float(lo_hi[0]), cpu_h * float(lo_hi[1])
         )
         lau = run.task.launcher or rp.launcher
-        if getattr(lau, "name", None) == "slurm":
+        if isinstance(lau, BatchLauncher):  # SLURM, LSF, PBS, Grid Engine
             need = high.finished[gx] * 1.25 + 300.0
             task_forecast["time_limit"] = _format_time(need)
-            limit = getattr(lau, "walltime_seconds", None)
-            if limit is None and getattr(lau, "time_limit", None):
-                from .._launchers._slurm_text import time_limit_seconds
-
-                limit = time_limit_seconds(lau.time_limit)
+            limit = lau.limit_seconds
             if limit and limit * (1 + run.task.max_worker_restarts) < est.finished[gx]:
+                shown = getattr(lau, "time_limit", None) or _format_time(limit)
                 plan.warnings.append(
                     f"task {run.task_id!r}: the forecast wall {format_seconds(est.finished[gx])} "
-                    f"outlasts the job time limit ({lau.time_limit}) times its "
+                    f"outlasts the job time limit ({shown}) times its "
                     f"{1 + run.task.max_worker_restarts} starts; set "
-                    f"SlurmLauncher(time_limit={task_forecast['time_limit']!r}) or more workers"
+                    f"{type(lau).__name__}(time_limit={task_forecast['time_limit']!r}) or more "
+                    "workers"
                 )
     plan.forecast = forecast_json
 
