@@ -211,7 +211,7 @@ def _forecast_lines(f: dict[str, Any]) -> list[str]:
             "ladder " + " -> ".join(format_bytes(x) for x in rss["ladder"])
         )
     if f.get("time_limit"):
-        lines.append(f"SLURM time_limit: {f['time_limit']}")
+        lines.append(f"job time_limit: {f['time_limit']}")
     return lines
 
 
