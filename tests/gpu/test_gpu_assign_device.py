@@ -12,22 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from kit.nvml import nvml_device_count
+
 pytestmark = [pytest.mark.gpu]
 
 
-def _nvml_devices() -> int:
-    try:
-        import pynvml
-    except ImportError:
-        return 0
-    try:
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError:
-        return 0
-
-
-N = _nvml_devices()
+N = nvml_device_count()
 if N == 0:
     pytest.skip(
         "NVML finds no GPU here (or nvidia-ml-py is not installed)", allow_module_level=True

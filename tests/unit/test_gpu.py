@@ -14,45 +14,7 @@ from typing import Any
 import pytest
 
 from bellis._worker._gpu import GpuMeter, _Pynvml, open_gpu_meter, visible_devices
-
-
-class Dev:
-    def __init__(self, uuid: str, migs: list[Dev] | None = None) -> None:
-        self.uuid = uuid
-        self.migs = migs or []
-        self.util: list[tuple[int, int, int]] = []  # (pid, stamp_us, sm)
-        self.procs: list[tuple[int, int]] = []  # (pid, bytes)
-
-
-class FakeNvml:
-    """What NVML would answer for a node with these devices."""
-
-    def __init__(self, devices: list[Dev]) -> None:
-        self.devices = devices
-        self.util_calls: list[tuple[str, int]] = []
-        self.fail_util = False
-
-    def device_count(self) -> int:
-        return len(self.devices)
-
-    def handle_by_index(self, index: int) -> Any:
-        return self.devices[index]
-
-    def uuid(self, handle: Any) -> str:
-        return str(handle.uuid)
-
-    def mig_handles(self, handle: Any) -> list[Any]:
-        return list(handle.migs)
-
-    def process_utilization(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
-        self.util_calls.append((handle.uuid, since_us))
-        if self.fail_util:
-            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
-        # NVML returns the samples newer than the timestamp it is given
-        return [s for s in handle.util if s[1] > since_us]
-
-    def running_processes(self, handle: Any) -> list[tuple[int, int]]:
-        return list(handle.procs)
+from kit.nvml import Dev, FakeNvml
 
 
 def node(n: int = 2) -> FakeNvml:

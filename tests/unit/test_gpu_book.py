@@ -17,34 +17,10 @@ from bellis._launchers._gpus import (
 )
 from bellis._sizes import GPU_SHARES
 from bellis.errors import ConfigurationError
+from kit.nvml import Dev, FakeNvml
 
 ONE = GPU_SHARES
 HALF = GPU_SHARES // 2
-
-
-class Dev:
-    def __init__(self, uuid: str, migs: list[Dev] | None = None) -> None:
-        self.uuid = uuid
-        self.migs = migs or []
-
-
-class FakeNvml:
-    """The enumeration NVML would give for a node with these devices."""
-
-    def __init__(self, devices: list[Dev]) -> None:
-        self.devices = devices
-
-    def device_count(self) -> int:
-        return len(self.devices)
-
-    def handle_by_index(self, index: int) -> Any:
-        return self.devices[index]
-
-    def uuid(self, handle: Any) -> str:
-        return str(handle.uuid)
-
-    def mig_handles(self, handle: Any) -> list[Any]:
-        return list(handle.migs)
 
 
 # ------------------------------------------------------------------------ the book

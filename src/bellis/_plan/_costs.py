@@ -112,14 +112,12 @@ def warm_up(
     later = position >= k
     if k == 0 or later.sum() < 3:
         return None, wall
+    expected = np.full(len(wall), float(np.median(wall[later])))
     if where is not None:
         flat, grid = where
         early = np.flatnonzero(~later)
         steady_idx = np.flatnonzero(later)
-        expected = np.full(len(wall), float(np.median(wall[later])))
         expected[early] = wall[steady_idx[nearest(grid, flat[early], flat[steady_idx])]]
-    else:
-        expected = np.full(len(wall), float(np.median(wall[later])))
     floor = float(wall[later].min())
     steady = wall.astype(np.float64)
     total = 0.0
