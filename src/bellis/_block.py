@@ -95,12 +95,6 @@ class BlockStatus:
     SUCCESS = 2
     FAILED = 3
 
-    _names = ("CREATED", "PROCESSING", "SUCCESS", "FAILED")
-
-    @classmethod
-    def name_of(cls, value: int) -> str:
-        return cls._names[value]
-
 
 def _pyramid_volume(dims: int, edge: int) -> int:
     if edge <= 0:
@@ -184,10 +178,6 @@ class BlockStats:
             self._gpu_mem,
             self._cpu_children,
         )
-
-    @classmethod
-    def from_tuple(cls, values: Any) -> BlockStats:
-        return cls(*values)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BlockStats):

@@ -409,20 +409,6 @@ class TaskGeometry:
             out.append(c)
         return out
 
-    def level_counts(self, lvl: int) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """Number of in-grid upstream blocks for every block of level ``lvl``."""
-        import numpy as np
-
-        shape = self.level_shape(lvl)
-        if lvl == 0:
-            return np.zeros(shape, dtype=np.int64)
-        result: np.ndarray[Any, np.dtype[np.int64]] = np.ones(shape, dtype=np.int64)
-        for i, c in enumerate(self.level_axis_counts(lvl)):
-            view = [1] * self.dims
-            view[i] = shape[i]
-            result = result * c.reshape(view)
-        return result
-
     def level_indices(self, lvl: int) -> Iterator[int]:
         """Flat indices of level ``lvl`` in cartesian order, lazily."""
         if not self.num_blocks:

@@ -401,11 +401,6 @@ class ForkedProcess:
         assert self._pid is not None
         return self._pid
 
-    @property
-    def is_forked(self) -> bool:
-        """Whether the zygote forked this worker (False while unknown or when spawned)."""
-        return self._pid is not None
-
     def poll(self) -> int | None:
         if self.popen is not None:
             return self.popen.poll()
