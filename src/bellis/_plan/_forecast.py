@@ -453,8 +453,15 @@ def _predict(
             )
             if warm is not None:
                 warm_ups.append(warm)
+        # a picked block that a check_function found done costs its neighbours nothing
+        # either: the run's check skips them as it skipped it
+        skipped = chosen[found_done]
         costs, model = _costs.predict_costs(
-            run.geom.grid, targets, ok, model_wall, hints.get(run.task_id)
+            run.geom.grid,
+            targets,
+            np.concatenate([ok, skipped]),
+            np.concatenate([model_wall, np.zeros(len(skipped))]),
+            hints.get(run.task_id),
         )
         cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
         index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
