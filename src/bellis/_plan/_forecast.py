@@ -2,7 +2,12 @@
 
 Theory of operation
 -------------------
-1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20): one block at a
+0. **Follow a grown volume.** A store written for a smaller volume is moved onto the
+   task's grid first, as the sample run's start would (the dry run does not count the
+   done blocks of a store of another layout: a sample picked without them would take
+   blocks already done).
+1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20; every block left
+   when fewer are): only blocks neither done nor masked, one block at a
    random place in each of ``N`` equal slices of the blocks left in Z-order (Morton), so
    the sample covers the grid in every axis. With a ``cost_hint`` (one value per block,
    the skip mask's shape) two thirds of the sample are stratified by the hint's order
@@ -17,7 +22,13 @@ Theory of operation
 2. **Run.** The tasks run as they would (same launcher, workers, resources), each as a copy
    whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
    blocks are recorded done in the tasks' own stores: the real run skips them.
-3. **Measure.** Each sampled block's wall, CPU and peak RSS are read back from the store;
+3. **Measure.** Only the blocks the sample run ran count: a picked block whose stamps
+   (``sent_at``, ``returned_at``, the server's ``time.time()``) lie outside the sample
+   run's start and end did not run in it (a ``check_function`` found it done; its
+   figures, if any, are another run's), is not counted as sampled and costs the blocks
+   nearest it nothing; a timing of another run or clock never reaches the forecast
+   (:func:`._costs.round_trips` raises on one). Each sampled block's wall, CPU and peak
+   RSS are read back from the store;
    the sample run's report gives the worker starts, and the blocks' send and return times
    the round trip per batch. The sample's first blocks wait until the task's workers are
    all there (``_scheduling._gate``), so they run beside as many others as in the run; a
