@@ -91,6 +91,13 @@ if __name__ == "__main__":
                               progress=False, summary=False)
     wall = time.perf_counter() - t0
     step("resume")
+    # fewer blocks left than the sample asks for: it takes all of them, and says so
+    few = bellis.Task("few", Roi((0, 0), (50, 10)), Roi((0, 0), (10, 10)),
+                      Roi((0, 0), (10, 10)), process_function=work, max_workers=2)
+    few_plan = bellis.plan(few, sample=20, multiprocessing=distributed, show=False)
+    with open(os.path.join(base, "few.json"), "w") as f:
+        json.dump(few_plan.to_json(), f)
+    step("few")
     print("@@" + json.dumps({"ok": ok, "wall": wall}))
 """
 
@@ -153,3 +160,11 @@ def test_a_forecast_on_a_half_done_store_samples_what_is_left_and_forecasts_the_
     line = json.loads((tmp_path / "tracking" / "t" / "runs.jsonl").read_text().splitlines()[-1])
     assert line["forecast"]["blocks_left"] == t["left"]
     assert line["forecast"]["actual"]["blocks"] == len(resume)
+    # fewer left than asked: all of them ran, and the plan says so
+    (few,) = json.loads((tmp_path / "few.json").read_text())["tasks"]
+    assert few["forecast"]["sampled"] == len(_ids(tmp_path / "ran_few")) == 5
+    assert few["forecast"]["sample_asked"] == 20 and few["left"] == 0
+    assert (
+        "the sample asked for 20 blocks but only 5 were left to do: it took all of them"
+        in few["notes"]
+    )

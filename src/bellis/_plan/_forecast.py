@@ -487,7 +487,7 @@ def _predict(
         if started is not None and first is not None and not run.up_edges:
             start_delays.append(max(0.0, float(first) - float(started)))
         starts.append(_worker_starts(rep))
-        if rp.distributed and window is not None and {"worker_id", "sent_at"} <= set(figs):
+        if rp.distributed and window is not None and stamped and "worker_id" in figs:
             round_trips.extend(
                 _costs.round_trips(
                     figs["worker_id"][ok],
