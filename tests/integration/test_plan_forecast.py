@@ -90,6 +90,8 @@ SCRIPT = textwrap.dedent(
 
 RUN_FIELDS = {
     "blocks_left",
+    "blocks_done",
+    "done_before",
     "sampled",
     "start_delay_seconds",
     "warm_up_seconds",
@@ -105,6 +107,11 @@ TASK_FIELDS = {
     "sampled",
     "sampled_done",
     "sample_failed",
+    "sample_asked",
+    "sample_picked",
+    "sample_found_done",
+    "done_before",
+    "left_before",
     "cost_model",
     "block_wall",
     "block_cpu",

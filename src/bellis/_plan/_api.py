@@ -38,9 +38,10 @@ def plan(
     ``show`` prints the plan's table to stdout. See docs/plan.md.
 
     ``sample=N`` (blocks per task; ``True``: 2% of the blocks left, at least 20) adds a
-    forecast: a sample of blocks spread over the grid really runs on the task's launcher
-    and is recorded done (the real run skips it), and from its figures the plan predicts,
-    with an interval, the run's wall at ``max_workers`` and at x0.5, x2 and x4 (a
+    forecast: a sample of the blocks left to do (neither done nor masked), spread over the
+    grid, really runs on the task's launcher and is recorded done (the real run skips
+    it), and from its own figures the plan predicts the rest (a resume: the blocks left
+    after it), with an interval: the run's wall at ``max_workers`` and at x0.5, x2 and x4 (a
     simulation of the schedule), its core-hours, each task's peak RSS percentiles with a
     memory request that fits, and for SLURM a time limit; it warns when the settings will
     not fit. ``cost_hint`` (an array of the skip mask's shape, or a dict of them by task

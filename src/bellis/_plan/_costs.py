@@ -14,11 +14,14 @@ import numpy as np
 from .._scheduling._batching import BATCH_TARGET_SECONDS, MAX_BATCH
 
 __all__ = [
+    "choose",
+    "in_window",
     "nearest",
     "per_block_overhead",
     "pick",
     "predict_costs",
     "round_trips",
+    "sample_outcome",
     "warm_up",
     "z_order",
 ]
@@ -26,6 +29,9 @@ __all__ = [
 #: above this many block x sample pairs the nearest sampled block is looked up along the
 #: Z-order curve (:func:`nearest`); below, exactly (chunked)
 _NEAREST_CELLS = 50_000_000
+#: seconds a stamp may lie outside the sample run's start and end (float rounding: the
+#: stamps and the run's bounds are taken on one clock, the server's ``time.time()``)
+_STAMP_SLACK = 0.05
 
 
 def z_keys(flat: np.ndarray[Any, Any], grid: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -83,6 +89,48 @@ def pick(
     return np.unique(np.concatenate([first, second]))
 
 
+def choose(
+    left: np.ndarray[Any, Any],
+    first: np.ndarray[Any, Any],
+    n: int,
+    hint: np.ndarray[Any, Any] | None,
+    rng: Any,
+) -> np.ndarray[Any, Any]:
+    """A task's sample: ``n`` flat indices of blocks left to do (``left``: one bool per
+    block, False for a block done or masked), spread by :func:`pick`, first among the
+    ``first`` blocks (those that wait for no other, a subset of ``left``), then, if they
+    are too few, among the rest. A block that is not left is never taken; when fewer than
+    ``n`` are left, every one of them is."""
+    first = first & left
+    picked = pick(first, n, hint, rng)
+    if len(picked) < n:  # a small first level: more, of any level
+        rest = left.copy()
+        rest.reshape(-1)[picked] = False
+        picked = np.union1d(picked, pick(rest, n - len(picked), hint, rng))
+    return picked.astype(np.int64)
+
+
+def sample_outcome(
+    done: np.ndarray[Any, Any],
+    sent_at: np.ndarray[Any, Any] | None,
+    returned_at: np.ndarray[Any, Any] | None,
+    window: tuple[float, float] | None,
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """What became of each picked block in the sample run, from the store after it:
+    ``(ran, completed, found_done)``, one bool each per block. ``ran``: the sample run
+    handed it out (its stamps are inside ``window``, the run's start and end:
+    :func:`in_window`); ``completed``: it ran and is done, its figures the sample's own;
+    ``found_done``: done without running in the sample (a ``check_function`` found its
+    output, or another run did it meanwhile): its figures, if any, are another run's and
+    are not used. Without stamps (no resource tracking) or a window, a done block counts
+    as run."""
+    is_done = np.asarray(done) != 0
+    if sent_at is None or returned_at is None or window is None:
+        return is_done.copy(), is_done.copy(), np.zeros(len(is_done), dtype=bool)
+    ran = in_window(sent_at, returned_at, window)
+    return ran, ran & is_done, is_done & ~ran
+
+
 def warm_up(
     worker_id: np.ndarray[Any, Any],
     sent_at: np.ndarray[Any, Any],
@@ -131,17 +179,55 @@ def warm_up(
     return total, steady
 
 
+def in_window(
+    sent_at: np.ndarray[Any, Any],
+    returned_at: np.ndarray[Any, Any],
+    window: tuple[float, float],
+) -> np.ndarray[Any, Any]:
+    """Per block: whether its stamps (``sent_at``, ``returned_at``, seconds since the epoch
+    on the server's clock) lie inside ``window`` (the sample run's start and end on that
+    clock), in order. A block whose stamps are not is not the sample run's own: a block
+    done in an earlier run, or marked done by a ``check_function`` without running (its
+    stamps are 0, or an earlier attempt's)."""
+    start, end = window
+    sent = np.asarray(sent_at, dtype=np.float64)
+    back = np.asarray(returned_at, dtype=np.float64)
+    out: np.ndarray[Any, Any] = (
+        np.isfinite(sent)
+        & np.isfinite(back)
+        & (sent > 0)
+        & (sent >= start - _STAMP_SLACK)
+        & (back >= sent)
+        & (back <= end + _STAMP_SLACK)
+    )
+    return out
+
+
 def round_trips(
     worker_id: np.ndarray[Any, Any],
     sent_at: np.ndarray[Any, Any],
     returned_at: np.ndarray[Any, Any],
     wall: np.ndarray[Any, Any],
+    window: tuple[float, float],
 ) -> list[float]:
     """Per worker with two batches or more: the seconds per batch it was out of its block
     function while it held blocks (dispatch, the round trip, recording), from when its
     first batch was sent to when its last came back. The blocks of one batch share their
     ``sent_at``. Every sampled block is ready at once, so a worker never waits for one in
-    between."""
+    between.
+
+    The stamps must all be the sample run's own: inside ``window``, its start and end on
+    the same clock (:func:`in_window`). A stamp of another run (a block done before, its
+    stamps from another day, or 0) would make a span of months; it raises ValueError
+    instead of giving one."""
+    foreign = ~in_window(sent_at, returned_at, window)
+    if foreign.any():
+        i = int(np.flatnonzero(foreign)[0])
+        raise ValueError(
+            f"{int(foreign.sum())} of {len(foreign)} blocks have stamps outside the sample "
+            f"run ({window[0]:.3f} to {window[1]:.3f}), e.g. sent {float(sent_at[i]):.3f}, "
+            f"returned {float(returned_at[i]):.3f}: they are not the sample's own timings"
+        )
     out = []
     for w in np.unique(worker_id):
         idx = np.flatnonzero(worker_id == w)

@@ -2,7 +2,12 @@
 
 Theory of operation
 -------------------
-1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20): one block at a
+0. **Follow a grown volume.** A store written for a smaller volume is moved onto the
+   task's grid first, as the sample run's start would (the dry run does not count the
+   done blocks of a store of another layout: a sample picked without them would take
+   blocks already done).
+1. **Pick.** Per task, ``N`` of the blocks left (default 2%, at least 20; every block left
+   when fewer are): only blocks neither done nor masked, one block at a
    random place in each of ``N`` equal slices of the blocks left in Z-order (Morton), so
    the sample covers the grid in every axis. With a ``cost_hint`` (one value per block,
    the skip mask's shape) two thirds of the sample are stratified by the hint's order
@@ -17,7 +22,13 @@ Theory of operation
 2. **Run.** The tasks run as they would (same launcher, workers, resources), each as a copy
    whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
    blocks are recorded done in the tasks' own stores: the real run skips them.
-3. **Measure.** Each sampled block's wall, CPU and peak RSS are read back from the store;
+3. **Measure.** Only the blocks the sample run ran count: a picked block whose stamps
+   (``sent_at``, ``returned_at``, the server's ``time.time()``) lie outside the sample
+   run's start and end did not run in it (a ``check_function`` found it done; its
+   figures, if any, are another run's), is not counted as sampled and costs the blocks
+   nearest it nothing; a timing of another run or clock never reaches the forecast
+   (:func:`._costs.round_trips` raises on one). Each sampled block's wall, CPU and peak
+   RSS are read back from the store;
    the sample run's report gives the worker starts, and the blocks' send and return times
    the round trip per batch. The sample's first blocks wait until the task's workers are
    all there (``_scheduling._gate``), so they run beside as many others as in the run; a
@@ -48,6 +59,8 @@ from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB
 from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
+from .._tracking import TrackingStore, layout_hash
+from .._tracking._layout import plan_growth
 from ..errors import ConfigurationError
 from . import _costs
 from ._dry import DryRun
@@ -74,6 +87,41 @@ def sample_size(left: int, sample: int | bool) -> int:
     else:
         n = int(sample)
     return max(0, min(n, left))
+
+
+def _asked(left: int, sample: int | bool) -> int:
+    """Blocks the sample asks for, before :func:`sample_size` caps it at the blocks left."""
+    if sample is True:
+        return max(MIN_SAMPLE, math.ceil(DEFAULT_FRACTION * left))
+    return int(sample)
+
+
+def _follow_grown_volumes(rp: RunPlan) -> None:
+    """Move each store whose task's volume grew since it was written onto the task's grid
+    now, as the sample run's start would (docs/tracking.md, "A grown volume"): the dry
+    run does not count the done blocks of a store of another layout, and a sample picked
+    without them would take blocks already done, and their figures from another run. A
+    store that cannot follow its task is left alone (the sample run raises
+    ``LayoutMismatch`` for it, as the real run would)."""
+    for t in rp.tasks:
+        path = t.resolved_tracking_path()
+        if path is None or not (Path(path) / "zarr.json").exists():
+            continue
+        layout = t._store_layout()
+        with TrackingStore.open_readonly(path) as store:
+            grown = store.task_hash is not None and store.task_hash != layout_hash(layout)
+            if grown:
+                grown = not isinstance(plan_growth(store.record, layout), str)
+        if grown:
+            TrackingStore.open(path, layout, resource_tracking=t.resource_tracking).close()
+
+
+def _window(report: dict[str, Any]) -> tuple[float, float] | None:
+    """The sample run's start and end (``time.time()``, the clock of its blocks' stamps)."""
+    a, b = report.get("run_started_at"), report.get("run_finished_at")
+    if a is None or b is None or not b >= a:
+        return None
+    return float(a), float(b)
 
 
 def _check_sample(sample: Any) -> int | bool:
@@ -315,25 +363,29 @@ def forecast(
             "block_tracking=True",
             parameter="sample",
         )
+    _follow_grown_volumes(rp)
     rng = np.random.default_rng(seed)
+    before_counts: dict[str, dict[str, int]] = {}
     with DryRun(rp) as before:
         picks: dict[str, np.ndarray[Any, Any]] = {}
         for run in before.scheduler.runs:
-            n = sample_size(int(before.left_mask(run).sum()), sample)
+            left = before.left_mask(run)
+            n_left = int(left.sum())
+            n = sample_size(n_left, sample)
+            before_counts[run.task_id] = {
+                "done": int(run.skipped_done),
+                "left": n_left,
+                "asked": _asked(n_left, sample),
+            }
             hint = hints.get(run.task_id)
-            picked = _costs.pick(_first_level(before, run), n, hint, rng)
-            if len(picked) < n:  # a small first level: more, of any level (closed below)
-                rest = before.left_mask(run).copy()
-                rest.reshape(-1)[picked] = False
-                picked = np.union1d(picked, _costs.pick(rest, n - len(picked), hint, rng))
-            picks[run.task_id] = picked
+            picks[run.task_id] = _costs.choose(left, _first_level(before, run), n, hint, rng)
         _close(before, picks)
     n_picked = sum(len(v) for v in picks.values())
     logger.info("bellis plan: running a sample of %d blocks", n_picked)
     reports = _run_sample(rp, picks) if n_picked else {}
     with DryRun(rp) as after:
         plan = after.plan()
-        _predict(rp, after, plan, picks, reports, hints)
+        _predict(rp, after, plan, picks, reports, hints, before_counts)
     _leave_for_scoring(plan)
     return plan
 
@@ -369,6 +421,7 @@ def _predict(
     picks: dict[str, np.ndarray[Any, Any]],
     reports: dict[str, Any],
     hints: dict[str, np.ndarray[Any, Any]],
+    before: dict[str, dict[str, int]],
 ) -> None:
     runs = dry.scheduler.runs
     all_costs: list[np.ndarray[Any, Any]] = []
@@ -382,11 +435,22 @@ def _predict(
     starts: list[tuple[list[float], float]] = []
     round_trips: list[float] = []
     warm_ups: list[float] = []
+    done_before = sampled = 0
     for gi, run in enumerate(runs):
         out = plan[run.task_id]
         figs = _grid_figures(dry, run)
         chosen = picks.get(run.task_id, np.zeros(0, dtype=np.int64))
-        ok = chosen[figs["done"][chosen] != 0] if "done" in figs and len(chosen) else chosen[:0]
+        rep = reports.get(run.task_id) or {}
+        window = _window(rep)
+        stamped = {"sent_at", "returned_at"} <= set(figs)
+        ran, completed, found_done = _costs.sample_outcome(
+            figs["done"][chosen] if "done" in figs else np.zeros(len(chosen)),
+            figs["sent_at"][chosen] if stamped else None,
+            figs["returned_at"][chosen] if stamped else None,
+            window,
+        )
+        # only the sample run's own blocks: their figures and stamps are of its clock
+        ok = chosen[completed]
         wall = figs["wall_seconds"][ok] if "wall_seconds" in figs else np.zeros(0)
         cpu = (figs.get("cpu_seconds", np.zeros(0))[ok] if len(ok) else np.zeros(0)) + (
             figs["cpu_children_seconds"][ok] if "cpu_children_seconds" in figs else 0.0
@@ -400,8 +464,15 @@ def _predict(
             )
             if warm is not None:
                 warm_ups.append(warm)
+        # a picked block that a check_function found done costs its neighbours nothing
+        # either: the run's check skips them as it skipped it
+        skipped = chosen[found_done]
         costs, model = _costs.predict_costs(
-            run.geom.grid, targets, ok, model_wall, hints.get(run.task_id)
+            run.geom.grid,
+            targets,
+            np.concatenate([ok, skipped]),
+            np.concatenate([model_wall, np.zeros(len(skipped))]),
+            hints.get(run.task_id),
         )
         cpu_ratio = float(cpu.sum() / wall.sum()) if wall.sum() > 0 else 1.0
         index_of[run.task_id] = {int(k): total + j for j, k in enumerate(targets.tolist())}
@@ -412,15 +483,18 @@ def _predict(
         if len(wall):
             means = _bootstrap_means(model_wall)
             ratios.append(means / max(model_wall.mean(), 1e-12))
-        rep = reports.get(run.task_id) or {}
         started, first = rep.get("run_started_at"), rep.get("first_sent_at")
         if started is not None and first is not None and not run.up_edges:
             start_delays.append(max(0.0, float(first) - float(started)))
         starts.append(_worker_starts(rep))
-        if rp.distributed and {"worker_id", "sent_at", "returned_at"} <= set(figs):
+        if rp.distributed and window is not None and stamped and "worker_id" in figs:
             round_trips.extend(
                 _costs.round_trips(
-                    figs["worker_id"][ok], figs["sent_at"][ok], figs["returned_at"][ok], wall
+                    figs["worker_id"][ok],
+                    figs["sent_at"][ok],
+                    figs["returned_at"][ok],
+                    wall,
+                    window,
                 )
             )
         lau = run.task.launcher or rp.launcher
@@ -428,16 +502,24 @@ def _predict(
         configured = None if memory is None else memory[0]
         growth = run.task.memory_growth or getattr(lau, "memory_growth", None) or 2.0
         rss_stat = _stat(rss) if len(rss) else None
+        was = before.get(run.task_id, {"done": 0, "left": len(chosen), "asked": len(chosen)})
         f: dict[str, Any] = {
-            "sampled": len(chosen),
+            "sampled": int(ran.sum()),
             "sampled_done": len(ok),
-            "sample_failed": int(len(chosen) - len(ok)),
+            "sample_failed": int(len(chosen) - len(ok) - int(found_done.sum())),
+            "sample_asked": was["asked"],
+            "sample_picked": len(chosen),
+            "sample_found_done": int(found_done.sum()),
+            "done_before": was["done"],
+            "left_before": was["left"],
             "cost_model": model,
             "block_wall": _stat(wall),
             "block_cpu": _stat(cpu),
             "peak_rss": None,
             "time_limit": None,
         }
+        done_before += was["done"]
+        sampled += f["sampled"]
         if rss_stat is not None:
             request = _round_request(rss_stat["p99"])
             f["peak_rss"] = {
@@ -461,6 +543,17 @@ def _predict(
             plan.warnings.append(
                 f"task {run.task_id!r}: {f['sample_failed']} of {len(chosen)} sampled blocks "
                 "did not complete; they are left for the run (see bellis status --failed)"
+            )
+        if f["sample_found_done"]:
+            out.notes.append(
+                f"{f['sample_found_done']} of the {len(chosen)} blocks picked for the sample "
+                "were done without running in it (a check_function found their output, or "
+                "another run did them): not measured, and not counted as sampled"
+            )
+        if was["asked"] > was["left"]:
+            out.notes.append(
+                f"the sample asked for {was['asked']} blocks but only {was['left']} were "
+                "left to do: it took all of them"
             )
         if len(wall) and wall.max() > 0.5 * run.task.timeout_secs:
             plan.warnings.append(
@@ -503,7 +596,9 @@ def _predict(
     est, low, high = (sim(s, base_workers) for s in (1.0, float(lo_hi[0]), float(lo_hi[1])))
     forecast_json: dict[str, Any] = {
         "blocks_left": int(total),
-        "sampled": int(sum(len(v) for v in picks.values())),
+        "blocks_done": int(sum(plan[r.task_id].done for r in runs)),
+        "done_before": done_before,
+        "sampled": sampled,
         "start_delay_seconds": start_delay,
         "warm_up_seconds": warm_up,
         "round_trip_seconds": round_trip,

@@ -199,9 +199,12 @@ def _interval(d: dict[str, Any], fmt: Any) -> str:
 
 
 def _forecast_lines(f: dict[str, Any]) -> list[str]:
+    ran = f"sample: {f['sampled']} blocks ran (recorded done)"
+    if "left_before" in f:
+        ran += f" of the {f['left_before']} left; {f['done_before']} were done before it"
     lines = [
-        f"sample: {f['sampled']} blocks ran (recorded done); block wall p50 "
-        f"{format_seconds(f['block_wall']['p50'])}, p95 {format_seconds(f['block_wall']['p95'])}",
+        f"{ran}; block wall p50 {format_seconds(f['block_wall']['p50'])}, "
+        f"p95 {format_seconds(f['block_wall']['p95'])}",
     ]
     rss = f.get("peak_rss")
     if rss is not None:
@@ -218,6 +221,8 @@ def _forecast_lines(f: dict[str, Any]) -> list[str]:
 def _run_forecast_lines(f: dict[str, Any]) -> list[str]:
     lines = [
         "forecast (from the sample; interval p10-p90 of the simulated schedule):",
+        f"  blocks left to forecast: {f['blocks_left']} (done: {f.get('blocks_done', 0)}, "
+        f"{f.get('done_before', 0)} of them before the sample, {f['sampled']} by it)",
         f"  wall at max_workers as set: {_interval(f['wall'], format_seconds)}",
         f"  core-hours (CPU): {_interval(f['core_hours'], lambda x: f'{x:.3g}')}",
         f"  worker-hours (held): {_interval(f['worker_hours'], lambda x: f'{x:.3g}')}",
