@@ -85,8 +85,11 @@ def _built_shape(path: Path) -> tuple[int, ...] | None:
         return None
     try:
         root = zarr.open_group(str(path), mode="r")
-        shapes = {tuple(root[name].shape) for name in ("raw", "smoothed", "labels")}
-        counts = tuple(root["counts"].shape)
+        arrays = [root[name] for name in ("raw", "smoothed", "labels", "counts")]
+        if not all(isinstance(a, zarr.Array) for a in arrays):
+            return None
+        shapes = {tuple(a.shape) for a in arrays[:3]}  # type: ignore[union-attr]
+        counts = tuple(arrays[3].shape)  # type: ignore[union-attr]
     except Exception:  # a broken or foreign folder: built again, as a missing one is
         return None
     if len(shapes) != 1:
