@@ -44,9 +44,11 @@ def test_identical_failures_are_counted_after_the_first_records(tmp_path: Path) 
     assert (tmp_path / "errors.jsonl").stat().st_size < 64 * 1024
     lines = read_errors(tmp_path)
     assert sum("count" not in d for d in lines) == 11
-    groups = {g.key[1]: g for g in group_errors(lines)}
-    assert groups["boom"].count == 100_000 and groups["other"].count == 1
-    assert groups["boom"].first is not None and groups["boom"].first.block_id == 0
+    # one raising line: one group, its two messages counted apart
+    (group,) = group_errors(lines)
+    assert group.count == 100_001 and group.messages == [("boom", 100_000), ("other", 1)]
+    assert group.first is not None and group.first.block_id == 0
+    assert group.title == "ValueError (2 distinct messages)"
 
 
 def test_a_torn_last_line_is_skipped_and_terminated(tmp_path: Path) -> None:
