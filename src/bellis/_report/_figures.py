@@ -76,7 +76,7 @@ PALETTE: Final = (
 FAILED_COLOUR: Final = "#d62728"
 RETRIED_COLOUR: Final = "#ff7f0e"
 #: The report's byte units: binary, named as IEC names them (the page's scripts use the
-#: same). The terminal panel keeps daisy's KB/MB/GB labels (SPEC §5.9); the report does not.
+#: same), as the terminal panel's are (``_sizes.format_bytes``).
 VOLUME_METRICS: Final = (
     ("state", "state (done, failed ...)", ""),
     ("failures", "failed attempts", ""),
