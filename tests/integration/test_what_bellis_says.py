@@ -282,3 +282,104 @@ def test_the_report_gives_red_and_orange_one_meaning(tmp_path: Path) -> None:
     assert colours["t: done after failed attempts"] == state_colour("done after failed attempts")
     assert colours["t: failed attempt"] == state_colour("failed")
     assert state_colour("failed") != state_colour("done after failed attempts")
+
+
+# ------------------------------------------------------------------------------------
+# sizes: binary units named so; one memory recommendation for plan and report
+
+MEMORY = """
+import json, sys
+import numpy as np
+import bellis
+from bellis import Roi
+
+def process(block):
+    # blocks of different sizes: 8 to 72 MiB, touched so that they count in the RSS
+    y, x = (int(v) // 10 for v in block.write_roi.offset)
+    a = np.ones(((y * 5 + x) % 9 + 1) * (8 << 20) // 8)
+    a.sum()
+
+def task():
+    return bellis.Task(
+        "t",
+        total_roi=Roi((0, 0), (50, 50)),
+        read_roi=Roi((0, 0), (10, 10)),
+        write_roi=Roi((0, 0), (10, 10)),
+        process_function=process,
+        num_workers=2,
+        read_write_conflict=False,
+        tracking_path=sys.argv[2],
+        resource_tracking=True,
+    )
+
+if sys.argv[1] == "plan":
+    plan = bellis.plan(task(), sample=20, seed=1)
+    print("PLAN", json.dumps(plan.to_json()))
+else:
+    print("RESULT", bellis.run_blockwise([task()]))
+"""
+
+
+def test_the_panel_names_binary_sizes_in_binary_units(tmp_path: Path) -> None:
+    """The Resource Utilization panel printed MiB labelled "MB"."""
+    script = tmp_path / "mem.py"
+    script.write_text(MEMORY)
+    proc = subprocess.run(
+        [sys.executable, str(script), "run", str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert "RESULT True" in proc.stdout, proc.stdout + proc.stderr
+    panel = proc.stdout[proc.stdout.index("Resource Utilization") :]
+    m = re.search(r"peak RSS\s+([\d.]+) (\w+) ± ([\d.]+) (\w+)", panel)
+    assert m is not None, panel
+    # the ground truth: the mean peak RSS of the store's blocks, in MiB
+    import zarr
+
+    rss = np.asarray(zarr.open_group(str(tmp_path / "store"), mode="r")["peak_rss_bytes"][:])
+    mean = float(rss[rss > 0].mean())
+    assert m.group(2) == "MiB", panel
+    assert float(m.group(1)) == pytest.approx(mean / 2**20, abs=0.051)
+    assert not re.search(r"\d (KB|MB|GB|TB)\b", proc.stdout), panel
+
+
+def test_plan_and_report_recommend_one_memory_request(tmp_path: Path) -> None:
+    """`bellis.plan(sample=N)` and the report of the same store recommended 128 MiB and
+    256 MiB: one rule now, from the same blocks' peak RSS."""
+    script = tmp_path / "mem.py"
+    script.write_text(MEMORY)
+    store = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, str(script), "plan", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("PLAN ")), None)
+    assert line is not None, proc.stdout + proc.stderr
+    plan = json.loads(line[5:])
+    (outlook,) = plan["tasks"]
+    request = outlook["forecast"]["peak_rss"]["request"]
+    page = tmp_path / "report.html"
+    rep = subprocess.run(
+        [*BELLIS, "report", str(store), "-o", str(page)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    html = page.read_text(encoding="utf-8")
+    m = re.search(r"a memory request of ([\d.]+) (MiB|GiB) covers every block", html)
+    assert m is not None
+    scale = 2**20 if m.group(2) == "MiB" else 2**30
+    assert float(m.group(1)) == pytest.approx(request / scale, abs=0.051)
+    # the rule itself, from the store's own peak RSS: the largest, plus 25%, in 64 MiB steps
+    import zarr
+
+    rss = np.asarray(zarr.open_group(str(store), mode="r")["peak_rss_bytes"][:])
+    step = 64 * 2**20
+    assert request == -(-int(rss.max() * 1.25) // step) * step
