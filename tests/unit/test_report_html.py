@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from bellis._report._advice import advice
-from bellis._sizes import recommended_memory
 from bellis._report._data import StoreData
 from bellis._report._figures import (
     TIMELINE_BLOCKS,
@@ -18,7 +17,7 @@ from bellis._report._figures import (
     volume_payload,
 )
 from bellis._report._gantt import ATTEMPT_COLOUR, _busy_bins, timeline_figure
-from bellis._sizes import format_iec
+from bellis._sizes import format_iec, recommended_memory
 
 
 def _store(n: int = 100, **stats: np.ndarray) -> StoreData:

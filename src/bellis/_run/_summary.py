@@ -151,7 +151,7 @@ class ErrorGroup:
     @property
     def title(self) -> str:
         """The summary line of its one message, else ``ValueError (12 distinct messages)``."""
-        if len(self.messages) <= 1:
+        if len(self.messages) <= 1 or self.summary == OTHER_ERRORS_SUMMARY:
             return self.summary
         return f"{self.type or 'error'} ({len(self.messages)} distinct messages)"
 
@@ -274,6 +274,7 @@ class ErrorCollector:
         if group is None:
             if len(groups) >= self._max_groups:
                 key = summary = OTHER_ERRORS_SUMMARY
+                type_, where = "", None
                 group = groups.get(key)
             if group is None:
                 text = "" if summary == OTHER_ERRORS_SUMMARY else traceback_text.rstrip("\n")
