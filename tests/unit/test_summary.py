@@ -492,3 +492,27 @@ def test_abandoned_without_a_reason_has_no_parenthesis() -> None:
         "    Task 'a' was abandoned: workers failed 0 times, 0 restarts performed.\n"
         "    No worker error was captured."
     )
+
+
+def test_a_group_names_only_its_failed_blocks_messages_under_failed() -> None:
+    """One raising line, two blocks failed for good and one done after a retry: the
+    failure section gives the failed blocks' message, the retry line the other's."""
+    collector = ErrorCollector()
+    for k, message in ((0, "bad tile"), (1, "bad tile"), (2, "slow disk")):
+        text = VALUE_ERROR_TB.replace("boom", message)
+        collector.add("a", 20 + k, text, None, index=k, coord=(k, 0))
+    collector.settle("a", lambda k: "done" if k == 2 else "failed")
+    state = done("a", total=3, completed_count=1, failed_count=2)
+    text = format_summary({"a": state}, ["a"], log_dir=None, errors=collector.as_dict())
+    assert (
+        "    2 blocks failed in task 'a' with 1 distinct error:\n"
+        "\n"
+        "    ValueError: bad tile\n"
+        "      blocks 20 (0, 0), 21 (1, 0)\n"
+    ) in text
+    assert "slow disk" not in text[: text.index("done after a retry")]
+    assert text.endswith(
+        "    1 block done after a retry in task 'a':\n"
+        "      ValueError: slow disk at process.py:3 in process (1 failed attempt; "
+        "block 22 (2, 0))"
+    )

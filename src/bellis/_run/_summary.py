@@ -148,12 +148,35 @@ class ErrorGroup:
     done_ids: set[int] = field(default_factory=set, repr=False, compare=False)
     open_ids: set[int] = field(default_factory=set, repr=False, compare=False)
 
+    #: per kept block, its messages and their failed attempts
+    block_messages: dict[int, dict[str, int]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
     @property
     def title(self) -> str:
         """The summary line of its one message, else ``ValueError (12 distinct messages)``."""
-        if len(self.messages) <= 1 or self.summary == OTHER_ERRORS_SUMMARY:
+        return self.title_of(list(self.messages.items()))
+
+    def title_of(self, messages: list[tuple[str, int]]) -> str:
+        """The title of some of its attempts, whose ``messages`` are given."""
+        if self.summary == OTHER_ERRORS_SUMMARY or not messages:
             return self.summary
-        return f"{self.type or 'error'} ({len(self.messages)} distinct messages)"
+        if len(messages) == 1:
+            message = messages[0][0]
+            return f"{self.type}: {message}" if self.type and message else self.type or message
+        return f"{self.type or 'error'} ({len(messages)} distinct messages)"
+
+    def messages_of(self, ids: Sequence[int]) -> list[tuple[str, int]]:
+        """The messages of the failed attempts of blocks ``ids``, with their counts, in the
+        order first seen (all of the group's where it hit more blocks than it keeps)."""
+        if len(self.block_ids) >= MAX_BLOCK_IDS_PER_GROUP:
+            return list(self.messages.items())
+        counts: dict[str, int] = {}
+        for sid in ids:
+            for message, n in self.block_messages.get(sid, {}).items():
+                counts[message] = counts.get(message, 0) + n
+        return [(m, counts[m]) for m in self.messages if m in counts]
 
     def failed_ids(self) -> list[int]:
         """Its blocks that failed for good (all of them before :meth:`ErrorCollector.settle`)."""
@@ -297,6 +320,9 @@ class ErrorCollector:
             group.attempts[spatial_id] = group.attempts.get(spatial_id, 0) + 1
         elif spatial_id in group.attempts:
             group.attempts[spatial_id] += 1
+        if spatial_id in group.attempts and message in group.messages:
+            per = group.block_messages.setdefault(spatial_id, {})
+            per[message] = per.get(message, 0) + 1
         return group
 
     def settle(self, task_id: str, outcome: Callable[[int], str]) -> None:
@@ -523,7 +549,7 @@ def _retried_lines(task_id: str, groups: list[ErrorGroup]) -> list[str]:
             shown += f", … and {len(ids) - SHOWN_RETRIED_IDS} more"
         where = f" at {group.where}" if group.where else ""
         lines.append(
-            f"{_DETAIL_INDENT}{group.title}{where} "
+            f"{_DETAIL_INDENT}{group.title_of(group.messages_of(ids))}{where} "
             f"({_plural(attempts, 'failed attempt')}; {'block' if len(ids) == 1 else 'blocks'} "
             f"{shown})"
         )
@@ -540,7 +566,8 @@ def _group_lines(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> li
     lines = [head]
     for group in groups[:SHOWN_GROUPS]:
         lines.append("")
-        lines.append(_INDENT + group.title)
+        failing = [b for b in group.block_ids if b not in group.done_ids]
+        lines.append(_INDENT + group.title_of(group.messages_of(failing)))
         lines += [_DETAIL_INDENT + line for line in _group_detail(group)]
         if group.traceback and group.traceback.strip() != group.summary:
             lines += _indent_block(group.traceback, _DETAIL_INDENT)
@@ -573,8 +600,9 @@ def _group_detail(group: ErrorGroup) -> list[str]:
     if count != len(ids) or capped:
         text += f" ({_plural(count, 'failed attempt')})"
     out = [text]
-    if len(group.messages) > 1:
-        out.append("messages: " + format_messages(list(group.messages.items())))
+    messages = group.messages_of(ids)
+    if len(messages) > 1:
+        out.append("messages: " + format_messages(messages))
     if group.log_path is not None:
         out.append(f"first recorded in {group.log_path}")
     return out
