@@ -165,7 +165,8 @@ class ErrorGroup:
         if len(messages) == 1:
             message = messages[0][0]
             return f"{self.type}: {message}" if self.type and message else self.type or message
-        return f"{self.type or 'error'} ({len(messages)} distinct messages)"
+        at_least = "at least " if len(self.messages) >= MAX_MESSAGES_PER_GROUP else ""
+        return f"{self.type or 'error'} ({at_least}{len(messages)} distinct messages)"
 
     def messages_of(self, ids: Sequence[int]) -> list[tuple[str, int]]:
         """The messages of the failed attempts of blocks ``ids``, with their counts, in the
@@ -177,10 +178,6 @@ class ErrorGroup:
             for message, n in self.block_messages.get(sid, {}).items():
                 counts[message] = counts.get(message, 0) + n
         return [(m, counts[m]) for m in self.messages if m in counts]
-
-    def failed_ids(self) -> list[int]:
-        """Its blocks that failed for good (all of them before :meth:`ErrorCollector.settle`)."""
-        return [b for b in self.block_ids if b not in self.done_ids and b not in self.open_ids]
 
     def unfinished(self) -> bool:
         """Whether any of its blocks is not done (or its blocks are not all known)."""
