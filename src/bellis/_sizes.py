@@ -6,8 +6,11 @@ Three spellings, each for its reader, none interchangeable:
   it: ``"4G"``, ``"300M"``, ``"1.5G"``; :func:`parse_size` reads it back.
 * :func:`format_iec` writes a byte count for the HTML report and its advice: ``"25.5 MiB"``,
   as the page's scripts write it.
-* :func:`format_bytes` writes the Resource Utilization panel's figures: ``"25.5 MB"``
-  (1024 steps; the panel's format is SPEC §5.9's, shared with daisy).
+* :func:`format_bytes` writes the Resource Utilization panel's figures: ``"25.5 MiB"``
+  (1024 steps, so binary units, named as IEC names them: KiB, MiB, GiB).
+
+And :func:`recommended_memory`, the one rule by which the plan and the report recommend a
+memory request from the peak RSS the blocks reached.
 
 And :data:`GPU_SHARES`, a GPU counted in integer shares (``requires={"gpu": 0.5}``).
 
@@ -31,6 +34,7 @@ __all__ = [
     "format_iec",
     "parse_growth",
     "parse_size",
+    "recommended_memory",
 ]
 
 #: a GPU in shares: a worker's ``requires={"gpu": 1/n}`` (n up to 8) is a whole number of
@@ -42,7 +46,11 @@ _UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
 #: the report's binary units, largest first
 BYTE_UNITS: Final = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-_PANEL_UNITS: Final = ("B", "KB", "MB", "GB", "TB", "PB")
+_PANEL_UNITS: Final = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+#: a recommended memory request: the largest peak RSS seen, plus this share, ...
+MEMORY_HEADROOM: Final = 0.25
+#: ... rounded up to a multiple of this
+MEMORY_STEP: Final = 64 * MIB
 
 
 def parse_size(value: Any, parameter: str, *, int_unit: int = 1) -> int:
@@ -108,7 +116,7 @@ def format_iec(n: float) -> str:
 
 
 def format_bytes(n: float | None) -> str:
-    """``25.5 MB``: 1024 steps, B to PB, one decimal; ``-`` for None."""
+    """``25.5 MiB``: 1024 steps, B to PiB, one decimal; ``-`` for None."""
     if n is None or not math.isfinite(n):
         return "-"
     value = float(n)
@@ -117,3 +125,13 @@ def format_bytes(n: float | None) -> str:
         value /= 1024.0
         i += 1
     return f"{value:.1f} {_PANEL_UNITS[i]}"
+
+
+def recommended_memory(peak_bytes: float) -> int:
+    """The memory request that covers a block whose peak RSS was ``peak_bytes`` (the
+    largest seen): ``peak_bytes`` plus :data:`MEMORY_HEADROOM`, rounded up to a multiple
+    of :data:`MEMORY_STEP` (64 MiB). The plan's forecast and the report's advice both
+    recommend this, from the blocks each has measured."""
+    if not math.isfinite(peak_bytes) or peak_bytes <= 0:
+        return MEMORY_STEP
+    return int(math.ceil(peak_bytes * (1 + MEMORY_HEADROOM) / MEMORY_STEP) * MEMORY_STEP)

@@ -6,6 +6,7 @@ the bound on the file."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,7 +40,9 @@ def test_distributed_failures_read_back_by_status_and_report(tmp_path: Path) -> 
     assert "[raised] ValueError: bad voxel size" in text
     assert "[raised] KeyError: 'missing channel'" in text
     assert "[timeout] timeout: exceeded the block timeout (1s)" in text
-    head = {line.strip() for line in text.splitlines()}
+    # each block by its coordinate and its id (as the summary names blocks)
+    assert re.search(r"3 attempts; blocks \(1, 2\) id \d+$", text, re.M), text
+    head = {re.sub(r" id \d+", "", line.strip()) for line in text.splitlines()}
     assert "3 attempts; blocks (1, 2)" in head
     assert (
         "6 attempts; blocks (0, 9), (2, 5)" in head or "6 attempts; blocks (2, 5), (0, 9)" in head

@@ -430,11 +430,13 @@ def test_run_selector_lists_every_run(tmp_path: Path) -> None:
         span = r["run_finished_at"] - r["run_started_at"]
         assert hi - lo == pytest.approx(span * 1.04, rel=1e-3, abs=1e-3)
     assert "(12 skipped)" in buttons[2]["label"]
-    # run 2 redid the failed blocks: no failed-attempt bar is left, they are red bars now
+    # run 2 redid the failed blocks: no failed-attempt bar is left, they are orange bars now
     second = _payload(pages[1])["figures"]["timeline"]["data"]
     assert not any(tr["name"].endswith(": failed attempt") for tr in second)
-    (red,) = [tr for tr in second if "done after failed attempts" in tr["name"] and "text" in tr]
-    assert len(red["text"]) == 4
+    (retried,) = [
+        tr for tr in second if "done after failed attempts" in tr["name"] and "text" in tr
+    ]
+    assert len(retried["text"]) == 4
 
     if browser.chromium() is not None:
         probe = """

@@ -4,8 +4,9 @@ A user's pipeline script (``kit.failing_pipeline``) runs in a subprocess with re
 tracking: blocks it chose raise a ``ValueError`` or a ``KeyError`` on every attempt, one
 times out, one raises a ``RuntimeError`` once and is then done. ``bellis report`` builds
 the page; the tests check the Failures section against the script's own choice of
-failing blocks, then click, in headless Chromium, a red cell of the failure map and a red
-and an orange bar of the timeline, and read the traceback shown. A page of a store without
+failing blocks, then click, in headless Chromium, a red cell of the failure map and an
+orange (done after a retry) and a red (failed) bar of the timeline, and read the traceback
+shown. A page of a store without
 failures, and a daisy 2.0.0 store, say so; text from a run that looks like markup stays
 text.
 """
@@ -149,14 +150,14 @@ def test_a_click_shows_the_block_traceback(failed_run: tuple[FailingRun, Path]) 
     await clickAt(vol, {vx}, {vy});
     out.volume = document.getElementById('volume-0-detail').innerText;
     var tl = document.getElementById('plot-timeline');
-    var red = barOf(tl, '{fy},{fx}');
-    out.redTrace = red.trace;
-    await clickAt(tl, red.x, red.y);
-    out.red = document.getElementById('timeline-detail').innerText;
-    var orange = barOf(tl, '{ky},{kx}');
-    out.orangeTrace = orange.trace;
-    await clickAt(tl, orange.x, orange.y);
-    out.orange = document.getElementById('timeline-detail').innerText;
+    var retried = barOf(tl, '{fy},{fx}');
+    out.retriedTrace = retried.trace;
+    await clickAt(tl, retried.x, retried.y);
+    out.retried = document.getElementById('timeline-detail').innerText;
+    var failedBar = barOf(tl, '{ky},{kx}');
+    out.failedTrace = failedBar.trace;
+    await clickAt(tl, failedBar.x, failedBar.y);
+    out.failed = document.getElementById('timeline-detail').innerText;
     document.querySelector('a.blk[data-block="{TIMEOUT_BLOCK[0]},{TIMEOUT_BLOCK[1]}"]').click();
     out.link = document.getElementById('failures-detail').innerText;
     return out;
@@ -173,17 +174,17 @@ def test_a_click_shows_the_block_traceback(failed_run: tuple[FailingRun, Path]) 
     assert f'File "{run.script}", line {run.line_of("LINE_VALUE")}, in process' in shown
     assert "ValueError: bad voxel size" in shown
     assert re.search(r"log \S+worker_\d+\.err, line \d+:", shown), shown
-    # a red bar: a block done after a failed attempt
-    assert result["redTrace"] == "seg: done after failed attempts"
-    red = result["red"]
-    assert f"seg: block ({fy}, {fx})" in red and "1 recorded failed attempt" in red
-    assert f'File "{run.script}", line {run.line_of("LINE_FLAKY")}, in process' in red
-    assert "RuntimeError: flaky once" in red
-    # an orange bar: the last failed attempt of a block that is not done
-    assert result["orangeTrace"] == "seg: failed attempt"
-    orange = result["orange"]
-    assert f'File "{run.script}", line {run.line_of("LINE_KEY")}, in process' in orange
-    assert "KeyError: 'missing channel'" in orange
+    # an orange bar: a block done after a failed attempt
+    assert result["retriedTrace"] == "seg: done after failed attempts"
+    retried = result["retried"]
+    assert f"seg: block ({fy}, {fx})" in retried and "1 recorded failed attempt" in retried
+    assert f'File "{run.script}", line {run.line_of("LINE_FLAKY")}, in process' in retried
+    assert "RuntimeError: flaky once" in retried
+    # a red bar: the last failed attempt of a block that is not done
+    assert result["failedTrace"] == "seg: failed attempt"
+    failed = result["failed"]
+    assert f'File "{run.script}", line {run.line_of("LINE_KEY")}, in process' in failed
+    assert "KeyError: 'missing channel'" in failed
     # a block link of the Failures section: the timed-out block, with its watchdog's line
     assert "[timeout]" in result["link"] and "still running after timeout" in result["link"]
 

@@ -12,7 +12,10 @@ from bellis._stats._errorlog import (
     ErrorLog,
     ErrorRecord,
     LogReader,
+    format_messages,
+    frame_of_traceback,
     group_errors,
+    group_key,
     line_number,
     line_numbers,
     read_errors,
@@ -44,9 +47,11 @@ def test_identical_failures_are_counted_after_the_first_records(tmp_path: Path) 
     assert (tmp_path / "errors.jsonl").stat().st_size < 64 * 1024
     lines = read_errors(tmp_path)
     assert sum("count" not in d for d in lines) == 11
-    groups = {g.key[1]: g for g in group_errors(lines)}
-    assert groups["boom"].count == 100_000 and groups["other"].count == 1
-    assert groups["boom"].first is not None and groups["boom"].first.block_id == 0
+    # one raising line: one group, its two messages counted apart
+    (group,) = group_errors(lines)
+    assert group.count == 100_001 and group.messages == [("boom", 100_000), ("other", 1)]
+    assert group.first is not None and group.first.block_id == 0
+    assert group.title == "ValueError (2 distinct messages)"
 
 
 def test_a_torn_last_line_is_skipped_and_terminated(tmp_path: Path) -> None:
@@ -228,3 +233,54 @@ def test_the_summary_line_is_the_last_non_empty_line() -> None:
     for _ in range(20000):
         text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
         assert error_summary_line(text) == reference(text), repr(text)
+
+
+def test_the_grouping_rule_is_type_and_raising_line() -> None:
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/run.py", line 40, in <module>\n'
+        "    go()\n"
+        '  File "/w/user.py", line 12, in process\n'
+        '    raise ValueError(f"bad data at {x}")\n'
+        "ValueError: bad data at 3\n"
+    )
+    where = frame_of_traceback(tb)
+    assert where == "/w/user.py:12 in process"  # the innermost frame, as workers name it
+    assert frame_of_traceback("ValueError: no traceback") is None
+    assert group_key("ValueError", "bad data at 3", where) == group_key(
+        "ValueError", "bad data at 7", where
+    )
+    assert group_key("ValueError", "x", where) != group_key("KeyError", "x", where)
+    # without a frame, the message tells errors apart
+    assert group_key("timeout", "a", None) != group_key("timeout", "b", None)
+    messages = [(f"bad data at {i}", 2) for i in range(5)]
+    assert format_messages(messages) == (
+        "'bad data at 0' (2), 'bad data at 1' (2), 'bad data at 2' (2) and 2 more"
+    )
+
+
+def test_records_of_one_raising_line_are_one_group_with_its_messages() -> None:
+    def rec(i: int, message: str, where: str) -> dict[str, object]:
+        return {
+            "task": "t",
+            "block": i,
+            "coord": [i],
+            "run": 1.0,
+            "kind": "raised",
+            "type": "ValueError",
+            "message": message,
+            "where": where,
+            "traceback": "",
+        }
+
+    lines = [rec(i, f"bad data at {i % 3}", "u.py:5 in f") for i in range(6)]
+    lines.append(rec(9, "bad data at 0", "u.py:8 in f"))
+    first, second = group_errors(lines)
+    assert first.count == 6 and first.messages == [
+        ("bad data at 0", 2),
+        ("bad data at 1", 2),
+        ("bad data at 2", 2),
+    ]
+    assert first.title == "ValueError (3 distinct messages)"
+    assert second.count == 1 and second.title == "ValueError: bad data at 0"
+    assert first.to_json()["messages"][0] == {"message": "bad data at 0", "count": 2}

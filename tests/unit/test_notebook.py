@@ -64,7 +64,7 @@ def test_task_html_is_the_panel_as_a_table() -> None:
     for label, value in (("outcome", "completed"), ("wall", "250.0 ms ± 0.0 ms")):
         i = cells.index(label)
         assert cells[i + 1] == value
-    assert "3.0 MB ± 0.0 B" in cells  # peak RSS
+    assert "3.0 MiB ± 0.0 B" in cells  # peak RSS
     assert cells.count("clean") == 2  # the worker table: one row per worker
     assert "seg  6 blocks, 2 workers, 2.0 s wall" in html
     assert "no timeline: this task has no tracking store" in html

@@ -564,8 +564,8 @@ def test_panel_layout_tokens_and_order() -> None:
     assert body["round trip"] == ["50.5 ms ± 0.0 ms"]
     assert body["wall"] == ["50.2 ms ± 0.0 ms"]
     assert body["cpu"] == ["1.0 ms ± 0.0 ms"]
-    assert body["peak RSS"] == ["1.0 MB ± 0.0 B"]
-    assert body["io"] == ["read 1.2 KB", "write 600.0 B"]
+    assert body["peak RSS"] == ["1.0 MiB ± 0.0 B"]
+    assert body["io"] == ["read 1.2 KiB", "write 600.0 B"]
     assert body["overhead"] == ["300.0 µs ± 0.0 µs"]
     assert body["trend"] == ["∠ +0.0000 ms/block"]
     assert body["startup"] == ["60.0 ms ± 0.0 ms"]
@@ -682,12 +682,12 @@ def test_format_duration(seconds: float | None, text: str) -> None:
     [
         (0, "0.0 B"),
         (1023, "1023.0 B"),
-        (1126, "1.1 KB"),
-        (int(25.5 * 2**20), "25.5 MB"),
-        (3 * 2**30, "3.0 GB"),
-        (2**40, "1.0 TB"),
-        (5 * 2**50, "5.0 PB"),
-        (2**60, "1024.0 PB"),
+        (1126, "1.1 KiB"),
+        (int(25.5 * 2**20), "25.5 MiB"),
+        (3 * 2**30, "3.0 GiB"),
+        (2**40, "1.0 TiB"),
+        (5 * 2**50, "5.0 PiB"),
+        (2**60, "1024.0 PiB"),
     ],
 )
 def test_format_bytes(n: int, text: str) -> None:
@@ -761,7 +761,7 @@ def test_the_panel_names_gpu_figures_only_when_measured() -> None:
     }
     rows = dict(panel_rows(TaskReport(line))[0])
     assert rows["gpu util"] == "61.5 % ± 2.0 %"
-    assert rows["gpu mem"] == "2.0 GB ± 0.0 B"
+    assert rows["gpu mem"] == "2.0 GiB ± 0.0 B"
 
 
 def test_panel_shows_cpu_children_only_when_a_block_started_a_child() -> None:

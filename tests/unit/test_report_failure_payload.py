@@ -37,7 +37,7 @@ def _record(i: int, message: str, **extra: Any) -> dict[str, Any]:
         "kind": "raised",
         "type": "ValueError",
         "message": message,
-        "where": "user.py:3 in process",
+        "where": f"user.py:{len(message)} in process",  # a line per message: a group each
         "traceback": f"Traceback (most recent call last):\nValueError: {message}\n",
         **extra,
     }

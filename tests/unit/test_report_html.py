@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bellis._report._advice import advice, memory_request
+from bellis._report._advice import advice
 from bellis._report._data import StoreData
 from bellis._report._figures import (
     TIMELINE_BLOCKS,
@@ -17,7 +17,7 @@ from bellis._report._figures import (
     volume_payload,
 )
 from bellis._report._gantt import ATTEMPT_COLOUR, _busy_bins, timeline_figure
-from bellis._sizes import format_iec
+from bellis._sizes import format_iec, recommended_memory
 
 
 def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
@@ -27,11 +27,12 @@ def _store(n: int = 100, **stats: np.ndarray) -> StoreData:
     )
 
 
-def test_memory_request_rounds_up() -> None:
-    assert memory_request(100 << 20) == 256 << 20
-    assert memory_request(300 << 20) == 512 << 20
-    assert memory_request(3.4 * (1 << 30)) == 4 << 30
-    assert memory_request(4 << 30) == 4 << 30
+def test_recommended_memory_is_the_peak_plus_a_quarter_in_64_mib_steps() -> None:
+    assert recommended_memory(100 << 20) == 128 << 20
+    assert recommended_memory(300 << 20) == 384 << 20
+    assert recommended_memory(3.4 * (1 << 30)) == 68 * (64 << 20)  # 4.25 GiB
+    assert recommended_memory(4 << 30) == 5 << 30
+    assert recommended_memory(0) == 64 << 20
 
 
 def test_advice_reads_the_figures() -> None:
@@ -47,8 +48,8 @@ def test_advice_reads_the_figures() -> None:
     lines = advice([s])
     assert "t: 1 block(s) failed and are not done" in lines[0]
     assert (
-        "t: p99 peak RSS 3.0 GiB, max 3.0 GiB: a memory request of 4.0 GiB covers every block"
-        in lines
+        "t: p99 peak RSS 3.0 GiB, max 3.0 GiB: a memory request of 3.8 GiB covers every block "
+        "(max + 25%, rounded up to 64 MiB, as bellis.plan recommends)" in lines
     ), lines
     assert any("cpu / wall = 0.20: blocks mostly wait" in x for x in lines), lines
     assert any("7 block(s) took more than 5x the median" in x for x in lines), lines
@@ -62,7 +63,8 @@ def test_advice_names_binary_sizes_in_binary_units() -> None:
     ones = np.ones(100)
     lines = advice([_store(peak_rss_bytes=rss, wall_seconds=ones, cpu_seconds=ones)])
     assert lines == [
-        "t: p99 peak RSS 300.0 MiB, max 300.0 MiB: a memory request of 512.0 MiB covers every block"
+        "t: p99 peak RSS 300.0 MiB, max 300.0 MiB: a memory request of 384.0 MiB covers every "
+        "block (max + 25%, rounded up to 64 MiB, as bellis.plan recommends)"
     ]
 
 

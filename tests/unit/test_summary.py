@@ -312,11 +312,13 @@ def test_status_symbol(fields: dict[str, int], symbol: str) -> None:
 # ------------------------------------------------------------------------------- grouping
 
 
-def test_collector_groups_by_last_non_empty_line() -> None:
+def test_collector_groups_by_type_and_raising_line() -> None:
+    """One group per exception type and innermost frame (file:line), its messages
+    counted; the same message raised at another line is another group."""
     collector = ErrorCollector()
     first = collector.add("a", 1, VALUE_ERROR_TB + "\n\n", "log0")
-    other_frames = VALUE_ERROR_TB.replace("line 3", "line 9")
-    second = collector.add("a", 2, other_frames, "log1")
+    other_message = VALUE_ERROR_TB.replace("boom", "bust")
+    second = collector.add("a", 2, other_message, "log1")
     assert first is second
     assert collector.groups("a") == [
         ErrorGroup(
@@ -327,12 +329,49 @@ def test_collector_groups_by_last_non_empty_line() -> None:
             log_path="log0",
         )
     ]
+    assert first.messages == {"boom": 1, "bust": 1}
+    assert first.where == "process.py:3 in process" and first.type == "ValueError"
+    assert first.title == "ValueError (2 distinct messages)"
+    other_line = collector.add("a", 3, VALUE_ERROR_TB.replace("line 3", "line 9"), None)
+    assert other_line is not first and other_line.title == "ValueError: boom"
+    # without a frame: by the error text
     collector.add("a", 1, "Traceback\nValueError: other", None)
     collector.add("b", 1, VALUE_ERROR_TB, None)
-    assert [g.summary for g in collector.groups("a")] == ["ValueError: boom", "ValueError: other"]
+    assert [g.summary for g in collector.groups("a")] == [
+        "ValueError: boom",
+        "ValueError: boom",
+        "ValueError: other",
+    ]
     assert collector.task_ids() == ["a", "b"]
     assert collector.groups("missing") == []
     assert set(collector.as_dict()) == {"a", "b"}
+
+
+def test_the_summary_lists_a_groups_messages_and_leaves_done_blocks_out() -> None:
+    collector = ErrorCollector()
+    for k in range(4):
+        text = VALUE_ERROR_TB.replace("boom", f"bad data at {k}")
+        collector.add("a", 10 + k, text, None, index=k, coord=(0, k))
+        collector.add("a", 10 + k, text, None, index=k, coord=(0, k))
+    flaky = VALUE_ERROR_TB.replace("ValueError", "RuntimeError").replace("line 3", "line 7")
+    for k in range(4, 7):
+        collector.add("a", 10 + k, flaky, None, index=k, coord=(1, k))
+    collector.settle("a", lambda k: "failed" if k < 4 else "done")
+    state = done("a", total=10, completed_count=6, failed_count=4)
+    text = format_summary({"a": state}, ["a"], log_dir=None, errors=collector.as_dict())
+    assert (
+        "    4 blocks failed in task 'a' with 1 distinct error:\n"
+        "\n"
+        "    ValueError (4 distinct messages)\n"
+        "      blocks 10 (0, 0), 11 (0, 1), 12 (0, 2), 13 (0, 3) (8 failed attempts)\n"
+        "      messages: 'bad data at 0' (2), 'bad data at 1' (2), 'bad data at 2' (2) "
+        "and 1 more\n"
+    ) in text
+    assert text.endswith(
+        "    3 blocks done after a retry in task 'a':\n"
+        "      RuntimeError: boom at process.py:7 in process (3 failed attempts; "
+        "blocks 14 (1, 4), 15 (1, 5), 16 (1, 6))"
+    )
 
 
 def test_collector_counts_every_attempt_but_keeps_distinct_ids() -> None:
@@ -452,4 +491,28 @@ def test_abandoned_without_a_reason_has_no_parenthesis() -> None:
     assert text.endswith(
         "    Task 'a' was abandoned: workers failed 0 times, 0 restarts performed.\n"
         "    No worker error was captured."
+    )
+
+
+def test_a_group_names_only_its_failed_blocks_messages_under_failed() -> None:
+    """One raising line, two blocks failed for good and one done after a retry: the
+    failure section gives the failed blocks' message, the retry line the other's."""
+    collector = ErrorCollector()
+    for k, message in ((0, "bad tile"), (1, "bad tile"), (2, "slow disk")):
+        text = VALUE_ERROR_TB.replace("boom", message)
+        collector.add("a", 20 + k, text, None, index=k, coord=(k, 0))
+    collector.settle("a", lambda k: "done" if k == 2 else "failed")
+    state = done("a", total=3, completed_count=1, failed_count=2)
+    text = format_summary({"a": state}, ["a"], log_dir=None, errors=collector.as_dict())
+    assert (
+        "    2 blocks failed in task 'a' with 1 distinct error:\n"
+        "\n"
+        "    ValueError: bad tile\n"
+        "      blocks 20 (0, 0), 21 (1, 0)\n"
+    ) in text
+    assert "slow disk" not in text[: text.index("done after a retry")]
+    assert text.endswith(
+        "    1 block done after a retry in task 'a':\n"
+        "      ValueError: slow disk at process.py:3 in process (1 failed attempt; "
+        "block 22 (2, 0))"
     )

@@ -76,6 +76,30 @@ def make_raw(path: Path, shape: tuple[int, int, int], seed: int = 0) -> None:
     root.create_array("counts", shape=grid, chunks=(1, 1, 1), dtype="uint32", fill_value=0)
 
 
+def _built_shape(path: Path) -> tuple[int, ...] | None:
+    """The shape of the demo volume already at ``path``; None where there is none (or it
+    is not a demo volume that every array of the demo lies in)."""
+    import zarr
+
+    if not path.exists():
+        return None
+    try:
+        root = zarr.open_group(str(path), mode="r")
+        arrays = [root[name] for name in ("raw", "smoothed", "labels", "counts")]
+        if not all(isinstance(a, zarr.Array) for a in arrays):
+            return None
+        shapes = {tuple(a.shape) for a in arrays[:3]}  # type: ignore[union-attr]
+        counts = tuple(arrays[3].shape)  # type: ignore[union-attr]
+    except Exception:  # a broken or foreign folder: built again, as a missing one is
+        return None
+    if len(shapes) != 1:
+        return None
+    shape = shapes.pop()
+    if counts != tuple(-(-s // BLOCK) for s in shape):
+        return None
+    return shape
+
+
 def _array(name: str, mode: Literal["r", "r+"] = "r+") -> Any:
     """One array of the demo's zarr group in the current directory."""
     import zarr
@@ -166,7 +190,21 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     shape = (size, size, size)
-    if fresh or not (workdir / "demo.zarr").exists():
+    old = _built_shape(workdir / "demo.zarr")
+    if old is not None and old != shape and not fresh:
+        import sys
+
+        # the old volume, its outputs and the tracking of its blocks are all of another
+        # size: a resume over them would skip or misplace blocks, so the demo starts over
+        print(
+            f"bellis demo: {workdir / 'demo.zarr'} holds a {'x'.join(map(str, old))} volume, "
+            f"not {'x'.join(map(str, shape))} (--size {size}): building it again, as with "
+            "--fresh",
+            file=sys.stderr,
+            flush=True,
+        )
+        fresh = True
+    if fresh or old is None:
         make_raw(workdir / "demo.zarr", shape)
         import shutil
 

@@ -13,6 +13,7 @@ from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorRecord,
     LogReader,
+    format_messages,
     group_errors,
     read_errors,
     records_of_run,
@@ -83,6 +84,8 @@ def _failed_json(folder: Path) -> dict[str, Any]:
         d = g.to_json()
         first = g.first
         d["blocks_failed"] = len({r.coord for r in g.records})
+        d["title"] = g.title
+        d["block_ids"] = [[list(r.coord), r.block_id] for r in g.records if r.block_id >= 0]
         d["log_line"] = (
             None
             if first is None or first.log is None or first.log_offset is None
@@ -91,6 +94,15 @@ def _failed_json(folder: Path) -> dict[str, Any]:
         out.append(d)
     run = next((d.get("run") for d in lines if d.get("run") is not None), None)
     return {"path": str(folder), "run": run, "errors": out}
+
+
+def _block_ids(g: dict[str, Any]) -> list[tuple[list[int], int | None]]:
+    """A group's blocks (their coordinates) with their block ids where a record names
+    them: the summary names blocks by id, ``--block`` takes either."""
+    ids: dict[tuple[int, ...], int] = {}
+    for r in g.get("block_ids", ()):
+        ids.setdefault(tuple(r[0]), r[1])
+    return [(b, ids.get(tuple(b))) for b in g["blocks"]]
 
 
 def format_failed(path: str | Path, *, as_json: bool = False) -> str:
@@ -113,12 +125,18 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
         )
         for g in groups:
             out.append("")
-            title = f"{g['type']}: {g['message']}" if g["message"] else g["type"]
+            title = g["title"]
             out.append(f"  [{g['kind']}] {title}")
-            blocks = ", ".join(_coord_text(b) for b in g["blocks"])
+            blocks = ", ".join(
+                (f"{_coord_text(b[0])} id {b[1]}" if b[1] is not None else _coord_text(b[0]))
+                for b in _block_ids(g)
+            )
             out.append(f"    {g['count']} attempt{'s' if g['count'] != 1 else ''}; blocks {blocks}")
             if g["where"]:
                 out.append(f"    at {g['where']}")
+            if len(g["messages"]) > 1:
+                pairs = [(m["message"], m["count"]) for m in g["messages"]]
+                out.append(f"    messages: {format_messages(pairs)}")
             if g["log"]:
                 line = f", line {g['log_line']}" if g["log_line"] is not None else ""
                 out.append(f"    log {g['log']}{line}")

@@ -56,7 +56,7 @@ import numpy as np
 from .._launchers._batch import BatchLauncher
 from .._run._runner import RunPlan, _finish, _run_plan
 from .._scheduling._memory import MEMORY_KEYS
-from .._sizes import MIB
+from .._sizes import MIB, recommended_memory
 from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
 from .._tracking import TrackingStore, layout_hash
@@ -315,11 +315,6 @@ def _ladder(request: int, growth: float) -> list[int]:
     return [int(request * growth**i) for i in range(3)]
 
 
-def _round_request(p99: float) -> int:
-    step = 64 << 20
-    return int(math.ceil(p99 * 1.25 / step) * step)
-
-
 def _configured_memory(task: Task, launcher: Any) -> tuple[int, str] | None:
     """The memory each worker of ``task`` asks for (bytes) and the parameter that sets it,
     as the run's memory ladder finds it (``_scheduling._memory.ladder_for``): the task's
@@ -521,7 +516,7 @@ def _predict(
         done_before += was["done"]
         sampled += f["sampled"]
         if rss_stat is not None:
-            request = _round_request(rss_stat["p99"])
+            request = recommended_memory(float(rss.max()))
             f["peak_rss"] = {
                 **rss_stat,
                 "request": request,

@@ -10,11 +10,11 @@ from typing import Final
 
 import numpy as np
 
-from .._sizes import format_iec
+from .._sizes import format_iec, recommended_memory
 from ._data import StoreData
 from ._panel import format_duration
 
-__all__ = ["advice", "memory_request"]
+__all__ = ["advice"]
 
 MIN_BLOCKS: Final = 20
 OUTLIER_FACTOR: Final = 5.0
@@ -24,18 +24,6 @@ GPU_BUSY_SHARE: Final = 0.5
 IDLE_SHARE: Final = 0.25
 STARTUP_SHARE: Final = 0.25
 TAIL_SHARE: Final = 0.2
-
-
-def memory_request(max_bytes: float) -> int:
-    """The smallest of 1, 2, 4, 8 ... GiB (or 256 MiB steps below 1 GiB) above ``max_bytes``."""
-    step = 256 << 20
-    if max_bytes <= 1 << 30:
-        return int(max(1, -(-int(max_bytes) // step)) * step)
-    gib = 1 << 30
-    n = 1
-    while n * gib < max_bytes:
-        n *= 2
-    return n * gib
 
 
 def _column(s: StoreData, name: str) -> np.ndarray | None:  # type: ignore[type-arg,unused-ignore]
@@ -58,7 +46,8 @@ def _task_advice(s: StoreData) -> list[str]:
         p99, top = float(np.percentile(rss, 99)), float(rss.max())
         out.append(
             f"{who}: p99 peak RSS {format_iec(p99)}, max {format_iec(top)}: a memory "
-            f"request of {format_iec(memory_request(top))} covers every block"
+            f"request of {format_iec(recommended_memory(top))} covers every block (max + 25%, "
+            "rounded up to 64 MiB, as bellis.plan recommends)"
         )
     wall = _column(s, "wall_seconds")
     cpu = _column(s, "cpu_seconds")

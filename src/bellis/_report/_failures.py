@@ -2,9 +2,9 @@
 
 Read from each store's ``errors.jsonl`` (:mod:`bellis._stats._errorlog`), every run of it:
 
-* the section: per task, its distinct errors (type, message, innermost frame), each with
-  its failed attempts, its blocks (links that show a block's details) and its first
-  traceback;
+* the section: per task, its errors grouped by type and innermost frame (the raising
+  line; ``_errorlog.group_key``), each with its messages, its failed attempts, its blocks
+  (links that show a block's details, named by id and coordinate) and its first traceback;
 * the details: per block, its recorded attempts (when, kind, worker, host, pid, job, the
   traceback, and a few lines of the worker's log files read at the recorded offsets),
   embedded as one JSON document (``<script id="bellis-failures">``) that the page's script
@@ -35,6 +35,7 @@ from .._stats._errorlog import (
     ErrorRecord,
     LogReader,
     cap_text,
+    format_messages,
     group_errors,
     read_errors,
 )
@@ -220,11 +221,18 @@ def _coord_text(c: tuple[int, ...]) -> str:
     return "(" + ", ".join(str(x) for x in c) + ")"
 
 
+def _block_text(c: tuple[int, ...], block_id: int | None) -> str:
+    return _coord_text(c) if block_id is None else f"{block_id} {_coord_text(c)}"
+
+
 def _block_links(f: StoreFailures, g: ErrorGroupRecord) -> str:
     blocks = list(dict.fromkeys([r.coord for r in g.records] + list(g.blocks)))
+    ids = {r.coord: r.block_id for r in reversed(g.records) if r.block_id >= 0}
+    # the block id (as the summary names blocks) and the coordinate (as bellis status
+    # --block and the maps take it): both, so that either can be copied
     links = [
         f'<a href="#" class="blk" data-store="{f.index}" data-block="{_esc(coord_key(c))}">'
-        f"{_esc(_coord_text(c))}</a>"
+        f"{_esc(_block_text(c, ids.get(c)))}</a>"
         for c in blocks[:LISTED_BLOCKS]
     ]
     text = ", ".join(links)
@@ -237,8 +245,8 @@ def _block_links(f: StoreFailures, g: ErrorGroupRecord) -> str:
 
 
 def _group_row(f: StoreFailures, g: ErrorGroupRecord) -> str:
-    kind, message, where = g.key[0], g.key[1], g.key[2]
-    title = f"{kind}: {message[:300]}" if message else kind
+    where = g.key[2]
+    title = g.title[:300]
     tb = "" if g.first is None else g.first.traceback
     shown = cap_text(tb, SECTION_TRACEBACK_BYTES).rstrip("\n")
     known = len({r.coord for r in g.records} | set(g.blocks))
@@ -253,6 +261,11 @@ def _group_row(f: StoreFailures, g: ErrorGroupRecord) -> str:
         f'<tr class="error-row" data-task="{_esc(f.task_id)}" data-count="{g.count}">'
         f"<td class=l>{_esc(g.kind)}</td><td class=l><b>{_esc(title)}</b>"
         + (f"<br><small>at {_esc(where)}</small>" if where else "")
+        + (
+            f"<br><small>messages: {_esc(format_messages(g.messages))}</small>"
+            if len(g.messages) > 1
+            else ""
+        )
         + f"</td><td>{g.count}</td><td>{blocks}</td>"
         f'<td class="l blocks">{_block_links(f, g)}</td><td class=l>{trace}</td></tr>'
     )

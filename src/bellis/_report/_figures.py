@@ -26,6 +26,7 @@ from ._data import StoreData
 __all__ = [
     "FAILED_COLOUR",
     "PLANE_CELLS",
+    "RETRIED_COLOUR",
     "TIMELINE_BLOCKS",
     "TIME_BINS",
     "VOLUME_CELLS",
@@ -69,9 +70,13 @@ PALETTE: Final = (
     "#7f7f7f",
     "#e377c2",
 )
+#: one meaning per colour on the whole page: red is failed (a block not done, its failed
+#: attempts, a worker's error exit), orange is done after failed attempts (the volume map's
+#: state, the timeline's bars), and neither is used for anything else
 FAILED_COLOUR: Final = "#d62728"
+RETRIED_COLOUR: Final = "#ff7f0e"
 #: The report's byte units: binary, named as IEC names them (the page's scripts use the
-#: same). The terminal panel keeps daisy's KB/MB/GB labels (SPEC §5.9); the report does not.
+#: same), as the terminal panel's are (``_sizes.format_bytes``).
 VOLUME_METRICS: Final = (
     ("state", "state (done, failed ...)", ""),
     ("failures", "failed attempts", ""),
@@ -400,7 +405,7 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     shapes = []
     for _, a, b in windows:
         shapes.append(vline(a - t0, "#2ca02c", "dot"))
-        shapes.append(vline(b - t0, "#d62728", "dash"))
+        shapes.append(vline(b - t0, "#555555", "dash"))
     xaxis: dict[str, Any] = {"title": {"text": origin_label(t0)}}
     shown = opening_range(stores, t0)
     if shown is not None:
@@ -497,9 +502,9 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
     exit_colours = {
         "clean": "#4c78a8",
         "walltime": "#72b7b2",
-        "timeout": "#ff7f0e",
+        "timeout": "#8c6d31",
         "stalled": "#9467bd",
-        "error": "#d62728",
+        "error": FAILED_COLOUR,
     }
     for kind in kinds:
         data.append(

@@ -4,7 +4,7 @@ One row per (task, worker); one WebGL bar per block from ``sent_at`` to ``return
 up to :data:`TIMELINE_BLOCKS` blocks, and beyond, each row binned into :data:`TIME_BINS`
 time bins coloured by the fraction of the bin the worker was busy. A cell that is not
 done keeps the stamps of its last failed attempt (``record_failure``): those attempts
-are drawn as bars of their own in :data:`ATTEMPT_COLOUR` (up to ``TIMELINE_BLOCKS`` of
+are drawn as bars of their own in :data:`ATTEMPT_COLOUR`, red (up to ``TIMELINE_BLOCKS`` of
 them, else one marker per row and time bin that counts them). The menu zooms to one run
 of ``runs.jsonl``, each labelled with its start, blocks run and wall time.
 """
@@ -23,6 +23,7 @@ from .._sizes import format_iec
 from ._data import StoreData
 from ._figures import (
     FAILED_COLOUR,
+    RETRIED_COLOUR,
     TIME_BINS,
     TIMELINE_BLOCKS,
     VOLUME_METRICS,
@@ -42,7 +43,8 @@ from ._panel import format_duration
 
 __all__ = ["ATTEMPT_COLOUR", "run_menu", "timeline_figure"]
 
-ATTEMPT_COLOUR: Final = "#ff7f0e"
+#: a failed attempt of a block that is not done: red, the volume map's "failed"
+ATTEMPT_COLOUR: Final = FAILED_COLOUR
 
 
 def _worker(w: int) -> str:
@@ -344,12 +346,12 @@ def timeline_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             retried = s.failures.reshape(-1)[k] > 0
             for sel, name, col in (
                 (~retried, s.task_id, colour(ti)),
-                (retried, f"{s.task_id}: done after failed attempts", FAILED_COLOUR),
+                (retried, f"{s.task_id}: done after failed attempts", RETRIED_COLOUR),
             ):
                 if sel.any():
                     text = [_block_text(s, int(c), t0) for c in k[sel].tolist()]
                     row = _row_ids(stores, ti, k[sel], rows)
-                    store = ti if col == FAILED_COLOUR else None  # a click shows its attempts
+                    store = ti if col == RETRIED_COLOUR else None  # a click shows its attempts
                     data += _bars(s, row, k[sel], t0, (name, col, 10), text, None, store)
     if attempts and (not binned or attempts <= TIMELINE_BLOCKS):
         for s in stamped:

@@ -377,10 +377,12 @@ def render_html(stores: list[StoreData], title: str = "bellis run report") -> st
             "timeline",
             "Worker timeline",
             "One row per worker, one bar per block from sent to returned, coloured by task; "
-            "red bars needed failed attempts first; orange bars are the last failed attempt "
-            "of a block that is not done. Gaps are idle time. With several runs it opens on the "
-            "last run that did work, and each row is one worker of one run (worker ids restart "
-            "every run); pick a run above the chart (start, blocks, wall) to zoom to it.",
+            "orange bars needed failed attempts first (done after a retry, orange in the "
+            "volume map too); red bars are the last failed attempt of a block that is not "
+            "done (failed, red in the volume map too). Gaps are idle time. With several runs "
+            "it opens on the last run that did work, and each row is one worker of one run "
+            "(worker ids restart every run); pick a run above the chart (start, blocks, wall) "
+            "to zoom to it.",
             _plot("timeline", "timeline") + '<div class="detail" id="timeline-detail"></div>'
             if fig
             else _empty(_NO_STAMPS),

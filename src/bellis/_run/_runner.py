@@ -61,7 +61,13 @@ from ._progress import make_observer
 from ._provenance import CodePlan, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
-from ._summary import ErrorCollector, error_logs, format_summary, resume_message
+from ._summary import (
+    ErrorCollector,
+    error_logs,
+    format_summary,
+    resume_message,
+    settle_errors,
+)
 
 __all__ = ["SerialServer", "Server", "run_blockwise"]
 
@@ -395,6 +401,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
                     ),
                 )
             result.states = scheduler.task_states
+            settle_errors(errors, scheduler.runs)
             finish_code(code, scheduler.runs)
             for r in scheduler.runs:
                 run.aggregates[r.task_id].add_skipped(r.skipped)

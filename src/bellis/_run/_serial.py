@@ -15,7 +15,7 @@ from typing import IO, Any, cast
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
 from .._outputs._readback import ReadBack, wire_outputs
-from .._scheduling._attempts import attempt_record, text_key
+from .._scheduling._attempts import attempt_record, block_coord, text_key
 from .._scheduling._scheduler import Scheduler
 from .._worker._failure import clean, failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
@@ -103,9 +103,18 @@ def _record_failure(
     worker, host or job). Failure path only."""
     if errors is None:
         return
+    files = blog.current_slot_files()
+    # the summary's error groups, as the distributed server keeps them (_dispatch)
+    errors.add(
+        run.task_id,
+        run.geom.spatial_id_of(k),
+        text,
+        None if files is None else files[1],
+        index=k,
+        coord=block_coord(run, k),
+    )
     if exc is None and errors.counted(run.task_id, text, None):
         return  # its error's full records are written: counted
-    files = blog.current_slot_files()
     if files is None:
         offsets: dict[str, Any] = {}
     else:

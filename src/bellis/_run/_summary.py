@@ -19,13 +19,21 @@ Status symbols (one per task, in the summary and on the progress bars):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bellis._scheduling._task_run import DONE, FAILED
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
-from bellis._stats._errorlog import ERRORS_FILE, ErrorCount, ErrorLog
+from bellis._stats._errorlog import (
+    ERRORS_FILE,
+    ErrorCount,
+    ErrorLog,
+    format_messages,
+    frame_of_traceback,
+    group_key,
+)
 from bellis.logging import get_log_basedir, get_log_mode, task_log_dirname
 
 __all__ = [
@@ -36,6 +44,7 @@ __all__ = [
     "format_summary",
     "ordered_task_ids",
     "resume_message",
+    "settle_errors",
     "status_symbol",
 ]
 
@@ -47,6 +56,10 @@ MAX_GROUPS_PER_TASK = 100
 SHOWN_BLOCK_IDS = 10
 #: Error groups printed in full (with their traceback) per task in the summary.
 SHOWN_GROUPS = 5
+#: Messages counted per error group; further messages are counted under one.
+MAX_MESSAGES_PER_GROUP = 100
+#: Blocks named per error group in the line of blocks done after a retry.
+SHOWN_RETRIED_IDS = 5
 #: Summary line of the group that collects errors beyond :data:`MAX_GROUPS_PER_TASK`.
 OTHER_ERRORS_SUMMARY = "(further distinct errors, not listed individually)"
 
@@ -99,12 +112,18 @@ def _skip_breakdown(state: TaskState) -> list[tuple[str, int]]:
 
 @dataclass
 class ErrorGroup:
-    """Every failed attempt of one task that ended with the same error.
+    """Every failed attempt of one task that ended with one error: one exception type
+    raised at one line (``_errorlog.group_key``: the innermost frame of the traceback), or,
+    without a frame, one error text.
 
-    ``summary`` is the error's last non-empty line (exception type and message),
+    ``summary`` is the first error's last non-empty line (exception type and message),
     ``traceback`` the first traceback seen, ``block_ids`` the distinct blocks it hit in the
     order first seen (at most :data:`MAX_BLOCK_IDS_PER_GROUP`), ``count`` every failed
-    attempt, and ``log_path`` the worker log the first one was recorded in.
+    attempt, ``log_path`` the worker log the first one was recorded in, ``messages`` each
+    message's failed attempts, ``where`` the raising frame. After :meth:`ErrorCollector.
+    settle`, ``done_ids`` holds the blocks that were done after all (a later attempt
+    succeeded) and ``open_ids`` those neither done nor failed (an interrupted or
+    abandoned run): the rest of ``block_ids`` failed for good.
     """
 
     summary: str
@@ -119,6 +138,63 @@ class ErrorGroup:
     #: ``record_error`` inline)
     repeat_text: str | None = field(default=None, repr=False, compare=False)
     repeat_count: ErrorCount | None = field(default=None, repr=False, compare=False)
+    type: str = field(default="", compare=False)
+    where: str | None = field(default=None, compare=False)
+    messages: dict[str, int] = field(default_factory=dict, compare=False)
+    #: per kept block: its tracking-grid coordinate (where known) and its failed attempts
+    coords: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
+    attempts: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    indices: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    done_ids: set[int] = field(default_factory=set, repr=False, compare=False)
+    open_ids: set[int] = field(default_factory=set, repr=False, compare=False)
+
+    #: per kept block, its messages and their failed attempts
+    block_messages: dict[int, dict[str, int]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    @property
+    def title(self) -> str:
+        """The summary line of its one message, else ``ValueError (12 distinct messages)``."""
+        return self.title_of(list(self.messages.items()))
+
+    def title_of(self, messages: list[tuple[str, int]]) -> str:
+        """The title of some of its attempts, whose ``messages`` are given."""
+        if self.summary == OTHER_ERRORS_SUMMARY or not messages:
+            return self.summary
+        if len(messages) == 1:
+            message = messages[0][0]
+            return f"{self.type}: {message}" if self.type and message else self.type or message
+        at_least = "at least " if len(self.messages) >= MAX_MESSAGES_PER_GROUP else ""
+        return f"{self.type or 'error'} ({at_least}{len(messages)} distinct messages)"
+
+    def messages_of(self, ids: Sequence[int]) -> list[tuple[str, int]]:
+        """The messages of the failed attempts of blocks ``ids``, with their counts, in the
+        order first seen (all of the group's where it hit more blocks than it keeps)."""
+        if len(self.block_ids) >= MAX_BLOCK_IDS_PER_GROUP:
+            return list(self.messages.items())
+        counts: dict[str, int] = {}
+        for sid in ids:
+            for message, n in self.block_messages.get(sid, {}).items():
+                counts[message] = counts.get(message, 0) + n
+        return [(m, counts[m]) for m in self.messages if m in counts]
+
+    def unfinished(self) -> bool:
+        """Whether any of its blocks is not done (or its blocks are not all known)."""
+        return len(self.done_ids) < len(self.block_ids) or (
+            len(self.block_ids) >= MAX_BLOCK_IDS_PER_GROUP
+        )
+
+
+def _split_summary(summary: str) -> tuple[str, str]:
+    """``("ValueError", "bad data")`` of ``"ValueError: bad data"``; ``("", text)`` for a
+    line that names no exception type."""
+    head, sep, rest = summary.partition(": ")
+    if sep and head and all(part.isidentifier() for part in head.split(".")):
+        return head, rest
+    if summary and all(part.isidentifier() for part in summary.split(".")):
+        return summary, ""
+    return "", summary
 
 
 def error_summary_line(traceback_text: str) -> str:
@@ -200,30 +276,68 @@ class ErrorCollector:
         spatial_id: int,
         traceback_text: str,
         log_path: str | Path | None = None,
+        *,
+        index: int | None = None,
+        coord: Sequence[int] | None = None,
     ) -> ErrorGroup:
-        """Record one failed attempt of block ``spatial_id``; return its group."""
+        """Record one failed attempt of block ``spatial_id`` (its index ``index`` in the
+        task's block grid, for :meth:`settle`; ``coord`` its tracking-grid coordinate, for
+        the summary to name it by); return its group."""
         summary = error_summary_line(traceback_text)
+        type_, message = _split_summary(summary)
+        where = frame_of_traceback(traceback_text)
+        key = "\0".join(group_key(type_, message, where))
         groups = self._groups.get(task_id)
         if groups is None:
             groups = self._groups[task_id] = {}
-        group = groups.get(summary)
+        group = groups.get(key)
         if group is None:
             if len(groups) >= self._max_groups:
-                summary = OTHER_ERRORS_SUMMARY
-                group = groups.get(summary)
+                key = summary = OTHER_ERRORS_SUMMARY
+                type_, where = "", None
+                group = groups.get(key)
             if group is None:
                 text = "" if summary == OTHER_ERRORS_SUMMARY else traceback_text.rstrip("\n")
-                group = ErrorGroup(summary=summary, traceback=text)
-                groups[summary] = group
+                group = ErrorGroup(summary=summary, traceback=text, type=type_, where=where)
+                groups[key] = group
         group.count += 1
+        if message in group.messages or len(group.messages) < MAX_MESSAGES_PER_GROUP:
+            group.messages[message] = group.messages.get(message, 0) + 1
         if group.log_path is None and log_path is not None:
             group.log_path = str(log_path)
         if len(group.block_ids) < MAX_BLOCK_IDS_PER_GROUP:  # else: no set work per attempt
-            seen = self._block_sets.setdefault((task_id, summary), set())
+            seen = self._block_sets.setdefault((task_id, key), set())
             if spatial_id not in seen:
                 seen.add(spatial_id)
                 group.block_ids.append(spatial_id)
+                if coord is not None:
+                    group.coords[spatial_id] = tuple(int(c) for c in coord)
+                if index is not None:
+                    group.indices[spatial_id] = index
+            group.attempts[spatial_id] = group.attempts.get(spatial_id, 0) + 1
+        elif spatial_id in group.attempts:
+            group.attempts[spatial_id] += 1
+        if spatial_id in group.attempts and message in group.messages:
+            per = group.block_messages.setdefault(spatial_id, {})
+            per[message] = per.get(message, 0) + 1
         return group
+
+    def settle(self, task_id: str, outcome: Callable[[int], str]) -> None:
+        """Sort each group's blocks by how they ended: ``outcome(index)`` is ``"done"``,
+        ``"failed"`` or anything else (not finished). A block of unknown index stays
+        counted as failed."""
+        for group in self._groups.get(task_id, {}).values():
+            group.done_ids.clear()
+            group.open_ids.clear()
+            for sid in group.block_ids:
+                k = group.indices.get(sid)
+                if k is None:
+                    continue
+                end = outcome(k)
+                if end == "done":
+                    group.done_ids.add(sid)
+                elif end != "failed":
+                    group.open_ids.add(sid)
 
     def groups(self, task_id: str) -> list[ErrorGroup]:
         """The task's groups in the order their errors first occurred."""
@@ -236,6 +350,19 @@ class ErrorCollector:
     def as_dict(self) -> dict[str, list[ErrorGroup]]:
         """``{task_id: groups}`` as :func:`format_summary` takes it."""
         return {task_id: self.groups(task_id) for task_id in self._groups}
+
+
+def settle_errors(errors: ErrorCollector, runs: Sequence[Any]) -> None:
+    """Tell ``errors`` how each block of each task run (``TaskRun``) ended, so that the
+    summary lists only blocks that failed for good as failed."""
+    for run in runs:
+        state = run.state_mv
+
+        def outcome(k: int, state: Any = state) -> str:
+            code = state[k]
+            return "done" if code == DONE else "failed" if code == FAILED else "open"
+
+        errors.settle(run.task_id, outcome)
 
 
 def error_logs(order: Sequence[Any], stores: dict[str, Any], run: float) -> dict[str, Any]:
@@ -369,10 +496,13 @@ def _failure_section(task_id: str, state: TaskState, groups: list[ErrorGroup]) -
                 f"{_plural(state.worker_restart_count, 'restart')} performed"
             )
         lines.append(line + ".")
+    # the errors of blocks that were done after all are not failures: a line of their own
+    retried = _retried_lines(task_id, groups)
     if not _has_trouble(state):
-        return lines
-    if groups:
-        lines += _group_lines(task_id, state, groups)
+        return lines + retried
+    listed = [group for group in groups if group.unfinished()]
+    if listed:
+        lines += _group_lines(task_id, state, listed)
     elif state.failed_count > 0:
         lines.append(f"{_INDENT}First failure in task '{task_id}':")
         text = state.first_worker_error or "(no error text was captured)"
@@ -385,6 +515,41 @@ def _failure_section(task_id: str, state: TaskState, groups: list[ErrorGroup]) -
         lines += _indent_block(state.last_worker_error, _DETAIL_INDENT)
     else:
         lines.append(f"{_INDENT}No worker error was captured.")
+    if retried:
+        lines += ["", *retried]
+    return lines
+
+
+def _block_name(group: ErrorGroup, block_id: int) -> str:
+    """``17 (2, 3)``: the block's id and its tracking-grid coordinate (what ``bellis status
+    --block`` takes and the report shows), where known."""
+    coord = group.coords.get(block_id)
+    if coord is None:
+        return str(block_id)
+    return f"{block_id} (" + ", ".join(str(c) for c in coord) + ")"
+
+
+def _retried_lines(task_id: str, groups: list[ErrorGroup]) -> list[str]:
+    """``24 blocks done after a retry in task 't':`` and one line per error they had."""
+    with_done = [group for group in groups if group.done_ids]
+    if not with_done:
+        return []
+    blocks = set().union(*(group.done_ids for group in with_done))
+    capped = any(len(group.block_ids) >= MAX_BLOCK_IDS_PER_GROUP for group in with_done)
+    n = ("at least " if capped else "") + _plural(len(blocks), "block")
+    lines = [f"{_INDENT}{n} done after a retry in task '{task_id}':"]
+    for group in with_done:
+        ids = [b for b in group.block_ids if b in group.done_ids]
+        attempts = sum(group.attempts.get(b, 0) for b in ids)
+        shown = ", ".join(_block_name(group, b) for b in ids[:SHOWN_RETRIED_IDS])
+        if len(ids) > SHOWN_RETRIED_IDS:
+            shown += f", … and {len(ids) - SHOWN_RETRIED_IDS} more"
+        where = f" at {group.where}" if group.where else ""
+        lines.append(
+            f"{_DETAIL_INDENT}{group.title_of(group.messages_of(ids))}{where} "
+            f"({_plural(attempts, 'failed attempt')}; {'block' if len(ids) == 1 else 'blocks'} "
+            f"{shown})"
+        )
     return lines
 
 
@@ -398,13 +563,14 @@ def _group_lines(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> li
     lines = [head]
     for group in groups[:SHOWN_GROUPS]:
         lines.append("")
-        lines.append(_INDENT + group.summary)
+        failing = [b for b in group.block_ids if b not in group.done_ids]
+        lines.append(_INDENT + group.title_of(group.messages_of(failing)))
         lines += [_DETAIL_INDENT + line for line in _group_detail(group)]
         if group.traceback and group.traceback.strip() != group.summary:
             lines += _indent_block(group.traceback, _DETAIL_INDENT)
     hidden = groups[SHOWN_GROUPS:]
     if hidden:
-        attempts = sum(group.count for group in hidden)
+        attempts = sum(_failed_attempts(group) for group in hidden)
         lines.append("")
         lines.append(
             f"{_INDENT}… and {_plural(len(hidden), 'more distinct error')} "
@@ -413,19 +579,30 @@ def _group_lines(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> li
     return lines
 
 
+def _failed_attempts(group: ErrorGroup) -> int:
+    """The group's failed attempts, less those of its blocks that were done after all."""
+    return group.count - sum(group.attempts.get(b, 0) for b in group.done_ids)
+
+
 def _group_detail(group: ErrorGroup) -> list[str]:
-    ids = group.block_ids
-    shown = ", ".join(str(block_id) for block_id in ids[:SHOWN_BLOCK_IDS])
+    ids = [b for b in group.block_ids if b not in group.done_ids]
+    count = _failed_attempts(group)
+    capped = len(group.block_ids) >= MAX_BLOCK_IDS_PER_GROUP
+    shown = ", ".join(_block_name(group, block_id) for block_id in ids[:SHOWN_BLOCK_IDS])
     text = ("block " if len(ids) == 1 else "blocks ") + shown
-    if len(ids) > SHOWN_BLOCK_IDS:
+    if len(ids) > SHOWN_BLOCK_IDS or capped:
         rest = len(ids) - SHOWN_BLOCK_IDS
-        at_least = "at least " if len(ids) >= MAX_BLOCK_IDS_PER_GROUP else ""
-        text += f", … and {at_least}{rest} more"
-    if group.count != len(ids) or len(ids) >= MAX_BLOCK_IDS_PER_GROUP:
-        text += f" ({_plural(group.count, 'failed attempt')})"
-    if group.log_path is None:
-        return [text]
-    return [text, f"first recorded in {group.log_path}"]
+        at_least = "at least " if capped else ""
+        text += f", … and {at_least}{max(rest, 0)} more"
+    if count != len(ids) or capped:
+        text += f" ({_plural(count, 'failed attempt')})"
+    out = [text]
+    messages = group.messages_of(ids)
+    if len(messages) > 1:
+        out.append("messages: " + format_messages(messages))
+    if group.log_path is not None:
+        out.append(f"first recorded in {group.log_path}")
+    return out
 
 
 def _timeout_line(task_id: str, state: TaskState) -> str | None:

@@ -25,6 +25,7 @@ __all__ = [
     "KIND_STATUS",
     "KIND_TIMEOUT",
     "attempt_record",
+    "block_coord",
     "text_key",
 ]
 
@@ -42,6 +43,15 @@ def _summary_line(text: str) -> str:
         if line.strip():
             return line.strip()
     return text.strip()
+
+
+def block_coord(run: TaskRun, k: int) -> list[int]:
+    """Block ``k``'s cell in the tracking grid (the coordinate ``bellis status --block``
+    and :meth:`TaskReport.block` take), or its block-grid index without a store."""
+    grid = [int(c) for c in run.geom.coords_of(k)]
+    if run.store is not None and run.cell_shift:
+        return [c + s for c, s in zip(grid, run.cell_shift, strict=True)]
+    return grid
 
 
 def attempt_record(

@@ -76,7 +76,7 @@ from .._protocol import (
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
-from ._attempts import KIND_LOST, attempt_record, text_key
+from ._attempts import KIND_LOST, attempt_record, block_coord, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -357,7 +357,7 @@ class Dispatcher:
         sid = run.geom.spatial_id_of(k)
         log = peer.worker.log if peer.worker is not None else None
         errors = self.errors
-        group = errors.add(run.task_id, sid, text, log)
+        group = errors.add(run.task_id, sid, text, log, index=k, coord=block_coord(run, k))
         if kind is None and details is None and group.repeat_text == text:
             # a run whose blocks keep failing the same way: this error's full records are
             # written, and this attempt is only counted (``ErrorCount.again``, inline)

@@ -42,7 +42,11 @@ __all__ = [
     "LogReader",
     "attempt_logs",
     "cap_text",
+    "format_messages",
+    "frame_of_traceback",
     "group_errors",
+    "group_key",
+    "group_title",
     "line_number",
     "line_numbers",
     "log_excerpt",
@@ -169,6 +173,58 @@ def error_key(d: Mapping[str, Any]) -> tuple[str, str, str]:
         str(d.get("message") or ""),
         str(d.get("where") or ""),
     )
+
+
+# ----------------------------------------------------------------------- grouping
+#
+# One rule, wherever errors are listed (the end-of-run summary, ``bellis status --failed``,
+# the report's Failures section, ``TaskReport.error_groups``): an error is grouped by its
+# exception type and the innermost frame that raised it (file:line), so that one raise
+# whose message varies (``ValueError(f"bad data at {x}")``) is one group, listing its
+# messages with their counts. An error without a frame (a timeout, a lost worker, a block
+# that set ``BlockStatus.FAILED``) is grouped by its kind and message.
+
+#: messages listed per group (the rest are counted)
+SHOWN_MESSAGES: Final = 3
+
+
+def group_key(type_: str, message: str, where: str | None) -> tuple[str, str]:
+    """The group an error (type or kind, message, innermost frame) is listed under."""
+    return (type_, "at " + where) if where else (type_, message)
+
+
+def frame_of_traceback(text: str) -> str | None:
+    """The innermost frame a formatted traceback names, as the worker's details name it
+    (``"/path/f.py:12 in process"``); None when the text names no frame."""
+    i = text.rfind('File "')
+    if i < 0:
+        return None
+    line = text[i + 6 :].split("\n", 1)[0]
+    path, sep, rest = line.partition('", line ')
+    if not sep:
+        return None
+    number, sep, name = rest.partition(", in ")
+    if not (number.isdigit() and sep):
+        return None
+    return f"{path}:{number} in {name.strip()}"
+
+
+def group_title(type_: str, messages: Sequence[tuple[str, int]]) -> str:
+    """A group's headline: ``ValueError: bad data`` for one message, else
+    ``ValueError (12 distinct messages)``."""
+    if len(messages) == 1:
+        return f"{type_}: {messages[0][0]}" if messages[0][0] else type_
+    return f"{type_} ({len(messages)} distinct messages)"
+
+
+def format_messages(messages: Sequence[tuple[str, int]], shown: int = SHOWN_MESSAGES) -> str:
+    """The first ``shown`` messages of a group with their counts of failed attempts:
+    ``"bad data at 3" (2), "bad data at 7" (2) and 10 more``."""
+    parts = [f"{m!r} ({n})" if m else f"(no message) ({n})" for m, n in messages[:shown]]
+    text = ", ".join(parts)
+    if len(messages) > shown:
+        text += f" and {len(messages) - shown} more"
+    return text
 
 
 # ----------------------------------------------------------------------- writing
@@ -428,12 +484,20 @@ class ErrorGroupRecord:
     """One distinct error of a task: every attempt it ended, from the records and counts."""
 
     task_id: str
+    #: the first error of the group: (type or kind, message, innermost frame)
     key: tuple[str, str, str]
     kind: str
     count: int
     blocks: list[tuple[int, ...]]
     first: ErrorRecord | None
     records: list[ErrorRecord]
+    #: its messages with their failed attempts, in the order first seen
+    messages: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        """``ValueError: bad data``, or ``ValueError (12 distinct messages)``."""
+        return group_title(self.key[0], self.messages or [(self.key[1], self.count)])
 
     def to_json(self) -> dict[str, Any]:
         first = self.first
@@ -441,6 +505,7 @@ class ErrorGroupRecord:
             "task": self.task_id,
             "type": self.key[0],
             "message": self.key[1],
+            "messages": [{"message": m, "count": n} for m, n in self.messages],
             "where": self.key[2] or None,
             "kind": self.kind,
             "count": self.count,
@@ -453,21 +518,27 @@ class ErrorGroupRecord:
 
 
 def group_errors(lines: Iterable[Mapping[str, Any]]) -> list[ErrorGroupRecord]:
-    """Group records and count lines by task and distinct error, in the order first seen.
+    """Group records and count lines by task and :func:`group_key` (type and innermost
+    frame), in the order first seen, each group with its messages and their counts.
 
-    A group's count is the larger of its full records and its last count line (count
-    lines are cumulative within a run); runs add up."""
-    groups: dict[tuple[str, tuple[str, str, str]], ErrorGroupRecord] = {}
+    A distinct error's count is the larger of its full records and its last count line
+    (count lines are cumulative within a run); runs add up."""
+    groups: dict[tuple[str, tuple[str, str]], ErrorGroupRecord] = {}
+    group_of: dict[tuple[str, tuple[str, str, str]], ErrorGroupRecord] = {}
     counted: dict[tuple[str, tuple[str, str, str], Any], int] = {}
     full: dict[tuple[str, tuple[str, str, str], Any], int] = {}
     for d in lines:
         task = str(d.get("task", ""))
         key = error_key(d)
-        g = groups.get((task, key))
+        g = group_of.get((task, key))
         if g is None:
-            g = groups[(task, key)] = ErrorGroupRecord(
-                task, key, str(d.get("kind", "error")), 0, [], None, []
-            )
+            gk = (task, group_key(*key))
+            g = groups.get(gk)
+            if g is None:
+                g = groups[gk] = ErrorGroupRecord(
+                    task, key, str(d.get("kind", "error")), 0, [], None, []
+                )
+            group_of[(task, key)] = g
         run_key = (task, key, d.get("run"))
         if "count" in d:
             counted[run_key] = max(counted.get(run_key, 0), int(d.get("count") or 0))
@@ -483,10 +554,18 @@ def group_errors(lines: Iterable[Mapping[str, Any]]) -> list[ErrorGroupRecord]:
         full[run_key] = full.get(run_key, 0) + 1
         if rec.coord not in g.blocks and len(g.blocks) < SAMPLE_BLOCKS:
             g.blocks.append(rec.coord)
-    for run_key in set(full) | set(counted):
+    per_message: dict[int, dict[str, int]] = {}
+    for run_key in dict.fromkeys([*full, *counted]):
         task, key, _run = run_key
-        groups[(task, key)].count += max(full.get(run_key, 0), counted.get(run_key, 0))
-    return list(groups.values())
+        g = group_of[(task, key)]
+        n = max(full.get(run_key, 0), counted.get(run_key, 0))
+        g.count += n
+        messages = per_message.setdefault(id(g), {})
+        messages[key[1]] = messages.get(key[1], 0) + n
+    out = list(groups.values())
+    for g in out:
+        g.messages = list(per_message.get(id(g), {}).items())
+    return out
 
 
 def line_number(path: str | os.PathLike[str], offset: int) -> int | None:
