@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from kit.slurm import active_jobs, job_prefix, needs_slurm
+
 N = 12  # blocks per task
 
 DRIVER = r"""
@@ -34,6 +36,8 @@ import bellis as daisy
 from bellis import Roi
 
 out, track, first_client, per_worker = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+prefix = sys.argv[5]  # "": local workers; else SLURM jobs named with this prefix
+launcher = None if not prefix else daisy.SlurmLauncher(job_name_prefix=prefix, poll_interval=1.0)
 
 
 def record(task_id, block, worker_id):
@@ -84,7 +88,9 @@ for name in ("a", "b", "c"):
         )
     )
 # chained: every block of b reads a's block at its place, c reads b's
-ok = daisy.run_blockwise(tasks[0] + tasks[1] + tasks[2], progress=False, summary=False)
+ok = daisy.run_blockwise(
+    tasks[0] + tasks[1] + tasks[2], launcher=launcher, progress=False, summary=False
+)
 result = {"ok": ok}
 for t in tasks:
     rep = t.report()
@@ -99,29 +105,33 @@ print("RESULT " + json.dumps(result))
 """
 
 
+@pytest.mark.parametrize(
+    "launcher", ["local", pytest.param("slurm", marks=needs_slurm())], ids=["local", "slurm"]
+)
 @pytest.mark.parametrize("per_worker", [0, 2], ids=["loop-to-the-end", "blocks-left-at-exit"])
 @pytest.mark.parametrize("first_client", ["open", "closed"])
 def test_a_worker_with_two_clients_is_one_worker(
-    tmp_path: Path, first_client: str, per_worker: int
+    tmp_path: Path, first_client: str, per_worker: int, launcher: str
 ) -> None:
+    prefix = "" if launcher == "local" else job_prefix(tmp_path, "tc")
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(out),
-            str(tmp_path / "track"),
-            first_client,
-            str(per_worker),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    cmd = [sys.executable, str(script), str(out), str(tmp_path / "track"), first_client]
+    try:
+        proc = subprocess.run(
+            [*cmd, str(per_worker), prefix],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        if prefix:
+            assert active_jobs(prefix) == []  # every job of the run ended with it
+    finally:
+        for job_id, _state, _name in active_jobs(prefix) if prefix else []:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "exited without processing a block" not in proc.stderr, proc.stderr
     assert "restart budget" not in proc.stderr and "abandon" not in proc.stderr, proc.stderr
@@ -141,7 +151,8 @@ def test_a_worker_with_two_clients_is_one_worker(
         assert got["unmanaged"] == 0, got
         assert got["counters"]["worker_restarts"] == 0, got
         assert got["counters"]["worker_failures"] == 0, got
-        assert set(got["exits"]) == {"clean"}, got
+        # one exit per worker process, clean, whatever number of clients it opened
+        assert got["exits"] == {"clean": got["counters"]["worker_starts"]}, got
         # the resource table's blocks per worker are those the worker's process recorded
         by_worker: dict[str, int] = {}
         for r in mine:
@@ -149,6 +160,7 @@ def test_a_worker_with_two_clients_is_one_worker(
         assert {k: v for k, v in got["blocks"].items() if v} == by_worker, (got, by_worker)
         assert sum(got["blocks"].values()) == N
         if per_worker:
-            # each worker left after its 2 blocks, with blocks left: 6 starts, none charged
-            assert len(by_worker) == N // per_worker, by_worker
-            assert set(by_worker.values()) == {per_worker}, by_worker
+            # each worker left after at most 2 blocks, with blocks left: at least 6
+            # starts, none of them charged (max_worker_restarts=0)
+            assert max(by_worker.values()) <= per_worker, by_worker
+            assert got["counters"]["worker_starts"] >= N // per_worker, got
