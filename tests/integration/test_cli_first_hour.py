@@ -175,7 +175,12 @@ def test_the_demo_says_what_it_builds_and_builds_the_same_volume(tmp_path: Path)
         stderr=subprocess.PIPE,
         text=True,
     )
-    out, err = proc.communicate(timeout=300)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     lines = [line for line in err.splitlines() if line.startswith("bellis demo:")]
     assert "building the 70x70x70 volume" in lines[0]
