@@ -306,9 +306,13 @@ def test_a_daisy_store_says_its_block_count_is_unknown(tmp_path: Path) -> None:
     try:
         assert watch.stdout is not None
         first = watch.stdout.readline()
-    finally:
         watch.send_signal(signal.SIGINT)
         watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 130
     assert ": 6 of 12 cells done (50.0%, blocks unknown)" in first, first
     rep = cli("report", str(store), "-o", str(tmp_path / "r.html"))
     assert rep.returncode == 0, rep.stderr

@@ -104,7 +104,12 @@ def _pipeline(tmp: Path, *extra: str) -> subprocess.Popen[str]:
 
 def _run_pipeline(tmp: Path, *extra: str) -> None:
     proc = _pipeline(tmp, *extra)
-    out, err = proc.communicate(timeout=600)
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, out + err
     assert out.strip().splitlines()[-1] == "FAILED", out + err  # some blocks failed
 

@@ -194,6 +194,46 @@ def test_watch_stops_quietly_on_ctrl_c(tmp_path: Path) -> None:
     assert err == "", err
 
 
+# the watch started as a background job of a shell script starts it: SIGINT ignored,
+# inherited through exec (what `pytest ... &` gives every process a test starts)
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("wait_for_store", [False, True], ids=["store", "no-store-yet"])
+def test_watch_started_with_sigint_ignored_still_stops_on_it(
+    tmp_path: Path, wait_for_store: bool
+) -> None:
+    """A watch of a daisy store ends only on Ctrl-C. Started with SIGINT ignored (a
+    background job of a script, a test suite run with `&`), it used to run on for ever
+    after SIGINT. Its first output (the first frame, or the line saying that it waits for
+    the store) says that it takes SIGINT from then on."""
+    store = tmp_path / "daisy"
+    if not wait_for_store:
+        shutil.copytree(FIXTURE, store)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IGNORING_SIGINT, *_watch_cmd(store, "0.2")[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = (proc.stderr if wait_for_store else proc.stdout).readline()
+        expected = "waiting for a run to create it" if wait_for_store else " cells done ("
+        assert expected in first, first
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err, err
+
+
 def test_watch_refuses_a_bad_interval(tmp_path: Path) -> None:
     proc = subprocess.run(_watch_cmd(tmp_path, "0"), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -16,6 +16,7 @@ voxel size of 2 and an offset of (8, 16) world units.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -408,23 +409,31 @@ def test_sigkill_during_a_write_leaves_the_block_not_done_and_resume_verifies(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    hung = tmp_path / "hung"
-    deadline = time.monotonic() + 240
-    while not hung.exists():
-        assert proc.poll() is None, "the run ended before its block hung"
-        assert time.monotonic() < deadline, "the block never started"
-        time.sleep(0.05)
-    # half the block's data is in A: SIGKILL the run (driver and workers) mid-write
-    deadline = time.monotonic() + 30
-    while pids := _marked(marker):
-        for pid in pids:
-            try:
+    try:
+        hung = tmp_path / "hung"
+        deadline = time.monotonic() + 240
+        while not hung.exists():
+            assert proc.poll() is None, "the run ended before its block hung"
+            assert time.monotonic() < deadline, "the block never started"
+            time.sleep(0.05)
+        # half the block's data is in A: SIGKILL the run (driver and workers) mid-write
+        deadline = time.monotonic() + 30
+        while pids := _marked(marker):
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            assert time.monotonic() < deadline, f"could not kill the run: {pids}"
+            time.sleep(0.02)
+        proc.wait(timeout=30)
+    finally:
+        for pid in _marked(marker):  # the run's driver and workers, however this ended
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        assert time.monotonic() < deadline, f"could not kill the run: {pids}"
-        time.sleep(0.02)
-    proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
     assert (1, 2) not in _done_blocks(tmp_path, "a")
 
     # the resume (the same script, nothing hangs now) redoes it; then every block verifies

@@ -82,6 +82,46 @@ def test_a_worker_id_without_its_token_is_an_unmanaged_client() -> None:
     assert peer.worker is None and w.conn is None
 
 
+def test_a_second_connection_of_a_worker_is_that_worker() -> None:
+    """volara-ml opens one client to read ``worker_id`` and takes blocks on a second:
+    both connections are the worker's, and its blocks are counted for it."""
+    sc = Script(task(blocks=2, max_workers=1))
+    (w,) = sc.start_workers()
+    first = sc.connect(worker=w)
+    second = sc.connect(worker=w)
+    assert first.worker is w and second.worker is w and second.worker_id == w.worker_id
+    assert w.conns == [first, second] and w.conn is first
+    assert sc.plans["t"].timelines.unmanaged_clients == 0
+    (k,) = send_of(sc.acquire(second), second)
+    sc.acquire(second, (k, OK, -1, None))
+    sc.d.close(first, sc.now)  # the first client goes away: the worker is still here
+    assert w.conns == [second] and w.exit is None
+
+
+@pytest.mark.parametrize("first_open", [True, False], ids=["first-open", "first-closed"])
+def test_a_worker_that_did_its_blocks_on_a_second_client_earns_its_start_back(
+    first_open: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    sc = Script(task(blocks=4, max_workers=1, max_worker_restarts=0))
+    (w,) = sc.start_workers()
+    first = sc.connect(worker=w)
+    if not first_open:
+        sc.d.close(first, sc.now)
+    second = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(second), second)
+    sc.acquire(second, (k, OK, -1, None), op=BYE)  # leaves with blocks left
+    with caplog.at_level(logging.WARNING, logger="bellis"):
+        out = sc.exit(w, WorkerExit("clean", 0, ""))
+    assert "restart budget" not in caplog.text, caplog.text
+    if first_open:
+        assert closed(out, first)  # its other connection ends with it
+    assert w.conns == []
+    assert sc.plans["t"].free_starts == 1 and sc.run().worker_restarts == 0
+    (replacement,) = sc.start_workers()  # the start it gave back: no restart, no abandon
+    assert sc.run().worker_restarts == 0 and sc.run().status == RUNNING
+    assert replacement.worker_id != w.worker_id
+
+
 # -- batching ---------------------------------------------------------------------------
 def test_the_first_request_gets_one_block_with_its_deadline() -> None:
     sc = Script(task(timeout=30))

@@ -277,6 +277,24 @@ def test_a_worker_lost_for_another_reason_charges_its_block_as_before() -> None:
     assert run.failed_attempts == 1 and run.retries == {k: 1} and run.oom_retries == {}
 
 
+def test_two_connections_of_one_worker_lost_together_leave_no_block_behind() -> None:
+    """A worker with two clients (each holding a block) loses both connections before its
+    exit is seen: the first connection's block waits for the exit, the second's is
+    released at once; none stays out for ever."""
+    sc = laddered(blocks=4, max_workers=1)
+    ((w, _),) = start(sc)
+    first, second = sc.connect(worker=w), sc.connect(worker=w)
+    (k1,) = send_of(sc.acquire(first), first)
+    (k2,) = send_of(sc.acquire(second), second)
+    sc.d.close(first, sc.now)
+    sc.d.close(second, sc.now)
+    run = sc.run()
+    assert w.lost is not None and w.lost[1] == [k1]
+    assert run.processing == 1 and run.retries == {k2: 1}
+    sc.exit(w, OOM_EXIT)
+    assert run.oom_retries == {"200M": 1} and sc.plans["t"].memory.held_back == 1
+
+
 def test_an_oom_with_a_batch_makes_suspects_not_climbers() -> None:
     sc = laddered(blocks=40, max_workers=1)
     ((w, _),) = start(sc)

@@ -8,6 +8,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -59,6 +60,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return run_block_function_loop(fn, ctx)
 
 
+def _take_ctrl_c() -> None:
+    """Make SIGINT end ``--watch`` (as KeyboardInterrupt, exit 130) even where the watch was
+    started with SIGINT ignored: a shell starts a script's background jobs (``cmd &``) so,
+    every process they start inherits it, and Python keeps an ignored SIGINT ignored. A
+    watch of a store without a lock file (daisy's) ends only on SIGINT, so it must take it.
+    Done before the watch's imports, so a SIGINT at any time after the first output ends it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from .._report._data import find_stores
     from .._tracking import format_status
@@ -74,6 +85,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(format_failed(args.path, as_json=args.json))
             return 0
         if args.watch is not None:
+            _take_ctrl_c()
             from ._watch import watch_status
 
             path = Path(args.path)

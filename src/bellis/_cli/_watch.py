@@ -15,7 +15,9 @@ ETA is an upper bound.
 The watch ends when the run ends: a run holds ``bellis.lock`` from opening the store to
 closing it, and the lock is tested without being taken (:func:`is_run_in_progress`).
 Where that cannot be told (no lock file, no ``fcntl`` locks) it ends when every block is
-done or ``runs.jsonl`` gains a line. It exits 0 then, and 130 on Ctrl-C.
+done or ``runs.jsonl`` gains a line. It exits 0 then, and 130 on Ctrl-C (SIGINT), also
+when it was started with SIGINT ignored (a background job of a script): from its first
+output on, SIGINT ends it.
 """
 
 from __future__ import annotations

@@ -304,10 +304,10 @@ class RunLoop:
                 continue
             ended = True
             if d.worker_exited(w, ex, interrupted):
-                conn = w.conn
-                if isinstance(conn, Conn):
-                    # what it sent before exiting (its last returns) may still be unread
-                    self._read_what_is_left(conn)
+                for conn in list(w.conns):
+                    if isinstance(conn, Conn):
+                        # what it sent before exiting (its last returns) may still be unread
+                        self._read_what_is_left(conn)
                 d.settle_exit(w, now)
             self._carry_out()
         return ended

@@ -117,9 +117,10 @@ class Backups:
         that never had a copy."""
         out = []
         for w in self.plan.workers:
-            c = w.conn
-            if w.exit is None and c is not None and not c.closed and len(c.held) == 1:
-                if c.held[0] not in self.backed_up:
+            if w.exit is not None:
+                continue
+            for c in w.conns:
+                if not c.closed and len(c.held) == 1 and c.held[0] not in self.backed_up:
                     out.append(c)
         return out
 

@@ -214,8 +214,8 @@ class Dispatcher:
             held = peer.held
             peer.held = []
             self.lose_held(peer, run, held, now)
-        if peer.worker is not None:
-            peer.worker.conn = None
+        if peer.worker is not None and peer in peer.worker.conns:
+            peer.worker.conns.remove(peer)
 
     def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
@@ -680,17 +680,17 @@ class Dispatcher:
 
         True when the exit is news (the worker was not retired already, after a timeout):
         the shell then reads what the worker sent before it exited and may still be unread
-        on ``worker.conn`` (as :meth:`receive` with ``draining``), and calls
+        on each of ``worker.conns`` (as :meth:`receive` with ``draining``), and calls
         :meth:`settle_exit`. ``interrupted``: the final poll of an aborted run.
         """
         return self.staff.exited(worker, ex, interrupted)
 
     def settle_exit(self, worker: ManagedWorker, now: float) -> None:
-        """Account the exit :meth:`worker_exited` recorded: close its connection, and
+        """Account the exit :meth:`worker_exited` recorded: close its connections, and
         give its start back or charge the restart budget."""
         assert worker.exit is not None
-        if worker.conn is not None:
-            self.close(worker.conn, now)
+        for conn in list(worker.conns):
+            self.close(conn, now)
         worker.timeline.exited(now, worker.exit.kind)
         self.staff.retire(worker)
         if self.plan_of[worker.run.index].memory is not None:

@@ -274,9 +274,13 @@ def close_held(d: DispatcherPort, peer: Peer, run: TaskRun, now: float) -> None:
     if not peer.held or w is None:
         return
     held, peer.held = peer.held, []
-    if w.exit is None:
+    if w.exit is None and w.lost is None:
         w.lost = (peer, held, now)
         mem.lost.append(w)
+    elif w.exit is None:
+        # another of the worker's connections (a process with several clients) already
+        # waits for the exit to say how it died: these blocks are released now
+        d.lose_held(peer, run, held, now)
     elif is_oom_exit(w.exit):
         _lost_to_oom(d, peer, run, held, now)
     else:

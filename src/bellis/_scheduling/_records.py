@@ -68,10 +68,14 @@ class Peer:
 
 
 class ManagedWorker:
-    """A managed worker: its launcher handle, its connection and its timeline."""
+    """A managed worker: its launcher handle, its connections and its timeline.
+
+    One worker process may open several clients (volara-ml reads ``worker_id`` from one and
+    takes blocks on another): every connection that proves to be this worker is this
+    worker's, and its blocks, its exit and its start are counted once, for the process."""
 
     __slots__ = (
-        "conn",
+        "conns",
         "earned",
         "ever_connected",
         "exit",
@@ -89,7 +93,8 @@ class ManagedWorker:
         self.worker_id = worker_id
         self.run = run
         self.handle = handle
-        self.conn: Peer | None = None
+        #: its open connections, oldest first (one per client the process opened)
+        self.conns: list[Peer] = []
         self.ever_connected = False
         # a clean exit gives the start back only if the worker returned a block or was
         # told to stop; one that connects and leaves at once must burn the budget
@@ -103,6 +108,11 @@ class ManagedWorker:
         #: (connection, blocks, when) it held when its connection ended, released once its
         #: exit says whether it ran out of memory (tasks with a memory ladder only)
         self.lost: tuple[Peer, list[int], float] | None = None
+
+    @property
+    def conn(self) -> Peer | None:
+        """Its oldest open connection (None: none open)."""
+        return self.conns[0] if self.conns else None
 
 
 class Booking(NamedTuple):

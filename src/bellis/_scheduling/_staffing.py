@@ -159,24 +159,25 @@ class Staffing:
     def identify(
         self, hello: Hello, nonce: bytes, worker_key: bytes, run: TaskRun
     ) -> ManagedWorker | None:
-        """The managed worker of ``run`` that a HELLO answering ``nonce`` proves to be, and
-        that has no connection yet (None: the client is unmanaged). Only a client that
-        holds that worker's own token is the managed worker: anyone with the run's secret
-        may connect, but only as an unmanaged client."""
+        """The managed worker of ``run`` that a HELLO answering ``nonce`` proves to be (None:
+        the client is unmanaged). Only a client that holds that worker's own token is the
+        managed worker: anyone with the run's secret may connect, but only as an unmanaged
+        client. A worker with a connection open may open more (several clients in one
+        process): each is that worker's."""
         wid = hello.worker_id
         if wid < 0 or hello.worker_mac is None:
             return None
         if not verify_mac(worker_token(worker_key, wid), nonce, hello.worker_mac):
             return None
         worker = self.workers.get(wid) or self.gone.get(wid)
-        if worker is None or worker.run is not run or worker.conn is not None:
+        if worker is None or worker.run is not run:
             return None
         return worker
 
     def connected(self, worker: ManagedWorker, peer: Peer, setup: Any, now: float) -> None:
-        """``worker`` is served on ``peer`` now (``setup``: the seconds it reports its
-        start took, on its first connection)."""
-        worker.conn = peer
+        """``worker`` is served on ``peer`` now, besides any connection it has open already
+        (``setup``: the seconds it reports its start took, on its first connection)."""
+        worker.conns.append(peer)
         if not worker.ever_connected:
             worker.ever_connected = True
             worker.timeline.first_acquire(now)

@@ -50,7 +50,9 @@ one still running at exit contributes what it burned so far; one reaped during t
 block contributes through ``RUSAGE_CHILDREN``. The ``/proc`` scan is skipped when the
 process has no children at all, which one ``waitid(P_ALL, WNOHANG | WNOWAIT)`` call
 tells without reaping anything. ``/proc`` readings have the kernel's ``SC_CLK_TCK``
-resolution (usually 10 ms); ``RUSAGE_CHILDREN`` has microseconds.
+resolution (usually 10 ms); ``RUSAGE_CHILDREN`` has microseconds. A child reaped during
+the walk would be in neither part: the walk is repeated until ``RUSAGE_CHILDREN`` is the
+same after it as before (:func:`_with_live_descendants`).
 """
 
 from __future__ import annotations
@@ -355,14 +357,44 @@ def _descendant_cpu_ticks() -> int:
     return total
 
 
+#: walks of /proc at most per reading while children are reaped during each walk
+_CONSISTENT_TRIES: Final = 4
+
+
+def _reaped_seconds() -> float:
+    """``RUSAGE_CHILDREN`` user + system: the CPU of the children this process reaped."""
+    assert _resource is not None
+    ru = _resource.getrusage(_resource.RUSAGE_CHILDREN)
+    return float(ru.ru_utime + ru.ru_stime)
+
+
+def _with_live_descendants(reaped: float) -> tuple[float, float]:
+    """``reaped`` (``RUSAGE_CHILDREN``, just read) plus the CPU of the live descendants,
+    as one reading; returns (that sum, ``RUSAGE_CHILDREN`` as of it).
+
+    A child reaped during the ``/proc`` walk (by another thread, or at a garbage
+    collection: a ``Popen`` dropped in a reference cycle reaps its child) would be in
+    neither ``reaped`` nor the walk, and the sum would drop by all its CPU. So
+    ``RUSAGE_CHILDREN`` is read again after the walk, and the walk repeated until no child
+    was reaped during it. (Should every try see a reap, the last walk is taken with the
+    later reading: a child reaped after the walk read it then counts twice, not never.)"""
+    live = 0.0
+    for _ in range(_CONSISTENT_TRIES):
+        live = _descendant_cpu_ticks() * _SECONDS_PER_TICK
+        after = _reaped_seconds()
+        if after == reaped:
+            break
+        reaped = after
+    return reaped + live, reaped
+
+
 def _children_cpu_seconds() -> float:
     """CPU of reaped children (``RUSAGE_CHILDREN``) plus live descendants so far."""
     if _resource is None:
         return 0.0
-    ru = _resource.getrusage(_resource.RUSAGE_CHILDREN)
-    reaped = ru.ru_utime + ru.ru_stime
+    reaped = _reaped_seconds()
     if _has_children():
-        return reaped + _descendant_cpu_ticks() * _SECONDS_PER_TICK
+        return _with_live_descendants(reaped)[0]
     return reaped
 
 
@@ -547,8 +579,7 @@ class Meter:
             # there is still no child, none was reaped, and both readings are skipped.
             children = self._kid_reaped
         elif _getrusage is not None:
-            ru = _getrusage(_RUSAGE_CHILDREN)
-            children = reaped = ru.ru_utime + ru.ru_stime
+            children = reaped = _reaped_seconds()
             childless = False
             if _HAS_WAITID:
                 try:
@@ -559,7 +590,7 @@ class Meter:
                     pass
                 else:
                     walked = _walk_bytes[0]
-                    children += _descendant_cpu_ticks() * _SECONDS_PER_TICK
+                    children, reaped = _with_live_descendants(reaped)
                     own += _walk_bytes[0] - walked
             self._childless = childless
             self._kid_flt = flt
