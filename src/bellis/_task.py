@@ -180,6 +180,8 @@ class Task:
                 fit=fit,
                 read_write_conflict=self._read_write_conflict,
             )
+        except ConfigurationError:
+            raise
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
         self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(

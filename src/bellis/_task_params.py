@@ -187,9 +187,9 @@ def check_local_path(name: str, path: str) -> None:
         return
     scheme = match.group(1)
     fix = (
-        f"pass the plain path ({path[len(scheme) + 3 :] or '/'!r})"
+        f"Pass the plain path ({path[len(scheme) + 3 :] or '/'!r})"
         if scheme.lower() == "file"
-        else "pass a local or mounted filesystem path (a mount of the bucket works)"
+        else "Pass a local or mounted filesystem path (a mount of the bucket works)"
     )
     raise ConfigurationError(
         f"{name}={path!r}: the URL scheme {scheme + '://'!r} is not supported (yet); block "
