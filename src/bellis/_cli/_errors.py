@@ -204,10 +204,18 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
     store, whether it is done. A TrackingError when ``text`` names no block of the grid."""
     wanted = parse_coord(text)
     data: list[dict[str, Any]] = []
-    for folder in error_folders(path):
+    folders = error_folders(path)
+    refused: list[TrackingError] = []
+    for folder in folders:
         state: dict[str, Any] | None = None
         if (folder / "zarr.json").exists():
-            state = _locate(folder, text, wanted)
+            try:
+                state = _locate(folder, text, wanted)
+            except TrackingError as exc:
+                # a basedir's tasks have grids of their own: one that lacks the block is
+                # left out, and an error only when no task has it
+                refused.append(exc)
+                continue
             coord = tuple(state["block"])
         elif isinstance(wanted, int):
             raise TrackingError(
@@ -236,6 +244,14 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
                 "attempts": [_attempt_json(r, reader) for r in records],
                 "counted_errors": counted,
             }
+        )
+    if not data:
+        if len(refused) == 1:
+            raise refused[0]
+        raise TrackingError(
+            f"--block {text}: no task under {path} has that block: "
+            + "; ".join(str(e).removeprefix(f"--block {text}: ") for e in refused),
+            path=str(path),
         )
     if as_json:
         return json.dumps(data if len(data) > 1 else data[0], indent=1)
