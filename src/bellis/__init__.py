@@ -85,13 +85,24 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     DependencyGraph = BlockwiseDependencyGraph
 
 _SUBMODULES = ("logging", "v2", "v1_compat", "block", "errors")
-_NEED_NUMPY = ("v1_compat",)
+#: daisy 2.0.0's other module paths, kept as thin aliases (``daisy._runner._run_serial``
+#: after ``import bellis as daisy``); tests/compat/daisy_modules.json lists daisy's modules
+_DAISY_PATHS = (
+    "cl_monitor",
+    "_daisy",
+    "_progress",
+    "_runner",
+    "_subprocess_worker",
+    "_task",
+    "_worker_processes",
+)
+_NEED_NUMPY = ("v1_compat", "_runner", "_task")
 
 __all__ = list(PUBLIC_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name in _DAISY_PATHS:
         # submodules load on their own: `from . import logging` inside bellis must not
         # pull in the whole public surface (worker processes stay light)
         if name in _NEED_NUMPY:

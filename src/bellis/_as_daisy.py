@@ -15,7 +15,9 @@ the finder imports this module and calls :func:`find_spec`:
   ``"2.0.0+bellis.<bellis version>"``: a valid PEP 440 version whose release is daisy's
   (bellis offers the daisy 2.0 API) and whose local label says that it is bellis;
 * ``daisy.X`` (``daisy.cl_monitor``, ``daisy.logging``, ``daisy._runner``...) is the very
-  module ``bellis.X``, registered under both names.
+  module ``bellis.X``, registered under both names; :data:`RENAMED_PATHS` names the
+  exceptions, daisy paths whose bellis module of the same name is bellis's own (every
+  module of the daisy 2.0.0 wheel has a path here: ``tests/compat/daisy_modules.json``).
 
 ``uninstall`` removes the file; ``status`` says whether it is there. Nothing is written
 outside that one site-packages directory. ``install`` refuses while a real daisy
@@ -56,6 +58,10 @@ PTH_NAME = "bellis_as_daisy.pth"
 FINDER_NAME = "BellisAsDaisyFinder"
 #: the daisy release whose API bellis offers, the public part of ``daisy.__version__``
 DAISY_API_VERSION = "2.0.0"
+
+#: daisy module paths served by a bellis module of another name: ``bellis._task`` is
+#: bellis's own, and daisy's ``_task`` also handed out the client and the model classes
+RENAMED_PATHS: dict[str, str] = {"daisy._task": "bellis._daisy_task"}
 
 # One line, run by `site` at start-up: a finder that imports bellis only for daisy names.
 _PTH_LINE = (
@@ -132,7 +138,7 @@ def find_spec(name: str, path: Sequence[str] | None = None, target: Any = None) 
         return ModuleSpec("daisy", _DaisyLoader(), origin="bellis", is_package=True)
     if not name.startswith("daisy."):
         return None
-    bellis_name = "bellis" + name[len("daisy") :]
+    bellis_name = RENAMED_PATHS.get(name) or "bellis" + name[len("daisy") :]
     try:
         module = importlib.import_module(bellis_name)
     except ModuleNotFoundError as exc:

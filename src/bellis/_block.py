@@ -119,6 +119,27 @@ def cantor_number(index: tuple[int, ...] | list[int]) -> int:
     return result
 
 
+def cantor_index(number: int, dims: int) -> tuple[int, ...]:
+    """The grid index whose :func:`cantor_number` is ``number``, in ``dims`` dimensions:
+    a block id (as the summary prints it) back to its grid coordinate."""
+    if number < 0 or dims < 1:
+        raise ValueError(f"no {dims}-D grid index has the cantor number {number}")
+    if dims == 1:
+        return (number,)
+    # the largest coordinate sum s with pyramid_volume(dims, s) <= number
+    lo, hi = 0, 1
+    while _pyramid_volume(dims, hi) <= number:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _pyramid_volume(dims, mid) <= number:
+            lo = mid
+        else:
+            hi = mid
+    head = cantor_index(number - _pyramid_volume(dims, lo), dims - 1)
+    return (*head, lo - sum(head))
+
+
 class BlockStats:
     """What one block cost, measured by whoever ran it. Immutable.
 

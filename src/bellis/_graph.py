@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from funlib.geometry import Coordinate, Roi
 
 from ._block import Block, BlockStatus, _as_roi, cantor_number
+from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -113,6 +114,16 @@ class TaskGeometry:
         for name, roi in (("total_roi", total), ("read_roi", read), ("write_roi", write)):
             if any(s is None for s in roi.shape) or any(o is None for o in roi.offset):
                 raise ValueError(f"{name} must be bounded on every axis (got {roi})")
+            negative = [i for i, s in enumerate(roi.shape) if int(s) < 0]
+            if negative:
+                raise ConfigurationError(
+                    f"{name} has a negative shape on axis {negative[0]}: "
+                    f"Roi({tuple(int(o) for o in roi.offset)}, "
+                    f"{tuple(int(s) for s in roi.shape)}). A Roi is (offset, shape), not "
+                    f"(begin, end): for the region from begin to end pass "
+                    f"Roi(begin, end - begin), with every end at or past its begin",
+                    parameter=name,
+                )
         self.task_id = task_id
         self.dims = dims
         self.fit = fit

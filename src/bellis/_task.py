@@ -24,6 +24,7 @@ from ._task_params import (
     UNSET as _UNSET,
     budget_units as _budget_units,
     check_count as _check_count,
+    check_local_path as _check_local_path,
     parse_backup_after as _parse_backup_after,
     parse_memory as _parse_memory,
     parse_requires as _parse_requires,
@@ -45,6 +46,8 @@ _tracking_basedir: Path | None = None
 def set_tracking_basedir(path: str | os.PathLike[str] | None) -> None:
     """Track every task without an explicit ``tracking_path`` under ``<path>/<task_id>``."""
     global _tracking_basedir
+    if path is not None:
+        _check_local_path("set_tracking_basedir(path)", os.fspath(path))
     _tracking_basedir = None if path is None else Path(path)
 
 
@@ -177,6 +180,8 @@ class Task:
                 fit=fit,
                 read_write_conflict=self._read_write_conflict,
             )
+        except ConfigurationError:
+            raise
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
         self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from datetime import timedelta
@@ -163,10 +164,38 @@ def parse_tracking_path(done_marker_path: Any, tracking_path: Any) -> str | bool
     if value is False:
         return False
     if isinstance(value, str | os.PathLike):
-        return os.fspath(value) if not isinstance(value, bytes) else value.decode()  # type: ignore[return-value, unused-ignore]
+        raw = os.fspath(value)
+        path = raw.decode() if isinstance(raw, bytes) else raw
+        check_local_path(name, path)
+        return path
     raise TypeError(
         f"{name} must be None (auto), False (disabled), or a str/Path (got "
         f"{type(value).__name__} {value!r})"
+    )
+
+
+#: ``scheme://`` at the start of a path: a URL, not a local path
+_URL_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_local_path(name: str, path: str) -> None:
+    """A ConfigurationError when ``path`` is a URL (``s3://``, ``gs://``, ``file://``...):
+    tracking stores live on a local (or mounted) filesystem, and a URL taken as a path
+    would make a folder named ``s3:`` in the working directory."""
+    match = _URL_SCHEME.match(path)
+    if match is None:
+        return
+    scheme = match.group(1)
+    fix = (
+        f"Pass the plain path ({path[len(scheme) + 3 :] or '/'!r})"
+        if scheme.lower() == "file"
+        else "Pass a local or mounted filesystem path (a mount of the bucket works)"
+    )
+    raise ConfigurationError(
+        f"{name}={path!r}: the URL scheme {scheme + '://'!r} is not supported (yet); block "
+        f"tracking stores live on a filesystem. {fix}, or tracking_path=False to run "
+        "without a store",
+        parameter=name,
     )
 
 

@@ -14,9 +14,11 @@ The tree::
         ├─ WorkerStartError
         └─ TaskAbandonedError
     BellisDeprecationWarning(DeprecationWarning)
+    BellisWarning(UserWarning)
+    └─ CoverageWarning
 
 Every error is importable from ``bellis`` (and ``bellis.v2``) too, the same class; the
-warning only from here, where a filter names it
+warnings only from here, where a filter names them
 (``warnings.filterwarnings("ignore", category=BellisDeprecationWarning)``). The classes keep
 this module as their home: a traceback reads ``bellis.errors.TrackingError: ...``.
 
@@ -38,9 +40,11 @@ from typing import Any
 __all__ = [
     "BellisDeprecationWarning",
     "BellisError",
+    "BellisWarning",
     "CodeChangedError",
     "ConfigurationError",
     "ConnectionLostError",
+    "CoverageWarning",
     "DependencyCycleError",
     "LayoutMismatch",
     "ProtocolError",
@@ -175,3 +179,30 @@ class TaskAbandonedError(WorkerError):
 
 class BellisDeprecationWarning(DeprecationWarning):
     """Emitted for daisy 1.x names and deprecated parameters that still work."""
+
+
+class BellisWarning(UserWarning):
+    """Base of the warnings bellis emits about a configuration that runs but is likely not
+    what was meant."""
+
+
+class CoverageWarning(BellisWarning):
+    """Emitted once per task when a run starts, when the task's blocks do not write all of
+    its ``total_write_roi`` (``total_roi`` less the read context): ``fit="valid"`` drops
+    the partial blocks at the upper ends, or a block is larger than the volume and the
+    task has no block at all.
+
+    ``task_id`` names the task; ``uncovered`` holds, per axis, the ``(begin, end)`` that
+    no block writes (None for an axis that is covered).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_id: str | None = None,
+        uncovered: tuple[tuple[int, int] | None, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.uncovered = uncovered

@@ -341,6 +341,8 @@ ERRORS_NOT_IN_BELLIS = {
     # a warning, not an error: filtered by category, from its documented home
     # (`warnings.filterwarnings("ignore", category=bellis.errors.BellisDeprecationWarning)`)
     "BellisDeprecationWarning": "a warning",
+    "BellisWarning": "a warning",
+    "CoverageWarning": "a warning",
 }
 
 

@@ -180,6 +180,63 @@ def test_install_run_uninstall(venv: Venv, tmp_path: Path) -> None:
     assert venv.as_daisy("status").returncode == 1
 
 
+MODULES_SCRIPT = r"""
+import importlib
+import json
+import sys
+from pathlib import Path
+
+modules = json.loads(Path(sys.argv[1]).read_text())["modules"]
+failed = {}
+for name in modules:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = f"{type(exc).__name__}: {exc}"
+from daisy._runner import _run_serial  # as daisy's own tests/test_done_marker.py
+
+import daisy
+
+calls = []
+roi, block = daisy.Roi([0, 0], [40, 40]), daisy.Roi([0, 0], [10, 10])
+task = daisy.Task(
+    task_id="t",
+    total_roi=roi,
+    read_roi=block,
+    write_roi=block,
+    process_function=lambda b: calls.append(b.block_id[1]),
+    read_write_conflict=False,
+    tracking_path=sys.argv[2],
+)
+states = _run_serial([task])
+again = daisy._runner._run_serial([task])
+print(json.dumps({
+    "failed": failed,
+    "runner": daisy._runner.__name__,
+    "counts": [len(calls), states["t"].completed_count, again["t"].skipped_count],
+}))
+"""
+
+
+def test_every_daisy_module_path_imports_through_the_hook(venv: Venv, tmp_path: Path) -> None:
+    """Every module of the daisy 2.0.0 wheel (tests/compat/daisy_modules.json) imports in
+    an environment with the hook installed, and ``daisy._runner._run_serial`` runs."""
+    installed = venv.as_daisy("install")
+    assert installed.returncode == 0, installed.stderr
+    try:
+        script = tmp_path / "daisy_paths.py"
+        script.write_text(MODULES_SCRIPT)
+        listing = REPO / "tests" / "compat" / "daisy_modules.json"
+        proc = venv.run(venv.python, script, listing, tmp_path / "marker", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got = json.loads(proc.stdout.splitlines()[-1])
+        assert got["failed"] == {}
+        assert got["runner"] == "bellis._runner"
+        assert got["counts"] == [16, 16, 16]
+    finally:
+        venv.as_daisy("uninstall")
+
+
 def test_install_refuses_when_a_real_daisy_is_installed(venv: Venv) -> None:
     proc = venv.pip_install("--no-deps", "daisy==2.0.0")
     if proc.returncode != 0:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from hypothesis import given, strategies as st
 
 import bellis as daisy
-from bellis._block import BlockStats, cantor_number
+from bellis._block import BlockStats, cantor_index, cantor_number
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,19 @@ def test_cantor_number_hand_computed(index: list[int], expected: int) -> None:
 def test_cantor_2d_grid_matches_observed_layout() -> None:
     grid = [[cantor_number([i, j]) for j in range(3)] for i in range(2)]
     assert grid == [[0, 1, 3], [2, 4, 7]]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=4))
+def test_cantor_index_inverts_cantor_number(index: list[int]) -> None:
+    """A block id as the summary prints it, back to its grid coordinate (bellis status)."""
+    assert cantor_index(cantor_number(index), len(index)) == tuple(index)
+
+
+def test_cantor_index_enumerates_every_id() -> None:
+    seen = {cantor_index(n, 3) for n in range(2000)}
+    assert len(seen) == 2000 and all(cantor_number(i) < 2000 for i in seen)
+    with pytest.raises(ValueError):
+        cantor_index(-1, 2)
 
 
 def test_cantor_clamps_negative_components() -> None:

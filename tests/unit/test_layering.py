@@ -41,7 +41,22 @@ TOP_LEVEL = {
     # a task's configuration; it reads its own store (Task.reset, Task.report)
     "task": {"_task", "_task_params"},
     # the public face: what users import, and the lazy loader of the public names
-    "face": {"__init__", "v2", "v1_compat", "cl_monitor", "block", "_names", "_as_daisy"},
+    "face": {
+        "__init__",
+        "v2",
+        "v1_compat",
+        "cl_monitor",
+        "block",
+        "_names",
+        "_as_daisy",
+        # daisy 2.0.0's private module paths, thin aliases (tests/compat/daisy_modules.json)
+        "_daisy",
+        "_daisy_task",
+        "_progress",
+        "_runner",
+        "_subprocess_worker",
+        "_worker_processes",
+    },
     # the entry points of `python -m bellis` and `python -m bellis.worker`
     "entry": {"__main__", "worker"},
 }

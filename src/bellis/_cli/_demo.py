@@ -233,6 +233,7 @@ def run_demo(workdir: Path, *, size: int, workers: int, serial: bool, fresh: boo
         write_roi=Roi((0, 0, 0), (BLOCK,) * 3),
         process_function=label_block,
         read_write_conflict=False,
+        fit="shrink",  # a --size that is not a multiple of BLOCK: label the last cells too
         max_workers=workers,
         resource_tracking=True,
     )

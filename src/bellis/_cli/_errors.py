@@ -9,6 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from .._block import cantor_index, cantor_number
 from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorRecord,
@@ -18,6 +21,7 @@ from .._stats._errorlog import (
     read_errors,
     records_of_run,
 )
+from .._tracking import StoreLayout, TrackingStore
 from ..errors import TrackingError
 
 __all__ = ["error_folders", "format_block", "format_failed", "parse_coord"]
@@ -27,16 +31,72 @@ _SHOWN_TRACEBACK_LINES = 40
 _OUT_LINES = 10
 
 
-def parse_coord(text: str) -> tuple[int, ...]:
-    """``"3,7,2"`` (or ``"3 7 2"``, ``"(3, 7, 2)"``) as a coordinate."""
-    parts = text.strip().strip("()[]").replace(",", " ").split()
+def parse_coord(text: str) -> tuple[int, ...] | int:
+    """``"3,7,2"`` (or ``"3 7 2"``, ``"(3, 7, 2)"``, ``"6,"``) as a grid coordinate; a plain
+    number (``"40"``, as the end-of-run summary prints block ids) as a block id."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    parts = stripped.strip("()[]").replace(",", " ").split()
     try:
         coord = tuple(int(p) for p in parts)
     except ValueError:
         coord = ()
     if not coord:
-        raise TrackingError(f"--block takes a grid coordinate such as 3,7,2, not {text!r}")
+        raise TrackingError(
+            f"--block takes a grid coordinate such as 3,7,2 or a block id such as 40 (as "
+            f"the summary prints them), not {text!r}"
+        )
     return coord
+
+
+def _cells_text(layout: StoreLayout) -> str:
+    return " x ".join(
+        f"{first}..{first + count - 1}" if count else "none" for first, count in layout.block_cells
+    )
+
+
+def _locate(folder: Path, text: str, wanted: tuple[int, ...] | int) -> dict[str, Any]:
+    """The block ``wanted`` names in the store at ``folder``: its coordinate, its id,
+    whether it is done and its failed attempts; a TrackingError naming the grid when
+    ``wanted`` has the wrong rank, lies outside the grid or is a cell of no block."""
+    with TrackingStore.open_readonly(folder) as store:
+        grid = tuple(int(g) for g in store.grid_shape)
+        layout = StoreLayout.from_record(store.record)
+        if layout is not None and tuple(layout.grid_shape) != grid:
+            layout = None
+        shape = " x ".join(str(g) for g in grid)
+        about = f"{folder} has a {len(grid)}-D grid of {shape} cells"
+        if isinstance(wanted, int):
+            coord = cantor_index(wanted, len(grid))
+            named = f"block id {wanted} (grid coordinate {_coord_text(coord)})"
+        else:
+            coord = wanted
+            named = f"grid coordinate {_coord_text(coord)}"
+            if len(coord) != len(grid):
+                example = ",".join(str(min(3, g - 1) if g else 0) for g in grid)
+                raise TrackingError(
+                    f"--block {text}: {len(coord)} coordinate{'s' if len(coord) != 1 else ''} "
+                    f"for a {len(grid)}-D store ({about}); give {len(grid)}, such as --block "
+                    f"{example}, or a block id as the summary prints them (--block 40)",
+                    path=str(folder),
+                )
+        if any(not 0 <= c < g for c, g in zip(coord, grid, strict=True)):
+            raise TrackingError(
+                f"--block {text}: {named} is outside the grid ({about}: each coordinate "
+                "runs from 0 to its axis's size - 1)",
+                path=str(folder),
+            )
+        if layout is not None and layout.write_roi_of_cell(coord) is None:
+            raise TrackingError(
+                f"--block {text}: {named} is a cell of no block ({about}; the blocks are "
+                f"the cells {_cells_text(layout)})",
+                path=str(folder),
+            )
+        flat = int(np.ravel_multi_index(coord, grid))
+        done = bool(store.done.reshape(-1)[flat])
+        failures = int(store.failures.reshape(-1)[flat])
+    return {"block": list(coord), "id": cantor_number(coord), "done": done, "failures": failures}
 
 
 def error_folders(path: str | Path) -> list[Path]:
@@ -148,14 +208,42 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
     return "\n".join(out)
 
 
+def _plural_attempts(n: int) -> str:
+    return f"{n} failed attempt{'s' if n != 1 else ''}"
+
+
 def _attempt_json(r: ErrorRecord, reader: LogReader) -> dict[str, Any]:
     return {**r.raw, **reader.logs(r, out_lines=_OUT_LINES)}
 
 
-def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = False) -> str:
-    """Every recorded attempt of the block at ``coord`` (every run), with its log lines."""
+def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
+    """Every recorded attempt of the block ``text`` names (a grid coordinate, or a block
+    id as the summary prints it), every run, with its log lines; and, from the task's
+    store, whether it is done. A TrackingError when ``text`` names no block of the grid."""
+    wanted = parse_coord(text)
     data: list[dict[str, Any]] = []
-    for folder in error_folders(path):
+    folders = error_folders(path)
+    refused: list[TrackingError] = []
+    for folder in folders:
+        state: dict[str, Any] | None = None
+        if (folder / "zarr.json").exists():
+            try:
+                state = _locate(folder, text, wanted)
+            except TrackingError as exc:
+                # a basedir's tasks have grids of their own: one that lacks the block is
+                # left out, and an error only when no task has it
+                refused.append(exc)
+                continue
+            coord = tuple(state["block"])
+        elif isinstance(wanted, int):
+            raise TrackingError(
+                f"--block {text}: a block id needs the task's tracking store to know the "
+                f"grid, and {folder} holds only logs; pass the block's grid coordinate "
+                "(such as --block 3,7) or the store's path",
+                path=str(folder),
+            )
+        else:
+            coord = wanted
         lines = read_errors(folder)
         records = [
             ErrorRecord.from_json(d)
@@ -168,19 +256,40 @@ def format_block(path: str | Path, coord: tuple[int, ...], *, as_json: bool = Fa
             {
                 "path": str(folder),
                 "block": list(coord),
+                "id": cantor_number(coord),
+                "done": None if state is None else state["done"],
+                "failed_attempts_counted": None if state is None else state["failures"],
                 "attempts": [_attempt_json(r, reader) for r in records],
                 "counted_errors": counted,
             }
+        )
+    if not data:
+        if len(refused) == 1:
+            raise refused[0]
+        raise TrackingError(
+            f"--block {text}: no task under {path} has that block: "
+            + "; ".join(str(e).removeprefix(f"--block {text}: ") for e in refused),
+            path=str(path),
         )
     if as_json:
         return json.dumps(data if len(data) > 1 else data[0], indent=1)
     out: list[str] = []
     for d in data:
         attempts = d["attempts"]
-        out.append(
-            f"block {_coord_text(coord)} in {d['path']}: {len(attempts)} failed attempt"
-            f"{'s' if len(attempts) != 1 else ''} recorded"
-        )
+        head = f"block {_coord_text(d['block'])} (id {d['id']}) in {d['path']}"
+        noun = f"{len(attempts)} failed attempt{'s' if len(attempts) != 1 else ''} recorded"
+        counted = d["failed_attempts_counted"]
+        if d["done"] is None:
+            out.append(f"{head}: {noun}")
+        else:
+            if d["done"]:
+                outcome = "done" + (f" after {_plural_attempts(counted)}" if counted else "")
+            elif counted:
+                outcome = f"not done: failed ({_plural_attempts(counted)})"
+            else:
+                outcome = "not done"
+            out.append(f"{head}: {outcome}")
+            out.append(f"  {noun} in its error records")
         if d["counted_errors"]:
             out.append(
                 "  (its error also went past the records kept per distinct error: "

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -27,34 +29,101 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _load_function(spec: str) -> object:
     if ":" not in spec:
-        raise SystemExit(f"--function must look like module:attribute (got {spec!r})")
+        raise _WorkerUsageError(
+            f"--function must look like module:attribute, e.g. my_module:process_block "
+            f"(got {spec!r})"
+        )
     mod_name, attr = spec.split(":", 1)
     sys.path.insert(0, str(Path.cwd()))
-    obj: object = importlib.import_module(mod_name)
+    try:
+        obj: object = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not mod_name.startswith(exc.name):
+            raise  # the module itself imports something missing: its own traceback
+        raise _WorkerUsageError(
+            f"--function {spec}: no module named {exc.name!r} (looked in {Path.cwd()} and "
+            "on sys.path); run the worker in the folder that holds it, or set PYTHONPATH"
+        ) from None
     for part in attr.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise _WorkerUsageError(
+                f"--function {spec}: {getattr(obj, '__name__', mod_name)!s} has no "
+                f"attribute {part!r}"
+            ) from None
+    if not callable(obj):
+        raise _WorkerUsageError(f"--function {spec} is a {type(obj).__name__}, not a function")
     return obj
+
+
+class _WorkerUsageError(Exception):
+    """A ``bellis worker`` argument that cannot work: rc 2, one line, no traceback."""
+
+
+#: what a worker's context must hold (the server writes all of them)
+_CONTEXT_KEYS = ("hostname", "port", "task_id", "secret")
+_CONTEXT_HELP = (
+    "pass the context the server exported to its workers with --context, or set "
+    "$BELLIS_CONTEXT (or daisy's $DAISY_CONTEXT) to it"
+)
+
+
+def _worker_context(args: argparse.Namespace) -> Any:
+    """The worker's context from ``--context`` or the environment, checked."""
+    from .._worker._client import ENV_VARIABLES, Context
+
+    if args.context is not None:
+        where, text = "--context", args.context
+    else:
+        found = next(((n, os.environ[n]) for n in ENV_VARIABLES if n in os.environ), None)
+        if found is None:
+            raise _WorkerUsageError(
+                f"no worker context: neither --context nor ${' nor $'.join(ENV_VARIABLES)} "
+                f"is set; {_CONTEXT_HELP}"
+            )
+        where, text = f"${found[0]}", found[1]
+    try:
+        ctx = Context.from_env_string(text)
+    except ValueError as exc:
+        raise _WorkerUsageError(
+            f"{where} is not a context ({exc}): a context is key=value pairs joined by ':', "
+            f"such as hostname=...:port=...:task_id=...:secret=...; {_CONTEXT_HELP}"
+        ) from None
+    if args.task_id:
+        ctx["task_id"] = args.task_id
+    missing = [k for k in _CONTEXT_KEYS if k not in ctx]
+    if missing:
+        raise _WorkerUsageError(
+            f"{where} has no {', '.join(repr(k) for k in missing)} (it holds "
+            f"{', '.join(repr(k) for k in ctx) or 'nothing'}); {_CONTEXT_HELP}"
+        )
+    problems = []
+    if not ctx["port"].isdigit() or not 0 < int(ctx["port"]) < 65536:
+        problems.append(f"port {ctx['port']!r} is not a TCP port")
+    try:
+        bytes.fromhex(ctx["secret"])
+    except ValueError:
+        problems.append("secret is not hexadecimal")
+    if problems:
+        raise _WorkerUsageError(f"{where}: {'; '.join(problems)}; {_CONTEXT_HELP}")
+    return ctx
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     """Join a running server as an (unmanaged) worker and run a block function, or a
     worker function (no positional parameters, as in ``Task(process_function=...)``)."""
-    import os
-
     from .._code_origin import function_arity
-    from .._worker._client import Context
     from .._worker._main import run_block_function_loop, run_worker_function
 
-    if args.context:
-        ctx = Context.from_env_string(args.context)
-    else:
-        ctx = Context.from_env()
-    if args.task_id:
-        ctx["task_id"] = args.task_id
-    fn = _load_function(args.function)
-    if args.context or args.task_id:
-        # a worker function's own Client() reads it from there
-        os.environ["BELLIS_CONTEXT"] = ctx.to_env()
+    try:
+        ctx = _worker_context(args)
+        fn = _load_function(args.function)
+    except _WorkerUsageError as exc:
+        print(f"bellis worker: {exc}", file=sys.stderr)
+        return 2
+    # a worker function's own Client() reads it from there
+    os.environ["BELLIS_CONTEXT"] = ctx.to_env()
     if function_arity(fn) == 0:  # type: ignore[arg-type]
         return run_worker_function(fn, ctx)
     return run_block_function_loop(fn, ctx)
@@ -72,19 +141,24 @@ def _take_ctrl_c() -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from .._report._data import find_stores
-    from .._tracking import format_status
+    from .._tracking import format_status, read_status, status_record
     from ..errors import TrackingError
 
     try:
         if args.failed or args.block is not None:
-            from ._errors import format_block, format_failed, parse_coord
+            from ._errors import format_block, format_failed
 
             if args.block is not None:
-                print(format_block(args.path, parse_coord(args.block), as_json=args.json))
+                print(format_block(args.path, args.block, as_json=args.json))
             else:
                 print(format_failed(args.path, as_json=args.json))
             return 0
         if args.watch is not None:
+            if args.json:
+                raise TrackingError(
+                    "--json prints one snapshot and --watch redraws; use one of them (a "
+                    "script polls `bellis status PATH --json`)"
+                )
             _take_ctrl_c()
             from ._watch import watch_status
 
@@ -108,19 +182,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 path, args.watch, out=sys.stdout, err=sys.stderr, max_width=args.width
             )
         path = Path(args.path)
+
+        def show(store: Path) -> str:
+            if args.json:
+                return json.dumps(status_record(read_status(store)), indent=1)
+            return format_status(store, max_width=args.width)
+
         if not (path.is_dir() and not (path / "zarr.json").exists()):
-            print(format_status(path, max_width=args.width))  # one task's store
+            print(show(path))  # one task's store
             return 0
         # a tracking basedir: every task's store under it, in name order; one that cannot
         # be read is named on stderr, and the others are still shown
         texts, code = [], 0
         for store in find_stores([path]):
             try:
-                texts.append(format_status(store, max_width=args.width))
+                texts.append(show(store))
             except TrackingError as exc:
                 print(f"bellis status: {exc}", file=sys.stderr)
                 code = 2
-        print("\n".join(texts))
+        if args.json:  # a basedir: one JSON list, a task's record per store
+            print("[" + ",\n".join(texts) + "]")
+        else:
+            print("\n".join(texts))
         return code
     except TrackingError as exc:
         print(f"bellis status: {exc}", file=sys.stderr)
@@ -300,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "is one task's store; the watch waits for a run to create it.",
     )
     s.add_argument("path", help="a task's tracking directory, or a tracking basedir")
-    s.add_argument("--width", type=int, default=80, help="maximum map width (default 80)")
+    s.add_argument("--width", type=_positive, default=80, help="maximum map width (default 80)")
     s.add_argument(
         "--watch",
         nargs="?",
@@ -317,9 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--block",
         metavar="COORD",
-        help="one block's failed attempts and their log lines, e.g. --block 3,7,2",
+        help="one block: whether it is done, its failed attempts and their log lines; a "
+        "grid coordinate (--block 3,7,2) or a block id as the summary prints them "
+        "(--block 40)",
     )
-    s.add_argument("--json", action="store_true", help="--failed or --block as JSON")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the status counts (one object per store; a list for a basedir), "
+        "or --failed / --block as JSON",
+    )
     s.set_defaults(fn=_cmd_status)
 
     _add_report_parser(sub)

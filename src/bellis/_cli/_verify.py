@@ -3,7 +3,8 @@ re-read and compared with the checksum its worker recorded (``docs/outputs.md``)
 
 The table and the mismatches go to stdout, progress to stderr. Exit status 0 when every
 done block verified, 1 when some did not (missing, changed or unverifiable), 2 when a
-store cannot be verified at all.
+store cannot be verified at all, or when there is nothing to verify (no store of a task
+that verifies its outputs, or no done block): an empty check is not a success.
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         stores = _stores(args.paths)
+        if not stores:
+            print(
+                f"bellis verify: nothing to verify: no store under {', '.join(args.paths)} "
+                "belongs to a task that verifies its outputs; run the tasks with "
+                "Task(outputs=[...], verify_outputs=True) first",
+                file=sys.stderr,
+            )
+            return 2
         print(f"bellis verify: {len(stores)} store(s)", file=sys.stderr)
         results = verify_stores(stores, workers=args.workers, reset=args.reset)
     except (TrackingError, ConfigurationError, OSError) as exc:
@@ -105,6 +114,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             "blocks were left as they are",
             file=sys.stderr,
         )
+    if not any(r.done for r in results):
+        print(
+            "bellis verify: nothing verified: no block of "
+            + ("this store" if len(results) == 1 else f"these {len(results)} stores")
+            + " is done yet (a verify checks done blocks); run the task first",
+            file=sys.stderr,
+        )
+        return 2
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -116,7 +133,8 @@ def add_verify_parser(sub: Any, positive: Any) -> None:
         "done block with a recorded checksum (Task(verify_outputs=True)) has its outputs "
         "read again, in parallel processes; every block that does not match is listed as "
         "missing (chunks absent or fill value), changed (checksum differs) or unverifiable "
-        "(no checksum recorded). Exit status 0 only if every done block matches.",
+        "(no checksum recorded). Exit status 0 only if every done block matches; 2 when "
+        "nothing can be verified (no store verifies its outputs, or no block is done).",
     )
     v.add_argument("paths", nargs="+", metavar="PATH", help="tracking store(s) or basedir(s)")
     v.add_argument(

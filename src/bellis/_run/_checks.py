@@ -11,12 +11,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import warnings
 from typing import Any
 
 from .._launchers._base import LocalLauncher
 from .._task import Pipeline, Task, function_arity
-from .._task_params import budget_units
-from ..errors import ConfigurationError
+from .._task_params import budget_units, user_stacklevel as _user_stacklevel
+from ..errors import ConfigurationError, CoverageWarning
 
 __all__ = [
     "_check_config",
@@ -26,6 +27,7 @@ __all__ = [
     "_coerce_pipeline",
     "_config_error",
     "_pipeline_from_list",
+    "warn_uncovered",
 ]
 
 logger = logging.getLogger("bellis")
@@ -191,3 +193,54 @@ def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
         if resolved is not None:
             return "0.0.0.0", resolved
     return "0.0.0.0", host
+
+
+def _extent(offset: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    return " x ".join(f"[{o}, {o + max(0, n)})" for o, n in zip(offset, shape, strict=True))
+
+
+def warn_uncovered(order: list[Task]) -> None:
+    """A :class:`CoverageWarning` for each task whose blocks leave part of its
+    ``total_write_roi`` unwritten (``fit="valid"`` drops partial blocks), or that has no
+    block at all (a block larger than the volume). Called once per run, so once per task
+    and run; the run goes on (daisy runs such tasks too, and returns True)."""
+    for t in order:
+        g = t._geom
+        if g.num_blocks and g.fit != "valid":
+            continue  # overhang and shrink reach the end of every axis
+        tw_shape, w_shape = tuple(g.tw_shape), tuple(g.write_shape)
+        written = tuple(n * w for n, w in zip(g.grid, w_shape, strict=True))
+        uncovered = tuple(
+            (o + c, o + max(0, tw)) if tw > c else None
+            for o, tw, c in zip(g.tw_offset, tw_shape, written, strict=True)
+        )
+        if g.num_blocks and not any(uncovered):
+            continue
+        context = tuple(a + b for a, b in zip(g.ctx_ul, g.ctx_lr, strict=True))
+        grown = tuple(
+            -(-max(tw, w) // w) * w + c for tw, w, c in zip(tw_shape, w_shape, context, strict=True)
+        )
+        total = _extent(tuple(g.total_offset), tuple(g.total_shape))
+        if not g.num_blocks:
+            message = (
+                f'task "{t.task_id}" has no block: total_roi {total} less the read context '
+                f"{context} leaves {tuple(max(0, n) for n in tw_shape)} to write, and with "
+                f'fit="{g.fit}" no write_roi of shape {w_shape} fits in it. The run does '
+                f"nothing. Grow total_roi to shape {grown}, or make the blocks smaller"
+            )
+        else:
+            gaps = " and ".join(
+                f"[{u[0]}, {u[1]}) on axis {i}" for i, u in enumerate(uncovered) if u is not None
+            )
+            message = (
+                f'task "{t.task_id}": its blocks write {_extent(tuple(g.tw_offset), written)}, '
+                f"less than its total_write_roi {_extent(tuple(g.tw_offset), tw_shape)} "
+                f"(total_roi {total} less the read context); no block writes {gaps}, "
+                f'because fit="valid" drops the partial blocks there. Grow total_roi to '
+                f'shape {grown} (a whole number of write_roi {w_shape}), or pass fit="shrink" '
+                '(smaller last blocks) or fit="overhang" (last blocks write past the end)'
+            )
+        warnings.warn(
+            CoverageWarning(message, task_id=t.task_id, uncovered=uncovered),
+            stacklevel=_user_stacklevel(),
+        )

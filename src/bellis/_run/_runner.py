@@ -55,6 +55,7 @@ from ._checks import (
     _choose_hosts,
     _coerce_pipeline,
     _config_error,
+    warn_uncovered,
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
@@ -319,6 +320,7 @@ class RunPlan:
         if multiprocessing and not external:
             _check_gpus(tasks, launcher, budget)
         _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
+        warn_uncovered(tasks)
         payloads: dict[str, bytes | None] = {}
         if multiprocessing:
             for t in tasks:

@@ -30,6 +30,7 @@ from ._status import (
     format_status,
     read_status,
     render_status,
+    status_record,
 )
 from ._store import TrackingStore, delete_store
 
@@ -51,5 +52,6 @@ __all__ = [
     "read_outputs_record",
     "read_status",
     "render_status",
+    "status_record",
     "write_outputs_record",
 ]

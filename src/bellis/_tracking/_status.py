@@ -587,3 +587,34 @@ def _as_layout(
     for axis, index in plan.clear_done:
         new_done[(slice(None),) * axis + (index,)] = False
     return new_done, new_failures
+
+
+def status_record(snap: StatusSnapshot) -> dict[str, Any]:
+    """``bellis status PATH --json``: what :func:`render_status` shows, as plain data.
+
+    ``blocks`` and ``block_grid`` are None for a store without a layout record (daisy
+    2.0.0's); ``untouched`` then counts cells, an upper bound (``untouched_is_bound``).
+    ``failed`` counts blocks that failed and are not done, ``failed_attempts`` every failed
+    attempt recorded, ``retried`` the done blocks that failed first.
+    """
+    layout = snap.layout
+    verify = snap.verify
+    return {
+        "path": snap.display,
+        "layout_hash": snap.task_hash,
+        "layout": snap.record,
+        "grid": list(snap.grid),
+        "cells": snap.cells,
+        "block_grid": None if layout is None else list(layout.block_grid),
+        "blocks": snap.blocks,
+        "done": snap.done_count,
+        "failed": snap.failed_count,
+        "untouched": snap.untouched,
+        "untouched_is_bound": layout is None,
+        "failed_attempts": snap.attempts,
+        "retried": snap.retried,
+        "resources": list(snap.present),
+        "runs": snap.runs,
+        "verify": None if verify is None else verify._asdict(),
+        "code_versions": [dict(row) for row in snap.code_versions],
+    }
