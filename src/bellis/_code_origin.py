@@ -62,6 +62,7 @@ MAX_ITEMS = 1_000
 _LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, range})
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_MRO = type.__dict__["__mro__"]
+_DESCRIPTORS = (GetSetDescriptorType, MemberDescriptorType)
 
 
 def _codes(code: CodeType) -> list[CodeType]:
@@ -86,11 +87,12 @@ def _layout(cls: type) -> tuple[Any, tuple[Any, ...]]:
     slots: list[Any] = []
     for klass in _TYPE_MRO.__get__(cls, type(cls)):
         for name, value in class_dict(klass).items():
-            if type(value) is MemberDescriptorType:  # a slot
+            if name == "__dict__":
+                if not has_dict:
+                    has_dict = True
+                    found = value if type(value) in _DESCRIPTORS else None
+            elif type(value) is MemberDescriptorType:  # a slot
                 slots.append(value)
-            elif name == "__dict__" and not has_dict:
-                has_dict = True
-                found = value if type(value) is GetSetDescriptorType else None
     return found, tuple(slots)
 
 
