@@ -45,7 +45,7 @@ def run_step(step, block):
     step.process(block)
 '''
 
-SCRIPT = '''
+SCRIPT = """
 import functools
 import os
 import sys
@@ -74,7 +74,7 @@ task = daisy.Task("A", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), ent
                   on_code_change=os.environ["POLICY"])
 ok = daisy.run_blockwise([task], multiprocessing=os.environ["MODE"] == "dist")
 sys.exit(0 if ok else 3)
-'''
+"""
 
 MODES = ["serial", "dist"]
 KINDS = ["method", "partial", "closure", "script"]

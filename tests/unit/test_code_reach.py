@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 from unittest import mock
 
 import pytest
@@ -92,7 +92,7 @@ def test_partials_bound_methods_closures_and_containers() -> None:
 class Exotic:
     """Everything that runs code on attribute access raises, and records that it ran."""
 
-    ran: list[str] = []
+    ran: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
         object.__setattr__(self, "fn", user_fn)
@@ -178,12 +178,13 @@ def test_pydantic_models_are_read_by_their_fields() -> None:
     assert _reaches(private.run, user_fn)
 
 
-def test_the_order_does_not_depend_on_addresses() -> None:
-    """A set's items are walked sorted by what they are, not by where they live."""
-    fns = [eval(f"lambda: {i}") for i in range(5)]  # noqa: S307 - distinct functions
-    one = [x for x in _visited(set(fns)) if callable(x)]
-    two = [x for x in _visited(set(reversed(fns))) if callable(x)]
-    assert [type(x).__name__ for x in one] == [type(x).__name__ for x in two]
+def test_a_sets_items_are_walked_in_an_order_that_is_not_their_addresses() -> None:
+    namespace: dict[str, Any] = {}
+    exec("".join(f"def f_{c}():\n    return 0\n" for c in "edcba"), namespace)
+    fns = [namespace[f"f_{c}"] for c in "edcba"]
+    for items in (set(fns), frozenset(reversed(fns))):
+        walked = [x.__name__ for x in _visited(items) if callable(x)]
+        assert walked == ["f_a", "f_b", "f_c", "f_d", "f_e"]
 
 
 def test_collect_finds_script_code_held_by_a_bound_methods_object() -> None:

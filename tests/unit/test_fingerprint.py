@@ -238,7 +238,8 @@ def test_a_user_modules_docstrings_and_comments_change_nothing(tmp_path: Path) -
     helper_file = tmp_path / "myhelpers2.py"
     source = "def f(x):\n    return x + 1\n"
     source_with_docs = (
-        '"""Helpers."""\n\n# a comment\n\ndef f(x):\n    """Add one."""\n\n    return x + 1  # one\n'
+        '"""Helpers."""\n\n# a comment\n\ndef f(x):\n    """Add one."""\n\n'
+        "    return x + 1  # one\n"
     )
     script = "def process(block):\n    return myhelpers2.f(block)\n"
 
@@ -389,7 +390,8 @@ def test_a_pydantic_task_object_holding_the_users_function() -> None:
 def test_duplicate_names_do_not_depend_on_the_walks_order() -> None:
     a = _process("process = lambda x: x + 1\n")
     b = _process("process = lambda x: x + 2\n")
-    one = fingerprint(_process("def process(b):\n    return [f(b) for f in FNS]\n", {"FNS": [a, b]}))
-    two = fingerprint(_process("def process(b):\n    return [f(b) for f in FNS]\n", {"FNS": [b, a]}))
+    calls = "def process(b):\n    return [f(b) for f in FNS]\n"
+    one = fingerprint(_process(calls, {"FNS": [a, b]}))
+    two = fingerprint(_process(calls, {"FNS": [b, a]}))
     assert set(one.functions) == {"process", "<lambda>", "<lambda>#2"}
     assert one.functions == two.functions
