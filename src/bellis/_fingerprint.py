@@ -61,7 +61,10 @@ ON_CODE_CHANGE = ("warn", "rerun", "error")
 CODE_TABLE_NAME = "code_versions.json"
 CODE_ARRAY_NAME = "code_version"
 #: what a table entry says about its fingerprint (an entry with ``same_as`` omits them)
-RECORD_KEYS = ("functions", "files", "version", "packages")
+RECORD_KEYS = ("functions", "files", "version", "packages", "scheme")
+#: how fingerprints are computed; a record without one is of scheme 1 (bellis before
+#: issue 35: constants hashed by their place, user modules by their bytes, no held code)
+SCHEME = 2
 
 _MAX_VALUE = 4096  # the most items of a global container hashed by value
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
@@ -104,6 +107,7 @@ class Fingerprint:
     version: Any = None
     #: distribution -> version, recorded only
     packages: dict[str, str] = field(default_factory=dict)
+    scheme: int = SCHEME
 
     def record(self) -> dict[str, Any]:
         return {
@@ -112,12 +116,19 @@ class Fingerprint:
             "files": dict(self.files),
             "version": self.version,
             "packages": dict(self.packages),
+            "scheme": self.scheme,
         }
 
 
 def differences(old: dict[str, Any], new: Fingerprint) -> list[str]:
     """What differs between a stored fingerprint record and ``new``, in words:
-    ``function f``, ``file helpers.py``, ``version key model`` ..."""
+    ``function f``, ``file helpers.py``, ``version key model`` ...; or, for a record
+    that another scheme computed (an older bellis), only ``fingerprint of an older
+    bellis``: its parts cannot be compared."""
+    scheme = old.get("scheme", 1)
+    if scheme != new.scheme:
+        older = isinstance(scheme, int) and scheme < new.scheme
+        return ["fingerprint of an older bellis" if older else "fingerprint of another bellis"]
     out: list[str] = []
     old_fns = old.get("functions") or {}
     for name in sorted(set(old_fns) | set(new.functions)):
@@ -621,7 +632,7 @@ def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
         walk.run(fn)
     functions = walk.all_functions()
     h = hashlib.blake2b(digest_size=16)
-    h.update(b"bellis-code:v1\n")
+    h.update(b"bellis-code:v2\n")
     h.update(json.dumps([sorted(functions.items())]).encode())
     h.update(json.dumps(sorted((os.path.basename(p), v) for p, v in walk.files.items())).encode())
     h.update(json.dumps(version, sort_keys=True).encode())

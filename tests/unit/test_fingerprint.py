@@ -395,3 +395,14 @@ def test_duplicate_names_do_not_depend_on_the_walks_order() -> None:
     two = fingerprint(_process(calls, {"FNS": [b, a]}))
     assert set(one.functions) == {"process", "<lambda>", "<lambda>#2"}
     assert one.functions == two.functions
+
+
+def test_a_record_of_an_older_bellis_is_named_as_such() -> None:
+    """Fingerprints of bellis before scheme 2 hashed constants by their place and user
+    modules by their bytes: the same code differs, and the report says why."""
+    new = fingerprint(_process(SCRIPT))
+    assert new.record()["scheme"] == 2
+    old = {k: v for k, v in new.record().items() if k != "scheme"}
+    old["hash"] = "0" * 32
+    assert differences(old, new) == ["fingerprint of an older bellis"]
+    assert differences(new.record(), new) == []
