@@ -2,20 +2,25 @@
 
 The driver computes one :class:`Fingerprint` per task at run start (:func:`fingerprint`);
 the tracking store keeps a table of the fingerprints it has seen and, per done block, the
-index of the one that made it (``_tracking/_codever.py``). Three things are hashed:
+index of the one that made it (``_tracking/_codever.py``). Hashed:
 
 - the code shipped by value with the process function (functions of the script or
-  notebook, their closures and the helpers and class methods they name; the walk is
-  ``_code_origin``'s): bytecode, constants (recursively), names, argument layout and
-  defaults, and the plain values (numbers, strings, tuples of them ...) of the module
-  globals the code names, so editing ``THRESHOLD = 0.5`` is a change. Where the module's
-  source file is known, only globals that it assigns a literal, and only literals, count
-  (``OUT = sys.argv[1]`` is an input of the run, not code: a rerun with other arguments
-  is no code change); a notebook's globals count by their plain values. Line numbers,
-  comments and docstrings are not hashed: moving a function or editing a comment changes
-  nothing;
+  notebook, their closures and the helpers and class methods they name): bytecode (each
+  constant by its place among those the code loads, so a docstring is never part of it),
+  constants (recursively), names, argument layout and defaults, and the plain values
+  (numbers, strings, tuples of them ...) of the module globals the code names, so
+  editing ``THRESHOLD = 0.5`` is a change. Where the module's source file is known, only
+  globals that it assigns a literal, and only literals, count (``OUT = sys.argv[1]`` is
+  an input of the run, not code: a rerun with other arguments is no code change); a
+  notebook's globals count by their plain values. Line numbers, comments and docstrings
+  are not hashed: moving a function or editing a comment or docstring changes nothing;
+- the user's code that the process function holds rather than names (:class:`_Walk`
+  over ``_code_origin.Reach``): a bound method's object and its attributes, a partial's
+  parts, closure cells, library functions' too (volara's task object holding the user's
+  ``lambda_func``). Only the user's code counts; data on those objects does not;
 - the source of the user's own modules the code uses (files outside ``site-packages`` and
-  the standard library, followed through the modules they import in turn);
+  the standard library, followed through the modules they import in turn), as a syntax
+  tree without docstrings, comments or line numbers;
 - ``Task(version=...)``: a string or a JSON-able dict the user declares.
 
 Recorded beside it, not hashed: the versions of the third-party distributions those
