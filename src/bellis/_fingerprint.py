@@ -520,16 +520,19 @@ class _Walk:
         self.files: dict[str, str] = {}
         self.packages: dict[str, str] = {}
         self.modules: set[int] = set()
+        #: module name -> the module when it is the script or a user's (memo)
+        self.users: dict[str | None, ModuleType | None] = {}
 
     def user_module(self, name: str | None) -> ModuleType | None:
         """The module ``name`` when it is the script or a user's module (a file outside
         the installed packages), else None."""
+        if name in self.users:
+            return self.users[name]
         module = sys.modules.get(name) if name is not None else None
-        if module is None:
-            return None
-        if name == "__main__" or _user_file(module, self.roots) is not None:
-            return module
-        return None
+        if module is not None and name != "__main__" and _user_file(module, self.roots) is None:
+            module = None
+        self.users[name] = module
+        return module
 
     def note_module(self, module: ModuleType | None) -> None:
         """A module the code uses: the user's (hash its source, follow its imports) or a
