@@ -415,19 +415,20 @@ def test_volara_lambda_task_edit_is_seen(volara_venv: Venv, tmp_path: Path, mode
 
         first = run(LAMBDA_SCRIPT)
         # 4 x 4 x 1 blocks of 8 voxels, every one processed by bellis
-        assert re.search(r"^\[bellis\] mask-\S+-lambda: finished ✔ 16/16", first, re.M), first
+        finished = r"^\[bellis\] mask-\S+-lambda: finished ✔ 16/16 done \(100.0%{}\)"
+        assert re.search(finished.format(""), first, re.M), first
         assert "made by other code" not in first
 
-        edited = LAMBDA_SCRIPT.replace("data > 0.5", "data > 0.7")
-        second = run(edited)
-        changed = [line for line in second.splitlines() if "made by other code" in line]
+        # nothing changed, in a new process: every block is skipped, without a word
+        again = run(LAMBDA_SCRIPT)
+        assert re.search(finished.format(", 16 skipped"), again, re.M), again
+        assert "made by other code" not in again
+
+        edited = run(LAMBDA_SCRIPT.replace("data > 0.5", "data > 0.7"))
+        changed = [line for line in edited.splitlines() if "made by other code" in line]
         # one WARNING and one summary line, as for a plain daisy.Task
-        assert len(changed) == 2, second
+        assert len(changed) == 2, edited
         assert all("16 " in line and "(function <lambda>)" in line for line in changed), changed
         assert any('on_code_change="rerun"' in line for line in changed), changed
-
-        third = run(edited)
-        assert "made by other code" not in third, third
-        assert re.search(r"^\[bellis\] mask-\S+-lambda: finished ✔ 16/16", third, re.M), third
     finally:
         venv.as_daisy("uninstall")
