@@ -8,6 +8,7 @@ serial and distributed, is edited, and run again.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -142,3 +143,17 @@ def test_a_docstring_added_to_the_process_function_changes_nothing(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert made == []
     assert "made by other code" not in proc.stdout + proc.stderr
+
+
+def test_a_worker_traceback_names_the_script_for_a_held_function(tmp_path: Path) -> None:
+    """The code shipped by value inside the task object gets its file back in the worker
+    (``_code_origin`` walks as far as the fingerprint): the traceback of the user's
+    lambda names the script and its source line, not ``<dynamic-code>``."""
+    failing = SCRIPT.replace("lambda x: x * 0.5", "lambda x: [][x] if x == 2 else x * 0.5")
+    proc, made = _run(tmp_path, failing, "run1", "dist", "method", "warn", "1")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert made == ["0_0.0", "1_1.0", "3_3.0"]
+    assert "<dynamic-code>" not in proc.stdout
+    frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', proc.stdout)
+    assert ("pipeline.py", "<lambda>") in [(Path(f).name, fn) for f, fn in frames], proc.stdout
+    assert "lambda x: [][x] if x == 2 else x * 0.5" in proc.stdout
