@@ -157,7 +157,8 @@ class Reach:
 
     def __init__(self, *roots: Any) -> None:
         self.stack: list[tuple[Any, int, bool]] = []
-        self.seen: set[int] = set()
+        #: id -> object of those visited: kept alive, so that no id is reused meanwhile
+        self.seen: dict[int, Any] = {}
         self.layouts: dict[int, tuple[Any, tuple[Any, ...]]] = {}
         for root in reversed(roots):
             self.push(root)
@@ -171,7 +172,7 @@ class Reach:
             obj, depth, named = self.stack.pop()
             if id(obj) in self.seen:
                 continue
-            self.seen.add(id(obj))
+            self.seen[id(obj)] = obj
             try:
                 held, down = self._holds(obj, depth)
             except Exception:  # an exotic object that cannot be read: it holds nothing
