@@ -8,6 +8,7 @@ serial and distributed, is edited, and run again.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -157,3 +158,24 @@ def test_a_worker_traceback_names_the_script_for_a_held_function(tmp_path: Path)
     frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', proc.stdout)
     assert ("pipeline.py", "<lambda>") in [(Path(f).name, fn) for f, fn in frames], proc.stdout
     assert "lambda x: [][x] if x == 2 else x * 0.5" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_blocks_of_an_older_bellis_fingerprint_are_not_reported_as_changed(
+    tmp_path: Path, mode: str
+) -> None:
+    """A fingerprint an older bellis recorded (no ``scheme``; constants hashed by their
+    place) differs from today's for the same code. Its blocks count as of unknown code, as
+    daisy's do: upgrading bellis neither warns on every run nor reruns a whole volume."""
+    proc, made = _run(tmp_path, SCRIPT, "run1", mode, "script", "error", "1")
+    assert proc.returncode == 0 and len(made) == 4, proc.stdout + proc.stderr
+    table_path = tmp_path / "tracking" / "A" / "code_versions.json"
+    table = json.loads(table_path.read_text())
+    for entry in table["versions"]:
+        assert entry.pop("scheme") == 2
+        entry["hash"] = "0" * 32  # what the older scheme computed
+    table_path.write_text(json.dumps(table))
+    proc, made = _run(tmp_path, SCRIPT, "run2", mode, "script", "error", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert made == []
+    assert "made by other code" not in proc.stdout + proc.stderr
