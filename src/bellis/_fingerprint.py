@@ -2,20 +2,25 @@
 
 The driver computes one :class:`Fingerprint` per task at run start (:func:`fingerprint`);
 the tracking store keeps a table of the fingerprints it has seen and, per done block, the
-index of the one that made it (``_tracking/_codever.py``). Three things are hashed:
+index of the one that made it (``_tracking/_codever.py``). Hashed:
 
 - the code shipped by value with the process function (functions of the script or
-  notebook, their closures and the helpers and class methods they name; the walk is
-  ``_code_origin``'s): bytecode, constants (recursively), names, argument layout and
-  defaults, and the plain values (numbers, strings, tuples of them ...) of the module
-  globals the code names, so editing ``THRESHOLD = 0.5`` is a change. Where the module's
-  source file is known, only globals that it assigns a literal, and only literals, count
-  (``OUT = sys.argv[1]`` is an input of the run, not code: a rerun with other arguments
-  is no code change); a notebook's globals count by their plain values. Line numbers,
-  comments and docstrings are not hashed: moving a function or editing a comment changes
-  nothing;
+  notebook, their closures and the helpers and class methods they name): bytecode (each
+  constant by its place among those the code loads, so a docstring is never part of it),
+  constants (recursively), names, argument layout and defaults, and the plain values
+  (numbers, strings, tuples of them ...) of the module globals the code names, so
+  editing ``THRESHOLD = 0.5`` is a change. Where the module's source file is known, only
+  globals that it assigns a literal, and only literals, count (``OUT = sys.argv[1]`` is
+  an input of the run, not code: a rerun with other arguments is no code change); a
+  notebook's globals count by their plain values. Line numbers, comments and docstrings
+  are not hashed: moving a function or editing a comment or docstring changes nothing;
+- the user's code that the process function holds rather than names (:class:`_Walk`
+  over ``_code_origin.Reach``): a bound method's object and its attributes, a partial's
+  parts, closure cells, library functions' too (volara's task object holding the user's
+  ``lambda_func``). Only the user's code counts; data on those objects does not;
 - the source of the user's own modules the code uses (files outside ``site-packages`` and
-  the standard library, followed through the modules they import in turn);
+  the standard library, followed through the modules they import in turn), as a syntax
+  tree without docstrings, comments or line numbers;
 - ``Task(version=...)``: a string or a JSON-able dict the user declares.
 
 Recorded beside it, not hashed: the versions of the third-party distributions those
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from ._code_origin import _codes
+from ._code_origin import Reach, _codes, class_dict, is_code, module_name
 from .errors import ConfigurationError
 
 __all__ = [
@@ -61,12 +66,16 @@ ON_CODE_CHANGE = ("warn", "rerun", "error")
 CODE_TABLE_NAME = "code_versions.json"
 CODE_ARRAY_NAME = "code_version"
 #: what a table entry says about its fingerprint (an entry with ``same_as`` omits them)
-RECORD_KEYS = ("functions", "files", "version", "packages")
+RECORD_KEYS = ("functions", "files", "version", "packages", "scheme")
+#: how fingerprints are computed; a record without one is of scheme 1 (bellis before
+#: issue 35: constants hashed by their place, user modules by their bytes, no held code)
+SCHEME = 2
 
-_MAX_OBJECTS = 10_000
 _MAX_VALUE = 4096  # the most items of a global container hashed by value
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _CONST_OPS = frozenset(dis.hasconst)
+_NAME_OPS = frozenset(dis.hasname)
+_EXTENDED_ARG = dis.EXTENDED_ARG
 # Python 3.14 flags a docstring instead of keeping co_consts[0] for it
 _HAS_DOCSTRING = 0x4000000
 
@@ -103,6 +112,7 @@ class Fingerprint:
     version: Any = None
     #: distribution -> version, recorded only
     packages: dict[str, str] = field(default_factory=dict)
+    scheme: int = SCHEME
 
     def record(self) -> dict[str, Any]:
         return {
@@ -111,12 +121,19 @@ class Fingerprint:
             "files": dict(self.files),
             "version": self.version,
             "packages": dict(self.packages),
+            "scheme": self.scheme,
         }
 
 
 def differences(old: dict[str, Any], new: Fingerprint) -> list[str]:
     """What differs between a stored fingerprint record and ``new``, in words:
-    ``function f``, ``file helpers.py``, ``version key model`` ..."""
+    ``function f``, ``file helpers.py``, ``version key model`` ...; or, for a record
+    that another scheme computed (an older bellis), only ``fingerprint of an older
+    bellis``: its parts cannot be compared."""
+    scheme = old.get("scheme", 1)
+    if scheme != new.scheme:
+        older = isinstance(scheme, int) and scheme < new.scheme
+        return ["fingerprint of an older bellis" if older else "fingerprint of another bellis"]
     out: list[str] = []
     old_fns = old.get("functions") or {}
     for name in sorted(set(old_fns) | set(new.functions)):
@@ -187,16 +204,6 @@ def version_counts(table: list[dict[str, Any]], counts: dict[int, int]) -> list[
 # -- hashing code ---------------------------------------------------------------------------
 
 
-def _docstring_slot(code: CodeType) -> bool:
-    """Whether ``co_consts[0]`` is the code's docstring slot (a string or None that its
-    bytecode never loads), so that editing, adding or removing a docstring changes nothing."""
-    if sys.version_info >= (3, 14):
-        return bool(code.co_flags & _HAS_DOCSTRING)
-    if not code.co_consts or not isinstance(code.co_consts[0], str | None):
-        return False
-    return not any(i.opcode in _CONST_OPS and i.arg == 0 for i in dis.get_instructions(code))
-
-
 def _feed_value(h: Any, value: Any, depth: int = 0) -> bool:
     """Feed a plain value (numbers, strings, containers of them) to ``h``; False (and
     nothing fed) for anything else."""
@@ -225,9 +232,65 @@ def _feed_value(h: Any, value: Any, depth: int = 0) -> bool:
     return True
 
 
+def _normalized(code: CodeType) -> tuple[bytes, list[Any], tuple[str, ...]]:
+    """``code``'s instructions, each as its opcode and argument, the constants they load
+    and its names. A constant's argument is its place among the constants the code
+    loads, in the order first loaded: a constant that the code never loads (a function's
+    docstring) is not part of it, and adding or removing a docstring, which moves every
+    other constant one place in ``co_consts``, changes nothing. A class body's
+    docstring (``__doc__ = "..."``) is left out too, and there names count by name."""
+    if _is_class_body(code):
+        return _normalized_class_body(code)
+    raw = code.co_code
+    places: dict[int, int] = {}
+    out = bytearray()
+    extended = 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        if op == _EXTENDED_ARG:
+            extended = arg << 8
+            continue
+        extended = 0
+        if op in _CONST_OPS:
+            arg = places.setdefault(arg, len(places))
+        out += op.to_bytes(1, "little") + arg.to_bytes(4, "little")
+    consts = code.co_consts
+    return bytes(out), [consts[i] for i in places if i < len(consts)], code.co_names
+
+
+def _is_class_body(code: CodeType) -> bool:
+    return "__qualname__" in code.co_names and "__module__" in code.co_names
+
+
+def _normalized_class_body(code: CodeType) -> tuple[bytes, list[Any], tuple[str, ...]]:
+    """:func:`_normalized` of a class body, without its ``__doc__ = "..."``: names by
+    name (leaving ``__doc__`` out moves the others in ``co_names``)."""
+    steps: list[tuple[int, Any]] = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "STORE_NAME" and ins.argval == "__doc__" and steps:
+            if steps[-1][0] in _CONST_OPS:
+                steps.pop()
+                continue
+        if ins.opcode in _CONST_OPS:
+            steps.append((ins.opcode, ("c", ins.arg)))
+        elif ins.opcode in _NAME_OPS:
+            steps.append((ins.opcode, ("n", ins.argval)))
+        else:
+            steps.append((ins.opcode, ins.arg))
+    places: dict[Any, int] = {}
+    out: list[tuple[int, Any]] = []
+    for op, arg in steps:
+        if op in _CONST_OPS:
+            arg = places.setdefault(arg[1], len(places))
+        out.append((op, arg))
+    consts = code.co_consts
+    names = tuple(n for n in code.co_names if n != "__doc__")
+    return repr(out).encode(), [consts[i] for i in places if i < len(consts)], names
+
+
 def _feed_code(h: Any, code: CodeType) -> None:
-    h.update(code.co_code)
-    consts = code.co_consts[1:] if _docstring_slot(code) else code.co_consts
+    instructions, consts, names = _normalized(code)
+    h.update(instructions)
     for c in consts:
         if isinstance(c, CodeType):
             h.update(b"code{")
@@ -239,7 +302,7 @@ def _feed_code(h: Any, code: CodeType) -> None:
         repr(
             (
                 code.co_name,
-                code.co_names,
+                names,
                 code.co_varnames,
                 code.co_freevars,
                 code.co_cellvars,
@@ -404,37 +467,91 @@ def _package_version(top: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=256)
+def _source_hash(path: str, stamp: tuple[int, int]) -> str:
+    """The hash of a user's module as Python reads it: its syntax tree without line
+    numbers, comments or docstrings (of the module, its classes and functions), so that
+    the module's functions are fingerprinted as those of the script are. A file Python
+    cannot parse counts by its bytes."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    text = ast.dump(tree, annotate_fields=False, include_attributes=False)
+    return hashlib.blake2b(b"ast:" + text.encode(), digest_size=16).hexdigest()
+
+
 class _Walk:
+    """What the code of a process function covers: the walk (``_code_origin.Reach``) over
+    what it reaches, and what each reached thing adds:
+
+    - a function of the script or notebook (``__main__``): its hash (:func:`hash_code`);
+      the globals its code names and its defaults are walked in turn;
+    - a function of a user's module: the module's source (:func:`_source_hash`) and,
+      unless by-value code names it as a global (its name is then in that code), which
+      function it is, by reference: held by an object, a partial or a closure, swapping
+      ``steps.seg_v1`` for ``steps.seg_v2`` is a change;
+    - an object of a class of the script: the class's code (of a user's module: the
+      module's source);
+    - an installed library's function or class, named by the code or held by the process
+      function itself (not deep in an object): its distribution's version, recorded only.
+
+    Nothing else is hashed: the data on the objects walked (numbers, strings, arrays)
+    stays out, and so does the code of installed libraries."""
+
     def __init__(self) -> None:
         self.roots = _library_roots()
+        #: (qualified name, hash) of each function hashed by value
+        self.hashed: list[tuple[str, str]] = []
+        #: module.qualname -> "by reference"
         self.functions: dict[str, str] = {}
         self.files: dict[str, str] = {}
         self.packages: dict[str, str] = {}
-        self.seen: set[int] = set()
-        self.stack: list[Any] = []
+        self.modules: set[int] = set()
+        #: module name -> the module when it is the script or a user's (memo)
+        self.users: dict[str | None, ModuleType | None] = {}
 
-    def module_of(self, obj: Any) -> ModuleType | None:
-        name = getattr(obj, "__module__", None)
-        return sys.modules.get(name) if isinstance(name, str) else None
+    def user_module(self, name: str | None) -> ModuleType | None:
+        """The module ``name`` when it is the script or a user's module (a file outside
+        the installed packages), else None."""
+        if name in self.users:
+            return self.users[name]
+        module = sys.modules.get(name) if name is not None else None
+        if module is not None and name != "__main__" and _user_file(module, self.roots) is None:
+            module = None
+        self.users[name] = module
+        return module
 
     def note_module(self, module: ModuleType | None) -> None:
         """A module the code uses: the user's (hash its source, follow its imports) or a
         third-party one (record its distribution's version)."""
-        if module is None or id(module) in self.seen:
+        if module is None or id(module) in self.modules:
             return
-        self.seen.add(id(module))
+        self.modules.add(id(module))
         path = _user_file(module, self.roots)
         if path is not None:
             try:
-                with open(path, "rb") as f:
-                    self.files[path] = hashlib.blake2b(f.read(), digest_size=16).hexdigest()
+                st = os.stat(path)
+                self.files[path] = _source_hash(path, (st.st_mtime_ns, st.st_size))
             except OSError:
                 self.files[path] = "unreadable"
             for value in list(vars(module).values()):
                 if isinstance(value, ModuleType):
                     self.note_module(value)
                 elif isinstance(value, type | FunctionType):
-                    self.note_module(self.module_of(value))
+                    self.note_module(sys.modules.get(module_name(value) or ""))
             return
         top = module.__name__.partition(".")[0]
         if module.__name__ == "__main__" or top in sys.stdlib_module_names or top == "bellis":
@@ -445,53 +562,62 @@ class _Walk:
                 self.packages[top] = version
 
     def run(self, fn: Any) -> None:
-        self.stack.append(fn)
-        while self.stack and len(self.seen) < _MAX_OBJECTS:
-            obj = self.stack.pop()
-            if id(obj) in self.seen:
-                continue
-            if isinstance(obj, ModuleType):
+        walk = Reach(fn)
+        for obj, depth, named in walk:
+            cls = type(obj)
+            if cls is FunctionType:
+                self.function(walk, obj, depth, named)
+            elif issubclass(cls, ModuleType):
                 self.note_module(obj)
-                continue
-            self.seen.add(id(obj))
-            if isinstance(obj, functools.partial):
-                self.stack.extend((obj.func, *obj.args, *obj.keywords.values()))
-            elif isinstance(obj, MethodType | staticmethod | classmethod):
-                self.stack.append(obj.__func__)
-            elif isinstance(obj, property):
-                self.stack.extend(f for f in (obj.fget, obj.fset, obj.fdel) if f is not None)
-            elif isinstance(obj, type):
-                if obj.__module__ == "__main__":
-                    self.stack.extend(v for v in vars(obj).values() if _is_code(v))
-                else:
-                    self.note_module(self.module_of(obj))
-            elif isinstance(obj, FunctionType):
-                self.function(obj)
-            elif isinstance(vars(type(obj)).get("__call__"), FunctionType):
-                self.stack.append(type(obj))  # a callable instance: its class
+            elif issubclass(cls, type):
+                name = module_name(obj)
+                if name == "__main__":
+                    for value in class_dict(obj).values():
+                        if is_code(value):
+                            walk.push(value, depth)
+                elif depth == 0 or self.user_module(name) is not None:
+                    self.note_module(sys.modules.get(name or ""))
+            elif not issubclass(cls, MethodType | functools.partial):
+                # an object: its class's code when the class is the user's (or when the
+                # object is the process function's own, a library's callable object)
+                if depth == 0 or self.user_module(module_name(cls)) is not None:
+                    walk.push(cls, depth)
 
-    def function(self, f: FunctionType) -> None:
-        if f.__module__ != "__main__":
-            self.note_module(self.module_of(f))
+    def function(self, walk: Reach, f: FunctionType, depth: int, named: bool) -> None:
+        name = module_name(f)
+        if name == "__main__":
+            self.hashed.append((f.__qualname__, hash_code(f)))
+            names = {n for c in _codes(f.__code__) for n in c.co_names}
+            g = f.__globals__
+            for n in sorted(names):
+                if n in g:
+                    walk.push(g[n], 0, True)
+            for value in (*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()):
+                walk.push(value, depth)
             return
-        name = f.__qualname__
-        n = 2
-        while name in self.functions:
-            name, n = f"{f.__qualname__}#{n}", n + 1
-        self.functions[name] = hash_code(f)
-        names = {n for c in _codes(f.__code__) for n in c.co_names}
-        g = f.__globals__
-        self.stack.extend(g[n] for n in sorted(names) if n in g)
-        for cell in f.__closure__ or ():
-            try:
-                self.stack.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                continue
-        self.stack.extend(f.__defaults__ or ())
+        module = self.user_module(name)
+        if module is not None:
+            self.note_module(module)
+            if not named:
+                self.functions[f"{name}.{f.__qualname__}"] = "by reference"
+        elif depth == 0:
+            self.note_module(sys.modules.get(name or ""))
 
-
-def _is_code(value: Any) -> bool:
-    return isinstance(value, FunctionType | staticmethod | classmethod | property)
+    def all_functions(self) -> dict[str, str]:
+        """Every function covered, by name: those hashed by value under their qualified
+        names, several of one name told apart by ``#2``, ``#3`` ... in the order of their
+        hashes (not of the walk), and those by reference."""
+        out = dict(self.functions)
+        by_name: dict[str, list[str]] = {}
+        for qualname, digest in self.hashed:
+            by_name.setdefault(qualname, []).append(digest)
+        for qualname in sorted(by_name):
+            for n, digest in enumerate(sorted(by_name[qualname]), start=1):
+                name = qualname if n == 1 else f"{qualname}#{n}"
+                while name in out:
+                    name += "'"
+                out[name] = digest
+        return dict(sorted(out.items()))
 
 
 def _entry(walk: _Walk, fn: Any) -> None:
@@ -512,14 +638,15 @@ def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
     if fn is not None:
         _entry(walk, fn)
         walk.run(fn)
+    functions = walk.all_functions()
     h = hashlib.blake2b(digest_size=16)
-    h.update(b"bellis-code:v1\n")
-    h.update(json.dumps([sorted(walk.functions.items())]).encode())
+    h.update(b"bellis-code:v2\n")
+    h.update(json.dumps([sorted(functions.items())]).encode())
     h.update(json.dumps(sorted((os.path.basename(p), v) for p, v in walk.files.items())).encode())
     h.update(json.dumps(version, sort_keys=True).encode())
     return Fingerprint(
         h.hexdigest(),
-        dict(sorted(walk.functions.items())),
+        functions,
         dict(sorted(walk.files.items())),
         version,
         dict(sorted(walk.packages.items())),

@@ -402,3 +402,90 @@ def test_volara_pipeline_distributed_matches_serial(volara_venv: Venv, tmp_path:
         }
     finally:
         venv.as_daisy("uninstall")
+
+
+LAMBDA_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+
+import daisy
+import numpy as np
+from funlib.persistence import open_ds, prepare_ds
+from volara.blockwise import LambdaTask
+from volara.datasets import Raw
+from volara.logging import set_log_basedir
+
+mode = sys.argv[1]
+work = Path(sys.argv[2])
+set_log_basedir(work / f"logs-{mode}")
+daisy.set_tracking_basedir(work / f"tracking-{mode}")
+
+raw_path = work / "raw.zarr"
+if not raw_path.exists():
+    raw = prepare_ds(
+        raw_path,
+        shape=(32, 32, 8),
+        offset=(0, 0, 0),
+        voxel_size=(1, 1, 1),
+        axis_names=["z", "y", "x"],
+        units=["nm", "nm", "nm"],
+        chunk_shape=(8, 8, 8),
+        dtype=np.float32,
+        mode="w",
+    )
+    raw[raw.roi] = np.random.default_rng(7).random(raw.shape, dtype=np.float32)
+
+task = LambdaTask(
+    in_data=Raw(store=raw_path),
+    out_data=Raw(store=work / f"mask-{mode}"),
+    lambda_func=lambda data: (data > 0.5).astype(np.uint8),
+    out_array_dtype=np.dtype("uint8"),
+    block_size=(8, 8, 8),
+    num_workers=2,
+)
+task.run_blockwise(multiprocessing=(mode == "distributed"))
+print("RESULT " + json.dumps({"task": task.task_name}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["serial", "distributed"])
+@pytest.mark.timeout(INSTALL_TIMEOUT_SECONDS + 3 * RUN_TIMEOUT_SECONDS)
+def test_volara_lambda_task_edit_is_seen(volara_venv: Venv, tmp_path: Path, mode: str) -> None:
+    """Issue 35, item 7: volara hands bellis its own process function (a bound method of
+    the task object, or a closure over it); the user's function is the task's
+    ``lambda_func``. An edit of it (a threshold from 0.5 to 0.7) is a code change, as it
+    is for a plain ``daisy.Task``; an unchanged rerun still skips everything silently."""
+    venv = volara_venv
+    installed = venv.as_daisy("install")
+    assert installed.returncode == 0, installed.stderr
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        script = tmp_path / "lambda_task.py"
+
+        def run(text: str) -> str:
+            script.write_text(text)
+            proc = venv.run(venv.python, script, mode, work, cwd=tmp_path)
+            assert proc.returncode == 0, _tail(proc.stderr, 40)
+            return proc.stdout + proc.stderr
+
+        first = run(LAMBDA_SCRIPT)
+        # 4 x 4 x 1 blocks of 8 voxels, every one processed by bellis
+        finished = r"^\[bellis\] mask-\S+-lambda: finished ✔ 16/16 done \(100.0%{}\)"
+        assert re.search(finished.format(""), first, re.M), first
+        assert "made by other code" not in first
+
+        # nothing changed, in a new process: every block is skipped, without a word
+        again = run(LAMBDA_SCRIPT)
+        assert re.search(finished.format(", 16 skipped"), again, re.M), again
+        assert "made by other code" not in again
+
+        edited = run(LAMBDA_SCRIPT.replace("data > 0.5", "data > 0.7"))
+        changed = [line for line in edited.splitlines() if "made by other code" in line]
+        # one WARNING and one summary line, as for a plain daisy.Task
+        assert len(changed) == 2, edited
+        assert all("16 " in line and "(function <lambda>)" in line for line in changed), changed
+        assert any('on_code_change="rerun"' in line for line in changed), changed
+    finally:
+        venv.as_daisy("uninstall")

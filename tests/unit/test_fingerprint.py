@@ -196,3 +196,213 @@ def test_which_function_of_an_imported_module_counts(tmp_path: Path) -> None:
     import json as library
 
     assert fingerprint(library.dumps).functions == {"json.dumps": "by reference"}
+
+
+# -- docstrings (issue 35, item 5) ------------------------------------------------------------
+
+NO_DOC = """
+def process(block):
+    total = block + 1
+    class Inner:
+        size = 2
+    return total * Inner.size
+"""
+WITH_DOC = """
+def process(block):
+    '''Adds one, then doubles.'''
+    total = block + 1
+    class Inner:
+        '''A class inside the function.'''
+        size = 2
+    return total * Inner.size
+"""
+
+
+def test_adding_or_removing_a_docstring_changes_nothing() -> None:
+    """Adding a docstring moves every other constant one place in ``co_consts`` (and a
+    class body's ``__doc__`` one place in ``co_names``): neither is a code change."""
+    assert _hash(WITH_DOC) == _hash(NO_DOC)
+    assert _hash(WITH_DOC.replace("Adds one", "Add one")) == _hash(NO_DOC)
+    assert _hash(NO_DOC.replace("block + 1", "block + 2")) != _hash(NO_DOC)
+    assert _hash(NO_DOC.replace("size = 2", "size = 3")) != _hash(NO_DOC)
+
+
+def _load_module(path: Path, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+def test_a_user_modules_docstrings_and_comments_change_nothing(tmp_path: Path) -> None:
+    helper_file = tmp_path / "myhelpers2.py"
+    source = "def f(x):\n    return x + 1\n"
+    source_with_docs = (
+        '"""Helpers."""\n\n# a comment\n\ndef f(x):\n    """Add one."""\n\n'
+        "    return x + 1  # one\n"
+    )
+    script = "def process(block):\n    return myhelpers2.f(block)\n"
+
+    def hash_with(text: str) -> str:
+        helper_file.write_text(text)
+        return fingerprint(_process(script, {"myhelpers2": _load_module(helper_file, "x")})).hash
+
+    plain = hash_with(source)
+    assert hash_with(source_with_docs) == plain
+    assert hash_with(source.replace("x + 1", "x + 2")) != plain
+
+
+# -- code held by objects, partials and closures (issue 35, item 7) ---------------------------
+
+HELD = """
+import functools
+import threading
+
+THRESHOLD = 0.5
+
+
+class Step:
+    def __init__(self, fn, scale):
+        self.fn = fn
+        self.scale = scale
+
+    def process(self, block):
+        return self.fn(block) * self.scale
+
+
+def apply(fn, block):
+    return fn(block)
+
+
+step = Step(lambda x: x > 0.5, 2.0)
+by_partial = functools.partial(apply, lambda x: x > 0.5)
+library_object = threading.Thread(target=lambda: 0.5)  # a library's object holding user code
+partial_of_library_method = functools.partial(threading.Thread(target=lambda: 0.5).run)
+"""
+
+
+@pytest.mark.parametrize(
+    "entry", ["step.process", "by_partial", "library_object.run", "partial_of_library_method"]
+)
+def test_code_held_by_the_process_functions_objects_counts(entry: str) -> None:
+    def fp(source: str) -> Any:
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        exec(compile(source, "<script>", "exec"), namespace)
+        return fingerprint(eval(entry, namespace))
+
+    before = fp(HELD)
+    assert fp(HELD).hash == before.hash
+    edited = fp(HELD.replace("0.5", "0.7"))
+    assert edited.hash != before.hash
+    assert differences(before.record(), edited) == ["function <lambda>"]
+    # data on the same objects is not code
+    assert fp(HELD.replace("2.0", "3.0")).hash == before.hash
+
+
+def test_a_library_closure_holding_user_code(tmp_path: Path) -> None:
+    """An installed library's function that closes over the user's function (volara's
+    serial ``process_func``, closing over its task object, closing over ``lambda_func``)."""
+    import sys
+
+    lib = tmp_path / "site-packages" / "steplib35.py"
+    lib.parent.mkdir()
+    lib.write_text(
+        "class Task:\n"
+        "    def __init__(self, fn):\n"
+        "        self.fn = fn\n"
+        "    def build(self):\n"
+        "        task = self\n"
+        "        def process(block):\n"
+        "            return task.fn(block)\n"
+        "        return process\n"
+    )
+    module = _load_module(lib, "steplib35")
+    module.__name__ = "steplib35"
+    sys.modules["steplib35"] = module
+    try:
+        script = "process = steplib35.Task(lambda x: x > 0.5).build()\n"
+        one = fingerprint(_process(script, {"steplib35": module}))
+        assert "<lambda>" in one.functions and one.files == {}
+        two = fingerprint(_process(script.replace("0.5", "0.7"), {"steplib35": module}))
+        assert two.hash != one.hash
+    finally:
+        del sys.modules["steplib35"]
+
+
+def test_a_user_module_function_held_by_an_object_counts_by_name(tmp_path: Path) -> None:
+    import sys
+
+    steps_file = tmp_path / "steps35.py"
+    steps_file.write_text("def seg_v1(x):\n    return 1\n\ndef seg_v2(x):\n    return 2\n")
+    steps = _load_module(steps_file, "steps35")
+    steps.__name__ = "steps35"
+    sys.modules["steps35"] = steps
+    try:
+        from types import SimpleNamespace
+
+        def entry(fn: Any) -> Any:
+            holder = SimpleNamespace(config=SimpleNamespace(fn=fn))
+            return _process(
+                "def process(block):\n    return holder.config.fn(block)\n", {"holder": holder}
+            )
+
+        one, two = fingerprint(entry(steps.seg_v1)), fingerprint(entry(steps.seg_v2))
+        assert one.hash != two.hash
+        assert "steps35.seg_v1" in one.functions and "steps35.seg_v2" in two.functions
+        assert fingerprint(entry(steps.seg_v1)).hash == one.hash
+    finally:
+        del sys.modules["steps35"]
+
+
+def test_a_pydantic_task_object_holding_the_users_function() -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Data(pydantic.BaseModel):
+        path: str
+
+    class LambdaLike(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        in_data: Data
+        fn: Any
+        threshold: float = 0.5
+        _private: Any = pydantic.PrivateAttr(default=None)
+
+        @property
+        def write_roi(self) -> Any:
+            raise FileNotFoundError("a property that reads a file is never run")
+
+        def process_blocks(self) -> None:
+            self.fn(None)
+
+    def entry(source: str, threshold: float) -> Any:
+        fn = _process(source.replace("process", "user_fn") + "\nprocess = user_fn\n")
+        task = LambdaLike(in_data=Data(path="/x"), fn=fn, threshold=threshold)
+        task._private = {"helper": fn}
+        return task.process_blocks
+
+    source = "def process(x):\n    return x > 0.5\n"
+    one = fingerprint(entry(source, 0.5))
+    assert "user_fn" in one.functions
+    assert fingerprint(entry(source, 0.9)).hash == one.hash  # a data field
+    assert fingerprint(entry(source.replace("0.5", "0.7"), 0.5)).hash != one.hash
+
+
+def test_duplicate_names_do_not_depend_on_the_walks_order() -> None:
+    a = _process("process = lambda x: x + 1\n")
+    b = _process("process = lambda x: x + 2\n")
+    calls = "def process(b):\n    return [f(b) for f in FNS]\n"
+    one = fingerprint(_process(calls, {"FNS": [a, b]}))
+    two = fingerprint(_process(calls, {"FNS": [b, a]}))
+    assert set(one.functions) == {"process", "<lambda>", "<lambda>#2"}
+    assert one.functions == two.functions
+
+
+def test_a_record_of_an_older_bellis_is_named_as_such() -> None:
+    """Fingerprints of bellis before scheme 2 hashed constants by their place and user
+    modules by their bytes: the same code differs, and the report says why."""
+    new = fingerprint(_process(SCRIPT))
+    assert new.record()["scheme"] == 2
+    old = {k: v for k, v in new.record().items() if k != "scheme"}
+    old["hash"] = "0" * 32
+    assert differences(old, new) == ["fingerprint of an older bellis"]
+    assert differences(new.record(), new) == []

@@ -15,7 +15,8 @@ older bellis) count as made before every known run.
 :func:`check_code` runs before the scheduler reads the done markers. It walks the tasks
 in dependency order; per task with a store it computes
 
-- ``own``: done blocks whose code index names another fingerprint (never the unknown 0);
+- ``own``: done blocks whose code index names another fingerprint (never the unknown 0,
+  nor a fingerprint of another scheme: an older bellis's, which cannot be compared);
 - ``reads``: other done blocks that read an upstream block which runs in this run (not
   done now, not masked) or was made in a later run (:func:`~bellis._bulk.downstream_readers`
   over whole grids, once per distinct run among the task's done blocks, and only when an
@@ -203,7 +204,10 @@ def _own_state(info: _TaskCode) -> None:
             counts.setdefault(int(index), 0)
     info.present = sorted(counts)
     current = {i for i, e in full.items() if e.get("hash") == fp.hash}
-    other = [i for i in counts if i not in current and i != 0]
+    # a fingerprint of another scheme (an older bellis) cannot be compared: its blocks
+    # count as of unknown code, as daisy's do, not as changed
+    foreign = {i for i, e in full.items() if e.get("scheme", 1) != fp.scheme}
+    other = [i for i in counts if i not in current and i != 0 and i not in foreign]
     if not other:
         return
     own = np.zeros(t._geom.grid, dtype=bool)
