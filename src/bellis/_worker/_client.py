@@ -645,6 +645,11 @@ class Client:
     def run_block_function(self, fn: Callable[[Block], Any]) -> None:
         """Run ``fn`` on every block this worker is given, then disconnect.
 
+        A block whose ``fn`` raises an ``Exception`` is a failed attempt: its traceback goes
+        to the log and home, and the loop goes on with the next block (a ``with
+        acquire_block()`` loop re-raises instead, as daisy's does). Other exceptions
+        (``KeyboardInterrupt``, ``SystemExit``) end the loop after the report.
+
         The loop of bellis's own workers: the same protocol, outcomes and measurements as
         ``with client.acquire_block()`` in a loop, without a generator per block. Blocks
         of one batch run back to back, so each block's measurement continues from the
@@ -668,6 +673,17 @@ class Client:
                     meter.begin(back_to_back=in_batch)
                 try:
                     fn(block)
+                except Exception as exc:
+                    # a failed attempt of this block, not the end of this worker: it goes
+                    # home with the next request and the worker goes on (the server
+                    # abandons the task when its blocks keep failing, see
+                    # Task(max_consecutive_failures=...)), unless the failure said goodbye
+                    # (out of memory under the memory limit, a SIGTERM)
+                    self._failed(k, block, exc)
+                    if self._sock is None or self._is_forked_copy():
+                        raise
+                    self.reported = None  # its frames (and the block's data) go now
+                    continue
                 except BaseException as exc:
                     self._failed(k, block, exc)
                     raise
