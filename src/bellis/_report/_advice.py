@@ -51,7 +51,15 @@ def _task_advice(s: StoreData) -> list[str]:
     if failed:
         out.append(
             f"{who}: {failed} block(s) failed and are not done: see the failure map for where "
-            "they lie and the worker logs for why; the next run retries them"
+            "they lie and the worker logs for why; the next run retries them after the "
+            "blocks never tried"
+        )
+    last = s.last_report
+    said = last.abandoned if last is not None and last.outcome == "abandoned" else {}
+    if said.get("rule"):
+        out.append(
+            f"{who}: the last run abandoned the task ({said.get('reason')}): the rule that "
+            f"fired is {said['rule']}; {said.get('option')} changes it; {said.get('rerun')}"
         )
     rss = _column(s, "peak_rss_bytes")
     if rss is not None and len(rss) >= MIN_BLOCKS and rss.max() > 0:
