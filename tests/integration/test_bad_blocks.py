@@ -222,6 +222,6 @@ def test_serial_mode_propagates_and_each_rerun_gets_further(tmp_path: Path) -> N
     assert first["failures"][3] == 1 and sum(first["done"]) == 3
     second, attempts, _text = _run(tmp_path, "scenario", "2", bad, workers=1, where="serial")
     assert second["raised"] == "ValueError: corrupt tile 3"
-    assert [i for i, _pid in attempts] == list(range(4, GRID * GRID)) + [3]
+    assert [i for i, _pid in attempts] == [*range(4, GRID * GRID), 3]
     assert second["done"] == [0 if i == 3 else 1 for i in range(GRID * GRID)]
     assert second["failures"][3] == 2

@@ -54,8 +54,8 @@ def _task_advice(s: StoreData) -> list[str]:
             "they lie and the worker logs for why; the next run retries them after the "
             "blocks never tried"
         )
-    last = s.last_report
-    said = last.abandoned if last is not None and last.outcome == "abandoned" else {}
+    latest = s.last_report
+    said = latest.abandoned if latest is not None and latest.outcome == "abandoned" else {}
     if said.get("rule"):
         out.append(
             f"{who}: the last run abandoned the task ({said.get('reason')}): the rule that "

@@ -84,7 +84,8 @@ class FailureStreak:
 
 
 def describe(run: Any) -> dict[str, Any]:
-    """What is said about abandoned ``run`` (a ``TaskRun``), as plain values (the run line keeps them):
+    """What is said about abandoned ``run`` (a ``TaskRun``), as plain values (the run
+    line keeps them):
 
     ``reason`` (``TaskState.abandon_reason``), ``rule`` (the rule that fired, in words),
     ``option`` (what changes it), ``lost`` (blocks left undone), ``untried`` (of those, the
