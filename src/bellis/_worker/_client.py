@@ -646,9 +646,12 @@ class Client:
         """Run ``fn`` on every block this worker is given, then disconnect.
 
         A block whose ``fn`` raises an ``Exception`` is a failed attempt: its traceback goes
-        to the log and home, and the loop goes on with the next block (a ``with
-        acquire_block()`` loop re-raises instead, as daisy's does). Other exceptions
-        (``KeyboardInterrupt``, ``SystemExit``) end the loop after the report.
+        to the log and home, and once ``fn`` has returned on a block of this worker the loop
+        goes on with the next block. Before that (``fn`` may be broken: daisy 2.0.0's fast
+        stop) the exception ends the loop, and so the worker, whose start is then charged to
+        the restart budget. A ``with acquire_block()`` loop re-raises every time, as daisy's
+        does. Other exceptions (``KeyboardInterrupt``, ``SystemExit``) end the loop after
+        the report.
 
         The loop of bellis's own workers: the same protocol, outcomes and measurements as
         ``with client.acquire_block()`` in a loop, without a generator per block. Blocks
@@ -660,6 +663,7 @@ class Client:
             attach_gpu(meter)
         queue = self._queue
         verify = self._verify
+        worked = False  # fn returned on a block: it works, a failure is the block's
         try:
             while True:
                 in_batch = len(queue) > 0  # no round trip before this block
@@ -677,16 +681,19 @@ class Client:
                     # a failed attempt of this block, not the end of this worker: it goes
                     # home with the next request and the worker goes on (the server
                     # abandons the task when its blocks keep failing, see
-                    # Task(max_consecutive_failures=...)), unless the failure said goodbye
-                    # (out of memory under the memory limit, a SIGTERM)
+                    # Task(max_consecutive_failures=...)), unless fn never returned on a
+                    # block here (it may be broken: the worker ends, as daisy's does) or
+                    # the failure said goodbye (out of memory under the memory limit, a
+                    # SIGTERM)
                     self._failed(k, block, exc)
-                    if self._sock is None or self._is_forked_copy():
+                    if not worked or self._sock is None or self._is_forked_copy():
                         raise
                     self.reported = None  # its frames (and the block's data) go now
                     continue
                 except BaseException as exc:
                     self._failed(k, block, exc)
                     raise
+                worked = True
                 # the read-back is part of the block: measured and under its timeout
                 checksum = None if verify is None else self._read_back(k, block)
                 if meter is None:
