@@ -117,8 +117,9 @@ class Task:
 
     ``max_consecutive_failures`` (default 10; None turns it off): a block that raises is a
     failed attempt, retried within ``max_retries`` while the worker goes on with its next
-    block; the task is abandoned as broken when this many blocks fail in a row with no
-    block done in between (each block counted on its first failed attempt of the run;
+    block (a worker whose first block raises ends, as in daisy, and spends a restart); the
+    task is abandoned as broken when this many blocks fail in a row with no block done in
+    between (each block counted on its first failed attempt of the run;
     blocks that failed in an earlier run are not counted). A rerun runs the blocks never
     tried before the ones that failed (see ``docs/failures.md``).
 

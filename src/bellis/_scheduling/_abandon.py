@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 A block's exception is one failed attempt of that block: the block is retried (within
-``Task(max_retries=...)``) and the worker goes on with its next block. A task is given up
-(*abandoned*) for one of three reasons, each named by its own rule:
+``Task(max_retries=...)``) and the worker goes on with its next block, once the function
+has returned on a block of that worker (a worker whose first block raises ends, as daisy
+2.0.0's do: ``bellis._worker._client``). A task is given up (*abandoned*) for one of three
+reasons, each named by its own rule:
 
 * **The function looks broken** (``Task(max_consecutive_failures=N)``, default
   :data:`DEFAULT_MAX_CONSECUTIVE_FAILURES`): ``N`` blocks in a row failed, with no block
@@ -14,8 +16,8 @@ A block's exception is one failed attempt of that block: the block is retried (w
   function). Any block done resets the count. :class:`FailureStreak` keeps that count; the
   scheduler feeds it. ``None`` turns the rule off.
 * **The worker restart cap** (``Task(max_worker_restarts=...)``): workers kept dying (a
-  crash, a timeout, an exception that left a worker function) until no start was left.
-  Staffing decides it (``_staffing``).
+  crash, a timeout, an exception that left a worker function, a worker's first block
+  raising) until no start was left. Staffing decides it (``_staffing``).
 * **Upstream task abandoned**: a task it reads from was abandoned.
 
 :func:`describe` turns an abandoned task's run state into the words every place uses (the
