@@ -569,7 +569,10 @@ def _failed_before(run: TaskRun) -> set[int] | None:
     rows = max(1, CHUNK // max(1, failures[0].size if failures.ndim > 1 else 1))
     found: set[int] = set()
     for r in range(0, failures.shape[0], rows):
-        hit = np.nonzero((failures[r : r + rows] != 0) & (grid_state[r : r + rows] != DONE))
+        undone = grid_state[r : r + rows] != DONE
+        if not undone.any():
+            continue  # a done slab: its failure counts are not read
+        hit = np.nonzero((failures[r : r + rows] != 0) & undone)
         if len(hit[0]) == 0:
             continue
         coords = [c.astype(np.int64) + starts[i] + (r if i == 0 else 0) for i, c in enumerate(hit)]

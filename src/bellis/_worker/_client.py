@@ -516,7 +516,8 @@ class Client:
         return True
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
-        """Record block ``k`` as failed with ``exc`` (the caller re-raises).
+        """Record block ``k`` as failed with ``exc`` (the caller re-raises it, or, in
+        :meth:`run_block_function`, goes on with the next block).
 
         The failure goes home with the next request, as a success does, and the worker
         stays connected: a worker function that catches the exception goes on with its next
