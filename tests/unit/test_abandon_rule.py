@@ -177,3 +177,42 @@ def test_a_bad_value_is_a_configuration_error_naming_it(bad: Any) -> None:
     except ConfigurationError as exc:
         assert exc.parameter == "max_consecutive_failures"
         assert repr(bad) in str(exc) and "None to never abandon" in str(exc)
+
+
+# -- the dispatcher: workers are told to stop, no start is spent --------------------------
+
+
+def test_the_dispatcher_stops_the_workers_of_a_task_whose_blocks_fail_in_a_row() -> None:
+    from bellis._protocol import SHUTDOWN, WorkerExit
+    from bellis._scheduling._dispatch import LAUNCH
+    from kit.dispatch import FAIL, OK, Script, send_of, sent, task as dtask, told_to_stop
+
+    sc = Script(dtask(blocks=40, max_workers=2, max_retries=1, max_consecutive_failures=3))
+    w1, w2 = sc.start_workers()
+    p1, p2 = sc.connect(worker=w1), sc.connect(worker=w2)
+    (a,) = send_of(sc.acquire(p1), p1)
+    (b,) = send_of(sc.acquire(p2), p2)
+    # p1's block is done: the function works; then p2 fails every block it is given (its
+    # batches grow) until 3 blocks failed in a row
+    held = send_of(sc.acquire(p1, (a, OK, -1, None)), p1)
+    held2 = [b]
+    rounds = 0
+    while True:
+        out = sc.acquire(p2, *((k, FAIL, -1, "ValueError: bad tile") for k in held2))
+        rounds += 1
+        if sc.run().abandon_reason is not None:
+            break
+        held2 = send_of(out, p2)
+    assert rounds <= 3
+    run = sc.run()
+    assert run.abandon_reason == "3 blocks failed in a row"
+    assert told_to_stop(out, p2)
+    # p1's batch comes back after the abandonment: ignored, and p1 is told to stop
+    out = sc.acquire(p1, *((k, OK, -1, None) for k in held))
+    assert [m[0] for m in sent(out, p1)] == [SHUTDOWN]
+    assert run.completed == 1 and run.failed_attempts == 3
+    # both exit cleanly: no worker failure, no restart, their starts given back
+    sc.exit(w1, WorkerExit("clean", 0, ""))
+    sc.exit(w2, WorkerExit("clean", 0, ""))
+    assert (run.worker_restarts, run.worker_failures) == (0, 0)
+    assert not [i for i in sc.tick() if i[0] == LAUNCH]  # no worker is started again
