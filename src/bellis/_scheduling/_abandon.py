@@ -8,8 +8,8 @@ has returned on a block of that worker (a worker whose first block raises ends, 
 2.0.0's do: ``bellis._worker._client``). A task is given up (*abandoned*) for one of three
 reasons, each named by its own rule:
 
-* **The function looks broken** (``Task(max_consecutive_failures=N)``, default
-  :data:`DEFAULT_MAX_CONSECUTIVE_FAILURES`): ``N`` blocks in a row failed, with no block
+* **The function looks broken** (``Task(max_consecutive_failures=N)``, default 10,
+  ``_task_params.DEFAULT_MAX_CONSECUTIVE_FAILURES``): ``N`` blocks in a row failed, with no block
   done in between. Each block counts once, on its first failed attempt of the run (its
   retries neither count nor break the streak), and a block that already failed in an
   earlier run does not count (a rerun that retries a few known-bad blocks is not a broken
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .._task_params import DEFAULT_MAX_CONSECUTIVE_FAILURES
+# imports nothing of bellis: the summary (which a worker that touches the progress
+# observers loads) reads these words, and a worker imports no numpy
 
 __all__ = [
-    "DEFAULT_MAX_CONSECUTIVE_FAILURES",
     "RESTART_CAP",
     "UPSTREAM",
     "FailureStreak",
