@@ -21,11 +21,13 @@ from ._outputs._declared import declare_outputs
 from ._outputs._readback import check_verify_outputs
 from ._outputs._units import owns_units
 from ._task_params import (
+    DEFAULT_MAX_CONSECUTIVE_FAILURES as _DEFAULT_MAX_CONSECUTIVE_FAILURES,
     UNSET as _UNSET,
     budget_units as _budget_units,
     check_count as _check_count,
     check_local_path as _check_local_path,
     parse_backup_after as _parse_backup_after,
+    parse_max_consecutive_failures as _parse_max_consecutive_failures,
     parse_memory as _parse_memory,
     parse_requires as _parse_requires,
     parse_stall_timeout as _parse_stall_timeout,
@@ -116,6 +118,14 @@ class Task:
     ``max_memory`` (default: the limit × growth²); only a block that runs out at that cap
     fails (see ``docs/failures.md``).
 
+    ``max_consecutive_failures`` (default 10; None turns it off): a block that raises is a
+    failed attempt, retried within ``max_retries`` while the worker goes on with its next
+    block (a worker whose first block raises ends, as in daisy, and spends a restart); the
+    task is abandoned as broken when this many blocks fail in a row with no block done in
+    between (each block counted on its first failed attempt of the run;
+    blocks that failed in an earlier run are not counted). A rerun runs the blocks never
+    tried before the ones that failed (see ``docs/failures.md``).
+
     ``outputs`` (zarr v3 arrays, their paths or funlib ``Array``s) declares what the blocks
     write; ``write_safety`` says what to do when two blocks can write one shard (or chunk):
     ``"error"`` (default), ``"serialize"`` or ``"off"`` (see ``docs/outputs.md``).
@@ -155,6 +165,7 @@ class Task:
         verify_outputs: bool | str = False,
         version: str | dict[str, Any] | None = None,
         on_code_change: str = "warn",
+        max_consecutive_failures: int | None = _DEFAULT_MAX_CONSECUTIVE_FAILURES,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -201,6 +212,7 @@ class Task:
         self._max_worker_restarts = _check_count(
             "max_worker_restarts", max_worker_restarts, 0, "use 0 to never restart a worker"
         )
+        self._max_consecutive_failures = _parse_max_consecutive_failures(max_consecutive_failures)
         self._timeout_seconds = _parse_timeout(timeout)
         self._stall_timeout_seconds = _parse_stall_timeout(stall_timeout)
         self._backup_after = _parse_backup_after(speculative, backup_after)
@@ -284,6 +296,12 @@ class Task:
     @property
     def max_worker_restarts(self) -> int:
         return self._max_worker_restarts
+
+    @property
+    def max_consecutive_failures(self) -> int | None:
+        """How many blocks may fail in a row before the task is abandoned as broken
+        (None: never); see ``docs/failures.md``."""
+        return self._max_consecutive_failures
 
     @property
     def timeout_secs(self) -> float:

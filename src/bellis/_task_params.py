@@ -27,6 +27,12 @@ UNSET: Any = object()
 #: ``Task(speculative=True)``: a block is a straggler after this many median blocks
 DEFAULT_BACKUP_AFTER: Final = 3.0
 
+#: the default of ``Task(max_consecutive_failures=...)``: a function that fails on every
+#: block stops its task after this many blocks (daisy 2.0.0 stops after ``max_workers +
+#: max_worker_restarts`` worker deaths, 11 or 12 with its defaults); see
+#: ``bellis._scheduling._abandon``
+DEFAULT_MAX_CONSECUTIVE_FAILURES: Final = 10
+
 
 def check_count(name: str, value: Any, minimum: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -38,6 +44,22 @@ def check_count(name: str, value: Any, minimum: int, fix: str) -> int:
         )
     result: int = value
     return result
+
+
+def parse_max_consecutive_failures(value: Any) -> int | None:
+    """``Task(max_consecutive_failures=...)``: a count of at least 1, or None (rule off)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigurationError(
+            f"max_consecutive_failures must be an int of at least 1 or None (got "
+            f"{type(value).__name__} {value!r}): the task is abandoned as broken when that "
+            "many blocks fail in a row with no block done in between; pass a larger number "
+            "to tolerate longer runs of bad blocks, or None to never abandon a task for "
+            "failing blocks",
+            parameter="max_consecutive_failures",
+        )
+    return int(value)
 
 
 def user_stacklevel() -> int:

@@ -141,6 +141,7 @@ BOUND_SCRIPT = textwrap.dedent(
         num_workers=2,
         read_write_conflict=False,
         tracking_path=sys.argv[2],
+        max_consecutive_failures=None,  # every block fails: the records, not the rule
     )
     print("RESULT", daisy.run_blockwise([task], multiprocessing=sys.argv[1] != "serial",
                                         progress=False, summary=False))

@@ -22,11 +22,11 @@ from bellis.errors import ConfigurationError
 from kit.blocks import (
     all_attempts,
     connect_and_return,
+    crash_block,
     detach_and_return,
     done_count,
     done_ids,
     exit_once_block,
-    fail_block,
     hang_block,
     hang_once_block,
     make_task,
@@ -157,8 +157,10 @@ def test_clean_exit_mid_block_is_not_a_failure(recdir: str) -> None:
 
 
 def test_restart_cap_abandons_and_orphans_downstream(recdir: str, capfd: Any) -> None:
+    # every attempt ends its worker (a block that raises does not: its worker goes on,
+    # see tests/integration/test_bad_blocks.py)
     a = make_task(
-        "a", 6, functools.partial(fail_block, recdir, ()), max_workers=2, max_worker_restarts=1
+        "a", 6, functools.partial(crash_block, recdir), max_workers=2, max_worker_restarts=1
     )
     b = make_task("b", 6, functools.partial(sleep_block, recdir, 0.0), max_workers=1)
     pipe = bellis.Pipeline([a, b], [(a, b)])
@@ -188,7 +190,7 @@ def test_restart_cap_abandons_and_orphans_downstream(recdir: str, capfd: Any) ->
 
 def test_server_returns_states_on_abandonment(recdir: str) -> None:
     a = make_task(
-        "a", 3, functools.partial(fail_block, recdir, ()), max_workers=1, max_worker_restarts=0
+        "a", 3, functools.partial(crash_block, recdir), max_workers=1, max_worker_restarts=0
     )
     states = bellis.Server().run_blockwise([a], **RUN)
     assert states["a"].abandoned

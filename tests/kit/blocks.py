@@ -63,6 +63,13 @@ def fail_block(recdir: str, fail_ids: tuple[int, ...], block: Any) -> None:
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 
+def crash_block(recdir: str, block: Any) -> None:
+    """Record the start, then end the worker process at once (exit code 1), every time."""
+    sid = _sid(block)
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {time.time():.6f}")
+    os._exit(1)
+
+
 def hang_once_block(recdir: str, hang_id: int, block: Any) -> None:
     """Block ``hang_id`` hangs on its first attempt (a marker file says so)."""
     sid = _sid(block)

@@ -55,6 +55,35 @@ def test_advice_reads_the_figures() -> None:
     assert any("7 block(s) took more than 5x the median" in x for x in lines), lines
 
 
+def test_advice_names_the_rule_that_abandoned_the_last_run() -> None:
+    """An abandoned run's line keeps the rule that fired, the option that changes it and
+    whether a rerun gets further: the advice says all three (issue 35 item 1)."""
+    s = _store(10)
+    s.done[:] = False
+    s.failures[:3] = 1
+    said = {
+        "reason": "10 blocks failed in a row",
+        "rule": "10 blocks failed in a row with no block done in between",
+        "option": "Task(max_consecutive_failures=...)",
+        "lost": 10,
+        "untried": 7,
+        "rerun": "a rerun can get further: it runs the 7 block(s) never tried first",
+        "can_progress": True,
+    }
+    s.runs.append({"task_id": "t", "outcome": "abandoned", "abandoned": said})
+    lines = advice([s])
+    assert "blocks never tried" in lines[0], lines
+    (line,) = [x for x in lines if "abandoned" in x]
+    assert line == (
+        "t: the last run abandoned the task (10 blocks failed in a row): the rule that fired "
+        "is 10 blocks failed in a row with no block done in between; "
+        "Task(max_consecutive_failures=...) changes it; a rerun can get further: it runs the "
+        "7 block(s) never tried first"
+    )
+    s.runs.append({"task_id": "t", "outcome": "failed"})  # a later run: no such line
+    assert not [x for x in advice([s]) if "abandoned" in x]
+
+
 def test_advice_names_binary_sizes_in_binary_units() -> None:
     """300 * 2**20 bytes is 300 MiB (314.6 MB): the advice says MiB, as the page's axes and
     hover texts do, never a binary count labelled MB."""

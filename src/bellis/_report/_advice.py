@@ -39,7 +39,15 @@ def _task_advice(s: StoreData) -> list[str]:
     if failed:
         out.append(
             f"{who}: {failed} block(s) failed and are not done: see the failure map for where "
-            "they lie and the worker logs for why; the next run retries them"
+            "they lie and the worker logs for why; the next run retries them after the "
+            "blocks never tried"
+        )
+    latest = s.last_report
+    said = latest.abandoned if latest is not None and latest.outcome == "abandoned" else {}
+    if said.get("rule"):
+        out.append(
+            f"{who}: the last run abandoned the task ({said.get('reason')}): the rule that "
+            f"fired is {said['rule']}; {said.get('option')} changes it; {said.get('rerun')}"
         )
     rss = _column(s, "peak_rss_bytes")
     if rss is not None and len(rss) >= MIN_BLOCKS and rss.max() > 0:

@@ -21,6 +21,7 @@ from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
+from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
 from .._scheduling._memory import MemoryPlan, ladder_for
 from .._scheduling._records import TaskPlan
@@ -168,11 +169,20 @@ def _outcome(state: TaskState, run: TaskRun, interrupted: bool) -> str:
     return "failed" if state.is_done() else "interrupted"
 
 
-def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[str, int]) -> str:
+def _abandon_message(
+    states: dict[str, TaskState],
+    order: list[str],
+    lost: dict[str, int],
+    said: dict[str, dict[str, Any]] | None = None,
+) -> str:
     """The text of TaskAbandonedError. A task that ran out of workers *lost* the blocks it
     had left (``lost``); only blocks cut off by a failed or abandoned upstream are orphaned,
-    though ``orphaned_count`` counts both, as daisy's does."""
+    though ``orphaned_count`` counts both, as daisy's does. ``said``: per abandoned task,
+    :func:`bellis._scheduling._abandon.describe` (the rule that fired, the option that
+    changes it, whether a rerun gets further)."""
+    said = said or {}
     parts = []
+    fixes: list[str] = []
     for tid in order:
         s = states[tid]
         if not s.abandoned:
@@ -184,16 +194,31 @@ def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[
             )
             continue
         n_lost = lost.get(tid, 0)
-        text = (
-            f"task '{tid}' was abandoned (worker restart cap exhausted): workers failed "
-            f"{s.worker_failure_count} times, {s.worker_restart_count} restarts performed; "
-            f"{n_lost} of {s.total_block_count} blocks were lost (never completed: no worker "
-            "was left to run them)"
-        )
+        info = said.get(tid)
+        if is_broken_reason(s.abandon_reason):
+            text = (
+                f"task '{tid}' was abandoned ({s.abandon_reason}): {s.failed_attempt_count} "
+                f"failed block attempts; {n_lost} of {s.total_block_count} blocks were lost "
+                "(never completed: the task was stopped)"
+            )
+        else:
+            text = (
+                f"task '{tid}' was abandoned ({s.abandon_reason or RESTART_CAP}): workers "
+                f"failed {s.worker_failure_count} times, {s.worker_restart_count} restarts "
+                f"performed; {n_lost} of {s.total_block_count} blocks were lost (never "
+                "completed: no worker was left to run them)"
+            )
         orphaned = s.orphaned_count - n_lost
         if orphaned > 0:
             text += f" and {orphaned} were orphaned by failed upstream blocks"
         text += "."
+        if info is not None:
+            text += (
+                f" The rule that fired: {info['rule']}; {info['option']} changes it. "
+                f"{info['rerun'][:1].upper()}{info['rerun'][1:]}."
+            )
+            if info["option"] not in fixes:
+                fixes.append(info["option"])
 
         if s.timeout_reclaim_count:
             default = " — the default" if s.timeout_secs == DEFAULT_TIMEOUT_SECONDS else ""
@@ -217,10 +242,13 @@ def _abandon_message(states: dict[str, TaskState], order: list[str], lost: dict[
         else:
             text += f" Last worker error: {err.strip()}"
         parts.append(text)
+    if not fixes or fixes == ["Task(max_worker_restarts=...)"]:
+        fix = "Fix the worker error or increase Task(max_worker_restarts=...)"
+    else:
+        fix = "Fix the worker error or change " + " or ".join(fixes)
     parts.append(
-        "Fix the worker error or increase Task(max_worker_restarts=...); use "
-        "run_blockwise(..., return_states=True) to inspect task states on non-abandonment "
-        "failures, or Server().run_blockwise(...) to never raise."
+        f"{fix}; use run_blockwise(..., return_states=True) to inspect task states on "
+        "non-abandonment failures, or Server().run_blockwise(...) to never raise."
     )
     return "\n".join(parts)
 
@@ -258,6 +286,8 @@ class _RunResult:
         self.abandoned = False
         #: per task, the blocks lost when it was abandoned (see TaskRun.lost_on_abandon)
         self.lost: dict[str, int] = {}
+        #: per abandoned task, what is said about it (``_abandon.describe``)
+        self.said: dict[str, dict[str, Any]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +438,8 @@ def _run_plan(plan: RunPlan) -> _RunResult:
             for r in scheduler.runs:
                 run.aggregates[r.task_id].add_skipped(r.skipped)
                 result.lost[r.task_id] = r.lost_on_abandon
+                if r.status == ABANDONED:
+                    result.said[r.task_id] = describe(r)
             finished_wall = time.time()
             wall = time.perf_counter() - t_start
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
@@ -425,6 +457,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
             log_dir=log_dir,
             interrupted=result.interrupted is not None,
             errors=errors.as_dict(),
+            abandoned=result.said,
         )
         print_to_stdout(text + code_summary(code.notes, result.order))
         for tid in result.order:
@@ -545,6 +578,9 @@ def _write_reports(
         memory = memory_from_state(state)
         if memory is not None:
             data["memory"] = memory
+        said = result.said.get(tid)
+        if said is not None:  # the rule that fired, for the report's advice
+            data["abandoned"] = said
         code = run.code.recorded.get(tid)
         if code is not None:  # the fingerprint of this run (and its code_version index)
             data["code"] = code
@@ -623,7 +659,9 @@ def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -
         _attach(exc, result)
         raise exc
     if result.abandoned and raise_abandoned:
-        err = TaskAbandonedError(_abandon_message(result.states, result.order, result.lost))
+        err = TaskAbandonedError(
+            _abandon_message(result.states, result.order, result.lost, result.said)
+        )
         _attach(err, result)
         raise err
     if return_states:

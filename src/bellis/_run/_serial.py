@@ -130,6 +130,16 @@ def _record_failure(
     )
 
 
+def _raised(errors: Any, run: Any, k: int, exc: BaseException, release: Any, t0: float) -> None:
+    """Block ``k`` raised ``exc``, which propagates (daisy 2.0.0's serial mode): its error
+    record, and its failed attempt in the tracking store, so that a rerun runs the blocks
+    never tried before this one (a ``KeyboardInterrupt`` is no attempt: it is left out)."""
+    full = blog.format_traceback(type(exc), exc, exc.__traceback__)
+    _record_failure(errors, run, k, full, exc, full)
+    if isinstance(exc, Exception):
+        release(run, k, False, None, -1, t0, time.time())
+
+
 def _read_back(verify: ReadBack, run: Any, k: int, block: Block, errors: Any) -> bool:
     """``verify_outputs``: read block ``k``'s outputs back and store their checksum before
     its release marks it done; False (a failed attempt, recorded) when they cannot be."""
@@ -151,8 +161,10 @@ def run_blocks_serially(
     scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any = None, errors: Any = None
 ) -> None:
     """Every block in this process, in dependency order (SPEC §3.1): an exception from a
-    block function propagates at once, with its own type. ``on_block()``, when given, is
-    called after each block (a SerialServer's attached observers, see run_observed).
+    block function propagates at once, with its own type, as in daisy 2.0.0 (recorded
+    first as the block's failed attempt: a rerun runs the blocks never tried before it).
+    ``on_block()``, when given, is called after each block (a SerialServer's attached
+    observers, see run_observed).
 
     ``Task(timeout=...)`` and ``Task(stall_timeout=...)`` are not enforced here: a block
     runs in the caller's own thread, and there is no worker process to replace."""
@@ -208,8 +220,7 @@ def run_blocks_serially(
                         try:
                             fn(block)
                         except BaseException as exc:
-                            full = blog.format_traceback(type(exc), exc, exc.__traceback__)
-                            _record_failure(errors, run, k, full, exc, full)
+                            _raised(errors, run, k, exc, release, t0)
                             raise
                         finally:
                             measured = meter.finish()
@@ -219,8 +230,7 @@ def run_blocks_serially(
                         try:
                             fn(block)
                         except BaseException as exc:
-                            full = blog.format_traceback(type(exc), exc, exc.__traceback__)
-                            _record_failure(errors, run, k, full, exc, full)
+                            _raised(errors, run, k, exc, release, t0)
                             raise
                         # the task's own span only: an untracked store takes no stamps
                         run.note_span(t0, time.time())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bellis._scheduling._abandon import is_broken_reason
 from bellis._scheduling._task_run import DONE, FAILED
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
 from bellis._stats._errorlog import (
@@ -394,8 +395,12 @@ def format_summary(
     interrupted: bool = False,
     errors: Mapping[str, list[ErrorGroup]] | None = None,
     worker_log_dirs: Mapping[str, str | Path] | None = None,
+    abandoned: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """Render the Execution Summary (SPEC §6.1); the text has no trailing newline.
+
+    ``abandoned``: per abandoned task, ``_scheduling._abandon.describe``'s words (the rule
+    that fired, the option that changes it, whether a rerun gets further).
 
     ``log_dir`` is the worker-log base directory, or None when no log files were written.
     ``worker_log_dirs`` maps a task to its log directory where it is not
@@ -416,7 +421,8 @@ def format_summary(
 
     for task_id in ordered:
         groups = list(errors.get(task_id, [])) if errors is not None else []
-        section = _failure_section(task_id, states[task_id], groups)
+        said = abandoned.get(task_id) if abandoned is not None else None
+        section = _failure_section(task_id, states[task_id], groups, said)
         if section:
             lines.append("")
             lines += section
@@ -484,18 +490,30 @@ def _has_trouble(state: TaskState) -> bool:
     return state.failed_count > 0 or _is_cap_abandoned(state)
 
 
-def _failure_section(task_id: str, state: TaskState, groups: list[ErrorGroup]) -> list[str]:
+def _failure_section(
+    task_id: str,
+    state: TaskState,
+    groups: list[ErrorGroup],
+    said: Mapping[str, Any] | None = None,
+) -> list[str]:
     lines: list[str] = []
     if state.abandoned:
         line = f"{_INDENT}Task '{task_id}' was abandoned"
         if state.abandon_reason:
             line += f" ({state.abandon_reason})"
-        if _is_cap_abandoned(state):
+        if is_broken_reason(state.abandon_reason):
+            line += f": {_plural(state.failed_attempt_count, 'failed block attempt')}"
+        elif _is_cap_abandoned(state):
             line += (
                 f": workers failed {_plural(state.worker_failure_count, 'time')}, "
                 f"{_plural(state.worker_restart_count, 'restart')} performed"
             )
         lines.append(line + ".")
+        if said is not None and state.abandon_reason != _UPSTREAM_ABANDONED:
+            lines.append(f"{_DETAIL_INDENT}The rule that fired: {said['rule']}.")
+            lines.append(f"{_DETAIL_INDENT}To change it: {said['option']}.")
+            rerun = str(said["rerun"])
+            lines.append(f"{_DETAIL_INDENT}{rerun[:1].upper()}{rerun[1:]}.")
     # the errors of blocks that were done after all are not failures: a line of their own
     retried = _retried_lines(task_id, groups)
     if not _has_trouble(state):

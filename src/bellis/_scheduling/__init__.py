@@ -16,6 +16,7 @@ Owns:
   ``_gate``        a plan's sample run: a task's first blocks wait for all its workers
   ``_backups``     straggler backups: a second copy, first success wins
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
+  ``_abandon``     when a task is given up (blocks failing in a row), and what is said
 
 May import: the plumbing (``errors``, ``_sizes``...), the model (``_block``, ``_graph``,
 ``_state``), ``_protocol``, ``_task`` and ``_stats``. Nothing here reads a clock, a socket,

@@ -76,6 +76,7 @@ from .._protocol import (
 )
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
+from ._abandon import RESTART_CAP
 from ._attempts import KIND_LOST, attempt_record, block_coord, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
@@ -702,7 +703,7 @@ class Dispatcher:
             if not self.staff.stranded(plan):
                 continue
             run = plan.run
-            hit = self.s.abandon(run, "worker restart cap exhausted")
+            hit = self.s.abandon(run, RESTART_CAP)
             for r in hit:
                 if r is run:
                     logger.warning(

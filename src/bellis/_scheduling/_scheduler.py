@@ -18,8 +18,14 @@ the arrays, never a Python loop per block.
 
 Each task has a ready queue: a lazy generator over the initially ready blocks, in level
 order then cartesian order, drained before a FIFO of blocks readied by releases and of
-retries. A permanent failure walks every transitive downstream block, across tasks, and
-orphans it. Terminal task states are sticky; late releases for them are ignored.
+retries. Blocks that failed in an earlier run (the store's ``failures`` count, not done)
+are put off to a third queue, ``later``, served only when the other two are empty: a
+resume runs every block never tried before it retries known-bad ones, so a rerun after
+an abandonment gets further. A block's failed attempt feeds the task's broken-function
+rule (:class:`._abandon.FailureStreak`, ``Task(max_consecutive_failures=...)``), which
+abandons the task when it fires. A permanent failure walks every transitive downstream
+block, across tasks, and orphans it. Terminal task states are sticky; late releases for
+them are ignored.
 
 No sockets, threads or clocks live here; the caller passes times in, and may inject a
 clock (:meth:`Scheduler.bound_checks`) so that a long run of ``check_function`` skips is
@@ -44,6 +50,7 @@ from .._outputs._units import TaskWrites, plan_pipeline_writes
 from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
 from ..errors import ConfigurationError
+from ._abandon import broken_reason
 from ._task_run import (
     ABANDONED,
     CHUNK,
@@ -147,6 +154,7 @@ class Scheduler:
                 # everything is done already (a resumed store): nothing to count or queue
                 run.status = FINISHED
                 continue
+            run.failed_before = _failed_before(run)
             # dependency counts
             if run.intra and not run.up_edges and skip is None:
                 # nothing resolved in bulk: count level by level as the run reaches them
@@ -219,6 +227,7 @@ class Scheduler:
             return -1
         state_mv = run.state_mv
         roots = run.roots
+        later = run.failed_before
         checks = 0
         until = 0.0
         while True:
@@ -229,9 +238,19 @@ class Scheduler:
                     continue
                 if state_mv[k] != READY:
                     continue
+                if later is not None and k in later:
+                    run.later.append(k)  # failed in an earlier run: after the untried ones
+                    continue
             elif run.fifo:
                 k = run.fifo.popleft()
                 if state_mv[k] != QUEUED:
+                    continue
+                if later is not None and k in later:
+                    run.later.append(k)
+                    continue
+            elif run.later:
+                k = run.later.popleft()
+                if state_mv[k] != READY and state_mv[k] != QUEUED:
                     continue
             else:
                 return -1
@@ -347,6 +366,8 @@ class Scheduler:
         run.state_mv[k] = DONE
         run.processing -= 1
         run.completed += 1
+        if record and run.streak is not None:
+            run.streak.count = 0  # FailureStreak.succeeded, inline: per block
         if record and run.store is not None:
             fast = run.done_fast
             if fast is not None and stats is None:
@@ -392,17 +413,39 @@ class Scheduler:
             if cell >= 0:
                 run.store.record_failure(cell, worker_id, sent_at, returned_at)
         attempts = run.retries.get(k, 0)
+        streak = run.streak
+        broken = streak is not None and streak.failed(
+            attempts == 0, run.failed_before is not None and k in run.failed_before
+        )
         if attempts < run.max_retries:
             run.retries[k] = attempts + 1
             run.state_mv[k] = QUEUED
             run.fifo.append(k)
             run.ready += 1
-            return
-        run.retries.pop(k, None)
-        run.state_mv[k] = FAILED
-        run.failed += 1
-        self._orphan_downstream(run, k)
-        self._finalize_all()
+        else:
+            run.retries.pop(k, None)
+            run.state_mv[k] = FAILED
+            run.failed += 1
+            self._orphan_downstream(run, k)
+            self._finalize_all()
+        if broken and run.status == RUNNING:
+            assert streak is not None
+            hit = self.abandon(run, broken_reason(streak.limit))
+            logger.warning(
+                "task '%s' abandoned: %d blocks failed in a row with no block done in "
+                "between, so its function looks broken (Task(max_consecutive_failures=%d) "
+                "sets the rule; None turns it off); its %d remaining blocks are not run",
+                run.task_id,
+                streak.limit,
+                streak.limit,
+                run.lost_on_abandon,
+            )
+            for r in hit[1:]:
+                logger.warning(
+                    "downstream task '%s' abandoned: upstream input will never arrive, "
+                    "accounting remaining blocks as orphaned",
+                    r.task_id,
+                )
 
     def _orphan_downstream(self, run: TaskRun, k: int) -> None:
         stack: list[tuple[TaskRun, int]] = [(run, k)]
@@ -436,6 +479,7 @@ class Scheduler:
             if r.status != RUNNING:
                 continue
             r.lost_on_abandon = r.remaining
+            r.untried_on_abandon = _untried(r)
             r.orphaned += r.remaining
             r.ready = 0
             r.processing = 0
@@ -443,6 +487,7 @@ class Scheduler:
             r.abandon_reason = why
             r.roots = None
             r.fifo.clear()
+            r.later.clear()
             hit.append(r)
             for d in r.downstream_tasks:
                 todo.append((d, "upstream task abandoned"))
@@ -507,6 +552,47 @@ def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
     run.skipped_mask = n_mask
     run.completed = n_pre + n_mask
     return pre
+
+
+def _failed_before(run: TaskRun) -> set[int] | None:
+    """The blocks of ``run`` that failed in an earlier run and are not done: the store's
+    ``failures`` count, read slab by slab (never a grid-size temporary); None when none."""
+    store = run.store
+    if store is None or getattr(store, "created", False):
+        return None
+    failures, dst = run.store_view(store.failures)
+    if failures.size == 0:
+        return None
+    g = run.geom
+    grid_state = run.state.reshape(g.grid)[dst]
+    starts = [sl.start or 0 for sl in dst]
+    rows = max(1, CHUNK // max(1, failures[0].size if failures.ndim > 1 else 1))
+    found: set[int] = set()
+    for r in range(0, failures.shape[0], rows):
+        undone = grid_state[r : r + rows] != DONE
+        if not undone.any():
+            continue  # a done slab: its failure counts are not read
+        hit = np.nonzero((failures[r : r + rows] != 0) & undone)
+        if len(hit[0]) == 0:
+            continue
+        coords = [c.astype(np.int64) + starts[i] + (r if i == 0 else 0) for i, c in enumerate(hit)]
+        found.update(np.ravel_multi_index(coords, g.grid).tolist())
+    return found or None
+
+
+def _untried(run: TaskRun) -> int:
+    """Of ``run``'s blocks still to do, how many were never tried, in this run (no failed
+    attempt) or an earlier one (``failed_before``)."""
+    state = run.state
+    todo = int(np.count_nonzero(state == PENDING))
+    todo += int(np.count_nonzero(state == READY)) + int(np.count_nonzero(state == QUEUED))
+    todo += int(np.count_nonzero(state == PROCESSING))
+    tried = set(run.retries)
+    if run.failed_before is not None:
+        tried |= run.failed_before
+    st = run.state_mv
+    seen = sum(1 for k in tried if st[k] in (PENDING, READY, QUEUED, PROCESSING))
+    return todo - seen
 
 
 def _mark_ready(grid_state: np.ndarray[Any, Any], deps: np.ndarray[Any, Any] | None) -> int:

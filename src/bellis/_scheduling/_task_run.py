@@ -20,6 +20,7 @@ from .._bulk import block_view, store_product, zeroed
 from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
+from ._abandon import FailureStreak
 
 __all__ = [
     "ABANDONED",
@@ -91,7 +92,15 @@ class TaskRun:
         self.downstream_tasks: list[TaskRun] = []
         self.roots: Iterator[int] | None = None
         self.fifo: deque[int] = deque()
+        #: blocks that failed in an earlier run (``failures`` > 0 in the store, not done):
+        #: they run after every block never tried (None: there are none)
+        self.failed_before: set[int] | None = None
+        #: ready blocks of ``failed_before`` put off until the roots and the FIFO are empty
+        self.later: deque[int] = deque()
         self.retries: dict[int, int] = {}
+        #: the broken-function rule (``Task(max_consecutive_failures=...)``; None: off)
+        limit = task.max_consecutive_failures
+        self.streak: FailureStreak | None = None if limit is None else FailureStreak(limit)
         self.started = False
         self.ready = 0
         self.processing = 0
@@ -110,6 +119,8 @@ class TaskRun:
         #: blocks still to do when the task was abandoned: lost with it (``orphaned``
         #: counts them too, with the blocks orphaned by failed upstream blocks)
         self.lost_on_abandon = 0
+        #: of those, the blocks never tried, in this run or an earlier one
+        self.untried_on_abandon = 0
         self.check_warned = False
         #: per block, 1: the check_function is not called (a block cleared as made by
         #: other code, ``Scheduler(_unchecked=...)``); None: every block is checked

@@ -449,6 +449,10 @@ class TaskReport:
         #: out-of-memory retries per grant, successes per grant and failures at the cap
         #: (``{"retries": {"600M": 1}, "succeeded": {...}, "failed": 0}``); {}: none
         self.memory: dict[str, Any] = dict(d.get("memory") or {})
+        #: an abandoned task's words (``_scheduling._abandon.describe``): ``reason``,
+        #: ``rule`` (the rule that fired), ``option`` (what changes it), ``lost``,
+        #: ``untried``, ``rerun`` and ``can_progress``; {}: not abandoned, or an older line
+        self.abandoned: dict[str, Any] = dict(d.get("abandoned") or {})
         b = d.get("blocks") or {}
         trend = b.get("trend_ms_per_block")
         self.blocks = BlocksSection(

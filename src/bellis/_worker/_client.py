@@ -516,7 +516,8 @@ class Client:
         return True
 
     def _failed(self, k: int, block: Block, exc: BaseException) -> None:
-        """Record block ``k`` as failed with ``exc`` (the caller re-raises).
+        """Record block ``k`` as failed with ``exc`` (the caller re-raises it, or, in
+        :meth:`run_block_function`, goes on with the next block).
 
         The failure goes home with the next request, as a success does, and the worker
         stays connected: a worker function that catches the exception goes on with its next
@@ -645,6 +646,14 @@ class Client:
     def run_block_function(self, fn: Callable[[Block], Any]) -> None:
         """Run ``fn`` on every block this worker is given, then disconnect.
 
+        A block whose ``fn`` raises an ``Exception`` is a failed attempt: its traceback goes
+        to the log and home, and once ``fn`` has returned on a block of this worker the loop
+        goes on with the next block. Before that (``fn`` may be broken: daisy 2.0.0's fast
+        stop) the exception ends the loop, and so the worker, whose start is then charged to
+        the restart budget. A ``with acquire_block()`` loop re-raises every time, as daisy's
+        does. Other exceptions (``KeyboardInterrupt``, ``SystemExit``) end the loop after
+        the report.
+
         The loop of bellis's own workers: the same protocol, outcomes and measurements as
         ``with client.acquire_block()`` in a loop, without a generator per block. Blocks
         of one batch run back to back, so each block's measurement continues from the
@@ -655,6 +664,7 @@ class Client:
             attach_gpu(meter)
         queue = self._queue
         verify = self._verify
+        worked = False  # fn returned on a block: it works, a failure is the block's
         try:
             while True:
                 in_batch = len(queue) > 0  # no round trip before this block
@@ -668,9 +678,23 @@ class Client:
                     meter.begin(back_to_back=in_batch)
                 try:
                     fn(block)
+                except Exception as exc:
+                    # a failed attempt of this block, not the end of this worker: it goes
+                    # home with the next request and the worker goes on (the server
+                    # abandons the task when its blocks keep failing, see
+                    # Task(max_consecutive_failures=...)), unless fn never returned on a
+                    # block here (it may be broken: the worker ends, as daisy's does) or
+                    # the failure said goodbye (out of memory under the memory limit, a
+                    # SIGTERM)
+                    self._failed(k, block, exc)
+                    if not worked or self._sock is None or self._is_forked_copy():
+                        raise
+                    self.reported = None  # its frames (and the block's data) go now
+                    continue
                 except BaseException as exc:
                     self._failed(k, block, exc)
                     raise
+                worked = True
                 # the read-back is part of the block: measured and under its timeout
                 checksum = None if verify is None else self._read_back(k, block)
                 if meter is None:

@@ -51,9 +51,12 @@ def _extend_sys_path(paths: list[str]) -> None:
 def run_block_function_loop(fn: Any, context: Any = None) -> int:
     """Run ``fn`` on the blocks the server hands out; the exit code.
 
-    A block that raised ends the worker with code 1 (the server starts another); its
-    traceback is already in the log and in the server's error report, so it is not printed
-    a second time, with bellis's frames, on the way out.
+    A block that raises an ``Exception`` is a failed attempt and the loop goes on, once the
+    function has returned on a block of this worker (``Client.run_block_function``). One
+    that ends the worker (the worker's first blocks all raised, as in daisy 2.0.0: code 1;
+    a ``MemoryError`` under the memory limit: code 89) has its traceback in the log and in
+    the server's error report already, so it is not printed a second time, with bellis's
+    frames, on the way out.
     """
     from ._client import Client
 
