@@ -1208,7 +1208,7 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
     )
 
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
-        assert store.code_versions() is None and store.code_view() is None
+        assert store.code_versions() is None and store.hot_writer().code is None  # type: ignore[union-attr]
         index, table = register(store_path, {"hash": "aa", "functions": {"f": "1"}}, 1.0)
         assert index == 1 and table[0]["first_seen"] == 1.0
         # one entry per run: the same code in a later run gets its own index, same_as
@@ -1219,9 +1219,10 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
         assert made_at(table)[[0, 1, 2, 3]].tolist() == [-np.inf, 1.0, 2.0, -np.inf]
         store.use_code_version(index)
         store.record_success(0, None, -1, 0.0, 0.0)
-        view = store.code_view()
-        view[5] = 1
-        store.done_view()[5] = 1  # type: ignore[index]
+        writer = store.hot_writer()
+        assert writer is not None and writer.code is not None and writer.code_index == 1
+        writer.code[5] = 1
+        writer.done[5] = 1
     assert (store_path / "code_version" / "zarr.json").is_file()
     assert chunk(store_path, "code_version", 2).stat().st_size == 24
     codes = chunk_values(store_path, "code_version", "uint16", (3, 4))

@@ -49,7 +49,7 @@ class DryRun:
                 if store is not None:
                     self.stores[t.task_id] = store
             #: the stores as the run's scheduler would find them, after check_code
-            self.seen = {tid: _StoreAsRunSees(s) for tid, s in self.stores.items()}
+            self.seen = {tid: s.scratch() for tid, s in self.stores.items()}
             #: blocks "rerun" clears as stale, which a run never asks the check_function about
             self.unchecked: dict[str, np.ndarray[Any, Any]] = {}
             self._check_code()
@@ -181,19 +181,6 @@ class DryRun:
         out = Plan(self.run_plan.mode, [self.outlook(r) for r in self.scheduler.runs])
         out.warnings.extend(self.warnings)
         return out
-
-
-class _StoreAsRunSees:
-    """A store opened read-only, with its done markers as a private copy: what the run's
-    scheduler would find after ``check_code`` cleared the blocks ``on_code_change="rerun"``
-    runs again. Everything else is the store's own (read-only)."""
-
-    def __init__(self, store: TrackingStore) -> None:
-        self._store = store
-        self.done: np.ndarray[Any, Any] = np.array(store.done)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 def _existing_parent(path: Path) -> Path:
