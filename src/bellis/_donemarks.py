@@ -156,15 +156,17 @@ class StoreBackend(Protocol):
         """Whether ``path`` holds a tracking store (a group with done markers)."""
         ...
 
-    def find_stores(self, root: Path) -> Iterator[Path]:
-        """The stores at or below ``root``, each once, in path order."""
+    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+        """``root`` when it is a store, else the stores below it (down to ``max_depth``
+        folders, None: all), each once, in path order; a store's folders are not searched."""
         ...
 
     def open_readonly(self, path: Path) -> BlockStore:
         """Open the store at ``path`` for reading; safe while a run writes it."""
         ...
 
-    def clear_done(self, path: Path, cells: Sequence[int]) -> int:
-        """Clear the done markers of ``cells`` in the store at ``path``, which no run may
-        hold (``bellis verify --reset``); returns how many were done."""
+    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+        """Clear the done markers of flat ``cells`` of the store at ``path`` (tracking grid
+        ``grid``), which no run may hold (``bellis verify --reset``); returns how many
+        were done."""
         ...

@@ -67,7 +67,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": {"plumbing"},
     "protocol": {"plumbing", "model"},
     "_tracking": {"plumbing", "model"},
-    "_stats": {"plumbing", "model"},
+    "_stats": {"plumbing", "model", "_tracking"},
     "_outputs": {"plumbing", "model", "_tracking"},
     "task": {"plumbing", "model", "_tracking", "_stats", "_outputs"},
     "_scheduling": {"plumbing", "model", "protocol", "task", "_stats", "_outputs"},

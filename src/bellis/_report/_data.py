@@ -28,7 +28,15 @@ from numpy.typing import NDArray
 
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
-from .._tracking import STAT_ARRAYS, StoreLayout, TrackingStore, format_roi, read_status
+from .._tracking import (
+    STAT_ARRAYS,
+    StoreLayout,
+    TrackingStore,
+    find_stores as _find_stores,
+    format_roi,
+    is_store,
+    read_status,
+)
 from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
 from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
@@ -48,18 +56,6 @@ _MAX_DEPTH = 4
 COPY_CELLS = 1 << 24
 
 
-def _is_store(path: Path) -> bool:
-    try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(meta, dict)
-        and meta.get("node_type") == "group"
-        and (path / "done" / "zarr.json").is_file()
-    )
-
-
 def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
     """The tracking stores at or under each path, in path order then name order.
 
@@ -70,31 +66,14 @@ def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
         p = Path(raw)
         if not p.exists():
             raise TrackingError(f"report path {os.fspath(raw)!r} does not exist", path=str(p))
-        if _is_store(p):
-            found.append(p)
-            continue
-        inside: list[Path] = []
-        frontier = [p]
-        for _ in range(_MAX_DEPTH):
-            nxt: list[Path] = []
-            for d in frontier:
-                try:
-                    children = sorted(c for c in d.iterdir() if c.is_dir())
-                except OSError:
-                    continue
-                for c in children:
-                    if _is_store(c):
-                        inside.append(c)
-                    else:
-                        nxt.append(c)
-            frontier = nxt
+        inside = _find_stores(p, _MAX_DEPTH)
         if not inside:
             raise TrackingError(
                 f"no tracking store at or under {os.fspath(raw)!r}: give a task's tracking "
                 "directory (it holds zarr.json and done/) or the tracking basedir of a pipeline",
                 path=str(p),
             )
-        found.extend(sorted(inside))
+        found.extend(inside)
     unique: list[Path] = []
     for s in found:
         if s.resolve() not in {u.resolve() for u in unique}:
@@ -367,7 +346,7 @@ def load_stores(paths: list[str | os.PathLike[str]]) -> list[StoreData]:
 
 def from_task_report(report: TaskReport) -> StoreData:
     """A report's store, or (no store) its run line alone."""
-    if report.store_path is not None and _is_store(report.store_path):
+    if report.store_path is not None and is_store(report.store_path):
         return load_store(report.store_path)
     empty_b: NDArray[np.bool_] = np.zeros(0, dtype=bool)
     empty_u: NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)

@@ -3,7 +3,13 @@
 This package sees plain integers and numpy only; the scheduler and runner translate
 blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it.
 
+It is the only owner of the done markers: the rest of the package reaches a store through
+``bellis._donemarks`` (``BlockStore``, ``StoreBackend``) and the functions below, and
+never opens the arrays itself.
+
 Owns:
+  ``_backends`` which kind of store a path holds: ``is_store``, ``find_stores``,
+                ``open_readonly``, ``backend_for`` (local directories, so far)
   ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
   ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
@@ -16,10 +22,11 @@ Owns:
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
 
 May import: the plumbing (``errors``) and the model (``_block``). Must never be imported
-by: the plumbing, the model, ``_protocol``, ``_stats``, ``_scheduling``, ``_worker`` or
-``_launchers``.
+by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker`` or
+``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
 """
 
+from ._backends import backend_for, find_stores, is_store, open_readonly
 from ._disk import is_run_in_progress, read_lock_holder
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
@@ -42,12 +49,16 @@ __all__ = [
     "StatusSnapshot",
     "StoreLayout",
     "TrackingStore",
+    "backend_for",
     "delete_store",
     "failed_cells",
+    "find_stores",
     "format_roi",
     "format_status",
     "is_run_in_progress",
+    "is_store",
     "layout_hash",
+    "open_readonly",
     "read_lock_holder",
     "read_outputs_record",
     "read_status",

@@ -445,7 +445,7 @@ class TrackingStore:
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY):
+        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY, GRANT_ARRAY):
             directory = root / name
             meta_file = directory / "zarr.json"
             meta = read_json(meta_file)
