@@ -26,7 +26,7 @@ returns None, so the scheduler falls back to :meth:`BlockStore.record_success`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -77,6 +77,16 @@ class BlockStore(Protocol):
     @property
     def runs_jsonl(self) -> Path: ...
 
+    @property
+    def task_hash(self) -> str | None:
+        """The layout hash the store was made for (daisy's ``daisy_task_hash``)."""
+        ...
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The layout record the store keeps beside the hash (None: daisy's store)."""
+        ...
+
     # -- reading -------------------------------------------------------------------------
     @property
     def done(self) -> NDArray[Any]:
@@ -86,6 +96,11 @@ class BlockStore(Protocol):
 
     @property
     def failures(self) -> NDArray[Any]: ...
+
+    @property
+    def stats(self) -> Mapping[str, NDArray[Any]]:
+        """The resource arrays by name (those the store has)."""
+        ...
 
     def is_done(self, cell: int) -> bool: ...
 
@@ -141,6 +156,11 @@ class BlockStore(Protocol):
         and record every block marked done from now on with its index; returns it."""
         ...
 
+    def scratch(self) -> BlockStore:
+        """This read-only store with its done markers as a private, writable copy (a dry
+        run's: :meth:`clear_done` takes them, nothing is written)."""
+        ...
+
     # -- lifetime ------------------------------------------------------------------------
     def open_stats(self) -> None: ...
 
@@ -148,9 +168,18 @@ class BlockStore(Protocol):
 
     def close(self) -> None: ...
 
+    def __enter__(self) -> BlockStore: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
 
 class StoreBackend(Protocol):
     """What a kind of tracking store offers before a store is open."""
+
+    def exists(self, path: Path) -> bool:
+        """Whether something at ``path`` claims to be a store (opening it tells whether
+        it is a valid one)."""
+        ...
 
     def is_store(self, path: Path) -> bool:
         """Whether ``path`` holds a tracking store (a group with done markers)."""

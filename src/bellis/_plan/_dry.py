@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from .._donemarks import BlockStore
 from .._run._provenance import check_code
 from .._run._runner import RunPlan
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
 from .._task import Task
 from .._task_params import budget_units
-from .._tracking import STAT_ARRAYS, TrackingStore, layout_hash
+from .._tracking import STAT_ARRAYS, layout_hash, open_readonly, store_exists
 from .._tracking._disk import free_bytes, unreserved_bytes
 from .._tracking._files import chunk_files
 from .._tracking._layout import BASE_ARRAYS
@@ -39,7 +40,7 @@ class DryRun:
 
     def __init__(self, run_plan: RunPlan) -> None:
         self.run_plan = run_plan
-        self.stores: dict[str, TrackingStore] = {}
+        self.stores: dict[str, BlockStore] = {}
         self.notes: dict[str, list[str]] = {t.task_id: [] for t in run_plan.tasks}
         #: what the real run would raise at its start (on_code_change="error"), as text
         self.warnings: list[str] = []
@@ -60,11 +61,11 @@ class DryRun:
             self.close()
             raise
 
-    def _open_store(self, task: Task) -> TrackingStore | None:
+    def _open_store(self, task: Task) -> BlockStore | None:
         path = task.resolved_tracking_path()
-        if path is None or not (Path(path) / "zarr.json").exists():
+        if path is None or not store_exists(path):
             return None
-        store = TrackingStore.open_readonly(path)
+        store = open_readonly(path)
         if store.task_hash is not None and store.task_hash != layout_hash(task._store_layout()):
             self.notes[task.task_id].append(
                 f"the store at {path} belongs to another layout (another ROI or block size): "

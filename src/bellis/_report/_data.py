@@ -2,7 +2,7 @@
 
 A PATH is a task's tracking store (a directory whose ``zarr.json`` is a group with a
 ``done`` array) or a folder that holds several (a pipeline's tracking basedir). Each
-store is opened read-only (:meth:`TrackingStore.open_readonly`), so this works while a
+store is opened read-only (``_tracking.open_readonly``), so this works while a
 run writes it and on stores written by daisy 2.0.0. A store of up to ``COPY_CELLS`` cells
 has its arrays copied once; a larger one keeps its read-only maps (nothing is copied
 whole), its counts come from one pass in slabs (:func:`read_status`) and its volume
@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._donemarks import BlockStore
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import (
     STAT_ARRAYS,
     StoreLayout,
-    TrackingStore,
     find_stores as _find_stores,
     format_roi,
     is_store,
+    open_readonly,
     read_status,
 )
 from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
@@ -234,7 +235,7 @@ def _tuple(v: Any, n: int) -> tuple[int, ...] | None:
 def load_store(path: Path) -> StoreData:
     """Snapshot the store at ``path`` (read-only)."""
     holder = lock_holder(path)
-    with TrackingStore.open_readonly(path) as store:
+    with open_readonly(path) as store:
         grid = tuple(store.grid_shape)
         maps: dict[str, Any] | None = None
         counts: tuple[int, int, int] | None = None
@@ -306,7 +307,7 @@ def load_store(path: Path) -> StoreData:
 
 
 def _code_versions(
-    store: TrackingStore, done: NDArray[np.bool_], small: bool, n_done: int
+    store: BlockStore, done: NDArray[np.bool_], small: bool, n_done: int
 ) -> tuple[list[dict[str, Any]], NDArray[np.float32] | None]:
     """The done blocks per code version, and (a small store) each cell's version number."""
     codes = store.code_versions()

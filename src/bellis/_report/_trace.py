@@ -39,7 +39,12 @@ from numpy.typing import NDArray
 
 from .._block import NO_WORKER
 from .._stats._runlog import read_runs
-from .._tracking import StoreLayout, TrackingStore, find_stores as _find_stores, is_store
+from .._tracking import (
+    StoreLayout,
+    find_stores as _find_stores,
+    is_store,
+    open_readonly,
+)
 from ..errors import TrackingError
 
 __all__ = ["build_trace", "find_stores", "write_trace"]
@@ -94,7 +99,7 @@ class _Store:
 
 
 def _load(path: Path, root: Path) -> _Store:
-    with TrackingStore.open_readonly(path) as store:
+    with open_readonly(path) as store:
         done = np.array(store.done).reshape(-1) != 0
         failures = np.array(store.failures, dtype=np.uint64).reshape(-1)
         arrays = {

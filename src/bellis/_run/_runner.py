@@ -42,7 +42,7 @@ from .._stats._reports import (
 from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
-from .._tracking import TrackingStore, write_outputs_record
+from .._tracking import open_store, write_outputs_record
 from .._worker._client import Context
 from ..errors import (
     BellisDeprecationWarning,
@@ -107,7 +107,7 @@ def _open_stores(
         # (the run's report and the resource arrays are written through this path later)
         path = Path(os.path.abspath(path))
         try:
-            stores[t.task_id] = TrackingStore.open(
+            stores[t.task_id] = open_store(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
             if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)

@@ -8,8 +8,9 @@ It is the only owner of the done markers: the rest of the package reaches a stor
 never opens the arrays itself.
 
 Owns:
-  ``_backends`` which kind of store a path holds: ``is_store``, ``find_stores``,
-                ``open_readonly``, ``backend_for`` (local directories, so far)
+  ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
+                ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
+                directories, so far)
   ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
   ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
@@ -26,7 +27,14 @@ by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker`` or
 ``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
 """
 
-from ._backends import backend_for, find_stores, is_store, open_readonly
+from ._backends import (
+    backend_for,
+    find_stores,
+    is_store,
+    open_readonly,
+    open_store,
+    store_exists,
+)
 from ._disk import is_run_in_progress, read_lock_holder
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
@@ -59,10 +67,12 @@ __all__ = [
     "is_store",
     "layout_hash",
     "open_readonly",
+    "open_store",
     "read_lock_holder",
     "read_outputs_record",
     "read_status",
     "render_status",
     "status_record",
+    "store_exists",
     "write_outputs_record",
 ]

@@ -15,16 +15,42 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
-from .._donemarks import StoreBackend
+from .._donemarks import BlockStore, StoreBackend
+from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
 from ._store import TrackingStore
 
-__all__ = ["LocalStores", "backend_for", "find_stores", "is_store", "open_readonly"]
+__all__ = [
+    "LocalStores",
+    "TrackingBackend",
+    "backend_for",
+    "find_stores",
+    "is_store",
+    "open_readonly",
+    "open_store",
+    "store_exists",
+]
+
+
+class TrackingBackend(StoreBackend, Protocol):
+    """A backend as ``_tracking`` sees it: a :class:`StoreBackend` that also opens a store
+    for a run (the layout is ``_tracking``'s own type, so this part lives here)."""
+
+    def open(
+        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+    ) -> BlockStore:
+        """Open (create, check, migrate) the store at ``path`` for a run of ``layout``,
+        holding it for that run until it closes."""
+        ...
 
 
 class LocalStores:
     """Tracking stores in local directories: a zarr v3 group with a ``done`` array."""
+
+    def exists(self, path: Path) -> bool:
+        return (path / "zarr.json").exists()
 
     def is_store(self, path: Path) -> bool:
         try:
@@ -62,6 +88,13 @@ class LocalStores:
     def open_readonly(self, path: Path) -> TrackingStore:
         return TrackingStore.open_readonly(path)
 
+    def open(
+        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+    ) -> TrackingStore:
+        return TrackingStore.open(
+            path, layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+        )
+
     def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
         return _clear_done(path, grid, cells)
 
@@ -69,9 +102,15 @@ class LocalStores:
 _LOCAL = LocalStores()
 
 
-def backend_for(path: str | os.PathLike[str]) -> StoreBackend:
+def backend_for(path: str | os.PathLike[str]) -> TrackingBackend:
     """The backend of the store at ``path`` (a local directory: the only kind so far)."""
     return _LOCAL
+
+
+def store_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether something at ``path`` claims to be a store: a folder to open as one (and
+    to get its error from), not to search for stores below."""
+    return backend_for(path).exists(Path(path))
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:
@@ -84,6 +123,22 @@ def find_stores(root: str | os.PathLike[str], max_depth: int | None = None) -> l
     return list(backend_for(root).find_stores(Path(root), max_depth))
 
 
-def open_readonly(path: str | os.PathLike[str]) -> TrackingStore:
-    """Open the store at ``path`` for reading; safe while a run writes it."""
-    return TrackingStore.open_readonly(path)
+def open_readonly(path: str | os.PathLike[str]) -> BlockStore:
+    """Open the store at ``path`` for reading; safe while a run writes it. Raises
+    :class:`~bellis.errors.TrackingError` when it holds no valid store."""
+    return backend_for(path).open_readonly(Path(path))
+
+
+def open_store(
+    path: str | os.PathLike[str],
+    layout: StoreLayout,
+    *,
+    resource_tracking: bool,
+    defer_stats: bool = False,
+) -> BlockStore:
+    """Open the store at ``path`` for a run of ``layout`` (created if absent, checked,
+    migrated to a grown volume), holding its run lock until it closes
+    (:meth:`TrackingStore.open`)."""
+    return backend_for(path).open(
+        Path(path), layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+    )
