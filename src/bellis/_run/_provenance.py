@@ -23,11 +23,12 @@ in dependency order; per task with a store it computes
   upstream run is later than the task's earliest);
 
 and applies the task's ``on_code_change``: ``"warn"`` (default) keeps them, with one
-WARNING and one summary line; ``"rerun"`` clears their done markers, so they run again
-in this run after what they read, and count in turn as "runs in this run" for the tasks
-below; ``"error"`` raises :class:`~bellis.errors.CodeChangedError` before anything is
-written. Tasks without a store are never stale and make nothing stale (nothing records
-when their blocks ran), and neither do blocks that a ``check_function`` may skip.
+WARNING and one summary line; ``"rerun"`` clears their done markers
+(``BlockStore.clear_done``), so they run again in this run after what they read, and
+count in turn as "runs in this run" for the tasks below; ``"error"`` raises
+:class:`~bellis.errors.CodeChangedError` before anything is written. Tasks without a
+store are never stale and make nothing stale (nothing records when their blocks ran), and
+neither do blocks that a ``check_function`` may skip.
 
 A ``check_function`` says that a block's output exists, not which code made it. With
 ``"rerun"`` the blocks cleared as stale are not passed to it (``CodePlan.unchecked``,
@@ -35,7 +36,7 @@ the scheduler's ``_unchecked``): they run, and count as "runs in this run" below
 blocks not done whose ``code_version`` names a run (a rerun cleared them and was stopped
 before they ran again) count as made for such a task (:meth:`_TaskCode.made`), so the
 next ``"rerun"`` finds them stale too. A check skip keeps the block's ``code_version``
-(``TrackingStore.record_skip``). :func:`finish_code` counts, after the run, the cleared
+(``BlockStore.record_skip``). :func:`finish_code` counts, after the run, the cleared
 blocks that ran, for the summary.
 
 :func:`record_code` then (after the scheduler, and in a distributed run while the
