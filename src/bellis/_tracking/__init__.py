@@ -22,9 +22,9 @@ Owns:
                 ``verify.json``, what the last verify found
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
 
-May import: the plumbing (``errors``) and the model (``_block``). Must never be imported
-by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker`` or
-``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
+May import: the plumbing (``errors``) and the model (``_block``, ``_donemarks``). Must
+never be imported by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker``
+or ``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
 """
 
 from ._backends import (
