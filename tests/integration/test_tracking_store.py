@@ -1208,7 +1208,7 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
     )
 
     with TrackingStore.open(store_path, LAYOUT, resource_tracking=False) as store:
-        assert store.code_versions() is None and store.code_view() is None
+        assert store.code_versions() is None and store.hot_writer().code is None  # type: ignore[union-attr]
         index, table = register(store_path, {"hash": "aa", "functions": {"f": "1"}}, 1.0)
         assert index == 1 and table[0]["first_seen"] == 1.0
         # one entry per run: the same code in a later run gets its own index, same_as
@@ -1219,9 +1219,10 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
         assert made_at(table)[[0, 1, 2, 3]].tolist() == [-np.inf, 1.0, 2.0, -np.inf]
         store.use_code_version(index)
         store.record_success(0, None, -1, 0.0, 0.0)
-        view = store.code_view()
-        view[5] = 1
-        store.done_view()[5] = 1  # type: ignore[index]
+        writer = store.hot_writer()
+        assert writer is not None and writer.code is not None and writer.code_index == 1
+        writer.code[5] = 1
+        writer.done[5] = 1
     assert (store_path / "code_version" / "zarr.json").is_file()
     assert chunk(store_path, "code_version", 2).stat().st_size == 24
     codes = chunk_values(store_path, "code_version", "uint16", (3, 4))
@@ -1254,3 +1255,41 @@ def test_code_version_is_created_on_first_use_and_written_before_done(store_path
     assert register(store_path, {"hash": "cc"}, 4.0)[0] == 1
     (store_path / "code_versions.json").unlink()
     assert register(store_path, {"hash": "cc"}, 4.0, floor=3)[0] == 4
+
+
+# -- the one owner of the done markers (bellis._donemarks) --------------------------------
+
+
+def test_done_markers_are_written_and_cleared_only_through_the_store(store_path: Path) -> None:
+    from bellis._tracking import find_stores, is_store, open_readonly, open_store, store_exists
+
+    assert not store_exists(store_path) and not is_store(store_path)
+    with open_store(store_path, LAYOUT, resource_tracking=False) as store:
+        writer = store.hot_writer()
+        assert writer is not None and writer.code is None and writer.code_index == 0
+        writer.done[1] = 1
+        store.record_success(2, None, -1, 0.0, 0.0)
+        store.record_skip(5)
+        assert store.use_code({"hash": "aa"}, 1.0) == 1
+        again = store.hot_writer()
+        assert again is not None and again.code is not None and again.code_index == 1
+        again.code[7] = again.code_index
+        again.done[7] = 1
+        # cells outside the grid and repeats are ignored; only done ones count
+        assert store.clear_done([2, 2, 3, -1, 10**6]) == 1
+    assert chunk_values(store_path, "done", "uint8", (3, 4)).reshape(-1).tolist() == [
+        0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0,
+    ]  # fmt: skip
+    assert chunk_values(store_path, "code_version", "uint16", (3, 4)).reshape(-1)[7] == 1
+    assert store_exists(store_path) and is_store(store_path)
+    assert find_stores(store_path.parent) == [store_path]
+    with open_readonly(store_path) as ro:
+        assert ro.hot_writer() is None
+        with pytest.raises(TrackingError, match="read-only"):
+            ro.clear_done([1])
+        # a dry run's scratch copy takes clears; the store on disk keeps its markers
+        scratch = ro.scratch()
+        assert scratch.clear_done([1, 5]) == 2
+        assert not scratch.is_done(1) and ro.is_done(1)
+        assert ro.code_table()[0]["hash"] == "aa"
+    assert chunk_values(store_path, "done", "uint8", (3, 4)).reshape(-1)[[1, 5]].tolist() == [1, 1]

@@ -36,7 +36,7 @@ TOP_LEVEL = {
         "_seams",
     },
     # the model: blocks, grids, task states, skip masks
-    "model": {"_block", "_graph", "_bulk", "_state", "_skipmask"},
+    "model": {"_block", "_graph", "_bulk", "_state", "_skipmask", "_donemarks"},
     "protocol": {"_protocol"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
     "task": {"_task", "_task_params"},
@@ -67,7 +67,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": {"plumbing"},
     "protocol": {"plumbing", "model"},
     "_tracking": {"plumbing", "model"},
-    "_stats": {"plumbing", "model"},
+    "_stats": {"plumbing", "model", "_tracking"},
     "_outputs": {"plumbing", "model", "_tracking"},
     "task": {"plumbing", "model", "_tracking", "_stats", "_outputs"},
     "_scheduling": {"plumbing", "model", "protocol", "task", "_stats", "_outputs"},

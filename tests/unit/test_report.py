@@ -412,6 +412,7 @@ def _store(tmp_path: Path, grid: tuple[int, ...], *, stamps: bool = True) -> Pat
     zarr.open_group(root, mode="w")
     dtypes = {
         "done": "uint8",
+        "failures": "uint32",  # every store has it (SPEC §4.2)
         "wall_seconds": "float32",
         "cpu_seconds": "float32",
         "peak_rss_bytes": "uint64",

@@ -21,7 +21,7 @@ from .._stats._errorlog import (
     read_errors,
     records_of_run,
 )
-from .._tracking import StoreLayout, TrackingStore
+from .._tracking import StoreLayout, open_readonly, store_exists
 from ..errors import TrackingError
 
 __all__ = ["error_folders", "format_block", "format_failed", "parse_coord"]
@@ -60,7 +60,7 @@ def _locate(folder: Path, text: str, wanted: tuple[int, ...] | int) -> dict[str,
     """The block ``wanted`` names in the store at ``folder``: its coordinate, its id,
     whether it is done and its failed attempts; a TrackingError naming the grid when
     ``wanted`` has the wrong rank, lies outside the grid or is a cell of no block."""
-    with TrackingStore.open_readonly(folder) as store:
+    with open_readonly(folder) as store:
         grid = tuple(int(g) for g in store.grid_shape)
         layout = StoreLayout.from_record(store.record)
         if layout is not None and tuple(layout.grid_shape) != grid:
@@ -107,11 +107,11 @@ def error_folders(path: str | Path) -> list[Path]:
         raise TrackingError(f"no such file or folder: {p}", path=str(p))
     if p.is_file():
         return [p.parent]
-    if (p / ERRORS_FILE).exists() or (p / "zarr.json").exists():
+    if (p / ERRORS_FILE).exists() or store_exists(p):
         return [p]
     found = sorted(c for c in p.iterdir() if c.is_dir() and (c / ERRORS_FILE).exists())
     if not found:
-        found = sorted(c for c in p.iterdir() if c.is_dir() and (c / "zarr.json").exists())
+        found = sorted(c for c in p.iterdir() if c.is_dir() and store_exists(c))
     if not found:
         raise TrackingError(f"no error records ({ERRORS_FILE}) under {p}", path=str(p))
     return found
@@ -226,7 +226,7 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
     refused: list[TrackingError] = []
     for folder in folders:
         state: dict[str, Any] | None = None
-        if (folder / "zarr.json").exists():
+        if store_exists(folder):
             try:
                 state = _locate(folder, text, wanted)
             except TrackingError as exc:

@@ -141,7 +141,7 @@ def _take_ctrl_c() -> None:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from .._report._data import find_stores
-    from .._tracking import format_status, read_status, status_record
+    from .._tracking import format_status, read_status, status_record, store_exists
     from ..errors import TrackingError
 
     try:
@@ -163,7 +163,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             from ._watch import watch_status
 
             path = Path(args.path)
-            if path.is_dir() and not (path / "zarr.json").exists():
+            if path.is_dir() and not store_exists(path):
                 try:
                     stores = find_stores([path])  # a basedir: name what it holds
                 except TrackingError:
@@ -188,7 +188,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 return json.dumps(status_record(read_status(store)), indent=1)
             return format_status(store, max_width=args.width)
 
-        if not (path.is_dir() and not (path / "zarr.json").exists()):
+        if not (path.is_dir() and not store_exists(path)):
             print(show(path))  # one task's store
             return 0
         # a tracking basedir: every task's store under it, in name order; one that cannot

@@ -27,12 +27,12 @@ def _stores(paths: list[str]) -> list[Path]:
     outputs (the others are named on stderr: a pipeline's basedir holds tasks with nothing
     to verify)."""
     from .._report._data import find_stores
-    from .._tracking import read_outputs_record
+    from .._tracking import read_outputs_record, store_exists
 
     out: list[Path] = []
     for p in paths:
         path = Path(p)
-        if path.is_dir() and not (path / "zarr.json").exists():
+        if path.is_dir() and not store_exists(path):
             for store in find_stores([path]):
                 record = read_outputs_record(store) or {}
                 if record.get("verify_outputs") or (store / "output_checksum").is_dir():

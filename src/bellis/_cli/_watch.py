@@ -36,6 +36,7 @@ from .._report._panel import format_duration
 from .._tracking import (
     StatusSnapshot,
     is_run_in_progress,
+    is_store,
     read_lock_holder,
     read_status,
     render_status,
@@ -119,7 +120,7 @@ def _wait_for_store(
     """Return once ``root`` holds a store (its group and ``done`` array written), saying
     once on ``err`` that the watch waits for a run to create it."""
     said = False
-    while not ((root / "zarr.json").is_file() and (root / "done" / "zarr.json").is_file()):
+    while not is_store(root):
         if not said and err is not None:
             err.write(
                 f"bellis status: no tracking store at {root} yet; waiting for a run to create "

@@ -314,10 +314,10 @@ class _Store:
 
     def load(self) -> None:
         """(Re)read the layout, the done markers and the checksums."""
-        from .._tracking import StoreLayout, TrackingStore
+        from .._tracking import StoreLayout, open_readonly
 
         path = self.path
-        store = TrackingStore.open_readonly(path)
+        store = open_readonly(path)
         try:
             layout = StoreLayout.from_record(store.record)
             if layout is None or layout.grid_shape != store.grid_shape:
@@ -497,7 +497,10 @@ def _verify_one(store: _Store, workers: int) -> VerifyResult:
 def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
     """Clear the mismatched blocks of ``result`` and their downstream readers; returns the
     cleared count per store path."""
-    from .._tracking._reset import clear_done
+    from .._tracking import backend_for, store_exists
+
+    def clear_done(path: Path, grid: tuple[int, ...], cells: list[int]) -> int:
+        return backend_for(path).clear_done(path, grid, cells)
 
     store = stores[Path(result.path)]
     cells = [m.cell for m in result.mismatches if m.kind in (MISSING, CHANGED)]
@@ -513,7 +516,7 @@ def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
         tid, path = entry.get("task_id"), entry.get("tracking")
         if not isinstance(tid, str):
             continue
-        if isinstance(path, str) and (Path(path) / "zarr.json").exists():
+        if isinstance(path, str) and store_exists(path):
             down = stores.get(Path(path)) or _Store(Path(path))
             below[tid] = down
             geoms[tid] = down.geom

@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from .._donemarks import BlockStore
 from .._run._provenance import check_code
 from .._run._runner import RunPlan
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
 from .._task import Task
 from .._task_params import budget_units
-from .._tracking import STAT_ARRAYS, TrackingStore, layout_hash
+from .._tracking import STAT_ARRAYS, layout_hash, open_readonly, store_exists
 from .._tracking._disk import free_bytes, unreserved_bytes
 from .._tracking._files import chunk_files
 from .._tracking._layout import BASE_ARRAYS
@@ -39,7 +40,7 @@ class DryRun:
 
     def __init__(self, run_plan: RunPlan) -> None:
         self.run_plan = run_plan
-        self.stores: dict[str, TrackingStore] = {}
+        self.stores: dict[str, BlockStore] = {}
         self.notes: dict[str, list[str]] = {t.task_id: [] for t in run_plan.tasks}
         #: what the real run would raise at its start (on_code_change="error"), as text
         self.warnings: list[str] = []
@@ -49,7 +50,7 @@ class DryRun:
                 if store is not None:
                     self.stores[t.task_id] = store
             #: the stores as the run's scheduler would find them, after check_code
-            self.seen = {tid: _StoreAsRunSees(s) for tid, s in self.stores.items()}
+            self.seen = {tid: s.scratch() for tid, s in self.stores.items()}
             #: blocks "rerun" clears as stale, which a run never asks the check_function about
             self.unchecked: dict[str, np.ndarray[Any, Any]] = {}
             self._check_code()
@@ -60,11 +61,11 @@ class DryRun:
             self.close()
             raise
 
-    def _open_store(self, task: Task) -> TrackingStore | None:
+    def _open_store(self, task: Task) -> BlockStore | None:
         path = task.resolved_tracking_path()
-        if path is None or not (Path(path) / "zarr.json").exists():
+        if path is None or not store_exists(path):
             return None
-        store = TrackingStore.open_readonly(path)
+        store = open_readonly(path)
         if store.task_hash is not None and store.task_hash != layout_hash(task._store_layout()):
             self.notes[task.task_id].append(
                 f"the store at {path} belongs to another layout (another ROI or block size): "
@@ -181,19 +182,6 @@ class DryRun:
         out = Plan(self.run_plan.mode, [self.outlook(r) for r in self.scheduler.runs])
         out.warnings.extend(self.warnings)
         return out
-
-
-class _StoreAsRunSees:
-    """A store opened read-only, with its done markers as a private copy: what the run's
-    scheduler would find after ``check_code`` cleared the blocks ``on_code_change="rerun"``
-    runs again. Everything else is the store's own (read-only)."""
-
-    def __init__(self, store: TrackingStore) -> None:
-        self._store = store
-        self.done: np.ndarray[Any, Any] = np.array(store.done)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
 
 def _existing_parent(path: Path) -> Path:

@@ -59,7 +59,7 @@ from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB, recommended_memory
 from .._stats._forecast_score import sample_run, write_forecast
 from .._task import Pipeline, Task
-from .._tracking import TrackingStore, layout_hash
+from .._tracking import layout_hash, open_readonly, open_store, store_exists
 from .._tracking._layout import plan_growth
 from ..errors import ConfigurationError
 from . import _costs
@@ -105,15 +105,15 @@ def _follow_grown_volumes(rp: RunPlan) -> None:
     ``LayoutMismatch`` for it, as the real run would)."""
     for t in rp.tasks:
         path = t.resolved_tracking_path()
-        if path is None or not (Path(path) / "zarr.json").exists():
+        if path is None or not store_exists(path):
             continue
         layout = t._store_layout()
-        with TrackingStore.open_readonly(path) as store:
+        with open_readonly(path) as store:
             grown = store.task_hash is not None and store.task_hash != layout_hash(layout)
             if grown:
                 grown = not isinstance(plan_growth(store.record, layout), str)
         if grown:
-            TrackingStore.open(path, layout, resource_tracking=t.resource_tracking).close()
+            open_store(path, layout, resource_tracking=t.resource_tracking).close()
 
 
 def _window(report: dict[str, Any]) -> tuple[float, float] | None:

@@ -2,7 +2,7 @@
 
 A PATH is a task's tracking store (a directory whose ``zarr.json`` is a group with a
 ``done`` array) or a folder that holds several (a pipeline's tracking basedir). Each
-store is opened read-only (:meth:`TrackingStore.open_readonly`), so this works while a
+store is opened read-only (``_tracking.open_readonly``), so this works while a
 run writes it and on stores written by daisy 2.0.0. A store of up to ``COPY_CELLS`` cells
 has its arrays copied once; a larger one keeps its read-only maps (nothing is copied
 whole), its counts come from one pass in slabs (:func:`read_status`) and its volume
@@ -26,9 +26,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._donemarks import BlockStore
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
-from .._tracking import STAT_ARRAYS, StoreLayout, TrackingStore, format_roi, read_status
+from .._tracking import (
+    STAT_ARRAYS,
+    StoreLayout,
+    find_stores as _find_stores,
+    format_roi,
+    is_store,
+    open_readonly,
+    read_status,
+)
 from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
 from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
@@ -48,18 +57,6 @@ _MAX_DEPTH = 4
 COPY_CELLS = 1 << 24
 
 
-def _is_store(path: Path) -> bool:
-    try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(meta, dict)
-        and meta.get("node_type") == "group"
-        and (path / "done" / "zarr.json").is_file()
-    )
-
-
 def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
     """The tracking stores at or under each path, in path order then name order.
 
@@ -70,31 +67,14 @@ def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
         p = Path(raw)
         if not p.exists():
             raise TrackingError(f"report path {os.fspath(raw)!r} does not exist", path=str(p))
-        if _is_store(p):
-            found.append(p)
-            continue
-        inside: list[Path] = []
-        frontier = [p]
-        for _ in range(_MAX_DEPTH):
-            nxt: list[Path] = []
-            for d in frontier:
-                try:
-                    children = sorted(c for c in d.iterdir() if c.is_dir())
-                except OSError:
-                    continue
-                for c in children:
-                    if _is_store(c):
-                        inside.append(c)
-                    else:
-                        nxt.append(c)
-            frontier = nxt
+        inside = _find_stores(p, _MAX_DEPTH)
         if not inside:
             raise TrackingError(
                 f"no tracking store at or under {os.fspath(raw)!r}: give a task's tracking "
                 "directory (it holds zarr.json and done/) or the tracking basedir of a pipeline",
                 path=str(p),
             )
-        found.extend(sorted(inside))
+        found.extend(inside)
     unique: list[Path] = []
     for s in found:
         if s.resolve() not in {u.resolve() for u in unique}:
@@ -255,7 +235,7 @@ def _tuple(v: Any, n: int) -> tuple[int, ...] | None:
 def load_store(path: Path) -> StoreData:
     """Snapshot the store at ``path`` (read-only)."""
     holder = lock_holder(path)
-    with TrackingStore.open_readonly(path) as store:
+    with open_readonly(path) as store:
         grid = tuple(store.grid_shape)
         maps: dict[str, Any] | None = None
         counts: tuple[int, int, int] | None = None
@@ -327,7 +307,7 @@ def load_store(path: Path) -> StoreData:
 
 
 def _code_versions(
-    store: TrackingStore, done: NDArray[np.bool_], small: bool, n_done: int
+    store: BlockStore, done: NDArray[np.bool_], small: bool, n_done: int
 ) -> tuple[list[dict[str, Any]], NDArray[np.float32] | None]:
     """The done blocks per code version, and (a small store) each cell's version number."""
     codes = store.code_versions()
@@ -367,7 +347,7 @@ def load_stores(paths: list[str | os.PathLike[str]]) -> list[StoreData]:
 
 def from_task_report(report: TaskReport) -> StoreData:
     """A report's store, or (no store) its run line alone."""
-    if report.store_path is not None and _is_store(report.store_path):
+    if report.store_path is not None and is_store(report.store_path):
         return load_store(report.store_path)
     empty_b: NDArray[np.bool_] = np.zeros(0, dtype=bool)
     empty_u: NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)

@@ -39,7 +39,12 @@ from numpy.typing import NDArray
 
 from .._block import NO_WORKER
 from .._stats._runlog import read_runs
-from .._tracking import StoreLayout, TrackingStore
+from .._tracking import (
+    StoreLayout,
+    find_stores as _find_stores,
+    is_store,
+    open_readonly,
+)
 from ..errors import TrackingError
 
 __all__ = ["build_trace", "find_stores", "write_trace"]
@@ -63,13 +68,11 @@ def find_stores(path: str | os.PathLike[str]) -> list[Path]:
     Raises :class:`TrackingError` when there is none.
     """
     root = Path(path)
-    if _is_store(root):
+    if is_store(root):
         return [root]
     if not root.is_dir():
         raise TrackingError(f"no tracking store at {os.fspath(path)} (no such directory)")
-    found = sorted(
-        p.parent for p in root.rglob("zarr.json") if p.parent != root and _is_store(p.parent)
-    )
+    found = _find_stores(root)
     if not found:
         raise TrackingError(
             f"no tracking store at {os.fspath(path)}: neither it nor a folder below it holds "
@@ -77,18 +80,6 @@ def find_stores(path: str | os.PathLike[str]) -> list[Path]:
             "the tracking basedir"
         )
     return found
-
-
-def _is_store(p: Path) -> bool:
-    try:
-        meta = json.loads((p / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(meta, dict)
-        and meta.get("node_type") == "group"
-        and (p / "done" / "zarr.json").is_file()
-    )
 
 
 @dataclass
@@ -108,7 +99,7 @@ class _Store:
 
 
 def _load(path: Path, root: Path) -> _Store:
-    with TrackingStore.open_readonly(path) as store:
+    with open_readonly(path) as store:
         done = np.array(store.done).reshape(-1) != 0
         failures = np.array(store.failures, dtype=np.uint64).reshape(-1)
         arrays = {

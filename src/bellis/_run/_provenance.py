@@ -23,11 +23,12 @@ in dependency order; per task with a store it computes
   upstream run is later than the task's earliest);
 
 and applies the task's ``on_code_change``: ``"warn"`` (default) keeps them, with one
-WARNING and one summary line; ``"rerun"`` clears their done markers, so they run again
-in this run after what they read, and count in turn as "runs in this run" for the tasks
-below; ``"error"`` raises :class:`~bellis.errors.CodeChangedError` before anything is
-written. Tasks without a store are never stale and make nothing stale (nothing records
-when their blocks ran), and neither do blocks that a ``check_function`` may skip.
+WARNING and one summary line; ``"rerun"`` clears their done markers
+(``BlockStore.clear_done``), so they run again in this run after what they read, and
+count in turn as "runs in this run" for the tasks below; ``"error"`` raises
+:class:`~bellis.errors.CodeChangedError` before anything is written. Tasks without a
+store are never stale and make nothing stale (nothing records when their blocks ran), and
+neither do blocks that a ``check_function`` may skip.
 
 A ``check_function`` says that a block's output exists, not which code made it. With
 ``"rerun"`` the blocks cleared as stale are not passed to it (``CodePlan.unchecked``,
@@ -35,7 +36,7 @@ the scheduler's ``_unchecked``): they run, and count as "runs in this run" below
 blocks not done whose ``code_version`` names a run (a rerun cleared them and was stopped
 before they ran again) count as made for such a task (:meth:`_TaskCode.made`), so the
 next ``"rerun"`` finds them stale too. A check skip keeps the block's ``code_version``
-(``TrackingStore.record_skip``). :func:`finish_code` counts, after the run, the cleared
+(``BlockStore.record_skip``). :func:`finish_code` counts, after the run, the cleared
 blocks that ran, for the summary.
 
 :func:`record_code` then (after the scheduler, and in a distributed run while the
@@ -47,16 +48,18 @@ that one uint16, written before the done byte.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .._bulk import block_view, downstream_readers
+from .._donemarks import BlockStore
 from .._fingerprint import Fingerprint, differences, fingerprint
 from .._scheduling._task_run import DONE as _DONE
 from .._task import Task, topological_order
-from .._tracking._codever import code_counts, made_at, read_table, register, resolve
+from .._tracking._codever import code_counts, made_at, resolve
 from ..errors import CodeChangedError
 
 __all__ = ["CodePlan", "check_code", "code_summary", "finish_code", "record_code"]
@@ -95,7 +98,7 @@ class _TaskCode:
     are made when first asked for (one byte per block each): a task that no task below
     it reads, with nothing stale, costs one scan of its code indices."""
 
-    def __init__(self, task: Task, store: Any) -> None:
+    def __init__(self, task: Task, store: BlockStore) -> None:
         self.task = task
         self.store = store
         #: "rerun" with a check_function: blocks made by other code whose done markers an
@@ -123,6 +126,16 @@ class _TaskCode:
 
     def block_cells(self, array: Any) -> tuple[Any, tuple[slice, ...]]:
         return block_view(self.task._geom, array.reshape(self.store.grid_shape))
+
+    def stale_cells(self) -> np.ndarray[Any, Any]:
+        """The flat cells of the :attr:`stale` blocks in the store's tracking grid."""
+        assert self.stale is not None
+        grid = self.store.grid_shape
+        _view, dst = self.block_cells(self.store.done)
+        hit = np.nonzero(self.stale[dst])
+        shift = self.task._geom.sid_shift
+        coords = tuple(c.astype(np.intp) + s for c, s in zip(hit, shift, strict=True))
+        return np.ravel_multi_index(coords, grid).astype(np.intp)
 
     def done(self) -> np.ndarray[Any, Any]:
         """The done blocks, as the scheduler will find them (after a rerun's clears)."""
@@ -192,7 +205,7 @@ def _own_state(info: _TaskCode) -> None:
     if codes is None:
         info.present = [0] if store.done.any() else []
         return
-    table = read_table(store.path)
+    table = store.code_table()
     full = resolve(table)
     info.times = made_at(table)
     info.codes = info.block_cells(codes)
@@ -309,7 +322,10 @@ def _note(info: _TaskCode) -> str:
 
 
 def check_code(
-    tasks: list[Task], edges: list[tuple[Task, Task]], stores: dict[str, Any], started: float
+    tasks: list[Task],
+    edges: list[tuple[Task, Task]],
+    stores: Mapping[str, BlockStore],
+    started: float,
 ) -> CodePlan:
     """Find the stale done blocks of every task with a store and apply each task's
     ``on_code_change`` (see the module docstring). ``started``: the run's start, UNIX
@@ -349,8 +365,7 @@ def check_code(
         if not (info.own or info.reads):
             continue
         if info.task._on_code_change == "rerun" and info.stale is not None:
-            view, dst = info.block_cells(info.store.done)
-            view[info.stale[dst]] = 0
+            info.store.clear_done(info.stale_cells())
         plan.notes[info.task.task_id] = _note(info)
     return plan
 
@@ -360,7 +375,7 @@ def record_code(plan: CodePlan, runs: list[Any]) -> None:
     the store's code-version table and have its blocks recorded with its index."""
     for run in runs:
         store = run.store
-        if store is None or not hasattr(store, "use_code_version"):
+        if store is None or not store.is_writable:
             continue
         t = run.task
         fp = plan.fingerprints.get(run.task_id)
@@ -371,9 +386,8 @@ def record_code(plan: CodePlan, runs: list[Any]) -> None:
         if fp is None:
             fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t._version)
         floor = plan.floors.get(run.task_id, 0)
-        index, _table = register(store.path, fp.record(), plan.started, floor)
-        store.use_code_version(index)
-        run.code_fast, run.code_index = store.code_view(), store.code_index
+        index = store.use_code(fp.record(), plan.started, floor)
+        run.take_writer()
         plan.recorded[run.task_id] = {"hash": fp.hash, "index": index}
 
 

@@ -17,6 +17,7 @@ import cloudpickle
 
 from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
+from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
@@ -42,7 +43,7 @@ from .._stats._reports import (
 from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
-from .._tracking import TrackingStore, write_outputs_record
+from .._tracking import open_store, write_outputs_record
 from .._worker._client import Context
 from ..errors import (
     BellisDeprecationWarning,
@@ -84,7 +85,7 @@ def _open_stores(
     defer_stats: bool,
     edges: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    stores: dict[str, Any] = {}
+    stores: dict[str, BlockStore] = {}
     paths: dict[str, str | None] = {}
     if block_tracking and edges and any(t.outputs for t in order):
         for t in order:
@@ -107,7 +108,7 @@ def _open_stores(
         # (the run's report and the resource arrays are written through this path later)
         path = Path(os.path.abspath(path))
         try:
-            stores[t.task_id] = TrackingStore.open(
+            stores[t.task_id] = open_store(
                 path, layout, resource_tracking=t.resource_tracking, defer_stats=defer_stats
             )
             if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
@@ -126,7 +127,7 @@ def _open_stores(
     return stores
 
 
-def _close_stores(stores: dict[str, Any]) -> None:
+def _close_stores(stores: dict[str, BlockStore]) -> None:
     """Close every store, even when one fails to; the first failure is raised after."""
     first: BaseException | None = None
     for store in stores.values():
@@ -546,7 +547,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
 def _write_reports(
     plan: RunPlan,
     run: _Run,
-    stores: dict[str, Any],
+    stores: dict[str, BlockStore],
     started: float,
     finished: float,
     wall: float,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bellis._donemarks import BlockStore
 from bellis._scheduling._abandon import is_broken_reason
 from bellis._scheduling._task_run import DONE, FAILED
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
@@ -366,7 +367,9 @@ def settle_errors(errors: ErrorCollector, runs: Sequence[Any]) -> None:
         errors.settle(run.task_id, outcome)
 
 
-def error_logs(order: Sequence[Any], stores: dict[str, Any], run: float) -> dict[str, Any]:
+def error_logs(
+    order: Sequence[Any], stores: Mapping[str, BlockStore], run: float
+) -> dict[str, Any]:
     """Each task's ``errors.jsonl`` appender: in its store, else in its log folder (none
     in console mode without a store). The files are made at the first failure only."""
     logs: dict[str, Any] = {}

@@ -232,7 +232,7 @@ class MemoryPlan:
             self.run.oom_successes[grant] = self.run.oom_successes.get(grant, 0) + 1
             store = self.run.store
             cell = -1 if store is None else self.run.cell_of(k)
-            if cell >= 0:  # the block records keep the grant it succeeded with
+            if store is not None and cell >= 0:  # block records keep the grant it took
                 store.record_grant(cell, self.ladder.megabytes(step))
         elif scheduler.take_queued_index(self.run, k):
             self.waiting[s].append(k)

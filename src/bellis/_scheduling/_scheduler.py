@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .._block import Block, BlockStatus
 from .._bulk import add_product, edge_axis_counts, store_product, subtract_shifted, zeroed
+from .._donemarks import BlockStore
 from .._graph import InterTaskEdge
 from .._outputs._units import TaskWrites, plan_pipeline_writes
 from .._state import TaskState
@@ -91,7 +92,7 @@ class Scheduler:
         self,
         pipeline: Any,
         *,
-        _stores: dict[str, Any] | None = None,
+        _stores: Mapping[str, BlockStore] | None = None,
         _unchecked: dict[str, np.ndarray[Any, Any]] | None = None,
     ) -> None:
         if isinstance(pipeline, Task):
@@ -528,7 +529,7 @@ def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
     pre: np.ndarray[Any, Any] | None = None
     n_pre = 0
     store = run.store
-    if store is not None and not getattr(store, "created", False):
+    if store is not None and not store.created:
         view, dst = run.store_view(store.done)
         n_pre = int(np.count_nonzero(view))
         if n_pre:
@@ -558,7 +559,7 @@ def _failed_before(run: TaskRun) -> set[int] | None:
     """The blocks of ``run`` that failed in an earlier run and are not done: the store's
     ``failures`` count, read slab by slab (never a grid-size temporary); None when none."""
     store = run.store
-    if store is None or getattr(store, "created", False):
+    if store is None or store.created:
         return None
     failures, dst = run.store_view(store.failures)
     if failures.size == 0:

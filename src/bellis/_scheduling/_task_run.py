@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._bulk import block_view, store_product, zeroed
+from .._donemarks import BlockStore, CellWriter
 from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
@@ -144,11 +145,12 @@ class TaskRun:
         self.oom_successes: dict[str, int] = {}
         self.oom_failures = 0
         # tracking
-        self.store: Any = None
+        self.store: BlockStore | None = None
         self.cell_identity = True
-        self.done_fast: memoryview | None = None
-        #: where the fast path writes a done block's fingerprint index (``code_index``)
-        self.code_fast: Any = None
+        #: the store's hot-path writer (``BlockStore.hot_writer``), as three fields read per
+        #: block: the done markers, where a done block's code index goes, and the index
+        self.done_fast: CellWriter | None = None
+        self.code_fast: CellWriter | None = None
         self.code_index = 0
         self.cell_shift: tuple[int, ...] = ()
         self.cell_grid: tuple[int, ...] = ()
@@ -217,7 +219,7 @@ class TaskRun:
         )
 
     # -- tracking cells ----------------------------------------------------------------
-    def attach_store(self, store: Any) -> None:
+    def attach_store(self, store: BlockStore) -> None:
         g = self.geom
         self.store = store
         self.cell_shift = g.sid_shift
@@ -227,10 +229,18 @@ class TaskRun:
             strides[i] = strides[i + 1] * self.cell_grid[i + 1]
         self.cell_strides = tuple(strides)
         self.cell_identity = all(s == 0 for s in self.cell_shift) and self.cell_grid == g.grid
-        # blocks that return without measurements mark their cell done through this view
-        self.done_fast = store.done_view() if self.cell_identity else None
-        if hasattr(store, "code_view"):
-            self.code_fast, self.code_index = store.code_view(), store.code_index
+        self.take_writer()
+
+    def take_writer(self) -> None:
+        """Take the store's hot-path writer again (after ``BlockStore.use_code``): blocks
+        that return without measurements mark their cell done through it, where a block is
+        its cell; the others go through ``record_success``."""
+        writer = self.store.hot_writer() if self.store is not None else None
+        if writer is None or not self.cell_identity:
+            self.done_fast, self.code_fast, self.code_index = None, None, 0
+        else:
+            self.done_fast, self.code_fast = writer.done, writer.code
+            self.code_index = writer.code_index
 
     def cell_of(self, k: int) -> int:
         """Flat index of block ``k`` in the tracking grid, or -1 if not addressable."""

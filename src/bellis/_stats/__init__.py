@@ -9,7 +9,8 @@ Owns:
   ``_errorlog``     ``errors.jsonl``: the bounded error records of failed attempts
   ``_forecast_score``  a forecast left in a store, scored by the next run (its run line)
 
-May import: the plumbing and the model. A report's views (panel, page, notebook) live in
+May import: the plumbing, the model and ``_tracking`` (a report's per-block records and
+code versions are read through it). A report's views (panel, page, notebook) live in
 ``_report``, above this folder, and are reached through :mod:`bellis._seams`.
 
 Must never be imported by: the plumbing, the model, ``_protocol``, ``_tracking``,

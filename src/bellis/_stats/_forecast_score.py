@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .._donemarks import BlockStore
+
 __all__ = ["FORECAST_NAME", "read_forecast", "sample_run", "score_forecast", "write_forecast"]
 
 FORECAST_NAME = "forecast.json"
@@ -77,7 +79,7 @@ def _error_pct(predicted: Any, actual: Any) -> float | None:
     return 100.0 * (float(predicted) - float(actual)) / float(actual)
 
 
-def _run_p99_rss(store: Any, started_at: float) -> float | None:
+def _run_p99_rss(store: BlockStore | None, started_at: float) -> float | None:
     """p99 of the per-block peak RSS of the blocks this run returned (resource tracking)."""
     stats = store.stats if store is not None else {}
     rss, returned = stats.get("peak_rss_bytes"), stats.get("returned_at")
@@ -116,7 +118,7 @@ def _not_scored(record: dict[str, Any], tasks: list[str], complete: bool, left: 
 
 
 def score_forecast(
-    store: Any, run_line: dict[str, Any], *, tasks: list[str], complete: bool, left: int
+    store: BlockStore, run_line: dict[str, Any], *, tasks: list[str], complete: bool, left: int
 ) -> dict[str, Any] | None:
     """The ``forecast`` entry of ``run_line`` (the run just done of the task whose open
     tracking ``store`` this is; ``tasks``: the run's task ids; ``complete``: it completed

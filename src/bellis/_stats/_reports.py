@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from .. import _seams
-from .._block import NO_WORKER, STAMP_ARRAYS, STATS_ARRAYS, BlockStats
-from .._fingerprint import CODE_ARRAY_NAME, CODE_TABLE_NAME, version_counts
-from ..errors import TrackingError
+from .._block import NO_WORKER, STATS_ARRAYS, BlockStats
+from .._fingerprint import version_counts
+from .._tracking import is_store, open_readonly
+from .._tracking._codever import code_counts
 from ..logging import get_log_basedir, task_log_dirname
 from ._aggregates import (
     Stat,
@@ -276,65 +277,24 @@ class BlockRecord:
     attempts: tuple[ErrorRecord, ...] = ()
 
 
-def _open_store_array(store: Path, name: str) -> np.ndarray[Any, Any] | None:
-    """One array of a single-chunk Zarr v3 store, memory-mapped read-only; None if absent."""
-    meta_path = store / name / "zarr.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise TrackingError(f"cannot read {meta_path}: {exc}", path=str(store)) from exc
-    try:
-        shape = tuple(int(x) for x in meta["shape"])
-        dtype = np.dtype(str(meta["data_type"])).newbyteorder("<")
-        chunk = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape", shape)
-        codecs = meta.get("codecs", [{"name": "bytes"}])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TrackingError(
-            f"invalid array metadata in {meta_path}: {exc}", path=str(store)
-        ) from exc
-    endian = codecs[0].get("configuration", {}).get("endian", "little") if codecs else None
-    if tuple(chunk) != shape or len(codecs) != 1 or codecs[0].get("name") != "bytes":
-        raise TrackingError(
-            f"{meta_path}: only single-chunk arrays with the plain bytes codec can be read",
-            path=str(store),
-        )
-    if endian != "little" and dtype.itemsize > 1:
-        raise TrackingError(f"{meta_path}: big-endian arrays are not supported", path=str(store))
-    chunk_path = store.joinpath(name, "c", *("0" for _ in shape))
-    if not chunk_path.exists():
-        fill = meta.get("fill_value", 0)
-        return np.full(shape, float(fill) if isinstance(fill, str) else fill, dtype=dtype)
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if chunk_path.stat().st_size != expected:
-        raise TrackingError(
-            f"{chunk_path} holds {chunk_path.stat().st_size} bytes, expected {expected}",
-            path=str(store),
-        )
-    return np.memmap(chunk_path, dtype=dtype, mode="r", shape=shape)
-
-
 class _StoreArrays:
-    """The per-block arrays of one tracking store, memory-mapped read-only."""
+    """The per-block arrays of one tracking store, opened read-only by ``_tracking``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        done = _open_store_array(path, "done")
-        self.shape: tuple[int, ...] = () if done is None else tuple(done.shape)
-        self.done = None if done is None else done.reshape(-1)
+        self.shape: tuple[int, ...] = ()
+        self.done: np.ndarray[Any, Any] | None = None
         self.flat: dict[str, np.ndarray[Any, Any]] = {}
-        for name in (*STATS_ARRAYS, *STAMP_ARRAYS, "memory_grant_mb"):
-            a = _open_store_array(path, name) if done is not None else None
-            if a is None:
-                continue
-            if tuple(a.shape) != self.shape:
-                raise TrackingError(
-                    f"array {name!r} of {path} has shape {tuple(a.shape)}, "
-                    f"but 'done' has {self.shape}",
-                    path=str(path),
-                )
-            self.flat[name] = a.reshape(-1)
+        if not is_store(path):
+            return
+        store = open_readonly(path)
+        self.shape = tuple(store.grid_shape)
+        self.done = store.done.reshape(-1)
+        for name, array in store.stats.items():
+            self.flat[name] = array.reshape(-1)
+        grants = store.grants()
+        if grants is not None:
+            self.flat["memory_grant_mb"] = grants.reshape(-1)
 
     def _flat_index(self, coord: int | Sequence[int]) -> int:
         size = int(np.prod(self.shape))
@@ -578,34 +538,14 @@ class TaskReport:
         ``version_value`` and the table ``indices`` of its runs), then, if any, one with
         ``version`` None for blocks of unknown code (daisy 2.0.0, older bellis). [] for a
         task without a store or with no done block."""
-        if self.store_path is None:
+        if self.store_path is None or not is_store(self.store_path):
             return []
-        done = _open_store_array(self.store_path, "done")
-        if done is None:
-            return []
-        codes = _open_store_array(self.store_path, CODE_ARRAY_NAME)
-        flat = done.reshape(-1) != 0
-        counts: dict[int, int] = {}
-        if codes is not None:
-            per = np.bincount(codes.reshape(-1)[flat], minlength=1)
-            counts = {int(i): int(per[i]) for i in np.flatnonzero(per)}
-        elif flat.any():
-            counts = {0: int(np.count_nonzero(flat))}
-        table_path = self.store_path / CODE_TABLE_NAME
-        table: list[dict[str, Any]] = []
-        if codes is not None and table_path.exists():
-            try:
-                doc = json.loads(table_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise TrackingError(
-                    f"cannot read the code-version table {table_path}: {exc}",
-                    path=str(self.store_path),
-                ) from exc
-            versions = doc.get("versions") if isinstance(doc, dict) else None
-            table = [
-                v for v in versions or [] if isinstance(v, dict) and isinstance(v.get("index"), int)
-            ]
-        return version_counts(table, counts)
+        store = open_readonly(self.store_path)
+        codes = store.code_versions()
+        if codes is None:
+            n = int(np.count_nonzero(store.done))
+            return version_counts([], {0: n} if n else {})
+        return version_counts(store.code_table(), code_counts(store.done, codes))
 
     def block_records(self) -> Iterator[BlockRecord]:
         """Every block recorded as done, in grid (C) order."""

@@ -3,7 +3,14 @@
 This package sees plain integers and numpy only; the scheduler and runner translate
 blocks into tracking cells (:meth:`StoreLayout.tracking_cell`) before calling it.
 
+It is the only owner of the done markers: the rest of the package reaches a store through
+``bellis._donemarks`` (``BlockStore``, ``StoreBackend``) and the functions below, and
+never opens the arrays itself.
+
 Owns:
+  ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
+                ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
+                directories, so far)
   ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
   ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
@@ -15,11 +22,19 @@ Owns:
                 ``verify.json``, what the last verify found
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
 
-May import: the plumbing (``errors``) and the model (``_block``). Must never be imported
-by: the plumbing, the model, ``_protocol``, ``_stats``, ``_scheduling``, ``_worker`` or
-``_launchers``.
+May import: the plumbing (``errors``) and the model (``_block``, ``_donemarks``). Must
+never be imported by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker``
+or ``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
 """
 
+from ._backends import (
+    backend_for,
+    find_stores,
+    is_store,
+    open_readonly,
+    open_store,
+    store_exists,
+)
 from ._disk import is_run_in_progress, read_lock_holder
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
@@ -42,16 +57,22 @@ __all__ = [
     "StatusSnapshot",
     "StoreLayout",
     "TrackingStore",
+    "backend_for",
     "delete_store",
     "failed_cells",
+    "find_stores",
     "format_roi",
     "format_status",
     "is_run_in_progress",
+    "is_store",
     "layout_hash",
+    "open_readonly",
+    "open_store",
     "read_lock_holder",
     "read_outputs_record",
     "read_status",
     "render_status",
     "status_record",
+    "store_exists",
     "write_outputs_record",
 ]

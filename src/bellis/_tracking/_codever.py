@@ -23,7 +23,7 @@ blocks done before it (daisy 2.0.0, older bellis) read 0, "unknown", are never r
 as made by other code, and count as made before any known run. daisy 2.0.0 ignores the
 file and the array. Past 65,535 entries a run records its blocks as 0 (unknown).
 
-The scheduler writes one uint16 per block marked done (``TrackingStore.code_view``,
+The scheduler writes one uint16 per block marked done (``TrackingStore.hot_writer``,
 ``record_success``), before the done byte, so a done block always names its code.
 """
 

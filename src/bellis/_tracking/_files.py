@@ -9,10 +9,12 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import TrackingError
 from ._disk import disk_full_error, is_no_space, reserve, unreserved_bytes
@@ -208,6 +210,19 @@ def child_arrays(root: Path) -> list[tuple[str, Path, dict[str, Any]]]:
         if meta is not None and meta.get("node_type") == "array":
             found.append((child.name, child / "zarr.json", meta))
     return found
+
+
+def clear_cells(done: NDArray[Any], cells: Sequence[int] | NDArray[np.intp]) -> int:
+    """Set the flat ``done`` markers of ``cells`` to 0; returns how many were set (cells
+    outside the array are ignored). The one place a done marker is cleared."""
+    picked = np.asarray(cells, dtype=np.intp).reshape(-1)
+    picked = picked[(picked >= 0) & (picked < done.size)]
+    if picked.size == 0:
+        return 0
+    picked = np.unique(picked)
+    was = int(np.count_nonzero(done[picked]))
+    done[picked] = 0
+    return was
 
 
 def make_dir(root: Path) -> Path:

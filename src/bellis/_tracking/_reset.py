@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 from ..errors import TrackingError
 from ._disk import StoreLock
-from ._files import map_array, write_atomic
+from ._files import clear_cells, map_array, write_atomic
 
 __all__ = [
     "MAX_LISTED",
@@ -71,11 +71,7 @@ def clear_done(path: str | os.PathLike[str], grid: tuple[int, ...], cells: Seque
     try:
         mapped = map_array(root, "done", grid)
         done = mapped.reshape(-1)
-        cleared = 0
-        for cell in cells:
-            if 0 <= cell < done.size and done[cell]:
-                done[cell] = 0
-                cleared += 1
+        cleared = clear_cells(done, cells)
         mapped.flush()
         del done, mapped
     except OSError as exc:

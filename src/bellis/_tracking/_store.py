@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._block import STATS_ARRAYS
+from .._donemarks import HotWriter
 from ..errors import TrackingError
-from ._codever import CODE_ARRAY
+from ._codever import CODE_ARRAY, read_table, register
 from ._disk import (
     LOCK_NAME,
     StoreLock,
@@ -60,6 +62,7 @@ from ._files import (
     cell_count,
     chunk_files,
     chunk_parts,
+    clear_cells,
     create_array,
     make_dir,
     map_array,
@@ -130,12 +133,14 @@ class TrackingStore:
         "_failures_flat",
         "_gpu_mem",
         "_gpu_util",
+        "_hot",
         "_io_read",
         "_io_write",
         "_lock",
         "_missing_stats",
         "_peak_rss",
         "_returned_at",
+        "_scratch",
         "_sent_at",
         "_stats",
         "_tracks_resources",
@@ -192,6 +197,8 @@ class TrackingStore:
         self._code_flat: Any = None
         self._code_index = 0
         self._checksum_flat: Any = None
+        self._hot: HotWriter | None = None
+        self._scratch = False
 
     def _flat(self, name: str) -> NDArray[Any]:
         return self._arrays[name].reshape(-1).view(np.ndarray)
@@ -438,7 +445,7 @@ class TrackingStore:
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY):
+        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY, GRANT_ARRAY):
             directory = root / name
             meta_file = directory / "zarr.json"
             meta = read_json(meta_file)
@@ -474,6 +481,29 @@ class TrackingStore:
             record=record,
         )
 
+    def scratch(self) -> TrackingStore:
+        """This read-only store with its done markers as a private, writable copy: what a
+        dry run's scheduler finds after the clears of ``on_code_change="rerun"``
+        (:meth:`clear_done` takes them; the store on disk is never written)."""
+        if self._writable:
+            raise TrackingError(
+                f"block tracking at {self.path}: only a read-only store has a scratch copy",
+                path=str(self.path),
+            )
+        copy = np.array(self._array("done")).view(np.memmap)
+        store = TrackingStore(
+            self.path,
+            self.layout,
+            self.grid_shape,
+            {**self._arrays, "done": copy},
+            writable=False,
+            tracks_resources=False,
+            task_hash=self.task_hash,
+            record=self.record,
+        )
+        store._scratch = True
+        return store
+
     # -- the arrays ------------------------------------------------------------------------
 
     def _array(self, name: str) -> np.memmap[Any, Any]:
@@ -505,22 +535,33 @@ class TrackingStore:
     def is_writable(self) -> bool:
         return self._writable
 
-    def done_view(self) -> memoryview | None:
-        """A writable ``memoryview`` of the done markers, one byte per cell, or None for
-        a store that cannot take writes.
-
-        The scheduler's per-block fast path for blocks that come back unmeasured: one
-        ``view[cell] = 1`` instead of a :meth:`record_success` call.
-        """
+    def hot_writer(self) -> HotWriter | None:
+        """The scheduler's per-block fast path for blocks that come back unmeasured
+        (``bellis._donemarks``): ``writer.done[cell] = 1`` (after ``writer.code[cell] =
+        writer.code_index``) instead of a :meth:`record_success` call. Typed
+        ``memoryview``s of the mapped chunks, released when the store closes; None for a
+        store that cannot take writes. A new writer after :meth:`use_code`."""
         if not self._writable:
             return None
-        return self._view(self._done_flat, "uint8")
+        if self._hot is None:
+            self._hot = HotWriter(
+                self._view(self._done_flat, "uint8"), self._code_flat, self._code_index
+            )
+        return self._hot
 
     def is_done(self, cell: int) -> bool:
         """Whether ``cell`` is marked done; False for a cell outside the grid."""
         if self._closed:
             raise self._refuse_write()
         return 0 <= cell < self._cell_count and bool(self._done_flat[cell])
+
+    def grants(self) -> np.memmap[Any, Any] | None:
+        """The ``memory_grant_mb`` array, or None for a store that never recorded one."""
+        self._array("done")  # a closed store raises
+        array = self._arrays.get(GRANT_ARRAY)
+        if array is None and self._writable and (self.path / GRANT_ARRAY / "zarr.json").exists():
+            array = self._optional_array(GRANT_ARRAY)
+        return array
 
     # -- recording (the scheduler's hot path) ----------------------------------------------
 
@@ -671,11 +712,28 @@ class TrackingStore:
             raise self._refuse_write()
         self._code_index = index
         self._code_flat = self._fast(CODE_ARRAY, self._optional_array(CODE_ARRAY))
+        self._hot = None
 
-    def code_view(self) -> Any:
-        """Where the scheduler's fast path writes a block's fingerprint index before its
-        done byte (``code_view[cell] = index``); None until :meth:`use_code_version`."""
-        return self._code_flat
+    def code_table(self) -> list[dict[str, Any]]:
+        """The store's code-version table (``_codever.read_table``)."""
+        return read_table(self.path)
+
+    def use_code(self, record: dict[str, Any], started: float, floor: int = 0) -> int:
+        """Register this run's code in the table (``_codever.register``) and record every
+        block marked done from now on with its index; returns the index."""
+        if not self._writable:
+            raise self._refuse_write()
+        index, _table = register(self.path, record, started, floor)
+        self.use_code_version(index)
+        return index
+
+    def clear_done(self, cells: Sequence[int] | NDArray[np.intp]) -> int:
+        """Clear the done markers of flat ``cells`` (``on_code_change="rerun"``); returns
+        how many were done. Cells outside the grid are ignored. Only the done byte: the
+        failure counts, figures and code versions stay."""
+        if not (self._writable or self._scratch) or self._closed:
+            raise self._refuse_write()
+        return clear_cells(self._done_flat, cells)
 
     @property
     def code_index(self) -> int:
@@ -755,6 +813,7 @@ class TrackingStore:
         self._done_flat = self._failures_flat = empty
         self._code_flat = None
         self._checksum_flat = None
+        self._hot = None
         if self._tracks_resources:
             self._wall_seconds = self._cpu_seconds = self._peak_rss = empty
             self._io_read = self._io_write = self._gpu_util = self._gpu_mem = empty

@@ -1,0 +1,144 @@
+"""Which kind of store a path holds, and the package-wide ways to reach one.
+
+A backend (``bellis._donemarks.StoreBackend``) is what a kind of tracking store offers
+before one is open: tell a store from other folders, find stores below a folder, open
+one read-only, clear done markers of a store no run holds. :func:`backend_for` picks the
+backend of a path; today every path is a local directory (:class:`LocalStores`, the
+zarr v3 layout of SPEC §4.2 that ``_store`` writes and daisy 2.0.0 reads). The functions
+below are what the rest of the package calls, so a second backend is one more class here
+and one more branch in :func:`backend_for`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from .._donemarks import BlockStore, StoreBackend
+from ._layout import StoreLayout
+from ._reset import clear_done as _clear_done
+from ._store import TrackingStore
+
+__all__ = [
+    "LocalStores",
+    "TrackingBackend",
+    "backend_for",
+    "find_stores",
+    "is_store",
+    "open_readonly",
+    "open_store",
+    "store_exists",
+]
+
+
+class TrackingBackend(StoreBackend, Protocol):
+    """A backend as ``_tracking`` sees it: a :class:`StoreBackend` that also opens a store
+    for a run (the layout is ``_tracking``'s own type, so this part lives here)."""
+
+    def open(
+        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+    ) -> BlockStore:
+        """Open (create, check, migrate) the store at ``path`` for a run of ``layout``,
+        holding it for that run until it closes."""
+        ...
+
+
+class LocalStores:
+    """Tracking stores in local directories: a zarr v3 group with a ``done`` array."""
+
+    def exists(self, path: Path) -> bool:
+        return (path / "zarr.json").exists()
+
+    def is_store(self, path: Path) -> bool:
+        try:
+            meta = json.loads((path / "zarr.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return (
+            isinstance(meta, dict)
+            and meta.get("node_type") == "group"
+            and (path / "done" / "zarr.json").is_file()
+        )
+
+    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+        """``root`` itself when it is a store, else every store below it, sorted, down to
+        ``max_depth`` folders (None: all); a store's own folders are not searched."""
+        if self.is_store(root):
+            yield root
+            return
+        found: list[Path] = []
+        frontier = [root]
+        depth = 0
+        while frontier and (max_depth is None or depth < max_depth):
+            depth += 1
+            deeper: list[Path] = []
+            for d in frontier:
+                try:
+                    children = sorted(c for c in d.iterdir() if c.is_dir())
+                except OSError:
+                    continue
+                for c in children:
+                    (found if self.is_store(c) else deeper).append(c)
+            frontier = deeper
+        yield from sorted(found)
+
+    def open_readonly(self, path: Path) -> TrackingStore:
+        return TrackingStore.open_readonly(path)
+
+    def open(
+        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+    ) -> TrackingStore:
+        return TrackingStore.open(
+            path, layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+        )
+
+    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+        return _clear_done(path, grid, cells)
+
+
+_LOCAL = LocalStores()
+
+
+def backend_for(path: str | os.PathLike[str]) -> TrackingBackend:
+    """The backend of the store at ``path`` (a local directory: the only kind so far)."""
+    return _LOCAL
+
+
+def store_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether something at ``path`` claims to be a store: a folder to open as one (and
+    to get its error from), not to search for stores below."""
+    return backend_for(path).exists(Path(path))
+
+
+def is_store(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a tracking store (a group with done markers)."""
+    return backend_for(path).is_store(Path(path))
+
+
+def find_stores(root: str | os.PathLike[str], max_depth: int | None = None) -> list[Path]:
+    """The stores at or below ``root`` (:meth:`LocalStores.find_stores`); [] when none."""
+    return list(backend_for(root).find_stores(Path(root), max_depth))
+
+
+def open_readonly(path: str | os.PathLike[str]) -> BlockStore:
+    """Open the store at ``path`` for reading; safe while a run writes it. Raises
+    :class:`~bellis.errors.TrackingError` when it holds no valid store."""
+    return backend_for(path).open_readonly(Path(path))
+
+
+def open_store(
+    path: str | os.PathLike[str],
+    layout: StoreLayout,
+    *,
+    resource_tracking: bool,
+    defer_stats: bool = False,
+) -> BlockStore:
+    """Open the store at ``path`` for a run of ``layout`` (created if absent, checked,
+    migrated to a grown volume), holding its run lock until it closes
+    (:meth:`TrackingStore.open`)."""
+    return backend_for(path).open(
+        Path(path), layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+    )
