@@ -404,16 +404,17 @@ def _seconds(value: Any, name: str) -> float | None:
 
 def parse_welcome(msg: list[Any]) -> Welcome:
     """The WELCOME ``msg`` as a :class:`Welcome`. Raises :class:`ProtocolError` for another
-    opcode, a wrong length or fields of the wrong type."""
+    opcode, fewer than its four fields or fields of the wrong type. Fields after the known
+    ones are ignored: a newer server's trailing field leaves this worker as it was."""
     if msg[0] != WELCOME:
         raise ProtocolError(f"unexpected reply to hello: opcode {msg[0]}")
-    if not 4 <= len(msg) <= 6:
-        raise ProtocolError(f"malformed welcome: {len(msg)} fields, not 4 to 6")
+    if len(msg) < 4:
+        raise ProtocolError(f"malformed welcome: {len(msg)} fields, not 4 or more")
     geometry = msg[3]
     if type(geometry) is not dict:
         raise ProtocolError(f"malformed welcome: geometry is {geometry!r}, not a map")
     verify = None
-    if len(msg) == 6:
+    if len(msg) > 5:
         v = msg[5]
         if type(v) is not list or len(v) != 2:
             raise ProtocolError(
