@@ -272,8 +272,7 @@ class Client:
         self.port = int(context["port"])
         self.task_id = context["task_id"]
         self.worker_id = int(context.get("worker_id", "-1"))
-        #: the task's settings come in its WELCOME (``_protocol.Welcome``); the context's
-        #: ``resource_tracking`` is daisy's, for the user's code, and not read here
+        #: from the WELCOME: the context's ``resource_tracking`` is daisy's, for user code
         self.resource_tracking = False
         secret_hex = context.get("secret")
         if secret_hex is None:
