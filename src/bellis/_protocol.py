@@ -19,7 +19,8 @@ HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid,
 WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict),
                        [stall_timeout_seconds]   (a task with ``stall_timeout``; else nil
                        when the next field follows),
-                       [[allow_empty, outputs]]  (``verify_outputs``: what to read back)
+                       [[allow_empty, outputs]]  (``verify_outputs``: what to read back);
+                       a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
@@ -58,6 +59,19 @@ exit codes a worker process ends with when it does so (:data:`EXIT_BLOCK_TIMEOUT
 :func:`parse_hello` and :func:`parse_returns` read a client's HELLO (a :class:`Hello`) and
 the blocks an ACQUIRE or BYE returns (a :class:`Returned` per block, built as cheaply as a
 plain tuple: the server reads them on its hot path).
+
+The driver-to-worker contract
+-----------------------------
+What reaches a worker process, and how, is declared here once:
+
+* its **payload** (:class:`WorkerPayload`: the pickled process function and what the worker
+  needs before it can load it), built once per task at run start and framed by
+  :func:`write_payload_frame` (an 8-byte little-endian length, then the bytes) onto the
+  worker's stdin, a fork server's pipe or a cluster job's payload file;
+  :func:`read_payload_frame` reads it back. It comes from the driver, never from the network;
+* its **environment** (:data:`WORKER_ENV`, one table of every variable a worker reads);
+* the **task settings it runs by**, in the server's WELCOME (:class:`Welcome`), once a
+  connection is authenticated.
 """
 
 from __future__ import annotations
@@ -79,32 +93,44 @@ __all__ = [
     "ACQUIRE",
     "BYE",
     "CHALLENGE",
+    "CONTEXT_ENV",
+    "DAISY_CONTEXT_ENV",
     "EXIT_BLOCK_STALLED",
     "EXIT_BLOCK_TIMEOUT",
     "EXIT_OUT_OF_MEMORY",
     "HANDSHAKE_FRAME_BYTES",
     "HELLO",
+    "JOB_ID_ENV",
+    "JOB_STARTED_ENV",
+    "JOB_TIME_LIMIT_ENV",
     "MAX_CLIENT_FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_ITEMS",
     "MEMORY_LIMIT_ENV",
     "OOM_PREFIX",
     "OUT_OF_MEMORY",
+    "PAYLOAD_FILE_ENV",
     "PROTOCOL_VERSION",
     "REJECT",
     "SEND",
     "SHUTDOWN",
     "STALLED",
     "STATS_ROW",
+    "SYS_PATH_ENV",
     "TIMED_OUT",
+    "WALLTIME_MARGIN_ENV",
     "WELCOME",
+    "WORKER_ENV",
     "ExitKind",
     "FrameDecoder",
     "Hello",
     "Returned",
+    "Welcome",
     "WorkerExit",
+    "WorkerPayload",
     "compute_mac",
     "encode",
+    "encode_welcome",
     "error_parts",
     "is_oom_exit",
     "kernel_oom_message",
@@ -113,8 +139,12 @@ __all__ = [
     "new_secret",
     "parse_hello",
     "parse_returns",
+    "parse_welcome",
+    "payload_frame",
+    "read_payload_frame",
     "verify_mac",
     "worker_token",
+    "write_payload_frame",
 ]
 
 PROTOCOL_VERSION = 4
@@ -150,6 +180,45 @@ OUT_OF_MEMORY: Final = 6
 EXIT_OUT_OF_MEMORY: Final = 89
 #: the environment variable that carries a local worker's memory limit, in bytes
 MEMORY_LIMIT_ENV: Final = "BELLIS_MEMORY_LIMIT"
+#: the worker's context (``Context.to_env()``): server address, task, worker id, secret
+CONTEXT_ENV: Final = "BELLIS_CONTEXT"
+#: the same context under daisy's name, for user code written against daisy
+DAISY_CONTEXT_ENV: Final = "DAISY_CONTEXT"
+#: a cluster job's payload file (its frame), read instead of stdin
+PAYLOAD_FILE_ENV: Final = "BELLIS_PAYLOAD_FILE"
+#: the driver's ``sys.path``, for the fork server (``_launchers._zygote``) only: a worker
+#: takes its path from its payload
+SYS_PATH_ENV: Final = "BELLIS_SYS_PATH"
+#: the launcher's name for the job a worker runs in (its error records name it)
+JOB_ID_ENV: Final = "BELLIS_JOB_ID"
+#: a cluster job's time limit, seconds (``_worker._walltime``)
+JOB_TIME_LIMIT_ENV: Final = "BELLIS_JOB_TIME_LIMIT"
+#: when a cluster job started, seconds since the epoch (its script's first command)
+JOB_STARTED_ENV: Final = "BELLIS_JOB_STARTED"
+#: how long before its job's time limit a worker stops taking blocks, seconds
+WALLTIME_MARGIN_ENV: Final = "BELLIS_WALLTIME_MARGIN"
+
+#: Every environment variable a worker process reads, and who sets it. Other settings
+#: reach a worker in its payload (:class:`WorkerPayload`) or its WELCOME (:class:`Welcome`),
+#: each in one of the three only.
+WORKER_ENV: Final[dict[str, str]] = {
+    CONTEXT_ENV: "the run's pool (_run._pool): where the server is, which task and worker "
+    "this is, the secret and the worker's token; what Context.from_env() reads",
+    DAISY_CONTEXT_ENV: "the same, under daisy's name (read when BELLIS_CONTEXT is unset)",
+    PAYLOAD_FILE_ENV: "a batch launcher's job script: the payload frame's file (else stdin)",
+    MEMORY_LIMIT_ENV: "the launcher (Task(memory_limit=...)): RLIMIT_AS, bytes",
+    SYS_PATH_ENV: "the run's pool: the driver's sys.path, for a forked worker's fork server",
+    JOB_ID_ENV: "the Dask launcher: the job named in the worker's error records",
+    JOB_TIME_LIMIT_ENV: "a batch job script: the job's time limit, seconds",
+    JOB_STARTED_ENV: "a batch job script: when the job started (date +%s)",
+    WALLTIME_MARGIN_ENV: "a batch job script: SlurmLauncher(walltime_margin=...), seconds",
+    "CUDA_VISIBLE_DEVICES": "the run's pool: the GPUs of Task(gpus=...) (the GPU meter)",
+    # set by the cluster, not by bellis
+    "SLURM_JOB_START_TIME": "SLURM 23.02+: when the job started (else BELLIS_JOB_STARTED)",
+    "SLURM_JOB_ID": "SLURM: the job named in the error records (else BELLIS_JOB_ID)",
+    "SLURM_ARRAY_JOB_ID": "SLURM: with SLURM_ARRAY_TASK_ID, an array element's job",
+    "SLURM_ARRAY_TASK_ID": "SLURM: an array element (its context and payload, its job)",
+}
 _CREATED: Final = int(BlockStatus.CREATED)  # returned unstarted
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
 _U64: Final = 1 << 64
@@ -286,6 +355,172 @@ def parse_hello(msg: list[Any], secret: bytes, nonce: bytes) -> Hello:
     if not isinstance(task_id, str) or not isinstance(worker_id, int):
         raise ProtocolError("malformed hello")
     return Hello(task_id, worker_id, msg[4], msg[5], msg[6] if len(msg) == 7 else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The server's WELCOME: the settings of the task a worker runs by, sent once its HELLO
+    is authenticated. On the wire it is the positional list the table above describes
+    (:func:`encode_welcome`), so every bellis of protocol version 4 reads it."""
+
+    #: ``Task(timeout=...)`` in seconds (``inf``: none)
+    timeout_seconds: float
+    #: whether each block's measurements go home with it (``Task(resource_tracking=...)``)
+    resource_tracking: bool
+    #: the block template: ``total_offset``, ``total_shape``, ``read_offset``,
+    #: ``read_shape``, ``write_offset``, ``write_shape`` (lists of ints), ``fit`` (str),
+    #: ``conflict`` (bool)
+    geometry: dict[str, Any]
+    #: ``Task(stall_timeout=...)`` in seconds; None: stall detection off
+    stall_timeout_seconds: float | None = None
+    #: ``Task(verify_outputs=...)``: whether an empty output passes, and the outputs to
+    #: read back (``_outputs._readback.wire_outputs``); None: no read-back
+    verify: tuple[bool, Any] | None = None
+
+
+def encode_welcome(welcome: Welcome) -> bytes:
+    """The WELCOME frame of ``welcome``: optional trailing fields are left out when unset
+    (the stall timeout is nil when only the read-back follows)."""
+    msg: list[Any] = [
+        WELCOME,
+        welcome.timeout_seconds,
+        welcome.resource_tracking,
+        welcome.geometry,
+    ]
+    if welcome.stall_timeout_seconds is not None or welcome.verify is not None:
+        msg.append(welcome.stall_timeout_seconds)
+    if welcome.verify is not None:
+        msg.append([welcome.verify[0], welcome.verify[1]])
+    return encode(msg)
+
+
+def _seconds(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) is bool or not isinstance(value, int | float):
+        raise ProtocolError(f"malformed welcome: {name} is {value!r}, not seconds or nil")
+    return float(value)
+
+
+def parse_welcome(msg: list[Any]) -> Welcome:
+    """The WELCOME ``msg`` as a :class:`Welcome`. Raises :class:`ProtocolError` for another
+    opcode, fewer than its four fields or fields of the wrong type. Fields after the known
+    ones are ignored: a newer server's trailing field leaves this worker as it was."""
+    if msg[0] != WELCOME:
+        raise ProtocolError(f"unexpected reply to hello: opcode {msg[0]}")
+    if len(msg) < 4:
+        raise ProtocolError(f"malformed welcome: {len(msg)} fields, not 4 or more")
+    geometry = msg[3]
+    if type(geometry) is not dict:
+        raise ProtocolError(f"malformed welcome: geometry is {geometry!r}, not a map")
+    verify = None
+    if len(msg) > 5:
+        v = msg[5]
+        if type(v) is not list or len(v) != 2:
+            raise ProtocolError(
+                f"malformed welcome: read-back is {v!r}, not [allow_empty, outputs]"
+            )
+        verify = (bool(v[0]), v[1])
+    timeout = _seconds(msg[1], "timeout_seconds")
+    if timeout is None:
+        raise ProtocolError("malformed welcome: timeout_seconds is nil")
+    return Welcome(
+        timeout_seconds=timeout,
+        resource_tracking=bool(msg[2]),
+        geometry=geometry,
+        stall_timeout_seconds=_seconds(msg[4], "stall_timeout_seconds") if len(msg) > 4 else None,
+        verify=verify,
+    )
+
+
+#: the payload's own format number (its first field): a worker refuses any other
+PAYLOAD_FORMAT: Final = 1
+_PAYLOAD_LENGTH = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPayload:
+    """What a worker process gets from its driver besides its environment: built once per
+    task at run start (``_run._runner``), the same bytes for each of its workers.
+
+    It is msgpack (:meth:`to_bytes`), so a worker reads it without unpickling anything; the
+    one pickle is :attr:`function`, which the worker unpickles (``_worker._main``) only
+    after :attr:`sys_path` is in place, so a function from a module that only the driver's
+    path can find loads by reference.
+    """
+
+    #: the process function, cloudpickled (``cloudpickle.dumps``)
+    function: bytes
+    #: 1: a block function, called once per block; 0: a worker function, called once
+    arity: int
+    #: the driver's ``sys.path`` (empty entries dropped)
+    sys_path: tuple[str, ...]
+    #: the driver's logging settings (``bellis.logging.export_settings``)
+    log_settings: dict[str, Any]
+    #: where the code shipped by value came from: ``(name, first line, file)`` each
+    #: (``_code_origin.collect``)
+    code_origins: tuple[tuple[str, int, str], ...] = ()
+
+    def to_bytes(self) -> bytes:
+        packed: bytes = _packb(
+            [
+                PAYLOAD_FORMAT,
+                self.function,
+                self.arity,
+                list(self.sys_path),
+                self.log_settings,
+                [list(o) for o in self.code_origins],
+            ]
+        )
+        return packed
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WorkerPayload:
+        """The payload ``data`` holds; :class:`ProtocolError` if it is not one of this
+        bellis (a worker started by another version of bellis than its driver)."""
+        try:
+            msg = msgpack.unpackb(data, raw=False, use_list=True)
+        except Exception as exc:
+            raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
+        if type(msg) is not list or len(msg) != 6 or msg[0] != PAYLOAD_FORMAT:
+            raise ProtocolError(
+                "bellis worker: the payload is not of this bellis's format "
+                f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
+            )
+        _fmt, function, arity, sys_path, log_settings, origins = msg
+        if type(function) is not bytes or arity not in (0, 1) or type(log_settings) is not dict:
+            raise ProtocolError("bellis worker: malformed payload fields")
+        return cls(
+            function=function,
+            arity=arity,
+            sys_path=tuple(str(p) for p in sys_path),
+            log_settings=log_settings,
+            code_origins=tuple((str(n), int(line), str(f)) for n, line, f in origins),
+        )
+
+
+def payload_frame(payload: bytes) -> bytes:
+    """The one framing of a worker's payload: its length (8 bytes, little-endian), then its
+    bytes. Written to a worker's stdin, a fork server's pipe or a job's payload file."""
+    return _PAYLOAD_LENGTH.pack(len(payload)) + payload
+
+
+def write_payload_frame(stream: Any, payload: bytes) -> None:
+    """Write ``payload``'s frame (:func:`payload_frame`) to the binary ``stream``."""
+    stream.write(payload_frame(payload))
+
+
+def read_payload_frame(stream: Any) -> bytes:
+    """The payload of the frame at the start of the binary ``stream``. Raises
+    :class:`ProtocolError` when there is none, or it is cut short."""
+    header = stream.read(_PAYLOAD_LENGTH.size)
+    if len(header) != _PAYLOAD_LENGTH.size:
+        raise ProtocolError("bellis worker: no payload on stdin (start workers through a launcher)")
+    (length,) = _PAYLOAD_LENGTH.unpack(header)
+    data: bytes = stream.read(length)
+    if len(data) != length:
+        raise ProtocolError("bellis worker: truncated payload on stdin")
+    return data
 
 
 class Returned(NamedTuple):

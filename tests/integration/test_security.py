@@ -29,10 +29,10 @@ from bellis._protocol import (
     REJECT,
     SEND,
     STATS_ROW,
-    WELCOME,
     FrameDecoder,
     compute_mac,
     encode,
+    parse_welcome,
 )
 from kit.blocks import done_count, done_ids, exit_once_block, make_task, read_records, sleep_block
 
@@ -88,7 +88,7 @@ def closed_by_server(sock: socket.socket, timeout: float = 10.0) -> Dropped:
 def authenticate(port: int, secret: bytes, task_id: str) -> socket.socket:
     sock, nonce = connect(port)
     sock.sendall(encode([HELLO, compute_mac(secret, nonce), task_id, -1, 0, 0.0]))
-    assert recv_msg(sock)[0] == WELCOME
+    assert parse_welcome(recv_msg(sock)).geometry["fit"] == "valid"
     return sock
 
 
@@ -371,7 +371,7 @@ def test_a_client_with_the_run_secret_cannot_pass_for_a_managed_worker(
     states = server.run_blockwise([task], progress=False, summary=False)
     s = states["a"]
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["reply"][0] == WELCOME  # let in, as an unmanaged client
+    assert parse_welcome(outcome["reply"]).resource_tracking is False  # let in, unmanaged
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)
     assert s.worker_failure_count == 0 and s.timeout_reclaim_count == 0
     report = task.report()
@@ -500,6 +500,6 @@ def test_a_connection_at_the_handshake_cap_is_not_dropped_before_the_handshake_t
             p.kill()
             p.communicate()
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["reply"][0] == WELCOME
+    assert parse_welcome(outcome["reply"]).timeout_seconds > 0
     s = states["a"]
     assert (s.completed_count, s.failed_count, s.orphaned_count) == (n, 0, 0)

@@ -12,10 +12,10 @@ from bellis._protocol import (
     HELLO,
     SEND,
     SHUTDOWN,
-    WELCOME,
     FrameDecoder,
     WorkerExit,
     compute_mac,
+    parse_welcome,
     worker_token,
 )
 from bellis._run._summary import ErrorCollector
@@ -87,7 +87,7 @@ class Script:
         if worker is not None:
             msg.append(compute_mac(worker_token(KEY, wid), peer.nonce))
         self.d.receive(peer, msg, self.now)
-        assert self.frames(peer)[0][0] == WELCOME
+        parse_welcome(self.frames(peer)[0])  # a WELCOME, well formed
         return peer
 
     def acquire(

@@ -18,6 +18,7 @@ from typing import Any
 
 import bellis
 from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
+from bellis._protocol import WorkerPayload
 from kit.blocks import (
     done_count,
     done_ids,
@@ -193,12 +194,13 @@ def standalone_spec(tmp_path: Path, worker_id: int, fn: Any, **kwargs: Any) -> W
 
     logs = tmp_path / "logs"
     logs.mkdir(exist_ok=True)
-    payload = cloudpickle.dumps(
-        {"function": fn, "arity": 0, "sys_path": [p for p in sys.path if p], "log_settings": {}}
-    )
+    payload = WorkerPayload(
+        function=cloudpickle.dumps(fn),
+        arity=0,
+        sys_path=tuple(p for p in sys.path if p),
+        log_settings={},
+    ).to_bytes()
     env = dict(os.environ)
-    # the payload is unpickled before its sys_path applies: let the worker import the tests
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return WorkerSpec(
         task_id="solo",
         worker_id=worker_id,

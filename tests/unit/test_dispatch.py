@@ -16,9 +16,9 @@ from bellis._protocol import (
     SHUTDOWN,
     STATS_ROW,
     TIMED_OUT,
-    WELCOME,
     WorkerExit,
     compute_mac,
+    parse_welcome,
     worker_token,
 )
 from bellis._scheduling._dispatch import (
@@ -78,7 +78,7 @@ def test_a_worker_id_without_its_token_is_an_unmanaged_client() -> None:
     peer = Peer(("h", 1), b"nonce", sc.now)
     msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0, b"forged"]
     sc.d.receive(peer, msg, sc.now)
-    assert sent(sc.take(), peer)[0][0] == WELCOME
+    assert parse_welcome(sent(sc.take(), peer)[0]).geometry["total_shape"]
     assert peer.worker is None and w.conn is None
 
 

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ from .._protocol import (
     WorkerExit,
     kernel_oom_message,
     memory_error_message,
+    payload_frame,
+    write_payload_frame,
 )
 from .._sizes import format_grant
 from .._state import DEFAULT_TIMEOUT_SECONDS
@@ -414,7 +415,7 @@ class LocalLauncher(WorkerLauncher):
         """Fork the worker from the run's zygote; None where it must be spawned instead."""
         if not self._wants_fork(spec, env):
             return None
-        frame = struct.pack("<Q", len(spec.payload)) + spec.payload
+        frame = payload_frame(spec.payload)
         zygote = self._zygote if self._zygote is not None else self._start_zygote(env)
         if zygote is None:
             return None
@@ -535,7 +536,7 @@ class LocalLauncher(WorkerLauncher):
                     f.close()
         assert proc.stdin is not None
         try:
-            proc.stdin.write(struct.pack("<Q", len(spec.payload)) + spec.payload)
+            write_payload_frame(proc.stdin, spec.payload)
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the process died at once; poll() will report how

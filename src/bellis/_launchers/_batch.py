@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from .._protocol import ExitKind
+from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, PAYLOAD_FILE_ENV, ExitKind
 from .._sizes import MIB, parse_growth, parse_size
 from .._worker._walltime import LEAVING_MARKER
 from ..errors import ConfigurationError, WorkerStartError
@@ -361,8 +361,8 @@ class BatchLauncher(WorkerLauncher):
         return directory
 
     def _worker_lines(self, spec: WorkerSpec, payload: Path) -> list[str]:
-        lines = [f"export BELLIS_PAYLOAD_FILE={shlex.quote(str(payload))}"]
-        for key in ("BELLIS_CONTEXT", "DAISY_CONTEXT"):
+        lines = [f"export {PAYLOAD_FILE_ENV}={shlex.quote(str(payload))}"]
+        for key in (CONTEXT_ENV, DAISY_CONTEXT_ENV):
             if key in spec.env:
                 lines.append(f"export {key}={shlex.quote(spec.env[key])}")
         return lines

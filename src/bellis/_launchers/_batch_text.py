@@ -8,10 +8,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._protocol import (
+    JOB_STARTED_ENV,
+    JOB_TIME_LIMIT_ENV,
+    WALLTIME_MARGIN_ENV,
+    payload_frame,
+)
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -137,10 +142,10 @@ def write_new_private(directory: Path, stem: str, suffix: str, data: bytes) -> P
 
 
 def write_payload(path: Path, payload: bytes) -> Path:
-    """Write a worker's payload (its length, then its bytes) to ``path``, privately and
+    """Write a worker's payload frame (``_protocol.payload_frame``) to ``path``, privately and
     atomically; ``path``."""
     tmp = path.with_suffix(".payload.tmp")
-    write_private(tmp, struct.pack("<Q", len(payload)) + payload)
+    write_private(tmp, payload_frame(payload))
     tmp.replace(path)
     return path
 
@@ -159,7 +164,6 @@ def walltime_lines(seconds: int | None, margin: float) -> list[str]:
     if seconds is None:
         return []
     return [
-        "BELLIS_JOB_STARTED=$(date +%s)",
-        f"export BELLIS_JOB_STARTED BELLIS_JOB_TIME_LIMIT={seconds} "
-        f"BELLIS_WALLTIME_MARGIN={margin:g}",
+        f"{JOB_STARTED_ENV}=$(date +%s)",
+        f"export {JOB_STARTED_ENV} {JOB_TIME_LIMIT_ENV}={seconds} {WALLTIME_MARGIN_ENV}={margin:g}",
     ]

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .._protocol import ExitKind
+from .._protocol import JOB_ID_ENV, ExitKind, write_payload_frame
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, describe_exit
 
 __all__ = ["DaskLauncher"]
@@ -89,8 +89,6 @@ def run_bellis_worker(
     grace_seconds: float,
 ) -> int:
     """The dask task: run one bellis worker subprocess to its end and return its exit code."""
-    import struct
-
     import distributed
 
     variable_class: Any = distributed.Variable
@@ -105,7 +103,7 @@ def run_bellis_worker(
     out, err = _open_log(out_path), _open_log(err_path)
     env = dict(env)
     with contextlib.suppress(Exception):  # the Dask worker, for the error records
-        env["BELLIS_JOB_ID"] = f"dask worker {distributed.get_worker().address}"
+        env[JOB_ID_ENV] = f"dask worker {distributed.get_worker().address}"
     try:
         proc = subprocess.Popen(
             [python, "-c", _BOOT, str(os.getpid())],
@@ -122,7 +120,7 @@ def run_bellis_worker(
                 f.close()
     assert proc.stdin is not None
     with contextlib.suppress(BrokenPipeError):
-        proc.stdin.write(struct.pack("<Q", len(payload)) + payload)
+        write_payload_frame(proc.stdin, payload)
         proc.stdin.close()
     while True:
         try:

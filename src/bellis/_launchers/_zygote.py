@@ -61,6 +61,8 @@ import time
 from collections import deque
 from typing import Any, NamedTuple, NoReturn
 
+from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, SYS_PATH_ENV
+
 __all__ = [
     "ZYGOTE_MAIN",
     "ForkServer",
@@ -86,7 +88,7 @@ ZYGOTE_MAIN = (
 _STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "MALLOC_")
 _STARTUP_NAMES = frozenset({"LANG", "LANGUAGE"})
 #: per-worker variables: not part of the zygote's own environment
-_PER_WORKER = frozenset({"BELLIS_CONTEXT", "DAISY_CONTEXT", "PYTHONUNBUFFERED"})
+_PER_WORKER = frozenset({CONTEXT_ENV, DAISY_CONTEXT_ENV, "PYTHONUNBUFFERED"})
 #: the largest request (the environment, pickled) the control socket carries
 _MAX_REQUEST_BYTES = 200 * 1024
 #: how long the zygote waits for its workers after SIGTERM when it is told to end
@@ -321,7 +323,7 @@ def _resolve_sys_path() -> None:
     then means the driver's directory, even after the user's code changes directory."""
     from bellis._worker._main import _extend_sys_path
 
-    _extend_sys_path(os.environ.get("BELLIS_SYS_PATH", "").split(os.pathsep))
+    _extend_sys_path(os.environ.get(SYS_PATH_ENV, "").split(os.pathsep))
     # drops the finders of relative entries (resolved in the zygote's directory) and the
     # directory listings the zygote cached (the user may have written modules since)
     importlib.invalidate_caches()

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._launchers._base import WorkerHandle, WorkerSpec
 from .._launchers._gpus import GpuShortage
-from .._protocol import ExitKind, WorkerExit
+from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, SYS_PATH_ENV, ExitKind, WorkerExit
 from .._scheduling._records import Booking, ManagedWorker, TaskPlan
 from .._scheduling._task_run import TaskRun
 from ..errors import WorkerStartError
@@ -133,9 +133,9 @@ class WorkerPool:
             booking.timeline.log_files = (str(out_path), str(err_path))
         env = dict(os.environ)
         ctx = self.context_extra(run, wid)
-        env["BELLIS_CONTEXT"] = env["DAISY_CONTEXT"] = ctx["__encoded__"]
-        # the worker unpickles the function only after putting the driver's path in place
-        env["BELLIS_SYS_PATH"] = os.pathsep.join(p for p in sys.path if p)
+        env[CONTEXT_ENV] = env[DAISY_CONTEXT_ENV] = ctx["__encoded__"]
+        # for the fork server's worker start-up (a worker's own path is in its payload)
+        env[SYS_PATH_ENV] = os.pathsep.join(p for p in sys.path if p)
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             booking.timeline.gpus = gpus

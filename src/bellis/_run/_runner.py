@@ -20,7 +20,7 @@ from .._code_origin import collect as collect_code_origins
 from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher
 from .._outputs._declared import downstream_record, outputs_record
-from .._protocol import new_secret, worker_token
+from .._protocol import WorkerPayload, new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
@@ -255,18 +255,18 @@ def _abandon_message(
 
 
 def _serialize_function(task: Task) -> bytes:
-    """The worker payload, built once at run start: an unpicklable function fails here."""
+    """The worker payload (``_protocol.WorkerPayload``), built once at run start: an
+    unpicklable function fails here."""
     fn = task.process_function
     try:
-        return cloudpickle.dumps(  # type: ignore[no-any-return]
-            {
-                "function": fn,
-                "arity": 1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
-                "sys_path": [p for p in sys.path if p],
-                "log_settings": blog.export_settings(),
-                "code_origins": collect_code_origins(fn),
-            }
-        )
+        function: bytes = cloudpickle.dumps(fn)
+        return WorkerPayload(
+            function=function,
+            arity=1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
+            sys_path=tuple(p for p in sys.path if p),
+            log_settings=blog.export_settings(),
+            code_origins=tuple(collect_code_origins(fn)),
+        ).to_bytes()
     except Exception as exc:
         raise WorkerStartError(
             f"bellis could not serialize the process_function of task '{task.task_id}' for "

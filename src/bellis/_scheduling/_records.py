@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from .._outputs._readback import wire_outputs
-from .._protocol import WELCOME, ExitKind, WorkerExit, encode
+from .._protocol import ExitKind, Welcome, WorkerExit, encode_welcome
 from ._task_run import TaskRun
 
 __all__ = ["Booking", "ManagedWorker", "Peer", "TaskPlan", "replacing"]
@@ -180,17 +180,23 @@ class TaskPlan:
             "fit": g.fit,
             "conflict": g.read_write_conflict,
         }
-        welcome = [WELCOME, task.timeout_secs, task.resource_tracking, self.geometry]
-        if task.stall_timeout_secs is not None or task.verify_outputs:
-            welcome.append(task.stall_timeout_secs)  # absent or nil: stall detection off
-        if task.verify_outputs:  # the outputs its workers read back after each block
-            welcome.append(
-                [
-                    task.verify_outputs == "allow_empty",
-                    wire_outputs(task.outputs, task._verify_stored),
-                ]
+        self.welcome = encode_welcome(
+            Welcome(
+                timeout_seconds=task.timeout_secs,
+                resource_tracking=task.resource_tracking,
+                geometry=self.geometry,
+                stall_timeout_seconds=task.stall_timeout_secs,
+                # the outputs its workers read back after each block
+                verify=(
+                    (
+                        task.verify_outputs == "allow_empty",
+                        wire_outputs(task.outputs, task._verify_stored),
+                    )
+                    if task.verify_outputs
+                    else None
+                ),
             )
-        self.welcome = encode(welcome)
+        )
 
     def take_slot(self) -> tuple[int, str | None]:
         """The lowest free log slot, and why its last worker of this run left (None: it

@@ -21,6 +21,8 @@ from .._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
+    CONTEXT_ENV,
+    DAISY_CONTEXT_ENV,
     HELLO,
     MEMORY_LIMIT_ENV,
     OUT_OF_MEMORY,
@@ -29,10 +31,10 @@ from .._protocol import (
     SHUTDOWN,
     STATS_ROW,
     TIMED_OUT,
-    WELCOME,
     FrameDecoder,
     compute_mac,
     encode,
+    parse_welcome,
 )
 from .._signals import handle_as_before, install_handler
 from ..errors import ConnectionLostError, ProtocolError
@@ -48,7 +50,7 @@ __all__ = [
 
 logger = logging.getLogger("bellis")
 
-ENV_VARIABLES = ("BELLIS_CONTEXT", "DAISY_CONTEXT")
+ENV_VARIABLES = (CONTEXT_ENV, DAISY_CONTEXT_ENV)
 
 _SPECIAL = {"%": "%25", ":": "%3A", "=": "%3D"}
 
@@ -270,7 +272,8 @@ class Client:
         self.port = int(context["port"])
         self.task_id = context["task_id"]
         self.worker_id = int(context.get("worker_id", "-1"))
-        self.resource_tracking = context.get("resource_tracking", "0") in ("1", "true", "True")
+        #: from the WELCOME: the context's ``resource_tracking`` is daisy's, for user code
+        self.resource_tracking = False
         secret_hex = context.get("secret")
         if secret_hex is None:
             raise KeyError(
@@ -369,19 +372,18 @@ class Client:
         if reply[0] == REJECT:
             self.close()
             raise ConnectionRefusedError(f"the bellis server refused this worker: {reply[1]}")
-        if reply[0] != WELCOME:
-            raise ProtocolError(f"unexpected reply to hello: opcode {reply[0]}")
-        self.timeout_secs = float(reply[1])
-        self.resource_tracking = bool(reply[2])
-        # a task with stall_timeout sends it as a fifth field (nil: none)
-        self._watchdog.stall = float(reply[4]) if len(reply) > 4 and reply[4] is not None else 0.0
-        if len(reply) > 5:  # verify_outputs: read each block's outputs back
+        welcome = parse_welcome(reply)
+        self.timeout_secs = welcome.timeout_seconds
+        self.resource_tracking = welcome.resource_tracking
+        self._watchdog.stall = welcome.stall_timeout_seconds or 0.0
+        if welcome.verify is not None:  # verify_outputs: read each block's outputs back
             from .._outputs._readback import ReadBack  # numpy and zarr, on first read only
 
-            self._verify = ReadBack(reply[5][1], allow_empty=bool(reply[5][0]))
+            allow_empty, outputs = welcome.verify
+            self._verify = ReadBack(outputs, allow_empty=allow_empty)
         from .._graph import TaskGeometry
 
-        g = reply[3]
+        g = welcome.geometry
         self._geom = TaskGeometry(
             self.task_id,
             _RoiSpec(g["total_offset"], g["total_shape"]),

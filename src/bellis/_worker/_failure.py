@@ -32,6 +32,8 @@ import traceback
 from types import TracebackType
 from typing import Any
 
+from .._protocol import JOB_ID_ENV
+
 __all__ = [
     "FRAME_BUDGET",
     "FULL_PER_ERROR",
@@ -108,7 +110,7 @@ def job_id() -> str | None:
     """The launcher's job of this process: ``BELLIS_JOB_ID``, else SLURM's array task
     (``123_4``) or job (``123``); None outside a job."""
     env = os.environ
-    named = env.get("BELLIS_JOB_ID")
+    named = env.get(JOB_ID_ENV)
     if named:
         return named
     array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")

@@ -1,12 +1,15 @@
 """Worker process entry point: ``python -m bellis._worker._main`` (started by a launcher).
 
-stdin carries one frame: an 8-byte little-endian length, then a cloudpickle of
-``{"function", "arity", "sys_path", "log_settings", "code_origins"}``. Everything else
-(server address, task id, worker id, secret) is in ``BELLIS_CONTEXT``. ``BELLIS_SYS_PATH``
-(the driver's ``sys.path``) is put in place *before* the payload is unpickled, so a
-function from a module that only the driver's path can find loads by reference. Functions
-shipped by value get their source files back (``_code_origin``). Nothing here relies on
-fork or on inherited globals, so it works with any start method and on any node.
+stdin (or the file ``BELLIS_PAYLOAD_FILE`` names) carries one payload frame
+(``_protocol.read_payload_frame``) holding a ``_protocol.WorkerPayload``: the pickled
+function, its arity, the driver's ``sys.path``, the logging settings and the code origins.
+Everything else (server address, task id, worker id, secret) is in ``BELLIS_CONTEXT``; the
+variables a worker reads are listed in ``_protocol.WORKER_ENV``, the task's settings come in
+its server's WELCOME. The payload is msgpack, so the driver's ``sys.path`` is in place
+*before* the function is unpickled, and a function from a module that only the driver's
+path can find loads by reference. Functions shipped by value get their source files back
+(``_code_origin``). Nothing here relies on fork or on inherited globals, so it works with
+any start method and on any node.
 
 Exit codes: 0 clean, 87 block timeout, 88 block stalled (watchdog), 89 a block raised
 ``MemoryError`` under the worker's memory limit (``BELLIS_MEMORY_LIMIT``, bytes, set as
@@ -17,29 +20,23 @@ from __future__ import annotations
 
 import os
 import pickle
-import struct
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._protocol import WorkerPayload
 
 
-def _read_payload(stream: Any) -> dict[str, Any]:
-    header = stream.read(8)
-    if len(header) != 8:
-        raise RuntimeError("bellis worker: no payload on stdin (start workers through a launcher)")
-    (length,) = struct.unpack("<Q", header)
-    data = stream.read(length)
-    if len(data) != length:
-        raise RuntimeError("bellis worker: truncated payload on stdin")
-    # The payload comes from our own parent process over a pipe, never from the network.
-    # The function may live in a module found only on the driver's sys.path, so that path
-    # must be in place before anything is unpickled.
-    _extend_sys_path(os.environ.get("BELLIS_SYS_PATH", "").split(os.pathsep))
-    payload: dict[str, Any] = pickle.loads(data)
-    _extend_sys_path(payload.get("sys_path", []))
-    fn = payload.get("function")
-    if isinstance(fn, bytes):
-        payload["function"] = pickle.loads(fn)
-    return payload
+def _read_payload(stream: Any) -> tuple[WorkerPayload, Any]:
+    """The payload on ``stream`` (a ``WorkerPayload``) and its function, unpickled."""
+    from .._protocol import WorkerPayload, read_payload_frame
+
+    payload = WorkerPayload.from_bytes(read_payload_frame(stream))
+    # The payload comes from our own parent process (a pipe, or a private file it wrote),
+    # never from the network. The function may live in a module found only on the driver's
+    # sys.path, so that path must be in place before it is unpickled.
+    _extend_sys_path(list(payload.sys_path))
+    return payload, pickle.loads(payload.function)
 
 
 def _extend_sys_path(paths: list[str]) -> None:
@@ -130,27 +127,27 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
 
 def main() -> int:
     _limit_memory()
-    payload_file = os.environ.get("BELLIS_PAYLOAD_FILE")
+    from .._protocol import PAYLOAD_FILE_ENV
+
+    payload_file = os.environ.get(PAYLOAD_FILE_ENV)
     if payload_file:
-        # cluster launchers (SLURM, Dask) put the payload in a file next to the logs
+        # cluster launchers (SLURM, PBS, SGE, ...) put the payload in a file next to the logs
         with open(payload_file, "rb") as f:
-            payload = _read_payload(f)
+            payload, fn = _read_payload(f)
     else:
-        payload = _read_payload(sys.stdin.buffer)
+        payload, fn = _read_payload(sys.stdin.buffer)
     from .. import logging as blog
 
-    blog.apply_settings(payload.get("log_settings", {}))
+    blog.apply_settings(payload.log_settings)
     blog.guard_std_streams()  # a full disk under the logs must not fail the blocks that print
     # this process's stdout and stderr lead to its slot's log files (or to the pipes a
     # "both" run tees into them): what current_slot_files() gives the user's code
     blog._bind_slot_files((sys.stdout, sys.stderr))
-    fn = payload["function"]
-    origins = payload.get("code_origins")
-    if origins:
+    if payload.code_origins:
         from .._code_origin import restore
 
-        restore(fn, origins)
-    if payload["arity"] == 1:
+        restore(fn, list(payload.code_origins))
+    if payload.arity == 1:
         return run_block_function_loop(fn)
     try:
         return run_worker_function(fn)

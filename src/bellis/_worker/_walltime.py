@@ -24,6 +24,8 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
+from .._protocol import JOB_STARTED_ENV, JOB_TIME_LIMIT_ENV, WALLTIME_MARGIN_ENV
+
 __all__ = ["LEAVING_MARKER", "JobWalltime", "from_env"]
 
 #: the start of the line a worker writes to its stderr when it leaves for its job's time
@@ -105,7 +107,7 @@ def from_env(env: Mapping[str, str] | None = None) -> JobWalltime | None:
     launcher did not ask for walltime awareness) or without a way to know the end."""
     if env is None:
         env = os.environ
-    margin_text = env.get("BELLIS_WALLTIME_MARGIN")
+    margin_text = env.get(WALLTIME_MARGIN_ENV)
     if margin_text is None:
         return None
     try:
@@ -114,13 +116,13 @@ def from_env(env: Mapping[str, str] | None = None) -> JobWalltime | None:
         margin = -1.0
     if not margin >= 0.0:
         raise ValueError(
-            f"BELLIS_WALLTIME_MARGIN={margin_text!r} is not seconds >= 0 (set by the launcher's "
+            f"{WALLTIME_MARGIN_ENV}={margin_text!r} is not seconds >= 0 (set by the launcher's "
             "walltime_margin=)"
         )
     end = _number(env, "SLURM_JOB_END_TIME")
     if end is None:
-        limit = _number(env, "BELLIS_JOB_TIME_LIMIT")
-        start = _number(env, "SLURM_JOB_START_TIME") or _number(env, "BELLIS_JOB_STARTED")
+        limit = _number(env, JOB_TIME_LIMIT_ENV)
+        start = _number(env, "SLURM_JOB_START_TIME") or _number(env, JOB_STARTED_ENV)
         if limit is None or start is None:
             return None
         end = start + limit
