@@ -49,8 +49,7 @@ class Script:
         self.s = Scheduler(pipeline)
         self.errors = ErrorCollector()
         self.plans = {
-            r.task_id: TaskPlan(r, b"fn", None, TaskAggregates(), TimelineSet())
-            for r in self.s.runs
+            r.task_id: TaskPlan(r, b"fn", TaskAggregates(), TimelineSet()) for r in self.s.runs
         }
         self.d = Dispatcher(
             self.s,

@@ -114,8 +114,9 @@ def test_a_requires_mem_budget_caps_the_ladder_at_what_can_ever_start() -> None:
 
 
 def test_a_memory_limit_a_launcher_cannot_enforce_is_a_configuration_error() -> None:
-    class Dask:
+    class Dask(_Launcher):  # DaskLauncher's capabilities: it grants no memory
         name = "dask"
+        memory_grants = False
 
     with pytest.raises(ConfigurationError, match="cannot be enforced by the dask launcher"):
         ladder_for(task(memory_limit="1G"), Dask(), {})

@@ -114,6 +114,8 @@ class BatchLauncher(WorkerLauncher):
     is_local = False
     #: it gives a worker the memory grant of its spec
     memory_grants = True
+    #: several workers of a task start as one job array (``launch_many``)
+    starts_many_at_once = True
     #: the system's name in messages ("SLURM", "LSF", ...)
     system = "batch"
     submit_command = "sbatch"

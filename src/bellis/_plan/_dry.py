@@ -141,7 +141,7 @@ class DryRun:
         workers = 0
         if rp.distributed:
             lau = task.launcher or rp.launcher
-            launcher = "local" if lau is None else str(getattr(lau, "name", type(lau).__name__))
+            launcher = "local" if lau is None else lau.name
             workers = min(task.max_workers, max_parallel) if n_left else 0
             have = budget_units(rp.resources)
             for k, v in task._budget.items():

@@ -14,7 +14,7 @@ import os
 import warnings
 from typing import Any
 
-from .._launchers._base import LocalLauncher
+from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._task import Pipeline, Task, function_arity
 from .._task_params import budget_units, user_stacklevel as _user_stacklevel
 from ..errors import ConfigurationError, CoverageWarning
@@ -101,7 +101,9 @@ def _check_config(
                 )
 
 
-def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> None:
+def _check_gpus(
+    order: list[Task], launcher: WorkerLauncher | None, resources: dict[str, int]
+) -> None:
     """The GPUs of the tasks a local launcher runs: the run's ``gpu`` budget, where not
     given, is the GPUs that launcher hands out (its ``gpus=``, else those this machine
     shows; ``_launchers._gpus``), and no worker may need more GPUs than there are."""
@@ -170,11 +172,11 @@ def _check_resources(resources: Any) -> dict[str, int]:
     return out
 
 
-def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
+def _choose_hosts(host: str | None, launchers: list[WorkerLauncher]) -> tuple[str, str]:
     """(bind address, advertised address)."""
     host = host or os.environ.get("BELLIS_HOST") or os.environ.get("DAISY_HOST")
     if host is None:
-        if all(getattr(launcher, "is_local", True) for launcher in launchers):
+        if all(launcher.is_local for launcher in launchers):
             return "127.0.0.1", "127.0.0.1"
         from .._launchers._net import detect_reachable_host
 

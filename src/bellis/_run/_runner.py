@@ -17,7 +17,7 @@ import cloudpickle
 
 from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
-from .._launchers._base import LocalLauncher
+from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
@@ -310,7 +310,7 @@ class RunPlan:
     host: str | None
     summary: bool
     #: the default launcher (None: a LocalLauncher); a task's own launcher wins
-    launcher: Any
+    launcher: WorkerLauncher | None
     #: workers join from outside (``Server(external_workers=True)``)
     external: bool = False
     #: the Server that runs this plan, told where the run listens
@@ -475,19 +475,18 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
     scheduler = run.scheduler
     default_launcher = plan.launcher if plan.launcher is not None else LocalLauncher()
     plans = {}
+    launchers: dict[str, WorkerLauncher] = {}
     for task_run in scheduler.runs:
         tid = task_run.task_id
-        lau = task_run.task.launcher or default_launcher
+        lau = launchers[tid] = task_run.task.launcher or default_launcher
         run.timelines[tid] = TimelineSet()
-        plans[tid] = TaskPlan(
-            task_run, plan.payloads[tid], lau, run.aggregates[tid], run.timelines[tid]
-        )
+        plans[tid] = TaskPlan(task_run, plan.payloads[tid], run.aggregates[tid], run.timelines[tid])
         ladder = ladder_for(task_run.task, lau, plan.resources)
         if ladder is not None:
             plans[tid].memory = MemoryPlan(ladder, task_run)
         if plan.start_gate is not None:
             plans[tid].gate = StartGate(plan.start_gate)
-    bind, advertise = _choose_hosts(plan.host, [p.launcher for p in plans.values()])
+    bind, advertise = _choose_hosts(plan.host, list(launchers.values()))
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()
     logdir = blog.get_log_basedir()
@@ -516,6 +515,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
     loop = run.loop = RunLoop(
         scheduler,
         plans,
+        launchers,
         secret=secret,
         worker_key=worker_key,
         bind_host=bind,

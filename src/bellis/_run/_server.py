@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from .._launchers._base import WorkerLauncher
 from .._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
 from .._scheduling._dispatch import Dispatcher
 from .._scheduling._instructions import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME
@@ -54,7 +55,7 @@ class _ExitWatch:
 
     __slots__ = ("fd", "launcher")
 
-    def __init__(self, launcher: Any, fd: int) -> None:
+    def __init__(self, launcher: WorkerLauncher, fd: int) -> None:
         self.launcher = launcher
         self.fd = fd
 
@@ -66,6 +67,7 @@ class RunLoop:
         self,
         scheduler: Scheduler,
         plans: dict[str, TaskPlan],
+        launchers: dict[str, WorkerLauncher],
         *,
         secret: bytes,
         bind_host: str,
@@ -100,6 +102,7 @@ class RunLoop:
         )
         self.pool = WorkerPool(
             plans,
+            launchers,
             context_extra=context_extra,
             log_paths=log_paths,
             log_mode=log_mode,
@@ -288,7 +291,7 @@ class RunLoop:
         *,
         final: bool = False,
         interrupted: bool = False,
-        launcher: Any = None,
+        launcher: WorkerLauncher | None = None,
     ) -> bool:
         """Poll the workers that may have ended (every worker with ``final``; those of
         ``launcher`` only, where given); True if one had."""
@@ -312,7 +315,7 @@ class RunLoop:
             self._carry_out()
         return ended
 
-    def _worker_ended(self, launcher: Any) -> None:
+    def _worker_ended(self, launcher: WorkerLauncher) -> None:
         """A launcher's exit descriptor is readable: settle the exits, start replacements."""
         now = time.monotonic()
         if self._poll_workers(now, launcher=launcher):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from .._protocol import is_oom_exit
 from .._sizes import MIB, format_grant
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_GROWTH",
     "MEMORY_KEYS",
+    "MemoryGranter",
     "MemoryLadder",
     "MemoryPlan",
     "ladder_for",
@@ -60,6 +61,23 @@ DEFAULT_GROWTH: Final = 2.0
 LOST_WAIT_SECONDS: Final = 30.0
 #: the ``requires`` keys that hold a worker's memory, in megabytes
 MEMORY_KEYS: Final = ("mem", "mem_mb")
+
+
+class MemoryGranter(Protocol):
+    """What the memory ladder reads of a launcher (``WorkerLauncher``'s capabilities)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def is_local(self) -> bool: ...
+    @property
+    def memory_grants(self) -> bool: ...
+    @property
+    def memory_request(self) -> int | None: ...
+    @property
+    def memory_growth(self) -> float | None: ...
+    @property
+    def max_memory(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -91,11 +109,13 @@ def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> M
     return MemoryLadder(tuple(grants), growth, cap_parameter)
 
 
-def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLadder | None:
+def ladder_for(
+    task: Task, launcher: MemoryGranter, resources: dict[str, int]
+) -> MemoryLadder | None:
     """The ladder of ``task`` run by ``launcher`` under the run's ``resources``; None when
     the task has no memory request (no grant to raise). Raises :class:`ConfigurationError`
     for a ``memory_limit`` that ``launcher`` cannot enforce, or a cap below the request."""
-    grants = getattr(launcher, "memory_grants", False)
+    grants = launcher.memory_grants
     request: int | None = task.memory_limit
     if request is None and grants:
         req = task._budget
@@ -106,15 +126,15 @@ def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLa
     if not grants:
         raise ConfigurationError(
             f"task {task.task_id!r}: memory_limit={format_grant(request)} cannot be enforced by "
-            f"the {getattr(launcher, 'name', type(launcher).__name__)} launcher; use "
+            f"the {launcher.name} launcher; use "
             "LocalLauncher or SlurmLauncher(mem=...), or drop memory_limit",
             parameter="memory_limit",
         )
-    growth = task.memory_growth or getattr(launcher, "memory_growth", None) or DEFAULT_GROWTH
+    growth = task.memory_growth or launcher.memory_growth or DEFAULT_GROWTH
     cap = task.max_memory
     cap_parameter = "Task(max_memory=...)"
     if cap is None:
-        cap = getattr(launcher, "max_memory", None)
+        cap = launcher.max_memory
         cap_parameter = f"{type(launcher).__name__}(max_memory=...)"
     if cap is None:
         cap = int(request * growth * growth)

@@ -134,14 +134,11 @@ class TaskPlan:
         self,
         run: TaskRun,
         payload: bytes | None,
-        launcher: Any,
         aggregates: Any,
         timelines: Any,
     ) -> None:
         self.run = run
         self.payload = payload
-        #: the task's ``WorkerLauncher``: the dispatcher never calls it (the shell does)
-        self.launcher = launcher
         self.aggregates = aggregates
         self.timelines = timelines
         self.alive = 0
