@@ -55,7 +55,7 @@ import numpy as np
 
 from .._launchers._base import WorkerLauncher
 from .._launchers._batch import BatchLauncher
-from .._run._runner import RunPlan, _finish, _run_plan
+from .._run._runner import RunSettings, _finish, _run_plan
 from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB, recommended_memory
 from .._stats._forecast_score import sample_run, write_forecast
@@ -97,7 +97,7 @@ def _asked(left: int, sample: int | bool) -> int:
     return int(sample)
 
 
-def _follow_grown_volumes(rp: RunPlan) -> None:
+def _follow_grown_volumes(rp: RunSettings) -> None:
     """Move each store whose task's volume grew since it was written onto the task's grid
     now, as the sample run's start would (docs/tracking.md, "A grown volume"): the dry
     run does not count the done blocks of a store of another layout, and a sample picked
@@ -229,7 +229,7 @@ def _close(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
                 picks[up.task_id] = merged
 
 
-def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+def _run_sample(rp: RunSettings, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
     """Run only the picked blocks (see the module docstring); their run's report JSON."""
     clones: dict[int, Task] = {}
     for t in rp.tasks:
@@ -243,7 +243,7 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         [clones[id(t)] for t in rp.pipeline.tasks],
         [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
     )
-    sample_plan = RunPlan.build(
+    sample_plan = RunSettings.build(
         pipe,
         multiprocessing=rp.distributed,
         resources=rp.resources,
@@ -342,7 +342,7 @@ def _format_time(seconds: float) -> str:
 
 
 def forecast(
-    rp: RunPlan,
+    rp: RunSettings,
     *,
     sample: Any = True,
     cost_hint: Any = None,
@@ -411,7 +411,7 @@ def _leave_for_scoring(plan: Plan) -> None:
 
 
 def _predict(
-    rp: RunPlan,
+    rp: RunSettings,
     dry: DryRun,
     plan: Plan,
     picks: dict[str, np.ndarray[Any, Any]],

@@ -20,7 +20,7 @@ from typing import Any
 from .._launchers._base import WorkerHandle, WorkerLauncher, WorkerSpec
 from .._launchers._gpus import GpuShortage
 from .._protocol import ExitKind, WorkerExit
-from .._scheduling._records import Booking, ManagedWorker, TaskPlan
+from .._scheduling._records import Booking, ManagedWorker, TaskRecord
 from .._scheduling._task_run import TaskRun
 from ..errors import WorkerStartError
 
@@ -52,7 +52,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        plans: dict[str, TaskPlan],
+        plans: dict[str, TaskRecord],
         launchers: dict[str, WorkerLauncher],
         *,
         context_extra: Callable[[TaskRun, int], dict[str, str]],
@@ -88,12 +88,12 @@ class WorkerPool:
             else:
                 self.watched[id(launcher)] = (launcher, fd)
 
-    def launcher_of(self, plan: TaskPlan) -> WorkerLauncher:
+    def launcher_of(self, plan: TaskRecord) -> WorkerLauncher:
         """The launcher of the workers of ``plan``'s task."""
         return self.launchers[plan.run.task_id]
 
     def start(
-        self, plan: TaskPlan, bookings: list[Booking]
+        self, plan: TaskRecord, bookings: list[Booking]
     ) -> list[tuple[Booking, WorkerHandle | None, Exception | None]]:
         """Start booked workers: ``(booking, handle, None)`` for each one started,
         ``(booking, None, error)`` for each that could not be (its log files or its
@@ -121,7 +121,7 @@ class WorkerPool:
                 out.append((booking, None, exc))
         return out
 
-    def _prepare(self, plan: TaskPlan, booking: Booking, starting: int = 1) -> WorkerSpec:
+    def _prepare(self, plan: TaskRecord, booking: Booking, starting: int = 1) -> WorkerSpec:
         """The launch spec of a booked worker, started with ``starting - 1`` more after
         it; its log files are created (and get their header) now. Raises
         :class:`WorkerStartError` when they cannot be."""
@@ -163,7 +163,7 @@ class WorkerPool:
             gpus=gpus,
         )
 
-    def _take_gpus(self, plan: TaskPlan, slot: int) -> tuple[str, ...] | None:
+    def _take_gpus(self, plan: TaskRecord, slot: int) -> tuple[str, ...] | None:
         """The GPUs of a worker of ``plan`` in ``slot`` (``_launchers._gpus``): None where
         its task needs none or its launcher does not assign them (a batch system does)."""
         shares = plan.run.task._budget.get("gpu", 0)
@@ -178,11 +178,11 @@ class WorkerPool:
             ) from exc
         return gpus
 
-    def _release_gpus(self, plan: TaskPlan, slot: int, gpus: tuple[str, ...] | None) -> None:
+    def _release_gpus(self, plan: TaskRecord, slot: int, gpus: tuple[str, ...] | None) -> None:
         if gpus is not None:
             self.launcher_of(plan).release_gpus(plan.run.task_id, slot)
 
-    def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:
+    def log_location(self, plan: TaskRecord, handle: WorkerHandle) -> str | None:
         """Where a started worker's output goes."""
         where: str | None = self.launcher_of(plan).log_location(handle)
         return where

@@ -23,8 +23,8 @@ from .._protocol import new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
-from .._scheduling._memory import MemoryPlan, ladder_for
-from .._scheduling._records import TaskPlan
+from .._scheduling._memory import MemoryRetries, ladder_for
+from .._scheduling._records import TaskRecord
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import ABANDONED, TaskRun
 from .._signals import install_abort_handlers
@@ -60,7 +60,7 @@ from ._checks import (
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
-from ._provenance import CodePlan, check_code, code_summary, finish_code, record_code
+from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._summary import (
@@ -291,7 +291,7 @@ class _RunResult:
 
 
 @dataclass(frozen=True, slots=True)
-class RunPlan:
+class RunSettings:
     """What one run needs, checked before anything runs: built by :meth:`build`, read by
     :func:`_execute` and :func:`_run_distributed`."""
 
@@ -341,7 +341,7 @@ class RunPlan:
         external: bool = False,
         server: Server | None = None,
         serial_observer: Any = None,
-    ) -> RunPlan:
+    ) -> RunSettings:
         """Check the pipeline and the configuration, and serialize the worker payloads
         (an unpicklable function fails here); raises before anything runs."""
         pipe = _coerce_pipeline(pipeline)
@@ -378,7 +378,7 @@ class _Run:
     __slots__ = ("aggregates", "code", "errors", "loop", "result", "scheduler", "timelines")
 
     def __init__(
-        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodePlan
+        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodeCheck
     ) -> None:
         self.scheduler = scheduler
         #: which code this run's blocks are recorded with (``record_code``)
@@ -392,13 +392,13 @@ class _Run:
         self.loop: RunLoop | None = None
 
 
-def _execute(plan: RunPlan) -> _RunResult:
+def _execute(plan: RunSettings) -> _RunResult:
     """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
     planned = _seams.planning_requested()
     return cast(_RunResult, _seams.plan_script_call(plan)) if planned else _run_plan(plan)
 
 
-def _run_plan(plan: RunPlan) -> _RunResult:
+def _run_plan(plan: RunSettings) -> _RunResult:
     """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
@@ -413,7 +413,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
         started_wall = time.time()
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
-        code = CodePlan(started_wall)
+        code = CodeCheck(started_wall)
         try:
             code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
@@ -471,7 +471,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
     return result
 
 
-def _run_distributed(plan: RunPlan, run: _Run) -> None:
+def _run_distributed(plan: RunSettings, run: _Run) -> None:
     scheduler = run.scheduler
     default_launcher = plan.launcher if plan.launcher is not None else LocalLauncher()
     plans = {}
@@ -480,10 +480,12 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
         tid = task_run.task_id
         lau = launchers[tid] = task_run.task.launcher or default_launcher
         run.timelines[tid] = TimelineSet()
-        plans[tid] = TaskPlan(task_run, plan.payloads[tid], run.aggregates[tid], run.timelines[tid])
+        plans[tid] = TaskRecord(
+            task_run, plan.payloads[tid], run.aggregates[tid], run.timelines[tid]
+        )
         ladder = ladder_for(task_run.task, lau, plan.resources)
         if ladder is not None:
-            plans[tid].memory = MemoryPlan(ladder, task_run)
+            plans[tid].memory = MemoryRetries(ladder, task_run)
         if plan.start_gate is not None:
             plans[tid].gate = StartGate(plan.start_gate)
     bind, advertise = _choose_hosts(plan.host, list(launchers.values()))
@@ -544,7 +546,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
 
 
 def _write_reports(
-    plan: RunPlan,
+    plan: RunSettings,
     run: _Run,
     stores: dict[str, Any],
     started: float,
@@ -636,7 +638,7 @@ def run_blockwise(
         kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
         return _seams.dry_run(pipeline, multiprocessing=multiprocessing, **kw)
     result = _execute(
-        RunPlan.build(
+        RunSettings.build(
             pipeline,
             multiprocessing=multiprocessing,
             resources=resources,
@@ -730,7 +732,7 @@ class Server(AttachableObservers):
         launcher: Any = None,
     ) -> dict[str, TaskState]:
         result = _execute(
-            RunPlan.build(
+            RunSettings.build(
                 pipeline,
                 multiprocessing=True,
                 resources=resources,
@@ -762,7 +764,7 @@ class SerialServer(AttachableObservers):
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(
-            RunPlan.build(
+            RunSettings.build(
                 tasks,
                 multiprocessing=False,
                 block_tracking=block_tracking,
@@ -780,7 +782,7 @@ def _run_serial(
     blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
     An exception from a block propagates; a task's outcome is never raised."""
     result = _execute(
-        RunPlan.build(
+        RunSettings.build(
             pipeline,
             multiprocessing=False,
             block_tracking=block_tracking,

@@ -10,7 +10,7 @@ Owns:
   ``_instructions``  the instructions out (SendFrame, Close, Launch, Kill, Progress)
   ``_ports``       ``DispatcherPort``: the dispatcher as its helper modules see it
   ``_staffing``    the managed workers: bookings, the restart budget, resources, exits
-  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskPlan, Booking
+  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskRecord, Booking
   ``_batching``    batch sizes, and the checks on a returned batch
   ``_deadlines``   when each connection's blocks are due back
   ``_gate``        a plan's sample run: a task's first blocks wait for all its workers

@@ -7,6 +7,7 @@ Owns:
   ``_timeline``     the lifecycle phases of managed workers, stamped by the server
   ``_report_load``  where a task's last report lives, for ``task.report()``
   ``_errorlog``     ``errors.jsonl``: the bounded error records of failed attempts
+  ``_errorgroups``  ``ErrorCollector``: each task's failed attempts grouped by distinct error
   ``_forecast_score``  a forecast left in a store, scored by the next run (its run line)
 
 May import: the plumbing and the model. A report's views (panel, page, notebook) live in
