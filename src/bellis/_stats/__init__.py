@@ -10,9 +10,12 @@ Owns:
   ``_errorgroups``  ``ErrorCollector``: each task's failed attempts grouped by distinct error
   ``_forecast_score``  a forecast left in a store, scored by the next run (its run line)
 
-May import: the plumbing and the model. A report's views (panel, page, notebook) live in
-``_report``, above this folder, and are reached through :mod:`bellis._seams`.
+May import: ``plumbing``, ``model``.
+Imported by: ``task``, ``_scheduling``, ``_report``, ``_run``, ``_plan``, ``face``,
+``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-Must never be imported by: the plumbing, the model, ``_protocol``, ``_tracking``,
-``_worker`` or ``_launchers``.
+A report's views (panel, page, notebook) live in ``_report``, above this folder, and are
+reached through :mod:`bellis._seams`.
 """
