@@ -22,6 +22,7 @@ from ..errors import ConfigurationError, CoverageWarning
 __all__ = [
     "_check_config",
     "_check_gpus",
+    "_check_launchers",
     "_check_resources",
     "_choose_hosts",
     "_coerce_pipeline",
@@ -66,6 +67,22 @@ def _pipeline_from_list(tasks: list[Any]) -> Pipeline:
 
 def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
     return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
+
+
+def _check_launchers(order: list[Task], launcher: object) -> None:
+    """The run's ``launcher`` and each task's are ``WorkerLauncher``s (or None): the run
+    reads their capabilities as typed members of that class."""
+    given = [("launcher", launcher)] + [
+        (f"Task({t.task_id!r}, launcher=...)", t.launcher) for t in order
+    ]
+    for where, lau in given:
+        if lau is not None and not isinstance(lau, WorkerLauncher):
+            raise _config_error(
+                f"{where} is {type(lau).__name__}, not a launcher: pass "
+                "bellis.LocalLauncher(), bellis.SlurmLauncher(...) or another "
+                "bellis.WorkerLauncher (a subclass of it for a launcher of your own)",
+                "launcher",
+            )
 
 
 def _check_config(

@@ -52,6 +52,7 @@ from ..errors import (
 from ._checks import (
     _check_config,
     _check_gpus,
+    _check_launchers,
     _check_resources,
     _choose_hosts,
     _coerce_pipeline,
@@ -348,6 +349,7 @@ class RunSettings:
         tasks = pipe.validate()
         budget = _check_resources(resources)
         if multiprocessing and not external:
+            _check_launchers(tasks, launcher)
             _check_gpus(tasks, launcher, budget)
         _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
         warn_uncovered(tasks)
