@@ -646,7 +646,7 @@ def _predict(
             task_forecast["time_limit"] = _format_time(need)
             limit = lau.limit_seconds
             if limit and limit * (1 + run.task.max_worker_restarts) < est.finished[gx]:
-                shown = _format_time(limit)
+                shown = lau.time_limit or _format_time(limit)
                 plan.warnings.append(
                     f"task {run.task_id!r}: the forecast wall {format_seconds(est.finished[gx])} "
                     f"outlasts the job time limit ({shown}) times its "
