@@ -327,3 +327,53 @@ def test_verify_with_nothing_to_verify_is_not_a_success(store: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "nothing to verify" in proc.stderr
     assert "verify_outputs=True" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------
+# a launcher that is not a WorkerLauncher
+
+NOT_A_LAUNCHER_SCRIPT = r"""
+import sys
+
+import bellis as daisy
+
+where = sys.argv[1]
+
+
+def process(block):
+    pass
+
+
+task = daisy.Task(
+    "t",
+    daisy.Roi((0,), (40,)),
+    daisy.Roi((0,), (10,)),
+    daisy.Roi((0,), (10,)),
+    process_function=process,
+    tracking_path=False,
+    launcher="slurm" if where == "task" else None,
+)
+try:
+    daisy.run_blockwise(
+        [task], launcher="slurm" if where == "run" else None, progress=False, summary=False
+    )
+except daisy.errors.BellisError as exc:
+    print("ERROR", type(exc).__name__, getattr(exc, "parameter", None))
+    print(exc)
+else:
+    print("ACCEPTED")
+"""
+
+
+@pytest.mark.parametrize(
+    ("where", "named"), [("run", "launcher is str"), ("task", "Task('t', launcher=...) is str")]
+)
+def test_a_launcher_that_is_not_a_worker_launcher_is_refused_before_the_run(
+    tmp_path: Path, where: str, named: str
+) -> None:
+    proc = run_script(tmp_path, NOT_A_LAUNCHER_SCRIPT, where)
+    assert proc.returncode == 0, proc.stderr
+    head, message = proc.stdout.splitlines()[:2]
+    assert head == "ERROR ConfigurationError launcher"
+    assert f"{named}, not a launcher" in message
+    assert "bellis.WorkerLauncher" in message

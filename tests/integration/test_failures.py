@@ -34,6 +34,7 @@ from kit.blocks import (
     peak_concurrency,
     read_records,
     sleep_block,
+    stop_once_block,
 )
 from kit.procs import pid_alive
 
@@ -112,6 +113,51 @@ def test_block_timeout_kills_worker_and_retries(recdir: str, tmp_path: Path) -> 
     assert "still running after timeout=1s; killing worker process" in err
     workers = task.report().to_json()["workers"]
     assert workers["exits"].get("timeout", 0) >= 1
+
+
+class _NoKillLauncher(bellis.WorkerLauncher):
+    """A user's launcher that starts workers through a LocalLauncher and offers only what
+    a launcher must: launch, poll and cancel (no ``kill`` of its own)."""
+
+    name = "no-kill"
+
+    def __init__(self) -> None:
+        self.inner = bellis.LocalLauncher(fork_server=False)
+
+    def launch(self, spec: Any) -> Any:
+        return self.inner.launch(spec)
+
+    def poll(self, handle: Any) -> Any:
+        return self.inner.poll(handle)
+
+    def cancel(self, handles: list[Any], grace_seconds: float) -> None:
+        self.inner.cancel(handles, grace_seconds)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("launcher", ["local", "no-kill"])
+def test_a_worker_hung_past_its_block_timeout_is_killed_by_the_server(
+    recdir: str, launcher: str
+) -> None:
+    """A worker stopped (SIGSTOP) inside a block cannot end itself at its timeout: the
+    server's deadline kills it, through its launcher, while the run goes on; a launcher
+    with no ``kill`` of its own gets the base class's (it cancels the worker)."""
+    lau = bellis.LocalLauncher() if launcher == "local" else _NoKillLauncher()
+    task = make_task(
+        "t",
+        3,
+        functools.partial(stop_once_block, recdir, 0),
+        max_workers=1,
+        timeout=3.0,
+        launcher=lau,
+    )
+    states = bellis.run_blockwise([task], return_states=True, **RUN)
+    assert (states["t"].completed_count, states["t"].failed_count) == (3, 0)
+    assert_each_success_once(recdir, "t", 3)
+    seen = [p.read_text() for p in sorted(Path(recdir).glob("stopped_worker_seen_by_*"))]
+    assert seen == ["gone", "gone"], seen
 
 
 def test_timeout_summary_mentions_timeout(recdir: str, capfd: pytest.CaptureFixture[str]) -> None:

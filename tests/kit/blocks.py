@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -206,6 +207,42 @@ def connect_and_return() -> None:
 def env_sleep_block(block: Any) -> None:
     """``sleep_block`` with its record directory from ``$BELLIS_TEST_RECDIR`` (for the CLI)."""
     sleep_block(os.environ["BELLIS_TEST_RECDIR"], 0.01, block)
+
+
+def stop_once_block(recdir: str, stop_id: int, block: Any) -> None:
+    """Block ``stop_id`` stops its own worker (``SIGSTOP``) on its first attempt, a hang no
+    timer inside the worker can end, after writing its pid to ``stopped_pid``. Every other
+    block then waits up to 1.5 s (half the test's block timeout) for that worker to be gone
+    and writes ``gone`` or ``alive`` to ``stopped_worker_seen_by_<block>``: only the
+    server's kill can end it while the run lasts."""
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    pid_file = os.path.join(recdir, "stopped_pid")
+    if sid == stop_id and _first_time(recdir, f"stopped_{sid}"):
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if sid != stop_id and os.path.exists(pid_file):
+        with open(pid_file) as f:
+            pid = int(f.read())
+        end = time.monotonic() + 1.5
+        while _running(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        with open(os.path.join(recdir, f"stopped_worker_seen_by_{sid}"), "w") as f:
+            f.write("alive" if _running(pid) else "gone")
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that is neither a zombie nor gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
 
 
 def hang_block(recdir: str, block: Any) -> None:

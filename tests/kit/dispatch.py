@@ -18,11 +18,11 @@ from bellis._protocol import (
     parse_welcome,
     worker_token,
 )
-from bellis._run._summary import ErrorCollector
 from bellis._scheduling._dispatch import CLOSE, KILL, LAUNCH, SEND_FRAME, Dispatcher
-from bellis._scheduling._records import ManagedWorker, Peer, TaskPlan
+from bellis._scheduling._records import ManagedWorker, Peer, TaskRecord
 from bellis._scheduling._scheduler import Scheduler
 from bellis._stats._aggregates import TaskAggregates
+from bellis._stats._errorgroups import ErrorCollector
 from bellis._stats._timeline import TimelineSet
 
 SECRET = b"s" * 32
@@ -46,14 +46,14 @@ class Script:
     """A dispatcher over ``pipeline``, the clock at ``now``, and what it said."""
 
     def __init__(self, pipeline: Any, resources: dict[str, int] | None = None) -> None:
-        self.s = Scheduler(pipeline)
+        self.scheduler = Scheduler(pipeline)
         self.errors = ErrorCollector()
         self.plans = {
-            r.task_id: TaskPlan(r, b"fn", None, TaskAggregates(), TimelineSet())
-            for r in self.s.runs
+            r.task_id: TaskRecord(r, b"fn", TaskAggregates(), TimelineSet())
+            for r in self.scheduler.runs
         }
-        self.d = Dispatcher(
-            self.s,
+        self.dispatcher = Dispatcher(
+            self.scheduler,
             self.plans,
             secret=SECRET,
             worker_key=KEY,
@@ -68,8 +68,8 @@ class Script:
         return self.plans[task_id].run
 
     def take(self) -> list[tuple[Any, ...]]:
-        out = list(self.d.out)
-        self.d.out.clear()
+        out = list(self.dispatcher.out)
+        self.dispatcher.out.clear()
         return out
 
     def frames(self, peer: Peer) -> list[list[Any]]:
@@ -86,7 +86,7 @@ class Script:
         msg = [HELLO, compute_mac(SECRET, peer.nonce), task_id, wid, 1234, 0.5]
         if worker is not None:
             msg.append(compute_mac(worker_token(KEY, wid), peer.nonce))
-        self.d.receive(peer, msg, self.now)
+        self.dispatcher.receive(peer, msg, self.now)
         parse_welcome(self.frames(peer)[0])  # a WELCOME, well formed
         return peer
 
@@ -107,19 +107,19 @@ class Script:
             msg.append(rows)
         if busy is not None:
             msg.append(busy)
-        self.d.receive(peer, msg, self.now)
+        self.dispatcher.receive(peer, msg, self.now)
         return self.take()
 
     def launch(self) -> list[tuple[ManagedWorker, Any]]:
         """Carry out the LAUNCH instructions of a rebalance: every booking starts. The
         workers started, each with its booking."""
-        self.d.rebalance(self.now)
+        self.dispatcher.rebalance(self.now)
         started = []
         for instr in self.take():
             assert instr[0] == LAUNCH
             for booking in instr[2]:
-                self.d.launched(instr[1], booking, object(), None)
-                started.append((self.d.workers[booking.worker_id], booking))
+                self.dispatcher.launched(instr[1], booking, object(), None)
+                started.append((self.dispatcher.workers[booking.worker_id], booking))
         return started
 
     def start_workers(self) -> list[ManagedWorker]:
@@ -127,13 +127,13 @@ class Script:
         return [worker for worker, _booking in self.launch()]
 
     def exit(self, worker: ManagedWorker, ex: WorkerExit) -> list[tuple[Any, ...]]:
-        if self.d.worker_exited(worker, ex):
-            self.d.settle_exit(worker, self.now)
+        if self.dispatcher.worker_exited(worker, ex):
+            self.dispatcher.settle_exit(worker, self.now)
         return self.take()
 
     def tick(self) -> list[tuple[Any, ...]]:
-        self.d.expire(self.now)
-        self.d.tick(self.now)
+        self.dispatcher.expire(self.now)
+        self.dispatcher.tick(self.now)
         return self.take()
 
 

@@ -156,7 +156,7 @@ def test_an_idle_worker_waits_until_the_block_is_a_straggler_then_gets_the_copy(
 
 def test_a_waiting_worker_is_told_to_stop_when_the_run_shuts_down() -> None:
     r = Race(backup_after=1000.0)
-    r.sc.d.begin_shutdown(r.sc.now)
+    r.sc.dispatcher.begin_shutdown(r.sc.now)
     assert told_to_stop(r.sc.take(), r.b)
 
 
@@ -213,7 +213,7 @@ def test_the_copy_finishes_first_the_original_is_preempted_and_nothing_is_charge
     assert sc.plans["t"].free_starts == free + 1  # the preempted worker is no restart
     assert not sc.errors.groups("t")
     # the killed worker is seen to end later: nothing more is charged
-    assert sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed")) is False
+    assert sc.dispatcher.worker_exited(r.wa, WorkerExit("error", -9, "killed")) is False
     assert _state_after(r).worker_failure_count == 0 and sc.plans["t"].retired_unseen == 0
 
 
@@ -241,7 +241,7 @@ def test_a_late_success_of_the_loser_cannot_come_back() -> None:
     # the shell reads nothing more from a closed connection; were it to, the block is no
     # longer held there: the message is refused, and nothing is released twice
     assert r.a.closed and r.a.held == []
-    sc.d.receive(r.a, [ACQUIRE, r.x, OK, -1, None], sc.now)
+    sc.dispatcher.receive(r.a, [ACQUIRE, r.x, OK, -1, None], sc.now)
     assert not sent(sc.take(), r.a)
     assert sc.run().completed == sc.plans["t"].aggregates.count == MIN_FINISHED + 1
     assert sc.run().backups_won == 1 and sc.run().backups_lost == 0
@@ -283,7 +283,7 @@ def test_a_lost_connection_drops_that_copy_only(lost: str) -> None:
     sc = r.sc
     send_of(r.last, r.b)
     gone, other = (r.a, r.b) if lost == "original" else (r.b, r.a)
-    sc.d.close(gone, sc.now)
+    sc.dispatcher.close(gone, sc.now)
     sc.take()
     assert gone.held == [] and other.held == [r.x]
     assert sc.run().failed_attempts == 0 and sc.run().ready == 0 and sc.run().processing == 1
@@ -334,7 +334,7 @@ def test_the_worker_exit_of_a_preempted_worker_names_why_in_its_slot() -> None:
     sc = r.sc
     send_of(r.last, r.b)
     sc.acquire(r.b, (r.x, OK, -1, None))
-    sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
+    sc.dispatcher.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
     _slot, why = sc.plans["t"].take_slot()
     assert why is not None and "other copy of its block finished first" in why
 
@@ -397,7 +397,7 @@ def test_the_counters_reach_the_run_line_and_it_validates() -> None:
     counters = counters_from_state(r.sc.run().snapshot())
     assert counters["backups_started"] == counters["backups_won"] == 1
     assert counters["backups_lost"] == 0 and counters["backup_loser_seconds"] > 1.0
-    r.sc.d.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
+    r.sc.dispatcher.worker_exited(r.wa, WorkerExit("error", -9, "killed"))
     line = task_report_json(
         task_id="t",
         outcome="completed",

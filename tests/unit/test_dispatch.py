@@ -42,7 +42,7 @@ from kit.dispatch import CREATED, FAIL, KEY, OK, SECRET, Script, closed, send_of
 def test_a_hello_with_a_wrong_secret_closes_the_connection_and_sends_nothing() -> None:
     sc = Script(task())
     peer = Peer(("h", 1), b"nonce", sc.now)
-    sc.d.receive(peer, [HELLO, compute_mac(b"x" * 32, b"nonce"), "t", -1, 1, 0.0], sc.now)
+    sc.dispatcher.receive(peer, [HELLO, compute_mac(b"x" * 32, b"nonce"), "t", -1, 1, 0.0], sc.now)
     out = sc.take()
     assert out == [(CLOSE, peer)] and peer.closed and not peer.authed
 
@@ -50,7 +50,7 @@ def test_a_hello_with_a_wrong_secret_closes_the_connection_and_sends_nothing() -
 def test_a_hello_for_another_task_is_rejected_then_closed() -> None:
     sc = Script(task())
     peer = Peer(("h", 1), b"nonce", sc.now)
-    sc.d.receive(peer, [HELLO, compute_mac(SECRET, b"nonce"), "nope", -1, 1, 0.0], sc.now)
+    sc.dispatcher.receive(peer, [HELLO, compute_mac(SECRET, b"nonce"), "nope", -1, 1, 0.0], sc.now)
     out = sc.take()
     assert sent(out, peer) == [[REJECT, "no task 'nope' in this run"]]
     assert [i[0] for i in out] == [SEND_FRAME, CLOSE]
@@ -77,7 +77,7 @@ def test_a_worker_id_without_its_token_is_an_unmanaged_client() -> None:
     (w,) = sc.start_workers()
     peer = Peer(("h", 1), b"nonce", sc.now)
     msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0, b"forged"]
-    sc.d.receive(peer, msg, sc.now)
+    sc.dispatcher.receive(peer, msg, sc.now)
     assert parse_welcome(sent(sc.take(), peer)[0]).geometry["total_shape"]
     assert peer.worker is None and w.conn is None
 
@@ -94,7 +94,7 @@ def test_a_second_connection_of_a_worker_is_that_worker() -> None:
     assert sc.plans["t"].timelines.unmanaged_clients == 0
     (k,) = send_of(sc.acquire(second), second)
     sc.acquire(second, (k, OK, -1, None))
-    sc.d.close(first, sc.now)  # the first client goes away: the worker is still here
+    sc.dispatcher.close(first, sc.now)  # the first client goes away: the worker is still here
     assert w.conns == [second] and w.exit is None
 
 
@@ -106,7 +106,7 @@ def test_a_worker_that_did_its_blocks_on_a_second_client_earns_its_start_back(
     (w,) = sc.start_workers()
     first = sc.connect(worker=w)
     if not first_open:
-        sc.d.close(first, sc.now)
+        sc.dispatcher.close(first, sc.now)
     second = sc.connect(worker=w)
     (k,) = send_of(sc.acquire(second), second)
     sc.acquire(second, (k, OK, -1, None), op=BYE)  # leaves with blocks left
@@ -213,8 +213,8 @@ def test_a_busy_time_with_measurement_rows_paces_the_batch_and_stores_the_rows()
     sc.now += 1.0
     row = STATS_ROW.pack(0.0001, 0.0001, 1, 2, 3, float("nan"), 0, 0.0)
     held = send_of(sc.acquire(peer, (k, OK, 0, None), rows=row, busy=0.0001), peer)
-    assert len(held) == 2 and sc.d.fatal is None and sc.run().completed == 1
-    assert sc.d.plan_of[sc.run().index].aggregates.wall.n == 1
+    assert len(held) == 2 and sc.dispatcher.fatal is None and sc.run().completed == 1
+    assert sc.dispatcher.plan_of[sc.run().index].aggregates.wall.n == 1
 
 
 @pytest.mark.parametrize("busy", [-1.0, float("nan"), float("inf")])
@@ -371,7 +371,9 @@ def test_a_success_without_measurements_under_resource_tracking_is_fatal() -> No
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     sc.acquire(peer, (k, OK, -1, None))
-    assert isinstance(sc.d.fatal, RuntimeError) and "resource_tracking" in str(sc.d.fatal)
+    assert isinstance(sc.dispatcher.fatal, RuntimeError) and "resource_tracking" in str(
+        sc.dispatcher.fatal
+    )
     assert peer.held == []  # not charged later as a lost attempt
 
 
@@ -382,7 +384,7 @@ def test_measured_blocks_are_aggregated_before_their_release() -> None:
     sc.now += 0.5
     row = STATS_ROW.pack(0.4, 0.3, 1, 2, 3, 0.0, 0, 0.0)
     send_of(sc.acquire(peer, (k, OK, 0, None), rows=row), peer)
-    assert sc.d.fatal is None and sc.run().completed == 1
+    assert sc.dispatcher.fatal is None and sc.run().completed == 1
 
 
 @pytest.mark.parametrize("util", [101.0, -1.0, float("inf")])
@@ -401,8 +403,8 @@ def test_measured_gpu_figures_reach_the_aggregates() -> None:
     (k,) = send_of(sc.acquire(peer), peer)
     row = STATS_ROW.pack(0.4, 0.3, 1, 2, 3, 75.0, 3 << 30, 0.0)
     send_of(sc.acquire(peer, (k, OK, 0, None), rows=row), peer)
-    assert sc.d.fatal is None and sc.run().completed == 1
-    agg = sc.d.plan_of[sc.run().index].aggregates
+    assert sc.dispatcher.fatal is None and sc.run().completed == 1
+    agg = sc.dispatcher.plan_of[sc.run().index].aggregates
     assert agg.gpu_util.n == 1 and agg.gpu_util.mean == 75.0
     assert agg.gpu_mem.n == 1 and agg.gpu_mem.max == 3 << 30
 
@@ -423,7 +425,7 @@ def test_a_parked_request_gets_the_shutdown_when_its_blocks_are_orphaned() -> No
     assert sc.acquire(dn) == [] and dn.parked and dn in sc.plans["down"].parked
     out = sc.acquire(u, (k, FAIL, -1, "boom"))
     assert sent(out, u) == [[SHUTDOWN]] and sc.run("down").orphaned == 1
-    sc.d.tick(sc.now)  # the tick serves what no release woke
+    sc.dispatcher.tick(sc.now)  # the tick serves what no release woke
     assert sent(sc.take(), dn) == [[SHUTDOWN]]
 
 
@@ -435,7 +437,7 @@ def test_a_closed_parked_request_is_skipped_when_blocks_get_ready() -> None:
     waiting = [sc.connect("down") for _ in range(3)]
     for w in waiting:
         assert sc.acquire(w) == [] and w.parked
-    sc.d.close(waiting[0], sc.now)
+    sc.dispatcher.close(waiting[0], sc.now)
     sc.take()
     assert not waiting[0].parked
     out = sc.acquire(u1, (k1, OK, -1, None)) + sc.acquire(u2, (k2, OK, -1, None))
@@ -461,10 +463,10 @@ def test_a_block_is_reclaimed_only_after_its_deadline_and_the_watchdog_margin() 
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
     margin = watchdog_margin_seconds(sc.run())
-    sc.d.expire(peer.deadline + margin)
+    sc.dispatcher.expire(peer.deadline + margin)
     assert sc.take() == []
     sc.now = peer.deadline + margin + 0.01
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     assert sc.run().timeout_reclaims == 1 and w.exit is not None and w.exit.kind == "timeout"
@@ -496,7 +498,9 @@ def test_a_tick_looks_only_at_the_connections_whose_deadline_passed() -> None:
     for i in range(1000):
         sc.now = 100.0 + i  # one block each, deadlines 1 s apart
         peer = CountingPeer(("127.0.0.1", 6000 + i), b"c%d" % i, sc.now)
-        sc.d.receive(peer, [HELLO, compute_mac(SECRET, peer.nonce), "t", -1, 1, 0.0], sc.now)
+        sc.dispatcher.receive(
+            peer, [HELLO, compute_mac(SECRET, peer.nonce), "t", -1, 1, 0.0], sc.now
+        )
         sc.take()  # the WELCOME
         assert len(send_of(sc.acquire(peer), peer)) == 1
         peers.append(peer)
@@ -504,7 +508,7 @@ def test_a_tick_looks_only_at_the_connections_whose_deadline_passed() -> None:
     for peer in peers:
         peer.looks = 0
     sc.now = peers[2].deadline + margin + 0.01  # the first three are past their deadline
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     out = sc.take()
     assert [p for p in peers if closed(out, p)] == peers[:3]
     assert sc.run().timeout_reclaims == 3
@@ -526,7 +530,7 @@ def test_a_later_batch_with_an_earlier_deadline_is_reclaimed_at_that_deadline() 
     # the first batch's deadline has not passed, the second's (one block, 10 s) is past
     sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
     assert len(peer.held) == 1
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
 
 
@@ -537,10 +541,10 @@ def test_a_connection_served_again_is_not_reclaimed_at_its_old_deadline() -> Non
     sc.now += 9
     send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
     sc.now += 5  # past the first block's deadline, not the second's
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     assert sc.take() == [] and sc.run().timeout_reclaims == 0
     sc.now = peer.deadline + watchdog_margin_seconds(sc.run()) + 0.01
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
 
 
@@ -552,7 +556,7 @@ def test_a_batch_past_its_deadline_is_requeued_uncharged_and_its_blocks_become_s
     held = send_of(sc.acquire(peer), peer)
     assert len(held) == 4
     sc.now = peer.deadline + 10
-    sc.d.expire(sc.now)
+    sc.dispatcher.expire(sc.now)
     out = sc.take()
     assert (KILL, w) in out and closed(out, peer)
     run = sc.run()
@@ -567,7 +571,7 @@ def test_a_suspect_block_travels_alone() -> None:
     peer.batch = 8
     held = send_of(sc.acquire(peer), peer)
     assert len(held) == 8
-    sc.d.close(peer, sc.now)  # lost mid-batch
+    sc.dispatcher.close(peer, sc.now)  # lost mid-batch
     sc.take()
     other = sc.connect()
     (first,) = send_of(sc.acquire(other), other)
@@ -594,7 +598,7 @@ def test_a_disconnect_at_or_after_the_deadline_counts_as_the_timeout() -> None:
     sc = Script(task(timeout=5))
     peer = sc.connect()
     send_of(sc.acquire(peer), peer)
-    sc.d.close(peer, peer.deadline)
+    sc.dispatcher.close(peer, peer.deadline)
     assert closed(sc.take(), peer) and sc.run().timeout_reclaims == 1
 
 
@@ -604,7 +608,7 @@ def test_a_worker_lost_with_one_block_charges_that_block() -> None:
     peer = sc.connect()
     send_of(sc.acquire(peer), peer)
     sc.now += 1
-    sc.d.close(peer, sc.now)
+    sc.dispatcher.close(peer, sc.now)
     assert closed(sc.take(), peer)
     assert sc.run().failed == 1 and sc.run().status == FINISHED
 
@@ -615,7 +619,7 @@ def test_a_worker_lost_mid_batch_charges_none_of_its_blocks() -> None:
     peer = sc.connect()
     peer.batch = 5
     held = send_of(sc.acquire(peer), peer)
-    sc.d.close(peer, sc.now + 1)
+    sc.dispatcher.close(peer, sc.now + 1)
     assert sc.run().failed == 0 and sc.run().ready == 40
     assert sc.plans["t"].suspects == set(held)
 
@@ -625,9 +629,9 @@ def test_the_blocks_a_gone_worker_returned_before_its_exit_count_as_done() -> No
     (w,) = sc.start_workers()
     peer = sc.connect(worker=w)
     (k,) = send_of(sc.acquire(peer), peer)
-    assert sc.d.worker_exited(w, WorkerExit("error", 1, "exited with code 1"))
-    sc.d.receive(peer, [BYE, k, OK, -1, None], sc.now, draining=True)
-    sc.d.settle_exit(w, sc.now)
+    assert sc.dispatcher.worker_exited(w, WorkerExit("error", 1, "exited with code 1"))
+    sc.dispatcher.receive(peer, [BYE, k, OK, -1, None], sc.now, draining=True)
+    sc.dispatcher.settle_exit(w, sc.now)
     assert sc.run().completed == 1 and sc.run().failed == 0
     assert sc.run().worker_failures == 1
 
@@ -635,27 +639,29 @@ def test_the_blocks_a_gone_worker_returned_before_its_exit_count_as_done() -> No
 # -- workers and the restart budget -----------------------------------------------------
 def test_a_rebalance_books_up_to_max_workers_within_the_resources() -> None:
     sc = Script(task(blocks=10, max_workers=4, requires={"gpu": 1}), resources={"gpu": 3})
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((op, plan, bookings),) = sc.take()
     assert op == LAUNCH and plan is sc.plans["t"]
     assert [b.slot for b in bookings] == [0, 1, 2]
     # the budget counts GPUs in integer shares (GPU_SHARES to a GPU)
-    assert sc.d.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 3 and plan.free_starts == 1
+    assert (
+        sc.dispatcher.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 3 and plan.free_starts == 1
+    )
 
 
 def test_half_gpus_pack_two_workers_on_each_gpu_of_the_budget() -> None:
     sc = Script(task(blocks=10, max_workers=8, requires={"gpu": 0.5}), resources={"gpu": 3})
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((_op, plan, bookings),) = sc.take()
     assert [b.slot for b in bookings] == [0, 1, 2, 3, 4, 5]
-    assert sc.d.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 6
+    assert sc.dispatcher.used == {"gpu": 3 * GPU_SHARES} and plan.alive == 6
 
 
 def test_thirds_of_a_gpu_fill_the_budget_exactly() -> None:
     sc = Script(task(blocks=10, max_workers=9, requires={"gpu": 1 / 3}), resources={"gpu": 2})
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((_op, _plan, bookings),) = sc.take()
-    assert len(bookings) == 6 and sc.d.used == {"gpu": 2 * GPU_SHARES}
+    assert len(bookings) == 6 and sc.dispatcher.used == {"gpu": 2 * GPU_SHARES}
 
 
 def test_a_release_books_workers_only_for_the_task_it_made_ready() -> None:
@@ -673,7 +679,7 @@ def test_a_release_books_workers_only_for_the_task_it_made_ready() -> None:
     out = sc.acquire(u, (k, OK, -1, None))
     # the release books for "down" (just made ready), not for every task of the run
     assert [(i[0], i[1].run.task_id) for i in out if i[0] == LAUNCH] == [(LAUNCH, "down")]
-    sc.d.tick(sc.now)  # the tick books the rest
+    sc.dispatcher.tick(sc.now)  # the tick books the rest
     assert [i[1].run.task_id for i in sc.take() if i[0] == LAUNCH] == ["other"]
 
 
@@ -713,14 +719,14 @@ def test_a_failed_exit_is_a_worker_failure_and_its_replacement_a_restart() -> No
 
 def test_a_task_out_of_restarts_abandons_itself_and_its_downstream_tasks() -> None:
     sc = Script(task("up", blocks=2, max_workers=1, max_worker_restarts=0) + task("down", blocks=2))
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((_op, plan, (booking,)),) = sc.take()  # only "up" has ready blocks
-    sc.d.launched(plan, booking, object(), None)
-    w = sc.d.workers[booking.worker_id]
+    sc.dispatcher.launched(plan, booking, object(), None)
+    w = sc.dispatcher.workers[booking.worker_id]
     waiting = sc.connect("down")
     assert sc.acquire(waiting) == []  # parked: no block of "down" is ready
     sc.exit(w, WorkerExit("error", 1, "boom"))
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     out = sc.take()
     assert not any(i[0] == LAUNCH for i in out)
     assert sent(out, waiting) == [[SHUTDOWN]]
@@ -732,19 +738,19 @@ def test_no_worker_starts_once_the_budget_is_spent() -> None:
     for _ in range(2):
         (w,) = sc.start_workers()
         sc.exit(w, WorkerExit("error", 1, "boom"))
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     assert sc.take() == []
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     assert sc.run().status == ABANDONED
 
 
 def test_a_failed_launch_undoes_its_booking_but_spends_its_start() -> None:
     sc = Script(task(blocks=4, max_workers=1, requires={"cpu": 1}), resources={"cpu": 1})
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((_op, plan, (booking,)),) = sc.take()
-    sc.d.launch_failed(plan, booking, OSError("no such file"), sc.now)
+    sc.dispatcher.launch_failed(plan, booking, OSError("no such file"), sc.now)
     run = sc.run()
-    assert plan.alive == 0 and sc.d.used == {"cpu": 0} and plan.free_starts == 0
+    assert plan.alive == 0 and sc.dispatcher.used == {"cpu": 0} and plan.free_starts == 0
     assert run.worker_failures == 1 and "could not start a worker" in run.last_worker_error
     assert plan.take_slot() == (0, "replacing worker 0, which could not be started")
 
@@ -756,10 +762,10 @@ def test_a_worker_that_connects_after_its_exit_was_seen_is_a_fatal_configuration
     peer = Peer(("h", 1), b"nonce", sc.now)
     msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0]
     msg.append(compute_mac(worker_token(KEY, w.worker_id), b"nonce"))
-    sc.d.receive(peer, msg, sc.now)
+    sc.dispatcher.receive(peer, msg, sc.now)
     out = sc.take()
     assert sent(out, peer) == [[REJECT, "this worker's process already exited"]]
-    assert isinstance(sc.d.fatal, ConfigurationError)
+    assert isinstance(sc.dispatcher.fatal, ConfigurationError)
 
 
 def test_a_worker_given_up_for_lost_is_turned_away_without_failing_the_run() -> None:
@@ -769,9 +775,9 @@ def test_a_worker_given_up_for_lost_is_turned_away_without_failing_the_run() -> 
     peer = Peer(("h", 1), b"nonce", sc.now)
     msg = [HELLO, compute_mac(SECRET, b"nonce"), "t", w.worker_id, 1, 0.0]
     msg.append(compute_mac(worker_token(KEY, w.worker_id), b"nonce"))
-    sc.d.receive(peer, msg, sc.now)
+    sc.dispatcher.receive(peer, msg, sc.now)
     assert sent(sc.take(), peer) == [[REJECT, "this worker was given up for lost"]]
-    assert sc.d.fatal is None
+    assert sc.dispatcher.fatal is None
 
 
 def test_a_replacement_takes_a_new_slot_until_the_timed_out_worker_is_seen_to_end() -> None:
@@ -779,15 +785,15 @@ def test_a_replacement_takes_a_new_slot_until_the_timed_out_worker_is_seen_to_en
     (w,) = sc.start_workers()
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
-    sc.d.expire(peer.deadline + 5)
+    sc.dispatcher.expire(peer.deadline + 5)
     sc.take()
     assert sc.plans["t"].retired_unseen == 1
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((op, _plan, (booking,)),) = sc.take()
     assert op == LAUNCH and booking.slot != w.slot
     assert booking.reason == "restart in a new slot (the worker it replaces has not ended yet)"
-    sc.d.launched(sc.plans["t"], booking, object(), None)
-    assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
+    sc.dispatcher.launched(sc.plans["t"], booking, object(), None)
+    assert not sc.dispatcher.worker_exited(w, WorkerExit("timeout", 87, "killed"))
     assert sc.plans["t"].retired_unseen == 0
 
 
@@ -796,10 +802,10 @@ def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> N
     (w,) = sc.start_workers()
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
-    sc.d.expire(peer.deadline + 5)
+    sc.dispatcher.expire(peer.deadline + 5)
     sc.take()
     failures = sc.run().worker_failures
-    assert not sc.d.worker_exited(w, WorkerExit("timeout", 87, "killed"))
+    assert not sc.dispatcher.worker_exited(w, WorkerExit("timeout", 87, "killed"))
     assert sc.run().worker_failures == failures
     assert sc.plans["t"].take_slot()[1] == (
         f"replacing worker {w.worker_id}, whose block exceeded the block timeout"
@@ -809,53 +815,53 @@ def test_the_exit_of_a_worker_retired_after_a_timeout_only_frees_its_slot() -> N
 # -- abort, shutdown, progress ----------------------------------------------------------
 def test_after_an_abort_requests_get_the_shutdown_and_no_worker_starts() -> None:
     sc = Script(task())
-    sc.d.abort("SIGINT")
+    sc.dispatcher.abort("SIGINT")
     peer = sc.connect()
     assert sent(sc.acquire(peer), peer) == [[SHUTDOWN]]
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     assert not any(i[0] == LAUNCH for i in sc.take())
 
 
 def test_the_shutdown_tells_parked_requests_to_stop_and_lists_the_live_workers() -> None:
     sc = Script(task("up", blocks=1) + task("down", blocks=1))
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     ((_op, plan, (booking,)),) = sc.take()
-    sc.d.launched(plan, booking, object(), None)
-    w = sc.d.workers[booking.worker_id]
+    sc.dispatcher.launched(plan, booking, object(), None)
+    w = sc.dispatcher.workers[booking.worker_id]
     b = sc.connect("down")
     sc.acquire(b)  # parked
-    live = sc.d.begin_shutdown(sc.now)
+    live = sc.dispatcher.begin_shutdown(sc.now)
     assert sent(sc.take(), b) == [[SHUTDOWN]]
     assert live == [w] and w.timeline is booking.timeline
 
 
 def test_progress_is_reported_when_something_changed_at_most_twice_a_second() -> None:
     sc = Script(task())
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     assert (PROGRESS,) in sc.take()
-    sc.d.tick(sc.now + 0.1)
+    sc.dispatcher.tick(sc.now + 0.1)
     assert (PROGRESS,) not in sc.take()
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     assert (PROGRESS,) not in sc.acquire(peer, (k, OK, -1, None))  # progress waits for a tick
-    sc.d.tick(sc.now + 0.2)
+    sc.dispatcher.tick(sc.now + 0.2)
     assert (PROGRESS,) not in sc.take()  # changed, but too soon
-    sc.d.tick(sc.now + 0.6)
+    sc.dispatcher.tick(sc.now + 0.6)
     assert (PROGRESS,) in sc.take()
 
 
 def test_wall_times_follow_the_synced_clock_yet_one_workers_batches_never_overlap() -> None:
     sc = Script(task())
-    sc.d.sync_clock(sc.now, 1_700_000_000.0)
+    sc.dispatcher.sync_clock(sc.now, 1_700_000_000.0)
     peer = sc.connect()
     (k,) = send_of(sc.acquire(peer), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_000.0)
     sc.now += 1.0
-    sc.d.sync_clock(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
+    sc.dispatcher.sync_clock(sc.now, 1_700_000_002.0)  # the wall clock was stepped by a second
     (k,) = send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_002.0)
     sc.now += 1.0
-    sc.d.sync_clock(sc.now, 1_700_000_001.0)  # and back by two: no overlap with the last
+    sc.dispatcher.sync_clock(sc.now, 1_700_000_001.0)  # and back by two: no overlap with the last
     send_of(sc.acquire(peer, (k, OK, -1, None)), peer)
     assert peer.sent_wall == pytest.approx(1_700_000_003.0)
     assert sc.run().status == RUNNING

@@ -117,8 +117,8 @@ def _attempts() -> list[tuple[int, str, dict[str, Any] | None]]:
 
 
 def _feed(tmp_path: Path, name: str, fast: bool) -> tuple[list[dict[str, Any]], int]:
-    from bellis._run._summary import ErrorCollector
     from bellis._scheduling._attempts import text_key
+    from bellis._stats._errorgroups import ErrorCollector
 
     errors = ErrorCollector()
     errors.sinks = {"t": ErrorLog(tmp_path / name / "errors.jsonl", run=3.0)}
@@ -220,7 +220,7 @@ def test_the_summary_line_is_the_last_non_empty_line() -> None:
     """``error_summary_line``'s shortcut agrees with splitting every line boundary."""
     import random
 
-    from bellis._run._summary import error_summary_line
+    from bellis._stats._errorgroups import error_summary_line
 
     def reference(text: str) -> str:
         for line in reversed(text.splitlines()):

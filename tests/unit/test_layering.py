@@ -323,7 +323,57 @@ def test_the_architecture_page_names_every_module_and_every_folder_has_a_header(
         if path.name == "__init__.py":
             if path.parent != SRC:
                 header = ast.get_docstring(ast.parse(path.read_text())) or ""
-                assert "May import" in header and "never be imported" in header, module
+                assert "May import" in header and "Imported by" in header, module
                 assert f"**`{path.parent.name}/`**" in page, module
             continue
         assert f"`{path.stem}`" in page, f"docs/architecture.md does not name {module}"
+
+
+#: the groups from the bottom layer up: the order in which the folder headers list them
+LAYER_ORDER = [
+    "plumbing",
+    "model",
+    "protocol",
+    "_tracking",
+    "_stats",
+    "_outputs",
+    "task",
+    "_scheduling",
+    "_worker",
+    "_launchers",
+    "_report",
+    "_run",
+    "_plan",
+    "face",
+    "_cli",
+    "entry",
+]
+FOLDERS = sorted(p.parent.name for p in SRC.glob("*/__init__.py"))
+
+
+def header_rules(group: str) -> tuple[str, str]:
+    """The two lines of a folder's header that state :data:`MAY_IMPORT` for it: what it
+    may import, and which groups may import it."""
+    may = [g for g in LAYER_ORDER if g in MAY_IMPORT[group]]
+    by = [g for g in LAYER_ORDER if group in MAY_IMPORT.get(g, set())]
+
+    def listed(groups: list[str]) -> str:
+        return ", ".join(f"``{g}``" for g in groups) if groups else "nothing"
+
+    return f"May import: {listed(may)}.", f"Imported by: {listed(by)}."
+
+
+def test_the_layer_order_lists_every_group() -> None:
+    assert sorted(LAYER_ORDER) == sorted(set(MAY_IMPORT) | set(TOP_LEVEL))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_folder_headers_state_the_layering_table(folder: str) -> None:
+    """Each folder's header says what it may import and who may import it exactly as
+    :data:`MAY_IMPORT` does, once: a header cannot drift from the rules."""
+    header = ast.get_docstring(ast.parse((SRC / folder / "__init__.py").read_text())) or ""
+    text = " ".join(header.split())
+    for rule in header_rules(folder):
+        assert rule in text, f"the header of bellis.{folder} must say: {rule}"
+    assert text.lower().count("may import") == 1, f"bellis.{folder}: one 'May import' line"
+    assert text.lower().count("imported by") == 1, f"bellis.{folder}: one 'Imported by' line"

@@ -17,7 +17,7 @@ from bellis._protocol import (
     is_oom_exit,
     kernel_oom_message,
 )
-from bellis._scheduling._memory import MemoryPlan, build_ladder, charge, ladder_for
+from bellis._scheduling._memory import MemoryRetries, build_ladder, charge, ladder_for
 from bellis._scheduling._records import ManagedWorker
 from bellis._scheduling._task_run import ABANDONED
 from bellis._sizes import MIB, format_grant, parse_growth, parse_size
@@ -114,8 +114,9 @@ def test_a_requires_mem_budget_caps_the_ladder_at_what_can_ever_start() -> None:
 
 
 def test_a_memory_limit_a_launcher_cannot_enforce_is_a_configuration_error() -> None:
-    class Dask:
+    class Dask(_Launcher):  # DaskLauncher's capabilities: it grants no memory
         name = "dask"
+        memory_grants = False
 
     with pytest.raises(ConfigurationError, match="cannot be enforced by the dask launcher"):
         ladder_for(task(memory_limit="1G"), Dask(), {})
@@ -157,7 +158,7 @@ class _Run:
 
 def test_a_block_climbs_one_step_per_death_and_fails_past_the_top() -> None:
     run = _Run()
-    plan = MemoryPlan(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), run)
+    plan = MemoryRetries(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), run)
     assert plan.out_of_memory(5, 0) == 1
     assert plan.take(1) == 5 and plan.held_back == 0
     assert plan.out_of_memory(5, 1) == 2
@@ -169,7 +170,7 @@ def test_a_block_climbs_one_step_per_death_and_fails_past_the_top() -> None:
 
 
 def test_big_workers_are_wanted_per_step_up_to_the_limit() -> None:
-    plan = MemoryPlan(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), _Run())
+    plan = MemoryRetries(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), _Run())
     for k in range(3):
         plan.out_of_memory(k, 0)
     plan.out_of_memory(9, 1)
@@ -180,7 +181,7 @@ def test_big_workers_are_wanted_per_step_up_to_the_limit() -> None:
 
 
 def test_a_second_block_out_of_memory_gets_its_own_big_worker_while_the_first_is_busy() -> None:
-    plan = MemoryPlan(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), _Run())
+    plan = MemoryRetries(build_ladder(100 * MIB, 2.0, 400 * MIB, "max_memory"), _Run())
     plan.out_of_memory(1, 0)
     assert plan.wanted(8) == [1]
     plan.alive[1] = 1
@@ -205,7 +206,7 @@ def laddered(blocks: int = 4, **kw: Any) -> Script:
     plan = sc.plans["t"]
     ladder = ladder_for(t, daisy.LocalLauncher(), {})
     assert ladder is not None
-    plan.memory = MemoryPlan(ladder, plan.run)
+    plan.memory = MemoryRetries(ladder, plan.run)
     return sc
 
 
@@ -258,7 +259,7 @@ def test_a_kill_seen_before_the_exit_waits_for_the_exit_to_decide() -> None:
     ((w, _),) = start(sc)
     peer = sc.connect(worker=w)
     send_of(sc.acquire(peer), peer)
-    sc.d.close(peer, sc.now)  # the connection ends first: nothing decided yet
+    sc.dispatcher.close(peer, sc.now)  # the connection ends first: nothing decided yet
     run = sc.run()
     assert run.processing == 1 and run.failed_attempts == 0 and w.lost is not None
     sc.exit(w, OOM_EXIT)
@@ -271,7 +272,7 @@ def test_a_worker_lost_for_another_reason_charges_its_block_as_before() -> None:
     ((w, _),) = start(sc)
     peer = sc.connect(worker=w)
     (k,) = send_of(sc.acquire(peer), peer)
-    sc.d.close(peer, sc.now)
+    sc.dispatcher.close(peer, sc.now)
     sc.exit(w, WorkerExit("error", -11, "bellis worker subprocess exited with code -11"))
     run = sc.run()
     assert run.failed_attempts == 1 and run.retries == {k: 1} and run.oom_retries == {}
@@ -286,8 +287,8 @@ def test_two_connections_of_one_worker_lost_together_leave_no_block_behind() -> 
     first, second = sc.connect(worker=w), sc.connect(worker=w)
     (k1,) = send_of(sc.acquire(first), first)
     (k2,) = send_of(sc.acquire(second), second)
-    sc.d.close(first, sc.now)
-    sc.d.close(second, sc.now)
+    sc.dispatcher.close(first, sc.now)
+    sc.dispatcher.close(second, sc.now)
     run = sc.run()
     assert w.lost is not None and w.lost[1] == [k1]
     assert run.processing == 1 and run.retries == {k2: 1}
@@ -302,7 +303,7 @@ def test_an_oom_with_a_batch_makes_suspects_not_climbers() -> None:
     peer.batch = 4
     held = send_of(sc.acquire(peer), peer)
     assert len(held) == 4
-    sc.d.close(peer, sc.now)
+    sc.dispatcher.close(peer, sc.now)
     sc.exit(w, OOM_EXIT)
     plan = sc.plans["t"]
     assert plan.suspects == set(held) and plan.memory.held_back == 0
@@ -354,7 +355,7 @@ def test_waiting_blocks_are_lost_with_a_task_out_of_restarts() -> None:
         (big, step), *_ = start(sc)
         assert step == 1 and sc.run().worker_restarts == 0
         sc.exit(big, crash)
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     sc.take()
     run = sc.run()
     assert run.status == ABANDONED and run.orphaned == 1 and run.processing == 0
@@ -363,18 +364,18 @@ def test_waiting_blocks_are_lost_with_a_task_out_of_restarts() -> None:
 def test_a_big_worker_charges_its_grant_and_waits_for_room_in_the_budget() -> None:
     sc = laddered(blocks=2, max_workers=2, requires={"mem": 100}, resources={"mem": 250})
     (w, _), (other, _) = start(sc)
-    assert sc.d.used == {"mem": 200}
+    assert sc.dispatcher.used == {"mem": 200}
     peer, op = sc.connect(worker=w), sc.connect(worker=other)
     (k,) = send_of(sc.acquire(peer), peer)
     (j,) = send_of(sc.acquire(op), op)
     sc.acquire(peer, (k, OUT_OF_MEMORY, -1, "MemoryError"), op=BYE)
     sc.exit(w, WorkerExit("error", 89, "out of memory: MemoryError"))
     # 100 + a 200M big worker is over the 250 of the budget: it waits for room
-    assert start(sc) == [] and sc.d.used == {"mem": 100}
+    assert start(sc) == [] and sc.dispatcher.used == {"mem": 100}
     assert sent(sc.acquire(op, (j, OK, -1, None)), op) == [[SHUTDOWN]]
     other.earned = True
     sc.exit(other, WorkerExit("clean", 0, ""))
-    assert [s for _, s in start(sc)] == [1] and sc.d.used == {"mem": 200}
+    assert [s for _, s in start(sc)] == [1] and sc.dispatcher.used == {"mem": 200}
 
 
 def test_a_parked_ordinary_worker_makes_room_for_a_big_one() -> None:
@@ -395,7 +396,7 @@ def test_a_parked_ordinary_worker_makes_room_for_a_big_one() -> None:
     plan = sc.plans["t"]
     ladder = ladder_for(t, daisy.LocalLauncher(), {"mem": 250})
     assert ladder is not None
-    plan.memory = MemoryPlan(ladder, plan.run)
+    plan.memory = MemoryRetries(ladder, plan.run)
     (w, _), (other, _) = start(sc)
     peer, op = sc.connect(worker=w), sc.connect(worker=other)
     (k,) = send_of(sc.acquire(peer), peer)
@@ -406,7 +407,7 @@ def test_a_parked_ordinary_worker_makes_room_for_a_big_one() -> None:
         got = sc.acquire(op, (j, OK, -1, None))
     assert op.parked and sc.run().pending > 0
     sc.exit(w, WorkerExit("error", 89, "out of memory: MemoryError"))
-    sc.d.rebalance(sc.now)
+    sc.dispatcher.rebalance(sc.now)
     assert sent(sc.take(), op) == [[SHUTDOWN]]
     other.earned = True
     sc.exit(other, WorkerExit("clean", 0, ""))
@@ -418,12 +419,12 @@ def test_blocks_of_a_dropped_connection_whose_process_goes_on_are_released_in_ti
     ((w, _),) = start(sc)
     peer = sc.connect(worker=w)
     (k,) = send_of(sc.acquire(peer), peer)
-    sc.d.close(peer, sc.now)
+    sc.dispatcher.close(peer, sc.now)
     sc.now += 29.0
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     assert sc.run().processing == 1
     sc.now += 2.0
-    sc.d.tick(sc.now)
+    sc.dispatcher.tick(sc.now)
     run = sc.run()
     assert run.processing == 0 and run.retries == {k: 1} and w.lost is None
     sc.exit(w, OOM_EXIT)  # its exit, later, finds nothing left to release

@@ -134,13 +134,13 @@ def test_a_bad_sample_or_no_store_is_refused_before_anything_runs() -> None:
 def test_a_sampled_block_brings_every_block_it_waits_for() -> None:
     from bellis._plan._dry import DryRun
     from bellis._plan._forecast import _close, _first_level
-    from bellis._run._runner import RunPlan
+    from bellis._run._runner import RunSettings
 
     # 1-d, blocks of 10 with 5 of context: conflict levels, and b reads a's neighbours
     kw = {"process_function": _noop, "tracking_path": False}
     a = Task("a", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
     b = Task("b", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
-    rp = RunPlan.build(a + b, multiprocessing=False, block_tracking=False)
+    rp = RunSettings.build(a + b, multiprocessing=False, block_tracking=False)
     with DryRun(rp) as dry:
         run_a, run_b = dry.scheduler.runs
         assert run_a.intra and run_a.geom.num_levels == 2

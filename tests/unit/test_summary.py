@@ -7,16 +7,14 @@ import sys
 
 import pytest
 
-from bellis._run._summary import (
+from bellis._run._summary import format_summary, resume_message, status_symbol
+from bellis._state import TaskState
+from bellis._stats._errorgroups import (
     MAX_BLOCK_IDS_PER_GROUP,
     OTHER_ERRORS_SUMMARY,
     ErrorCollector,
     ErrorGroup,
-    format_summary,
-    resume_message,
-    status_symbol,
 )
-from bellis._state import TaskState
 from bellis._streams import print_to_stdout
 
 TABLE_HEAD = (

@@ -10,7 +10,7 @@ import pytest
 from bellis._tracking._layout import (
     ARRAY_DTYPES,
     STAT_ARRAYS,
-    GrowthPlan,
+    StoreGrowth,
     StoreLayout,
     array_metadata,
     dump_metadata,
@@ -263,14 +263,14 @@ def test_growth_at_the_far_end_keeps_cells_in_place() -> None:
     old = simple((0, 0), (30, 40), (10, 10))
     new = simple((0, 0), (50, 40), (10, 10))
     plan = plan_growth(layout_record(old), new)
-    assert plan == GrowthPlan(old_grid=(3, 4), new_grid=(5, 4), shift=(0, 0), clear_done=())
+    assert plan == StoreGrowth(old_grid=(3, 4), new_grid=(5, 4), shift=(0, 0), clear_done=())
 
 
 def test_growth_at_the_near_end_shifts_cells() -> None:
     old = simple((20, 0, 0), (30, 10, 10), (10, 5, 5))
     new = simple((-10, -5, 0), (70, 20, 12), (10, 5, 5))
     plan = plan_growth(layout_record(old), new)
-    assert isinstance(plan, GrowthPlan)
+    assert isinstance(plan, StoreGrowth)
     assert plan.shift == (3, 1, 0)
     assert plan.old_grid == (3, 2, 2)
     assert plan.new_grid == (7, 4, 3)
@@ -285,7 +285,7 @@ def test_growth_with_a_context_wider_than_a_block() -> None:
     old = make(((0, 0), (60, 60)), ((-20, -20), (50, 50)), ((0, 0), (10, 10)))
     new = make(((-30, 0), (120, 60)), ((-20, -20), (50, 50)), ((0, 0), (10, 10)))
     plan = plan_growth(layout_record(old), new)
-    assert isinstance(plan, GrowthPlan)
+    assert isinstance(plan, StoreGrowth)
     assert plan.shift == (3, 0)
     first_block_old = old.tracking_cell((20, 20))
     first_block_new = new.tracking_cell((20, 20))
@@ -328,7 +328,7 @@ def test_partial_boundary_blocks_are_cleared_when_the_boundary_moves(fit: str) -
     old = make(((0, 0), (95, 40)), ((0, 0), (10, 10)), ((0, 0), (10, 10)), fit)
     new = make(((-10, 0), (115, 47)), ((0, 0), (10, 10)), ((0, 0), (10, 10)), fit)
     plan = plan_growth(layout_record(old), new)
-    assert isinstance(plan, GrowthPlan)
+    assert isinstance(plan, StoreGrowth)
     assert plan.shift == (1, 0)
     # Axis 0: the old last block [90, 100) was partial (total ended at 95); it sits at
     # old cell 9, new cell 10. Axis 1 ended on a block boundary: nothing to clear.
@@ -339,7 +339,7 @@ def test_partial_boundary_blocks_stay_when_that_end_did_not_move() -> None:
     old = make(((0,), (95,)), ((0,), (10,)), ((0,), (10,)), "shrink")
     new = make(((-20,), (115,)), ((0,), (10,)), ((0,), (10,)), "shrink")
     plan = plan_growth(layout_record(old), new)
-    assert isinstance(plan, GrowthPlan)
+    assert isinstance(plan, StoreGrowth)
     assert plan.clear_done == ()
 
 
@@ -347,4 +347,4 @@ def test_valid_fit_never_clears() -> None:
     old = simple((0,), (95,), (10,))
     new = simple((0,), (100,), (10,))
     plan = plan_growth(layout_record(old), new)
-    assert plan == GrowthPlan(old_grid=(10,), new_grid=(10,), shift=(0,), clear_done=())
+    assert plan == StoreGrowth(old_grid=(10,), new_grid=(10,), shift=(0,), clear_done=())

@@ -7,6 +7,12 @@ Owns:
   ``_watch``  ``bellis status PATH --watch``: the status redrawn while a run goes
   ``_errors`` ``bellis status PATH --failed`` and ``--block 3,7,2``: the error records
 
-May import anything, the public face included (the demo is a user of ``import bellis``).
-Must never be imported by anything but the entry points (``__main__``, ``worker``).
+May import: ``plumbing``, ``model``, ``protocol``, ``_tracking``, ``_stats``, ``_outputs``,
+``task``, ``_scheduling``, ``_worker``, ``_launchers``, ``_report``, ``_run``, ``_plan``,
+``face``.
+Imported by: ``entry``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
+
+The demo is a user of ``import bellis``.
 """

@@ -19,6 +19,8 @@ Owns:
 A launcher never sees a block: it starts workers that connect back over TCP, reports how
 they ended, and stops them.
 
-May import: the plumbing, the model, ``_protocol`` and ``_worker``. Must never be imported
-by anything but ``_run`` and the public face.
+May import: ``plumbing``, ``model``, ``protocol``, ``_worker``.
+Imported by: ``_run``, ``_plan``, ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 """

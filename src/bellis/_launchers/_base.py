@@ -98,14 +98,23 @@ class WorkerHandle:
 class WorkerLauncher(ABC):
     """Start, watch and stop worker processes for one run."""
 
-    name = "abstract"
+    # -- capabilities: what the run asks of every launcher (override to offer more) --------
+    #: the launcher's name in messages and the dry run
+    name: str = "abstract"
     #: whether workers run on this machine (the server may then bind loopback only)
-    is_local = True
+    is_local: bool = True
     #: whether it gives each worker the memory grant of its spec (``WorkerSpec.memory``;
     #: ``bellis._scheduling._memory``), and the memory it asks for a worker by default (bytes; None:
     #: none of its own)
-    memory_grants = False
+    memory_grants: bool = False
     memory_request: int | None = None
+    #: the growth of a worker's memory grant after an out-of-memory death, and the largest
+    #: grant (bytes); None: the task's, else the defaults of ``bellis._scheduling._memory``
+    memory_growth: float | None = None
+    max_memory: int | None = None
+    #: whether :meth:`launch_many` starts several workers as one submission (all or none):
+    #: the run then starts a batch of workers through it, not one :meth:`launch` each
+    starts_many_at_once: bool = False
 
     @abstractmethod
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
@@ -118,6 +127,43 @@ class WorkerLauncher(ABC):
     @abstractmethod
     def cancel(self, handles: list[WorkerHandle], grace_seconds: float) -> None:
         """Stop workers: a polite request, ``grace_seconds`` to finish, then a hard kill."""
+
+    def kill(self, handle: WorkerHandle) -> None:
+        """Stop one worker at once: the backstop of a block timeout, and the end of a
+        backup's loser. This default cancels it with no grace period; launchers that can
+        end one worker faster override it."""
+        self.cancel([handle], 0.0)
+
+    def launch_many(self, specs: Sequence[WorkerSpec]) -> list[WorkerHandle]:
+        """Start several workers, all or none. This default launches them one by one and,
+        should one fail, stops those it started and raises; launchers that submit them
+        together override it and set :attr:`starts_many_at_once`."""
+        handles: list[WorkerHandle] = []
+        try:
+            for spec in specs:
+                handles.append(self.launch(spec))
+        except BaseException:
+            if handles:
+                self.cancel(handles, 0.0)
+            raise
+        return handles
+
+    def gpu_devices(self) -> list[str]:
+        """The GPUs this launcher hands out to its workers, each its own
+        ``CUDA_VISIBLE_DEVICES`` (``_gpus``). [] (this default): none; a task's ``gpu``
+        is then only counted (a batch system assigns the devices itself)."""
+        return []
+
+    def take_gpus(self, task_id: str, slot: int, shares: int) -> tuple[str, ...]:
+        """The GPUs for a worker of ``task_id`` in log ``slot`` that needs ``shares``
+        (``GPU_SHARES`` per GPU). Called only where :meth:`gpu_devices` names some."""
+        raise NotImplementedError(
+            f"the {self.name} launcher names GPUs (gpu_devices()) but cannot hand them out: "
+            "implement take_gpus() and release_gpus()"
+        )
+
+    def release_gpus(self, task_id: str, slot: int) -> None:  # noqa: B027 - optional hook
+        """Give back the GPUs :meth:`take_gpus` gave the worker of ``task_id`` in ``slot``."""
 
     def log_location(self, handle: WorkerHandle) -> str | None:
         """Where this worker's output goes (a path, or a description)."""
@@ -341,6 +387,7 @@ class LocalLauncher(WorkerLauncher):
         return self._gpu_book.take((task_id, slot), shares)
 
     def release_gpus(self, task_id: str, slot: int) -> None:
+        """Give back the GPUs of the worker of ``task_id`` in ``slot``."""
         if self._gpu_book is not None:
             self._gpu_book.release((task_id, slot))
 

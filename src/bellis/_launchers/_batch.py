@@ -114,6 +114,11 @@ class BatchLauncher(WorkerLauncher):
     is_local = False
     #: it gives a worker the memory grant of its spec
     memory_grants = True
+    #: several workers of a task start as one job array (``launch_many``)
+    starts_many_at_once = True
+    #: the job time limit as the user wrote it, for messages (None: the dialect keeps
+    #: only :attr:`limit_seconds`)
+    time_limit: str | None = None
     #: the system's name in messages ("SLURM", "LSF", ...)
     system = "batch"
     submit_command = "sbatch"

@@ -10,10 +10,13 @@ Owns:
   ``_verify``    ``bellis verify`` / ``Task.verify()``: every done block's outputs re-read
                  in parallel and compared; ``--reset`` and the blocks downstream
 
-May import: the plumbing (``errors``), the model (``_graph``) and ``_tracking`` (``_verify``
-reads and resets stores). Opens zarr arrays to read their metadata when a task is built,
-and their data only to verify it. Must never be imported by: the plumbing, the model,
-``_protocol``, ``_tracking``, ``_stats`` or ``_launchers``; ``_task``, ``_scheduling`` and
-``_run`` use it, and ``_worker`` imports ``_readback`` only when its task verifies outputs
-(numpy and zarr come with it, then only).
+May import: ``plumbing``, ``model``, ``_tracking``.
+Imported by: ``task``, ``_scheduling``, ``_worker``, ``_run``, ``_plan``, ``face``,
+``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
+
+Opens zarr arrays to read their metadata when a task is built, and their data only to verify
+it; ``_worker`` imports ``_readback`` only when its task verifies outputs (numpy and zarr
+come with it, then only).
 """

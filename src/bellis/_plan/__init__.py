@@ -15,7 +15,11 @@ Owns:
                  ``run_blockwise`` call plans instead of running
   ``_api``       ``bellis.plan()`` and the runner's seam into it
 
-May import: everything ``_run`` may, and ``_run``. Imported by the public face and the CLI.
-Must never be imported by: any folder below the face (``_run._runner`` reaches it only
-through :mod:`bellis._seams`).
+May import: ``plumbing``, ``model``, ``protocol``, ``_tracking``, ``_stats``, ``_outputs``,
+``task``, ``_scheduling``, ``_worker``, ``_launchers``, ``_report``, ``_run``.
+Imported by: ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
+
+``Pipeline.run_blockwise`` reaches the runner through :mod:`bellis._seams`.
 """

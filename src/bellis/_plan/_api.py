@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._run._runner import RunPlan, _RunResult
+from .._run._runner import RunSettings, _RunResult
 from .._state import TaskState
 from .._streams import print_to_stdout
 from ._dry import DryRun, dry_run
@@ -57,7 +57,7 @@ def plan(
             launcher=launcher,
         )
     else:
-        rp = RunPlan.build(
+        rp = RunSettings.build(
             pipeline,
             multiprocessing=multiprocessing,
             resources=resources,
@@ -71,7 +71,7 @@ def plan(
     return result
 
 
-def plan_script_call(rp: RunPlan) -> _RunResult:
+def plan_script_call(rp: RunSettings) -> _RunResult:
     """A run under ``bellis plan`` (script planning, :mod:`._script`): its plan is printed
     and recorded, and the run's result says what a completed run would: every block of
     every task completed (``run_blockwise`` returns True, or with ``return_states=True``
@@ -107,6 +107,6 @@ def plan_script_call(rp: RunPlan) -> _RunResult:
     return out
 
 
-def _by_order(rp: RunPlan, order: list[str]) -> list[Any]:
+def _by_order(rp: RunSettings, order: list[str]) -> list[Any]:
     by_id = {t.task_id: t for t in rp.tasks}
     return [by_id[tid] for tid in order]

@@ -1,7 +1,7 @@
 """The dry run: what a run would do, from the same machinery the run uses, with nothing run
 and nothing written.
 
-The run is checked as the runner checks it (:meth:`RunPlan.build`: the pipeline, the
+The run is checked as the runner checks it (:meth:`RunSettings.build`: the pipeline, the
 resources, the configuration, each worker payload serialized). Each task's tracking store
 that exists is opened read-only (never locked, created, migrated or reserved), and the
 run's own :class:`Scheduler` is built over those stores: its bulk initialisation counts the
@@ -20,7 +20,7 @@ import numpy as np
 
 from .._donemarks import BlockStore
 from .._run._provenance import check_code
-from .._run._runner import RunPlan
+from .._run._runner import RunSettings
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
 from .._task import Task
@@ -38,7 +38,7 @@ __all__ = ["DryRun", "dry_run"]
 class DryRun:
     """A dry run's scheduler and stores, kept open for the forecast to read; ``close()``."""
 
-    def __init__(self, run_plan: RunPlan) -> None:
+    def __init__(self, run_plan: RunSettings) -> None:
         self.run_plan = run_plan
         self.stores: dict[str, BlockStore] = {}
         self.notes: dict[str, list[str]] = {t.task_id: [] for t in run_plan.tasks}
@@ -142,7 +142,7 @@ class DryRun:
         workers = 0
         if rp.distributed:
             lau = task.launcher or rp.launcher
-            launcher = "local" if lau is None else str(getattr(lau, "name", type(lau).__name__))
+            launcher = "local" if lau is None else lau.name
             workers = min(task.max_workers, max_parallel) if n_left else 0
             have = budget_units(rp.resources)
             for k, v in task._budget.items():
@@ -200,7 +200,7 @@ def dry_run(
     launcher: Any = None,
 ) -> Plan:
     """The plan of ``run_blockwise(pipeline, ...)`` with these arguments; runs nothing."""
-    rp = RunPlan.build(
+    rp = RunSettings.build(
         pipeline,
         multiprocessing=multiprocessing,
         resources=resources,

@@ -53,8 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from .._launchers._base import WorkerLauncher
 from .._launchers._batch import BatchLauncher
-from .._run._runner import RunPlan, _finish, _run_plan
+from .._run._runner import RunSettings, _finish, _run_plan
 from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB, recommended_memory
 from .._stats._forecast_score import sample_run, write_forecast
@@ -96,7 +97,7 @@ def _asked(left: int, sample: int | bool) -> int:
     return int(sample)
 
 
-def _follow_grown_volumes(rp: RunPlan) -> None:
+def _follow_grown_volumes(rp: RunSettings) -> None:
     """Move each store whose task's volume grew since it was written onto the task's grid
     now, as the sample run's start would (docs/tracking.md, "A grown volume"): the dry
     run does not count the done blocks of a store of another layout, and a sample picked
@@ -228,7 +229,7 @@ def _close(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
                 picks[up.task_id] = merged
 
 
-def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+def _run_sample(rp: RunSettings, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
     """Run only the picked blocks (see the module docstring); their run's report JSON."""
     clones: dict[int, Task] = {}
     for t in rp.tasks:
@@ -242,7 +243,7 @@ def _run_sample(rp: RunPlan, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str
         [clones[id(t)] for t in rp.pipeline.tasks],
         [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
     )
-    sample_plan = RunPlan.build(
+    sample_plan = RunSettings.build(
         pipe,
         multiprocessing=rp.distributed,
         resources=rp.resources,
@@ -315,7 +316,7 @@ def _ladder(request: int, growth: float) -> list[int]:
     return [int(request * growth**i) for i in range(3)]
 
 
-def _configured_memory(task: Task, launcher: Any) -> tuple[int, str] | None:
+def _configured_memory(task: Task, launcher: WorkerLauncher | None) -> tuple[int, str] | None:
     """The memory each worker of ``task`` asks for (bytes) and the parameter that sets it,
     as the run's memory ladder finds it (``_scheduling._memory.ladder_for``): the task's
     ``memory_limit``, else, on a launcher that grants memory, the task's ``requires``
@@ -323,13 +324,13 @@ def _configured_memory(task: Task, launcher: Any) -> tuple[int, str] | None:
     PBS, SGE). None: no request."""
     if task.memory_limit is not None:
         return int(task.memory_limit), "Task(memory_limit=...)"
-    if launcher is None or not getattr(launcher, "memory_grants", False):
+    if launcher is None or not launcher.memory_grants:
         return None
-    if not getattr(launcher, "is_local", True):
+    if not launcher.is_local:
         key = next((k for k in MEMORY_KEYS if task.requires.get(k)), None)
         if key is not None:
             return int(task.requires[key]) * MIB, f"Task(requires={{{key!r}: ...}}) (megabytes)"
-    request = getattr(launcher, "memory_request", None)
+    request = launcher.memory_request
     if isinstance(request, int) and not isinstance(request, bool) and request > 0:
         return request, f"{type(launcher).__name__}(mem=...)"
     return None
@@ -341,7 +342,7 @@ def _format_time(seconds: float) -> str:
 
 
 def forecast(
-    rp: RunPlan,
+    rp: RunSettings,
     *,
     sample: Any = True,
     cost_hint: Any = None,
@@ -410,7 +411,7 @@ def _leave_for_scoring(plan: Plan) -> None:
 
 
 def _predict(
-    rp: RunPlan,
+    rp: RunSettings,
     dry: DryRun,
     plan: Plan,
     picks: dict[str, np.ndarray[Any, Any]],
@@ -495,7 +496,7 @@ def _predict(
         lau = run.task.launcher or rp.launcher
         memory = _configured_memory(run.task, lau)
         configured = None if memory is None else memory[0]
-        growth = run.task.memory_growth or getattr(lau, "memory_growth", None) or 2.0
+        growth = run.task.memory_growth or (lau.memory_growth if lau is not None else None) or 2.0
         rss_stat = _stat(rss) if len(rss) else None
         was = before.get(run.task_id, {"done": 0, "left": len(chosen), "asked": len(chosen)})
         f: dict[str, Any] = {
@@ -645,7 +646,7 @@ def _predict(
             task_forecast["time_limit"] = _format_time(need)
             limit = lau.limit_seconds
             if limit and limit * (1 + run.task.max_worker_restarts) < est.finished[gx]:
-                shown = getattr(lau, "time_limit", None) or _format_time(limit)
+                shown = lau.time_limit or _format_time(limit)
                 plan.warnings.append(
                     f"task {run.task_id!r}: the forecast wall {format_seconds(est.finished[gx])} "
                     f"outlasts the job time limit ({shown}) times its "

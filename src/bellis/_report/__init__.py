@@ -13,7 +13,12 @@ Owns:
   ``_notebook``     Jupyter's ``_repr_html_`` of the reports
   ``_trace``        a run as a Chrome/Perfetto trace
 
-Reads stores and reports, writes files; never runs anything. May import: the plumbing, the
-model, ``_tracking`` and ``_stats``. Must never be imported by anything below ``_run``
-except through :mod:`bellis._seams`; ``_run``, ``_cli`` and the public face may.
+Reads stores and reports, writes files; never runs anything.
+
+May import: ``plumbing``, ``model``, ``_tracking``, ``_stats``.
+Imported by: ``_run``, ``_plan``, ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
+
+Anything below ``_run`` that shows a report reaches it through :mod:`bellis._seams`.
 """

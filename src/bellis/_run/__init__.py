@@ -11,11 +11,12 @@ Owns:
   ``_progress``    the progress observers (bar, JSON lines)
   ``_summary``     the end-of-run summary, its error groups and the resume notice
 
-May import every folder below it: ``_scheduling``, ``_worker`` (serial mode runs blocks
-here), ``_launchers``, ``_report`` (the panel), ``_stats``, ``_tracking``, ``_task``, the
-model, ``_protocol`` and the plumbing.
+May import: ``plumbing``, ``model``, ``protocol``, ``_tracking``, ``_stats``, ``_outputs``,
+``task``, ``_scheduling``, ``_worker``, ``_launchers``, ``_report``.
+Imported by: ``_plan``, ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-Must never be imported by anything but the public face (``bellis``, ``v1_compat``,
-``v2``, ``cl_monitor``) and ``_cli``. ``Pipeline.run_blockwise`` reaches the runner through
-:mod:`bellis._seams`.
+``_worker``: serial mode runs blocks here; ``_report``: the panel.
+``Pipeline.run_blockwise`` reaches the runner through :mod:`bellis._seams`.
 """

@@ -14,7 +14,7 @@ import os
 import warnings
 from typing import Any
 
-from .._launchers._base import LocalLauncher
+from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._task import Pipeline, Task, function_arity
 from .._task_params import budget_units, user_stacklevel as _user_stacklevel
 from ..errors import ConfigurationError, CoverageWarning
@@ -22,6 +22,7 @@ from ..errors import ConfigurationError, CoverageWarning
 __all__ = [
     "_check_config",
     "_check_gpus",
+    "_check_launchers",
     "_check_resources",
     "_choose_hosts",
     "_coerce_pipeline",
@@ -68,6 +69,22 @@ def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
     return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
 
 
+def _check_launchers(order: list[Task], launcher: object) -> None:
+    """The run's ``launcher`` and each task's are ``WorkerLauncher``s (or None): the run
+    reads their capabilities as typed members of that class."""
+    given = [("launcher", launcher)] + [
+        (f"Task({t.task_id!r}, launcher=...)", t.launcher) for t in order
+    ]
+    for where, lau in given:
+        if lau is not None and not isinstance(lau, WorkerLauncher):
+            raise _config_error(
+                f"{where} is {type(lau).__name__}, not a launcher: pass "
+                "bellis.LocalLauncher(), bellis.SlurmLauncher(...) or another "
+                "bellis.WorkerLauncher (a subclass of it for a launcher of your own)",
+                "launcher",
+            )
+
+
 def _check_config(
     order: list[Task], *, distributed: bool, resources: dict[str, int], external: bool
 ) -> None:
@@ -101,7 +118,9 @@ def _check_config(
                 )
 
 
-def _check_gpus(order: list[Task], launcher: Any, resources: dict[str, int]) -> None:
+def _check_gpus(
+    order: list[Task], launcher: WorkerLauncher | None, resources: dict[str, int]
+) -> None:
     """The GPUs of the tasks a local launcher runs: the run's ``gpu`` budget, where not
     given, is the GPUs that launcher hands out (its ``gpus=``, else those this machine
     shows; ``_launchers._gpus``), and no worker may need more GPUs than there are."""
@@ -170,11 +189,11 @@ def _check_resources(resources: Any) -> dict[str, int]:
     return out
 
 
-def _choose_hosts(host: str | None, launchers: list[Any]) -> tuple[str, str]:
+def _choose_hosts(host: str | None, launchers: list[WorkerLauncher]) -> tuple[str, str]:
     """(bind address, advertised address)."""
     host = host or os.environ.get("BELLIS_HOST") or os.environ.get("DAISY_HOST")
     if host is None:
-        if all(getattr(launcher, "is_local", True) for launcher in launchers):
+        if all(launcher.is_local for launcher in launchers):
             return "127.0.0.1", "127.0.0.1"
         from .._launchers._net import detect_reachable_host
 

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .._launchers._base import WorkerHandle, WorkerSpec
+from .._launchers._base import WorkerHandle, WorkerLauncher, WorkerSpec
 from .._launchers._gpus import GpuShortage
 from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, SYS_PATH_ENV, ExitKind, WorkerExit
-from .._scheduling._records import Booking, ManagedWorker, TaskPlan
+from .._scheduling._records import Booking, ManagedWorker, TaskRecord
 from .._scheduling._task_run import TaskRun
 from ..errors import WorkerStartError
 
@@ -52,7 +52,8 @@ class WorkerPool:
 
     def __init__(
         self,
-        plans: dict[str, TaskPlan],
+        plans: dict[str, TaskRecord],
+        launchers: dict[str, WorkerLauncher],
         *,
         context_extra: Callable[[TaskRun, int], dict[str, str]],
         log_paths: Callable[[str, int, str, bool], tuple[Any, Any]],
@@ -61,38 +62,43 @@ class WorkerPool:
     ) -> None:
         self.plans = plans
         self.plan_of = {p.run.index: p for p in plans.values()}
+        #: each task's launcher, by task id (a task's own, else the run's)
+        self.launchers = launchers
         self.context_extra = context_extra
         self.log_paths = log_paths
         self.log_mode = log_mode
         self.grace_seconds = grace_seconds
         #: launchers whose workers' exits wake the run loop (``exit_watch``), by identity,
         #: with that descriptor; the others have all their workers polled at every tick
-        self.watched: dict[int, tuple[Any, int]] = {}
+        self.watched: dict[int, tuple[WorkerLauncher, int]] = {}
         self.unwatched: set[int] = set()
         #: the most workers the run may keep on each launcher (by identity) at once
         self.expected: dict[int, int] = {}
         for plan in plans.values():
-            launcher = plan.launcher
+            launcher = self.launcher_of(plan)
             run = plan.run
             self.expected[id(launcher)] = self.expected.get(id(launcher), 0) + min(
                 run.task.max_workers, max(run.remaining, 0)
             )
             if id(launcher) in self.watched or id(launcher) in self.unwatched:
                 continue
-            watch = getattr(launcher, "exit_watch", None)
-            fd = watch() if watch is not None else None
+            fd = launcher.exit_watch()
             if fd is None:
                 self.unwatched.add(id(launcher))
             else:
                 self.watched[id(launcher)] = (launcher, fd)
 
+    def launcher_of(self, plan: TaskRecord) -> WorkerLauncher:
+        """The launcher of the workers of ``plan``'s task."""
+        return self.launchers[plan.run.task_id]
+
     def start(
-        self, plan: TaskPlan, bookings: list[Booking]
+        self, plan: TaskRecord, bookings: list[Booking]
     ) -> list[tuple[Booking, WorkerHandle | None, Exception | None]]:
         """Start booked workers: ``(booking, handle, None)`` for each one started,
         ``(booking, None, error)`` for each that could not be (its log files or its
-        launcher failed). Several start at once through ``launch_many`` where offered
-        (SLURM submits them as one job array, all or nothing)."""
+        launcher failed). Several start at once through ``launch_many`` where the launcher
+        ``starts_many_at_once`` (SLURM submits them as one job array, all or nothing)."""
         out: list[tuple[Booking, WorkerHandle | None, Exception | None]] = []
         prepared: list[tuple[WorkerSpec, Booking]] = []
         for i, booking in enumerate(bookings):
@@ -100,11 +106,10 @@ class WorkerPool:
                 prepared.append((self._prepare(plan, booking, len(bookings) - i), booking))
             except WorkerStartError as exc:
                 out.append((booking, None, exc))
-        launcher = plan.launcher
-        many = getattr(launcher, "launch_many", None)
-        if many is not None and len(prepared) > 1:
+        launcher = self.launcher_of(plan)
+        if launcher.starts_many_at_once and len(prepared) > 1:
             try:
-                handles = list(many([spec for spec, _ in prepared]))
+                handles = launcher.launch_many([spec for spec, _ in prepared])
             except Exception as exc:
                 return out + [(booking, None, exc) for _spec, booking in prepared]
             return out + [(b, h, None) for (_s, b), h in zip(prepared, handles, strict=True)]
@@ -116,7 +121,7 @@ class WorkerPool:
                 out.append((booking, None, exc))
         return out
 
-    def _prepare(self, plan: TaskPlan, booking: Booking, starting: int = 1) -> WorkerSpec:
+    def _prepare(self, plan: TaskRecord, booking: Booking, starting: int = 1) -> WorkerSpec:
         """The launch spec of a booked worker, started with ``starting - 1`` more after
         it; its log files are created (and get their header) now. Raises
         :class:`WorkerStartError` when they cannot be."""
@@ -150,7 +155,7 @@ class WorkerPool:
             timeout_secs=run.task.timeout_secs,
             starting=starting,
             restart=before is not None,
-            expected=self.expected.get(id(plan.launcher), 0),
+            expected=self.expected.get(id(self.launcher_of(plan)), 0),
             tee=self.log_mode == "both",
             err_offset=_size(err_path),
             slot=slot,
@@ -158,15 +163,14 @@ class WorkerPool:
             gpus=gpus,
         )
 
-    def _take_gpus(self, plan: TaskPlan, slot: int) -> tuple[str, ...] | None:
+    def _take_gpus(self, plan: TaskRecord, slot: int) -> tuple[str, ...] | None:
         """The GPUs of a worker of ``plan`` in ``slot`` (``_launchers._gpus``): None where
         its task needs none or its launcher does not assign them (a batch system does)."""
         shares = plan.run.task._budget.get("gpu", 0)
-        take = getattr(plan.launcher, "take_gpus", None)
-        if not shares or take is None or not plan.launcher.gpu_devices():
+        if not shares or not self.launcher_of(plan).gpu_devices():
             return None  # no GPU to hand out: 'gpu' is only counted (see _checks._check_gpus)
         try:
-            gpus: tuple[str, ...] = take(plan.run.task_id, slot, shares)
+            gpus = self.launcher_of(plan).take_gpus(plan.run.task_id, slot, shares)
         except GpuShortage as exc:
             raise WorkerStartError(
                 f"task '{plan.run.task_id}': {exc}; mixed GPU fractions across tasks can "
@@ -174,13 +178,13 @@ class WorkerPool:
             ) from exc
         return gpus
 
-    def _release_gpus(self, plan: TaskPlan, slot: int, gpus: tuple[str, ...] | None) -> None:
+    def _release_gpus(self, plan: TaskRecord, slot: int, gpus: tuple[str, ...] | None) -> None:
         if gpus is not None:
-            plan.launcher.release_gpus(plan.run.task_id, slot)
+            self.launcher_of(plan).release_gpus(plan.run.task_id, slot)
 
-    def log_location(self, plan: TaskPlan, handle: WorkerHandle) -> str | None:
+    def log_location(self, plan: TaskRecord, handle: WorkerHandle) -> str | None:
         """Where a started worker's output goes."""
-        where: str | None = plan.launcher.log_location(handle)
+        where: str | None = self.launcher_of(plan).log_location(handle)
         return where
 
     def poll(
@@ -190,7 +194,7 @@ class WorkerPool:
         for w in list(workers):
             if w.handle is None:
                 continue
-            launcher = self.plan_of[w.run.index].launcher
+            launcher = self.launcher_of(self.plan_of[w.run.index])
             try:
                 ex = launcher.poll(w.handle)
             except Exception as exc:
@@ -204,7 +208,7 @@ class WorkerPool:
             yield w, ex
 
     def poll_due(
-        self, workers: dict[int, ManagedWorker], launcher: Any = None
+        self, workers: dict[int, ManagedWorker], launcher: WorkerLauncher | None = None
     ) -> Iterator[tuple[ManagedWorker, WorkerExit | None]]:
         """The workers (of ``workers``, by id) that may have ended, with how they ended:
         those a watched launcher (``launcher``, or each) says ended, and, without
@@ -222,40 +226,39 @@ class WorkerPool:
             yield from self.poll(
                 w
                 for w in list(workers.values())
-                if id(self.plan_of[w.run.index].launcher) in self.unwatched
+                if id(self.launcher_of(self.plan_of[w.run.index])) in self.unwatched
             )
 
     def kill(self, worker: ManagedWorker) -> None:
         """Stop ``worker`` now, where its launcher can (the backstop of a block timeout)."""
-        kill = getattr(self.plan_of[worker.run.index].launcher, "kill", None)
-        if kill is not None:
-            kill(worker.handle)
+        if worker.handle is not None:
+            self.launcher_of(self.plan_of[worker.run.index]).kill(worker.handle)
 
     def cancel(self, workers: Iterable[ManagedWorker]) -> None:
         """Stop ``workers`` through their launchers: a polite request, the grace period,
         then a hard kill (see ``WorkerLauncher.cancel``)."""
         groups: dict[int, list[ManagedWorker]] = {}
         for w in workers:
-            groups.setdefault(id(self.plan_of[w.run.index].launcher), []).append(w)
+            groups.setdefault(id(self.launcher_of(self.plan_of[w.run.index])), []).append(w)
         for ws in groups.values():
-            launcher = self.plan_of[ws[0].run.index].launcher
+            launcher = self.launcher_of(self.plan_of[ws[0].run.index])
             launcher.cancel([w.handle for w in ws], self.grace_seconds)
 
     def shutting_down(self) -> None:
         """Tell every launcher that the workers were told to stop."""
         for plan in self.plans.values():
-            plan.launcher.shutting_down()
+            self.launcher_of(plan).shutting_down()
 
     def close(self) -> None:
         """Close every launcher (its jobs cancelled, its files removed), whatever fails."""
         for plan in self.plans.values():
             try:
-                plan.launcher.close()
+                self.launcher_of(plan).close()
             except Exception as exc:
                 logger.error(
                     "closing the %s launcher of task '%s' failed: %s; check for workers "
                     "left running",
-                    getattr(plan.launcher, "name", "?"),
+                    self.launcher_of(plan).name,
                     plan.run.task_id,
                     exc,
                 )

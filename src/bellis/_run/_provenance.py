@@ -31,7 +31,7 @@ store are never stale and make nothing stale (nothing records when their blocks 
 neither do blocks that a ``check_function`` may skip.
 
 A ``check_function`` says that a block's output exists, not which code made it. With
-``"rerun"`` the blocks cleared as stale are not passed to it (``CodePlan.unchecked``,
+``"rerun"`` the blocks cleared as stale are not passed to it (``CodeCheck.unchecked``,
 the scheduler's ``_unchecked``): they run, and count as "runs in this run" below. The
 blocks not done whose ``code_version`` names a run (a rerun cleared them and was stopped
 before they ran again) count as made for such a task (:meth:`_TaskCode.made`), so the
@@ -62,7 +62,7 @@ from .._task import Task, topological_order
 from .._tracking._codever import code_counts, made_at, resolve
 from ..errors import CodeChangedError
 
-__all__ = ["CodePlan", "check_code", "code_summary", "finish_code", "record_code"]
+__all__ = ["CodeCheck", "check_code", "code_summary", "finish_code", "record_code"]
 
 logger = logging.getLogger("bellis")
 
@@ -70,7 +70,7 @@ _FIXES = 'pass Task(on_code_change="rerun") to run them again, or call Task.rese
 
 
 @dataclass
-class CodePlan:
+class CodeCheck:
     """The outcome of :func:`check_code`: the notes for the summary and what
     :func:`record_code` needs."""
 
@@ -326,11 +326,11 @@ def check_code(
     edges: list[tuple[Task, Task]],
     stores: Mapping[str, BlockStore],
     started: float,
-) -> CodePlan:
+) -> CodeCheck:
     """Find the stale done blocks of every task with a store and apply each task's
     ``on_code_change`` (see the module docstring). ``started``: the run's start, UNIX
     seconds. Nothing is written before every task is checked."""
-    plan = CodePlan(started)
+    plan = CodeCheck(started)
     infos: dict[int, _TaskCode] = {}
     ups: dict[int, list[Task]] = {}
     for a, b in edges:
@@ -370,7 +370,7 @@ def check_code(
     return plan
 
 
-def record_code(plan: CodePlan, runs: list[Any]) -> None:
+def record_code(plan: CodeCheck, runs: list[Any]) -> None:
     """For every task run with a store and blocks to do: register this run's entry in
     the store's code-version table and have its blocks recorded with its index."""
     for run in runs:
@@ -391,7 +391,7 @@ def record_code(plan: CodePlan, runs: list[Any]) -> None:
         plan.recorded[run.task_id] = {"hash": fp.hash, "index": index}
 
 
-def finish_code(plan: CodePlan, runs: list[Any]) -> None:
+def finish_code(plan: CodeCheck, runs: list[Any]) -> None:
     """After the run: the summary line of each task whose stale blocks ``"rerun"``
     cleared says how many of them ran again (the scheduler's block states: a cleared
     block is never skipped by a check_function, so one that is done ran)."""

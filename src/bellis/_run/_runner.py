@@ -18,14 +18,14 @@ import cloudpickle
 from .. import _seams, logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._donemarks import BlockStore
-from .._launchers._base import LocalLauncher
+from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._protocol import WorkerPayload, new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
-from .._scheduling._memory import MemoryPlan, ladder_for
-from .._scheduling._records import TaskPlan
+from .._scheduling._memory import MemoryRetries, ladder_for
+from .._scheduling._records import TaskRecord
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import ABANDONED, TaskRun
 from .._signals import install_abort_handlers
@@ -53,6 +53,7 @@ from ..errors import (
 from ._checks import (
     _check_config,
     _check_gpus,
+    _check_launchers,
     _check_resources,
     _choose_hosts,
     _coerce_pipeline,
@@ -61,7 +62,7 @@ from ._checks import (
 )
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
-from ._provenance import CodePlan, check_code, code_summary, finish_code, record_code
+from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
 from ._summary import (
@@ -292,7 +293,7 @@ class _RunResult:
 
 
 @dataclass(frozen=True, slots=True)
-class RunPlan:
+class RunSettings:
     """What one run needs, checked before anything runs: built by :meth:`build`, read by
     :func:`_execute` and :func:`_run_distributed`."""
 
@@ -311,7 +312,7 @@ class RunPlan:
     host: str | None
     summary: bool
     #: the default launcher (None: a LocalLauncher); a task's own launcher wins
-    launcher: Any
+    launcher: WorkerLauncher | None
     #: workers join from outside (``Server(external_workers=True)``)
     external: bool = False
     #: the Server that runs this plan, told where the run listens
@@ -342,13 +343,14 @@ class RunPlan:
         external: bool = False,
         server: Server | None = None,
         serial_observer: Any = None,
-    ) -> RunPlan:
+    ) -> RunSettings:
         """Check the pipeline and the configuration, and serialize the worker payloads
         (an unpicklable function fails here); raises before anything runs."""
         pipe = _coerce_pipeline(pipeline)
         tasks = pipe.validate()
         budget = _check_resources(resources)
         if multiprocessing and not external:
+            _check_launchers(tasks, launcher)
             _check_gpus(tasks, launcher, budget)
         _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
         warn_uncovered(tasks)
@@ -379,7 +381,7 @@ class _Run:
     __slots__ = ("aggregates", "code", "errors", "loop", "result", "scheduler", "timelines")
 
     def __init__(
-        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodePlan
+        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodeCheck
     ) -> None:
         self.scheduler = scheduler
         #: which code this run's blocks are recorded with (``record_code``)
@@ -393,13 +395,13 @@ class _Run:
         self.loop: RunLoop | None = None
 
 
-def _execute(plan: RunPlan) -> _RunResult:
+def _execute(plan: RunSettings) -> _RunResult:
     """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
     planned = _seams.planning_requested()
     return cast(_RunResult, _seams.plan_script_call(plan)) if planned else _run_plan(plan)
 
 
-def _run_plan(plan: RunPlan) -> _RunResult:
+def _run_plan(plan: RunSettings) -> _RunResult:
     """Open the stores, run (serial or distributed), write the reports, print."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
@@ -414,7 +416,7 @@ def _run_plan(plan: RunPlan) -> _RunResult:
         started_wall = time.time()
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
-        code = CodePlan(started_wall)
+        code = CodeCheck(started_wall)
         try:
             code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
@@ -472,23 +474,24 @@ def _run_plan(plan: RunPlan) -> _RunResult:
     return result
 
 
-def _run_distributed(plan: RunPlan, run: _Run) -> None:
+def _run_distributed(plan: RunSettings, run: _Run) -> None:
     scheduler = run.scheduler
     default_launcher = plan.launcher if plan.launcher is not None else LocalLauncher()
     plans = {}
+    launchers: dict[str, WorkerLauncher] = {}
     for task_run in scheduler.runs:
         tid = task_run.task_id
-        lau = task_run.task.launcher or default_launcher
+        lau = launchers[tid] = task_run.task.launcher or default_launcher
         run.timelines[tid] = TimelineSet()
-        plans[tid] = TaskPlan(
-            task_run, plan.payloads[tid], lau, run.aggregates[tid], run.timelines[tid]
+        plans[tid] = TaskRecord(
+            task_run, plan.payloads[tid], run.aggregates[tid], run.timelines[tid]
         )
         ladder = ladder_for(task_run.task, lau, plan.resources)
         if ladder is not None:
-            plans[tid].memory = MemoryPlan(ladder, task_run)
+            plans[tid].memory = MemoryRetries(ladder, task_run)
         if plan.start_gate is not None:
             plans[tid].gate = StartGate(plan.start_gate)
-    bind, advertise = _choose_hosts(plan.host, [p.launcher for p in plans.values()])
+    bind, advertise = _choose_hosts(plan.host, list(launchers.values()))
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()
     logdir = blog.get_log_basedir()
@@ -517,6 +520,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
     loop = run.loop = RunLoop(
         scheduler,
         plans,
+        launchers,
         secret=secret,
         worker_key=worker_key,
         bind_host=bind,
@@ -545,7 +549,7 @@ def _run_distributed(plan: RunPlan, run: _Run) -> None:
 
 
 def _write_reports(
-    plan: RunPlan,
+    plan: RunSettings,
     run: _Run,
     stores: dict[str, BlockStore],
     started: float,
@@ -637,7 +641,7 @@ def run_blockwise(
         kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
         return _seams.dry_run(pipeline, multiprocessing=multiprocessing, **kw)
     result = _execute(
-        RunPlan.build(
+        RunSettings.build(
             pipeline,
             multiprocessing=multiprocessing,
             resources=resources,
@@ -731,7 +735,7 @@ class Server(AttachableObservers):
         launcher: Any = None,
     ) -> dict[str, TaskState]:
         result = _execute(
-            RunPlan.build(
+            RunSettings.build(
                 pipeline,
                 multiprocessing=True,
                 resources=resources,
@@ -763,7 +767,7 @@ class SerialServer(AttachableObservers):
 
     def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
         result = _execute(
-            RunPlan.build(
+            RunSettings.build(
                 tasks,
                 multiprocessing=False,
                 block_tracking=block_tracking,
@@ -781,7 +785,7 @@ def _run_serial(
     blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
     An exception from a block propagates; a task's outcome is never raised."""
     result = _execute(
-        RunPlan.build(
+        RunSettings.build(
             pipeline,
             multiprocessing=False,
             block_tracking=block_tracking,

@@ -29,12 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from .._launchers._base import WorkerLauncher
 from .._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
 from .._scheduling._dispatch import Dispatcher
 from .._scheduling._instructions import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME
-from .._scheduling._records import TaskPlan
+from .._scheduling._records import TaskRecord
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import TaskRun
+from .._stats._errorgroups import ErrorCollector
 from ..errors import ProtocolError, TrackingError
 from ._pool import WorkerPool
 from ._transport import Conn, Transport
@@ -54,7 +56,7 @@ class _ExitWatch:
 
     __slots__ = ("fd", "launcher")
 
-    def __init__(self, launcher: Any, fd: int) -> None:
+    def __init__(self, launcher: WorkerLauncher, fd: int) -> None:
         self.launcher = launcher
         self.fd = fd
 
@@ -65,7 +67,8 @@ class RunLoop:
     def __init__(
         self,
         scheduler: Scheduler,
-        plans: dict[str, TaskPlan],
+        plans: dict[str, TaskRecord],
+        launchers: dict[str, WorkerLauncher],
         *,
         secret: bytes,
         bind_host: str,
@@ -73,14 +76,14 @@ class RunLoop:
         advertise_host: str,
         resources: dict[str, int],
         observer: Any,
-        errors: Any,
+        errors: ErrorCollector,
         context_extra: Callable[[TaskRun, int], dict[str, str]],
         log_paths: Callable[[str, int, str, bool], tuple[Any, Any]],
         log_mode: str = "file",
         grace_seconds: float = 5.0,
         while_workers_start: Callable[[], None] | None = None,
     ) -> None:
-        self.s = scheduler
+        self.scheduler = scheduler
         #: run-start work that can wait until the first workers are launched (the code
         #: versions of the run: no block can come back before the loop reads one)
         self._while_workers_start = while_workers_start
@@ -89,7 +92,7 @@ class RunLoop:
         self.net = Transport(bind_host, self._drop)
         self.port = self.net.port
         self.host = advertise_host
-        self.d = Dispatcher(
+        self.dispatcher = Dispatcher(
             scheduler,
             plans,
             secret=secret,
@@ -100,6 +103,7 @@ class RunLoop:
         )
         self.pool = WorkerPool(
             plans,
+            launchers,
             context_extra=context_extra,
             log_paths=log_paths,
             log_mode=log_mode,
@@ -112,16 +116,16 @@ class RunLoop:
 
     @property
     def abort_reason(self) -> str | None:
-        return self.d.abort_reason
+        return self.dispatcher.abort_reason
 
     @property
     def fatal(self) -> BaseException | None:
-        return self.d.fatal
+        return self.dispatcher.fatal
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self, abort_flag: Callable[[], str | None]) -> None:
         """Serve until every task is terminal, an abort is requested or a fatal error."""
-        d = self.d
+        d = self.dispatcher
         self._notify("on_start")
         next_tick = time.monotonic() + _TICK_SECONDS
         select = self.net.sel.select
@@ -137,7 +141,7 @@ class RunLoop:
             if self._while_workers_start is not None:
                 self._while_workers_start()
             while d.fatal is None:
-                if self.s.is_done():
+                if self.scheduler.is_done():
                     break
                 reason = abort_flag()
                 if reason is not None:
@@ -173,7 +177,7 @@ class RunLoop:
         self._notify("on_finish")
 
     def _stop_workers(self) -> None:
-        d = self.d
+        d = self.dispatcher
         interrupted = d.abort_reason is not None or d.fatal is not None
         live = d.begin_shutdown(time.monotonic())
         self._carry_out()
@@ -233,7 +237,7 @@ class RunLoop:
             self._read_what_is_left(c)
         self.net.linger(conns)
         for c in conns:
-            self.d.close(c, time.monotonic())
+            self.dispatcher.close(c, time.monotonic())
         self._carry_out()
 
     def _serve_draining(self, timeout_seconds: float) -> None:
@@ -254,7 +258,7 @@ class RunLoop:
     # -- instructions ---------------------------------------------------------------------
     def _carry_out(self) -> None:
         """Carry out the dispatcher's instructions, in order (carrying one out may add more)."""
-        out = self.d.out
+        out = self.dispatcher.out
         i = 0
         try:
             while i < len(out):
@@ -274,13 +278,15 @@ class RunLoop:
         finally:
             del out[:i]  # each is carried out once, even when one raised
 
-    def _launch(self, plan: TaskPlan, bookings: list[Any]) -> None:
+    def _launch(self, plan: TaskRecord, bookings: list[Any]) -> None:
         for booking, handle, exc in self.pool.start(plan, bookings):
             if handle is None:
                 assert exc is not None
-                self.d.launch_failed(plan, booking, exc, time.monotonic())
+                self.dispatcher.launch_failed(plan, booking, exc, time.monotonic())
             else:
-                self.d.launched(plan, booking, handle, self.pool.log_location(plan, handle))
+                self.dispatcher.launched(
+                    plan, booking, handle, self.pool.log_location(plan, handle)
+                )
 
     def _poll_workers(
         self,
@@ -288,11 +294,11 @@ class RunLoop:
         *,
         final: bool = False,
         interrupted: bool = False,
-        launcher: Any = None,
+        launcher: WorkerLauncher | None = None,
     ) -> bool:
         """Poll the workers that may have ended (every worker with ``final``; those of
         ``launcher`` only, where given); True if one had."""
-        d = self.d
+        d = self.dispatcher
         ended = False
         polled = (
             self.pool.poll(d.workers.values()) if final else self.pool.poll_due(d.workers, launcher)
@@ -312,21 +318,21 @@ class RunLoop:
             self._carry_out()
         return ended
 
-    def _worker_ended(self, launcher: Any) -> None:
+    def _worker_ended(self, launcher: WorkerLauncher) -> None:
         """A launcher's exit descriptor is readable: settle the exits, start replacements."""
         now = time.monotonic()
         if self._poll_workers(now, launcher=launcher):
-            self.d.tick(now)
+            self.dispatcher.tick(now)
             self._carry_out()
 
     def _tick(self, now: float) -> None:
-        for conn in self.net.tick(now, accepting=self.d.shutdown_started is None):
-            self.d.close(conn, now)
-        self.d.expire(now)
+        for conn in self.net.tick(now, accepting=self.dispatcher.shutdown_started is None):
+            self.dispatcher.close(conn, now)
+        self.dispatcher.expire(now)
         self._carry_out()
         self._poll_workers(now)
-        self.d.sync_clock(time.monotonic(), time.time())
-        self.d.tick(now)
+        self.dispatcher.sync_clock(time.monotonic(), time.time())
+        self.dispatcher.tick(now)
         self._carry_out()
 
     def _notify(self, method: str) -> None:
@@ -334,7 +340,7 @@ class RunLoop:
             return
         from ._progress import safe_notify
 
-        safe_notify(self.observer, method, self.s.task_states)
+        safe_notify(self.observer, method, self.scheduler.task_states)
 
     # -- sockets (bellis._run._transport's) ------------------------------------------------------
     def _accept(self) -> None:
@@ -343,7 +349,7 @@ class RunLoop:
 
     def _drop(self, conn: Conn) -> None:
         """The transport gave up on ``conn`` (it does not read its replies)."""
-        self.d.close(conn, time.monotonic())
+        self.dispatcher.close(conn, time.monotonic())
 
     def _read(self, conn: Conn, draining: bool = False) -> None:
         try:
@@ -352,7 +358,7 @@ class RunLoop:
             return
         except OSError:
             data = b""
-        d = self.d
+        d = self.dispatcher
         if not data:
             d.close(conn, time.monotonic())
             self._carry_out()

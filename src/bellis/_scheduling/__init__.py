@@ -10,7 +10,7 @@ Owns:
   ``_instructions``  the instructions out (SendFrame, Close, Launch, Kill, Progress)
   ``_ports``       ``DispatcherPort``: the dispatcher as its helper modules see it
   ``_staffing``    the managed workers: bookings, the restart budget, resources, exits
-  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskPlan, Booking
+  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskRecord, Booking
   ``_batching``    batch sizes, and the checks on a returned batch
   ``_deadlines``   when each connection's blocks are due back
   ``_gate``        a plan's sample run: a task's first blocks wait for all its workers
@@ -18,10 +18,11 @@ Owns:
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
   ``_abandon``     when a task is given up (blocks failing in a row), and what is said
 
-May import: the plumbing (``errors``, ``_sizes``...), the model (``_block``, ``_graph``,
-``_state``), ``_protocol``, ``_task`` and ``_stats``. Nothing here reads a clock, a socket,
-a process or a file: time comes in as an argument (``tests/unit/test_layering.py`` checks).
+May import: ``plumbing``, ``model``, ``protocol``, ``_stats``, ``_outputs``, ``task``.
+Imported by: ``_run``, ``_plan``, ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-Must never be imported by: the model, ``_protocol``, ``_tracking``, ``_stats``, ``_worker``,
-``_launchers`` or ``_report``. Only ``_run`` (the shell) and the public face use it.
+Nothing here reads a clock, a socket, a process or a file: time comes in as an argument
+(``tests/unit/test_layering.py`` checks).
 """

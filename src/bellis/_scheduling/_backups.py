@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._block import BlockStatus
 from .._protocol import STALLED, TIMED_OUT, ExitKind, Returned
-from ._records import ManagedWorker, Peer, TaskPlan
+from ._records import ManagedWorker, Peer, TaskRecord
 from ._task_run import RUNNING
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class Backups:
 
     __slots__ = ("_median", "backed_up", "copies", "factor", "finished", "idle", "plan", "walls")
 
-    def __init__(self, plan: TaskPlan, factor: float) -> None:
+    def __init__(self, plan: TaskRecord, factor: float) -> None:
         self.plan = plan
         self.factor = factor
         #: the last :data:`SAMPLE` finished walls, and how many blocks finished in all
@@ -316,7 +316,7 @@ def offer(d: DispatcherPort, bk: Backups, now: float) -> None:
             d.serve(c, run, True, now)  # draining: the word to stop
 
 
-def _take_parked(plan: TaskPlan) -> Peer | None:
+def _take_parked(plan: TaskRecord) -> Peer | None:
     """A managed request parked on the task (for blocks waiting on their dependencies),
     taken out of the queue (so it is never there twice)."""
     for c in plan.parked:

@@ -74,6 +74,7 @@ from .._protocol import (
     encode,
     parse_hello,
 )
+from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
 from ._abandon import RESTART_CAP
@@ -94,7 +95,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
-from ._records import Booking, ManagedWorker, Peer, TaskPlan
+from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
 from ._staffing import Staffing
@@ -130,15 +131,15 @@ class Dispatcher:
     def __init__(
         self,
         scheduler: Scheduler,
-        plans: dict[str, TaskPlan],
+        plans: dict[str, TaskRecord],
         *,
         secret: bytes,
         worker_key: bytes,
         resources: dict[str, int],
-        errors: Any,
+        errors: ErrorCollector,
         address: tuple[str, int] = ("?", 0),
     ) -> None:
-        self.s = scheduler
+        self.scheduler = scheduler
         self.plans = plans
         self.plan_of = {p.run.index: p for p in plans.values()}
         self.secret = secret
@@ -234,7 +235,7 @@ class Dispatcher:
             # a block that kills its worker is then caught (and counted) on its own
             plan = self.plan_of[run.index]
             for k in held:
-                self.s.requeue_index(run, k)
+                self.scheduler.requeue_index(run, k)
                 plan.suspects.add(k)
             logger.warning(
                 "worker holding a batch of %d blocks of task %s disconnected; they run "
@@ -330,7 +331,7 @@ class Dispatcher:
             if peer.held:
                 # blocks the worker never started go back to the queue, uncounted
                 for k in peer.held:
-                    self.s.requeue_index(run, k)
+                    self.scheduler.requeue_index(run, k)
                 peer.held = []
             self.close(peer, now)
             return
@@ -363,6 +364,7 @@ class Dispatcher:
             # a run whose blocks keep failing the same way: this error's full records are
             # written, and this attempt is only counted (``ErrorCount.again``, inline)
             count = group.repeat_count
+            assert count is not None  # set together with repeat_text
             n = count.count = count.count + 1
             if not n & (n - 1):  # a power of two: its count line
                 count.write_line()
@@ -389,7 +391,7 @@ class Dispatcher:
         """Release block ``k``; a measured success was stored and aggregated already (see
         :func:`._returns._record_measured`)."""
         wall0 = peer.sent_wall + (sent - peer.sent_at)
-        accepted = self.s.release_index(
+        accepted = self.scheduler.release_index(
             run,
             k,
             success,
@@ -400,7 +402,7 @@ class Dispatcher:
         )
         plan = self.plan_of[run.index]
         if plan.memory is not None and k in plan.memory.need and peer.worker is not None:
-            plan.memory.returned(self.s, k, success, peer.worker.mem_step)
+            plan.memory.returned(self.scheduler, k, success, peer.worker.mem_step)
         if accepted and not (measured and success):
             # (a release the scheduler ignores, of a task that already ended, counts in
             # no block figure, like the measured ones _record_measured leaves out then)
@@ -422,7 +424,7 @@ class Dispatcher:
                     # only the task that just got ready blocks: O(1) in the number of tasks
                     self._rebalance(now, (dplan,))
 
-    def serve_parked(self, plan: TaskPlan, now: float) -> None:
+    def serve_parked(self, plan: TaskRecord, now: float) -> None:
         """Serve the requests parked on ``plan``'s task while it has ready blocks."""
         run = plan.run
         if plan.gate is not None and self._gate_holds(plan, now):
@@ -459,7 +461,7 @@ class Dispatcher:
                 plan.parked.append(peer)  # a plan's sample run: until its workers are here
                 peer.parked = True
                 return
-            k = self.s.acquire_index(run)
+            k = self.scheduler.acquire_index(run)
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
                 plan.parked.appendleft(peer)
@@ -478,11 +480,11 @@ class Dispatcher:
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
                     while len(held) < want:
-                        k = self.s.acquire_index(run)
+                        k = self.scheduler.acquire_index(run)
                         if k < 0:
                             break
                         if suspects and k in suspects:
-                            self.s.requeue_index(run, k)
+                            self.scheduler.requeue_index(run, k)
                             break
                         held.append(k)
                 self._send_held(peer, run, held, now)
@@ -499,10 +501,12 @@ class Dispatcher:
             peer.worker.timeline.shutdown_requested(now)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
 
-    def _gate_holds(self, plan: TaskPlan, now: float) -> bool:
+    def _gate_holds(self, plan: TaskRecord, now: float) -> bool:
         """Whether ``plan``'s start gate (:mod:`._gate`) still holds its requests; once it
         opens it is dropped, and the requests it held are served."""
         gate = plan.gate
+        if gate is None:
+            return False
         if gate.holds(plan.workers, plan.alive, self.staff.eligible(plan), now):
             return True
         plan.gate = None
@@ -611,7 +615,7 @@ class Dispatcher:
         # block hung: none is charged; each runs alone next time, where a hang is caught
         plan = self.plan_of[run.index]
         for k in held:
-            self.s.requeue_index(run, k)
+            self.scheduler.requeue_index(run, k)
             plan.suspects.add(k)
         text = (
             f"a batch of {len(held)} blocks of task {run.task_id} outlived its deadline; "
@@ -703,7 +707,7 @@ class Dispatcher:
             if not self.staff.stranded(plan):
                 continue
             run = plan.run
-            hit = self.s.abandon(run, RESTART_CAP)
+            hit = self.scheduler.abandon(run, RESTART_CAP)
             for r in hit:
                 if r is run:
                     logger.warning(
@@ -754,11 +758,11 @@ class Dispatcher:
         for task_id, bookings in batches.items():
             self.out.append(Launch(LAUNCH, self.plans[task_id], bookings))
 
-    def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
+    def launched(self, plan: TaskRecord, booking: Booking, handle: Any, log: str | None) -> None:
         """The shell started the booked worker: ``handle`` is its launcher's handle."""
         self.staff.launched(plan, booking, handle, log)
 
-    def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
+    def launch_failed(self, plan: TaskRecord, booking: Booking, exc: Exception, now: float) -> None:
         """The booked worker could not be started (its log files, or its launcher, failed):
         the launcher will report nothing on it, so the booking is undone; the start it used
         stays spent."""

@@ -14,7 +14,7 @@ gated task parks every request until:
 * ``wait`` seconds have passed since its first request was parked (a cluster job that
   stays queued does not hold the sample for longer).
 
-Only a plan's sample run has a gate (``RunPlan.start_gate``); the dispatcher asks it only
+Only a plan's sample run has a gate (``RunSettings.start_gate``); the dispatcher asks it only
 while it is closed, and drops it once it opens, so an ordinary run pays one ``is None``
 test per request.
 

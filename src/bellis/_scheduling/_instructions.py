@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 if TYPE_CHECKING:
-    from ._records import Booking, ManagedWorker, Peer, TaskPlan
+    from ._records import Booking, ManagedWorker, Peer, TaskRecord
 
 __all__ = [
     "CLOSE",
@@ -67,7 +67,7 @@ class Launch(NamedTuple):
     ``Dispatcher.launched`` or ``Dispatcher.launch_failed``."""
 
     op: Literal[2]
-    plan: TaskPlan
+    plan: TaskRecord
     bookings: list[Booking]
 
 

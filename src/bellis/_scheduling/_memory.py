@@ -5,7 +5,7 @@ has a *ladder* of grants: the request, then the request × ``memory_growth`` (de
 step, up to ``max_memory`` (default: two steps, the request × growth²). Its ordinary workers
 get the request (step 0); a worker of step ``s`` > 0 is a *big* worker.
 
-The rule (what :class:`MemoryPlan` keeps):
+The rule (what :class:`MemoryRetries` keeps):
 
 * A block whose worker ran out of memory while it held that block alone (a kernel or SLURM
   OOM kill, or ``MemoryError`` under ``memory_limit``) climbs one step above the grant of
@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from .._protocol import is_oom_exit
 from .._sizes import MIB, format_grant
@@ -40,15 +40,16 @@ from ._attempts import KIND_OOM
 if TYPE_CHECKING:
     from .._task import Task
     from ._ports import DispatcherPort
-    from ._records import Booking, ManagedWorker, Peer, TaskPlan
+    from ._records import Booking, ManagedWorker, Peer, TaskRecord
     from ._scheduler import Scheduler
     from ._task_run import TaskRun
 
 __all__ = [
     "DEFAULT_GROWTH",
     "MEMORY_KEYS",
+    "MemoryGranter",
     "MemoryLadder",
-    "MemoryPlan",
+    "MemoryRetries",
     "ladder_for",
 ]
 
@@ -60,6 +61,23 @@ DEFAULT_GROWTH: Final = 2.0
 LOST_WAIT_SECONDS: Final = 30.0
 #: the ``requires`` keys that hold a worker's memory, in megabytes
 MEMORY_KEYS: Final = ("mem", "mem_mb")
+
+
+class MemoryGranter(Protocol):
+    """What the memory ladder reads of a launcher (``WorkerLauncher``'s capabilities)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def is_local(self) -> bool: ...
+    @property
+    def memory_grants(self) -> bool: ...
+    @property
+    def memory_request(self) -> int | None: ...
+    @property
+    def memory_growth(self) -> float | None: ...
+    @property
+    def max_memory(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -91,11 +109,13 @@ def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> M
     return MemoryLadder(tuple(grants), growth, cap_parameter)
 
 
-def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLadder | None:
+def ladder_for(
+    task: Task, launcher: MemoryGranter, resources: dict[str, int]
+) -> MemoryLadder | None:
     """The ladder of ``task`` run by ``launcher`` under the run's ``resources``; None when
     the task has no memory request (no grant to raise). Raises :class:`ConfigurationError`
     for a ``memory_limit`` that ``launcher`` cannot enforce, or a cap below the request."""
-    grants = getattr(launcher, "memory_grants", False)
+    grants = launcher.memory_grants
     request: int | None = task.memory_limit
     if request is None and grants:
         req = task._budget
@@ -106,15 +126,15 @@ def ladder_for(task: Task, launcher: Any, resources: dict[str, int]) -> MemoryLa
     if not grants:
         raise ConfigurationError(
             f"task {task.task_id!r}: memory_limit={format_grant(request)} cannot be enforced by "
-            f"the {getattr(launcher, 'name', type(launcher).__name__)} launcher; use "
+            f"the {launcher.name} launcher; use "
             "LocalLauncher or SlurmLauncher(mem=...), or drop memory_limit",
             parameter="memory_limit",
         )
-    growth = task.memory_growth or getattr(launcher, "memory_growth", None) or DEFAULT_GROWTH
+    growth = task.memory_growth or launcher.memory_growth or DEFAULT_GROWTH
     cap = task.max_memory
     cap_parameter = "Task(max_memory=...)"
     if cap is None:
-        cap = getattr(launcher, "max_memory", None)
+        cap = launcher.max_memory
         cap_parameter = f"{type(launcher).__name__}(max_memory=...)"
     if cap is None:
         cap = int(request * growth * growth)
@@ -147,7 +167,7 @@ def charge(requires: dict[str, int], ladder: MemoryLadder, step: int) -> dict[st
     }
 
 
-class MemoryPlan:
+class MemoryRetries:
     """One task's ladder and the blocks that wait for a larger grant (see the module
     docstring). ``run`` is the task's ``TaskRun``: its counters ``oom_retries`` (per grant
     the block runs again with), ``oom_successes`` (per grant a block finally succeeded
@@ -267,10 +287,10 @@ def close_held(d: DispatcherPort, peer: Peer, run: TaskRun, now: float) -> None:
     """``peer``'s connection ends. A big worker's blocks given back unstarted wait again; the
     blocks a managed worker held are released when its exit says how it died (an OOM climbs
     the ladder), or now when it is known already."""
-    mem: MemoryPlan = d.plan_of[run.index].memory
+    mem: MemoryRetries = d.plan_of[run.index].memory
     w = peer.worker
     if w is not None and w.mem_step:
-        mem.sweep(d.s)
+        mem.sweep(d.scheduler)
     if not peer.held or w is None:
         return
     held, peer.held = peer.held, []
@@ -299,18 +319,18 @@ def settle_exit(d: DispatcherPort, worker: ManagedWorker, now: float) -> None:
             _lost_to_oom(d, peer, worker.run, held, now)
         else:
             d.lose_held(peer, worker.run, held, now)
-    mem: MemoryPlan = d.plan_of[worker.run.index].memory
+    mem: MemoryRetries = d.plan_of[worker.run.index].memory
     if worker.worker_id in mem.climbed:
         mem.climbed.discard(worker.worker_id)
         if oom:
             d.plan_of[worker.run.index].free_starts += 1
 
 
-def expire_lost(d: DispatcherPort, plan: TaskPlan, now: float) -> None:
+def expire_lost(d: DispatcherPort, plan: TaskRecord, now: float) -> None:
     """Release, as lost with an ordinary death, the blocks of workers whose connection
     ended :data:`LOST_WAIT_SECONDS` ago and whose exit is still unknown (a connection
     dropped while its process goes on)."""
-    mem: MemoryPlan = plan.memory
+    mem: MemoryRetries = plan.memory
     keep = []
     for w in mem.lost:
         if w.lost is None:
@@ -337,7 +357,7 @@ def climb(
     """Block ``k`` ran out of memory on ``peer``'s worker: it waits for the next grant, or
     fails for good at the top of the ladder."""
     plan = d.plan_of[run.index]
-    mem: MemoryPlan = plan.memory
+    mem: MemoryRetries = plan.memory
     w = peer.worker
     step = w.mem_step if w is not None else 0
     block = f"{run.task_id}/{run.geom.spatial_id_of(k)}"
@@ -367,17 +387,17 @@ def take_for(d: DispatcherPort, worker: ManagedWorker, run: TaskRun, draining: b
         return -1
     if not run.is_running:
         return -1
-    mem: MemoryPlan = d.plan_of[run.index].memory
+    mem: MemoryRetries = d.plan_of[run.index].memory
     return mem.take(worker.mem_step)
 
 
 def book_big(
-    d: DispatcherPort, plan: TaskPlan, now: float, batches: dict[str, list[Booking]]
+    d: DispatcherPort, plan: TaskRecord, now: float, batches: dict[str, list[Booking]]
 ) -> None:
     """Book the big workers that the blocks waiting for a larger grant need."""
     run = plan.run
     task = run.task
-    mem: MemoryPlan = plan.memory
+    mem: MemoryRetries = plan.memory
     if plan.payload is None or not run.is_running:
         return
     for step in mem.wanted(task.max_workers):
@@ -393,7 +413,7 @@ def book_big(
         batches.setdefault(run.task_id, []).append(d.staff.book(plan, now, step))
 
 
-def _stop_one_parked(d: DispatcherPort, plan: TaskPlan, now: float) -> None:
+def _stop_one_parked(d: DispatcherPort, plan: TaskRecord, now: float) -> None:
     """Tell one ordinary worker parked on ``plan``'s task to stop: a block waiting for a
     big worker may be what its parked request waits for, and the budget it holds is what
     the big worker needs."""

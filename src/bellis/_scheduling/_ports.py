@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .._protocol import ExitKind
-    from ._records import Booking, ManagedWorker, Peer, TaskPlan
+    from ._records import Booking, ManagedWorker, Peer, TaskRecord
     from ._scheduler import Scheduler
     from ._task_run import TaskRun
 
@@ -26,7 +26,7 @@ __all__ = ["Booker", "DispatcherPort"]
 class Booker(Protocol):
     """The part of the run's staffing (``_staffing.Staffing``) that books a worker."""
 
-    def book(self, plan: TaskPlan, now: float, mem_step: int = 0) -> Booking:
+    def book(self, plan: TaskRecord, now: float, mem_step: int = 0) -> Booking:
         """Book a worker of ``plan``'s task at ``mem_step`` of its memory ladder."""
         ...
 
@@ -43,12 +43,12 @@ class DispatcherPort(Protocol):
     fatal: BaseException | None
 
     @property
-    def s(self) -> Scheduler:
+    def scheduler(self) -> Scheduler:
         """The run's scheduler."""
         ...
 
     @property
-    def plan_of(self) -> dict[int, TaskPlan]:
+    def plan_of(self) -> dict[int, TaskRecord]:
         """Each task's plan, by its ``TaskRun.index``."""
         ...
 
@@ -81,7 +81,7 @@ class DispatcherPort(Protocol):
         """Answer ``peer``'s request: blocks, a park, or the word to stop."""
         ...
 
-    def serve_parked(self, plan: TaskPlan, now: float) -> None:
+    def serve_parked(self, plan: TaskRecord, now: float) -> None:
         """Serve the requests parked on ``plan``'s task while it has ready blocks."""
         ...
 

@@ -1,5 +1,5 @@
 """The records a run's dispatcher keeps: one per connection (:class:`Peer`), per worker
-(:class:`ManagedWorker`) and per task (:class:`TaskPlan`), and the booking of a worker to
+(:class:`ManagedWorker`) and per task (:class:`TaskRecord`), and the booking of a worker to
 start (:class:`Booking`). Plain state with no I/O; :mod:`bellis._scheduling._dispatch` decides what
 happens to them.
 
@@ -18,9 +18,12 @@ from typing import Any, NamedTuple
 
 from .._outputs._readback import wire_outputs
 from .._protocol import ExitKind, Welcome, WorkerExit, encode_welcome
+from .._stats._aggregates import TaskAggregates
+from .._stats._timeline import TimelineSet, WorkerTimeline
+from ._gate import StartGate
 from ._task_run import TaskRun
 
-__all__ = ["Booking", "ManagedWorker", "Peer", "TaskPlan", "replacing"]
+__all__ = ["Booking", "ManagedWorker", "Peer", "TaskRecord", "replacing"]
 
 
 class Peer:
@@ -89,7 +92,7 @@ class ManagedWorker:
         "worker_id",
     )
 
-    def __init__(self, worker_id: int, run: TaskRun, handle: Any, timeline: Any) -> None:
+    def __init__(self, worker_id: int, run: TaskRun, handle: Any, timeline: WorkerTimeline) -> None:
         self.worker_id = worker_id
         self.run = run
         self.handle = handle
@@ -122,26 +125,23 @@ class Booking(NamedTuple):
     worker_id: int
     slot: int
     reason: str | None
-    timeline: Any
+    timeline: WorkerTimeline
     #: its step on the task's memory ladder (0: the request)
     mem_step: int = 0
 
 
-class TaskPlan:
+class TaskRecord:
     """What the run needs to know about one task beyond the scheduler."""
 
     def __init__(
         self,
         run: TaskRun,
         payload: bytes | None,
-        launcher: Any,
-        aggregates: Any,
-        timelines: Any,
+        aggregates: TaskAggregates,
+        timelines: TimelineSet,
     ) -> None:
         self.run = run
         self.payload = payload
-        #: the task's ``WorkerLauncher``: the dispatcher never calls it (the shell does)
-        self.launcher = launcher
         self.aggregates = aggregates
         self.timelines = timelines
         self.alive = 0
@@ -153,14 +153,16 @@ class TaskPlan:
         self.starts_refused = False
         self.parked: deque[Peer] = deque()
         #: a plan's sample run: the first blocks wait for the workers (``_gate.StartGate``)
-        self.gate: Any = None
+        self.gate: StartGate | None = None
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
         #: straggler backups (a ``_backups.Backups``), None when the task has none
+        #: (``Any``: ``_backups`` and ``_memory`` import this module, which cannot name
+        #: their classes back without an import cycle)
         self.backups: Any = None
         #: the task's memory ladder and the blocks waiting for a larger grant
-        #: (``bellis._scheduling._memory.MemoryPlan``); None: the task has no memory request
+        #: (``bellis._scheduling._memory.MemoryRetries``); None: the task has no memory request
         self.memory: Any = None
         # log slots: the free ones (a heap), how many exist, and per slot why its last
         # worker of this run left (the next one's header says so)

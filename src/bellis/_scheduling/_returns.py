@@ -107,7 +107,7 @@ def take_back(
             if suspects:
                 suspects.discard(k)
             if status == _CREATED:
-                d.s.requeue_index(run, k)
+                d.scheduler.requeue_index(run, k)
             elif status == TIMED_OUT or status == STALLED:
                 details = error_parts(error)[1] if error is not None else None
                 d.time_out_block(

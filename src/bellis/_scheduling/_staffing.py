@@ -7,7 +7,7 @@ Theory of operation
 starts and retires *managed* workers (those a launcher started for the run). It keeps the
 workers by id (live ones in :attr:`~Staffing.workers`, ended ones in
 :attr:`~Staffing.gone`), the run's resources and what the live workers take of them, and
-each task's restart budget on its :class:`~bellis._scheduling._records.TaskPlan`. The dispatcher
+each task's restart budget on its :class:`~bellis._scheduling._records.TaskRecord`. The dispatcher
 asks it (:meth:`~Staffing.eligible`, :meth:`~Staffing.book`, :meth:`~Staffing.out_of_starts`)
 and tells it what happened (:meth:`~Staffing.launched`, :meth:`~Staffing.launch_failed`,
 :meth:`~Staffing.exited`, :meth:`~Staffing.account_exit`); it sends nothing itself.
@@ -33,7 +33,7 @@ from typing import Any
 from .._protocol import ExitKind, Hello, WorkerExit, verify_mac, worker_token
 from .._task_params import budget_units
 from ._memory import charge
-from ._records import Booking, ManagedWorker, Peer, TaskPlan, replacing
+from ._records import Booking, ManagedWorker, Peer, TaskRecord, replacing
 from ._task_run import RUNNING, TaskRun
 
 __all__ = ["Staffing"]
@@ -45,7 +45,7 @@ class Staffing:
     """The managed workers of one run, their starts and their resources (see the module
     docstring)."""
 
-    def __init__(self, plans: dict[str, TaskPlan], resources: dict[str, int]) -> None:
+    def __init__(self, plans: dict[str, TaskRecord], resources: dict[str, int]) -> None:
         self.plan_of = {p.run.index: p for p in plans.values()}
         self.resources = budget_units(resources)  # gpu in shares, as each task's _budget
         #: what the live workers take of :attr:`resources`
@@ -57,7 +57,7 @@ class Staffing:
         self.next_worker_id = 0
 
     # -- booking -----------------------------------------------------------------------
-    def eligible(self, plan: TaskPlan) -> bool:
+    def eligible(self, plan: TaskRecord) -> bool:
         """Whether ``plan``'s task can use one more ordinary worker now."""
         run = plan.run
         task = run.task
@@ -76,13 +76,13 @@ class Staffing:
                 return False
         return True
 
-    def out_of_starts(self, plan: TaskPlan) -> bool:
+    def out_of_starts(self, plan: TaskRecord) -> bool:
         """No free start left and the restart budget spent (or starts refused for good)."""
         return plan.starts_refused or (
             plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.task.max_worker_restarts
         )
 
-    def stranded(self, plan: TaskPlan) -> bool:
+    def stranded(self, plan: TaskRecord) -> bool:
         """``plan``'s task has blocks left but no worker alive, none out (but those
         waiting for a larger memory grant) and no start left: it is to be abandoned."""
         run = plan.run
@@ -93,7 +93,7 @@ class Staffing:
             return False
         return self.out_of_starts(plan)
 
-    def book(self, plan: TaskPlan, now: float, mem_step: int = 0) -> Booking:
+    def book(self, plan: TaskRecord, now: float, mem_step: int = 0) -> Booking:
         """Book one new worker of ``plan``'s task: its id, budget, resources, log slot
         (and its step on the task's memory ladder)."""
         run = plan.run
@@ -118,13 +118,13 @@ class Staffing:
         timeline.slot = slot
         return Booking(wid, slot, before, timeline, mem_step)
 
-    def charge(self, plan: TaskPlan, mem_step: int) -> dict[str, int]:
+    def charge(self, plan: TaskRecord, mem_step: int) -> dict[str, int]:
         """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
         if not mem_step:
             return plan.run.task._budget
         return charge(plan.run.task._budget, plan.memory.ladder, mem_step)
 
-    def launched(self, plan: TaskPlan, booking: Booking, handle: Any, log: str | None) -> None:
+    def launched(self, plan: TaskRecord, booking: Booking, handle: Any, log: str | None) -> None:
         """The booked worker was started: ``handle`` is its launcher's handle."""
         worker = ManagedWorker(booking.worker_id, plan.run, handle, booking.timeline)
         worker.log = log
@@ -133,7 +133,7 @@ class Staffing:
         self.workers[booking.worker_id] = worker
         plan.workers.append(worker)
 
-    def launch_failed(self, plan: TaskPlan, booking: Booking, exc: Exception, now: float) -> None:
+    def launch_failed(self, plan: TaskRecord, booking: Booking, exc: Exception, now: float) -> None:
         """The booked worker could not be started: the booking is undone; the start it
         used stays spent, and the task counts a worker failure."""
         run = plan.run

@@ -22,9 +22,11 @@ Owns:
                 ``verify.json``, what the last verify found
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
 
-May import: the plumbing (``errors``) and the model (``_block``, ``_donemarks``). Must
-never be imported by: the plumbing, the model, ``_protocol``, ``_scheduling``, ``_worker``
-or ``_launchers`` (the scheduler holds a ``bellis._donemarks.BlockStore`` handed in).
+May import: ``plumbing``, ``model``.
+Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,
+``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 """
 
 from ._backends import (

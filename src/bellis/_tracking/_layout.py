@@ -37,7 +37,7 @@ __all__ = [
     "LAYOUT_RECORD_VERSION",
     "NO_WORKER",
     "STAT_ARRAYS",
-    "GrowthPlan",
+    "StoreGrowth",
     "StoreLayout",
     "array_metadata",
     "check_array",
@@ -410,7 +410,7 @@ def array_metadata(data_type: str, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class GrowthPlan:
+class StoreGrowth:
     """How the arrays of a store move when its volume grew.
 
     Old cell ``c`` (an N-d grid index) becomes new cell ``c + shift``. ``clear_done``
@@ -444,7 +444,7 @@ def _partial_last_cell(total: int, ctx_ul: int, ctx_lr: int, stride: int) -> int
     return ctx_ul // stride + blocks - 1
 
 
-def plan_growth(record: Any, layout: StoreLayout) -> GrowthPlan | str:
+def plan_growth(record: Any, layout: StoreLayout) -> StoreGrowth | str:
     """Decide whether a store recorded as ``record`` can be remapped onto ``layout``.
 
     Returns the plan, or a sentence saying why not. The store can follow the task when
@@ -499,7 +499,7 @@ def plan_growth(record: Any, layout: StoreLayout) -> GrowthPlan | str:
             last = _partial_last_cell(total_shape[axis], ctx_ul[axis], ctx_lr[axis], s)
             if last is not None and 0 <= last < old_grid[axis]:
                 clear.append((axis, last + k))
-    return GrowthPlan(
+    return StoreGrowth(
         old_grid=old_grid, new_grid=new_grid, shift=tuple(shift), clear_done=tuple(clear)
     )
 

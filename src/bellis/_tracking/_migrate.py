@@ -71,7 +71,7 @@ from ._files import (
     write_atomic,
 )
 from ._layout import (
-    GrowthPlan,
+    StoreGrowth,
     check_chunking,
     dump_metadata,
     int_shape,
@@ -140,7 +140,7 @@ def migrate(
     root: Path,
     display: str,
     group: dict[str, Any],
-    plan: GrowthPlan,
+    plan: StoreGrowth,
     new_hash: str,
     record: dict[str, Any],
 ) -> list[str]:

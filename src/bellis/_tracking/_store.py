@@ -79,7 +79,7 @@ from ._layout import (
     GRANT_ARRAY,
     NO_WORKER,
     STAT_ARRAYS,
-    GrowthPlan,
+    StoreGrowth,
     StoreLayout,
     check_array,
     dump_metadata,
@@ -295,7 +295,7 @@ class TrackingStore:
                     updated["attributes"] = {**attributes, "bellis_layout": record}
                     write_atomic(group_file, dump_metadata(updated))
             else:
-                plan: GrowthPlan | str = "the store is not a zarr group"
+                plan: StoreGrowth | str = "the store is not a zarr group"
                 if node_type == "group":
                     plan = plan_growth(attributes.get("bellis_layout"), layout)
                 if isinstance(plan, str):

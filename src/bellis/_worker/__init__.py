@@ -10,11 +10,12 @@ Owns:
   ``_stall``       stall detection: is a running block still doing anything?
   ``_walltime``    stop taking blocks before the cluster job's time limit
 
-May import: the plumbing, the model and ``_protocol``, and nothing that imports numpy at
-module level (a worker imports numpy only if the user's code does; see
-``tests/integration/test_worker_imports.py``).
+May import: ``plumbing``, ``model``, ``protocol``, ``_outputs``.
+Imported by: ``_launchers``, ``_run``, ``_plan``, ``face``, ``_cli``.
+The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
+lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-Must never be imported by: the model, ``_scheduling``, ``_tracking``, ``_stats`` or
-``_report``. ``_launchers`` (the fork server preloads it), ``_run`` (serial mode) and the
-public face may.
+Nothing here imports numpy at module level (a worker imports numpy only if the user's code
+does; see ``tests/integration/test_worker_imports.py``). ``_launchers`` imports it: the fork
+server preloads it.
 """
