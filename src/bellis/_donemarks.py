@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-from numpy.typing import NDArray
+if TYPE_CHECKING:  # annotations only: a worker reaches this module and imports no numpy
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = ["BlockStore", "CellWriter", "HotWriter", "StoreBackend"]
 

@@ -24,7 +24,6 @@ from typing import Any
 
 from bellis._donemarks import BlockStore
 from bellis._scheduling._abandon import is_broken_reason
-from bellis._scheduling._task_run import DONE, FAILED
 from bellis._state import DEFAULT_TIMEOUT_SECONDS, TaskState
 from bellis._stats._errorgroups import (
     MAX_BLOCK_IDS_PER_GROUP,
@@ -100,6 +99,10 @@ def _skip_breakdown(state: TaskState) -> list[tuple[str, int]]:
 def settle_errors(errors: ErrorCollector, runs: Sequence[Any]) -> None:
     """Tell ``errors`` how each block of each task run (``TaskRun``) ended, so that the
     summary lists only blocks that failed for good as failed."""
+    # here, not at the top: a worker reaches this module through ``JsonProgressObserver``,
+    # and ``_task_run`` loads numpy (workers import none unless the user's code does)
+    from bellis._scheduling._task_run import DONE, FAILED
+
     for run in runs:
         state = run.state_mv
 
