@@ -216,3 +216,29 @@ def test_the_dispatcher_stops_the_workers_of_a_task_whose_blocks_fail_in_a_row()
     sc.exit(w2, WorkerExit("clean", 0, ""))
     assert (run.worker_restarts, run.worker_failures) == (0, 0)
     assert not [i for i in sc.tick() if i[0] == LAUNCH]  # no worker is started again
+
+
+def test_blocks_lost_with_their_workers_do_not_count_as_a_broken_function() -> None:
+    """A block whose worker went away (a crash, a killed job, a node failure: seen as 18
+    blocks lost in a row when a SLURM node failed under a 200-worker array) is a failed
+    attempt of that block, but says nothing of the function: the restart budget counts
+    dead workers, the broken-function rule only blocks the function failed on."""
+    from kit.dispatch import FAIL, Script, send_of, task as dtask
+
+    sc = Script(dtask(blocks=40, max_workers=1, max_retries=5, max_consecutive_failures=3))
+    for _ in range(12):
+        peer = sc.connect()
+        (k,) = send_of(sc.acquire(peer), peer)
+        sc.dispatcher.close(peer, sc.now)
+        sc.take()
+    run = sc.run()
+    assert run.failed_attempts == 12
+    assert run.abandon_reason is None
+    # three blocks the function fails on still fire the rule
+    for _ in range(3):
+        peer = sc.connect()
+        (k,) = send_of(sc.acquire(peer), peer)
+        sc.acquire(peer, (k, FAIL, -1, "ValueError: bad tile"))
+        sc.dispatcher.close(peer, sc.now)
+        sc.take()
+    assert run.abandon_reason == "3 blocks failed in a row"

@@ -13,7 +13,9 @@ reasons, each named by its own rule:
   done in between. Each block counts once, on its first failed attempt of the run (its
   retries neither count nor break the streak), and a block that already failed in an
   earlier run does not count (a rerun that retries a few known-bad blocks is not a broken
-  function). Any block done resets the count. :class:`FailureStreak` keeps that count; the
+  function). Any block done resets the count. A block lost with its worker (a crash, a
+  killed job, a node failure) is a failed attempt of that block but does not count: dead
+  workers are the restart cap's to judge. :class:`FailureStreak` keeps that count; the
   scheduler feeds it. ``None`` turns the rule off.
 * **The worker restart cap** (``Task(max_worker_restarts=...)``): workers kept dying (a
   crash, a timeout, an exception that left a worker function, a worker's first block

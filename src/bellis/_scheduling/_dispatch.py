@@ -228,7 +228,7 @@ class Dispatcher:
             logger.warning("block lost block_id=%s/%d (worker disconnected)", run.task_id, sid)
             text = f"block {run.task_id}/{sid} lost: its worker disconnected"
             self.errors.record(attempt_record(peer, run, k, text, KIND_LOST))
-            self.release(peer, run, k, False, False, peer.sent_at, now, now)
+            self.release(peer, run, k, False, False, peer.sent_at, now, now, lost=True)
         else:
             # which block of the batch was running is unknown: none of them is charged a
             # failed attempt; they go back to the queue and each runs alone next time, so
@@ -387,9 +387,11 @@ class Dispatcher:
         sent: float,
         returned: float,
         now: float,
+        lost: bool = False,
     ) -> None:
         """Release block ``k``; a measured success was stored and aggregated already (see
-        :func:`._returns._record_measured`)."""
+        :func:`._returns._record_measured`). ``lost``: it failed because its worker went
+        away (``Scheduler.release_index``)."""
         wall0 = peer.sent_wall + (sent - peer.sent_at)
         accepted = self.scheduler.release_index(
             run,
@@ -399,6 +401,7 @@ class Dispatcher:
             peer.worker_id if peer.worker is not None else -1,
             wall0,
             wall0 + (returned - sent),
+            lost,
         )
         plan = self.plan_of[run.index]
         if plan.memory is not None and k in plan.memory.need and peer.worker is not None:

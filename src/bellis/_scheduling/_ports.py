@@ -95,8 +95,9 @@ class DispatcherPort(Protocol):
         sent: float,
         returned: float,
         now: float,
+        lost: bool = False,
     ) -> None:
-        """Release block ``k`` to the scheduler."""
+        """Release block ``k`` to the scheduler (``lost``: its worker went away)."""
         ...
 
     def record_error(

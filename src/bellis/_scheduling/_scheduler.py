@@ -315,8 +315,13 @@ class Scheduler:
         worker_id: int = -1,
         sent_at: float = 0.0,
         returned_at: float = 0.0,
+        lost: bool = False,
     ) -> bool:
-        """Take block ``k`` back. Returns False if the release was ignored (stale)."""
+        """Take block ``k`` back. Returns False if the release was ignored (stale).
+
+        ``lost``: a failed attempt because the block's worker went away (a crash, a killed
+        job, a node failure), not because the function failed on it: it is charged to the
+        block, but the broken-function rule does not count it (the restart budget does)."""
         if run.status != RUNNING or not 0 <= k < run.total or run.state_mv[k] != PROCESSING:
             return False
         if sent_at > 0.0:  # the task's own span (TaskRun.note_span, inline: per block)
@@ -327,7 +332,7 @@ class Scheduler:
         if success:
             self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
         else:
-            self._fail(run, k, worker_id, sent_at, returned_at)
+            self._fail(run, k, worker_id, sent_at, returned_at, lost)
         return True
 
     def requeue_index(self, run: TaskRun, k: int) -> None:
@@ -405,7 +410,13 @@ class Scheduler:
                 run.ready += 1
 
     def _fail(
-        self, run: TaskRun, k: int, worker_id: int, sent_at: float, returned_at: float
+        self,
+        run: TaskRun,
+        k: int,
+        worker_id: int,
+        sent_at: float,
+        returned_at: float,
+        lost: bool = False,
     ) -> None:
         run.failed_attempts += 1
         run.processing -= 1
@@ -415,7 +426,7 @@ class Scheduler:
                 run.store.record_failure(cell, worker_id, sent_at, returned_at)
         attempts = run.retries.get(k, 0)
         streak = run.streak
-        broken = streak is not None and streak.failed(
+        broken = not lost and streak is not None and streak.failed(
             attempts == 0, run.failed_before is not None and k in run.failed_before
         )
         if attempts < run.max_retries:
