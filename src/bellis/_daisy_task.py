@@ -9,9 +9,7 @@ names of both, each bellis's public object (``Task`` and ``Scheduler`` are the n
 
 from __future__ import annotations
 
-from typing import Any
-
-from ._names import V2_HOMES as _V2_HOMES, load_public_name as _load_public_name
+from ._names import lazy_alias as _lazy_alias
 
 _OFFERED = (
     "Block",
@@ -35,11 +33,4 @@ _OFFERED = (
 __all__ = list(_OFFERED)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _OFFERED:
-        return _load_public_name(name, _V2_HOMES, globals())
-    raise AttributeError(f"module 'bellis._daisy_task' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_alias("bellis._daisy_task", _OFFERED, globals())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Where each public name is defined, loaded on first use. Only ``Task`` and ``Scheduler``
@@ -144,6 +144,24 @@ def load_public_name(
         _claim_public_home(value, (module_name, attribute))
     namespace[name] = value
     return value
+
+
+def lazy_alias(
+    module_name: str, offered: tuple[str, ...], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of a thin alias module of daisy's (``_daisy``,
+    ``_daisy_task``): each name of ``offered`` is bellis's public object of that name
+    (``V2_HOMES``), loaded on first use into ``namespace``, the alias module's globals."""
+
+    def getattr_(name: str) -> Any:
+        if name in offered:
+            return load_public_name(name, V2_HOMES, namespace)
+        raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+
+    def dir_() -> list[str]:
+        return sorted(set(namespace) | set(offered))
+
+    return getattr_, dir_
 
 
 def _claim_public_home(cls: type, home: tuple[str, str]) -> None:

@@ -426,8 +426,12 @@ class Scheduler:
                 run.store.record_failure(cell, worker_id, sent_at, returned_at)
         attempts = run.retries.get(k, 0)
         streak = run.streak
-        broken = not lost and streak is not None and streak.failed(
-            attempts == 0, run.failed_before is not None and k in run.failed_before
+        broken = (
+            not lost
+            and streak is not None
+            and streak.failed(
+                attempts == 0, run.failed_before is not None and k in run.failed_before
+            )
         )
         if attempts < run.max_retries:
             run.retries[k] = attempts + 1
