@@ -21,12 +21,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import hashlib
 import io
 import logging
 import os
 import re
-import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -181,6 +179,8 @@ def task_log_dirname(task_id: str) -> str:
     name = "".join(pieces)
     if len(name.encode("utf-8", "surrogatepass")) <= _MAX_DIRNAME_BYTES:
         return name
+    import hashlib  # long task ids only: a worker never loads OpenSSL for its logs
+
     digest = hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     prefix: list[str] = []
     size = 0
@@ -216,6 +216,8 @@ def clear_logs(task_id: str | None = None) -> Path | None:
         return None
     target = basedir if task_id is None else basedir / task_log_dirname(task_id)
     if target.exists():
+        import shutil  # the driver's, never a worker's
+
         shutil.rmtree(target)
     return target
 

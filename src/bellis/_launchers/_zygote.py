@@ -7,8 +7,8 @@ small process that has already done so costs about one. :class:`ForkServer` star
 *zygote* per run, the first time the :class:`~bellis._launchers._base.LocalLauncher`
 launches a worker: ``python -c <ZYGOTE_MAIN> <fd>``, a fresh interpreter (never a fork of
 the driver, so nothing of the driver is in it) that imports only what every worker imports
-(the worker's ``_main`` and ``_client`` and the modules they load, ``cloudpickle``, the
-idna codec), starts no thread, installs no signal handler, and then waits on a
+(the worker's ``_main`` and ``_client`` and the modules they load, ``cloudpickle``),
+starts no thread, installs no signal handler, and then waits on a
 ``SOCK_SEQPACKET`` control socket.
 
 Each launch sends one request: the worker's environment, the driver's working directory and
@@ -187,9 +187,7 @@ def serve() -> None:
     """The zygote's loop. Returns only in a forked child, set up to run as a worker."""
     ctl = socket.socket(fileno=int(sys.argv[1]))
     # what every worker imports, loaded once here (never numpy: a worker imports only what
-    # its user's code asks for); the idna codec is what connecting to a host name loads
-    import encodings.idna  # noqa: F401
-
+    # its user's code asks for)
     import cloudpickle  # noqa: F401
 
     import bellis._code_origin

@@ -321,7 +321,10 @@ class Client:
     # -- connection ---------------------------------------------------------------------
     def _connect(self) -> None:
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=30)
+            # an ASCII host as bytes: getaddrinfo() then skips the idna codec (a str host
+            # loads it, with unicodedata, in every worker: test_worker_imports)
+            host = self.host.encode("ascii") if self.host.isascii() else self.host
+            sock = socket.create_connection((host, self.port), timeout=30)  # type: ignore[arg-type]
         except ConnectionRefusedError:
             # the straggler case (a cluster job that started after the run ended) must exit
             # 0; while a run goes on, its server reports the worker that never connected
