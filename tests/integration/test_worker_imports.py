@@ -1,6 +1,7 @@
 """What a worker process imports (issue 14 item 5): never numpy, never ``v1_compat``, unless
 the user's code asks for them; never plotly (issue 16: the HTML report's alone), and
-neither does the driver's ``run_blockwise``.
+neither does the driver's ``run_blockwise``; a block-function worker loads nothing it does
+not need to start (issue 37: no OpenSSL, no idna codec, no shutil).
 
 A script written into ``tmp_path`` runs a distributed pipeline through ``import bellis as
 daisy`` (or ``import bellis.v2 as daisy``); each worker writes its sorted ``sys.modules`` to
@@ -54,6 +55,21 @@ NEEDS_NUMPY = {
 }
 # the two classes v1_compat itself defines (they accept daisy 1.x's forms)
 DEFINED_IN_V1_COMPAT = {"Task", "Scheduler"}
+# what a block-function worker needs neither to start nor to run its blocks (issue 37):
+# OpenSSL (hashlib, hmac: the handshake's HMAC uses the built-in SHA-256), the idna codec
+# and unicodedata (a numeric or ASCII host is resolved without them), shutil and its
+# compression modules (only clear_logs() uses it)
+NOT_BEFORE_FIRST_BLOCK = {
+    "_hashlib",
+    "hashlib",
+    "hmac",
+    "encodings.idna",
+    "unicodedata",
+    "stringprep",
+    "shutil",
+    "bz2",
+    "lzma",
+}
 
 SCRIPT = r"""
 import importlib
@@ -148,6 +164,9 @@ def test_workers_load_neither_numpy_nor_v1_compat(tmp_path: Path, surface: str) 
             problems.append(f"{label}: the worker imported zarr")
         if "plotly" in modules:
             problems.append(f"{label}: the worker imported plotly")
+        if label == "block-function" and modules & NOT_BEFORE_FIRST_BLOCK:
+            unneeded = sorted(modules & NOT_BEFORE_FIRST_BLOCK)
+            problems.append(f"{label}: the worker imported {unneeded}")
     assert not problems, "\n".join(problems)
 
 

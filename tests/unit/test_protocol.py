@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 
 import msgpack
 import pytest
 
 from bellis._protocol import (
+    _AUTH_TAG,
     ACQUIRE,
     HELLO,
     MAX_FRAME_BYTES,
@@ -16,9 +19,11 @@ from bellis._protocol import (
     FrameDecoder,
     compute_mac,
     encode,
+    hmac_sha256,
     new_nonce,
     new_secret,
     verify_mac,
+    worker_token,
 )
 from bellis.errors import ProtocolError
 
@@ -123,3 +128,24 @@ def test_mac_verification() -> None:
     assert not verify_mac(secret, nonce, mac[:-1])
     assert not verify_mac(secret, nonce, mac.hex())
     assert not verify_mac(secret, nonce, None)
+
+
+@pytest.mark.parametrize("key_size", [0, 1, 32, 63, 64, 65, 200])
+@pytest.mark.parametrize("message_size", [0, 1, 36, 64, 1000])
+def test_hmac_sha256_is_the_standard_one(key_size: int, message_size: int) -> None:
+    # the worker's handshake computes HMAC-SHA256 without hashlib and hmac (they load
+    # OpenSSL): it must give the standard library's bytes for keys shorter than, equal to
+    # and longer than SHA-256's block
+    key = bytes((7 * i + 3) % 256 for i in range(key_size))
+    message = bytes((5 * i + 1) % 256 for i in range(message_size))
+    expected = hmac.new(key, message, hashlib.sha256).digest()
+    assert hmac_sha256(key, message) == expected
+
+
+def test_macs_and_tokens_are_hmac_sha256() -> None:
+    secret, nonce = new_secret(), new_nonce()
+    # the answer to a challenge: the nonce and the protocol's tag, as before the change
+    expected = hmac.new(secret, nonce + _AUTH_TAG, hashlib.sha256).digest()
+    assert compute_mac(secret, nonce) == expected
+    assert verify_mac(secret, nonce, compute_mac(secret, nonce))
+    assert worker_token(secret, 3) == hmac.new(secret, b"worker:3", hashlib.sha256).digest()
