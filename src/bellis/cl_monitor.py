@@ -18,7 +18,12 @@ from __future__ import annotations
 import sys
 from typing import IO, Any
 
-from ._run._progress import PlainProgressObserver, ProgressObserver, TqdmObserver
+from ._run._progress import (
+    PlainProgressObserver,
+    ProgressObserver,
+    TqdmObserver,
+    progress_interval,
+)
 from ._state import TaskState
 
 __all__ = ["CLMonitor"]
@@ -36,7 +41,8 @@ class CLMonitor:
 
     ``server`` is a :class:`bellis.Server` or :class:`bellis.SerialServer` (anything with
     ``register_observer``). ``stream`` defaults to ``sys.stderr``, looked up at each run;
-    ``min_interval_seconds`` spaces the plain lines written when it is not a terminal.
+    ``min_interval_seconds`` spaces the plain lines written when it is not a terminal
+    (default: ``BELLIS_PROGRESS_INTERVAL``, else 30 s, as ``run_blockwise``'s own).
     """
 
     def __init__(
@@ -44,7 +50,7 @@ class CLMonitor:
         server: Any,
         stream: IO[str] | None = None,
         *,
-        min_interval_seconds: float = 10.0,
+        min_interval_seconds: float | None = None,
     ) -> None:
         register = getattr(server, "register_observer", None)
         if not callable(register):
@@ -52,6 +58,8 @@ class CLMonitor:
                 "CLMonitor(server): server must be a bellis Server or SerialServer (an object "
                 f"with register_observer()), got {type(server).__name__}"
             )
+        if min_interval_seconds is None:
+            min_interval_seconds = progress_interval()
         if min_interval_seconds < 0:
             raise ValueError(
                 f"min_interval_seconds must not be negative, got {min_interval_seconds}"

@@ -11,15 +11,19 @@ from typing import Any
 import pytest
 
 from bellis._run._progress import (
+    DEFAULT_PROGRESS_INTERVAL,
+    PROGRESS_INTERVAL_ENV,
     JsonProgressObserver,
     PlainProgressObserver,
     ProgressObserver,
     ProgressThrottle,
     TqdmObserver,
     make_observer,
+    progress_interval,
     safe_notify,
 )
 from bellis._state import TaskState
+from bellis.errors import ConfigurationError
 
 JSON_KEYS = [
     "t",
@@ -293,7 +297,7 @@ def test_plain_observer_is_rate_limited_per_task() -> None:
 def test_plain_observer_tasks_are_independent_and_skips_do_not_count_as_rate() -> None:
     out = io.StringIO()
     clock = FakeClock(0.0)
-    observer = PlainProgressObserver(["a", "b"], stream=out, clock=clock)
+    observer = PlainProgressObserver(["a", "b"], stream=out, min_interval_seconds=10.0, clock=clock)
     observer.on_start({"a": state("a"), "b": state("b")})
     clock.now = 10.0
     observer.on_progress(
@@ -355,6 +359,41 @@ def test_make_observer_true_looks_at_sys_stderr_where_progress_goes(
     monkeypatch.setattr("sys.stdout", io.StringIO())
     monkeypatch.setattr("sys.stderr", TtyStringIO())
     assert isinstance(make_observer(True, ["a"]), TqdmObserver)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(None, 30.0), ("", 30.0), ("5", 5.0), (" 0.5 ", 0.5), ("0", 0.0), ("inf", float("inf"))],
+)
+def test_progress_interval_comes_from_the_environment(value: str | None, seconds: float) -> None:
+    environ = {} if value is None else {PROGRESS_INTERVAL_ENV: value}
+    assert DEFAULT_PROGRESS_INTERVAL == 30.0
+    assert progress_interval(environ) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "10s"])
+def test_a_bad_progress_interval_is_named_with_its_fix(value: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        progress_interval({PROGRESS_INTERVAL_ENV: value})
+    message = str(info.value)
+    assert f"BELLIS_PROGRESS_INTERVAL={value!r}" in message
+    assert "BELLIS_PROGRESS_INTERVAL=60" in message and "unset it" in message
+
+
+def test_plain_lines_are_spaced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PROGRESS_INTERVAL_ENV, raising=False)
+    plain = make_observer(True, ["a"], stream=io.StringIO())
+    assert isinstance(plain, PlainProgressObserver)
+    assert plain.min_interval_seconds == 30.0
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "5")
+    plain = make_observer(True, ["a"], stream=io.StringIO())
+    assert isinstance(plain, PlainProgressObserver) and plain.min_interval_seconds == 5.0
+    # a terminal keeps its live bars, whatever the variable says
+    assert isinstance(make_observer(True, ["a"], stream=TtyStringIO()), TqdmObserver)
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "soon")
+    for stream in (io.StringIO(), TtyStringIO()):  # a typo is never ignored
+        with pytest.raises(ConfigurationError, match="BELLIS_PROGRESS_INTERVAL"):
+            make_observer(True, ["a"], stream=stream)
 
 
 def test_make_observer_off_and_custom() -> None:

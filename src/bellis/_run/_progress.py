@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import sys
 import time
 import weakref
@@ -24,8 +26,11 @@ from typing import IO, Any, Protocol, runtime_checkable
 from bellis._run._summary import ordered_task_ids, status_symbol
 from bellis._state import TaskState
 from bellis._streams import StreamInForce
+from bellis.errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_PROGRESS_INTERVAL",
+    "PROGRESS_INTERVAL_ENV",
     "JsonProgressObserver",
     "PlainProgressObserver",
     "ProgressObserver",
@@ -36,6 +41,37 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bellis")
+
+#: the environment variable that spaces the plain progress lines (seconds), read at each run
+PROGRESS_INTERVAL_ENV = "BELLIS_PROGRESS_INTERVAL"
+#: its default: a task's line every 30 s, 120 lines an hour in a batch job's log (daisy#57)
+DEFAULT_PROGRESS_INTERVAL = 30.0
+
+
+def progress_interval(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds between a task's plain progress lines: ``BELLIS_PROGRESS_INTERVAL`` from
+    ``environ`` (default ``os.environ``), else :data:`DEFAULT_PROGRESS_INTERVAL`.
+
+    ``0`` writes a line at every update (at most every 0.5 s), ``inf`` only the last
+    lines. Anything else that is not a number of seconds >= 0 is a
+    :class:`~bellis.errors.ConfigurationError` naming the variable and its value.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(PROGRESS_INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PROGRESS_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value < 0:
+        raise ConfigurationError(
+            f"{PROGRESS_INTERVAL_ENV}={raw!r} is not a number of seconds >= 0: set it to "
+            f"the seconds between progress lines (e.g. {PROGRESS_INTERVAL_ENV}=60; 0 for a "
+            f"line at every update, inf for the last lines only), or unset it for the "
+            f"default of {DEFAULT_PROGRESS_INTERVAL:g} s"
+        )
+    return value
 
 
 @runtime_checkable
@@ -175,20 +211,21 @@ class PlainProgressObserver:
     """Plain, rate-limited progress lines for logs that are not a terminal.
 
     ``[bellis] seg: 1200/5000 done (24.0%), 2 processing, 0 failed, 0 orphaned,
-    310.5 blocks/s``. A task gets at most one line per ``min_interval_seconds`` and none when
-    its counters did not change since its last line; the first line comes one interval after
-    the start. At finish every task gets a last line with its status symbol and its average
-    rate: its processed blocks over its own wall time, from its first block sent to its last
-    block returned (``TaskState.task_wall_seconds``; the time since the start where that is
-    unknown). The rate counts processed blocks only (skipped blocks cost nothing). Lines go to
-    ``stream``, or to ``sys.stderr`` as it is at each line.
+    310.5 blocks/s``. A task gets at most one line per ``min_interval_seconds`` (a run's
+    observer: :func:`progress_interval`) and none when its counters did not change since its
+    last line, never one per block; the first line comes one interval after the start. At
+    finish every task gets a last line with its status symbol and its average rate: its
+    processed blocks over its own wall time, from its first block sent to its last block
+    returned (``TaskState.task_wall_seconds``; the time since the start where that is
+    unknown). The rate counts processed blocks only (skipped blocks cost nothing). Lines go
+    to ``stream``, or to ``sys.stderr`` as it is at each line.
     """
 
     def __init__(
         self,
         task_order: Sequence[str],
         stream: IO[str] | None = None,
-        min_interval_seconds: float = 10.0,
+        min_interval_seconds: float = DEFAULT_PROGRESS_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if min_interval_seconds < 0:
@@ -201,6 +238,11 @@ class PlainProgressObserver:
         self._clock = clock
         self._started_at: float | None = None
         self._records: dict[str, _PlainTaskRecord] = {}
+
+    @property
+    def min_interval_seconds(self) -> float:
+        """The seconds between two lines of one task."""
+        return self._interval
 
     def _write(self, line: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
@@ -367,8 +409,9 @@ def make_observer(
     """Turn ``run_blockwise``'s ``progress`` argument into an observer, or None.
 
     ``True`` gives progress bars when ``stream`` (default ``sys.stderr``, where progress
-    goes) is a terminal and plain lines otherwise; ``False`` and ``None`` give no observer;
-    an object with ``on_start``, ``on_progress`` and ``on_finish`` is used as it is.
+    goes) is a terminal and plain lines otherwise, spaced by :func:`progress_interval`;
+    ``False`` and ``None`` give no observer; an object with ``on_start``, ``on_progress``
+    and ``on_finish`` is used as it is.
     """
     if progress is None or progress is False:
         return None
@@ -378,9 +421,10 @@ def make_observer(
             is_tty = bool(target.isatty())
         except (AttributeError, ValueError, OSError):
             is_tty = False
+        interval = progress_interval()  # checked on a terminal too: a typo is never ignored
         if is_tty:
             return TqdmObserver(task_order, file=stream)
-        return PlainProgressObserver(task_order, stream=stream)
+        return PlainProgressObserver(task_order, stream=stream, min_interval_seconds=interval)
     if _is_observer(progress):
         return progress  # type: ignore[return-value]
     raise TypeError(
