@@ -76,7 +76,6 @@ What reaches a worker process, and how, is declared here once:
 
 from __future__ import annotations
 
-import importlib
 import os
 import struct
 from dataclasses import dataclass
@@ -323,12 +322,14 @@ _sha256_new: Any = None
 def _sha256(data: bytes) -> bytes:
     global _sha256_new
     if _sha256_new is None:
-        for name in ("_sha256", "_sha2", "hashlib"):  # CPython 3.11, 3.12+, any other
+        try:
+            from _sha256 import sha256 as new  # CPython 3.11
+        except ImportError:
             try:
-                _sha256_new = importlib.import_module(name).sha256
-                break
-            except (ImportError, AttributeError):
-                continue
+                from _sha2 import sha256 as new  # CPython 3.12+
+            except ImportError:
+                from hashlib import sha256 as new
+        _sha256_new = new
     return _sha256_new(data).digest()  # type: ignore[no-any-return]
 
 
