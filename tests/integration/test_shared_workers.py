@@ -67,7 +67,7 @@ def pipeline(own_launchers=False, **kwargs):
     b = bellis.Task(
         "b", Roi((0,), (10 * N,)), Roi((0,), (30,)), Roi((10,), (10,)),
         process_function=second, read_write_conflict=False, max_workers=2,
-        requires={"cpu": 1}, upstream_tasks=[a], tracking_path=os.path.join(HERE, OUT, "track_b"),
+        requires={"cpu": 1}, tracking_path=os.path.join(HERE, OUT, "track_b"),
         launcher=launch(), max_worker_restarts=3,
     )
     return a, b
@@ -83,7 +83,8 @@ def result(a, b, states):
     }
     if OUT != "serial":
         out["records"] = {
-            t.task_id: [[r.worker_id, r.blocks, r.moved_from, r.moved_to, r.exit]
+            t.task_id: [[r.worker_id, r.blocks, getattr(r, "moved_from", None),
+                         getattr(r, "moved_to", None), r.exit]
                         for r in t.report().workers.records]
             for t in (a, b)
         }
@@ -113,7 +114,7 @@ def test_two_workers_serve_a_two_task_pipeline_under_a_budget(tmp_path: Path) ->
         """
 OUT = "shared"
 a, b = pipeline()
-states = bellis.run_blockwise([a, b], resources={"cpu": 2}, progress=False, return_states=True)
+states = bellis.run_blockwise(a + b, resources={"cpu": 2}, progress=False, return_states=True)
 result(a, b, states)
 """,
         "shared",
@@ -147,7 +148,7 @@ result(a, b, states)
         """
 OUT = "bound"
 a, b = pipeline(own_launchers=True)
-states = bellis.run_blockwise([a, b], resources={"cpu": 2}, progress=False, return_states=True)
+states = bellis.run_blockwise(a + b, resources={"cpu": 2}, progress=False, return_states=True)
 result(a, b, states)
 """,
         "bound",
@@ -164,7 +165,7 @@ result(a, b, states)
         """
 OUT = "serial"
 a, b = pipeline()
-states = bellis.run_blockwise([a, b], multiprocessing=False, progress=False, return_states=True)
+states = bellis.run_blockwise(a + b, multiprocessing=False, progress=False, return_states=True)
 result(a, b, states)
 """,
         "serial",
@@ -214,7 +215,7 @@ def test_a_killed_shared_worker_is_replaced_on_the_task_in_need(tmp_path: Path) 
         """
 OUT = "killed"
 a, b = pipeline()
-states = bellis.run_blockwise([a, b], resources={"cpu": 2}, progress=False, return_states=True)
+states = bellis.run_blockwise(a + b, resources={"cpu": 2}, progress=False, return_states=True)
 result(a, b, states)
 """,
         "killed",
@@ -232,8 +233,12 @@ result(a, b, states)
     assert isinstance(states, dict)
     assert states["b"][:2] == [38, 0]
     assert states["b"][3] == 1  # one worker failure, on b
-    # its replacement was started for b, the task that needed a worker, and served it
-    replacement = {pid for _t, _k, pid in ran} - {pid for t, _k, pid in ran if t == "a"}
-    assert len(replacement) == 1
-    assert replacement <= {pid for t, _k, pid in ran if t == "b"}
+    # its replacement was started for b, the task that needed a worker (whether it got
+    # a block before the other worker finished b depends on the machine's speed)
     assert states["a"][2] == 2 and states["b"][2] == 1
+    records = result["records"]
+    assert isinstance(records, dict)
+    assert len(records["a"]) == 2 and all(r[3] == "b" for r in records["a"])
+    started_for_b = [r for r in records["b"] if r[2] is None]
+    assert len(started_for_b) == 1 and started_for_b[0][4] == "clean"
+    assert [r[4] for r in records["b"] if r[2] == "a"].count("error") == 1
