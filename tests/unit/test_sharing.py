@@ -8,6 +8,7 @@ from typing import Any
 
 import bellis as daisy
 from bellis._protocol import MOVE, SEND, SHUTDOWN, FrameDecoder, WorkerExit
+from bellis._report._panel import worker_rows
 from bellis._scheduling._dispatch import SEND_FRAME
 from bellis._scheduling._records import Peer
 from bellis._scheduling._sharing import share_groups
@@ -79,6 +80,10 @@ def test_a_worker_whose_task_is_done_moves_to_a_task_with_ready_blocks() -> None
     assert sc.plans["a"].timelines[w.worker_id].record().moved_to == "b"
     assert sc.plans["b"].timelines[w.worker_id].record().moved_from == "a"
     assert sc.plans["a"].timelines[w.worker_id].record().blocks == 3
+    # the summary's worker tables say so
+    (row_a,) = worker_rows([sc.plans["a"].timelines[w.worker_id].record()])
+    (row_b,) = worker_rows([sc.plans["b"].timelines[w.worker_id].record()])
+    assert row_a[-1] == "moved to b" and row_b[0] == f"{w.worker_id} (from a)"
 
 
 def test_a_worker_waits_for_its_own_blocks_then_feeds_a_starved_task() -> None:

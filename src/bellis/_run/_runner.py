@@ -64,8 +64,8 @@ from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
 from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
-from ._shared import share_workers
 from ._server import RunLoop
+from ._shared import share_workers
 from ._summary import (
     ErrorCollector,
     error_logs,
