@@ -23,6 +23,7 @@ label block's start.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -180,6 +181,13 @@ def one_run(d: Path, size: int, mode: str, rep: int) -> dict[str, Any]:
             # the part of the gap after the run's last smooth block ended: a worker that
             # moved earlier may wait for label blocks that need that block
             after_last.append(max(0.0, min(starts) - max(max(ends), last_smooth)))
+    # the reference: a worker's gap between two blocks of one task (one round trip), under
+    # the same load
+    within = []
+    for pid in pids:
+        for task in ("smooth", "label"):
+            mine = sorted((float(r[2]), float(r[3])) for r in rows if r[1] == pid and r[0] == task)
+            within += [b[0] - a[1] for a, b in itertools.pairwise(mine)]
     ok = all(st.completed_count == st.total_block_count for st in states.values())
     shutil.rmtree(track, ignore_errors=True)
     return {
@@ -189,6 +197,7 @@ def one_run(d: Path, size: int, mode: str, rep: int) -> dict[str, Any]:
         "worker_starts": sum(st.worker_start_count for st in states.values()),
         "handover_gaps_ms": [g * 1000 for g in gaps],
         "gaps_after_last_smooth_ms": [g * 1000 for g in after_last],
+        "block_to_block_gap_median_ms": statistics.median(within) * 1000 if within else None,
         "blocks": len(rows),
         "ok": ok,
     }
@@ -231,6 +240,9 @@ def main() -> None:
                     statistics.median(g for r in rs for g in r["gaps_after_last_smooth_ms"])
                     if any(r["gaps_after_last_smooth_ms"] for r in rs)
                     else None
+                ),
+                "block_to_block_gap_median_ms": statistics.median(
+                    r["block_to_block_gap_median_ms"] for r in rs
                 ),
                 "all_ok": all(r["ok"] for r in rs),
             }
