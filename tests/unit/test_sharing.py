@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import bellis as daisy
-from bellis._protocol import MOVE, SEND, SHUTDOWN, FrameDecoder, WorkerExit
+from bellis._protocol import MOVE, SEND, SHUTDOWN, FrameDecoder, SharedFunction, WorkerExit
 from bellis._report._panel import worker_rows
 from bellis._scheduling._dispatch import SEND_FRAME
 from bellis._scheduling._records import Peer
 from bellis._scheduling._sharing import share_groups
+from bellis._worker._shared import FunctionCache
 from kit.dispatch import OK, Script, task
 
 
@@ -182,3 +183,43 @@ def test_a_killed_moved_worker_is_charged_to_the_task_it_served() -> None:
     assert r.run.task_id == "b" and r.home.task_id == "b"
     # the dead worker's log slot was a's: a's slot is free again
     assert sc.plans["a"].take_slot()[0] == 0
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _triple(x: int) -> int:
+    return 3 * x
+
+
+def test_a_payload_carries_the_other_tasks_functions() -> None:
+    import pickle
+
+    import msgpack
+    import pytest
+
+    from bellis._protocol import WorkerPayload
+    from bellis.errors import ProtocolError
+
+    own = WorkerPayload(pickle.dumps(_double), 1, ("/x",), {})
+    assert WorkerPayload.from_bytes(own.to_bytes()).shared == ()  # left off the wire
+    shared = (SharedFunction("b", pickle.dumps(_triple), (("_triple", 3, "/f.py"),)),)
+    back = WorkerPayload.from_bytes(WorkerPayload(own.function, 1, (), {}, (), shared).to_bytes())
+    assert back.shared == shared
+    bad = msgpack.packb([1, own.function, 1, [], {}, [], [["b", "not bytes", []]]])
+    with pytest.raises(ProtocolError, match="shared function"):
+        WorkerPayload.from_bytes(bad)
+
+
+def test_a_shared_worker_keeps_a_bounded_number_of_functions() -> None:
+    import pickle
+
+    shared = tuple(
+        SharedFunction(tid, pickle.dumps(fn)) for tid, fn in (("b", _triple), ("c", _double))
+    )
+    cache = FunctionCache("a", _double, shared, limit=2)
+    assert cache.get("b")(5) == 15 and cache.loaded == ["a", "b"] and cache.loads == 1
+    assert cache.get("c")(5) == 10 and cache.loaded == ["b", "c"]  # a dropped: least recent
+    assert cache.get("b") is cache.get("b") and cache.loads == 2  # kept: not loaded again
+    assert cache.loaded == ["c", "b"]
