@@ -128,8 +128,9 @@ def test_no_move_past_the_target_tasks_max_workers() -> None:
     b = task("b", blocks=6, max_workers=1, requires={"cpu": 1})
     sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 2})
     _share(sc)
-    wa, wb = sc.start_workers()
-    assert (wa.run.task_id, wb.run.task_id) == ("a", "b")
+    by_task = {w.run.task_id: w for w in sc.start_workers()}
+    wa = by_task["a"]
+    assert sorted(by_task) == ["a", "b"]
     pa = sc.connect("a", wa)
     held = _first_send(sc, pa)
     assert _finish(sc, pa, held) == [[SHUTDOWN]]  # b has its one worker already
@@ -163,13 +164,13 @@ def test_which_tasks_share_workers() -> None:
 
 
 def test_a_killed_moved_worker_is_charged_to_the_task_it_served() -> None:
-    a = task("a", blocks=1, max_workers=1, requires={"cpu": 1})
-    b = task("b", blocks=6, max_workers=1, requires={"cpu": 1})
+    a = task("a", blocks=4, max_workers=1, requires={"cpu": 1})
+    b = task("b", blocks=3, max_workers=1, requires={"cpu": 1})
     sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 1})
     _share(sc)
     (w,) = sc.start_workers()
     pa = sc.connect("a", w)
-    assert _finish(sc, pa, _first_send(sc, pa)) == [[MOVE, "b"]]
+    assert _work(sc, pa) == [[MOVE, "b"]]
     sc.dispatcher.close(pa, sc.now)
     pb = sc.connect("b", w)
     _first_send(sc, pb)
@@ -223,3 +224,12 @@ def test_a_shared_worker_keeps_a_bounded_number_of_functions() -> None:
     assert cache.get("c")(5) == 10 and cache.loaded == ["b", "c"]  # a dropped: least recent
     assert cache.get("b") is cache.get("b") and cache.loads == 2  # kept: not loaded again
     assert cache.loaded == ["c", "b"]
+
+
+def test_a_new_worker_goes_to_the_task_most_in_need() -> None:
+    a = task("a", blocks=1, max_workers=1, requires={"cpu": 1})
+    b = task("b", blocks=5, max_workers=1, requires={"cpu": 1})
+    sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 1})
+    _share(sc)
+    (w,) = sc.start_workers()
+    assert w.run.task_id == "b"  # 5 ready blocks and no worker against 1

@@ -767,7 +767,7 @@ class Dispatcher:
     def _rebalance(self, now: float, plans: Any = None) -> None:
         """Book workers where tasks can use them: in ``plans``, or in every task."""
         if plans is None:
-            plans = self.plans.values()
+            plans = _sharing.by_need(self.plans.values(), self.resources)  # the neediest first
         if (
             self.abort_reason is not None
             or self.fatal is not None

@@ -28,6 +28,9 @@ runs that task's block function (``_worker._shared``), with no process started.
   no worker, which cannot start one (the resources are taken), takes a worker waiting
   on a compatible task with no ready block. Without this, a retried block whose
   workers all moved on could wait for a worker that never comes.
+* **Who gets a new worker first** (:func:`by_need`): where tasks share workers under a
+  resources budget, the run books new workers (a replacement, say) for the task with the
+  most ready blocks per live worker first.
 * **What moves with the worker** (``Staffing.move``): its resources (equal on both
   sides, so the budget holds at every moment), its place under each task's
   ``max_workers`` (a move never takes a task past it), and its start: the task it
@@ -46,7 +49,7 @@ from typing import Any
 from ._records import ManagedWorker, Peer, TaskRecord
 from ._task_run import RUNNING
 
-__all__ = ["movable", "move_target", "parked_donor", "share_groups", "starved"]
+__all__ = ["by_need", "movable", "move_target", "parked_donor", "share_groups", "starved"]
 
 
 def _shareable(plan: TaskRecord, launcher: Any, arity: int) -> bool:
@@ -84,6 +87,17 @@ def share_groups(
             plan.shares_with = [p for p in members if p is not plan]
             out[plan.run.task_id] = plan.shares_with
     return out
+
+
+def by_need(plans: Iterable[TaskRecord], resources: Mapping[str, int]) -> list[TaskRecord]:
+    """The order in which the run books new workers (its first ones, and replacements):
+    where tasks share workers under a ``resources`` budget (which decides who gets a
+    scarce start), the task with the most ready blocks per live worker first (ties in
+    pipeline order); otherwise the pipeline's order, as always."""
+    plans = list(plans)
+    if not resources or not any(p.shares_with for p in plans):
+        return plans
+    return sorted(plans, key=lambda p: -p.run.ready / (p.alive + 1))
 
 
 def _room(plan: TaskRecord) -> bool:
