@@ -26,6 +26,8 @@ SEND        s -> c     k*                        (the next blocks' flat grid ind
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
 BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (final release)
 REJECT      s -> c     reason (str)
+MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
+                                                 see ``_scheduling._sharing``)
 ==========  =========  ==================================================================
 
 One round trip per batch: ``ACQUIRE`` returns the finished blocks *and* asks for the
@@ -105,6 +107,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "MAX_ITEMS",
     "MEMORY_LIMIT_ENV",
+    "MOVE",
     "OOM_PREFIX",
     "OUT_OF_MEMORY",
     "PAYLOAD_FILE_ENV",
@@ -123,6 +126,7 @@ __all__ = [
     "FrameDecoder",
     "Hello",
     "Returned",
+    "SharedFunction",
     "Welcome",
     "WorkerExit",
     "WorkerPayload",
@@ -156,7 +160,7 @@ HANDSHAKE_FRAME_BYTES = 16 * 1024
 #: the most items one msgpack array or map of a frame may hold
 MAX_ITEMS = 8192
 
-CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT = range(8)
+CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT, MOVE = range(9)
 
 #: One block's measurements, ``BlockStats.to_tuple()`` order (``_block.STATS_FORMAT``).
 #: The server reads a message's rows with the matching numpy dtype
@@ -492,18 +496,25 @@ class WorkerPayload:
     #: where the code shipped by value came from: ``(name, first line, file)`` each
     #: (``_code_origin.collect``)
     code_origins: tuple[tuple[str, int, str], ...] = ()
+    #: the block functions of the other tasks of the run that this worker may be moved to
+    #: (a shared worker, ``_scheduling._sharing``); unpickled only on a move. Empty: the
+    #: worker serves its own task only (and the field is left off the wire)
+    shared: tuple[SharedFunction, ...] = ()
 
     def to_bytes(self) -> bytes:
-        packed: bytes = _packb(
-            [
-                PAYLOAD_FORMAT,
-                self.function,
-                self.arity,
-                list(self.sys_path),
-                self.log_settings,
-                [list(o) for o in self.code_origins],
-            ]
-        )
+        fields: list[Any] = [
+            PAYLOAD_FORMAT,
+            self.function,
+            self.arity,
+            list(self.sys_path),
+            self.log_settings,
+            [list(o) for o in self.code_origins],
+        ]
+        if self.shared:
+            fields.append(
+                [[s.task_id, s.function, [list(o) for o in s.code_origins]] for s in self.shared]
+            )
+        packed: bytes = _packb(fields)
         return packed
 
     @classmethod
@@ -514,21 +525,46 @@ class WorkerPayload:
             msg = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
-        if type(msg) is not list or len(msg) != 6 or msg[0] != PAYLOAD_FORMAT:
+        if type(msg) is not list or len(msg) not in (6, 7) or msg[0] != PAYLOAD_FORMAT:
             raise ProtocolError(
                 "bellis worker: the payload is not of this bellis's format "
                 f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
             )
-        _fmt, function, arity, sys_path, log_settings, origins = msg
+        _fmt, function, arity, sys_path, log_settings, origins = msg[:6]
         if type(function) is not bytes or arity not in (0, 1) or type(log_settings) is not dict:
             raise ProtocolError("bellis worker: malformed payload fields")
+        shared: list[SharedFunction] = []
+        for entry in msg[6] if len(msg) == 7 else ():
+            if (
+                type(entry) is not list
+                or len(entry) != 3
+                or type(entry[0]) is not str
+                or type(entry[1]) is not bytes
+            ):
+                raise ProtocolError("bellis worker: malformed shared function in the payload")
+            shared.append(SharedFunction(entry[0], entry[1], _origins(entry[2])))
         return cls(
             function=function,
             arity=arity,
             sys_path=tuple(str(p) for p in sys_path),
             log_settings=log_settings,
-            code_origins=tuple((str(n), int(line), str(f)) for n, line, f in origins),
+            code_origins=_origins(origins),
+            shared=tuple(shared),
         )
+
+
+def _origins(origins: Any) -> tuple[tuple[str, int, str], ...]:
+    return tuple((str(n), int(line), str(f)) for n, line, f in origins)
+
+
+class SharedFunction(NamedTuple):
+    """Another task's block function in a shared worker's payload
+    (:attr:`WorkerPayload.shared`): its task, the cloudpickled function and its code
+    origins."""
+
+    task_id: str
+    function: bytes
+    code_origins: tuple[tuple[str, int, str], ...] = ()
 
 
 def payload_frame(payload: bytes) -> bytes:

@@ -100,7 +100,8 @@ def worker_rows(records: Sequence[WorkerRecord]) -> list[tuple[str, ...]]:
     """The cells of the worker table (one tuple per record, :data:`WORKER_HEADER` order)."""
     return [
         (
-            str(r.worker_id),
+            # a worker shared between tasks (issue 37): its part in this task
+            str(r.worker_id) if r.moved_from is None else f"{r.worker_id} (from {r.moved_from})",
             _slot_cell(r),
             format_duration(r.startup),
             str(r.blocks),
@@ -109,7 +110,7 @@ def worker_rows(records: Sequence[WorkerRecord]) -> list[tuple[str, ...]]:
             format_duration(r.compute.total) if r.compute.n else format_duration(0.0),
             _duration_pm(r.compute) if r.compute.n else "-",
             format_duration(r.teardown),
-            r.exit or "-",
+            f"moved to {r.moved_to}" if r.moved_to is not None else r.exit or "-",
         )
         for r in records
     ]

@@ -6,6 +6,7 @@ Owns:
   ``_transport``   the sockets: accept with the handshake cap, send buffers, orderly close
   ``_pool``        the workers through their launchers: start what was booked, poll, kill
   ``_serial``      serial mode: every block in this process, in dependency order
+  ``_shared``      workers shared between tasks: their groups and payloads, at run start
   ``_provenance``  at run start: each task's code fingerprint and ``on_code_change``
   ``_observers``   observers attached to a server (``CLMonitor(server)``)
   ``_progress``    the progress observers (bar, JSON lines)

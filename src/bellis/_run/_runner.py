@@ -65,6 +65,7 @@ from ._progress import make_observer
 from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
 from ._server import RunLoop
+from ._shared import share_workers
 from ._summary import (
     ErrorCollector,
     error_logs,
@@ -491,6 +492,7 @@ def _run_distributed(plan: RunSettings, run: _Run) -> None:
             plans[tid].memory = MemoryRetries(ladder, task_run)
         if plan.start_gate is not None:
             plans[tid].gate = StartGate(plan.start_gate)
+    share_workers(plans, launchers, plan.payloads)  # workers that move between tasks
     bind, advertise = _choose_hosts(plan.host, list(launchers.values()))
     secret = new_secret()
     worker_key = new_secret()  # never leaves this process: see worker_token()

@@ -17,6 +17,7 @@ Owns:
   ``_backups``     straggler backups: a second copy, first success wins
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
   ``_abandon``     when a task is given up (blocks failing in a row), and what is said
+  ``_sharing``     workers shared between tasks: which tasks, and when a worker moves
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_stats``, ``_outputs``, ``task``.
 Imported by: ``_run``, ``_plan``, ``face``, ``_cli``.

@@ -66,6 +66,7 @@ from typing import Any, Final
 from .._protocol import (
     ACQUIRE,
     BYE,
+    MOVE,
     REJECT,
     SEND,
     SHUTDOWN,
@@ -76,7 +77,7 @@ from .._protocol import (
 )
 from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
-from . import _memory
+from . import _memory, _sharing
 from ._abandon import RESTART_CAP
 from ._attempts import KIND_LOST, attempt_record, block_coord, text_key
 from ._backups import Backups, drop_lost, offer
@@ -492,6 +493,11 @@ class Dispatcher:
                         held.append(k)
                 self._send_held(peer, run, held, now)
                 return
+            if plan.shares_with and _sharing.movable(peer.worker):
+                dst = _sharing.move_target(plan)  # a shared worker: another task's blocks
+                if dst is not None:
+                    self.move_worker(peer, plan, dst, now)
+                    return
             if run.status == RUNNING and run.pending > 0:
                 plan.parked.append(peer)
                 peer.parked = True
@@ -503,6 +509,26 @@ class Dispatcher:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
+
+    def move_worker(self, peer: Peer, src: TaskRecord, dst: TaskRecord, now: float) -> None:
+        """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``): it
+        reconnects as a worker of ``dst``'s task."""
+        worker = peer.worker
+        assert worker is not None
+        self.staff.move(worker, src, dst, now)
+        self._send(peer, encode([MOVE, dst.run.task_id]))
+        self.dirty = True
+
+    def _feed_starved(self, now: float) -> None:
+        """Tasks with ready blocks and no worker, that cannot start one, take a worker
+        waiting on a compatible task (``_sharing.starved``)."""
+        for plan in self.plans.values():
+            if plan.shares_with and _sharing.starved(plan, self.staff.eligible(plan)):
+                donor = _sharing.parked_donor(plan)
+                if donor is not None:
+                    src, peer = donor
+                    peer.parked = False  # its entry in src's queue is skipped
+                    self.move_worker(peer, src, plan, now)
 
     def _gate_holds(self, plan: TaskRecord, now: float) -> bool:
         """Whether ``plan``'s start gate (:mod:`._gate`) still holds its requests; once it
@@ -593,7 +619,7 @@ class Dispatcher:
         """Kill ``worker`` (if it is still running) and retire it with exit ``kind``."""
         if worker is not None and worker.exit is None:
             worker.exit = WorkerExit(kind, None, text)
-            self.plan_of[worker.run.index].retired_unseen += 1
+            self.plan_of[worker.home.index].retired_unseen += 1
             worker.timeline.exited(now, kind)
             self.staff.retire(worker)
             self.out.append(Kill(KILL, worker))
@@ -639,6 +665,7 @@ class Dispatcher:
         cannot go on, start workers, serve parked requests, report progress."""
         self._check_abandon(now)
         self._rebalance(now)
+        self._feed_starved(now)
         for plan in self.plans.values():
             if plan.parked:
                 self.serve_parked(plan, now)
@@ -740,7 +767,7 @@ class Dispatcher:
     def _rebalance(self, now: float, plans: Any = None) -> None:
         """Book workers where tasks can use them: in ``plans``, or in every task."""
         if plans is None:
-            plans = self.plans.values()
+            plans = _sharing.by_need(self.plans.values(), self.resources)  # the neediest first
         if (
             self.abort_reason is not None
             or self.fatal is not None

@@ -83,6 +83,7 @@ class ManagedWorker:
         "ever_connected",
         "exit",
         "handle",
+        "home",
         "log",
         "lost",
         "mem_step",
@@ -94,7 +95,10 @@ class ManagedWorker:
 
     def __init__(self, worker_id: int, run: TaskRun, handle: Any, timeline: WorkerTimeline) -> None:
         self.worker_id = worker_id
+        #: the task it serves now (a shared worker moves: ``_sharing``)
         self.run = run
+        #: the task it was started for, whose log slot it holds to its end
+        self.home = run
         self.handle = handle
         #: its open connections, oldest first (one per client the process opened)
         self.conns: list[Peer] = []
@@ -157,6 +161,8 @@ class TaskRecord:
         # blocks lost with a batch (which one killed the worker is unknown): sent alone
         self.suspects: set[int] = set()
         self.workers: list[ManagedWorker] = []
+        #: the other tasks its workers may move to (``_sharing.share_groups``)
+        self.shares_with: list[TaskRecord] = []
         #: straggler backups (a ``_backups.Backups``), None when the task has none
         #: (``Any``: ``_backups`` and ``_memory`` import this module, which cannot name
         #: their classes back without an import cycle)

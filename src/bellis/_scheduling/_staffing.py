@@ -191,7 +191,7 @@ class Staffing:
         already = worker.exit is not None
         self.workers.pop(worker.worker_id, None)
         self.gone[worker.worker_id] = worker
-        plan = self.plan_of[worker.run.index]
+        plan = self.plan_of[worker.home.index]  # its log slot is its first task's
         if already:
             assert worker.exit is not None
             plan.retired_unseen -= 1
@@ -204,6 +204,45 @@ class Staffing:
         worker.exit = ex
         plan.release_slot(worker.slot, replacing(worker.worker_id, ex))
         return True
+
+    def move(self, worker: ManagedWorker, src: TaskRecord, dst: TaskRecord, now: float) -> None:
+        """``worker`` leaves ``src``'s task for ``dst``'s (``_sharing``): its resources,
+        its place under ``max_workers`` and its start go with it; its timeline in ``src``
+        ends, and its part in ``dst`` begins (or goes on, when it comes back)."""
+        src.alive -= 1
+        dst.alive += 1
+        for k, v in src.run.task._budget.items():
+            if k in self.used:
+                self.used[k] -= v
+        for k, v in dst.run.task._budget.items():
+            self.used[k] = self.used.get(k, 0) + v
+        # it left src as a clean exit would: src gets its start back; dst holds it until
+        # the worker ends there (account_exit gives it back to dst on a clean exit)
+        src.free_starts += 1
+        dst.free_starts -= 1
+        if worker in src.workers:
+            src.workers.remove(worker)
+        dst.workers.append(worker)
+        worker.run = dst.run
+        old = worker.timeline
+        old.shutdown_requested(now)
+        old.moved_to = dst.run.task_id
+        old.exited(now, ExitKind.CLEAN)
+        tl = dst.timelines.get(worker.worker_id)
+        if tl is None:
+            tl = dst.timelines.spawned(worker.worker_id, now)
+            tl.first_acquire(now)
+            tl.slot, tl.log_files = old.slot, old.log_files
+        else:
+            tl.rejoined(now)
+        tl.moved_from = src.run.task_id
+        worker.timeline = tl
+        logger.debug(
+            "worker %d moves from task '%s' to task '%s'",
+            worker.worker_id,
+            src.run.task_id,
+            dst.run.task_id,
+        )
 
     def retire(self, worker: ManagedWorker) -> None:
         """``worker`` no longer counts as alive: its resources go back."""

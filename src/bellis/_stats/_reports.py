@@ -218,6 +218,11 @@ class WorkerRecord:
     log_files: tuple[str, str] | None = None
     #: the GPUs a local worker was given (its ``CUDA_VISIBLE_DEVICES``); None: none assigned
     gpus: tuple[str, ...] | None = None
+    #: a worker shared between tasks: the task it came from into this one (None: it was
+    #: started for this task), and the task it left this one for (None: it ended here;
+    #: its ``exit`` is then "clean" for the part it spent in this task)
+    moved_from: str | None = None
+    moved_to: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -243,6 +248,8 @@ class WorkerRecord:
             slot=None if d.get("slot") is None else int(d["slot"]),
             log_files=_log_files_from_json(d.get("log_files")),
             gpus=None if d.get("gpus") is None else tuple(str(g) for g in d["gpus"]),
+            moved_from=None if d.get("moved_from") is None else str(d["moved_from"]),
+            moved_to=None if d.get("moved_to") is None else str(d["moved_to"]),
             **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
         )
 

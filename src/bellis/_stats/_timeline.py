@@ -57,6 +57,8 @@ class WorkerTimeline:
         "gpus",
         "idle",
         "log_files",
+        "moved_from",
+        "moved_to",
         "slot",
         "worker_id",
     )
@@ -82,6 +84,10 @@ class WorkerTimeline:
         self.log_files: tuple[str, str] | None = None
         #: the GPUs it was given (its ``CUDA_VISIBLE_DEVICES``); None: none assigned
         self.gpus: tuple[str, ...] | None = None
+        #: a worker shared between tasks (``_scheduling._sharing``): the task it came
+        #: from, and the one it left for (its part here then ends as a clean exit)
+        self.moved_from: str | None = None
+        self.moved_to: str | None = None
 
     # ------------------------------------------------------------------ events
 
@@ -149,6 +155,15 @@ class WorkerTimeline:
             self._exit_t = t
             self.exit_kind = kind
 
+    def rejoined(self, t: float) -> None:
+        """A shared worker came back to this task at ``t`` after it had moved on: its
+        part here goes on (the time away counts as idle)."""
+        self._exit_t = None
+        self.exit_kind = None
+        self._shutdown_t = None
+        self.final_wait = None
+        self.moved_to = None
+
     # ------------------------------------------------------------------ derived
 
     @property
@@ -201,6 +216,8 @@ class WorkerTimeline:
             slot=self.slot,
             log_files=self.log_files,
             gpus=self.gpus,
+            moved_from=self.moved_from,
+            moved_to=self.moved_to,
         )
 
 

@@ -25,6 +25,7 @@ from .._protocol import (
     DAISY_CONTEXT_ENV,
     HELLO,
     MEMORY_LIMIT_ENV,
+    MOVE,
     OUT_OF_MEMORY,
     REJECT,
     SEND,
@@ -307,6 +308,9 @@ class Client:
         self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
         self._in_block = False
+        #: the task the server moved this worker to (a MOVE: ``_worker._shared``); None:
+        #: not moved
+        self.moved_to: str | None = None
         #: the exception of the block that failed, once its traceback went to the log and
         #: the server (the caller then re-raises it)
         self.reported: BaseException | None = None
@@ -484,6 +488,12 @@ class Client:
             except ConnectionLostError:
                 return -1
             if reply[0] == SHUTDOWN:
+                self.close()
+                return -1
+            if reply[0] == MOVE:
+                if len(reply) != 2 or type(reply[1]) is not str:
+                    raise ProtocolError("malformed move from the server")
+                self.moved_to = reply[1]  # this connection's task is done with this worker
                 self.close()
                 return -1
             if reply[0] != SEND or len(reply) < 2:

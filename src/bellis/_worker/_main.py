@@ -148,6 +148,10 @@ def main() -> int:
 
         restore(fn, list(payload.code_origins))
     if payload.arity == 1:
+        if payload.shared:  # a worker the server may move to other tasks of the run
+            from ._shared import run_shared_loop
+
+            return run_shared_loop(fn, payload.shared, _failure_code)
         return run_block_function_loop(fn)
     try:
         return run_worker_function(fn)
