@@ -460,6 +460,12 @@ class WorkerPayload:
     #: where the code shipped by value came from: ``(name, first line, file)`` each
     #: (``_code_origin.collect``)
     code_origins: tuple[tuple[str, int, str], ...] = ()
+    #: the task's declared inputs, ``(store, array path, cacheable)`` each
+    #: (``_outputs._inputs.wire_inputs``): the worker caches their decoded chunks
+    inputs: tuple[tuple[str, str, bool], ...] = ()
+    #: the bound of that cache in bytes (``Task(input_cache_bytes=...)``); None: derived
+    #: from the worker's memory limit
+    input_cache_bytes: int | None = None
 
     def to_bytes(self) -> bytes:
         packed: bytes = _packb(
@@ -470,6 +476,8 @@ class WorkerPayload:
                 list(self.sys_path),
                 self.log_settings,
                 [list(o) for o in self.code_origins],
+                [list(i) for i in self.inputs],
+                -1 if self.input_cache_bytes is None else self.input_cache_bytes,
             ]
         )
         return packed
@@ -482,20 +490,37 @@ class WorkerPayload:
             msg = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
-        if type(msg) is not list or len(msg) != 6 or msg[0] != PAYLOAD_FORMAT:
+        if type(msg) is not list or len(msg) not in (6, 8) or msg[0] != PAYLOAD_FORMAT:
             raise ProtocolError(
                 "bellis worker: the payload is not of this bellis's format "
                 f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
             )
-        _fmt, function, arity, sys_path, log_settings, origins = msg
+        _fmt, function, arity, sys_path, log_settings, origins = msg[:6]
+        inputs, cache_bytes = msg[6:] if len(msg) == 8 else ([], -1)
         if type(function) is not bytes or arity not in (0, 1) or type(log_settings) is not dict:
             raise ProtocolError("bellis worker: malformed payload fields")
+        if (
+            type(inputs) is not list
+            or type(cache_bytes) is not int
+            or cache_bytes < -1
+            or not all(
+                type(i) is list
+                and len(i) == 3
+                and type(i[0]) is str
+                and type(i[1]) is str
+                and type(i[2]) is bool
+                for i in inputs
+            )
+        ):
+            raise ProtocolError("bellis worker: malformed payload inputs")
         return cls(
             function=function,
             arity=arity,
             sys_path=tuple(str(p) for p in sys_path),
             log_settings=log_settings,
             code_origins=tuple((str(n), int(line), str(f)) for n, line, f in origins),
+            inputs=tuple((s, p, c) for s, p, c in inputs),
+            input_cache_bytes=None if cache_bytes == -1 else cache_bytes,
         )
 
 
