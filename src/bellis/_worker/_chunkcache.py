@@ -15,8 +15,9 @@ strided selections, ``get_*_selection``, ``oindex``/``vindex``) goes to zarr unc
 So ``raw[block.read_roi]`` on a funlib ``Array`` (which reads its zarr array through
 ``[]``, directly or through dask), ``raw.to_ndarray(roi)`` and ``raw[slices]`` on a zarr
 array all hit the cache, whether the user's function opened the array at module level,
-in a closure, or in the block itself. :func:`read` is the explicit form
-(``bellis.read(raw, roi)``): it always goes through the cache.
+in a closure, or in the block itself. Reads that bypass ``[]`` (``get_basic_selection``,
+``oindex``, ``vindex``, zarr's async API, tensorstore) are not cached: write them as
+``raw[...]`` with slices to use the cache.
 
 Chunks are the array's own (the inner chunks of a sharded array: one read of a
 chunk-aligned box decodes only that chunk of the shard). A miss reads the bounding box of
@@ -46,7 +47,6 @@ __all__ = [
     "active",
     "cache_bound",
     "install",
-    "read",
 ]
 
 #: the bound when the worker has no memory limit
@@ -199,14 +199,14 @@ class Installed:
         self.inputs: dict[tuple[str, str], bool] = {
             (str(s).rstrip("/"), str(p).strip("/")): bool(c) for s, p, c in inputs
         }
-        cls = zarr.Array
+        cls: Any = zarr.Array
         self._cls = cls
-        self._getitem = cls.__getitem__
-        self._setitem = cls.__setitem__
+        self._getitem: Any = cls.__getitem__
+        self._setitem: Any = cls.__setitem__
         original_get, original_set = self._getitem, self._setitem
         me = self
 
-        def __getitem__(arr: Any, selection: Any) -> Any:  # noqa: N807
+        def __getitem__(arr: Any, selection: Any) -> Any:
             if me.inputs:
                 key = array_key(arr)
                 cacheable = me.inputs.get(key)
@@ -218,19 +218,19 @@ class Installed:
                     me.cache.bypassed += 1
             return original_get(arr, selection)
 
-        def __setitem__(arr: Any, selection: Any, value: Any) -> None:  # noqa: N807
+        def __setitem__(arr: Any, selection: Any, value: Any) -> None:
             if me.inputs and me.inputs.get(array_key(arr)):
                 me.cache.drop_array(array_key(arr))
             original_set(arr, selection, value)
 
         __getitem__.__wrapped__ = original_get  # type: ignore[attr-defined]
-        cls.__getitem__ = __getitem__
-        cls.__setitem__ = __setitem__
+        setattr(cls, "__getitem__", __getitem__)  # noqa: B010
+        setattr(cls, "__setitem__", __setitem__)  # noqa: B010
 
     def remove(self) -> None:
         """Put zarr's own ``[]`` back."""
-        self._cls.__getitem__ = self._getitem
-        self._cls.__setitem__ = self._setitem
+        setattr(self._cls, "__getitem__", self._getitem)  # noqa: B010
+        setattr(self._cls, "__setitem__", self._setitem)  # noqa: B010
         global _active
         if _active is self:
             _active = None
@@ -290,7 +290,7 @@ class Installed:
         for a, b in zip(lo, hi, strict=True):
             count *= b - a
         get = self._getitem
-        got = {}
+        got: dict[tuple[int, ...], Any] = {}
         if count == len(missing):
             origin = [a * c for a, c in zip(lo, chunks, strict=True)]
             region = get(
@@ -344,21 +344,3 @@ def install(inputs: Iterable[Sequence[Any]], bound_bytes: int) -> Installed | No
 def active() -> Installed | None:
     """The installation serving this process, if any."""
     return _active
-
-
-def read(arr: Any, roi: Any = None) -> Any:
-    """``arr[roi]`` through the cache when ``arr`` is a declared input (else a plain
-    read): ``arr`` a zarr array (``roi``: a tuple of slices, None for all of it) or a
-    funlib ``Array`` (``roi``: a ``Roi`` in world units, None for its own ROI; read
-    with ``to_ndarray``)."""
-    if hasattr(arr, "to_ndarray"):
-        return arr.to_ndarray(roi) if roi is not None else arr.to_ndarray(arr.roi)
-    selection = (Ellipsis,) if roi is None else roi
-    inst = _active
-    if inst is not None:
-        key = array_key(arr)
-        if inst.inputs.get(key):
-            out = inst.serve(arr, key, selection)
-            if out is not None:
-                return out
-    return arr[selection]
