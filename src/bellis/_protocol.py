@@ -21,10 +21,12 @@ WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict
                        when the next field follows),
                        [[allow_empty, outputs]]  (``verify_outputs``: what to read back);
                        a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
-ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (the finished blocks)
+ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+                                                 (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (final release)
+BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+                                                 (final release)
 REJECT      s -> c     reason (str)
 ==========  =========  ==================================================================
 
@@ -36,7 +38,10 @@ batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block. ``busy_seconds`` (a float, version 4; optional,
 only with returned blocks) is how long the worker spent on them, from the SEND to this
 message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
-trip, which also counts the wait behind the server's other connections.
+trip, which also counts the wait behind the server's other connections. The last field,
+a map ``{"cache": [hits, misses, miss_bytes, bypassed]}`` (optional; a worker whose task
+declares inputs), is what the worker's decoded-chunk cache did since its last message
+(:func:`parse_cache_counts`).
 
 A successful block of a task with ``verify_outputs`` carries its outputs' checksum in the
 ``error`` field (an int; ``bellis._outputs._readback``), so it travels home with the
@@ -92,6 +97,7 @@ from .errors import ProtocolError
 __all__ = [
     "ACQUIRE",
     "BYE",
+    "CACHE_COUNTS",
     "CHALLENGE",
     "CONTEXT_ENV",
     "DAISY_CONTEXT_ENV",
@@ -137,6 +143,7 @@ __all__ = [
     "memory_error_message",
     "new_nonce",
     "new_secret",
+    "parse_cache_counts",
     "parse_hello",
     "parse_returns",
     "parse_welcome",
@@ -598,6 +605,23 @@ def error_parts(error: Any) -> tuple[str | None, dict[str, Any] | None]:
     if type(error) is list:
         return error[0], error[1]
     return error, None
+
+
+#: what the worker's decoded-chunk cache reports (``_worker._chunkcache``), in order
+CACHE_COUNTS: Final = ("hits", "misses", "miss_bytes", "bypassed")
+
+
+def parse_cache_counts(value: Any) -> list[int]:
+    """The trailing ``{"cache": [...]}`` of an ACQUIRE or BYE: :data:`CACHE_COUNTS`, each a
+    count; :class:`ProtocolError` for anything else."""
+    counts = value.get("cache") if type(value) is dict and len(value) == 1 else None
+    if (
+        type(counts) is not list
+        or len(counts) != len(CACHE_COUNTS)
+        or not all(type(c) is int and 0 <= c < _U64 for c in counts)
+    ):
+        raise ProtocolError(f"malformed cache counts {value!r}")
+    return counts
 
 
 def parse_returns(

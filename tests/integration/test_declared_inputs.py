@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
-from kit.user_script import run_script
+from kit.user_script import run_script, runs_line
 
 SHAPE = (40, 44, 52)
 CHUNKS = (8, 8, 8)
@@ -89,9 +89,9 @@ ctx = [3 * v for v in VS]
 read = Roi((0, 0, 0), [(12 + 6) * v for v in VS])
 write = Roi(ctx, [12 * v for v in VS])
 task = daisy.Task("t", total, read, write, process, max_workers=2, fit="shrink",
-                  inputs=[declared], read_write_conflict=False)
-ok = daisy.run_blockwise([task], multiprocessing=MODE == "distributed", progress=False,
-                         block_tracking=False)
+                  inputs=[declared], read_write_conflict=False,
+                  tracking_path=os.path.join(ROOT, "tracking", "t"))
+ok = daisy.run_blockwise([task], multiprocessing=MODE == "distributed", progress=False)
 sys.exit(0 if ok else 3)
 """
 
@@ -116,7 +116,8 @@ def test_reads_of_a_declared_input_are_the_arrays_bytes(
     files = sorted((tmp_path / "reads").glob("*.json"))
     # blocks of 12 voxels over the 34x38x46 write voxels, the last ones shrunk
     assert len(files) == int(np.prod([-(-(n - 6) // 12) for n in SHAPE]))
-    hits = {}
+    hits: dict[int, int] = {}
+    misses: dict[int, int] = {}
     reads = 0
     for path in files:
         rec = json.loads(path.read_text())
@@ -128,12 +129,23 @@ def test_reads_of_a_declared_input_are_the_arrays_bytes(
         counters = rec["counters"]
         assert counters is not None, "the cache was not installed"
         hits[rec["pid"]] = max(hits.get(rec["pid"], 0), counters["hits"])
+        misses[rec["pid"]] = max(misses.get(rec["pid"], 0), counters["misses"])
     assert reads == 4 * len(files)
-    # the blocks' read ROIs overlap and each worker holds every chunk it decoded: most
+    # the blocks' read ROIs overlap and each worker holds every chunk it decoded: some
     # chunk reads are hits
     assert sum(hits.values()) > 0
+    # what the caches did reaches the run's statistics, counted once: the run line has
+    # the sum over the processes that read (the workers, or the driver in serial mode)
+    line = runs_line(tmp_path)
+    assert line["input_cache"] == {
+        "hits": sum(hits.values()),
+        "misses": sum(misses.values()),
+        "miss_bytes": line["input_cache"]["miss_bytes"],
+        "bypassed": 0,
+    }
+    assert line["input_cache"]["miss_bytes"] >= sum(misses.values()) * 2  # uint16 voxels
     if mode == "distributed":
-        assert all(pid != 0 for pid in hits)
+        assert "input cache" in proc.stdout  # the summary's panel line
 
 
 STALE = """

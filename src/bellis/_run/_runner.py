@@ -21,7 +21,7 @@ from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._outputs._inputs import run_outputs, wire_inputs
-from .._protocol import WorkerPayload, new_secret, worker_token
+from .._protocol import CACHE_COUNTS, WorkerPayload, new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
@@ -590,6 +590,8 @@ def _write_reports(
         memory = memory_from_state(state)
         if memory is not None:
             data["memory"] = memory
+        if task_run.task.inputs:  # what the workers' decoded-chunk caches did
+            data["input_cache"] = dict(zip(CACHE_COUNTS, task_run.input_cache, strict=True))
         said = result.said.get(tid)
         if said is not None:  # the rule that fired, for the report's advice
             data["abandoned"] = said

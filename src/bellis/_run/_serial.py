@@ -188,7 +188,7 @@ def run_blocks_serially(
             )
     cache = _cache_inputs([run.task for run in scheduler.runs])
     try:
-        _run_all(scheduler, aggregates, on_block, errors)
+        _run_all(scheduler, aggregates, on_block, errors, cache)
     finally:
         if cache is not None:
             cache.remove()
@@ -208,7 +208,9 @@ def _cache_inputs(tasks: list[Any]) -> Any:
     return install(wired, max(bounds))
 
 
-def _run_all(scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any, errors: Any) -> None:
+def _run_all(
+    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any, errors: Any, cache: Any
+) -> None:
     progressed = True
     while progressed:
         progressed = False
@@ -261,6 +263,12 @@ def _run_all(scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any, er
                         run.note_span(t0, time.time())
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
+                    if cache is not None:  # what the input cache did for this block
+                        counts = cache.cache.take_counts()
+                        if counts is not None:
+                            run.input_cache = [
+                                a + b for a, b in zip(run.input_cache, counts, strict=True)
+                            ]
                     # a measurement the block function attached itself wins
                     stats: Any = measured
                     attached = block.stats

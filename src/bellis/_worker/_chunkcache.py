@@ -47,6 +47,7 @@ __all__ = [
     "active",
     "cache_bound",
     "install",
+    "take_counts",
 ]
 
 #: the bound when the worker has no memory limit
@@ -84,6 +85,7 @@ class ChunkCache:
         self.bypassed = 0
         #: bytes decoded from the store on misses
         self.miss_bytes = 0
+        self._reported = [0, 0, 0, 0]
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -122,6 +124,16 @@ class ChunkCache:
         with self._lock:
             for key in [k for k in self._chunks if k[0] == array_key]:
                 self.bytes -= int(self._chunks.pop(key).nbytes)
+
+    def take_counts(self) -> list[int] | None:
+        """hits, misses, miss_bytes and bypassed reads since the last call (what a
+        worker's next message reports: ``_protocol.CACHE_COUNTS``), or None when the cache
+        did nothing since."""
+        with self._lock:
+            now = [self.hits, self.misses, self.miss_bytes, self.bypassed]
+            delta = [a - b for a, b in zip(now, self._reported, strict=True)]
+            self._reported = now
+        return delta if any(delta) else None
 
     def counters(self) -> dict[str, int]:
         """hits, misses, miss_bytes, evictions, bypassed, bytes, peak_bytes: a snapshot."""
@@ -215,7 +227,8 @@ class Installed:
                     if out is not None:
                         return out
                 elif cacheable is not None:
-                    me.cache.bypassed += 1
+                    with me.cache._lock:
+                        me.cache.bypassed += 1
             return original_get(arr, selection)
 
         def __setitem__(arr: Any, selection: Any, value: Any) -> None:
@@ -344,3 +357,10 @@ def install(inputs: Iterable[Sequence[Any]], bound_bytes: int) -> Installed | No
 def active() -> Installed | None:
     """The installation serving this process, if any."""
     return _active
+
+
+def take_counts() -> list[int] | None:
+    """What this process's cache did since the last call (:meth:`ChunkCache.take_counts`);
+    None without a cache, or when it did nothing."""
+    inst = _active
+    return None if inst is None else inst.cache.take_counts()
