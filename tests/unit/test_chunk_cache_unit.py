@@ -14,7 +14,7 @@ from funlib.geometry import Roi
 
 import bellis as daisy
 from bellis._outputs._inputs import run_outputs, wire_inputs
-from bellis._protocol import PAYLOAD_FORMAT, WorkerPayload
+from bellis._protocol import ACQUIRE, BYE, PAYLOAD_FORMAT, WorkerPayload
 from bellis._worker._chunkcache import DEFAULT_CACHE_BYTES, ChunkCache, _box, cache_bound
 from bellis.errors import ConfigurationError, ProtocolError
 
@@ -203,3 +203,54 @@ def test_malformed_payload_inputs_are_refused(fields: list[Any]) -> None:
     data = msgpack.packb([PAYLOAD_FORMAT, b"f", 1, [], {}, [], *fields], use_bin_type=True)
     with pytest.raises(ProtocolError, match="malformed payload inputs"):
         WorkerPayload.from_bytes(data)
+
+
+def test_the_cache_reports_what_it_did_since_it_last_said() -> None:
+    cache = ChunkCache(100)
+    assert cache.take_counts() is None
+    cache.put(("a", (0,)), Chunk(30))
+    cache.get(("a", (0,)))
+    cache.get(("a", (0,)))
+    assert cache.take_counts() == [2, 1, 30, 0]
+    assert cache.take_counts() is None  # nothing new
+    cache.put(("a", (1,)), Chunk(10))
+    assert cache.take_counts() == [0, 1, 10, 0]
+
+
+def _returned_with_cache(*last: Any) -> tuple[Any, Any, list[Any]]:
+    from kit.dispatch import OK, Script, send_of, task
+
+    sc = Script(task(blocks=8))
+    peer = sc.connect()
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.dispatcher.receive(peer, [ACQUIRE, k, OK, -1, None, 0.001, *last], sc.now)
+    return sc, peer, sc.take()
+
+
+def test_the_dispatcher_adds_up_the_workers_cache_counts() -> None:
+    from kit.dispatch import send_of
+
+    sc, peer, out = _returned_with_cache({"cache": [5, 2, 4096, 1]})
+    assert len(send_of(out, peer)) >= 1 and sc.run().completed == 1
+    sc.dispatcher.receive(peer, [BYE, {"cache": [1, 0, 0, 0]}], sc.now)
+    assert sc.run().input_cache == [6, 2, 4096, 1]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"cache": [1, 2, 3]}, {"cache": [1, 2, 3, -1]}, {"cache": "x"}, {"cache": [], "x": 1}],
+)
+def test_malformed_cache_counts_drop_the_client(field: Any) -> None:
+    from kit.dispatch import closed
+
+    sc, peer, out = _returned_with_cache(field)
+    assert closed(out, peer)
+    assert sc.run().completed == 0 and sc.run().input_cache == [0, 0, 0, 0]
+
+
+def test_a_message_without_cache_counts_is_read_as_before() -> None:
+    from kit.dispatch import send_of
+
+    sc, peer, out = _returned_with_cache()  # the busy time is the last field again
+    assert send_of(out, peer) and sc.run().completed == 1
+    assert sc.run().input_cache == [0, 0, 0, 0]

@@ -306,7 +306,7 @@ class Dispatcher:
         n = len(msg) - 1
         run = peer.run
         assert run is not None
-        if n and type(msg[n]) is dict:  # what the worker's input cache did: a map, last
+        if n and type(msg[n]) is dict and "cache" in msg[n]:  # what its input cache did
             counts = parse_cache_counts(msg[n])
             run.input_cache = [a + b for a, b in zip(run.input_cache, counts, strict=True)]
             n -= 1
