@@ -21,7 +21,8 @@ For each, three runs:
 Figures: the run's wall (median), ratios against ``split`` per repetition (median), and
 for ``inputs`` the chunk decodes per block (the cache's misses, from the run line's
 ``input_cache``, ÷ blocks; both bellis runs keep a tracking store). ``bellis`` and
-``split`` decode every chunk a block touches: 1 (w2) or 27 (w1) per block. The load average is recorded before each campaign.
+``split`` decode every chunk a block touches: 1 (w2) or 27 (w1) per block. The load
+average is recorded before and after each case.
 
 Usage::
 
