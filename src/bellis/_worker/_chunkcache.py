@@ -1,11 +1,14 @@
 """The per-worker decoded-chunk cache of declared inputs (``Task(inputs=[...])``).
 
 Where the time of a read goes: a 64³ block with an 8-voxel margin from 64³ zstd chunks
-touches 27 chunks, and zarr decodes every one of them on every read (the block's own
-chunk and its 26 neighbours' margins); 32³ blocks in 64³ chunks decode each chunk 8
-times. A store-level cache (zarr's ``CacheStore``) keeps encoded bytes, so every hit
-still pays the decode. This cache keeps *decoded* chunks, as numpy arrays, in one LRU per
-worker process bounded in bytes, and serves a read by copying from them.
+touches 27 chunks, and zarr reads and decodes every one of them on every read (the
+block's own chunk and its 26 neighbours' margins); 32³ blocks in 64³ chunks decode each
+chunk 8 times. Measured (zarr-python 3.1.6, uint8, zstd): of the 1.8 ms one 64³ chunk
+costs through zarr, the file read is 0.03 ms and the zstd decode 0.03 ms; the rest is
+zarr's per-chunk machinery (event loop, codec pipeline, copies). A store-level cache
+(zarr's ``CacheStore``) keeps encoded bytes, so every hit still pays all of that. This
+cache keeps *decoded* chunks, as numpy arrays, in one LRU per worker process bounded in
+bytes, and serves a read by copying from them (an 80³ read from 27 held chunks: 0.5 ms).
 
 How it is transparent: while a task with declared inputs runs, ``zarr.Array.__getitem__``
 is wrapped in this process (:func:`install`; :meth:`Installed.remove` puts it back). A
