@@ -15,7 +15,13 @@ from funlib.geometry import Roi
 import bellis as daisy
 from bellis._outputs._inputs import run_outputs, wire_inputs
 from bellis._protocol import ACQUIRE, BYE, PAYLOAD_FORMAT, WorkerPayload
-from bellis._worker._chunkcache import DEFAULT_CACHE_BYTES, ChunkCache, _box, cache_bound
+from bellis._worker._chunkcache import (
+    DEFAULT_CACHE_BYTES,
+    ChunkCache,
+    _box,
+    active,
+    cache_bound,
+)
 from bellis.errors import ConfigurationError, ProtocolError
 
 
@@ -254,3 +260,25 @@ def test_a_message_without_cache_counts_is_read_as_before() -> None:
     sc, peer, out = _returned_with_cache()  # the busy time is the last field again
     assert send_of(out, peer) and sc.run().completed == 1
     assert sc.run().input_cache == [0, 0, 0, 0]
+
+
+def test_an_input_is_recognised_however_the_block_function_opens_it(tmp_path: Path) -> None:
+    from bellis._worker._chunkcache import array_key, install
+
+    group = zarr.open_group(tmp_path / "vol.zarr", mode="w")
+    raw = group.create_array("raw", shape=(20, 20), chunks=(10, 10), dtype="uint8")
+    data = np.arange(400, dtype=np.uint8).reshape(20, 20)
+    raw[...] = data
+    spec = _task(inputs=[str(tmp_path / "vol.zarr" / "raw")]).inputs[0]
+    by_group = zarr.open_group(tmp_path / "vol.zarr", mode="r")["raw"]
+    by_path = zarr.open_array(tmp_path / "vol.zarr" / "raw", mode="r")
+    assert array_key(by_group) == array_key(by_path)
+    inst = install(wire_inputs([spec], ()), 1 << 20)
+    assert inst is not None
+    try:
+        np.testing.assert_array_equal(by_group[3:17, 5:], data[3:17, 5:])
+        np.testing.assert_array_equal(by_path[3:17, 5:], data[3:17, 5:])
+        assert inst.cache.misses == 4 and inst.cache.hits == 4  # the second read: all hits
+    finally:
+        inst.remove()
+    assert active() is None

@@ -9,21 +9,30 @@ the chunks the worker already decoded, plus the ones it lacks.
 An input that any task of the run declares as an *output* is never cached: a chunk of it
 may be rewritten while the run goes on, and a worker must never serve it stale.
 :func:`wire_inputs` marks such inputs for the workers (and serial mode).
+
+A worker imports this module (for :func:`array_location`): it loads neither numpy nor zarr.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._graph import TaskGeometry
 from .._sizes import parse_size
 from ..errors import ConfigurationError
-from ._declared import resolve_output
-from ._units import OutputSpec
 
-__all__ = ["declare_inputs", "parse_input_cache_bytes", "run_outputs", "wire_inputs"]
+if TYPE_CHECKING:
+    from .._graph import TaskGeometry
+    from ._units import OutputSpec
+
+__all__ = [
+    "array_location",
+    "declare_inputs",
+    "parse_input_cache_bytes",
+    "run_outputs",
+    "wire_inputs",
+]
 
 
 def declare_inputs(geom: TaskGeometry, inputs: Any) -> tuple[OutputSpec, ...]:
@@ -31,6 +40,8 @@ def declare_inputs(geom: TaskGeometry, inputs: Any) -> tuple[OutputSpec, ...]:
     and the value for one that is not a zarr array, a path to one or a funlib Array."""
     if inputs is None:
         return ()
+    from ._declared import resolve_output
+
     if isinstance(inputs, str | os.PathLike) or not isinstance(inputs, Sequence):
         inputs = [inputs]
     return tuple(resolve_output(o, geom.dims, i, "inputs") for i, o in enumerate(inputs))
@@ -61,8 +72,14 @@ def parse_input_cache_bytes(value: Any) -> int | None:
     )
 
 
-def _abs_store(store: str) -> str:
-    return store if "://" in store else os.path.abspath(store)
+def array_location(store: str, path: str) -> str:
+    """Where an array lives, one string whichever way it was opened (its store and its path
+    in it, or a group's store and the path below): a local store's absolute path joined
+    with the array path, else the store's URL and the path."""
+    path = path.strip("/")
+    if "://" in store:
+        return store.rstrip("/") + ("/" + path if path else "")
+    return os.path.normpath(os.path.join(os.path.abspath(store), path))
 
 
 def wire_inputs(
@@ -71,13 +88,10 @@ def wire_inputs(
     """The inputs as a worker gets them: ``(store, array path, cacheable)`` each, where
     ``cacheable`` is False for an array that ``written`` (the run's declared outputs,
     ``OutputSpec.key``s) names."""
-    out_keys = {(_abs_store(s).rstrip("/"), p.strip("/")) for s, p in written}
-    wired = []
-    for spec in specs:
-        store = _abs_store(spec.store).rstrip("/")
-        path = spec.path.strip("/")
-        wired.append((store, path, (store, path) not in out_keys))
-    return wired
+    out = {array_location(s, p) for s, p in written}
+    return [
+        (spec.store, spec.path, array_location(spec.store, spec.path) not in out) for spec in specs
+    ]
 
 
 def run_outputs(tasks: Iterable[Any]) -> tuple[tuple[str, str], ...]:

@@ -43,6 +43,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._outputs._inputs import array_location
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "ChunkCache",
@@ -152,13 +154,12 @@ class ChunkCache:
             }
 
 
-def array_key(arr: Any) -> tuple[str, str]:
-    """``(store, path)`` of a zarr array, as :func:`~bellis._outputs._inputs.wire_inputs`
-    names a declared input: a local store by its absolute path."""
+def array_key(arr: Any) -> str:
+    """Where a zarr array lives (:func:`~bellis._outputs._inputs.array_location`): the
+    same string for a declared input however the block function opened it."""
     store = arr.store
     root = getattr(store, "root", None)
-    where = os.path.abspath(os.fspath(root)) if root is not None else str(store)
-    return (where.rstrip("/"), str(arr.path).strip("/"))
+    return array_location(os.fspath(root) if root is not None else str(store), str(arr.path))
 
 
 def _box(selection: Any, shape: Sequence[int]) -> tuple[list[int], list[int], list[bool]] | None:
@@ -210,9 +211,9 @@ class Installed:
         self._np = np
         self._zarr = zarr
         self.cache = ChunkCache(bound_bytes)
-        #: (store, path) -> cacheable
-        self.inputs: dict[tuple[str, str], bool] = {
-            (str(s).rstrip("/"), str(p).strip("/")): bool(c) for s, p, c in inputs
+        #: where each input lives -> cacheable
+        self.inputs: dict[str, bool] = {
+            array_location(str(s), str(p)): bool(c) for s, p, c in inputs
         }
         cls: Any = zarr.Array
         self._cls = cls
@@ -251,7 +252,7 @@ class Installed:
         if _active is self:
             _active = None
 
-    def serve(self, arr: Any, key: tuple[str, str], selection: Any) -> Any:
+    def serve(self, arr: Any, key: str, selection: Any) -> Any:
         """``arr[selection]`` from decoded chunks, or None when the selection is not a
         box (the caller then asks zarr)."""
         shape = tuple(int(s) for s in arr.shape)
@@ -293,7 +294,7 @@ class Installed:
     def _fetch(
         self,
         arr: Any,
-        key: tuple[str, str],
+        key: str,
         shape: tuple[int, ...],
         chunks: tuple[int, ...],
         missing: list[tuple[int, ...]],
