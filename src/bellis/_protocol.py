@@ -21,10 +21,12 @@ WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict
                        when the next field follows),
                        [[allow_empty, outputs]]  (``verify_outputs``: what to read back);
                        a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
-ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (the finished blocks)
+ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+                                                 (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds]   (final release)
+BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+                                                 (final release)
 REJECT      s -> c     reason (str)
 MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
                                                  see ``_scheduling._sharing``)
@@ -38,7 +40,10 @@ batch's measurements cross the wire, and are checked and stored, as one array
 instead of eight Python numbers per block. ``busy_seconds`` (a float, version 4; optional,
 only with returned blocks) is how long the worker spent on them, from the SEND to this
 message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
-trip, which also counts the wait behind the server's other connections.
+trip, which also counts the wait behind the server's other connections. The last field,
+a map ``{"cache": [hits, misses, miss_bytes, bypassed]}`` (optional; a worker whose task
+declares inputs), is what the worker's decoded-chunk cache did since its last message
+(:func:`parse_cache_counts`).
 
 A successful block of a task with ``verify_outputs`` carries its outputs' checksum in the
 ``error`` field (an int; ``bellis._outputs._readback``), so it travels home with the
@@ -92,6 +97,7 @@ from .errors import ProtocolError
 __all__ = [
     "ACQUIRE",
     "BYE",
+    "CACHE_COUNTS",
     "CHALLENGE",
     "CONTEXT_ENV",
     "DAISY_CONTEXT_ENV",
@@ -140,6 +146,7 @@ __all__ = [
     "memory_error_message",
     "new_nonce",
     "new_secret",
+    "parse_cache_counts",
     "parse_hello",
     "parse_returns",
     "parse_welcome",
@@ -498,8 +505,14 @@ class WorkerPayload:
     code_origins: tuple[tuple[str, int, str], ...] = ()
     #: the block functions of the other tasks of the run that this worker may be moved to
     #: (a shared worker, ``_scheduling._sharing``); unpickled only on a move. Empty: the
-    #: worker serves its own task only (and the field is left off the wire)
+    #: worker serves its own task only
     shared: tuple[SharedFunction, ...] = ()
+    #: the task's declared inputs, ``(store, array path, cacheable)`` each
+    #: (``_outputs._inputs.wire_inputs``): the worker caches their decoded chunks
+    inputs: tuple[tuple[str, str, bool], ...] = ()
+    #: the bound of that cache in bytes (``Task(input_cache_bytes=...)``); None: derived
+    #: from the worker's memory limit
+    input_cache_bytes: int | None = None
 
     def to_bytes(self) -> bytes:
         fields: list[Any] = [
@@ -510,10 +523,14 @@ class WorkerPayload:
             self.log_settings,
             [list(o) for o in self.code_origins],
         ]
-        if self.shared:
-            fields.append(
-                [[s.task_id, s.function, [list(o) for o in s.code_origins]] for s in self.shared]
-            )
+        if self.shared or self.inputs or self.input_cache_bytes is not None:
+            # the optional fields travel together (a payload has 6 or 9 fields); left
+            # off when all are at their defaults
+            fields += [
+                [list(i) for i in self.inputs],
+                -1 if self.input_cache_bytes is None else self.input_cache_bytes,
+                [[f.task_id, f.function, [list(o) for o in f.code_origins]] for f in self.shared],
+            ]
         packed: bytes = _packb(fields)
         return packed
 
@@ -525,16 +542,31 @@ class WorkerPayload:
             msg = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
-        if type(msg) is not list or len(msg) not in (6, 7) or msg[0] != PAYLOAD_FORMAT:
+        if type(msg) is not list or len(msg) not in (6, 9) or msg[0] != PAYLOAD_FORMAT:
             raise ProtocolError(
                 "bellis worker: the payload is not of this bellis's format "
                 f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
             )
         _fmt, function, arity, sys_path, log_settings, origins = msg[:6]
+        inputs, cache_bytes, shared_wire = msg[6:] if len(msg) == 9 else ([], -1, [])
         if type(function) is not bytes or arity not in (0, 1) or type(log_settings) is not dict:
             raise ProtocolError("bellis worker: malformed payload fields")
+        if (
+            type(inputs) is not list
+            or type(cache_bytes) is not int
+            or cache_bytes < -1
+            or not all(
+                type(i) is list
+                and len(i) == 3
+                and type(i[0]) is str
+                and type(i[1]) is str
+                and type(i[2]) is bool
+                for i in inputs
+            )
+        ):
+            raise ProtocolError("bellis worker: malformed payload inputs")
         shared: list[SharedFunction] = []
-        for entry in msg[6] if len(msg) == 7 else ():
+        for entry in shared_wire if type(shared_wire) is list else [None]:
             if (
                 type(entry) is not list
                 or len(entry) != 3
@@ -550,6 +582,8 @@ class WorkerPayload:
             log_settings=log_settings,
             code_origins=_origins(origins),
             shared=tuple(shared),
+            inputs=tuple((st, pth, c) for st, pth, c in inputs),
+            input_cache_bytes=None if cache_bytes == -1 else cache_bytes,
         )
 
 
@@ -641,6 +675,23 @@ def error_parts(error: Any) -> tuple[str | None, dict[str, Any] | None]:
     if type(error) is list:
         return error[0], error[1]
     return error, None
+
+
+#: what the worker's decoded-chunk cache reports (``_worker._chunkcache``), in order
+CACHE_COUNTS: Final = ("hits", "misses", "miss_bytes", "bypassed")
+
+
+def parse_cache_counts(value: Any) -> list[int]:
+    """The trailing ``{"cache": [...]}`` of an ACQUIRE or BYE: :data:`CACHE_COUNTS`, each a
+    count; :class:`ProtocolError` for anything else."""
+    counts = value.get("cache") if type(value) is dict and len(value) == 1 else None
+    if (
+        type(counts) is not list
+        or len(counts) != len(CACHE_COUNTS)
+        or not all(type(c) is int and 0 <= c < _U64 for c in counts)
+    ):
+        raise ProtocolError(f"malformed cache counts {value!r}")
+    return counts
 
 
 def parse_returns(

@@ -18,6 +18,7 @@ from ._code_origin import function_arity
 from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
+from ._outputs._inputs import declare_inputs, parse_input_cache_bytes
 from ._outputs._readback import check_verify_outputs
 from ._outputs._units import owns_units
 from ._task_params import (
@@ -131,6 +132,12 @@ class Task:
     ``"error"`` (default), ``"serialize"`` or ``"off"`` (see ``docs/outputs.md``).
     ``verify_outputs=True`` reads each block's outputs back and records their checksum
     (``"allow_empty"``: blocks that wrote only the fill value pass); see :meth:`verify`.
+
+    ``inputs`` (zarr arrays, their paths or funlib ``Array``s) declares what the blocks
+    read: each worker then keeps the chunks it decoded in a cache of ``input_cache_bytes``
+    (default: a quarter of the worker's ``memory_limit``, else 256M; 0 turns it off), and
+    a block's reads of a declared input are served from it (see ``docs/outputs.md``,
+    "Declared inputs and the chunk cache").
     """
 
     def __init__(
@@ -161,6 +168,8 @@ class Task:
         memory_growth: float | None = None,
         max_memory: int | str | None = None,
         outputs: Any = None,
+        inputs: Any = None,
+        input_cache_bytes: int | str | None = None,
         write_safety: str = "error",
         verify_outputs: bool | str = False,
         version: str | dict[str, Any] | None = None,
@@ -198,6 +207,8 @@ class Task:
         self._outputs, self._write_safety, self._geom, self._shared_outputs = declare_outputs(
             self._geom, outputs, write_safety
         )
+        self._inputs = declare_inputs(self._geom, inputs)
+        self._input_cache_bytes = parse_input_cache_bytes(input_cache_bytes)
         self._verify_outputs = check_verify_outputs(verify_outputs, self._outputs, task_id)
         #: per output: whether its read-back checksums stored units (``owns_units``)
         self._verify_stored = tuple(owns_units(self._geom, s) for s in self._outputs)
@@ -338,6 +349,17 @@ class Task:
     def outputs(self) -> tuple[Any, ...]:
         """The declared outputs, as ``OutputSpec``s (store, array path, shapes, mapping)."""
         return self._outputs
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        """The declared inputs, as ``OutputSpec``s (store, array path, shapes, mapping)."""
+        return self._inputs
+
+    @property
+    def input_cache_bytes(self) -> int | None:
+        """Each worker's bound on its decoded-chunk cache (None: derived from its memory
+        limit; 0: no cache)."""
+        return self._input_cache_bytes
 
     @property
     def write_safety(self) -> str:

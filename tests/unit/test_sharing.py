@@ -208,7 +208,7 @@ def test_a_payload_carries_the_other_tasks_functions() -> None:
     shared = (SharedFunction("b", pickle.dumps(_triple), (("_triple", 3, "/f.py"),)),)
     back = WorkerPayload.from_bytes(WorkerPayload(own.function, 1, (), {}, (), shared).to_bytes())
     assert back.shared == shared
-    bad = msgpack.packb([1, own.function, 1, [], {}, [], [["b", "not bytes", []]]])
+    bad = msgpack.packb([1, own.function, 1, [], {}, [], [], -1, [["b", "not bytes", []]]])
     with pytest.raises(ProtocolError, match="shared function"):
         WorkerPayload.from_bytes(bad)
 

@@ -9,6 +9,8 @@ Owns:
                  worker, serial mode and ``bellis verify``)
   ``_verify``    ``bellis verify`` / ``Task.verify()``: every done block's outputs re-read
                  in parallel and compared; ``--reset`` and the blocks downstream
+  ``_inputs``    declared inputs (``Task(inputs=..., input_cache_bytes=...)``), read like
+                 outputs, and which of them a worker may cache
 
 May import: ``plumbing``, ``model``, ``_tracking``.
 Imported by: ``task``, ``_scheduling``, ``_worker``, ``_run``, ``_plan``, ``face``,

@@ -90,11 +90,13 @@ def _ome_mapping(arr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     return None
 
 
-def resolve_output(obj: Any, dims: int, index: int) -> OutputSpec:
-    """``outputs[index]`` of a task with ``dims`` spatial dimensions, as an OutputSpec."""
+def resolve_output(obj: Any, dims: int, index: int, parameter: str = "outputs") -> OutputSpec:
+    """``outputs[index]`` of a task with ``dims`` spatial dimensions, as an OutputSpec
+    (``parameter="inputs"``: ``inputs[index]``, which may be a zarr v2 array too)."""
     import zarr
 
-    where = f"outputs[{index}]"
+    where = f"{parameter}[{index}]"
+    what = "an output" if parameter == "outputs" else "an input"
     arr = _zarr_array_of(obj)
     mapping = "1:1"
     if arr is None and isinstance(obj, str | os.PathLike):
@@ -104,15 +106,15 @@ def resolve_output(obj: Any, dims: int, index: int) -> OutputSpec:
             raise ConfigurationError(
                 f"{where}={os.fspath(obj)!r} is not a zarr array that can be opened ({exc}); "
                 "create the array before the task, or pass the array itself",
-                parameter="outputs",
+                parameter=parameter,
             ) from exc
     if arr is None:
         raise ConfigurationError(
-            f"{where}={obj!r} is not an output: pass a zarr array, the path of one, or a "
+            f"{where}={obj!r} is not {what}: pass a zarr array, the path of one, or a "
             "funlib.persistence Array",
-            parameter="outputs",
+            parameter=parameter,
         )
-    if arr.metadata.zarr_format != 3:
+    if parameter == "outputs" and arr.metadata.zarr_format != 3:
         raise ConfigurationError(
             f"{where} is a zarr v{arr.metadata.zarr_format} array; declared outputs must "
             "be zarr v3 arrays (write safety reads their shard and chunk shapes)",
@@ -145,8 +147,8 @@ def resolve_output(obj: Any, dims: int, index: int) -> OutputSpec:
         raise ConfigurationError(
             f"{where} ({arr.store}/{arr.path}) has shape {list(shape)} and voxel size "
             f"{list(vs)} ({mapping}), which does not fit the task's {dims} dimensions: the "
-            "last axes of an output are the task's axes, one positive voxel size each",
-            parameter="outputs",
+            f"last axes of {what} are the task's axes, one positive voxel size each",
+            parameter=parameter,
         )
     store = arr.store
     root = getattr(store, "root", None)
@@ -157,7 +159,7 @@ def resolve_output(obj: Any, dims: int, index: int) -> OutputSpec:
         path=arr.path,
         shape=shape,
         chunks=tuple(int(c) for c in arr.chunks),
-        shards=None if arr.shards is None else tuple(int(s) for s in arr.shards),
+        shards=None if getattr(arr, "shards", None) is None else tuple(int(s) for s in arr.shards),
         voxel_size=vs,
         offset=off,
         dtype=str(arr.dtype),

@@ -20,7 +20,8 @@ from .._code_origin import collect as collect_code_origins
 from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
-from .._protocol import WorkerPayload, new_secret, worker_token
+from .._outputs._inputs import run_outputs, wire_inputs
+from .._protocol import CACHE_COUNTS, WorkerPayload, new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
@@ -256,9 +257,10 @@ def _abandon_message(
     return "\n".join(parts)
 
 
-def _serialize_function(task: Task) -> bytes:
+def _serialize_function(task: Task, written: tuple[tuple[str, str], ...] = ()) -> bytes:
     """The worker payload (``_protocol.WorkerPayload``), built once at run start: an
-    unpicklable function fails here."""
+    unpicklable function fails here. ``written``: the run's declared outputs (their
+    ``OutputSpec.key``), which the workers never cache as inputs."""
     fn = task.process_function
     try:
         function: bytes = cloudpickle.dumps(fn)
@@ -268,6 +270,8 @@ def _serialize_function(task: Task) -> bytes:
             sys_path=tuple(p for p in sys.path if p),
             log_settings=blog.export_settings(),
             code_origins=tuple(collect_code_origins(fn)),
+            inputs=tuple(wire_inputs(task.inputs, written)),
+            input_cache_bytes=task.input_cache_bytes,
         ).to_bytes()
     except Exception as exc:
         raise WorkerStartError(
@@ -357,8 +361,11 @@ class RunSettings:
         warn_uncovered(tasks)
         payloads: dict[str, bytes | None] = {}
         if multiprocessing:
+            written = run_outputs(tasks)
             for t in tasks:
-                payloads[t.task_id] = None if t.process_function is None else _serialize_function(t)
+                payloads[t.task_id] = (
+                    None if t.process_function is None else _serialize_function(t, written)
+                )
         return cls(
             pipeline=pipe,
             tasks=tuple(tasks),
@@ -585,6 +592,8 @@ def _write_reports(
         memory = memory_from_state(state)
         if memory is not None:
             data["memory"] = memory
+        if task_run.task.inputs:  # what the workers' decoded-chunk caches did
+            data["input_cache"] = dict(zip(CACHE_COUNTS, task_run.input_cache, strict=True))
         said = result.said.get(tid)
         if said is not None:  # the rule that fired, for the report's advice
             data["abandoned"] = said

@@ -14,9 +14,11 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
+from .._outputs._inputs import run_outputs, wire_inputs
 from .._outputs._readback import ReadBack, wire_outputs
 from .._scheduling._attempts import attempt_record, block_coord, text_key
 from .._scheduling._scheduler import Scheduler
+from .._worker._chunkcache import cache_bound, install
 from .._worker._failure import clean, failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
 
@@ -184,6 +186,31 @@ def run_blocks_serially(
                 "to give more memory",
                 run.task_id,
             )
+    cache = _cache_inputs([run.task for run in scheduler.runs])
+    try:
+        _run_all(scheduler, aggregates, on_block, errors, cache)
+    finally:
+        if cache is not None:
+            cache.remove()
+
+
+def _cache_inputs(tasks: list[Any]) -> Any:
+    """Serve the tasks' declared inputs from one decoded-chunk cache in this process (as
+    each worker does in a distributed run), as large as the largest task's bound; None
+    when no task declares inputs or every bound is 0."""
+    bounds = [cache_bound(t.input_cache_bytes, t.memory_limit) for t in tasks]
+    written = run_outputs(tasks)
+    wired = [
+        w for t, b in zip(tasks, bounds, strict=True) if b for w in wire_inputs(t.inputs, written)
+    ]
+    if not wired:
+        return None
+    return install(wired, max(bounds))
+
+
+def _run_all(
+    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any, errors: Any, cache: Any
+) -> None:
     progressed = True
     while progressed:
         progressed = False
@@ -236,6 +263,12 @@ def run_blocks_serially(
                         run.note_span(t0, time.time())
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
+                    if cache is not None:  # what the input cache did for this block
+                        counts = cache.cache.take_counts()
+                        if counts is not None:
+                            run.input_cache = [
+                                a + b for a, b in zip(run.input_cache, counts, strict=True)
+                            ]
                     # a measurement the block function attached itself wins
                     stats: Any = measured
                     attached = block.stats

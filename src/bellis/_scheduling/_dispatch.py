@@ -73,6 +73,7 @@ from .._protocol import (
     ExitKind,
     WorkerExit,
     encode,
+    parse_cache_counts,
     parse_hello,
 )
 from .._stats._errorgroups import ErrorCollector
@@ -304,6 +305,12 @@ class Dispatcher:
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1
+        run = peer.run
+        assert run is not None
+        if n and type(msg[n]) is dict and "cache" in msg[n]:  # what its input cache did
+            counts = parse_cache_counts(msg[n])
+            run.input_cache = [a + b for a, b in zip(run.input_cache, counts, strict=True)]
+            n -= 1
         # the blocks, then the measurement rows (bytes), then the busy time (a float)
         busy = busy_seconds(msg[n]) if n and type(msg[n]) is float else None
         if busy is not None:
@@ -314,8 +321,6 @@ class Dispatcher:
             n -= 1
         elif n % 4:
             raise ProtocolError(f"malformed message of {len(msg)} fields")
-        run = peer.run
-        assert run is not None
         if peer.parked:
             # parked twice, it would be served twice and lose the first block
             raise ProtocolError("sent a request while its previous one is still pending")

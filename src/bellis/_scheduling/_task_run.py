@@ -103,6 +103,9 @@ class TaskRun:
         limit = task.max_consecutive_failures
         self.streak: FailureStreak | None = None if limit is None else FailureStreak(limit)
         self.started = False
+        #: what the workers' decoded-chunk caches did for this task's declared inputs:
+        #: ``_protocol.CACHE_COUNTS`` (hits, misses, miss_bytes, bypassed)
+        self.input_cache = [0, 0, 0, 0]
         self.ready = 0
         self.processing = 0
         self.completed = 0

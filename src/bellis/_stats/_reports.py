@@ -420,6 +420,10 @@ class TaskReport:
         #: ``rule`` (the rule that fired), ``option`` (what changes it), ``lost``,
         #: ``untried``, ``rerun`` and ``can_progress``; {}: not abandoned, or an older line
         self.abandoned: dict[str, Any] = dict(d.get("abandoned") or {})
+        #: what the workers' decoded-chunk caches did for the declared inputs: chunk
+        #: ``hits`` and ``misses`` (decodes), ``miss_bytes`` decoded and reads
+        #: ``bypassed`` (inputs the run writes); {}: no inputs, or an older line
+        self.input_cache: dict[str, int] = dict(d.get("input_cache") or {})
         b = d.get("blocks") or {}
         trend = b.get("trend_ms_per_block")
         self.blocks = BlocksSection(

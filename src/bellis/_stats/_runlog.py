@@ -236,6 +236,12 @@ def validate_run_line(d: Any) -> list[str]:
         or not (code.get("index") is None or _is_count(code.get("index")))
     ):
         out.append("code: must be an object with a string hash and a count or null index")
+    cache = d.get("input_cache")  # newer: a task with declared inputs
+    if cache is not None:
+        if isinstance(cache, dict):
+            _check(cache, "input_cache.", dict.fromkeys(cache, "count"), out)
+        else:
+            out.append("input_cache: must be an object")
     sections = {k: d.get(k) for k in ("counters", "blocks", "workers")}
     for key, v in sections.items():
         if not isinstance(v, dict):

@@ -10,6 +10,8 @@ Owns:
   ``_stall``       stall detection: is a running block still doing anything?
   ``_walltime``    stop taking blocks before the cluster job's time limit
   ``_shared``      a worker the server moves between tasks of a run (``MOVE``)
+  ``_chunkcache``  the decoded-chunk cache of a task's declared inputs (numpy and zarr
+                   load when a task declares inputs, only then)
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_outputs``.
 Imported by: ``_launchers``, ``_run``, ``_plan``, ``face``, ``_cli``.

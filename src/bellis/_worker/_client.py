@@ -474,6 +474,7 @@ class Client:
             msg = self._message(ACQUIRE)
             if len(msg) > 1:  # blocks go back: how long this worker spent on them
                 msg.append(time.monotonic() - self._served_at)
+                _append_cache_counts(msg)
             try:
                 self._send(msg)
             except ConnectionLostError:
@@ -726,7 +727,9 @@ class Client:
         for k in self._queue:
             groups += (k, BlockStatus.CREATED, -1, None)
         self._queue.clear()
-        return encode(self._message(BYE, tuple(groups)))
+        msg = self._message(BYE, tuple(groups))
+        _append_cache_counts(msg)
+        return encode(msg)
 
     def _timeout_notice(self, k: int, text: Any, status: int = TIMED_OUT) -> None:
         """Called by the watchdog thread just before it kills this process: block ``k``
@@ -774,6 +777,16 @@ class Client:
 
 
 _pack_row = STATS_ROW.pack
+
+
+def _append_cache_counts(msg: list[Any]) -> None:
+    """End ``msg`` with what this process's decoded-chunk cache did since it last said
+    (``{"cache": [hits, misses, miss_bytes, bypassed]}``), when its task declares inputs
+    and the cache did anything."""
+    cache = sys.modules.get("bellis._worker._chunkcache")
+    counts = None if cache is None else cache.take_counts()
+    if counts is not None:
+        msg.append({"cache": counts})
 
 
 def _user_row(block: Block) -> bytes:

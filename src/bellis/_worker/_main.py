@@ -125,6 +125,16 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
     return 0
 
 
+def _cache_inputs(payload: WorkerPayload) -> None:
+    """Serve the task's declared inputs from a decoded-chunk cache (``_chunkcache``):
+    numpy and zarr load here, for a task that declares inputs only."""
+    from .._protocol import MEMORY_LIMIT_ENV
+    from ._chunkcache import cache_bound, install
+
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    install(payload.inputs, cache_bound(payload.input_cache_bytes, int(limit) if limit else None))
+
+
 def main() -> int:
     _limit_memory()
     from .._protocol import PAYLOAD_FILE_ENV
@@ -147,6 +157,8 @@ def main() -> int:
         from .._code_origin import restore
 
         restore(fn, list(payload.code_origins))
+    if payload.inputs:
+        _cache_inputs(payload)
     if payload.arity == 1:
         if payload.shared:  # a worker the server may move to other tasks of the run
             from ._shared import run_shared_loop

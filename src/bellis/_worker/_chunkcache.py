@@ -1,0 +1,370 @@
+"""The per-worker decoded-chunk cache of declared inputs (``Task(inputs=[...])``).
+
+Where the time of a read goes: a 64³ block with an 8-voxel margin from 64³ zstd chunks
+touches 27 chunks, and zarr reads and decodes every one of them on every read (the
+block's own chunk and its 26 neighbours' margins); 32³ blocks in 64³ chunks decode each
+chunk 8 times. Measured (zarr-python 3.1.6, uint8, zstd): of the 1.8 ms one 64³ chunk
+costs through zarr, the file read is 0.03 ms and the zstd decode 0.03 ms; the rest is
+zarr's per-chunk machinery (event loop, codec pipeline, copies). A store-level cache
+(zarr's ``CacheStore``) keeps encoded bytes, so every hit still pays all of that. This
+cache keeps *decoded* chunks, as numpy arrays, in one LRU per worker process bounded in
+bytes, and serves a read by copying from them (an 80³ read from 27 held chunks: 0.5 ms).
+
+How it is transparent: while a task with declared inputs runs, ``zarr.Array.__getitem__``
+is wrapped in this process (:func:`install`; :meth:`Installed.remove` puts it back). A
+read of an array whose store and path are a declared input's, with a selection of
+integers and step-1 slices, is served here; every other read (other arrays, fancy or
+strided selections, ``get_*_selection``, ``oindex``/``vindex``) goes to zarr unchanged.
+So ``raw[block.read_roi]`` on a funlib ``Array`` (which reads its zarr array through
+``[]``, directly or through dask), ``raw.to_ndarray(roi)`` and ``raw[slices]`` on a zarr
+array all hit the cache, whether the user's function opened the array at module level,
+in a closure, or in the block itself. Reads that bypass ``[]`` (``get_basic_selection``,
+``oindex``, ``vindex``, zarr's async API, tensorstore) are not cached: write them as
+``raw[...]`` with slices to use the cache.
+
+Chunks are the array's own (the inner chunks of a sharded array: one read of a
+chunk-aligned box decodes only that chunk of the shard). A miss reads the bounding box of
+the missing chunks in one zarr call when they fill it, else chunk by chunk.
+
+Staleness: an input that a task of the run declares as an output is *not cacheable*: its
+reads go to zarr (counted as ``bypassed``). A write through ``[]=`` in this process to a
+cached array drops that array's chunks. An array that the run writes without declaring
+it as an output is the user's risk: declare it, or leave it out of ``inputs``.
+
+numpy and zarr are imported only when a task declares inputs (:func:`install`); the
+:class:`ChunkCache` itself needs neither.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .._outputs._inputs import array_location
+
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "ChunkCache",
+    "Installed",
+    "active",
+    "cache_bound",
+    "install",
+    "take_counts",
+]
+
+#: the bound when the worker has no memory limit
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+#: the share of a worker's memory limit the cache may hold by default
+LIMIT_SHARE = 4
+
+
+def cache_bound(requested: int | None, memory_limit: int | None) -> int:
+    """The cache's bound in bytes: ``requested`` (``Task(input_cache_bytes=...)``) when
+    given, else a quarter of the worker's ``memory_limit``, else 256 MiB."""
+    if requested is not None:
+        return max(0, int(requested))
+    if memory_limit:
+        return int(memory_limit) // LIMIT_SHARE
+    return DEFAULT_CACHE_BYTES
+
+
+class ChunkCache:
+    """A least-recently-used map of decoded chunks whose ``nbytes`` never sum above
+    ``bound_bytes``. Thread-safe (dask reads a funlib array from several threads)."""
+
+    def __init__(self, bound_bytes: int) -> None:
+        self.bound_bytes = int(bound_bytes)
+        self._chunks: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        #: bytes held now, and the most ever held
+        self.bytes = 0
+        self.peak_bytes = 0
+        #: chunks served from memory, chunks read (decoded) from the store, chunks dropped
+        #: to stay within the bound, and reads that went to zarr uncached
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.bypassed = 0
+        #: bytes decoded from the store on misses
+        self.miss_bytes = 0
+        self._reported = [0, 0, 0, 0]
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def get(self, key: Any) -> Any:
+        """The chunk stored under ``key`` (counted as a hit), or None."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+            if chunk is not None:
+                self._chunks.move_to_end(key)
+                self.hits += 1
+            return chunk
+
+    def put(self, key: Any, chunk: Any) -> None:
+        """Keep ``chunk`` (counted as a miss), dropping the least recently used chunks to
+        stay within the bound; a chunk larger than the bound is not kept."""
+        size = int(chunk.nbytes)
+        with self._lock:
+            self.misses += 1
+            self.miss_bytes += size
+            if size > self.bound_bytes:
+                return
+            old = self._chunks.pop(key, None)
+            if old is not None:
+                self.bytes -= int(old.nbytes)
+            while self._chunks and self.bytes + size > self.bound_bytes:
+                _key, dropped = self._chunks.popitem(last=False)
+                self.bytes -= int(dropped.nbytes)
+                self.evictions += 1
+            self._chunks[key] = chunk
+            self.bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def drop_array(self, array_key: Any) -> None:
+        """Forget every chunk of one array (keys are ``(array_key, chunk index)``)."""
+        with self._lock:
+            for key in [k for k in self._chunks if k[0] == array_key]:
+                self.bytes -= int(self._chunks.pop(key).nbytes)
+
+    def take_counts(self) -> list[int] | None:
+        """hits, misses, miss_bytes and bypassed reads since the last call (what a
+        worker's next message reports: ``_protocol.CACHE_COUNTS``), or None when the cache
+        did nothing since."""
+        with self._lock:
+            now = [self.hits, self.misses, self.miss_bytes, self.bypassed]
+            delta = [a - b for a, b in zip(now, self._reported, strict=True)]
+            self._reported = now
+        return delta if any(delta) else None
+
+    def counters(self) -> dict[str, int]:
+        """hits, misses, miss_bytes, evictions, bypassed, bytes, peak_bytes: a snapshot."""
+        with self._lock:
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "miss_bytes": self.miss_bytes,
+                "evictions": self.evictions,
+                "bypassed": self.bypassed,
+                "bytes": self.bytes,
+                "peak_bytes": self.peak_bytes,
+            }
+
+
+def array_key(arr: Any) -> str:
+    """Where a zarr array lives (:func:`~bellis._outputs._inputs.array_location`): the
+    same string for a declared input however the block function opened it."""
+    store = arr.store
+    root = getattr(store, "root", None)
+    return array_location(os.fspath(root) if root is not None else str(store), str(arr.path))
+
+
+def _box(selection: Any, shape: Sequence[int]) -> tuple[list[int], list[int], list[bool]] | None:
+    """``selection`` of an array of ``shape`` as a box (starts, stops, which axes an
+    integer drops), or None when it is not integers and step-1 slices within bounds."""
+    sel = selection if isinstance(selection, tuple) else (selection,)
+    ndim = len(shape)
+    ellipses = [i for i, s in enumerate(sel) if s is Ellipsis]
+    if len(ellipses) > 1:
+        return None
+    if ellipses:
+        i = ellipses[0]
+        sel = sel[:i] + (slice(None),) * (ndim - len(sel) + 1) + sel[i + 1 :]
+    if len(sel) > ndim:
+        return None
+    sel = sel + (slice(None),) * (ndim - len(sel))
+    starts, stops, drop = [], [], []
+    for s, n in zip(sel, shape, strict=True):
+        if isinstance(s, slice):
+            if s.step not in (None, 1):
+                return None
+            a, b, _ = s.indices(n)
+            starts.append(a)
+            stops.append(max(a, b))
+            drop.append(False)
+        elif hasattr(s, "__index__") and not isinstance(s, bool):
+            i = s.__index__()
+            if i < 0:
+                i += n
+            if not 0 <= i < n:
+                return None  # zarr says what is wrong
+            starts.append(i)
+            stops.append(i + 1)
+            drop.append(True)
+        else:
+            return None
+    if all(drop) or any(b <= a for a, b in zip(starts, stops, strict=True)):
+        return None
+    return starts, stops, drop
+
+
+class Installed:
+    """The cache serving one process's reads of declared inputs (see :func:`install`)."""
+
+    def __init__(self, inputs: Iterable[Sequence[Any]], bound_bytes: int) -> None:
+        import numpy as np
+        import zarr
+
+        self._np = np
+        self._zarr = zarr
+        self.cache = ChunkCache(bound_bytes)
+        #: where each input lives -> cacheable
+        self.inputs: dict[str, bool] = {
+            array_location(str(s), str(p)): bool(c) for s, p, c in inputs
+        }
+        cls: Any = zarr.Array
+        self._cls = cls
+        self._getitem: Any = cls.__getitem__
+        self._setitem: Any = cls.__setitem__
+        original_get, original_set = self._getitem, self._setitem
+        me = self
+
+        def __getitem__(arr: Any, selection: Any) -> Any:
+            if me.inputs:
+                key = array_key(arr)
+                cacheable = me.inputs.get(key)
+                if cacheable:
+                    out = me.serve(arr, key, selection)
+                    if out is not None:
+                        return out
+                elif cacheable is not None:
+                    with me.cache._lock:
+                        me.cache.bypassed += 1
+            return original_get(arr, selection)
+
+        def __setitem__(arr: Any, selection: Any, value: Any) -> None:
+            if me.inputs and me.inputs.get(array_key(arr)):
+                me.cache.drop_array(array_key(arr))
+            original_set(arr, selection, value)
+
+        __getitem__.__wrapped__ = original_get  # type: ignore[attr-defined]
+        setattr(cls, "__getitem__", __getitem__)  # noqa: B010
+        setattr(cls, "__setitem__", __setitem__)  # noqa: B010
+
+    def remove(self) -> None:
+        """Put zarr's own ``[]`` back."""
+        setattr(self._cls, "__getitem__", self._getitem)  # noqa: B010
+        setattr(self._cls, "__setitem__", self._setitem)  # noqa: B010
+        global _active
+        if _active is self:
+            _active = None
+
+    def serve(self, arr: Any, key: str, selection: Any) -> Any:
+        """``arr[selection]`` from decoded chunks, or None when the selection is not a
+        box (the caller then asks zarr)."""
+        shape = tuple(int(s) for s in arr.shape)
+        box = _box(selection, shape)
+        if box is None:
+            return None
+        starts, stops, drop = box
+        np = self._np
+        chunks = tuple(int(c) for c in arr.chunks)
+        ranges = [
+            range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True)
+        ]
+        import itertools
+
+        found: dict[tuple[int, ...], Any] = {}
+        missing = []
+        cache = self.cache
+        for idx in itertools.product(*ranges):
+            chunk = cache.get((key, idx))
+            if chunk is None:
+                missing.append(idx)
+            else:
+                found[idx] = chunk
+        if missing:
+            found.update(self._fetch(arr, key, shape, chunks, missing))
+        out = np.empty([b - a for a, b in zip(starts, stops, strict=True)], dtype=arr.dtype)
+        for idx, chunk in found.items():
+            dst = []
+            src = []
+            for a, b, c, i in zip(starts, stops, chunks, idx, strict=True):
+                lo, hi = max(a, i * c), min(b, (i + 1) * c)
+                dst.append(slice(lo - a, hi - a))
+                src.append(slice(lo - i * c, hi - i * c))
+            out[tuple(dst)] = chunk[tuple(src)]
+        if any(drop):
+            out = out[tuple(0 if d else slice(None) for d in drop)]
+        return out
+
+    def _fetch(
+        self,
+        arr: Any,
+        key: str,
+        shape: tuple[int, ...],
+        chunks: tuple[int, ...],
+        missing: list[tuple[int, ...]],
+    ) -> dict[tuple[int, ...], Any]:
+        """Read the ``missing`` chunks from the store (one call for their bounding box
+        when they fill it) and keep them."""
+        lo = [min(m[d] for m in missing) for d in range(len(shape))]
+        hi = [max(m[d] for m in missing) + 1 for d in range(len(shape))]
+        count = 1
+        for a, b in zip(lo, hi, strict=True):
+            count *= b - a
+        get = self._getitem
+        got: dict[tuple[int, ...], Any] = {}
+        if count == len(missing):
+            origin = [a * c for a, c in zip(lo, chunks, strict=True)]
+            region = get(
+                arr,
+                tuple(
+                    slice(o, min(b * c, n))
+                    for o, b, c, n in zip(origin, hi, chunks, shape, strict=True)
+                ),
+            )
+            for idx in missing:
+                part = region[
+                    tuple(
+                        slice(i * c - o, min((i + 1) * c, n) - o)
+                        for i, c, o, n in zip(idx, chunks, origin, shape, strict=True)
+                    )
+                ]
+                got[idx] = self._np.array(part, copy=True) if len(missing) > 1 else part
+        else:
+            for idx in missing:
+                got[idx] = get(
+                    arr,
+                    tuple(
+                        slice(i * c, min((i + 1) * c, n))
+                        for i, c, n in zip(idx, chunks, shape, strict=True)
+                    ),
+                )
+        for idx, chunk in got.items():
+            chunk.flags.writeable = False
+            self.cache.put((key, idx), chunk)
+        return got
+
+
+_active: Installed | None = None
+
+
+def install(inputs: Iterable[Sequence[Any]], bound_bytes: int) -> Installed | None:
+    """Serve this process's reads of ``inputs`` (``(store, path, cacheable)`` each, as
+    ``wire_inputs`` makes them) from a cache of ``bound_bytes``; None (nothing done) when
+    there are no inputs or the bound is 0. One installation per process at a time: a
+    second replaces the first."""
+    global _active
+    inputs = [tuple(i) for i in inputs]
+    if not inputs or bound_bytes <= 0:
+        return None
+    if _active is not None:
+        _active.remove()
+    _active = Installed(inputs, bound_bytes)
+    return _active
+
+
+def active() -> Installed | None:
+    """The installation serving this process, if any."""
+    return _active
+
+
+def take_counts() -> list[int] | None:
+    """What this process's cache did since the last call (:meth:`ChunkCache.take_counts`);
+    None without a cache, or when it did nothing."""
+    inst = _active
+    return None if inst is None else inst.cache.take_counts()
