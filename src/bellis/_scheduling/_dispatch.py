@@ -95,6 +95,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
+from ._locality import Coherence
 from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
@@ -171,6 +172,11 @@ class Dispatcher:
         #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
         #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
         self._deadlines = DeadlineHeap()
+        for run in scheduler.runs:
+            # each connection a spatially coherent stream of blocks (``_locality``), and
+            # the figure of how coherent the workers' streams were
+            scheduler.order_by_locality(run)
+            run.coherence = Coherence(run.geom.grid)
         for p in plans.values():  # straggler backups (bellis._scheduling._backups), opt-in per task
             p.backups = (
                 None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
@@ -218,6 +224,8 @@ class Dispatcher:
             self.lose_held(peer, run, held, now)
         if peer.worker is not None and peer in peer.worker.conns:
             peer.worker.conns.remove(peer)
+        if run is not None and run.local is not None:
+            run.local.drop(peer.stream)  # its region is left to the next stream
 
     def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
@@ -464,7 +472,8 @@ class Dispatcher:
                 plan.parked.append(peer)  # a plan's sample run: until its workers are here
                 peer.parked = True
                 return
-            k = self.scheduler.acquire_index(run)
+            stream = peer.stream
+            k = self.scheduler.acquire_index(run, stream)
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
                 plan.parked.appendleft(peer)
@@ -483,7 +492,7 @@ class Dispatcher:
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
                     while len(held) < want:
-                        k = self.scheduler.acquire_index(run)
+                        k = self.scheduler.acquire_index(run, stream)
                         if k < 0:
                             break
                         if suspects and k in suspects:
@@ -530,6 +539,9 @@ class Dispatcher:
         peer.sent_wall = wall
         peer.deadline = now + run.task.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
+        coherence = run.coherence
+        if coherence is not None:
+            coherence.note(peer.worker_id if peer.worker is not None else -1 - id(peer), held)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
     # -- deadlines ------------------------------------------------------------------------

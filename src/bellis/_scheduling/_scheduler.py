@@ -52,6 +52,7 @@ from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
 from ..errors import ConfigurationError
 from ._abandon import broken_reason
+from ._locality import MAX_LOCALITY_BLOCKS, LocalityOrder, Stream
 from ._task_run import (
     ABANDONED,
     CHUNK,
@@ -220,19 +221,73 @@ class Scheduler:
         self._check_clock = clock
         self._check_slice_seconds = slice_seconds
 
+    def order_by_locality(self, run: TaskRun) -> bool:
+        """Hand out ``run``'s ready blocks in Morton order, a coherent stream per caller
+        (:mod:`._locality`): from now on ``acquire_index(run, stream)`` takes the next
+        ready block near ``stream``'s last one. False (the FIFO order stays): the task is
+        finished, has more than :data:`MAX_LOCALITY_BLOCKS` blocks, or its hand-out order
+        was fixed already (a plan's sample run shuffles it)."""
+        if run.local is not None:
+            return True
+        if (
+            run.status != RUNNING
+            or run.order_fixed
+            or run.started
+            or not 0 < run.total <= MAX_LOCALITY_BLOCKS
+        ):
+            return False
+        if run.levels_ready < run.geom.num_levels:
+            run.init_levels(run.geom.num_levels)  # every level's first ready blocks now
+        local = LocalityOrder(run.geom.grid)
+        local.fill(run.state == READY)
+        run.local = local
+        run.roots = None
+        return True
+
     # -- the hot path: integer API -------------------------------------------------------
-    def acquire_index(self, run: TaskRun) -> int:
+    def acquire_index(self, run: TaskRun, stream: Stream | None = None) -> int:
         """Pop the next block of ``run`` to dispatch; -1 when none is ready, and
-        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out."""
+        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out.
+        ``stream``: the caller's place in a task ordered by locality (its next block is
+        near its last one); ignored in FIFO order."""
         if run.status != RUNNING:
             return -1
         state_mv = run.state_mv
         roots = run.roots
         later = run.failed_before
+        local = run.local
+        if local is not None and stream is None:
+            stream = local.default
         checks = 0
         until = 0.0
         while True:
-            if roots is not None:
+            if local is not None:
+                # the stream's next ready block (the initially ready ones and those
+                # readied by releases), then retries and blocks given back unstarted (the
+                # FIFO), then the blocks that failed in an earlier run: as the queues below
+                assert stream is not None
+                k = local.take(stream)
+                if k >= 0:
+                    st = state_mv[k]
+                    if st != READY and st != QUEUED:
+                        continue  # taken another way meanwhile (a memory grant's wait)
+                    if later is not None and k in later:
+                        run.later.append(k)
+                        continue
+                elif run.fifo:
+                    k = run.fifo.popleft()
+                    if state_mv[k] != QUEUED:
+                        continue
+                    if later is not None and k in later:
+                        run.later.append(k)
+                        continue
+                elif run.later:
+                    k = run.later.popleft()
+                    if state_mv[k] != READY and state_mv[k] != QUEUED:
+                        continue
+                else:
+                    return -1
+            elif roots is not None:
                 k = next(roots, -1)
                 if k < 0:
                     run.roots = roots = None
@@ -401,12 +456,16 @@ class Scheduler:
         deps = run.deps_mv
         state = run.state_mv
         assert deps is not None
+        local = run.local
         for n in blocks:
             c = deps[n] - 1
             deps[n] = c
             if c == 0 and state[n] == PENDING:
                 state[n] = QUEUED
-                run.fifo.append(n)
+                if local is None:
+                    run.fifo.append(n)
+                else:
+                    local.bits[local.pos_of[n]] = 1
                 run.ready += 1
 
     def _fail(

@@ -22,6 +22,7 @@ from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
 from ._abandon import FailureStreak
+from ._locality import Coherence, LocalityOrder
 
 __all__ = [
     "ABANDONED",
@@ -99,6 +100,13 @@ class TaskRun:
         #: ready blocks of ``failed_before`` put off until the roots and the FIFO are empty
         self.later: deque[int] = deque()
         self.retries: dict[int, int] = {}
+        #: the ready blocks in Morton order, a coherent stream per connection
+        #: (``Scheduler.order_by_locality``); None: the queues above, in FIFO order
+        self.local: LocalityOrder | None = None
+        #: the hand-out order was fixed (``_gate.shuffle_roots``): no locality order
+        self.order_fixed = False
+        #: how coherent each worker's stream of blocks was (the dispatcher notes it)
+        self.coherence: Coherence | None = None
         #: the broken-function rule (``Task(max_consecutive_failures=...)``; None: off)
         limit = task.max_consecutive_failures
         self.streak: FailureStreak | None = None if limit is None else FailureStreak(limit)
