@@ -36,6 +36,7 @@ summed for the mean step.
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, Final
 
 import numpy as np
@@ -48,6 +49,8 @@ MAX_LOCALITY_BLOCKS: Final = 1 << 23
 #: free regions kept at most (adjacent ones merge); the oldest is dropped past it (its
 #: ready blocks are still found by the search of the whole order)
 _MAX_FREE: Final = 64
+#: a worker's blocks buffered before :class:`Coherence` counts them
+_FOLD_BLOCKS: Final = 1 << 16
 
 
 def morton_order(grid: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -217,51 +220,49 @@ def _left(s: Stream) -> int:
 class Coherence:
     """How coherent each worker's stream of blocks was (see the module docstring).
 
-    ``blocks``: blocks that had a previous block on their worker; ``local``: of those, the
-    grid neighbours of it; ``steps``: the sum of their grid (Chebyshev) distances to it.
+    :meth:`note` only appends a batch's blocks to its worker's buffer (per batch: no numpy,
+    no arithmetic per block); the buffers are folded into the counts with numpy when one
+    grows past :data:`_FOLD_BLOCKS` blocks and when the counts are read (:meth:`counts`).
     """
 
-    __slots__ = ("blocks", "grid", "local", "prev", "steps")
+    __slots__ = ("_blocks", "_bufs", "_local", "_steps", "grid")
 
     def __init__(self, grid: tuple[int, ...]) -> None:
         self.grid = grid
-        self.blocks = 0
-        self.local = 0
-        self.steps = 0
-        #: the last block handed to each worker (its id; a connection's for unmanaged ones)
-        self.prev: dict[int, int] = {}
+        self._blocks = 0
+        self._local = 0
+        self._steps = 0
+        #: per worker (its id; a connection's for unmanaged ones), its blocks not yet
+        #: counted, after the last block it counted (the previous one of the next)
+        self._bufs: dict[int, array[int]] = {}
 
     def note(self, worker: int, held: list[int]) -> None:
         """``held`` (flat block indices, in order) go to ``worker``."""
-        prev = self.prev.get(worker, -1)
-        self.prev[worker] = held[-1]
-        if prev < 0 and len(held) == 1:
-            return
-        if len(held) <= 4:
-            last = prev
-            for k in held:
-                if last >= 0:
-                    step = self._step(last, k)
-                    self.blocks += 1
-                    self.steps += step
-                    if step <= 1:
-                        self.local += 1
-                last = k
-            return
-        ks = np.asarray(held if prev < 0 else [prev, *held], dtype=np.int64)
+        buf = self._bufs.get(worker)
+        if buf is None:
+            buf = self._bufs[worker] = array("q")
+        buf.extend(held)
+        if len(buf) > _FOLD_BLOCKS:
+            self._fold(buf)
+
+    def counts(self) -> tuple[int, int, int]:
+        """``(blocks, local, steps)``: blocks handed to a worker after its first; of them,
+        those next to (a grid neighbour of, or the same as) the worker's previous block;
+        the sum of their grid (Chebyshev) distances to it, in blocks."""
+        for buf in self._bufs.values():
+            if len(buf) > 1:
+                self._fold(buf)
+        return self._blocks, self._local, self._steps
+
+    def _fold(self, buf: array[int]) -> None:
+        """Count the steps in ``buf``; keep its last block only."""
+        ks = np.frombuffer(buf, dtype=np.int64)
         coords = np.stack(np.unravel_index(ks, self.grid))
         steps = np.abs(np.diff(coords, axis=1)).max(axis=0)
-        self.blocks += int(steps.size)
-        self.steps += int(steps.sum())
-        self.local += int(np.count_nonzero(steps <= 1))
-
-    def _step(self, a: int, b: int) -> int:
-        """The grid (Chebyshev) distance between blocks ``a`` and ``b``."""
-        step = 0
-        for n in reversed(self.grid):
-            a, ca = divmod(a, n)
-            b, cb = divmod(b, n)
-            d = ca - cb if ca > cb else cb - ca
-            if d > step:
-                step = d
-        return step
+        self._blocks += int(steps.size)
+        self._steps += int(steps.sum())
+        self._local += int(np.count_nonzero(steps <= 1))
+        del coords, ks
+        last = buf[-1]
+        del buf[:]
+        buf.append(last)

@@ -266,7 +266,15 @@ class Scheduler:
                 # readied by releases), then retries and blocks given back unstarted (the
                 # FIFO), then the blocks that failed in an earlier run: as the queues below
                 assert stream is not None
-                k = local.take(stream)
+                c = stream.cursor
+                if c < stream.limit and local.bits[c]:
+                    # the next position is ready (most blocks): ``LocalityOrder.take``
+                    # inline, for the hot path
+                    local.bits[c] = 0
+                    stream.cursor = c + 1
+                    k = local.k_at[c]
+                else:
+                    k = local.take(stream)
                 if k >= 0:
                     st = state_mv[k]
                     if st != READY and st != QUEUED:

@@ -189,6 +189,7 @@ class TaskRun:
         return self.remaining - self.ready - self.processing
 
     def snapshot(self) -> TaskState:
+        locality = (0, 0, 0) if self.coherence is None else self.coherence.counts()
         return TaskState(
             task_id=self.task_id,
             started=self.started,
@@ -218,6 +219,9 @@ class TaskRun:
             backups_won=self.backups_won,
             backups_lost=self.backups_lost,
             backup_loser_seconds=self.backup_loser_seconds,
+            locality_blocks=locality[0],
+            locality_local=locality[1],
+            locality_steps=locality[2],
             oom_retry_count=sum(self.oom_retries.values()),
             first_sent_at=None if self.first_sent_at == math.inf else self.first_sent_at,
             last_returned_at=self.last_returned_at or None,
