@@ -4,6 +4,7 @@ the scheduler with a fake clock: no process, socket or sleep."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,13 @@ import pytest
 import bellis
 from bellis._protocol import SEND, SHUTDOWN, FrameDecoder
 from bellis._scheduling._dispatch import SEND_FRAME
-from bellis._scheduling._locality import MAX_LOCALITY_BLOCKS, Coherence, Stream, morton_order
+from bellis._scheduling._locality import (
+    FOLD_BLOCKS,
+    MAX_LOCALITY_BLOCKS,
+    Coherence,
+    Stream,
+    morton_order,
+)
 from bellis._scheduling._records import Peer
 from bellis._scheduling._scheduler import Scheduler
 from bellis._scheduling._task_run import FINISHED
@@ -42,7 +49,7 @@ def steps_of(seq: list[int], grid: tuple[int, ...]) -> list[int]:
     coords = [np.unravel_index(k, grid) for k in seq]
     return [
         max(abs(int(a) - int(b)) for a, b in zip(p, q, strict=True))
-        for p, q in zip(coords, coords[1:], strict=False)
+        for p, q in itertools.pairwise(coords)
     ]
 
 
@@ -146,15 +153,20 @@ def test_the_morton_order_walks_the_grid_cell_by_cell() -> None:
     assert morton_order((0, 3)).size == 0
 
 
-def test_the_coherence_counts_each_workers_steps() -> None:
+def test_the_coherence_counts_each_connections_steps() -> None:
     c = Coherence((4, 4))
-    c.note(1, [0, 1])
-    c.note(2, [15])
-    c.note(1, [2, 6])  # (0,2) -> (1,2): a neighbour
-    c.note(2, [0])  # (3,3) -> (0,0): three blocks away
+    one, two = c.trail(), c.trail()
+    c.note(one, [0, 1])
+    c.note(two, [15])
+    c.note(one, [2, 6])  # (0,2) -> (1,2): a neighbour
+    c.note(two, [0])  # (3,3) -> (0,0): three blocks away
     assert c.counts() == (4, 3, 6)
-    c.note(1, [6])  # the same block again (a retry on its worker): local, no step
+    c.note(one, [6])  # the same block again (a retry on its worker): local, no step
     assert c.counts() == (5, 4, 6)
+    c.note(two, [1])
+    c.retire(two)  # its connection ended: counted, and gone
+    c.note(one, list(range(16)) * (FOLD_BLOCKS // 16 + 1))  # folded as it grows
+    assert len(one) == 1 and c.counts()[0] == 6 + 16 * (FOLD_BLOCKS // 16 + 1)
 
 
 @pytest.mark.parametrize("busy", [1.0, 0.001], ids=["one-at-a-time", "batches"])

@@ -95,7 +95,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
-from ._locality import Coherence
+from ._locality import FOLD_BLOCKS, Coherence
 from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
@@ -226,6 +226,9 @@ class Dispatcher:
             peer.worker.conns.remove(peer)
         if run is not None and run.local is not None:
             run.local.drop(peer.stream)  # its region is left to the next stream
+        if peer.trail is not None and run is not None and run.coherence is not None:
+            run.coherence.retire(peer.trail)
+            peer.trail = None
 
     def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
@@ -265,6 +268,8 @@ class Dispatcher:
             return
         peer.authed = True
         peer.run = plan.run
+        if plan.run.coherence is not None:
+            peer.trail = plan.run.coherence.trail()
         worker = self.staff.identify(hello, peer.nonce, self.worker_key, plan.run)
         if worker is not None:
             if worker.exit is not None:
@@ -539,9 +544,11 @@ class Dispatcher:
         peer.sent_wall = wall
         peer.deadline = now + run.task.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
-        coherence = run.coherence
-        if coherence is not None:
-            coherence.note(peer.worker_id if peer.worker is not None else -1 - id(peer), held)
+        trail = peer.trail
+        if trail is not None:  # ``Coherence.note``, inline: per batch
+            trail.extend(held)
+            if len(trail) > FOLD_BLOCKS and run.coherence is not None:
+                run.coherence.fold(trail)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
     # -- deadlines ------------------------------------------------------------------------

@@ -27,10 +27,10 @@ dependencies are met (conflict levels, upstream tasks), so every rule of the sch
 holds whatever the order; retries, blocks given back unstarted and blocks that failed in an
 earlier run keep the queues they have without locality (:mod:`._scheduler`).
 
-:class:`Coherence` measures how coherent the streams were: per worker, each block handed
-out after its first is *local* when it is a grid neighbour (Chebyshev distance 1, or the
-same block again) of the worker's previous block, and the grid distance between the two is
-summed for the mean step.
+:class:`Coherence` measures how coherent the streams were: per connection (a worker's,
+for every worker that opens one), each block sent after its first is *local* when it is a
+grid neighbour (Chebyshev distance 1, or the same block again) of the connection's previous
+block, and the grid distance between the two is summed for the mean step.
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ from typing import Any, Final
 
 import numpy as np
 
-__all__ = ["MAX_LOCALITY_BLOCKS", "Coherence", "LocalityOrder", "Stream", "morton_order"]
+__all__ = [
+    "FOLD_BLOCKS",
+    "MAX_LOCALITY_BLOCKS",
+    "Coherence",
+    "LocalityOrder",
+    "Stream",
+    "morton_order",
+]
 
 #: tasks with more blocks keep the FIFO order: the order's two uint32 arrays cost 9 bytes a
 #: block (72 MiB at this size) and its build sorts every block once
@@ -49,8 +56,8 @@ MAX_LOCALITY_BLOCKS: Final = 1 << 23
 #: free regions kept at most (adjacent ones merge); the oldest is dropped past it (its
 #: ready blocks are still found by the search of the whole order)
 _MAX_FREE: Final = 64
-#: a worker's blocks buffered before :class:`Coherence` counts them
-_FOLD_BLOCKS: Final = 1 << 16
+#: a connection's blocks buffered before :class:`Coherence` counts them
+FOLD_BLOCKS: Final = 1 << 16
 
 
 def morton_order(grid: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -218,44 +225,58 @@ def _left(s: Stream) -> int:
 
 
 class Coherence:
-    """How coherent each worker's stream of blocks was (see the module docstring).
+    """How coherent each connection's stream of blocks was (see the module docstring).
 
-    :meth:`note` only appends a batch's blocks to its worker's buffer (per batch: no numpy,
-    no arithmetic per block); the buffers are folded into the counts with numpy when one
-    grows past :data:`_FOLD_BLOCKS` blocks and when the counts are read (:meth:`counts`).
+    Each connection gets a *trail* (:meth:`trail`), to which the dispatcher appends the
+    blocks it sends (one ``array.extend`` per batch: no numpy, no arithmetic per block);
+    a trail is folded into the counts with numpy when it grows past :data:`FOLD_BLOCKS`
+    blocks (:meth:`fold`), when its connection ends (:meth:`retire`) and when the counts
+    are read (:meth:`counts`).
     """
 
-    __slots__ = ("_blocks", "_bufs", "_local", "_steps", "grid")
+    __slots__ = ("_blocks", "_local", "_steps", "_trails", "grid")
 
     def __init__(self, grid: tuple[int, ...]) -> None:
         self.grid = grid
         self._blocks = 0
         self._local = 0
         self._steps = 0
-        #: per worker (its id; a connection's for unmanaged ones), its blocks not yet
-        #: counted, after the last block it counted (the previous one of the next)
-        self._bufs: dict[int, array[int]] = {}
+        self._trails: list[array[int]] = []
 
-    def note(self, worker: int, held: list[int]) -> None:
-        """``held`` (flat block indices, in order) go to ``worker``."""
-        buf = self._bufs.get(worker)
-        if buf is None:
-            buf = self._bufs[worker] = array("q")
-        buf.extend(held)
-        if len(buf) > _FOLD_BLOCKS:
-            self._fold(buf)
+    def trail(self) -> array[int]:
+        """A new connection's trail: the blocks it was sent, in order, not yet counted
+        (after the last one counted, the previous block of the next)."""
+        trail: array[int] = array("q")
+        self._trails.append(trail)
+        return trail
+
+    def retire(self, trail: array[int]) -> None:
+        """The connection of ``trail`` ended: its blocks are counted, the trail dropped."""
+        self.fold(trail)
+        try:
+            self._trails.remove(trail)
+        except ValueError:
+            pass
+
+    def note(self, trail: array[int], held: list[int]) -> None:
+        """``held`` (flat block indices, in order) go to the connection of ``trail`` (what
+        the dispatcher does inline)."""
+        trail.extend(held)
+        if len(trail) > FOLD_BLOCKS:
+            self.fold(trail)
 
     def counts(self) -> tuple[int, int, int]:
         """``(blocks, local, steps)``: blocks handed to a worker after its first; of them,
         those next to (a grid neighbour of, or the same as) the worker's previous block;
         the sum of their grid (Chebyshev) distances to it, in blocks."""
-        for buf in self._bufs.values():
-            if len(buf) > 1:
-                self._fold(buf)
+        for trail in self._trails:
+            self.fold(trail)
         return self._blocks, self._local, self._steps
 
-    def _fold(self, buf: array[int]) -> None:
+    def fold(self, buf: array[int]) -> None:
         """Count the steps in ``buf``; keep its last block only."""
+        if len(buf) < 2:
+            return
         ks = np.frombuffer(buf, dtype=np.int64)
         coords = np.stack(np.unravel_index(ks, self.grid))
         steps = np.abs(np.diff(coords, axis=1)).max(axis=0)

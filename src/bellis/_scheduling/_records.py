@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import signal  # the names of signals only
+from array import array
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -46,6 +47,7 @@ class Peer:
         "sent_at",
         "sent_wall",
         "stream",
+        "trail",
         "worker",
         "worker_id",
     )
@@ -73,6 +75,9 @@ class Peer:
         #: its place in its task's locality order (``_locality``): the blocks it gets
         #: follow on from its last ones
         self.stream = Stream()
+        #: the blocks it was sent and its task's coherence figure has not counted yet
+        #: (``_locality.Coherence.trail``; None: not counted)
+        self.trail: array[int] | None = None
 
 
 class ManagedWorker:

@@ -267,10 +267,11 @@ class Scheduler:
                 # FIFO), then the blocks that failed in an earlier run: as the queues below
                 assert stream is not None
                 c = stream.cursor
-                if c < stream.limit and local.bits[c]:
+                bits = local.bits
+                if c < stream.limit and bits[c]:
                     # the next position is ready (most blocks): ``LocalityOrder.take``
                     # inline, for the hot path
-                    local.bits[c] = 0
+                    bits[c] = 0
                     stream.cursor = c + 1
                     k = local.k_at[c]
                 else:
