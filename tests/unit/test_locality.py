@@ -5,6 +5,7 @@ the scheduler with a fake clock: no process, socket or sleep."""
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +317,82 @@ def test_a_shuffled_order_or_a_task_too_large_keeps_the_fifo_order() -> None:
     s = Scheduler(big)
     assert not s.order_by_locality(s.runs[0])
     assert s.acquire_index(s.runs[0], Stream()) == 0  # FIFO: the first block first
+
+
+# -- every rule, under random events ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_returns_failures_and_lost_connections_keep_every_rule(seed: int) -> None:
+    """Three connections per task of a pipeline with conflicts; in a random order they
+    return their blocks done, return one failed, or lose their connection (a new one
+    comes in its place). No block is sent while it is out or before what it waits for is
+    done, and every block ends done."""
+    rng = random.Random(seed)
+    up = cube("up", conflict=True, max_workers=3, max_retries=10)
+    down = cube("down", conflict=True, max_workers=3, max_retries=10)
+    sc = Script(bellis.Pipeline([up, down], [(up, down)]))
+    graph = sc.scheduler.dependency_graph
+    done: set[tuple[str, int]] = set()
+    out_now: set[tuple[str, int]] = set()
+    held: dict[int, list[int]] = {}
+    peers: list[Peer] = []
+    violations: list[str] = []
+
+    def take(instrs: list[tuple[Any, ...]]) -> None:
+        for instr in instrs:
+            if instr[0] != SEND_FRAME:
+                continue
+            for msg in FrameDecoder().feed(instr[2]):
+                if msg[0] != SEND:
+                    continue
+                peer = instr[1]
+                tid = peer.run.task_id
+                held[id(peer)] = msg[1:]
+                for k in msg[1:]:
+                    if (tid, k) in out_now or (tid, k) in done:
+                        violations.append(f"{tid}/{k} sent while out or done")
+                    out_now.add((tid, k))
+                    block = sc.scheduler.by_id[tid].geom.block(k)
+                    for u in graph.upstream(block):
+                        key = (u.task_id, sc.scheduler.by_id[u.task_id].geom.index_of_block(u))
+                        if key not in done:
+                            violations.append(f"{tid}/{k} sent before {key} was done")
+
+    def connect(tid: str) -> None:
+        p = sc.connect(tid)
+        peers.append(p)
+        take(sc.acquire(p))
+
+    for tid in ("up", "down"):
+        for _ in range(3):
+            connect(tid)
+    while any(r.status != FINISHED for r in sc.scheduler.runs):
+        busy = [p for p in peers if held.get(id(p))]
+        assert busy, "every connection waits, and none holds a block: a deadlock"
+        p = rng.choice(busy)
+        assert p.run is not None
+        tid = p.run.task_id
+        ks = held.pop(id(p))
+        sc.now += 0.01
+        roll = rng.random()
+        if roll < 0.05:  # the connection is lost with its blocks; another one comes
+            for k in ks:
+                out_now.discard((tid, k))
+            sc.dispatcher.close(p, sc.now)
+            peers.remove(p)
+            take(sc.take())
+            connect(tid)
+            continue
+        returns = []
+        for i, k in enumerate(ks):
+            ok = not (roll < 0.15 and i == 0)
+            out_now.discard((tid, k))
+            if ok:
+                done.add((tid, k))
+            returns.append((k, OK if ok else 3, -1, None if ok else "ValueError: x"))
+        take(sc.acquire(p, *returns, busy=rng.choice([1.0, 0.001])))
+    assert violations == []
+    for tid in ("up", "down"):
+        assert sc.scheduler.task_states[tid].completed_count == GRID**3
+    assert len(done) == 2 * GRID**3

@@ -160,10 +160,13 @@ class LocalityOrder:
             s.lo, s.cursor, s.limit = 0, 0, self.size
         else:
             v = max(self.streams, key=_left)
-            mid = v.cursor + max(0, v.limit - v.cursor) // 2
-            s.lo = s.cursor = mid
-            s.limit = v.limit
-            v.limit = mid
+            if v.limit - v.cursor >= 2:
+                mid = v.cursor + (v.limit - v.cursor) // 2
+                s.lo = s.cursor = mid
+                s.limit = v.limit
+                v.limit = mid
+            else:  # nothing left to split: an empty region, and its first take looks on
+                s.lo = s.cursor = s.limit = 0
         self.streams.append(s)
 
     def _elsewhere(self, s: Stream) -> int:

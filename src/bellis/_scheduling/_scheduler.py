@@ -466,15 +466,22 @@ class Scheduler:
         state = run.state_mv
         assert deps is not None
         local = run.local
+        if local is not None:  # readied where it lies in the locality order
+            bits, pos = local.bits, local.pos_of
+            for n in blocks:
+                c = deps[n] - 1
+                deps[n] = c
+                if c == 0 and state[n] == PENDING:
+                    state[n] = QUEUED
+                    bits[pos[n]] = 1
+                    run.ready += 1
+            return
         for n in blocks:
             c = deps[n] - 1
             deps[n] = c
             if c == 0 and state[n] == PENDING:
                 state[n] = QUEUED
-                if local is None:
-                    run.fifo.append(n)
-                else:
-                    local.bits[local.pos_of[n]] = 1
+                run.fifo.append(n)
                 run.ready += 1
 
     def _fail(
