@@ -496,6 +496,9 @@ class Dispatcher:
                     # adaptive batching for fast blocks, never starving the other workers;
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
+                    if not suspects and run.local is not None:
+                        # the run of ready blocks after the first, in a few C calls
+                        self.scheduler.acquire_run(run, stream, held, want)
                     while len(held) < want:
                         k = self.scheduler.acquire_index(run, stream)
                         if k < 0:

@@ -336,6 +336,50 @@ class Scheduler:
             run.processing += 1
             return k
 
+    def acquire_run(self, run: TaskRun, stream: Stream, held: list[int], want: int) -> None:
+        """Append to ``held``, up to ``want`` blocks in all, the run of ready blocks that
+        starts at ``stream``'s cursor in ``run``'s locality order: a batch's blocks in a few
+        C calls (``bytearray.find``, a slice of the order) and one state check each.
+
+        Only where nothing else can come first or be in the way: a task ordered by
+        locality, with no check_function and no block that failed in an earlier run. It
+        may append none; :meth:`acquire_index` then takes the rest, one by one."""
+        local = run.local
+        if (
+            local is None
+            or run.status != RUNNING
+            or run.check_function is not None
+            or run.failed_before is not None
+        ):
+            return
+        c = stream.cursor
+        end = min(stream.limit, c + want - len(held))
+        if c >= end:
+            return
+        bits = local.bits
+        e = bits.find(0, c, end)
+        if e < 0:
+            e = end
+        if e == c:
+            return
+        ks = local.k_at[c:e].tolist()
+        state_mv = run.state_mv
+        n = 0
+        for k in ks:
+            st = state_mv[k]
+            if st != READY and st != QUEUED:
+                break  # a stale entry: acquire_index skips it
+            state_mv[k] = PROCESSING
+            n += 1
+        if n == 0:
+            return
+        bits[c : c + n] = bytes(n)
+        held.extend(ks if n == len(ks) else ks[:n])
+        stream.cursor = c + n
+        run.started = True
+        run.ready -= n
+        run.processing += n
+
     def _precheck(self, run: TaskRun, k: int) -> bool:
         """Run the check_function; on a truthy answer release ``k`` as a skip."""
         fn = run.check_function
