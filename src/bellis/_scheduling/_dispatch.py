@@ -125,6 +125,10 @@ _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
 
+#: batches of more blocks than this take their run of ready blocks at once
+#: (``Scheduler.acquire_run``)
+_RUN_FROM: Final = 4
+
 
 class Dispatcher:
     """Every decision of one distributed run, driven by events (see the module docstring)."""
@@ -496,8 +500,9 @@ class Dispatcher:
                     # adaptive batching for fast blocks, never starving the other workers;
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
-                    if not suspects and run.local is not None:
-                        # the run of ready blocks after the first, in a few C calls
+                    if want > _RUN_FROM and not suspects and run.local is not None:
+                        # the run of ready blocks after the first, in a few C calls (for
+                        # a block or two, the calls cost more than the blocks one by one)
                         self.scheduler.acquire_run(run, stream, held, want)
                     while len(held) < want:
                         k = self.scheduler.acquire_index(run, stream)
