@@ -222,19 +222,14 @@ class Scheduler:
         self._check_slice_seconds = slice_seconds
 
     def order_by_locality(self, run: TaskRun) -> bool:
-        """Hand out ``run``'s ready blocks in Morton order, a coherent stream per caller
-        (:mod:`._locality`): from now on ``acquire_index(run, stream)`` takes the next
-        ready block near ``stream``'s last one. False (the FIFO order stays): the task is
-        finished, has more than :data:`MAX_LOCALITY_BLOCKS` blocks, or its hand-out order
-        was fixed already (a plan's sample run shuffles it)."""
+        """Hand out ``run``'s ready blocks in Morton order (:mod:`._locality`), each
+        ``acquire_index(run, stream)`` near ``stream``'s last block. False: it keeps the FIFO
+        order (finished, started, over :data:`MAX_LOCALITY_BLOCKS` blocks, or shuffled)."""
         if run.local is not None:
             return True
-        if (
-            run.status != RUNNING
-            or run.order_fixed
-            or run.started
-            or not 0 < run.total <= MAX_LOCALITY_BLOCKS
-        ):
+        if run.status != RUNNING or run.order_fixed or run.started:
+            return False
+        if not 0 < run.total <= MAX_LOCALITY_BLOCKS:
             return False
         if run.levels_ready < run.geom.num_levels:
             run.init_levels(run.geom.num_levels)  # every level's first ready blocks now
@@ -262,15 +257,12 @@ class Scheduler:
         until = 0.0
         while True:
             if local is not None:
-                # the stream's next ready block (the initially ready ones and those
-                # readied by releases), then retries and blocks given back unstarted (the
-                # FIFO), then the blocks that failed in an earlier run: as the queues below
+                # the stream's next ready block, then the FIFO (retries, blocks given back
+                # unstarted), then blocks that failed in an earlier run: as below
                 assert stream is not None
                 c = stream.cursor
                 bits = local.bits
-                if c < stream.limit and bits[c]:
-                    # the next position is ready (most blocks): ``LocalityOrder.take``
-                    # inline, for the hot path
+                if c < stream.limit and bits[c]:  # ``LocalityOrder.take``'s common case
                     bits[c] = 0
                     stream.cursor = c + 1
                     k = local.k_at[c]
@@ -337,20 +329,14 @@ class Scheduler:
             return k
 
     def acquire_run(self, run: TaskRun, stream: Stream, held: list[int], want: int) -> None:
-        """Append to ``held``, up to ``want`` blocks in all, the run of ready blocks that
-        starts at ``stream``'s cursor in ``run``'s locality order: a batch's blocks in a few
-        C calls (``bytearray.find``, a slice of the order) and one state check each.
-
-        Only where nothing else can come first or be in the way: a task ordered by
-        locality, with no check_function and no block that failed in an earlier run. It
-        may append none; :meth:`acquire_index` then takes the rest, one by one."""
+        """Append to ``held`` (up to ``want`` blocks in all) the ready blocks at ``stream``'s
+        cursor in ``run``'s locality order, in a few C calls and a state check each. Only
+        with no check_function and no block failed before (nothing to put first); it may
+        append none, and :meth:`acquire_index` takes the rest one by one."""
         local = run.local
-        if (
-            local is None
-            or run.status != RUNNING
-            or run.check_function is not None
-            or run.failed_before is not None
-        ):
+        if local is None or run.status != RUNNING or run.check_function is not None:
+            return
+        if run.failed_before is not None:
             return
         c = stream.cursor
         end = min(stream.limit, c + want - len(held))
@@ -358,11 +344,7 @@ class Scheduler:
             return
         bits = local.bits
         e = bits.find(0, c, end)
-        if e < 0:
-            e = end
-        if e == c:
-            return
-        ks = local.k_at[c:e].tolist()
+        ks = local.k_at[c : end if e < 0 else e].tolist()
         state_mv = run.state_mv
         n = 0
         for k in ks:
@@ -509,23 +491,16 @@ class Scheduler:
         deps = run.deps_mv
         state = run.state_mv
         assert deps is not None
-        local = run.local
-        if local is not None:  # readied where it lies in the locality order
-            bits, pos = local.bits, local.pos_of
-            for n in blocks:
-                c = deps[n] - 1
-                deps[n] = c
-                if c == 0 and state[n] == PENDING:
-                    state[n] = QUEUED
-                    bits[pos[n]] = 1
-                    run.ready += 1
-            return
+        local = run.local  # if any, a block is readied where it lies in its order
         for n in blocks:
             c = deps[n] - 1
             deps[n] = c
             if c == 0 and state[n] == PENDING:
                 state[n] = QUEUED
-                run.fifo.append(n)
+                if local is None:
+                    run.fifo.append(n)
+                else:
+                    local.bits[local.pos_of[n]] = 1
                 run.ready += 1
 
     def _fail(
