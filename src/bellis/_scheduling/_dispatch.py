@@ -554,7 +554,7 @@ class Dispatcher:
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
         trail = peer.trail
         if trail is not None:  # ``Coherence.note``, inline: per batch
-            trail.extend(held)
+            trail += held
             if len(trail) > FOLD_BLOCKS and run.coherence is not None:
                 run.coherence.fold(trail)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))

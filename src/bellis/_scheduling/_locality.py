@@ -36,7 +36,6 @@ block, and the grid distance between the two is summed for the mean step.
 from __future__ import annotations
 
 import math
-from array import array
 from typing import Any, Final
 
 import numpy as np
@@ -56,8 +55,9 @@ MAX_LOCALITY_BLOCKS: Final = 1 << 23
 #: free regions kept at most (adjacent ones merge); the oldest is dropped past it (its
 #: ready blocks are still found by the search of the whole order)
 _MAX_FREE: Final = 64
-#: a connection's blocks buffered before :class:`Coherence` counts them
-FOLD_BLOCKS: Final = 1 << 16
+#: a connection's blocks buffered before :class:`Coherence` counts them (a list of ints:
+#: 36 bytes a block at most, so 144 KiB a connection)
+FOLD_BLOCKS: Final = 1 << 12
 
 
 def morton_order(grid: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -231,7 +231,7 @@ class Coherence:
     """How coherent each connection's stream of blocks was (see the module docstring).
 
     Each connection gets a *trail* (:meth:`trail`), to which the dispatcher appends the
-    blocks it sends (one ``array.extend`` per batch: no numpy, no arithmetic per block);
+    blocks it sends (one ``list.extend`` per batch: no numpy, no arithmetic per block);
     a trail is folded into the counts with numpy when it grows past :data:`FOLD_BLOCKS`
     blocks (:meth:`fold`), when its connection ends (:meth:`retire`) and when the counts
     are read (:meth:`counts`).
@@ -244,16 +244,16 @@ class Coherence:
         self._blocks = 0
         self._local = 0
         self._steps = 0
-        self._trails: list[array[int]] = []
+        self._trails: list[list[int]] = []
 
-    def trail(self) -> array[int]:
+    def trail(self) -> list[int]:
         """A new connection's trail: the blocks it was sent, in order, not yet counted
         (after the last one counted, the previous block of the next)."""
-        trail: array[int] = array("q")
+        trail: list[int] = []
         self._trails.append(trail)
         return trail
 
-    def retire(self, trail: array[int]) -> None:
+    def retire(self, trail: list[int]) -> None:
         """The connection of ``trail`` ended: its blocks are counted, the trail dropped."""
         self.fold(trail)
         try:
@@ -261,7 +261,7 @@ class Coherence:
         except ValueError:
             pass
 
-    def note(self, trail: array[int], held: list[int]) -> None:
+    def note(self, trail: list[int], held: list[int]) -> None:
         """``held`` (flat block indices, in order) go to the connection of ``trail`` (what
         the dispatcher does inline)."""
         trail.extend(held)
@@ -276,17 +276,15 @@ class Coherence:
             self.fold(trail)
         return self._blocks, self._local, self._steps
 
-    def fold(self, buf: array[int]) -> None:
+    def fold(self, buf: list[int]) -> None:
         """Count the steps in ``buf``; keep its last block only."""
         if len(buf) < 2:
             return
-        ks = np.frombuffer(buf, dtype=np.int64)
+        ks = np.asarray(buf, dtype=np.int64)
         coords = np.stack(np.unravel_index(ks, self.grid))
         steps = np.abs(np.diff(coords, axis=1)).max(axis=0)
         self._blocks += int(steps.size)
         self._steps += int(steps.sum())
         self._local += int(np.count_nonzero(steps <= 1))
         del coords, ks
-        last = buf[-1]
-        del buf[:]
-        buf.append(last)
+        del buf[:-1]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import signal  # the names of signals only
-from array import array
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -77,7 +76,7 @@ class Peer:
         self.stream = Stream()
         #: the blocks it was sent and its task's coherence figure has not counted yet
         #: (``_locality.Coherence.trail``; None: not counted)
-        self.trail: array[int] | None = None
+        self.trail: list[int] | None = None
 
 
 class ManagedWorker:
