@@ -154,6 +154,25 @@ def test_the_morton_order_walks_the_grid_cell_by_cell() -> None:
     assert morton_order((0, 3)).size == 0
 
 
+def _key(coords: tuple[int, ...], nbits: list[int]) -> int:
+    """The Morton key, bit by bit: level by level, the last axis first."""
+    key = out = 0
+    for j in range(max(nbits)):
+        for i in range(len(coords) - 1, -1, -1):
+            if j < nbits[i]:
+                key |= ((coords[i] >> j) & 1) << out
+                out += 1
+    return key
+
+
+@pytest.mark.parametrize("grid", [(3, 5), (8, 8, 8), (5, 1, 9), (100, 37), (2, 300), (17, 17, 17)])
+def test_the_morton_order_is_the_order_of_the_keys(grid: tuple[int, ...]) -> None:
+    nbits = [(g - 1).bit_length() for g in grid]
+    cells = list(itertools.product(*(range(g) for g in grid)))  # C order: k = index
+    expected = sorted(range(len(cells)), key=lambda k: _key(cells[k], nbits))
+    assert morton_order(grid).tolist() == expected
+
+
 def test_the_coherence_counts_each_connections_steps() -> None:
     c = Coherence((4, 4))
     one, two = c.trail(), c.trail()
