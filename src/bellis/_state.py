@@ -48,6 +48,13 @@ class TaskState:
     backups_won: int = 0
     backups_lost: int = 0
     backup_loser_seconds: float = 0.0
+    #: how coherent the workers' streams of blocks were (distributed runs,
+    #: ``_scheduling/_locality``): blocks handed to a worker after its first, those of
+    #: them that were a grid neighbour of the worker's previous block, and the sum of
+    #: their grid distances to it (Chebyshev, in blocks)
+    locality_blocks: int = 0
+    locality_local: int = 0
+    locality_steps: int = 0
     #: out-of-memory retries (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``): in
     #: all, and per grant they ran with as ``(("600M", 2), ...)``
     oom_retry_count: int = 0

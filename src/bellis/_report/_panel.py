@@ -151,6 +151,19 @@ def _backups_row(c: Mapping[str, float]) -> str | None:
     return f"{started} started, {won} won, {lost} lost; losers {loser}"
 
 
+def locality_row(c: Mapping[str, float]) -> str | None:
+    """``94.1% of blocks next to their worker's previous one; mean step 1.1 blocks``: how
+    coherent the workers' streams of blocks were (None: no worker had two blocks)."""
+    blocks = int(c.get("locality_blocks", 0))
+    if blocks <= 0:
+        return None
+    share = 100.0 * int(c.get("locality_local", 0)) / blocks
+    step = int(c.get("locality_steps", 0)) / blocks
+    return (
+        f"{share:.1f}% of blocks next to their worker's previous one; mean step {step:.1f} blocks"
+    )
+
+
 def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The labelled rows of a task's panel: (blocks, workers); either may be empty."""
     b = r.blocks
@@ -191,6 +204,9 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
         backups = _backups_row(r.counters)
         if backups is not None:
             wrows.append(("backups", backups))
+        locality = locality_row(r.counters)
+        if locality is not None:
+            wrows.append(("locality", locality))
         if r.memory:
             wrows.append(("oom retries", _memory_cell(r.memory)))
         logs = _log_line(w.records)

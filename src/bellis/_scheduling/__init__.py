@@ -14,6 +14,7 @@ Owns:
   ``_batching``    batch sizes, and the checks on a returned batch
   ``_deadlines``   when each connection's blocks are due back
   ``_gate``        a plan's sample run: a task's first blocks wait for all its workers
+  ``_locality``    ready blocks in Morton order, a coherent stream per connection
   ``_backups``     straggler backups: a second copy, first success wins
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
   ``_abandon``     when a task is given up (blocks failing in a row), and what is said

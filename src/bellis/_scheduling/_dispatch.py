@@ -97,6 +97,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
+from ._locality import FOLD_BLOCKS, Coherence
 from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
@@ -125,6 +126,10 @@ _new_tuple: Final = tuple.__new__
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
+
+#: batches of more blocks than this take their run of ready blocks at once
+#: (``Scheduler.acquire_run``)
+_RUN_FROM: Final = 4
 
 
 class Dispatcher:
@@ -173,6 +178,11 @@ class Dispatcher:
         #: (due, seq, peer): when a peer's blocks are to be reclaimed, at most one live
         #: entry per peer (the one equal to ``peer.due``); others are stale, skipped
         self._deadlines = DeadlineHeap()
+        for run in scheduler.runs:
+            # each connection a spatially coherent stream of blocks (``_locality``), and
+            # the figure of how coherent the workers' streams were
+            scheduler.order_by_locality(run)
+            run.coherence = Coherence(run.geom.grid)
         for p in plans.values():  # straggler backups (bellis._scheduling._backups), opt-in per task
             p.backups = (
                 None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
@@ -220,6 +230,11 @@ class Dispatcher:
             self.lose_held(peer, run, held, now)
         if peer.worker is not None and peer in peer.worker.conns:
             peer.worker.conns.remove(peer)
+        if run is not None and run.local is not None:
+            run.local.drop(peer.stream)  # its region is left to the next stream
+        if peer.trail is not None and run is not None and run.coherence is not None:
+            run.coherence.retire(peer.trail)
+            peer.trail = None
 
     def lose_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
         """The blocks ``held`` went with ``peer``'s connection: one alone is charged a failed
@@ -259,6 +274,8 @@ class Dispatcher:
             return
         peer.authed = True
         peer.run = plan.run
+        if plan.run.coherence is not None:
+            peer.trail = plan.run.coherence.trail()
         worker = self.staff.identify(hello, peer.nonce, self.worker_key, plan.run)
         if worker is not None:
             if worker.exit is not None:
@@ -470,7 +487,8 @@ class Dispatcher:
                 plan.parked.append(peer)  # a plan's sample run: until its workers are here
                 peer.parked = True
                 return
-            k = self.scheduler.acquire_index(run)
+            stream = peer.stream
+            k = self.scheduler.acquire_index(run, stream)
             if k == CHECKS_PENDING:
                 # back to the loop (Ctrl-C, other workers); it serves this request next
                 plan.parked.appendleft(peer)
@@ -488,8 +506,12 @@ class Dispatcher:
                     # adaptive batching for fast blocks, never starving the other workers;
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
+                    if want > _RUN_FROM and not suspects and run.local is not None:
+                        # the run of ready blocks after the first, in a few C calls (for
+                        # a block or two, the calls cost more than the blocks one by one)
+                        self.scheduler.acquire_run(run, stream, held, want)
                     while len(held) < want:
-                        k = self.scheduler.acquire_index(run)
+                        k = self.scheduler.acquire_index(run, stream)
                         if k < 0:
                             break
                         if suspects and k in suspects:
@@ -561,6 +583,11 @@ class Dispatcher:
         peer.sent_wall = wall
         peer.deadline = now + run.task.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
+        trail = peer.trail
+        if trail is not None:  # ``Coherence.note``, inline: per batch
+            trail += held
+            if len(trail) > FOLD_BLOCKS and run.coherence is not None:
+                run.coherence.fold(trail)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
     # -- deadlines ------------------------------------------------------------------------

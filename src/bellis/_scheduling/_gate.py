@@ -64,6 +64,7 @@ def shuffle_roots(runs: Any, seed: int) -> None:
     few percent of the blocks)."""
     rng = random.Random(seed)
     for run in runs:
+        run.order_fixed = True  # no locality order (``Scheduler.order_by_locality``)
         if run.roots is not None:
             order = list(run.roots)
             rng.shuffle(order)

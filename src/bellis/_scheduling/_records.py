@@ -21,6 +21,7 @@ from .._protocol import ExitKind, Welcome, WorkerExit, encode_welcome
 from .._stats._aggregates import TaskAggregates
 from .._stats._timeline import TimelineSet, WorkerTimeline
 from ._gate import StartGate
+from ._locality import Stream
 from ._task_run import TaskRun
 
 __all__ = ["Booking", "ManagedWorker", "Peer", "TaskRecord", "replacing"]
@@ -44,6 +45,8 @@ class Peer:
         "run",
         "sent_at",
         "sent_wall",
+        "stream",
+        "trail",
         "worker",
         "worker_id",
     )
@@ -68,6 +71,12 @@ class Peer:
         #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
         self.due = float("inf")
         self.opened_at = now
+        #: its place in its task's locality order (``_locality``): the blocks it gets
+        #: follow on from its last ones
+        self.stream = Stream()
+        #: the blocks it was sent and its task's coherence figure has not counted yet
+        #: (``_locality.Coherence.trail``; None: not counted)
+        self.trail: list[int] | None = None
 
 
 class ManagedWorker:

@@ -52,6 +52,7 @@ from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
 from ..errors import ConfigurationError
 from ._abandon import broken_reason
+from ._locality import MAX_LOCALITY_BLOCKS, LocalityOrder, Stream
 from ._task_run import (
     ABANDONED,
     CHUNK,
@@ -220,19 +221,74 @@ class Scheduler:
         self._check_clock = clock
         self._check_slice_seconds = slice_seconds
 
+    def order_by_locality(self, run: TaskRun) -> bool:
+        """Hand out ``run``'s ready blocks in Morton order (:mod:`._locality`), each
+        ``acquire_index(run, stream)`` near ``stream``'s last block. False: it keeps the FIFO
+        order (finished, started, over :data:`MAX_LOCALITY_BLOCKS` blocks, or shuffled)."""
+        if run.local is not None:
+            return True
+        if run.status != RUNNING or run.order_fixed or run.started:
+            return False
+        if not 0 < run.total <= MAX_LOCALITY_BLOCKS:
+            return False
+        if run.levels_ready < run.geom.num_levels:
+            run.init_levels(run.geom.num_levels)  # every level's first ready blocks now
+        local = LocalityOrder(run.geom.grid)
+        local.fill(run.state == READY)
+        run.local = local
+        run.roots = None
+        return True
+
     # -- the hot path: integer API -------------------------------------------------------
-    def acquire_index(self, run: TaskRun) -> int:
+    def acquire_index(self, run: TaskRun, stream: Stream | None = None) -> int:
         """Pop the next block of ``run`` to dispatch; -1 when none is ready, and
-        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out."""
+        :data:`CHECKS_PENDING` when a bounded slice of check_function skips ran out.
+        ``stream``: the caller's place in a task ordered by locality (its next block is
+        near its last one); ignored in FIFO order."""
         if run.status != RUNNING:
             return -1
         state_mv = run.state_mv
         roots = run.roots
         later = run.failed_before
+        local = run.local
+        if local is not None and stream is None:
+            stream = local.default
         checks = 0
         until = 0.0
         while True:
-            if roots is not None:
+            if local is not None:
+                # the stream's next ready block, then the FIFO (retries, blocks given back
+                # unstarted), then blocks that failed in an earlier run: as below
+                assert stream is not None
+                c = stream.cursor
+                bits = local.bits
+                if c < stream.limit and bits[c]:  # ``LocalityOrder.take``'s common case
+                    bits[c] = 0
+                    stream.cursor = c + 1
+                    k = local.k_at[c]
+                else:
+                    k = local.take(stream)
+                if k >= 0:
+                    st = state_mv[k]
+                    if st != READY and st != QUEUED:
+                        continue  # taken another way meanwhile (a memory grant's wait)
+                    if later is not None and k in later:
+                        run.later.append(k)
+                        continue
+                elif run.fifo:
+                    k = run.fifo.popleft()
+                    if state_mv[k] != QUEUED:
+                        continue
+                    if later is not None and k in later:
+                        run.later.append(k)
+                        continue
+                elif run.later:
+                    k = run.later.popleft()
+                    if state_mv[k] != READY and state_mv[k] != QUEUED:
+                        continue
+                else:
+                    return -1
+            elif roots is not None:
                 k = next(roots, -1)
                 if k < 0:
                     run.roots = roots = None
@@ -271,6 +327,40 @@ class Scheduler:
             state_mv[k] = PROCESSING
             run.processing += 1
             return k
+
+    def acquire_run(self, run: TaskRun, stream: Stream, held: list[int], want: int) -> None:
+        """Append to ``held`` (up to ``want`` blocks in all) the ready blocks at ``stream``'s
+        cursor in ``run``'s locality order, in a few C calls and a state check each. Only
+        with no check_function and no block failed before (nothing to put first); it may
+        append none, and :meth:`acquire_index` takes the rest one by one."""
+        local = run.local
+        if local is None or run.status != RUNNING or run.check_function is not None:
+            return
+        if run.failed_before is not None:
+            return
+        c = stream.cursor
+        end = min(stream.limit, c + want - len(held))
+        if c >= end:
+            return
+        bits = local.bits
+        e = bits.find(0, c, end)
+        ks = local.k_at[c : end if e < 0 else e].tolist()
+        state_mv = run.state_mv
+        n = 0
+        for k in ks:
+            st = state_mv[k]
+            if st != READY and st != QUEUED:
+                break  # a stale entry: acquire_index skips it
+            state_mv[k] = PROCESSING
+            n += 1
+        if n == 0:
+            return
+        bits[c : c + n] = bytes(n)
+        held.extend(ks if n == len(ks) else ks[:n])
+        stream.cursor = c + n
+        run.started = True
+        run.ready -= n
+        run.processing += n
 
     def _precheck(self, run: TaskRun, k: int) -> bool:
         """Run the check_function; on a truthy answer release ``k`` as a skip."""
@@ -401,12 +491,16 @@ class Scheduler:
         deps = run.deps_mv
         state = run.state_mv
         assert deps is not None
+        local = run.local  # if any, a block is readied where it lies in its order
         for n in blocks:
             c = deps[n] - 1
             deps[n] = c
             if c == 0 and state[n] == PENDING:
                 state[n] = QUEUED
-                run.fifo.append(n)
+                if local is None:
+                    run.fifo.append(n)
+                else:
+                    local.bits[local.pos_of[n]] = 1
                 run.ready += 1
 
     def _fail(

@@ -22,6 +22,7 @@ from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
 from ._abandon import FailureStreak
+from ._locality import Coherence, LocalityOrder
 
 __all__ = [
     "ABANDONED",
@@ -99,6 +100,13 @@ class TaskRun:
         #: ready blocks of ``failed_before`` put off until the roots and the FIFO are empty
         self.later: deque[int] = deque()
         self.retries: dict[int, int] = {}
+        #: the ready blocks in Morton order, a coherent stream per connection
+        #: (``Scheduler.order_by_locality``); None: the queues above, in FIFO order
+        self.local: LocalityOrder | None = None
+        #: the hand-out order was fixed (``_gate.shuffle_roots``): no locality order
+        self.order_fixed = False
+        #: how coherent each worker's stream of blocks was (the dispatcher notes it)
+        self.coherence: Coherence | None = None
         #: the broken-function rule (``Task(max_consecutive_failures=...)``; None: off)
         limit = task.max_consecutive_failures
         self.streak: FailureStreak | None = None if limit is None else FailureStreak(limit)
@@ -184,6 +192,7 @@ class TaskRun:
         return self.remaining - self.ready - self.processing
 
     def snapshot(self) -> TaskState:
+        locality = (0, 0, 0) if self.coherence is None else self.coherence.counts()
         return TaskState(
             task_id=self.task_id,
             started=self.started,
@@ -213,6 +222,9 @@ class TaskRun:
             backups_won=self.backups_won,
             backups_lost=self.backups_lost,
             backup_loser_seconds=self.backup_loser_seconds,
+            locality_blocks=locality[0],
+            locality_local=locality[1],
+            locality_steps=locality[2],
             oom_retry_count=sum(self.oom_retries.values()),
             first_sent_at=None if self.first_sent_at == math.inf else self.first_sent_at,
             last_returned_at=self.last_returned_at or None,

@@ -111,6 +111,10 @@ def counters_from_state(state: Any) -> dict[str, Any]:
         "backups_lost": int(getattr(state, "backups_lost", 0)),
         "backup_loser_seconds": round(float(getattr(state, "backup_loser_seconds", 0.0)), 6),
         "oom_retries": int(getattr(state, "oom_retry_count", 0)),
+        # how coherent the workers' streams of blocks were (``_scheduling/_locality``)
+        "locality_blocks": int(getattr(state, "locality_blocks", 0)),
+        "locality_local": int(getattr(state, "locality_local", 0)),
+        "locality_steps": int(getattr(state, "locality_steps", 0)),
     }
 
 

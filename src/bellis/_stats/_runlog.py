@@ -58,6 +58,9 @@ COUNTER_KEYS: Final = (
     "backups_lost",
     "backup_loser_seconds",
     "oom_retries",
+    "locality_blocks",
+    "locality_local",
+    "locality_steps",
 )
 #: counters added after schema 1's first lines: absent from older lines
 _NEWER_COUNTERS: Final = (
@@ -66,6 +69,9 @@ _NEWER_COUNTERS: Final = (
     "backups_won",
     "backups_lost",
     "oom_retries",
+    "locality_blocks",
+    "locality_local",
+    "locality_steps",
 )
 BLOCK_STAT_KEYS: Final = (
     "round_trip",
