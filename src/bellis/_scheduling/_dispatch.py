@@ -173,7 +173,7 @@ class Dispatcher:
         self._deadlines = DeadlineHeap()
         for p in plans.values():  # straggler backups (bellis._scheduling._backups), opt-in per task
             p.backups = (
-                None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
+                None if p.run.spec.backup_after is None else Backups(p, p.run.spec.backup_after)
             )
 
     # -- connections ----------------------------------------------------------------------
@@ -528,7 +528,7 @@ class Dispatcher:
         peer.held = held
         peer.sent_at = now
         peer.sent_wall = wall
-        peer.deadline = now + run.task.timeout_secs * len(held)
+        peer.deadline = now + run.spec.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
 
@@ -566,7 +566,7 @@ class Dispatcher:
         # people grep), ``kind`` the worker's exit kind
         if stalled:
             run.stall_reclaims += 1
-            stall = run.task.stall_timeout_secs or 0.0
+            stall = run.spec.stall_timeout_secs or 0.0
             kind, flag, limit = ExitKind.STALLED, "stalled", f"stall_timeout={stall:g}s"
             text = (
                 f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
@@ -574,9 +574,9 @@ class Dispatcher:
             )
         else:
             run.timeout_reclaims += 1
-            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.spec.timeout_secs:g}s"
             text = (
-                f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+                f"block {run.task_id}/{sid} exceeded the block timeout ({run.spec.timeout_secs:g}s)"
             )
         logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
         self.record_error(peer, run, k, text, str(kind), details)

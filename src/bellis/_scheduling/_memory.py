@@ -38,7 +38,7 @@ from ..errors import ConfigurationError
 from ._attempts import KIND_OOM
 
 if TYPE_CHECKING:
-    from .._task import Task
+    from .._task_spec import TaskSpec
     from ._ports import DispatcherPort
     from ._records import Booking, ManagedWorker, Peer, TaskRecord
     from ._scheduler import Scheduler
@@ -110,7 +110,7 @@ def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> M
 
 
 def ladder_for(
-    task: Task, launcher: MemoryGranter, resources: dict[str, int]
+    task: TaskSpec, launcher: MemoryGranter, resources: dict[str, int]
 ) -> MemoryLadder | None:
     """The ladder of ``task`` run by ``launcher`` under the run's ``resources``; None when
     the task has no memory request (no grant to raise). Raises :class:`ConfigurationError`
@@ -118,7 +118,7 @@ def ladder_for(
     grants = launcher.memory_grants
     request: int | None = task.memory_limit
     if request is None and grants:
-        req = task._budget
+        req = task.budget
         mb = next((req[k] for k in MEMORY_KEYS if req.get(k)), 0)
         request = mb * MIB if mb and not launcher.is_local else launcher.memory_request
     if request is None:
@@ -396,12 +396,12 @@ def book_big(
 ) -> None:
     """Book the big workers that the blocks waiting for a larger grant need."""
     run = plan.run
-    task = run.task
+    task = run.spec
     mem: MemoryRetries = plan.memory
     if plan.payload is None or not run.is_running:
         return
     for step in mem.wanted(task.max_workers):
-        need = charge(task._budget, mem.ladder, step)
+        need = charge(task.budget, mem.ladder, step)
         if any(d.used.get(k, 0) + v > d.resources.get(k, 0) for k, v in need.items()):
             _stop_one_parked(d, plan, now)  # an idle ordinary worker makes room
             continue

@@ -148,7 +148,7 @@ class TaskRecord:
         #: workers stopped after a block timeout whose process is yet to be seen to end
         #: (each still holds its log slot)
         self.retired_unseen = 0
-        self.free_starts = run.task.max_workers
+        self.free_starts = run.spec.max_workers
         #: a start failed in a way no later start can mend (``WorkerStartError.permanent``)
         self.starts_refused = False
         self.parked: deque[Peer] = deque()
@@ -169,7 +169,7 @@ class TaskRecord:
         self._free_slots: list[int] = []
         self._slot_count = 0
         self._slot_left: dict[int, str] = {}
-        task = run.task
+        task = run.spec
         g = run.geom
         self.geometry = {
             "total_offset": list(g.total_offset),
@@ -192,7 +192,7 @@ class TaskRecord:
                 verify=(
                     (
                         task.verify_outputs == "allow_empty",
-                        wire_outputs(task.outputs, task._verify_stored),
+                        wire_outputs(task.outputs, task.verify_stored),
                     )
                     if task.verify_outputs
                     else None

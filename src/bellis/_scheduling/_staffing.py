@@ -60,7 +60,7 @@ class Staffing:
     def eligible(self, plan: TaskRecord) -> bool:
         """Whether ``plan``'s task can use one more ordinary worker now."""
         run = plan.run
-        task = run.task
+        task = run.spec
         if plan.payload is None or run.status != RUNNING or run.ready <= 0:
             return False
         alive, out = plan.alive, run.processing
@@ -71,7 +71,7 @@ class Staffing:
             return False
         if self.out_of_starts(plan):
             return False
-        for k, v in task._budget.items():
+        for k, v in task.budget.items():
             if self.used.get(k, 0) + v > self.resources.get(k, 0):
                 return False
         return True
@@ -79,7 +79,7 @@ class Staffing:
     def out_of_starts(self, plan: TaskRecord) -> bool:
         """No free start left and the restart budget spent (or starts refused for good)."""
         return plan.starts_refused or (
-            plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.task.max_worker_restarts
+            plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.spec.max_worker_restarts
         )
 
     def stranded(self, plan: TaskRecord) -> bool:
@@ -121,8 +121,8 @@ class Staffing:
     def charge(self, plan: TaskRecord, mem_step: int) -> dict[str, int]:
         """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
         if not mem_step:
-            return plan.run.task._budget
-        return charge(plan.run.task._budget, plan.memory.ladder, mem_step)
+            return plan.run.spec.budget
+        return charge(plan.run.spec.budget, plan.memory.ladder, mem_step)
 
     def launched(self, plan: TaskRecord, booking: Booking, handle: Any, log: str | None) -> None:
         """The booked worker was started: ``handle`` is its launcher's handle."""
