@@ -207,8 +207,9 @@ class Dispatcher:
         peer.closed = True
         self.out.append(Close(CLOSE, peer))
         run = peer.run
-        if peer.held and run is not None and self.plan_of[run.index].backups is not None:
-            drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
+        backups = None if run is None else self.plan_of[run.index].backups
+        if peer.held and backups is not None:
+            drop_lost(self, backups, peer, "its connection ended", now)
         peer.parked = False  # its entry in the parked queue, if any, is skipped
         if run is not None and self.plan_of[run.index].memory is not None:
             _memory.close_held(self, peer, run, now)

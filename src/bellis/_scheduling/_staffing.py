@@ -120,7 +120,7 @@ class Staffing:
 
     def charge(self, plan: TaskRecord, mem_step: int) -> dict[str, int]:
         """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
-        if not mem_step:
+        if not mem_step or plan.memory is None:
             return plan.run.spec.budget
         return charge(plan.run.spec.budget, plan.memory.ladder, mem_step)
 
