@@ -71,7 +71,7 @@ def plan_run(
 ) -> Plan:
     """:func:`plan` of a run with ``options`` (``run_blockwise(..., dry_run=True)``); the
     options' ``progress``, ``host``, ``summary`` and ``return_states`` play no part."""
-    options = replace(options, summary=False)
+    options = replace(options, summary=False, progress=False)
     if sample is None or sample is False:
         result = dry_run(pipeline, options)
     else:
@@ -110,13 +110,8 @@ def planned_states(rp: RunSettings) -> tuple[list[str], dict[str, TaskState]]:
             skipped_count=t.done + t.masked,
             skipped_done_count=t.done,
             skipped_mask_count=t.masked,
-            timeout_secs=task.timeout_secs,
+            timeout_secs=rp.specs[t.task_id].timeout_secs,
         )
-        for t, task in zip(result.tasks, _by_order(rp, order), strict=True)
+        for t in result.tasks
     }
     return order, states
-
-
-def _by_order(rp: RunSettings, order: list[str]) -> list[Any]:
-    by_id = {t.task_id: t for t in rp.tasks}
-    return [by_id[tid] for tid in order]
