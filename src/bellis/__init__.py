@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
         BlockStatus as BlockStatus,
         heartbeat as heartbeat,
     )
+    from ._entrypoints import (
+        SerialServer as SerialServer,
+        Server as Server,
+        run_blockwise as run_blockwise,
+    )
     from ._graph import BlockwiseDependencyGraph as BlockwiseDependencyGraph
     from ._launchers._base import (
         LocalLauncher as LocalLauncher,
@@ -39,11 +44,6 @@ if TYPE_CHECKING:  # what type checkers see; test_public_api checks it against H
     from ._report._html import write_report as write_report
     from ._report._trace import write_trace as write_trace
     from ._run._progress import JsonProgressObserver as JsonProgressObserver
-    from ._run._runner import (
-        SerialServer as SerialServer,
-        Server as Server,
-        run_blockwise as run_blockwise,
-    )
     from ._skipmask import (
         skip_mask_from_rois as skip_mask_from_rois,
         skip_mask_from_volume as skip_mask_from_volume,

@@ -2,19 +2,19 @@
 
 daisy's examples and tests import ``from daisy._runner import _run_serial``; under
 ``bellis as-daisy`` (and ``import bellis as daisy``) that path reaches bellis's runner. The
-objects are bellis's own (:mod:`bellis._run._runner`): ``Server`` and ``run_blockwise``
+objects are bellis's own (:mod:`bellis._entrypoints`): ``Server`` and ``run_blockwise``
 are ``bellis.Server`` and ``bellis.run_blockwise``.
 """
 
 from __future__ import annotations
 
-from ._names import HOMES as _HOMES, load_public_name as _load_public_name
-from ._run._runner import (
+from ._entrypoints import (
     SerialServer as SerialServer,
     Server as Server,
     _run_serial as _run_serial,
     run_blockwise as run_blockwise,
 )
+from ._names import HOMES as _HOMES, load_public_name as _load_public_name
 
 __all__ = ["SerialServer", "Server", "run_blockwise"]
 

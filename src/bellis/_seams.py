@@ -3,14 +3,11 @@
 The daisy API puts two calls on objects that sit low in the package:
 
 * ``Pipeline.run_blockwise()`` and ``Task.run_blockwise()``: a task is model
-  (:mod:`bellis._task`); the runner that runs it (:mod:`bellis._run._runner`) imports the
-  model.
+  (:mod:`bellis._task`); the entry point that runs it (:mod:`bellis._entrypoints`) sits
+  above the runner, which imports the model.
 * ``TaskReport.to_html()``, ``.panel()`` and ``._repr_html_()``: a report is a statistic
   (:mod:`bellis._stats._reports`); the page, the panel and the notebook view that draw it
   (:mod:`bellis._report`) import the statistics.
-* ``run_blockwise(..., dry_run=True)``, and every run under ``bellis plan``: the runner
-  (:mod:`bellis._run._runner`) hands the call to the planner (:mod:`bellis._plan`), which
-  builds on the runner's checks and runs its samples.
 
 An import statement for either would close a loop in the import graph. Instead the lower
 module calls a function here, and this module resolves the upper one by name when the call
@@ -32,25 +29,16 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 __all__ = [
-    "PLAN_ENV",
     "UPWARD",
-    "dry_run",
-    "plan_script_call",
-    "planning_requested",
     "render_panel",
     "run_blockwise",
     "task_report_html",
     "write_report_html",
 ]
 
-#: set (by ``bellis plan``) in a script's environment: its run_blockwise calls plan instead
-PLAN_ENV: Final = "BELLIS_PLAN"
-
 #: seam -> (the module that calls it, "module:function" it resolves to)
 UPWARD: Final[dict[str, tuple[str, str]]] = {
-    "run_blockwise": ("bellis._task", "bellis._run._runner:run_blockwise"),
-    "dry_run": ("bellis._run._runner", "bellis._plan._api:plan"),
-    "plan_script_call": ("bellis._run._runner", "bellis._plan._api:plan_script_call"),
+    "run_blockwise": ("bellis._task", "bellis._entrypoints:run_blockwise"),
     "render_panel": ("bellis._stats._reports", "bellis._report._panel:render_panel"),
     "task_report_html": ("bellis._stats._reports", "bellis._report._notebook:task_report_html"),
     "write_report_html": ("bellis._stats._reports", "bellis._report._html:report_html_for"),
@@ -65,21 +53,6 @@ def _resolve(seam: str) -> Callable[..., Any]:
 def run_blockwise(pipeline: object, **kwargs: Any) -> bool:
     """``bellis.run_blockwise(pipeline, **kwargs)``, for ``Pipeline.run_blockwise``."""
     return cast(bool, _resolve("run_blockwise")(pipeline, **kwargs))
-
-
-def planning_requested() -> bool:
-    """Whether this process's run_blockwise calls plan instead of running (``bellis plan``)."""
-    return bool(os.environ.get(PLAN_ENV))
-
-
-def dry_run(pipeline: object, **kwargs: Any) -> Any:
-    """``bellis.plan(pipeline, **kwargs)``, for ``run_blockwise(..., dry_run=True)``."""
-    return _resolve("dry_run")(pipeline, **kwargs)
-
-
-def plan_script_call(run_plan: object) -> object:
-    """The planned stand-in of a run (``bellis plan``): its result, every block completed."""
-    return _resolve("plan_script_call")(run_plan)
 
 
 def render_panel(reports: Sequence[object]) -> str:

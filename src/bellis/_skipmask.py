@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._block import _as_roi
+from ._graph import TaskGeometry
 
 __all__ = ["skip_mask_from_rois", "skip_mask_from_volume"]
 
@@ -22,7 +23,14 @@ def skip_mask_from_rois(
 ) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A mask that skips every block whose write ROI misses all ``rois`` (or, with
     ``skip_inside=True``, every block whose write ROI touches one of them)."""
-    g = task._geom
+    g = TaskGeometry(
+        task.task_id,
+        task.total_roi,
+        task.read_roi,
+        task.write_roi,
+        fit=task.fit,
+        read_write_conflict=task.read_write_conflict,
+    )
     touched = np.zeros(g.grid, dtype=bool)
     for roi in rois:
         r = _as_roi(roi, "rois")

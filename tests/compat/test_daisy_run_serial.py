@@ -17,7 +17,7 @@ import os
 import sys
 
 import bellis as daisy
-from bellis._run._runner import _run_serial
+from bellis._entrypoints import _run_serial
 
 how, out = sys.argv[1], sys.argv[2]
 daisy.set_tracking_basedir(os.path.join(out, "tracking"))

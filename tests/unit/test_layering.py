@@ -39,7 +39,7 @@ TOP_LEVEL = {
     "model": {"_block", "_graph", "_bulk", "_state", "_skipmask", "_donemarks"},
     "protocol": {"_protocol"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
-    "task": {"_task", "_task_params"},
+    "task": {"_task", "_task_params", "_task_spec"},
     # the public face: what users import, and the lazy loader of the public names
     "face": {
         "__init__",
@@ -49,6 +49,10 @@ TOP_LEVEL = {
         "block",
         "_names",
         "_as_daisy",
+        # the public ways into a run (run_blockwise, Server, SerialServer, _run_serial)
+        # and their routing (run, dry run, plan): the one module above `_run` and `_plan`
+        # that calls both
+        "_entrypoints",
         # daisy 2.0.0's private module paths, thin aliases (tests/compat/daisy_modules.json)
         "_daisy",
         "_daisy_task",

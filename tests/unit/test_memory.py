@@ -21,6 +21,7 @@ from bellis._scheduling._memory import MemoryRetries, build_ladder, charge, ladd
 from bellis._scheduling._records import ManagedWorker
 from bellis._scheduling._task_run import ABANDONED
 from bellis._sizes import MIB, format_grant, parse_growth, parse_size
+from bellis._task_spec import TaskSpec
 from bellis.errors import ConfigurationError
 from kit.dispatch import FAIL, OK, Script, send_of, sent, task
 
@@ -91,24 +92,24 @@ class _Launcher:
 
 def test_a_task_without_a_memory_request_on_a_local_launcher_has_no_ladder() -> None:
     lau = daisy.LocalLauncher()
-    assert ladder_for(task(), lau, {}) is None
+    assert ladder_for(TaskSpec.of(task()), lau, {}) is None
 
 
 def test_the_default_cap_is_two_steps_above_the_request() -> None:
-    lad = ladder_for(task(memory_limit="300M"), daisy.LocalLauncher(), {})
+    lad = ladder_for(TaskSpec.of(task(memory_limit="300M")), daisy.LocalLauncher(), {})
     assert lad is not None
     assert [lad.text(s) for s in range(3)] == ["300M", "600M", "1.17G"]
-    lad = ladder_for(task(), _Launcher(), {})
+    lad = ladder_for(TaskSpec.of(task()), _Launcher(), {})
     assert lad is not None and lad.grants == (4 << 30, 8 << 30, 16 << 30)
 
 
 def test_the_tasks_growth_and_cap_win_over_the_launchers() -> None:
-    lad = ladder_for(task(memory_growth=3, max_memory="20G"), _Launcher(), {})
+    lad = ladder_for(TaskSpec.of(task(memory_growth=3, max_memory="20G")), _Launcher(), {})
     assert lad is not None and [lad.text(s) for s in range(3)] == ["4G", "12G", "20G"]
 
 
 def test_a_requires_mem_budget_caps_the_ladder_at_what_can_ever_start() -> None:
-    lad = ladder_for(task(requires={"mem": 1000}), _Launcher(), {"mem": 2500})
+    lad = ladder_for(TaskSpec.of(task(requires={"mem": 1000})), _Launcher(), {"mem": 2500})
     assert lad is not None and [lad.megabytes(s) for s in range(len(lad.grants))] == [1000, 2000]
     assert "resources" in lad.cap_parameter
 
@@ -119,7 +120,7 @@ def test_a_memory_limit_a_launcher_cannot_enforce_is_a_configuration_error() -> 
         memory_grants = False
 
     with pytest.raises(ConfigurationError, match="cannot be enforced by the dask launcher"):
-        ladder_for(task(memory_limit="1G"), Dask(), {})
+        ladder_for(TaskSpec.of(task(memory_limit="1G")), Dask(), {})
 
 
 def test_task_validates_the_ladder() -> None:
@@ -204,7 +205,7 @@ def laddered(blocks: int = 4, **kw: Any) -> Script:
     t = task(blocks=blocks, memory_limit="100M", max_memory="400M", **kw)
     sc = Script(t, resources)
     plan = sc.plans["t"]
-    ladder = ladder_for(t, daisy.LocalLauncher(), {})
+    ladder = ladder_for(TaskSpec.of(t), daisy.LocalLauncher(), {})
     assert ladder is not None
     plan.memory = MemoryRetries(ladder, plan.run)
     return sc
@@ -394,7 +395,7 @@ def test_a_parked_ordinary_worker_makes_room_for_a_big_one() -> None:
     )
     sc = Script(t, {"mem": 250})
     plan = sc.plans["t"]
-    ladder = ladder_for(t, daisy.LocalLauncher(), {"mem": 250})
+    ladder = ladder_for(TaskSpec.of(t), daisy.LocalLauncher(), {"mem": 250})
     assert ladder is not None
     plan.memory = MemoryRetries(ladder, plan.run)
     (w, _), (other, _) = start(sc)
@@ -446,7 +447,7 @@ def test_slurm_launcher_takes_the_ladder_and_asks_for_each_grant() -> None:
 
     lau = daisy.SlurmLauncher(mem="4G", memory_growth=2, max_memory="64G")
     assert (lau.memory_request, lau.memory_growth, lau.max_memory) == (4 << 30, 2.0, 64 << 30)
-    lad = ladder_for(task(), lau, {})
+    lad = ladder_for(TaskSpec.of(task()), lau, {})
     assert lad is not None and [lad.text(s) for s in range(lad.top + 1)] == [
         "4G",
         "8G",

@@ -9,13 +9,17 @@ import pytest
 import bellis
 from bellis import Roi
 from bellis._plan._forecast import _configured_memory
+from bellis._task_spec import TaskSpec
 
 MIB = 1 << 20
 
 
-def _task(**kw: object) -> bellis.Task:
-    return bellis.Task(
-        "t", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=print, **kw
+def _task(**kw: object) -> TaskSpec:
+    """The task as the planner reads it: its run-start spec."""
+    return TaskSpec.of(
+        bellis.Task(
+            "t", Roi((0,), (4,)), Roi((0,), (1,)), Roi((0,), (1,)), process_function=print, **kw
+        )
     )
 
 

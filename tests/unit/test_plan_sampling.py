@@ -9,6 +9,7 @@ import pytest
 from bellis import Roi, Task
 from bellis._plan._costs import per_block_overhead, pick, predict_costs, warm_up, z_order
 from bellis._plan._forecast import _hints, sample_size
+from bellis._task_spec import TaskSpec
 from bellis.errors import ConfigurationError
 
 
@@ -101,12 +102,12 @@ def test_a_cost_hint_of_the_wrong_shape_names_the_parameter_and_the_fix() -> Non
         ConfigurationError,
         match=r"cost_hint has shape \[3, 3\] but task 't' has a block grid of shape \[4, 4\]",
     ):
-        _hints(np.ones((3, 3)), [t])
+        _hints(np.ones((3, 3)), [TaskSpec.of(t)])
     with pytest.raises(ConfigurationError, match="cost_hint names task 'u'"):
-        _hints({"u": np.ones((4, 4))}, [t])
+        _hints({"u": np.ones((4, 4))}, [TaskSpec.of(t)])
     with pytest.raises(ConfigurationError, match="negative or non-finite"):
-        _hints(-np.ones((4, 4)), [t])
-    assert _hints(np.ones((4, 4)), [t])["t"].shape == (16,)
+        _hints(-np.ones((4, 4)), [TaskSpec.of(t)])
+    assert _hints(np.ones((4, 4)), [TaskSpec.of(t)])["t"].shape == (16,)
 
 
 def _noop(block: object) -> None:
@@ -134,13 +135,14 @@ def test_a_bad_sample_or_no_store_is_refused_before_anything_runs() -> None:
 def test_a_sampled_block_brings_every_block_it_waits_for() -> None:
     from bellis._plan._dry import DryRun
     from bellis._plan._forecast import _close, _first_level
+    from bellis._run._options import RunOptions
     from bellis._run._runner import RunSettings
 
     # 1-d, blocks of 10 with 5 of context: conflict levels, and b reads a's neighbours
     kw = {"process_function": _noop, "tracking_path": False}
     a = Task("a", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
     b = Task("b", Roi((0,), (210,)), Roi((0,), (20,)), Roi((5,), (10,)), **kw)
-    rp = RunSettings.build(a + b, multiprocessing=False, block_tracking=False)
+    rp = RunSettings.build(a + b, RunOptions(multiprocessing=False, block_tracking=False))
     with DryRun(rp) as dry:
         run_a, run_b = dry.scheduler.runs
         assert run_a.intra and run_a.geom.num_levels == 2

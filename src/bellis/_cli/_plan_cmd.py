@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._seams import PLAN_ENV
+from .._plan._script import ENV as PLAN_ENV
 
 __all__ = ["add_plan_parser"]
 

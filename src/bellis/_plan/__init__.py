@@ -13,7 +13,8 @@ Owns:
                  the simulation, the memory percentiles and the warnings
   ``_script``    planning switched on for a whole script (``BELLIS_PLAN``): each
                  ``run_blockwise`` call plans instead of running
-  ``_api``       ``bellis.plan()`` and the runner's seam into it
+  ``_api``       ``bellis.plan()``, and what the entry points route here: a dry run
+                 (``plan_run``) and a run under ``bellis plan`` (``planned_states``)
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_tracking``, ``_stats``, ``_outputs``,
 ``task``, ``_scheduling``, ``_worker``, ``_launchers``, ``_report``, ``_run``.
@@ -21,5 +22,6 @@ Imported by: ``face``, ``_cli``.
 The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
 lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-``Pipeline.run_blockwise`` reaches the runner through :mod:`bellis._seams`.
+It uses ``_run``'s public names only (``RunSettings``, ``execute``, ``RunResult``);
+``bellis._entrypoints``, above both, routes a call to one or the other.
 """

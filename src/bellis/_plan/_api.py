@@ -1,10 +1,13 @@
-"""``bellis.plan()`` and ``run_blockwise(..., dry_run=True)`` (the runner's seam)."""
+"""``bellis.plan()``, ``run_blockwise(..., dry_run=True)`` and a run under ``bellis plan``
+(the entry points, :mod:`bellis._entrypoints`, route those here)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from .._run._runner import RunSettings, _RunResult
+from .._run._options import RunOptions
+from .._run._runner import RunSettings
 from .._state import TaskState
 from .._streams import print_to_stdout
 from ._dry import DryRun, dry_run
@@ -12,7 +15,7 @@ from ._forecast import forecast
 from ._model import Plan
 from ._script import settings
 
-__all__ = ["plan", "plan_script_call"]
+__all__ = ["plan", "plan_run", "planned_states"]
 
 
 def plan(
@@ -48,36 +51,44 @@ def plan(
     id) steers the sample to costly regions and models the cost per block; ``seed`` makes
     the sample reproducible.
     """
+    options = RunOptions(
+        multiprocessing=multiprocessing,
+        resources=resources,
+        block_tracking=block_tracking,
+        launcher=launcher,
+    )
+    return plan_run(pipeline, options, sample=sample, cost_hint=cost_hint, seed=seed, show=show)
+
+
+def plan_run(
+    pipeline: Any,
+    options: RunOptions,
+    *,
+    sample: int | bool | None = None,
+    cost_hint: Any = None,
+    seed: int = 0,
+    show: bool = True,
+) -> Plan:
+    """:func:`plan` of a run with ``options`` (``run_blockwise(..., dry_run=True)``); the
+    options' ``progress``, ``host``, ``summary`` and ``return_states`` play no part."""
+    options = replace(options, summary=False, progress=False)
     if sample is None or sample is False:
-        result = dry_run(
-            pipeline,
-            multiprocessing=multiprocessing,
-            resources=resources,
-            block_tracking=block_tracking,
-            launcher=launcher,
-        )
+        result = dry_run(pipeline, options)
     else:
-        rp = RunSettings.build(
-            pipeline,
-            multiprocessing=multiprocessing,
-            resources=resources,
-            block_tracking=block_tracking,
-            launcher=launcher,
-            summary=False,
-        )
+        rp = RunSettings.build(pipeline, options)
         result = forecast(rp, sample=sample, cost_hint=cost_hint, seed=seed)
     if show:
         print_to_stdout(result.table())
     return result
 
 
-def plan_script_call(rp: RunSettings) -> _RunResult:
+def planned_states(rp: RunSettings) -> tuple[list[str], dict[str, TaskState]]:
     """A run under ``bellis plan`` (script planning, :mod:`._script`): its plan is printed
-    and recorded, and the run's result says what a completed run would: every block of
-    every task completed (``run_blockwise`` returns True, or with ``return_states=True``
-    those states; a ``Server`` returns the states)."""
+    and recorded, and the task order and states returned say what a completed run would:
+    every block of every task completed (``run_blockwise`` returns True, or with
+    ``return_states=True`` those states; a ``Server`` returns the states)."""
     script = settings()
-    assert script is not None, "plan_script_call outside bellis plan"
+    assert script is not None, "planned_states outside bellis plan"
     script.calls += 1
     if script.sample:
         result = forecast(rp, sample=script.sample)
@@ -89,9 +100,8 @@ def plan_script_call(rp: RunSettings) -> _RunResult:
     print_to_stdout(result.table())
     script.record(result.to_json())
     script.not_run.extend(t.task_id for t in result.tasks if t.left)
-    out = _RunResult()
-    out.order = [t.task_id for t in result.tasks]
-    out.states = {
+    order = [t.task_id for t in result.tasks]
+    states = {
         t.task_id: TaskState(
             task_id=t.task_id,
             started=True,
@@ -100,13 +110,8 @@ def plan_script_call(rp: RunSettings) -> _RunResult:
             skipped_count=t.done + t.masked,
             skipped_done_count=t.done,
             skipped_mask_count=t.masked,
-            timeout_secs=task.timeout_secs,
+            timeout_secs=rp.specs[t.task_id].timeout_secs,
         )
-        for t, task in zip(result.tasks, _by_order(rp, out.order), strict=True)
+        for t in result.tasks
     }
-    return out
-
-
-def _by_order(rp: RunSettings, order: list[str]) -> list[Any]:
-    by_id = {t.task_id: t for t in rp.tasks}
-    return [by_id[tid] for tid in order]
+    return order, states

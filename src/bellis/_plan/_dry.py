@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._donemarks import BlockStore
+from .._run._options import RunOptions
 from .._run._provenance import check_code
 from .._run._runner import RunSettings
 from .._scheduling._scheduler import Scheduler
 from .._scheduling._task_run import DONE, TaskRun
-from .._task import Task
 from .._task_params import budget_units
+from .._task_spec import TaskSpec
 from .._tracking import STAT_ARRAYS, layout_hash, open_readonly, store_exists
 from .._tracking._disk import free_bytes, unreserved_bytes
 from .._tracking._files import chunk_files
@@ -45,7 +47,7 @@ class DryRun:
         #: what the real run would raise at its start (on_code_change="error"), as text
         self.warnings: list[str] = []
         try:
-            for t in run_plan.tasks:
+            for t in run_plan.specs.values():
                 store = self._open_store(t) if run_plan.block_tracking else None
                 if store is not None:
                     self.stores[t.task_id] = store
@@ -55,18 +57,21 @@ class DryRun:
             self.unchecked: dict[str, np.ndarray[Any, Any]] = {}
             self._check_code()
             self.scheduler = Scheduler(
-                run_plan.pipeline, _stores=dict(self.seen), _unchecked=self.unchecked
+                run_plan.pipeline,
+                _stores=dict(self.seen),
+                _unchecked=self.unchecked,
+                _specs=run_plan.specs,
             )
         except BaseException:
             self.close()
             raise
 
-    def _open_store(self, task: Task) -> BlockStore | None:
-        path = task.resolved_tracking_path()
+    def _open_store(self, task: TaskSpec) -> BlockStore | None:
+        path = task.tracking_path
         if path is None or not store_exists(path):
             return None
         store = open_readonly(path)
-        if store.task_hash is not None and store.task_hash != layout_hash(task._store_layout()):
+        if store.task_hash is not None and store.task_hash != layout_hash(task.store_layout):
             self.notes[task.task_id].append(
                 f"the store at {path} belongs to another layout (another ROI or block size): "
                 "a run migrates it when the volume grew, else raises LayoutMismatch; its "
@@ -80,7 +85,9 @@ class DryRun:
         """The run's code-staleness check over the copies (see the module docstring)."""
         rp = self.run_plan
         try:
-            code = check_code(list(rp.tasks), rp.pipeline.edges, dict(self.seen), time.time())
+            code = check_code(
+                list(rp.tasks), rp.pipeline.edges, dict(self.seen), time.time(), rp.specs
+            )
         except CodeChangedError as exc:
             tid = exc.task_id or "?"
             self.warnings.append(
@@ -116,7 +123,7 @@ class DryRun:
 
     def outlook(self, run: TaskRun) -> TaskOutlook:
         rp = self.run_plan
-        task = run.task
+        task = run.spec
         g = run.geom
         left = self.left_mask(run) if run.total else np.zeros(0, dtype=bool)
         max_parallel = 0
@@ -129,12 +136,12 @@ class DryRun:
             fails, _ = run.store_view(store.failures)
             done, _ = run.store_view(store.done)
             failed_before = int(np.count_nonzero((fails != 0) & (done == 0)))
-        path = task.resolved_tracking_path() if rp.block_tracking else None
+        path = task.tracking_path if rp.block_tracking else None
         reserved = to_allocate = 0
         disk_free: int | None = None
         if path is not None:
             names = BASE_ARRAYS + (STAT_ARRAYS if task.resource_tracking else ())
-            files = chunk_files(Path(path), task._store_layout().grid_shape, names)
+            files = chunk_files(Path(path), task.store_layout.grid_shape, names)
             reserved = sum(n for _, n in files)
             to_allocate = unreserved_bytes(files)
             disk_free = free_bytes(_existing_parent(Path(path)))
@@ -145,7 +152,7 @@ class DryRun:
             launcher = "local" if lau is None else lau.name
             workers = min(task.max_workers, max_parallel) if n_left else 0
             have = budget_units(rp.resources)
-            for k, v in task._budget.items():
+            for k, v in task.budget.items():
                 if v > 0:
                     workers = min(workers, have.get(k, 0) // v)
         notes = list(self.notes[run.task_id])
@@ -191,22 +198,8 @@ def _existing_parent(path: Path) -> Path:
     return p
 
 
-def dry_run(
-    pipeline: Any,
-    *,
-    multiprocessing: bool = True,
-    resources: dict[str, int] | None = None,
-    block_tracking: bool = True,
-    launcher: Any = None,
-) -> Plan:
-    """The plan of ``run_blockwise(pipeline, ...)`` with these arguments; runs nothing."""
-    rp = RunSettings.build(
-        pipeline,
-        multiprocessing=multiprocessing,
-        resources=resources,
-        block_tracking=block_tracking,
-        launcher=launcher,
-        summary=False,
-    )
+def dry_run(pipeline: Any, options: RunOptions) -> Plan:
+    """The plan of ``run_blockwise(pipeline, ...)`` with ``options``; runs nothing."""
+    rp = RunSettings.build(pipeline, replace(options, summary=False))
     with DryRun(rp) as dry:
         return dry.plan()

@@ -19,8 +19,9 @@ Theory of operation
    downstream block needs its upstream blocks' outputs, so the upstream blocks it reads
    that are not done join the sample, with the lower-level neighbours they wait for
    (transitively).
-2. **Run.** The tasks run as they would (same launcher, workers, resources), each as a copy
-   whose skip mask leaves only its sampled blocks, with resource tracking on. The sampled
+2. **Run.** The tasks run as they would (same launcher, workers, resources), each read
+   through a spec (``TaskSpec``) whose skip mask leaves only its sampled blocks, with
+   resource tracking on. The sampled
    blocks are recorded done in the tasks' own stores: the real run skips them.
 3. **Measure.** Only the blocks the sample run ran count: a picked block whose stamps
    (``sent_at``, ``returned_at``, the server's ``time.time()``) lie outside the sample
@@ -43,7 +44,6 @@ Theory of operation
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -55,11 +55,12 @@ import numpy as np
 
 from .._launchers._base import WorkerLauncher
 from .._launchers._batch import BatchLauncher
-from .._run._runner import RunSettings, _finish, _run_plan
+from .._run._options import RunOptions
+from .._run._runner import RunSettings, execute
 from .._scheduling._memory import MEMORY_KEYS
 from .._sizes import MIB, recommended_memory
 from .._stats._forecast_score import sample_run, write_forecast
-from .._task import Pipeline, Task
+from .._task_spec import TaskSpec
 from .._tracking import layout_hash, open_readonly, open_store, store_exists
 from .._tracking._layout import plan_growth
 from ..errors import ConfigurationError
@@ -104,11 +105,11 @@ def _follow_grown_volumes(rp: RunSettings) -> None:
     without them would take blocks already done, and their figures from another run. A
     store that cannot follow its task is left alone (the sample run raises
     ``LayoutMismatch`` for it, as the real run would)."""
-    for t in rp.tasks:
-        path = t.resolved_tracking_path()
+    for t in rp.specs.values():
+        path = t.tracking_path
         if path is None or not store_exists(path):
             continue
-        layout = t._store_layout()
+        layout = t.store_layout
         with open_readonly(path) as store:
             grown = store.task_hash is not None and store.task_hash != layout_hash(layout)
             if grown:
@@ -138,7 +139,7 @@ def _check_sample(sample: Any) -> int | bool:
     return sample
 
 
-def _hints(cost_hint: Any, tasks: list[Task]) -> dict[str, np.ndarray[Any, Any]]:
+def _hints(cost_hint: Any, tasks: list[TaskSpec]) -> dict[str, np.ndarray[Any, Any]]:
     """``cost_hint`` per task id: one array (for every task whose grid has its shape) or a
     dict of task id to array, each of the task's block grid shape."""
     if cost_hint is None:
@@ -156,7 +157,7 @@ def _hints(cost_hint: Any, tasks: list[Task]) -> dict[str, np.ndarray[Any, Any]]
         per = dict(cost_hint)
     out: dict[str, np.ndarray[Any, Any]] = {}
     for t in tasks:
-        grid = tuple(t.block_grid_shape)
+        grid = tuple(t.geom.grid)
         raw = per.get(t.task_id) if per else cost_hint
         if raw is None:
             continue
@@ -231,20 +232,15 @@ def _close(dry: DryRun, picks: dict[str, np.ndarray[Any, Any]]) -> None:
 
 def _run_sample(rp: RunSettings, picks: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
     """Run only the picked blocks (see the module docstring); their run's report JSON."""
-    clones: dict[int, Task] = {}
-    for t in rp.tasks:
-        c = copy.copy(t)
-        keep = np.zeros(t._geom.num_blocks, dtype=bool)
-        keep[picks.get(t.task_id, np.zeros(0, dtype=np.int64))] = True
-        c._skip_mask = (~keep).astype(np.uint8).reshape(t._geom.grid)
-        c._resource_tracking = True
-        clones[id(t)] = c
-    pipe = Pipeline(
-        [clones[id(t)] for t in rp.pipeline.tasks],
-        [(clones[id(u)], clones[id(d)]) for u, d in rp.pipeline.edges],
-    )
-    sample_plan = RunSettings.build(
-        pipe,
+    specs: dict[str, TaskSpec] = {}
+    for tid, t in rp.specs.items():
+        keep = np.zeros(t.geom.num_blocks, dtype=bool)
+        keep[picks.get(tid, np.zeros(0, dtype=np.int64))] = True
+        mask = (~keep).astype(np.uint8).reshape(t.geom.grid)
+        # the run reads its tasks through their specs only: the sample's own mask, and
+        # the figures it needs recorded
+        specs[tid] = dataclasses.replace(t, skip_mask=mask, resource_tracking=True)
+    options = RunOptions(
         multiprocessing=rp.distributed,
         resources=rp.resources,
         progress=False,
@@ -253,11 +249,13 @@ def _run_sample(rp: RunSettings, picks: dict[str, np.ndarray[Any, Any]]) -> dict
         launcher=rp.launcher,
         host=rp.host,
     )
+    sample_plan = RunSettings.build(rp.pipeline, options)
     # the blocks wait for the workers: measured in the run's steady state (_scheduling._gate)
-    sample_plan = dataclasses.replace(sample_plan, start_gate=SAMPLE_GATE_SECONDS)
+    sample_plan = dataclasses.replace(sample_plan, specs=specs, start_gate=SAMPLE_GATE_SECONDS)
     with sample_run():  # scores no waiting forecast
-        result = _run_plan(sample_plan)  # never planned again, also under bellis plan
-    _finish(result, True, raise_abandoned=True)
+        result = execute(sample_plan)  # never planned again, also under bellis plan
+    result.settle(True, raise_abandoned=True)
+    assert result.report is not None  # a run that settles without raising wrote its report
     return {tid: rep.to_json() for tid, rep in result.report.tasks.items()}
 
 
@@ -316,7 +314,7 @@ def _ladder(request: int, growth: float) -> list[int]:
     return [int(request * growth**i) for i in range(3)]
 
 
-def _configured_memory(task: Task, launcher: WorkerLauncher | None) -> tuple[int, str] | None:
+def _configured_memory(task: TaskSpec, launcher: WorkerLauncher | None) -> tuple[int, str] | None:
     """The memory each worker of ``task`` asks for (bytes) and the parameter that sets it,
     as the run's memory ladder finds it (``_scheduling._memory.ladder_for``): the task's
     ``memory_limit``, else, on a launcher that grants memory, the task's ``requires``
@@ -350,8 +348,8 @@ def forecast(
 ) -> Plan:
     """Run a sample of ``rp``'s blocks and forecast the rest (see the module docstring)."""
     sample = _check_sample(sample)
-    hints = _hints(cost_hint, list(rp.tasks))
-    if not rp.block_tracking or any(t.resolved_tracking_path() is None for t in rp.tasks):
+    hints = _hints(cost_hint, list(rp.specs.values()))
+    if not rp.block_tracking or any(t.tracking_path is None for t in rp.specs.values()):
         raise ConfigurationError(
             "a forecast records its sampled blocks done in each task's tracking store, and "
             "reads their figures back from it; give every task one: "
@@ -493,10 +491,10 @@ def _predict(
                     window,
                 )
             )
-        lau = run.task.launcher or rp.launcher
-        memory = _configured_memory(run.task, lau)
+        lau = run.spec.launcher or rp.launcher
+        memory = _configured_memory(run.spec, lau)
         configured = None if memory is None else memory[0]
-        growth = run.task.memory_growth or (lau.memory_growth if lau is not None else None) or 2.0
+        growth = run.spec.memory_growth or (lau.memory_growth if lau is not None else None) or 2.0
         rss_stat = _stat(rss) if len(rss) else None
         was = before.get(run.task_id, {"done": 0, "left": len(chosen), "asked": len(chosen)})
         f: dict[str, Any] = {
@@ -551,11 +549,11 @@ def _predict(
                 f"the sample asked for {was['asked']} blocks but only {was['left']} were "
                 "left to do: it took all of them"
             )
-        if len(wall) and wall.max() > 0.5 * run.task.timeout_secs:
+        if len(wall) and wall.max() > 0.5 * run.spec.timeout_secs:
             plan.warnings.append(
                 f"task {run.task_id!r}: a sampled block took "
                 f"{format_seconds(float(wall.max()))}, over half the block timeout "
-                f"({run.task.timeout_secs:g} s); raise Task(timeout=...)"
+                f"({run.spec.timeout_secs:g} s); raise Task(timeout=...)"
             )
         out.forecast = f
     deps = _dependencies(runs, index_of, total)
@@ -567,7 +565,7 @@ def _predict(
     start_delay += warm_up
     round_trip = float(np.median(round_trips)) if round_trips else 0.0
     overhead = _costs.per_block_overhead(round_trip, costs)
-    base_workers = [max(1, plan[r.task_id].workers or r.task.max_workers) for r in runs]
+    base_workers = [max(1, plan[r.task_id].workers or r.spec.max_workers) for r in runs]
     if not rp.distributed:  # one block at a time, in this process
         groups = [0] * total
         base_workers = [1]
@@ -618,7 +616,7 @@ def _predict(
             ws = []
             for r, _w in zip(runs, base_workers, strict=True):
                 cap = max(1, plan[r.task_id].max_parallel)
-                ws.append(max(1, min(cap, round(r.task.max_workers * scale))))
+                ws.append(max(1, min(cap, round(r.spec.max_workers * scale))))
             alt = sim(1.0, ws).wall  # its interval: the base run's, in proportion
             forecast_json["alternatives"].append(
                 {
@@ -640,17 +638,17 @@ def _predict(
         task_forecast["core_hours"] = _interval(
             cpu_h, cpu_h * float(lo_hi[0]), cpu_h * float(lo_hi[1])
         )
-        lau = run.task.launcher or rp.launcher
+        lau = run.spec.launcher or rp.launcher
         if isinstance(lau, BatchLauncher):  # SLURM, LSF, PBS, Grid Engine
             need = high.finished[gx] * 1.25 + 300.0
             task_forecast["time_limit"] = _format_time(need)
             limit = lau.limit_seconds
-            if limit and limit * (1 + run.task.max_worker_restarts) < est.finished[gx]:
+            if limit and limit * (1 + run.spec.max_worker_restarts) < est.finished[gx]:
                 shown = lau.time_limit or _format_time(limit)
                 plan.warnings.append(
                     f"task {run.task_id!r}: the forecast wall {format_seconds(est.finished[gx])} "
                     f"outlasts the job time limit ({shown}) times its "
-                    f"{1 + run.task.max_worker_restarts} starts; set "
+                    f"{1 + run.spec.max_worker_restarts} starts; set "
                     f"{type(lau).__name__}(time_limit={task_forecast['time_limit']!r}) or more "
                     "workers"
                 )

@@ -1,7 +1,9 @@
-"""A run, with its I/O: ``run_blockwise``, the distributed loop and serial mode.
+"""A run, with its I/O: the run itself, the distributed loop and serial mode. The public
+entry points that start one (``run_blockwise``, ``Server``...) are ``bellis._entrypoints``.
 
 Owns:
-  ``_runner``      ``run_blockwise()``, ``Server``, ``SerialServer``: plans, stores, summary
+  ``_runner``      ``RunSettings``, ``execute()``, ``RunResult``: checks, stores, summary
+  ``_options``     ``RunOptions``: ``run_blockwise``'s options, declared once
   ``_server``      the shell around the dispatcher: selectors loop, clock, exits, signals
   ``_transport``   the sockets: accept with the handshake cap, send buffers, orderly close
   ``_pool``        the workers through their launchers: start what was booked, poll, kill
@@ -19,5 +21,5 @@ The groups are those of ``tests/unit/test_layering.py``'s table, which checks th
 lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
 ``_worker``: serial mode runs blocks here; ``_report``: the panel.
-``Pipeline.run_blockwise`` reaches the runner through :mod:`bellis._seams`.
+``Pipeline.run_blockwise`` reaches the entry point through :mod:`bellis._seams`.
 """

@@ -17,6 +17,7 @@ from typing import Any
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._task import Pipeline, Task, function_arity
 from .._task_params import budget_units, user_stacklevel as _user_stacklevel
+from .._task_spec import TaskSpec
 from ..errors import ConfigurationError, CoverageWarning
 
 __all__ = [
@@ -69,7 +70,7 @@ def _config_error(msg: str, parameter: str | None = None) -> ConfigurationError:
     return ConfigurationError(f"invalid configuration: {msg}", parameter=parameter)
 
 
-def _check_launchers(order: list[Task], launcher: object) -> None:
+def _check_launchers(order: list[TaskSpec], launcher: object) -> None:
     """The run's ``launcher`` and each task's are ``WorkerLauncher``s (or None): the run
     reads their capabilities as typed members of that class."""
     given = [("launcher", launcher)] + [
@@ -86,7 +87,7 @@ def _check_launchers(order: list[Task], launcher: object) -> None:
 
 
 def _check_config(
-    order: list[Task], *, distributed: bool, resources: dict[str, int], external: bool
+    order: list[TaskSpec], *, distributed: bool, resources: dict[str, int], external: bool
 ) -> None:
     for t in order:
         fn = t.process_function
@@ -100,7 +101,7 @@ def _check_config(
                     "process_function",
                 )
             have = budget_units(resources)
-            for k, v in t._budget.items():
+            for k, v in t.budget.items():
                 if v > have.get(k, 0):
                     raise _config_error(
                         f'task "{t.task_id}" requires {{{k}: {t.requires[k]:g}}} but the global '
@@ -119,7 +120,7 @@ def _check_config(
 
 
 def _check_gpus(
-    order: list[Task], launcher: WorkerLauncher | None, resources: dict[str, int]
+    order: list[TaskSpec], launcher: WorkerLauncher | None, resources: dict[str, int]
 ) -> None:
     """The GPUs of the tasks a local launcher runs: the run's ``gpu`` budget, where not
     given, is the GPUs that launcher hands out (its ``gpus=``, else those this machine
@@ -218,13 +219,13 @@ def _extent(offset: tuple[int, ...], shape: tuple[int, ...]) -> str:
     return " x ".join(f"[{o}, {o + max(0, n)})" for o, n in zip(offset, shape, strict=True))
 
 
-def warn_uncovered(order: list[Task]) -> None:
+def warn_uncovered(order: list[TaskSpec]) -> None:
     """A :class:`CoverageWarning` for each task whose blocks leave part of its
     ``total_write_roi`` unwritten (``fit="valid"`` drops partial blocks), or that has no
     block at all (a block larger than the volume). Called once per run, so once per task
     and run; the run goes on (daisy runs such tasks too, and returns True)."""
     for t in order:
-        g = t._geom
+        g = t.geom
         if g.num_blocks and g.fit != "valid":
             continue  # overhang and shrink reach the end of every axis
         tw_shape, w_shape = tuple(g.tw_shape), tuple(g.write_shape)

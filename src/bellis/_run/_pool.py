@@ -78,7 +78,7 @@ class WorkerPool:
             launcher = self.launcher_of(plan)
             run = plan.run
             self.expected[id(launcher)] = self.expected.get(id(launcher), 0) + min(
-                run.task.max_workers, max(run.remaining, 0)
+                run.spec.max_workers, max(run.remaining, 0)
             )
             if id(launcher) in self.watched or id(launcher) in self.unwatched:
                 continue
@@ -151,8 +151,8 @@ class WorkerPool:
             payload=plan.payload or b"",
             out_path=out_path,
             err_path=err_path,
-            requires=run.task.requires,
-            timeout_secs=run.task.timeout_secs,
+            requires=run.spec.requires,
+            timeout_secs=run.spec.timeout_secs,
             starting=starting,
             restart=before is not None,
             expected=self.expected.get(id(self.launcher_of(plan)), 0),
@@ -166,7 +166,7 @@ class WorkerPool:
     def _take_gpus(self, plan: TaskRecord, slot: int) -> tuple[str, ...] | None:
         """The GPUs of a worker of ``plan`` in ``slot`` (``_launchers._gpus``): None where
         its task needs none or its launcher does not assign them (a batch system does)."""
-        shares = plan.run.task._budget.get("gpu", 0)
+        shares = plan.run.spec.budget.get("gpu", 0)
         if not shares or not self.launcher_of(plan).gpu_devices():
             return None  # no GPU to hand out: 'gpu' is only counted (see _checks._check_gpus)
         try:

@@ -59,6 +59,7 @@ from .._donemarks import BlockStore
 from .._fingerprint import Fingerprint, differences, fingerprint
 from .._scheduling._task_run import DONE as _DONE
 from .._task import Task, topological_order
+from .._task_spec import TaskSpec
 from .._tracking._codever import code_counts, made_at, resolve
 from ..errors import CodeChangedError
 
@@ -98,12 +99,12 @@ class _TaskCode:
     are made when first asked for (one byte per block each): a task that no task below
     it reads, with nothing stale, costs one scan of its code indices."""
 
-    def __init__(self, task: Task, store: BlockStore) -> None:
+    def __init__(self, task: TaskSpec, store: BlockStore) -> None:
         self.task = task
         self.store = store
         #: "rerun" with a check_function: blocks made by other code whose done markers an
         #: earlier run cleared count as made too (the check would skip them as done)
-        self.recheck = task.check_function is not None and task._on_code_change == "rerun"
+        self.recheck = task.check_function is not None and task.on_code_change == "rerun"
         self.fp: Fingerprint | None = None
         #: per code index, when the run that made such a block started (-inf: unknown)
         self.times: np.ndarray[Any, Any] = np.full(1, -np.inf)
@@ -125,7 +126,7 @@ class _TaskCode:
         self._runs_known = False
 
     def block_cells(self, array: Any) -> tuple[Any, tuple[slice, ...]]:
-        return block_view(self.task._geom, array.reshape(self.store.grid_shape))
+        return block_view(self.task.geom, array.reshape(self.store.grid_shape))
 
     def stale_cells(self) -> np.ndarray[Any, Any]:
         """The flat cells of the :attr:`stale` blocks in the store's tracking grid."""
@@ -133,14 +134,14 @@ class _TaskCode:
         grid = self.store.grid_shape
         _view, dst = self.block_cells(self.store.done)
         hit = np.nonzero(self.stale[dst])
-        shift = self.task._geom.sid_shift
+        shift = self.task.geom.sid_shift
         coords = tuple(c.astype(np.intp) + s for c, s in zip(hit, shift, strict=True))
         return np.ravel_multi_index(coords, grid).astype(np.intp)
 
     def done(self) -> np.ndarray[Any, Any]:
         """The done blocks, as the scheduler will find them (after a rerun's clears)."""
         if self._done is None:
-            done = np.zeros(self.task._geom.grid, dtype=bool)
+            done = np.zeros(self.task.geom.grid, dtype=bool)
             if not self.store.created:
                 view, dst = self.block_cells(self.store.done)
                 np.not_equal(view, 0, out=done[dst])
@@ -156,10 +157,10 @@ class _TaskCode:
             made = self.done()
             if self.recheck and self.codes is not None:
                 view, dst = self.codes
-                prior = np.zeros(self.task._geom.grid, dtype=bool)
+                prior = np.zeros(self.task.geom.grid, dtype=bool)
                 np.not_equal(view, 0, out=prior[dst])
-                if self.task._skip_mask is not None:
-                    prior &= np.equal(self.task._skip_mask, 0)
+                if self.task.skip_mask is not None:
+                    prior &= np.equal(self.task.skip_mask, 0)
                 made = made | prior
             self._made = made
         return self._made
@@ -168,7 +169,7 @@ class _TaskCode:
         """Done blocks (``made``: :meth:`made` blocks) made by a run that started after
         ``when`` (``newer``) or at it."""
         among = self.made() if made else self.done()
-        out = np.zeros(self.task._geom.grid, dtype=bool)
+        out = np.zeros(self.task.geom.grid, dtype=bool)
         if self.codes is None:
             return out if newer or when != -np.inf else among.copy()
         hit = self.times > when if newer else self.times == when
@@ -187,12 +188,12 @@ class _TaskCode:
             if t.check_function is not None:
                 self._runs = self.stale if self.recheck else None
             else:
-                runs = np.zeros(t._geom.grid, dtype=bool)
+                runs = np.zeros(t.geom.grid, dtype=bool)
                 _view, dst = self.block_cells(self.store.done)
                 runs[dst] = True
                 runs &= ~self.done()
-                if t._skip_mask is not None:
-                    runs &= np.equal(t._skip_mask, 0)
+                if t.skip_mask is not None:
+                    runs &= np.equal(t.skip_mask, 0)
                 self._runs = runs
         return self._runs
 
@@ -200,7 +201,7 @@ class _TaskCode:
 def _own_state(info: _TaskCode) -> None:
     """Fingerprint a task whose store may hold done blocks; find those of other code."""
     t, store = info.task, info.store
-    info.fp = fp = fingerprint(t.process_function, t._version)
+    info.fp = fp = fingerprint(t.process_function, t.version)
     codes = store.code_versions()
     if codes is None:
         info.present = [0] if store.done.any() else []
@@ -223,7 +224,7 @@ def _own_state(info: _TaskCode) -> None:
     other = [i for i in counts if i not in current and i != 0 and i not in foreign]
     if not other:
         return
-    own = np.zeros(t._geom.grid, dtype=bool)
+    own = np.zeros(t.geom.grid, dtype=bool)
     own[dst] = np.isin(view, np.asarray(other, dtype=np.uint16))
     own &= made
     info.own = int(np.count_nonzero(own))
@@ -244,14 +245,14 @@ def _read_state(info: _TaskCode, ups: list[_TaskCode]) -> None:
     in this run or was made in a later run than they were."""
     if not info.present or not ups:
         return
-    g = info.task._geom
+    g = info.task.geom
     fresh = info.made() if info.stale is None else info.made() & ~info.stale
     if not fresh.any():
         return
     stale = np.zeros(g.grid, dtype=bool)
     mine = sorted({_when(info, i) for i in info.present})
     for up in ups:
-        ug = up.task._geom
+        ug = up.task.geom
         found = np.zeros(g.grid, dtype=bool)
         runs = up.runs()
         if runs is not None and runs.any():
@@ -298,7 +299,7 @@ def _note(info: _TaskCode) -> str:
     shown = ", ".join(info.what) or "unrecorded differences"
     ups = ", ".join(info.read_from)
     parts = []
-    if t._on_code_change == "rerun":
+    if t.on_code_change == "rerun":
         if info.own:
             parts.append(f"{info.own} block(s) made by other code ({shown})")
         if info.reads:
@@ -326,10 +327,12 @@ def check_code(
     edges: list[tuple[Task, Task]],
     stores: Mapping[str, BlockStore],
     started: float,
+    specs: Mapping[str, TaskSpec],
 ) -> CodeCheck:
     """Find the stale done blocks of every task with a store and apply each task's
     ``on_code_change`` (see the module docstring). ``started``: the run's start, UNIX
-    seconds. Nothing is written before every task is checked."""
+    seconds; ``specs``: each task's settings, by task id (``RunSettings.specs``). Nothing
+    is written before every task is checked."""
     plan = CodeCheck(started)
     infos: dict[int, _TaskCode] = {}
     ups: dict[int, list[Task]] = {}
@@ -339,7 +342,8 @@ def check_code(
         store = stores.get(t.task_id)
         if store is None:
             continue
-        info = infos[id(t)] = _TaskCode(t, store)
+        spec = specs[t.task_id]
+        info = infos[id(t)] = _TaskCode(spec, store)
         if store.created:
             continue  # nothing done: nothing stale, and the fingerprint can wait
         _own_state(info)
@@ -347,9 +351,9 @@ def check_code(
         plan.fingerprints[t.task_id] = info.fp
         plan.floors[t.task_id] = max(info.present, default=0)
         _read_state(info, [infos[id(u)] for u in ups.get(id(t), []) if id(u) in infos])
-        if (info.own or info.reads) and t._on_code_change == "error":
+        if (info.own or info.reads) and spec.on_code_change == "error":
             raise _error(info)
-        if info.stale is not None and t._on_code_change == "rerun":
+        if info.stale is not None and spec.on_code_change == "rerun":
             info.done()[info.stale] = False
             own = info.own_stale if info.own_stale is not None else np.zeros_like(info.stale)
             plan.redone[t.task_id] = [
@@ -364,7 +368,7 @@ def check_code(
     for info in infos.values():
         if not (info.own or info.reads):
             continue
-        if info.task._on_code_change == "rerun" and info.stale is not None:
+        if info.task.on_code_change == "rerun" and info.stale is not None:
             info.store.clear_done(info.stale_cells())
         plan.notes[info.task.task_id] = _note(info)
     return plan
@@ -377,14 +381,14 @@ def record_code(plan: CodeCheck, runs: list[Any]) -> None:
         store = run.store
         if store is None or not store.is_writable:
             continue
-        t = run.task
+        t = run.spec
         fp = plan.fingerprints.get(run.task_id)
         if run.remaining == 0:
             if fp is not None:
                 plan.recorded[run.task_id] = {"hash": fp.hash, "index": None}
             continue
         if fp is None:
-            fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t._version)
+            fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t.version)
         floor = plan.floors.get(run.task_id, 0)
         index = store.use_code(fp.record(), plan.started, floor)
         run.take_writer()
@@ -400,8 +404,8 @@ def finish_code(plan: CodeCheck, runs: list[Any]) -> None:
         if cleared is None:
             continue
         done = np.equal(run.state, _DONE).reshape(cleared[0][1].shape)
-        if run.task._skip_mask is not None:  # masked: skipped, never ran
-            done &= np.equal(run.task._skip_mask, 0)
+        if run.spec.skip_mask is not None:  # masked: skipped, never ran
+            done &= np.equal(run.spec.skip_mask, 0)
         parts = []
         for what, blocks in cleared:
             total = int(np.count_nonzero(blocks))

@@ -1,4 +1,7 @@
-"""run_blockwise() and the Server / SerialServer classes (serial mode runs in _serial)."""
+"""A run: its settings checked (:class:`RunSettings`), its stores opened, its blocks run
+(serial mode in :mod:`._serial`, distributed in :mod:`._server`), its reports written and its
+summary printed (:func:`execute`), and what it left (:class:`RunResult`). The public entry
+points that call it live in :mod:`bellis._entrypoints`."""
 
 from __future__ import annotations
 
@@ -7,15 +10,14 @@ import logging
 import os
 import sys
 import time
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import cloudpickle
 
-from .. import _seams, logging as blog
+from .. import logging as blog
 from .._code_origin import collect as collect_code_origins
 from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher, WorkerLauncher
@@ -44,13 +46,10 @@ from .._stats._reports import (
 from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
+from .._task_spec import TaskSpec
 from .._tracking import open_store, write_outputs_record
 from .._worker._client import Context
-from ..errors import (
-    BellisDeprecationWarning,
-    TaskAbandonedError,
-    WorkerStartError,
-)
+from ..errors import TaskAbandonedError, WorkerStartError
 from ._checks import (
     _check_config,
     _check_gpus,
@@ -61,7 +60,8 @@ from ._checks import (
     _config_error,
     warn_uncovered,
 )
-from ._observers import AttachableObservers, run_observed
+from ._observers import run_observed
+from ._options import RunOptions
 from ._progress import make_observer
 from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
 from ._serial import run_blocks_serially
@@ -75,14 +75,14 @@ from ._summary import (
     settle_errors,
 )
 
-__all__ = ["SerialServer", "Server", "run_blockwise"]
+__all__ = ["RunResult", "RunSettings", "execute"]
 
 logger = logging.getLogger("bellis")
 progress_logger = logging.getLogger("bellis._run._progress")
 
 
 def _open_stores(
-    order: list[Task],
+    order: list[TaskSpec],
     block_tracking: bool,
     *,
     defer_stats: bool,
@@ -92,10 +92,10 @@ def _open_stores(
     paths: dict[str, str | None] = {}
     if block_tracking and edges and any(t.outputs for t in order):
         for t in order:
-            p = t.resolved_tracking_path()
+            p = t.tracking_path
             paths[t.task_id] = None if p is None else os.path.abspath(p)
     for t in order:
-        path = t.resolved_tracking_path() if block_tracking else None
+        path = t.tracking_path if block_tracking else None
         if path is None:
             if t.resource_tracking:
                 _close_stores(stores)
@@ -106,7 +106,7 @@ def _open_stores(
                     "resource_tracking",
                 )
             continue
-        layout = t._store_layout()
+        layout = t.store_layout
         # absolute now: a block function that changes directory must not move the store
         # (the run's report and the resource arrays are written through this path later)
         path = Path(os.path.abspath(path))
@@ -117,7 +117,7 @@ def _open_stores(
             if t.outputs:  # what `bellis verify` will read back (docs/outputs.md)
                 below = downstream_record(t.task_id, edges or [], paths)
                 record = outputs_record(
-                    t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t._verify_stored
+                    t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t.verify_stored
                 )
                 write_outputs_record(path, record)
         except BaseException:
@@ -257,7 +257,7 @@ def _abandon_message(
     return "\n".join(parts)
 
 
-def _serialize_function(task: Task, written: tuple[tuple[str, str], ...] = ()) -> bytes:
+def _serialize_function(task: TaskSpec, written: tuple[tuple[str, str], ...] = ()) -> bytes:
     """The worker payload (``_protocol.WorkerPayload``), built once at run start: an
     unpicklable function fails here. ``written``: the run's declared outputs (their
     ``OutputSpec.key``), which the workers never cache as inputs."""
@@ -283,24 +283,51 @@ def _serialize_function(task: Task, written: tuple[tuple[str, str], ...] = ()) -
         ) from exc
 
 
-class _RunResult:
-    def __init__(self) -> None:
-        self.states: dict[str, TaskState] = {}
-        self.order: list[str] = []
-        self.interrupted: str | None = None
-        self.fatal: BaseException | None = None
-        self.report: Any = None
-        self.abandoned = False
-        #: per task, the blocks lost when it was abandoned (see TaskRun.lost_on_abandon)
-        self.lost: dict[str, int] = {}
-        #: per abandoned task, what is said about it (``_abandon.describe``)
-        self.said: dict[str, dict[str, Any]] = {}
+@dataclass(slots=True)
+class RunResult:
+    """What a run left: its task states in order, its report and how it ended.
+    :meth:`settle` turns it into ``run_blockwise``'s return value or exception."""
+
+    states: dict[str, TaskState] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    #: what aborted the run (a signal's name), or None
+    interrupted: str | None = None
+    #: an error that ended the run, raised by :meth:`settle`
+    fatal: BaseException | None = None
+    report: RunReport | None = None
+    abandoned: bool = False
+    #: per task, the blocks lost when it was abandoned (see TaskRun.lost_on_abandon)
+    lost: dict[str, int] = field(default_factory=dict)
+    #: per abandoned task, what is said about it (``_abandon.describe``)
+    said: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def settle(self, return_states: bool, *, raise_abandoned: bool) -> Any:
+        """The run's return value: ``{task_id: TaskState}`` with ``return_states``, else
+        whether every block completed. Raises the run's fatal error, ``KeyboardInterrupt``
+        when it was aborted and, with ``raise_abandoned``, :class:`TaskAbandonedError`; each
+        carries the states and the report (``daisy_states``, ``daisy_run_report``...)."""
+        if self.fatal is not None:
+            _attach(self.fatal, self)
+            raise self.fatal
+        if self.interrupted is not None:
+            exc = KeyboardInterrupt(f"run aborted by {self.interrupted}")
+            _attach(exc, self)
+            raise exc
+        if self.abandoned and raise_abandoned:
+            err = TaskAbandonedError(
+                _abandon_message(self.states, self.order, self.lost, self.said)
+            )
+            _attach(err, self)
+            raise err
+        if return_states:
+            return self.states
+        return all(s.completed_count == s.total_block_count for s in self.states.values())
 
 
 @dataclass(frozen=True, slots=True)
 class RunSettings:
     """What one run needs, checked before anything runs: built by :meth:`build`, read by
-    :func:`_execute` and :func:`_run_distributed`."""
+    :func:`execute` and :func:`_run_distributed`."""
 
     pipeline: Pipeline
     #: the tasks in the order the pipeline validated them
@@ -309,6 +336,9 @@ class RunSettings:
     distributed: bool
     #: the checked global resource budget
     resources: dict[str, int]
+    #: each task's settings, read once here (:class:`~bellis._task_spec.TaskSpec`): what
+    #: the run reads of a task, by task id
+    specs: dict[str, TaskSpec]
     #: distributed: each task's serialized worker payload (None: no process_function)
     payloads: dict[str, bytes | None]
     #: the progress display (an observer spec, see make_observer); distributed only
@@ -320,8 +350,8 @@ class RunSettings:
     launcher: WorkerLauncher | None
     #: workers join from outside (``Server(external_workers=True)``)
     external: bool = False
-    #: the Server that runs this plan, told where the run listens
-    server: Server | None = None
+    #: called once the run listens, with its host, port and secret (``Server``)
+    on_listen: Callable[[str, int, bytes], None] | None = None
     #: serial mode's observer spec (SerialServer's attached observers)
     serial_observer: Any = None
     #: a plan's sample run: each task's first blocks wait up to this many seconds for its
@@ -337,48 +367,50 @@ class RunSettings:
     def build(
         cls,
         pipeline: Any,
+        options: RunOptions,
         *,
-        multiprocessing: bool,
-        resources: Any = None,
-        progress: Any = False,
-        block_tracking: bool = True,
-        host: str | None = None,
-        summary: bool = True,
-        launcher: Any = None,
         external: bool = False,
-        server: Server | None = None,
+        on_listen: Callable[[str, int, bytes], None] | None = None,
         serial_observer: Any = None,
     ) -> RunSettings:
-        """Check the pipeline and the configuration, and serialize the worker payloads
-        (an unpicklable function fails here); raises before anything runs."""
+        """Check the pipeline and the configuration ``options`` give, and serialize the
+        worker payloads (an unpicklable function fails here); raises before anything
+        runs. ``return_states`` and ``dry_run`` are the caller's to act on."""
+        multiprocessing = options.multiprocessing
+        launcher = options.launcher
+        resources = options.resources
         pipe = _coerce_pipeline(pipeline)
         tasks = pipe.validate()
+        specs = {t.task_id: TaskSpec.of(t) for t in tasks}
+        read = list(specs.values())
         budget = _check_resources(resources)
         if multiprocessing and not external:
-            _check_launchers(tasks, launcher)
-            _check_gpus(tasks, launcher, budget)
-        _check_config(tasks, distributed=multiprocessing, resources=budget, external=external)
-        warn_uncovered(tasks)
+            _check_launchers(read, launcher)
+            _check_gpus(read, launcher, budget)
+        _check_config(read, distributed=multiprocessing, resources=budget, external=external)
+        warn_uncovered(read)
         payloads: dict[str, bytes | None] = {}
         if multiprocessing:
             written = run_outputs(tasks)
             for t in tasks:
+                spec = specs[t.task_id]
                 payloads[t.task_id] = (
-                    None if t.process_function is None else _serialize_function(t, written)
+                    None if spec.process_function is None else _serialize_function(spec, written)
                 )
         return cls(
             pipeline=pipe,
             tasks=tuple(tasks),
             distributed=multiprocessing,
             resources=budget,
+            specs=specs,
             payloads=payloads,
-            progress=progress,
-            block_tracking=block_tracking,
-            host=host,
-            summary=summary,
+            progress=options.progress,
+            block_tracking=options.block_tracking,
+            host=options.host,
+            summary=options.summary,
             launcher=launcher,
             external=external,
-            server=server,
+            on_listen=on_listen,
             serial_observer=serial_observer,
         )
 
@@ -389,7 +421,7 @@ class _Run:
     __slots__ = ("aggregates", "code", "errors", "loop", "result", "scheduler", "timelines")
 
     def __init__(
-        self, scheduler: Scheduler, result: _RunResult, errors: ErrorCollector, code: CodeCheck
+        self, scheduler: Scheduler, result: RunResult, errors: ErrorCollector, code: CodeCheck
     ) -> None:
         self.scheduler = scheduler
         #: which code this run's blocks are recorded with (``record_code``)
@@ -403,31 +435,30 @@ class _Run:
         self.loop: RunLoop | None = None
 
 
-def _execute(plan: RunSettings) -> _RunResult:
-    """Run ``plan``; under ``bellis plan`` (``BELLIS_PLAN``), plan it instead (docs/plan.md)."""
-    planned = _seams.planning_requested()
-    return cast(_RunResult, _seams.plan_script_call(plan)) if planned else _run_plan(plan)
-
-
-def _run_plan(plan: RunSettings) -> _RunResult:
-    """Open the stores, run (serial or distributed), write the reports, print."""
+def execute(plan: RunSettings) -> RunResult:
+    """Open the stores, run (serial or distributed), write the reports, print. The entry
+    points (:mod:`bellis._entrypoints`) route a call here, or to the planner."""
     with _absolute_log_basedir():
         # distributed: the resource arrays are created while the workers start (RunLoop.run)
         stores = _open_stores(
-            list(plan.tasks),
+            list(plan.specs.values()),
             plan.block_tracking,
             defer_stats=plan.distributed,
             edges=[(a.task_id, b.task_id) for a, b in plan.pipeline.edges],
         )
-        result = _RunResult()
+        result = RunResult()
         errors = ErrorCollector()
         started_wall = time.time()
         t_start = time.perf_counter()
-        errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
+        errors.sinks = error_logs(list(plan.specs.values()), stores, started_wall)
         code = CodeCheck(started_wall)
         try:
-            code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
-            scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
+            code = check_code(
+                list(plan.tasks), plan.pipeline.edges, stores, started_wall, plan.specs
+            )
+            scheduler = Scheduler(
+                plan.pipeline, _stores=stores, _unchecked=code.unchecked, _specs=plan.specs
+            )
             if plan.start_gate is not None:  # a plan's sample run: in a random order too
                 shuffle_roots(scheduler.runs, 0)
             result.order = scheduler.task_order
@@ -489,12 +520,12 @@ def _run_distributed(plan: RunSettings, run: _Run) -> None:
     launchers: dict[str, WorkerLauncher] = {}
     for task_run in scheduler.runs:
         tid = task_run.task_id
-        lau = launchers[tid] = task_run.task.launcher or default_launcher
+        lau = launchers[tid] = task_run.spec.launcher or default_launcher
         run.timelines[tid] = TimelineSet()
         plans[tid] = TaskRecord(
             task_run, plan.payloads[tid], run.aggregates[tid], run.timelines[tid]
         )
-        ladder = ladder_for(task_run.task, lau, plan.resources)
+        ladder = ladder_for(task_run.spec, lau, plan.resources)
         if ladder is not None:
             plans[tid].memory = MemoryRetries(ladder, task_run)
         if plan.start_gate is not None:
@@ -515,7 +546,7 @@ def _run_distributed(plan: RunSettings, run: _Run) -> None:
             port=loop.port,
             task_id=task_run.task_id,
             worker_id=worker_id,
-            resource_tracking=int(task_run.task.resource_tracking),
+            resource_tracking=int(task_run.spec.resource_tracking),
             logdir="" if logdir is None else str(logdir),
             secret=secret.hex(),
             worker_token=worker_token(worker_key, worker_id).hex(),
@@ -542,12 +573,8 @@ def _run_distributed(plan: RunSettings, run: _Run) -> None:
         log_mode=blog.get_log_mode(),
         while_workers_start=lambda: record_code(run.code, scheduler.runs),
     )
-    server = plan.server
-    if server is not None:
-        server.hostname = loop.host
-        server.port = loop.port
-        server.secret = secret
-        server._on_listen(loop)
+    if plan.on_listen is not None:
+        plan.on_listen(loop.host, loop.port, secret)
     poll, restore = install_abort_handlers()
     try:
         loop.run(poll)
@@ -581,7 +608,7 @@ def _write_reports(
             mode=plan.mode,
             run_started_at=started,
             run_finished_at=finished,
-            resource_tracking=task_run.task.resource_tracking,
+            resource_tracking=task_run.spec.resource_tracking,
             counters=counters_from_state(state),
             blocks=run.aggregates[tid],
             workers=None if tl is None else tl.to_json(),
@@ -618,190 +645,10 @@ def _write_reports(
     return RunReport(reports)
 
 
-def _attach(exc: BaseException, result: _RunResult) -> None:
+def _attach(exc: BaseException, result: RunResult) -> None:
     exc.daisy_states = result.states  # type: ignore[attr-defined]
     exc.daisy_run_stats = {  # type: ignore[attr-defined]
         tid: rep.to_json() for tid, rep in (result.report.tasks.items() if result.report else [])
     }
     exc.daisy_task_order = result.order  # type: ignore[attr-defined]
     exc.daisy_run_report = result.report  # type: ignore[attr-defined]
-
-
-def run_blockwise(
-    pipeline: Any,
-    multiprocessing: bool = True,
-    resources: dict[str, int] | None = None,
-    progress: Any = True,
-    block_tracking: bool = True,
-    return_states: bool = False,
-    host: str | None = None,
-    summary: bool = True,
-    launcher: Any = None,
-    dry_run: bool = False,
-) -> Any:
-    """Run a task, a pipeline or a list of tasks to completion.
-
-    Returns True iff every block of every task completed (skips count as completed), or
-    the ``{task_id: TaskState}`` dict with ``return_states=True``. Raises
-    :class:`TaskAbandonedError` (a ``RuntimeError``) after the summary when a task
-    exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
-    :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
-    ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
-    """
-    if dry_run:
-        kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
-        return _seams.dry_run(pipeline, multiprocessing=multiprocessing, **kw)
-    result = _execute(
-        RunSettings.build(
-            pipeline,
-            multiprocessing=multiprocessing,
-            resources=resources,
-            progress=progress,
-            block_tracking=block_tracking,
-            host=host,
-            summary=summary,
-            launcher=launcher,
-        )
-    )
-    return _finish(result, return_states, raise_abandoned=True)
-
-
-def _finish(result: _RunResult, return_states: bool, *, raise_abandoned: bool) -> Any:
-    if result.fatal is not None:
-        _attach(result.fatal, result)
-        raise result.fatal
-    if result.interrupted is not None:
-        exc = KeyboardInterrupt(f"run aborted by {result.interrupted}")
-        _attach(exc, result)
-        raise exc
-    if result.abandoned and raise_abandoned:
-        err = TaskAbandonedError(
-            _abandon_message(result.states, result.order, result.lost, result.said)
-        )
-        _attach(err, result)
-        raise err
-    if return_states:
-        return result.states
-    return all(s.completed_count == s.total_block_count for s in result.states.values())
-
-
-class Server(AttachableObservers):
-    """Runs pipelines in distributed mode (daisy's ``Server``). Never raises for abandonment.
-
-    ``hostname`` and ``port`` are set while a run listens, so external workers can join
-    (``bellis worker --host H --port P ...``); ``last_report`` holds the last RunReport.
-    """
-
-    def __init__(
-        self,
-        stop_event: Any = None,
-        *,
-        external_workers: bool = False,
-        on_listen: Any = None,
-    ) -> None:
-        self.hostname: str | None = None
-        self.port: int | None = None
-        self.secret: bytes | None = None
-        self.last_report: Any = None
-        self.last_task_order: list[str] = []
-        self.external_workers = external_workers
-        self._listen_callback = on_listen
-        self._init_observers()
-
-    def worker_context(self, task_id: str) -> str:
-        """The context string an external worker of ``task_id`` needs to join this run.
-
-        Valid while a run listens (from an ``on_listen`` callback, or another thread); pass
-        it to ``bellis worker --context ...`` or set it as ``BELLIS_CONTEXT``. It holds the
-        run's secret: treat it as a password.
-        """
-
-        if self.hostname is None or self.port is None or self.secret is None:
-            raise RuntimeError(
-                "Server.worker_context() is only available while a run is listening; call it "
-                "from Server(on_listen=...) or from another thread during run_blockwise()"
-            )
-        base = blog.get_log_basedir()
-        return Context(
-            hostname=self.hostname,
-            port=self.port,
-            task_id=task_id,
-            worker_id=-1,
-            logdir="" if base is None else str(base),
-            secret=self.secret.hex(),
-        ).to_env()
-
-    def _on_listen(self, loop: Any) -> None:
-        if self._listen_callback is not None:
-            self._listen_callback(self)
-
-    def run_blockwise(
-        self,
-        pipeline: Any,
-        resources: dict[str, int] | None = None,
-        progress: Any = True,
-        block_tracking: bool = True,
-        host: str | None = None,
-        summary: bool = True,
-        launcher: Any = None,
-    ) -> dict[str, TaskState]:
-        result = _execute(
-            RunSettings.build(
-                pipeline,
-                multiprocessing=True,
-                resources=resources,
-                progress=self._observers.progress_for(progress),
-                block_tracking=block_tracking,
-                host=host,
-                summary=summary,
-                launcher=launcher,
-                external=self.external_workers,
-                server=self,
-            )
-        )
-        self.last_report = result.report
-        self.last_task_order = result.order
-        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
-        return states
-
-
-class SerialServer(AttachableObservers):
-    """daisy 1.x's serial runner (deprecated): ``SerialServer().run_blockwise(tasks)``."""
-
-    def __init__(self) -> None:
-        warnings.warn(
-            "SerialServer is deprecated; use run_blockwise(..., multiprocessing=False)",
-            BellisDeprecationWarning,
-            stacklevel=2,
-        )
-        self._init_observers()
-
-    def run_blockwise(self, tasks: Any, block_tracking: bool = True) -> dict[str, TaskState]:
-        result = _execute(
-            RunSettings.build(
-                tasks,
-                multiprocessing=False,
-                block_tracking=block_tracking,
-                serial_observer=self._observers.progress_for(False),
-            )
-        )
-        states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
-        return states
-
-
-def _run_serial(
-    pipeline: Any, block_tracking: bool = True, summary: bool = True
-) -> dict[str, TaskState]:
-    """daisy's private serial entry point, which daisy's examples teach (``mws.py``): the
-    blocks run in this process, with no progress display; returns ``{task_id: TaskState}``.
-    An exception from a block propagates; a task's outcome is never raised."""
-    result = _execute(
-        RunSettings.build(
-            pipeline,
-            multiprocessing=False,
-            block_tracking=block_tracking,
-            summary=summary,
-        )
-    )
-    states: dict[str, TaskState] = _finish(result, True, raise_abandoned=False)
-    return states

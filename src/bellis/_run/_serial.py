@@ -171,15 +171,15 @@ def run_blocks_serially(
     ``Task(timeout=...)`` and ``Task(stall_timeout=...)`` are not enforced here: a block
     runs in the caller's own thread, and there is no worker process to replace."""
     for run in scheduler.runs:
-        if run.task.stall_timeout_secs is not None:
+        if run.spec.stall_timeout_secs is not None:
             logger.warning(
                 "task '%s': stall_timeout=%gs is ignored in serial mode "
                 "(multiprocessing=False): blocks run in this process, and there is no worker "
                 "to replace; block.heartbeat() does nothing here",
                 run.task_id,
-                run.task.stall_timeout_secs,
+                run.spec.stall_timeout_secs,
             )
-        if run.task.memory_limit is not None:
+        if run.spec.memory_limit is not None:
             logger.warning(
                 "task '%s': memory_limit is ignored in serial mode (multiprocessing=False): "
                 "blocks run in this process, which is not limited, and there is no worker "
@@ -215,19 +215,19 @@ def _run_all(
     while progressed:
         progressed = False
         for run in scheduler.runs:
-            fn = run.task.process_function
+            fn = run.spec.process_function
             assert fn is not None
             agg = aggregates[run.task_id]
-            tracked = run.task.resource_tracking
+            tracked = run.spec.resource_tracking
             meter = Meter() if tracked else None
             if meter is not None:
                 attach_gpu(meter)
             geom = run.geom
-            mode = run.task.verify_outputs
+            mode = run.spec.verify_outputs
             verify = None
             if mode:
                 verify = ReadBack(
-                    wire_outputs(run.task.outputs, run.task._verify_stored), mode == "allow_empty"
+                    wire_outputs(run.spec.outputs, run.spec.verify_stored), mode == "allow_empty"
                 )
             acquire = scheduler.acquire_index
             release = scheduler.release_index

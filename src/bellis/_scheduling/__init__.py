@@ -10,13 +10,15 @@ Owns:
   ``_instructions``  the instructions out (SendFrame, Close, Launch, Kill, Progress)
   ``_ports``       ``DispatcherPort``: the dispatcher as its helper modules see it
   ``_staffing``    the managed workers: bookings, the restart budget, resources, exits
-  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskRecord, Booking
+  ``_records``     the dispatcher's records: Peer, ManagedWorker, TaskRecord, Booking;
+                   ``TaskBackups``/``TaskMemory``, what a record holds of the two below
   ``_batching``    batch sizes, and the checks on a returned batch
   ``_deadlines``   when each connection's blocks are due back
   ``_gate``        a plan's sample run: a task's first blocks wait for all its workers
   ``_locality``    ready blocks in Morton order, a coherent stream per connection
   ``_backups``     straggler backups: a second copy, first success wins
   ``_memory``      memory grants: the ladder, and which blocks wait for a big worker
+  ``_ladder``      ``MemoryLadder``: a task's grants, smallest first (plain data)
   ``_abandon``     when a task is given up (blocks failing in a row), and what is said
   ``_sharing``     workers shared between tasks: which tasks, and when a worker moves
 

@@ -99,7 +99,7 @@ def describe(run: Any) -> dict[str, Any]:
     reason = run.abandon_reason or ""
     lost = run.lost_on_abandon
     untried = run.untried_on_abandon
-    task = run.task
+    task = run.spec
     if reason == UPSTREAM:
         rule = "a task it reads from was abandoned"
         option = "the upstream task's options"

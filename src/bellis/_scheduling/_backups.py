@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._block import BlockStatus
 from .._protocol import STALLED, TIMED_OUT, ExitKind, Returned
-from ._records import ManagedWorker, Peer, TaskRecord
+from ._records import ManagedWorker, Peer, TaskBackups, TaskRecord
 from ._task_run import RUNNING
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class Backups:
 
 # -- the dispatcher's hooks ---------------------------------------------------------------
 def settle_returns(
-    d: DispatcherPort, bk: Backups, peer: Peer, results: list[Returned], now: float
+    d: DispatcherPort, bk: TaskBackups, peer: Peer, results: list[Returned], now: float
 ) -> list[Returned]:
     """Before a returned batch is recorded: feed the median, let a first success win
     (stopping the other copy), and drop the copies that ended without a result while
@@ -230,7 +230,7 @@ def settle_returns(
     return keep
 
 
-def drop_lost(d: DispatcherPort, bk: Backups, peer: Peer, why: str, now: float) -> bool:
+def drop_lost(d: DispatcherPort, bk: TaskBackups, peer: Peer, why: str, now: float) -> bool:
     """``peer``'s blocks end without a result (``why``): the copies among them whose twin
     runs on leave its ``held`` uncharged; the others stay for the caller's usual path.
     True when it dropped a copy and ``peer`` holds nothing any more."""
@@ -246,7 +246,7 @@ def drop_lost(d: DispatcherPort, bk: Backups, peer: Peer, why: str, now: float) 
 
 def _drop_copy(
     d: DispatcherPort,
-    bk: Backups,
+    bk: TaskBackups,
     peer: Peer,
     k: int,
     status: int,
@@ -268,7 +268,7 @@ def _drop_copy(
         _log_dropped(bk, k, f"its copy failed: {first}")
 
 
-def _log_dropped(bk: Backups, k: int, why: str) -> None:
+def _log_dropped(bk: TaskBackups, k: int, why: str) -> None:
     run = bk.plan.run
     logger.warning(
         "block %s/%d: %s; its other copy goes on (not counted as a failed attempt)",
@@ -278,7 +278,7 @@ def _log_dropped(bk: Backups, k: int, why: str) -> None:
     )
 
 
-def _stop_loser(d: DispatcherPort, bk: Backups, loser: Peer, k: int, now: float) -> None:
+def _stop_loser(d: DispatcherPort, bk: TaskBackups, loser: Peer, k: int, now: float) -> None:
     """The other copy of ``k`` won: ``loser`` lets go of it and its worker is stopped at
     once, exit kind ``preempted``, its start given back."""
     loser.held.remove(k)
@@ -291,7 +291,7 @@ def _stop_loser(d: DispatcherPort, bk: Backups, loser: Peer, k: int, now: float)
     d.close(loser, now)
 
 
-def offer(d: DispatcherPort, bk: Backups, now: float) -> None:
+def offer(d: DispatcherPort, bk: TaskBackups, now: float) -> None:
     """The tick: offer copies of the stragglers to the requests that wait (the idle ones,
     then those parked for blocks still waiting for their dependencies); send the idle ones
     that can no longer get one the usual way (a block, or the word to stop)."""

@@ -31,7 +31,7 @@ def watchdog_margin_seconds(run: Any) -> float:
     kills) only as the backstop for a worker whose watchdog cannot run; an EOF at or after
     the deadline is accounted as the timeout either way (see ``Dispatcher.close``).
     """
-    timeout = run.task.timeout_secs if run is not None else 0.0
+    timeout = run.spec.timeout_secs if run is not None else 0.0
     return min(0.5, max(0.01, timeout / 20)) + 0.25
 
 

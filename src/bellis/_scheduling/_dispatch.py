@@ -185,7 +185,7 @@ class Dispatcher:
             run.coherence = Coherence(run.geom.grid)
         for p in plans.values():  # straggler backups (bellis._scheduling._backups), opt-in per task
             p.backups = (
-                None if p.run.task.backup_after is None else Backups(p, p.run.task.backup_after)
+                None if p.run.spec.backup_after is None else Backups(p, p.run.spec.backup_after)
             )
 
     # -- connections ----------------------------------------------------------------------
@@ -219,8 +219,9 @@ class Dispatcher:
         peer.closed = True
         self.out.append(Close(CLOSE, peer))
         run = peer.run
-        if peer.held and run is not None and self.plan_of[run.index].backups is not None:
-            drop_lost(self, self.plan_of[run.index].backups, peer, "its connection ended", now)
+        backups = None if run is None else self.plan_of[run.index].backups
+        if peer.held and backups is not None:
+            drop_lost(self, backups, peer, "its connection ended", now)
         peer.parked = False  # its entry in the parked queue, if any, is skipped
         if run is not None and self.plan_of[run.index].memory is not None:
             _memory.close_held(self, peer, run, now)
@@ -581,7 +582,7 @@ class Dispatcher:
         peer.held = held
         peer.sent_at = now
         peer.sent_wall = wall
-        peer.deadline = now + run.task.timeout_secs * len(held)
+        peer.deadline = now + run.spec.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
         trail = peer.trail
         if trail is not None:  # ``Coherence.note``, inline: per batch
@@ -624,7 +625,7 @@ class Dispatcher:
         # people grep), ``kind`` the worker's exit kind
         if stalled:
             run.stall_reclaims += 1
-            stall = run.task.stall_timeout_secs or 0.0
+            stall = run.spec.stall_timeout_secs or 0.0
             kind, flag, limit = ExitKind.STALLED, "stalled", f"stall_timeout={stall:g}s"
             text = (
                 f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
@@ -632,9 +633,9 @@ class Dispatcher:
             )
         else:
             run.timeout_reclaims += 1
-            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.task.timeout_secs:g}s"
+            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.spec.timeout_secs:g}s"
             text = (
-                f"block {run.task_id}/{sid} exceeded the block timeout ({run.task.timeout_secs:g}s)"
+                f"block {run.task_id}/{sid} exceeded the block timeout ({run.spec.timeout_secs:g}s)"
             )
         logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
         self.record_error(peer, run, k, text, str(kind), details)

@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
 
 from .._protocol import is_oom_exit
 from .._sizes import MIB, format_grant
 from ..errors import ConfigurationError
 from ._attempts import KIND_OOM
+from ._ladder import MemoryLadder
 
 if TYPE_CHECKING:
-    from .._task import Task
+    from .._task_spec import TaskSpec
     from ._ports import DispatcherPort
-    from ._records import Booking, ManagedWorker, Peer, TaskRecord
+    from ._records import Booking, ManagedWorker, Peer, TaskMemory, TaskRecord
     from ._scheduler import Scheduler
     from ._task_run import TaskRun
 
@@ -80,26 +80,6 @@ class MemoryGranter(Protocol):
     def max_memory(self) -> int | None: ...
 
 
-@dataclass(frozen=True)
-class MemoryLadder:
-    """The grants of one task's workers, smallest (the request) first."""
-
-    grants: tuple[int, ...]
-    growth: float
-    #: how the cap is set, for messages: ``Task(max_memory=...)`` and the like
-    cap_parameter: str
-
-    @property
-    def top(self) -> int:
-        return len(self.grants) - 1
-
-    def text(self, step: int) -> str:
-        return format_grant(self.grants[step])
-
-    def megabytes(self, step: int) -> int:
-        return -(-self.grants[step] // MIB)
-
-
 def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> MemoryLadder:
     """The request, then × ``growth`` per step (whole megabytes), the last one ``cap``."""
     grants = [request]
@@ -110,7 +90,7 @@ def build_ladder(request: int, growth: float, cap: int, cap_parameter: str) -> M
 
 
 def ladder_for(
-    task: Task, launcher: MemoryGranter, resources: dict[str, int]
+    task: TaskSpec, launcher: MemoryGranter, resources: dict[str, int]
 ) -> MemoryLadder | None:
     """The ladder of ``task`` run by ``launcher`` under the run's ``resources``; None when
     the task has no memory request (no grant to raise). Raises :class:`ConfigurationError`
@@ -118,7 +98,7 @@ def ladder_for(
     grants = launcher.memory_grants
     request: int | None = task.memory_limit
     if request is None and grants:
-        req = task._budget
+        req = task.budget
         mb = next((req[k] for k in MEMORY_KEYS if req.get(k)), 0)
         request = mb * MIB if mb and not launcher.is_local else launcher.memory_request
     if request is None:
@@ -283,11 +263,18 @@ class MemoryRetries:
 # calls them.
 
 
+def ladder_of(plan: TaskRecord) -> TaskMemory:
+    """``plan``'s memory retries: the decisions below are made for tasks with a ladder."""
+    mem = plan.memory
+    assert mem is not None, f"task {plan.run.task_id!r} has no memory ladder"
+    return mem
+
+
 def close_held(d: DispatcherPort, peer: Peer, run: TaskRun, now: float) -> None:
     """``peer``'s connection ends. A big worker's blocks given back unstarted wait again; the
     blocks a managed worker held are released when its exit says how it died (an OOM climbs
     the ladder), or now when it is known already."""
-    mem: MemoryRetries = d.plan_of[run.index].memory
+    mem = ladder_of(d.plan_of[run.index])
     w = peer.worker
     if w is not None and w.mem_step:
         mem.sweep(d.scheduler)
@@ -319,7 +306,7 @@ def settle_exit(d: DispatcherPort, worker: ManagedWorker, now: float) -> None:
             _lost_to_oom(d, peer, worker.run, held, now)
         else:
             d.lose_held(peer, worker.run, held, now)
-    mem: MemoryRetries = d.plan_of[worker.run.index].memory
+    mem = ladder_of(d.plan_of[worker.run.index])
     if worker.worker_id in mem.climbed:
         mem.climbed.discard(worker.worker_id)
         if oom:
@@ -330,7 +317,7 @@ def expire_lost(d: DispatcherPort, plan: TaskRecord, now: float) -> None:
     """Release, as lost with an ordinary death, the blocks of workers whose connection
     ended :data:`LOST_WAIT_SECONDS` ago and whose exit is still unknown (a connection
     dropped while its process goes on)."""
-    mem: MemoryRetries = plan.memory
+    mem = ladder_of(plan)
     keep = []
     for w in mem.lost:
         if w.lost is None:
@@ -357,7 +344,7 @@ def climb(
     """Block ``k`` ran out of memory on ``peer``'s worker: it waits for the next grant, or
     fails for good at the top of the ladder."""
     plan = d.plan_of[run.index]
-    mem: MemoryRetries = plan.memory
+    mem = ladder_of(plan)
     w = peer.worker
     step = w.mem_step if w is not None else 0
     block = f"{run.task_id}/{run.geom.spatial_id_of(k)}"
@@ -387,7 +374,7 @@ def take_for(d: DispatcherPort, worker: ManagedWorker, run: TaskRun, draining: b
         return -1
     if not run.is_running:
         return -1
-    mem: MemoryRetries = d.plan_of[run.index].memory
+    mem = ladder_of(d.plan_of[run.index])
     return mem.take(worker.mem_step)
 
 
@@ -396,12 +383,12 @@ def book_big(
 ) -> None:
     """Book the big workers that the blocks waiting for a larger grant need."""
     run = plan.run
-    task = run.task
-    mem: MemoryRetries = plan.memory
+    task = run.spec
+    mem = ladder_of(plan)
     if plan.payload is None or not run.is_running:
         return
     for step in mem.wanted(task.max_workers):
-        need = charge(task._budget, mem.ladder, step)
+        need = charge(task.budget, mem.ladder, step)
         if any(d.used.get(k, 0) + v > d.resources.get(k, 0) for k, v in need.items()):
             _stop_one_parked(d, plan, now)  # an idle ordinary worker makes room
             continue

@@ -14,17 +14,29 @@ from __future__ import annotations
 import heapq
 import signal  # the names of signals only
 from collections import deque
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .._outputs._readback import wire_outputs
 from .._protocol import ExitKind, Welcome, WorkerExit, encode_welcome
 from .._stats._aggregates import TaskAggregates
 from .._stats._timeline import TimelineSet, WorkerTimeline
 from ._gate import StartGate
+from ._ladder import MemoryLadder
 from ._locality import Stream
 from ._task_run import TaskRun
 
-__all__ = ["Booking", "ManagedWorker", "Peer", "TaskRecord", "replacing"]
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = [
+    "Booking",
+    "ManagedWorker",
+    "Peer",
+    "TaskBackups",
+    "TaskMemory",
+    "TaskRecord",
+    "replacing",
+]
 
 
 class Peer:
@@ -161,7 +173,7 @@ class TaskRecord:
         #: workers stopped after a block timeout whose process is yet to be seen to end
         #: (each still holds its log slot)
         self.retired_unseen = 0
-        self.free_starts = run.task.max_workers
+        self.free_starts = run.spec.max_workers
         #: a start failed in a way no later start can mend (``WorkerStartError.permanent``)
         self.starts_refused = False
         self.parked: deque[Peer] = deque()
@@ -173,18 +185,16 @@ class TaskRecord:
         #: the other tasks its workers may move to (``_sharing.share_groups``)
         self.shares_with: list[TaskRecord] = []
         #: straggler backups (a ``_backups.Backups``), None when the task has none
-        #: (``Any``: ``_backups`` and ``_memory`` import this module, which cannot name
-        #: their classes back without an import cycle)
-        self.backups: Any = None
+        self.backups: TaskBackups | None = None
         #: the task's memory ladder and the blocks waiting for a larger grant
-        #: (``bellis._scheduling._memory.MemoryRetries``); None: the task has no memory request
-        self.memory: Any = None
+        #: (a ``_memory.MemoryRetries``); None: the task has no memory request
+        self.memory: TaskMemory | None = None
         # log slots: the free ones (a heap), how many exist, and per slot why its last
         # worker of this run left (the next one's header says so)
         self._free_slots: list[int] = []
         self._slot_count = 0
         self._slot_left: dict[int, str] = {}
-        task = run.task
+        task = run.spec
         g = run.geom
         self.geometry = {
             "total_offset": list(g.total_offset),
@@ -207,7 +217,7 @@ class TaskRecord:
                 verify=(
                     (
                         task.verify_outputs == "allow_empty",
-                        wire_outputs(task.outputs, task._verify_stored),
+                        wire_outputs(task.outputs, task.verify_stored),
                     )
                     if task.verify_outputs
                     else None
@@ -261,3 +271,55 @@ def _how_it_ended(ex: WorkerExit) -> str:
     if ex.code is not None:
         return f"which exited with code {ex.code}"
     return f"which was lost ({first})" if first else "which was lost"
+
+
+# ``_backups`` and ``_memory`` import this module (their decisions take its records), so a
+# record cannot name their classes back without an import cycle: it names them by what
+# they offer, and ``mypy --strict`` checks each class against its protocol where a record
+# gets one (``_dispatch.Dispatcher``, ``_run._runner``).
+
+
+class TaskBackups(Protocol):
+    """``TaskRecord.backups``: one task's straggler backups (``_backups.Backups``)."""
+
+    #: the task's record
+    plan: TaskRecord
+    #: block -> (the original's connection, the copy's): both hold the block
+    copies: dict[int, tuple[Peer, Peer]]
+    #: requests that wait for a straggler
+    idle: deque[Peer]
+
+    def add_finished(self, seconds: float, n: int) -> None: ...
+    def stragglers(self, now: float) -> list[Peer]: ...
+    def copy_for(self, peer: Peer, now: float) -> int: ...
+    def wait(self, peer: Peer) -> bool: ...
+    def unpair(self, k: int, peer: Peer) -> Peer | None: ...
+    def won(self, k: int, winner: Peer, loser: Peer, copy: bool, now: float) -> None: ...
+
+
+class TaskMemory(Protocol):
+    """``TaskRecord.memory``: one task's memory ladder and the blocks that wait for a
+    larger grant (``_memory.MemoryRetries``)."""
+
+    ladder: MemoryLadder
+    #: blocks that need a big worker: block -> the least step
+    need: dict[int, int]
+    #: workers alive per step
+    alive: list[int]
+    held_back: int
+    #: workers whose connection ended before their exit was known
+    lost: list[ManagedWorker]
+    #: ids of the workers whose out-of-memory death sent a block up the ladder
+    climbed: set[int]
+    #: big workers that may start without spending the restart budget
+    credits: int
+
+    @property
+    def big_alive(self) -> int: ...
+    def grant(self, step: int) -> int: ...
+    def out_of_memory(self, k: int, step: int) -> int: ...
+    def take(self, step: int) -> int: ...
+    def wanted(self, most: int) -> list[int]: ...
+    def returned(self, scheduler: Scheduler, k: int, success: bool, step: int) -> None: ...
+    def sweep(self, scheduler: Scheduler) -> None: ...
+    def cap_message(self, block: str, step: int) -> str: ...

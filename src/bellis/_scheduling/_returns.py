@@ -88,7 +88,7 @@ def take_back(
     processed = [r for r in results if r[1] != _CREATED]
     # a batch's round trip is shared equally by the blocks it carried
     step = (now - peer.sent_at) / max(1, len(processed))
-    if (table is not None or run.task.resource_tracking) and not _record_measured(
+    if (table is not None or run.spec.resource_tracking) and not _record_measured(
         d, peer, run, processed, table, step
     ):
         # the run fails on this batch: its blocks are not held any more (a close later
@@ -148,7 +148,7 @@ def _record_measured(
     False, recording nothing, when a task with resource tracking got a success without
     measurements: the run then fails on it.
     """
-    picked = measured_rows(processed, run.task.resource_tracking)
+    picked = measured_rows(processed, run.spec.resource_tracking)
     if isinstance(picked, int):
         d.fatal = unmeasured_error(f"{peer.addr[0]}:{peer.addr[1]}", run.task_id, picked)
         return False

@@ -50,6 +50,7 @@ from .._graph import InterTaskEdge
 from .._outputs._units import TaskWrites, plan_pipeline_writes
 from .._state import TaskState
 from .._task import Pipeline, Task, topological_order
+from .._task_spec import TaskSpec
 from ..errors import ConfigurationError
 from ._abandon import broken_reason
 from ._locality import MAX_LOCALITY_BLOCKS, LocalityOrder, Stream
@@ -87,6 +88,8 @@ class Scheduler:
     the stores it opened (``_stores``), and their done blocks are resolved in bulk at
     construction. ``_unchecked``: per task id, a boolean array over the block grid of the
     blocks whose ``check_function`` is not called (they run: ``_run/_provenance``).
+    ``_specs``: per task id, the settings the run took at its start (``RunSettings``);
+    a task without one has its :class:`~bellis._task_spec.TaskSpec` taken here.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class Scheduler:
         *,
         _stores: Mapping[str, BlockStore] | None = None,
         _unchecked: dict[str, np.ndarray[Any, Any]] | None = None,
+        _specs: Mapping[str, TaskSpec] | None = None,
     ) -> None:
         if isinstance(pipeline, Task):
             pipeline = Pipeline.from_task(pipeline)
@@ -105,7 +109,10 @@ class Scheduler:
         pipeline.validate()
         order = topological_order(pipeline.tasks, pipeline.edges)
         self.task_order = [t.task_id for t in order]
-        self.runs: list[TaskRun] = [TaskRun(i, t) for i, t in enumerate(order)]
+        specs = _specs or {}
+        self.runs: list[TaskRun] = [
+            TaskRun(i, t, specs.get(t.task_id)) for i, t in enumerate(order)
+        ]
         self.by_id: dict[str, TaskRun] = {r.task_id: r for r in self.runs}
         by_obj = {id(r.task): r for r in self.runs}
         pairs = list(dict.fromkeys((by_obj[id(u)], by_obj[id(d)]) for u, d in pipeline.edges))
@@ -634,7 +641,7 @@ def _skipped_blocks(run: TaskRun) -> np.ndarray[Any, Any] | None:
     """The blocks of ``run`` done in its store or masked, as one bool per block (None when
     there are none); sets the skip counters and ``completed``."""
     g = run.geom
-    mask = run.task._skip_mask
+    mask = run.spec.skip_mask
     pre: np.ndarray[Any, Any] | None = None
     n_pre = 0
     store = run.store
@@ -728,10 +735,10 @@ def _write_plan(runs: list[TaskRun], edges: list[tuple[int, int]]) -> dict[tuple
     """The write-safety check between the tasks (``_units.plan_pipeline_writes``): raises
     on unsafe shared units, logs one WARNING for those under ``write_safety="off"``, and
     returns the reach of each edge that serializes blocks sharing units."""
-    if not any(r.task._outputs for r in runs):
+    if not any(r.spec.outputs for r in runs):
         return {}
     tasks = [
-        TaskWrites(r.task_id, r.geom, r.task._outputs, r.task._write_safety, r.task._shared_outputs)
+        TaskWrites(r.task_id, r.geom, r.spec.outputs, r.spec.write_safety, r.spec.shared_outputs)
         for r in runs
     ]
     reaches, warnings = plan_pipeline_writes(tasks, edges)

@@ -44,7 +44,7 @@ runs that task's block function (``_worker._shared``), with no process started.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ._records import ManagedWorker, Peer, TaskRecord
 from ._task_run import RUNNING
@@ -52,21 +52,31 @@ from ._task_run import RUNNING
 __all__ = ["by_need", "movable", "move_target", "parked_donor", "share_groups", "starved"]
 
 
-def _shareable(plan: TaskRecord, launcher: Any, arity: int) -> bool:
-    task = plan.run.task
+class SharingLauncher(Protocol):
+    """What sharing reads of a launcher (``WorkerLauncher``'s capabilities)."""
+
+    @property
+    def is_local(self) -> bool: ...
+
+
+def _shareable(plan: TaskRecord, launcher: SharingLauncher | None, arity: int) -> bool:
+    spec = plan.run.spec
     return (
         plan.payload is not None
         and arity == 1
-        and bool(getattr(launcher, "is_local", False))
-        and "gpu" not in task._budget
+        and launcher is not None
+        and launcher.is_local
+        and "gpu" not in spec.budget
         and plan.memory is None
         and plan.gate is None
-        and task.backup_after is None
+        and spec.backup_after is None
     )
 
 
 def share_groups(
-    plans: Iterable[TaskRecord], launchers: Mapping[str, Any], arities: Mapping[str, int]
+    plans: Iterable[TaskRecord],
+    launchers: Mapping[str, SharingLauncher | None],
+    arities: Mapping[str, int],
 ) -> dict[str, list[TaskRecord]]:
     """Set each plan's ``shares_with`` (the other tasks its workers may move to, in
     pipeline order) and return them by task id. ``launchers``: each task's launcher;
@@ -77,7 +87,7 @@ def share_groups(
         launcher = launchers[tid]
         if not _shareable(plan, launcher, arities.get(tid, 0)):
             continue
-        key = (id(launcher), tuple(sorted(plan.run.task._budget.items())))
+        key = (id(launcher), tuple(sorted(plan.run.spec.budget.items())))
         groups.setdefault(key, []).append(plan)
     out: dict[str, list[TaskRecord]] = {}
     for members in groups.values():

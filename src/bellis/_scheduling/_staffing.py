@@ -60,7 +60,7 @@ class Staffing:
     def eligible(self, plan: TaskRecord) -> bool:
         """Whether ``plan``'s task can use one more ordinary worker now."""
         run = plan.run
-        task = run.task
+        task = run.spec
         if plan.payload is None or run.status != RUNNING or run.ready <= 0:
             return False
         alive, out = plan.alive, run.processing
@@ -71,7 +71,7 @@ class Staffing:
             return False
         if self.out_of_starts(plan):
             return False
-        for k, v in task._budget.items():
+        for k, v in task.budget.items():
             if self.used.get(k, 0) + v > self.resources.get(k, 0):
                 return False
         return True
@@ -79,7 +79,7 @@ class Staffing:
     def out_of_starts(self, plan: TaskRecord) -> bool:
         """No free start left and the restart budget spent (or starts refused for good)."""
         return plan.starts_refused or (
-            plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.task.max_worker_restarts
+            plan.free_starts <= 0 and plan.run.worker_restarts >= plan.run.spec.max_worker_restarts
         )
 
     def stranded(self, plan: TaskRecord) -> bool:
@@ -120,9 +120,9 @@ class Staffing:
 
     def charge(self, plan: TaskRecord, mem_step: int) -> dict[str, int]:
         """What a worker of ``plan`` at ``mem_step`` takes from the run's resources."""
-        if not mem_step:
-            return plan.run.task._budget
-        return charge(plan.run.task._budget, plan.memory.ladder, mem_step)
+        if not mem_step or plan.memory is None:
+            return plan.run.spec.budget
+        return charge(plan.run.spec.budget, plan.memory.ladder, mem_step)
 
     def launched(self, plan: TaskRecord, booking: Booking, handle: Any, log: str | None) -> None:
         """The booked worker was started: ``handle`` is its launcher's handle."""
@@ -211,10 +211,10 @@ class Staffing:
         ends, and its part in ``dst`` begins (or goes on, when it comes back)."""
         src.alive -= 1
         dst.alive += 1
-        for k, v in src.run.task._budget.items():
+        for k, v in src.run.spec.budget.items():
             if k in self.used:
                 self.used[k] -= v
-        for k, v in dst.run.task._budget.items():
+        for k, v in dst.run.spec.budget.items():
             self.used[k] = self.used.get(k, 0) + v
         # it left src as a clean exit would: src gets its start back; dst holds it until
         # the worker ends there (account_exit gives it back to dst on a clean exit)

@@ -21,6 +21,7 @@ from .._donemarks import BlockStore, CellWriter
 from .._graph import InterTaskEdge, TaskGeometry
 from .._state import TaskState
 from .._task import Task
+from .._task_spec import TaskSpec
 from ._abandon import FailureStreak
 from ._locality import Coherence, LocalityOrder
 
@@ -70,15 +71,19 @@ def dtype_for(max_count: int) -> type[np.unsignedinteger[Any]]:
 class TaskRun:
     """Run state of one task inside a :class:`Scheduler`. Not thread-safe."""
 
-    def __init__(self, index: int, task: Task) -> None:
+    def __init__(self, index: int, task: Task, spec: TaskSpec | None = None) -> None:
         self.index = index
+        #: the user's task (its identity: the pipeline's edges name it)
         self.task = task
-        self.task_id = task.task_id
-        self.geom: TaskGeometry = task._geom
+        #: what this run reads of the task: its settings, taken at run start
+        self.spec: TaskSpec = TaskSpec.of(task) if spec is None else spec
+        spec = self.spec
+        self.task_id = spec.task_id
+        self.geom: TaskGeometry = spec.geom
         g = self.geom
         self.total = g.num_blocks
-        self.max_retries = task.max_retries
-        self.check_function = task.check_function
+        self.max_retries = spec.max_retries
+        self.check_function = spec.check_function
         self.status = RUNNING
         self.abandon_reason: str | None = None
         self.state = zeroed(self.total, np.uint8)
@@ -108,7 +113,7 @@ class TaskRun:
         #: how coherent each worker's stream of blocks was (the dispatcher notes it)
         self.coherence: Coherence | None = None
         #: the broken-function rule (``Task(max_consecutive_failures=...)``; None: off)
-        limit = task.max_consecutive_failures
+        limit = spec.max_consecutive_failures
         self.streak: FailureStreak | None = None if limit is None else FailureStreak(limit)
         self.started = False
         #: what the workers' decoded-chunk caches did for this task's declared inputs:
@@ -211,13 +216,13 @@ class TaskRun:
             first_worker_error=self.first_worker_error,
             last_worker_error=self.last_worker_error,
             timeout_reclaim_count=self.timeout_reclaims,
-            timeout_secs=self.task.timeout_secs,
+            timeout_secs=self.spec.timeout_secs,
             skipped_done_count=self.skipped_done,
             skipped_mask_count=self.skipped_mask,
             skipped_check_count=self.skipped_check,
             failed_attempt_count=self.failed_attempts,
             stall_reclaim_count=self.stall_reclaims,
-            stall_timeout_secs=self.task.stall_timeout_secs,
+            stall_timeout_secs=self.spec.stall_timeout_secs,
             backups_started=self.backups_started,
             backups_won=self.backups_won,
             backups_lost=self.backups_lost,
