@@ -57,14 +57,14 @@ def assert_each_success_once(recdir: str, task_id: str, n: int) -> dict[Any, Any
 
 
 def _signal_first_block_start(
-    recdir: str, signum: int, hit: list[tuple[int, Path]]
+    recdir: str, signum: int, hit: list[tuple[int, Path]], over: threading.Event
 ) -> threading.Thread:
     """A thread that sends ``signum`` to the first worker seen inside a block (a record
-    file holding only its ``start`` line) and appends ``(pid, record file)`` to ``hit``."""
+    file holding only its ``start`` line) and appends ``(pid, record file)`` to ``hit``;
+    it gives up once ``over`` is set (the run returned), however long the run took."""
 
     def run() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        while not over.is_set():
             for p in Path(recdir).iterdir():
                 lines = p.read_text().splitlines()
                 if len(lines) == 1 and lines[0].startswith("start"):
@@ -82,9 +82,13 @@ def _signal_first_block_start(
 def test_sigkill_mid_block_retries_and_replaces(recdir: str) -> None:
     task = make_task("a", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
     hit: list[tuple[int, Path]] = []
-    t = _signal_first_block_start(recdir, signal.SIGKILL, hit)
-    states = bellis.run_blockwise([task], return_states=True, **RUN)
-    t.join()
+    over = threading.Event()
+    t = _signal_first_block_start(recdir, signal.SIGKILL, hit, over)
+    try:
+        states = bellis.run_blockwise([task], return_states=True, **RUN)
+    finally:
+        over.set()
+        t.join()
     assert hit
     killed = [pid for pid, _ in hit]
     s = states["a"]
@@ -371,9 +375,13 @@ def test_a_run_that_ends_while_a_killed_worker_dies_reaps_it(tmp_path: Path) -> 
 def test_sigterm_to_a_worker_finishes_its_block_then_exits_cleanly(recdir: str) -> None:
     task = make_task("s", 6, functools.partial(sleep_block, recdir, 0.4), max_workers=2)
     signalled: list[tuple[int, Path]] = []
-    t = _signal_first_block_start(recdir, signal.SIGTERM, signalled)
-    states = bellis.run_blockwise([task], return_states=True, **RUN)
-    t.join()
+    over = threading.Event()
+    t = _signal_first_block_start(recdir, signal.SIGTERM, signalled, over)
+    try:
+        states = bellis.run_blockwise([task], return_states=True, **RUN)
+    finally:
+        over.set()
+        t.join()
     assert signalled
     pid, path = signalled[0]
     s = states["s"]
