@@ -183,7 +183,7 @@ elif mode == "dask":
         n_workers=1,
         processes=False,
         threads_per_worker=2,
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=40,
     ) as cluster, Client(cluster) as dask_client:
         states = bellis.run_blockwise(

@@ -39,7 +39,8 @@ def cluster() -> Iterator[tuple[Any, Any]]:
         n_workers=2,
         processes=True,
         threads_per_worker=1,
-        dashboard_address=None,
+        # a free port: None still binds 8787, which a second test run at once holds
+        dashboard_address=":0",
         scheduler_port=0,
         host="127.0.0.1",
         silence_logs=40,

@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent(
             from distributed import Client, LocalCluster
 
             with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                              dashboard_address=None, scheduler_port=0, host="127.0.0.1",
+                              dashboard_address=":0", scheduler_port=0, host="127.0.0.1",
                               silence_logs=40) as lc, Client(lc) as client:
                 main({"launcher": bellis.DaskLauncher(client)})
         else:

@@ -171,7 +171,7 @@ def test_dask_jobqueue_sge_cluster_runs_a_pipeline(
         python=sys.executable,
         job_extra_directives=["-V"],
         log_directory=str(tmp_path / "dask-logs"),
-        scheduler_options={"host": "127.0.0.1", "dashboard_address": None},
+        scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
         worker_extra_args=["--host", "127.0.0.1"],
     )
     try:

@@ -219,7 +219,7 @@ from distributed import Client, LocalCluster
 
 if __name__ == "__main__":
     cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                           dashboard_address=None, scheduler_port=0, host="127.0.0.1",
+                           dashboard_address=":0", scheduler_port=0, host="127.0.0.1",
                            silence_logs=40)
     client = Client(cluster)
     try:

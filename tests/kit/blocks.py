@@ -81,6 +81,34 @@ def hang_once_block(recdir: str, hang_id: int, block: Any) -> None:
     _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
 
 
+def hang_once_watched_block(recdir: str, hang_id: int, within: float, block: Any) -> None:
+    """Block ``hang_id`` hangs on its first attempt, after writing its pid and start time
+    to ``hung``. Every later block first waits, until ``within`` seconds after that start,
+    for the hung worker's process to be gone (a worker on this machine), and writes
+    ``gone <seconds after the hang began>`` or ``alive`` to ``hung_worker_seen_by_<block>``."""
+    from kit.procs import pid_alive
+
+    sid = _sid(block)
+    t0 = time.time()
+    _append(recdir, block.block_id[0], sid, f"start {os.getpid()} {t0:.6f}")
+    hung = os.path.join(recdir, "hung")
+    if sid == hang_id and _first_time(recdir, f"hung_{sid}"):
+        with open(hung + ".tmp", "w") as f:
+            f.write(f"{os.getpid()} {t0:.6f}")
+        os.replace(hung + ".tmp", hung)
+        time.sleep(60)
+    elif os.path.exists(hung):
+        with open(hung) as f:
+            pid_text, began_text = f.read().split()
+        pid, began = int(pid_text), float(began_text)
+        while pid_alive(pid) and time.time() < began + within:
+            time.sleep(0.05)
+        seen = "alive" if pid_alive(pid) else f"gone {time.time() - began:.3f}"
+        with open(os.path.join(recdir, f"hung_worker_seen_by_{sid}"), "w") as f:
+            f.write(seen)
+    _append(recdir, block.block_id[0], sid, f"done {os.getpid()} {t0:.6f} {time.time():.6f}")
+
+
 def exit_once_block(recdir: str, exit_id: int, delay: float, block: Any) -> None:
     """Block ``exit_id`` makes its worker exit 0 on its first attempt."""
     sid = _sid(block)

@@ -328,6 +328,32 @@ def _echo(stream: StreamName, text: str) -> None:
         pass  # a terminal that went away or a closed stream costs the echo only
 
 
+def _stop_and_reap(proc: Any, wait_seconds: float = 10.0) -> None:
+    """Kill a worker process (a ``subprocess.Popen``) and what it left in its session, if
+    it still runs, and wait for it, so that it is reaped here and not left to the garbage
+    collector (whose ``ResourceWarning`` a long-lived caller, a notebook, would see)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    else:
+        # also what the worker left in its session, as cancel() does
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+    try:
+        proc.wait(timeout=wait_seconds)
+    except subprocess.TimeoutExpired:
+        logging.getLogger("bellis").error(
+            "bellis worker process %d did not end within %g s of SIGKILL; it may be stuck "
+            "in the kernel (a hung file system): check it with `ps -o stat,wchan -p %d`",
+            proc.pid,
+            wait_seconds,
+            proc.pid,
+        )
+
+
 class LocalLauncher(WorkerLauncher):
     """Worker processes on this machine: forked from a preloaded zygote on Linux
     (``_zygote``), else subprocesses (``python -c``, the fallback).
@@ -567,26 +593,33 @@ class LocalLauncher(WorkerLauncher):
                 if f is not None:
                     f.close()
             raise
-        if echo:
-            assert proc.stdout is not None and proc.stderr is not None
-            self._tees[proc] = [
-                _start_tee(
-                    proc.stdout, out, "stdout", f"bellis-tee-{spec.worker_id}-out", self._tee_ended
-                ),
-                _start_tee(
-                    proc.stderr, err, "stderr", f"bellis-tee-{spec.worker_id}-err", self._tee_ended
-                ),
-            ]
-        else:
-            for f in (out, err):
+        # from here on the process is this launcher's to reap: should anything fail (a
+        # thread that cannot start, a Ctrl-C while the payload is written), it is stopped
+        # and waited for before the error goes on
+        owned: list[Any] = [out, err]  # the log files no tee thread has taken over
+        try:
+            if echo:
+                assert proc.stdout is not None and proc.stderr is not None
+                tees = self._tees[proc] = []
+                name = f"bellis-tee-{spec.worker_id}"
+                tees.append(_start_tee(proc.stdout, out, "stdout", name + "-out", self._tee_ended))
+                owned[0] = None
+                tees.append(_start_tee(proc.stderr, err, "stderr", name + "-err", self._tee_ended))
+                owned[1] = None
+            assert proc.stdin is not None
+            try:
+                write_payload_frame(proc.stdin, spec.payload)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # the process died at once; poll() will report how
+        except BaseException:
+            _stop_and_reap(proc)
+            self._tees.pop(proc, None)
+            raise
+        finally:
+            for f in owned:
                 if f is not None:
                     f.close()
-        assert proc.stdin is not None
-        try:
-            write_payload_frame(proc.stdin, spec.payload)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the process died at once; poll() will report how
         return self._watch(WorkerHandle(spec, proc))
 
     def _watch(self, handle: WorkerHandle) -> WorkerHandle:
@@ -669,13 +702,23 @@ class LocalLauncher(WorkerLauncher):
                 p.kill()
 
     def close(self) -> None:
-        """End the run's fork server (its workers have been stopped by now) and reap it."""
-        zygote, self._zygote = self._zygote, None
-        if zygote is not None:
-            zygote.close()
-        exits, self._exits = self._exits, None
-        if exits is not None:
-            exits.close()
-        self._live.clear()
-        self._tees_done.clear()
-        self._gpu_book = None
+        """Reap every worker process whose end the run did not see (one it killed that was
+        still dying when the run ended, or one still running: killed now), then end the
+        run's fork server (its workers have been stopped by now) and reap it."""
+        try:
+            for handle in list(self._live):
+                proc = handle.native
+                if isinstance(proc, ForkedProcess):
+                    proc = proc.popen  # spawned instead; else the fork server's to reap
+                if proc is not None:
+                    _stop_and_reap(proc)
+        finally:
+            self._live.clear()
+            zygote, self._zygote = self._zygote, None
+            if zygote is not None:
+                zygote.close()
+            exits, self._exits = self._exits, None
+            if exits is not None:
+                exits.close()
+            self._tees_done.clear()
+            self._gpu_book = None

@@ -118,25 +118,33 @@ def run_bellis_worker(
         for f in (out, err):
             if not isinstance(f, int):
                 f.close()
-    assert proc.stdin is not None
-    with contextlib.suppress(BrokenPipeError):
-        write_payload_frame(proc.stdin, payload)
-        proc.stdin.close()
-    while True:
-        try:
-            return proc.wait(timeout=_CHECK_INTERVAL_SECONDS)
-        except subprocess.TimeoutExpired:
-            pass
-        if _is_stopped(variable, key):
-            break
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
     try:
-        return proc.wait(timeout=grace_seconds)
-    except subprocess.TimeoutExpired:
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            write_payload_frame(proc.stdin, payload)
+            proc.stdin.close()
+        while True:
+            try:
+                return proc.wait(timeout=_CHECK_INTERVAL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+            if _is_stopped(variable, key):
+                break
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return proc.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait()
+    finally:
+        # whatever ended this task (an error, an interrupt of its thread), the worker
+        # process is not left to the garbage collector: stopped and reaped here
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _sanitize(text: str) -> str:
