@@ -52,8 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from real import runners as _runners  # noqa: E402
-from real import work  # noqa: E402
+from real import runners as _runners, work  # noqa: E402
 
 DEFAULT_RUNNERS = ["single", "split", "bellis", "bellis+inputs", "daisy", "dask"]
 
@@ -81,14 +80,17 @@ def _read_timings(timing_dir: str) -> dict[str, Any]:
         with open(os.path.join(timing_dir, name)) as f:
             for line in f:
                 kernel, r, c, w, cpu = line.split("\t")
-                d = per.setdefault(kernel, {"blocks": 0, "read": 0.0, "compute": 0.0,
-                                            "write": 0.0, "cpu": 0.0})
+                d = per.setdefault(
+                    kernel, {"blocks": 0, "read": 0.0, "compute": 0.0, "write": 0.0, "cpu": 0.0}
+                )
                 d["cpu"] += float(cpu)
                 d["blocks"] += 1
                 d["read"] += float(r)
                 d["compute"] += float(c)
                 d["write"] += float(w)
-    total = {k: sum(d[k] for d in per.values()) for k in ("blocks", "read", "compute", "write", "cpu")}
+    total = {
+        k: sum(d[k] for d in per.values()) for k in ("blocks", "read", "compute", "write", "cpu")
+    }
     total["sum"] = total["read"] + total["compute"] + total["write"]
     return {"per_kernel": per, "total": total, "processes": pids}
 
@@ -152,8 +154,13 @@ def _one_main(args: argparse.Namespace) -> int:
     except Exception as exc:  # a failed measurement is a record, and exit status 1
         import traceback
 
-        rec = {"status": "error", "runner": args.runner, "workload": args.workload,
-               "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        rec = {
+            "status": "error",
+            "runner": args.runner,
+            "workload": args.workload,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
         code = 1
     with open(args.json, "w") as f:
         json.dump(rec, f)
@@ -185,8 +192,9 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def report(records: list[dict[str, Any]], runners: list[str], workloads: list[str],
-           workers: int) -> tuple[str, list[str]]:
+def report(
+    records: list[dict[str, Any]], runners: list[str], workloads: list[str], workers: int
+) -> tuple[str, list[str]]:
     """The markdown tables, and the list of problems (failed runs, differing outputs)."""
     problems: list[str] = []
     lines: list[str] = []
@@ -201,8 +209,10 @@ def report(records: list[dict[str, Any]], runners: list[str], workloads: list[st
             for r in ok:
                 if "digests" in r and r["digests"] != ref:
                     bad = [k for k in ref if r["digests"].get(k) != ref[k]]
-                    problems.append(f"{wl} {r['runner']} rep {r['rep']}: output differs from "
-                                    f"single's: {', '.join(bad)}")
+                    problems.append(
+                        f"{wl} {r['runner']} rep {r['rep']}: output differs from "
+                        f"single's: {', '.join(bad)}"
+                    )
         by: dict[str, list[dict[str, Any]]] = {}
         for r in ok:
             by.setdefault(r["runner"], []).append(r)
@@ -212,12 +222,16 @@ def report(records: list[dict[str, Any]], runners: list[str], workloads: list[st
         loads = [r["load_before"][0] for r in ok]
         lines.append(f"### {wl}: {work.describe(wl, ok[0]['size'] if ok else 0)}")
         lines.append("")
-        lines.append(f"ideal (single's block-time sum / {workers}) = {ideal:.2f} s; "
-                     f"load average (1 min) at the runs' starts: median {_med(loads):.2f}, "
-                     f"range {min(loads, default=0):.2f}-{max(loads, default=0):.2f}")
+        lines.append(
+            f"ideal (single's block-time sum / {workers}) = {ideal:.2f} s; "
+            f"load average (1 min) at the runs' starts: median {_med(loads):.2f}, "
+            f"range {min(loads, default=0):.2f}-{max(loads, default=0):.2f}"
+        )
         lines.append("")
-        lines.append("| runner | runs | wall s | wall / split | ideal / wall | block sum s | "
-                     "sum / split | read s | compute s | write s | block CPU s | driver CPU s |")
+        lines.append(
+            "| runner | runs | wall s | wall / split | ideal / wall | block sum s | "
+            "sum / split | read s | compute s | write s | block CPU s | driver CPU s |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in runners:
             rs = by.get(name, [])
@@ -226,13 +240,20 @@ def report(records: list[dict[str, Any]], runners: list[str], workloads: list[st
             walls = [r["wall_s"] for r in rs]
             sums = [r["blocks"]["total"]["sum"] for r in rs]
             wr = [r["wall_s"] / split[r["rep"]]["wall_s"] for r in rs if r["rep"] in split]
-            sr = [r["blocks"]["total"]["sum"] / split[r["rep"]]["blocks"]["total"]["sum"]
-                  for r in rs if r["rep"] in split]
-            tot = lambda k: _med([r["blocks"]["total"][k] for r in rs])  # noqa: E731
+            sr = [
+                r["blocks"]["total"]["sum"] / split[r["rep"]]["blocks"]["total"]["sum"]
+                for r in rs
+                if r["rep"] in split
+            ]
+            tot = {
+                k: _med([r["blocks"]["total"][k] for r in rs])
+                for k in ("read", "compute", "write", "cpu")
+            }
             lines.append(
                 f"| {name} | {len(rs)} | {_med(walls):.2f} | {_med(wr):.3f} | "
                 f"{ideal / _med(walls):.3f} | {_med(sums):.2f} | {_med(sr):.3f} | "
-                f"{tot('read'):.2f} | {tot('compute'):.2f} | {tot('write'):.2f} | {tot('cpu'):.2f} | "
+                f"{tot['read']:.2f} | {tot['compute']:.2f} | {tot['write']:.2f} | "
+                f"{tot['cpu']:.2f} | "
                 f"{_med([r['driver_cpu_s'] for r in rs]):.2f} |"
             )
         lines.append("")
@@ -257,17 +278,32 @@ def campaign(args: argparse.Namespace) -> int:
     try:
         t0 = time.perf_counter()
         work.ensure_raw(data, args.size)
-        print(f"data: {data}/raw_{args.size}.zarr ({time.perf_counter() - t0:.1f} s)",
-              file=sys.stderr)
+        print(
+            f"data: {data}/raw_{args.size}.zarr ({time.perf_counter() - t0:.1f} s)", file=sys.stderr
+        )
         for rep in range(args.reps):
             k = rep % len(runners)
             order = runners[k:] + runners[:k]
             for wl in workloads:
                 for name in order:
                     out = os.path.join(data, f"rec-{rep}-{wl}-{name}.json")
-                    cmd = [sys.executable, os.path.abspath(__file__), "--one", "--runner", name,
-                           "--workload", wl, "--size", str(args.size), "--data", data,
-                           "--workers", str(args.workers), "--json", out]
+                    cmd = [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--one",
+                        "--runner",
+                        name,
+                        "--workload",
+                        wl,
+                        "--size",
+                        str(args.size),
+                        "--data",
+                        data,
+                        "--workers",
+                        str(args.workers),
+                        "--json",
+                        out,
+                    ]
                     cmd += [f"--bellis-opt={o}" for o in args.bellis_opt]
                     if not args.check:
                         cmd.append("--no-check")
@@ -277,8 +313,12 @@ def campaign(args: argparse.Namespace) -> int:
                             rec = json.load(f)
                         os.unlink(out)
                     except (OSError, ValueError):
-                        rec = {"status": "error", "runner": name, "workload": wl,
-                               "error": f"no record (exit status {proc.returncode})"}
+                        rec = {
+                            "status": "error",
+                            "runner": name,
+                            "workload": wl,
+                            "error": f"no record (exit status {proc.returncode})",
+                        }
                     rec["rep"] = rep
                     records.append(rec)
                     if raw_out:
@@ -292,8 +332,10 @@ def campaign(args: argparse.Namespace) -> int:
         if own_data and not args.keep_data:
             shutil.rmtree(data, ignore_errors=True)
     text, problems = report(records, runners, workloads, args.workers)
-    head = (f"size {args.size}^3, chunks 64^3 zstd, {args.workers} workers, {args.reps} "
-            f"repetitions, runners {', '.join(runners)}")
+    head = (
+        f"size {args.size}^3, chunks 64^3 zstd, {args.workers} workers, {args.reps} "
+        f"repetitions, runners {', '.join(runners)}"
+    )
     print(head)
     for n in notes:
         print(f"- {n}")
@@ -309,17 +351,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=512, help="edge of the volume (multiple of 128)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workloads", default="W1,W2,W3")
-    ap.add_argument("--runners", default=None,
-                    help=f"comma-separated, from {','.join(DEFAULT_RUNNERS)} (default: all "
-                         "that are installed)")
+    ap.add_argument(
+        "--runners",
+        default=None,
+        help=f"comma-separated, from {','.join(DEFAULT_RUNNERS)} (default: all that are installed)",
+    )
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--bellis-opt", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Task keyword for the bellis runners, e.g. resource_tracking=false")
+    ap.add_argument(
+        "--bellis-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Task keyword for the bellis runners, e.g. resource_tracking=false",
+    )
     ap.add_argument("--data", default=None, help="data directory (default: a temporary one)")
     ap.add_argument("--keep-data", action="store_true")
     ap.add_argument("--raw", default=None, help="append every record to this JSONL file")
-    ap.add_argument("--no-check", dest="check", action="store_false",
-                    help="do not hash the outputs")
+    ap.add_argument(
+        "--no-check", dest="check", action="store_false", help="do not hash the outputs"
+    )
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--runner", help=argparse.SUPPRESS)

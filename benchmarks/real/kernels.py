@@ -5,7 +5,8 @@ volume), computes, and writes its write ROI. World units are voxels (voxel size 
 Every process opens each array once (``_array``) and logs, per block, the time the block's
 own read, compute and write took (wall), and the CPU time of its process over the block (all
 threads: zarr decodes on its event-loop thread), measured inside the block function, to a
-per-process file in ``timing_dir`` (one ``os.write`` of one line per block, the same for every runner).
+per-process file in ``timing_dir`` (one ``os.write`` of one line per block, the same for
+every runner).
 
 The outputs do not depend on the order blocks run in: the labels of a block are numbered
 from ``block_index << 20``, where ``block_index`` is the linear index of the block's write
@@ -108,8 +109,11 @@ def block_index(write_offset: tuple[int, ...], write_shape: tuple[int, ...], siz
 
 
 def run_block(
-    spec: dict[str, Any], read_offset: tuple[int, ...], read_shape: tuple[int, ...],
-    write_offset: tuple[int, ...], write_shape: tuple[int, ...],
+    spec: dict[str, Any],
+    read_offset: tuple[int, ...],
+    read_shape: tuple[int, ...],
+    write_offset: tuple[int, ...],
+    write_shape: tuple[int, ...],
 ) -> None:
     """One block of the kernel ``spec["kernel"]`` (gaussian, threshold or label)."""
     perf = time.perf_counter
@@ -138,6 +142,4 @@ def run_block(
 def process_block(spec: dict[str, Any], block: Any) -> None:
     """The process function of bellis and daisy: ``functools.partial(process_block, spec)``."""
     r, w = block.read_roi, block.write_roi
-    run_block(
-        spec, tuple(r.offset), tuple(r.shape), tuple(w.offset), tuple(w.shape)
-    )
+    run_block(spec, tuple(r.offset), tuple(r.shape), tuple(w.offset), tuple(w.shape))

@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from real import work  # noqa: E402
+from real import work
 
 C = work.CHUNK
 
@@ -66,8 +66,9 @@ def main() -> int:
     codec = Zstd()
     n = args.size // C
     # interior blocks: a 64^3 block at chunk (i, j, k) with margin 8 touches chunks i-1..i+1
-    positions = [(i, j, k) for i in range(1, n - 1) for j in range(1, n - 1)
-                 for k in range(1, n - 1)]
+    positions = [
+        (i, j, k) for i in range(1, n - 1) for j in range(1, n - 1) for k in range(1, n - 1)
+    ]
     rng = np.random.default_rng(0)
     rng.shuffle(positions)
     for p in [(i, j, k) for i in range(n) for j in range(n) for k in range(n)]:
@@ -75,8 +76,12 @@ def main() -> int:
             f.read()  # warm the page cache
 
     def neighbours(p: tuple[int, int, int]) -> list[tuple[int, int, int]]:
-        return [(p[0] + a, p[1] + b, p[2] + c) for a in (-1, 0, 1) for b in (-1, 0, 1)
-                for c in (-1, 0, 1)]
+        return [
+            (p[0] + a, p[1] + b, p[2] + c)
+            for a in (-1, 0, 1)
+            for b in (-1, 0, 1)
+            for c in (-1, 0, 1)
+        ]
 
     def sel80(p: tuple[int, int, int]) -> tuple[slice, ...]:
         return tuple(slice(q * C - 8, q * C + C + 8) for q in p)
@@ -181,17 +186,25 @@ def main() -> int:
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     load1 = os.getloadavg()
-    print(f"zarr {zarr.__version__}, numcodecs Zstd, {args.size}^3 uint8, chunks {C}^3, "
-          f"{args.reps} repetitions, load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    print(
+        f"zarr {zarr.__version__}, numcodecs Zstd, {args.size}^3 uint8, chunks {C}^3, "
+        f"{args.reps} repetitions, load average {load0[0]:.2f} -> {load1[0]:.2f}"
+    )
     print()
     print("| measurement | median ms | min ms | process CPU ms (median) |")
     print("|---|---|---|---|")
     for name, _ in ms:
-        print(f"| {name} | {statistics.median(wall[name]) * 1e3:.3f} | "
-              f"{min(wall[name]) * 1e3:.3f} | {statistics.median(cpu[name]) * 1e3:.3f} |")
+        print(
+            f"| {name} | {statistics.median(wall[name]) * 1e3:.3f} | "
+            f"{min(wall[name]) * 1e3:.3f} | {statistics.median(cpu[name]) * 1e3:.3f} |"
+        )
     med = {k: statistics.median(v) * 1e3 for k, v in wall.items()}
-    rest = (med["zarr 80^3 (27 chunks)"] - med["files (27 open+read)"]
-            - med["decode (27 x zstd, 1 thread)"] - med["copy from decoded dict"])
+    rest = (
+        med["zarr 80^3 (27 chunks)"]
+        - med["files (27 open+read)"]
+        - med["decode (27 x zstd, 1 thread)"]
+        - med["copy from decoded dict"]
+    )
     print()
     print(f"zarr machinery in the 80^3 read (zarr - files - decode - copy): {rest:.2f} ms")
     return 0

@@ -28,8 +28,14 @@ def _spec(stage: Stage, paths: dict[str, str], timing_dir: str, size: int) -> di
     }
 
 
-def run_single(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, size: int,
-               workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_single(
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     """Every block in one process, in z, y, x order (the ideal is its block-time sum ÷
     workers)."""
     for stage in stages:
@@ -46,8 +52,14 @@ def _split_worker(specs: list[tuple[dict[str, Any], list[Any]]], barrier: Any) -
         barrier.wait()
 
 
-def run_split(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, size: int,
-              workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_split(
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     """A static split: process ``p`` of ``workers`` runs the ``p``-th contiguous share of
     every stage's block list (z slabs), stages separated by a barrier. Processes are
     spawned (their start is in the wall), and each opens the arrays once."""
@@ -77,8 +89,15 @@ def run_split(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str,
     return {}
 
 
-def _daisy_like(mod: Any, stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str,
-                size: int, workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def _daisy_like(
+    mod: Any,
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     params = inspect.signature(mod.Task).parameters
     worker_kw = "max_workers" if "max_workers" in params else "num_workers"
     is_bellis = mod.__name__ == "bellis"
@@ -124,8 +143,14 @@ def _daisy_like(mod: Any, stages: tuple[Stage, ...], paths: dict[str, str], timi
     return {"module": mod.__name__, "version": getattr(mod, "__version__", "?")}
 
 
-def run_bellis(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, size: int,
-               workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_bellis(
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     import bellis
 
     return _daisy_like(bellis, stages, paths, timing_dir, size, workers, options)
@@ -137,8 +162,14 @@ def bellis_has_inputs() -> bool:
     return "inputs" in inspect.signature(bellis.Task).parameters
 
 
-def run_daisy(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, size: int,
-              workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_daisy(
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     import daisy
 
     if getattr(daisy, "__version__", "") != "2.0.0" or "bellis" in (daisy.__file__ or ""):
@@ -172,8 +203,14 @@ def _timed(timing_dir: str, kernel: str, fn: Any, *args: Any) -> Any:
     return out
 
 
-def run_dask(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, size: int,
-             workers: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_dask(
+    stages: tuple[Stage, ...],
+    paths: dict[str, str],
+    timing_dir: str,
+    size: int,
+    workers: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
     """dask.array over the same zarr arrays, ``map_overlap`` (zero boundary) where a stage has
     context, one ``da.store`` of every stage's output, threaded scheduler with ``workers``
     threads. A stage's input is its upstream stage's dask array (not re-read from zarr).
@@ -192,18 +229,24 @@ def run_dask(stages: tuple[Stage, ...], paths: dict[str, str], timing_dir: str, 
         x = x.rechunk((stage.write,) * 3)
         per = size // stage.write
         if stage.kernel == "gaussian":
+
             def fn(b: Any, _s: Stage = stage) -> Any:
                 return _timed(timing_dir, _s.kernel, kernels.gaussian_compute, b, 0)
+
             dtype = "uint8"
         elif stage.kernel == "threshold":
+
             def fn(b: Any, _s: Stage = stage) -> Any:
                 return _timed(timing_dir, _s.kernel, kernels.threshold_compute, b)
+
             dtype = "uint8"
         else:
-            def fn(b: Any, block_info: Any = None, _s: Stage = stage) -> Any:
+
+            def fn(b: Any, block_info: Any = None, _s: Stage = stage, per: int = per) -> Any:
                 i, j, k = block_info[None]["chunk-location"]
                 index = (i * per + j) * per + k
                 return _timed(timing_dir, _s.kernel, kernels.label_compute, b, 0, index)
+
             dtype = "uint32"
         import numpy as np
 

@@ -107,7 +107,5 @@ def blocks(stage: Stage, size: int) -> list[tuple[tuple[int, ...], ...]]:
         for j in range(n):
             for k in range(n):
                 wo = (i * w, j * w, k * w)
-                out.append(
-                    (tuple(o - c for o in wo), (w + 2 * c,) * 3, wo, (w,) * 3)
-                )
+                out.append((tuple(o - c for o in wo), (w + 2 * c,) * 3, wo, (w,) * 3))
     return out

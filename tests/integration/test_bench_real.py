@@ -35,9 +35,25 @@ def test_every_runner_writes_the_single_process_bytes(tmp_path: Path) -> None:
     raw = tmp_path / "records.jsonl"
     data = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--size", str(SIZE), "--reps", "1", "--raw", str(raw),
-         "--data", str(data), "--keep-data", "--timeout", "600"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        [
+            sys.executable,
+            str(BENCH),
+            "--size",
+            str(SIZE),
+            "--reps",
+            "1",
+            "--raw",
+            str(raw),
+            "--data",
+            str(data),
+            "--keep-data",
+            "--timeout",
+            "600",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(line) for line in raw.read_text().splitlines()]
@@ -52,15 +68,18 @@ def test_every_runner_writes_the_single_process_bytes(tmp_path: Path) -> None:
             assert rec["status"] == "ok", rec
             assert rec["digests"] == ref["digests"], (wl, name)
             # every block ran once and was measured inside the block function
-            blocks = (SIZE // 128) ** 3 if wl == "W1" else (
-                (SIZE // 32) ** 3 if wl == "W2" else 2 * (SIZE // 64) ** 3)
+            blocks = (
+                (SIZE // 128) ** 3
+                if wl == "W1"
+                else ((SIZE // 32) ** 3 if wl == "W2" else 2 * (SIZE // 64) ** 3)
+            )
             assert rec["blocks"]["total"]["blocks"] == blocks, (wl, name, rec["blocks"])
     # the single process's outputs are right: W2 is the threshold of the generated volume
     volume = zarr.open_array(str(data / f"raw_{SIZE}.zarr"), mode="r")[...]
     assert volume.dtype == np.uint8 and volume.std() > 50  # random, not a constant
     assert by[("W2", "single")]["digests"]["w2_mask"] == _digest((volume > 127).astype(np.uint8))
     # and W1 is the smoothing of its one padded block, computed here without the kernels
-    from scipy import ndimage  # noqa: PLC0415
+    from scipy import ndimage
 
     padded = np.pad(volume, 8).astype(np.float32)
     smooth = ndimage.gaussian_filter(padded, 2.0, mode="reflect")[8:-8, 8:-8, 8:-8]
