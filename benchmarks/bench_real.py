@@ -15,7 +15,8 @@ Runners (``real/runners.py``): ``single`` (one process, z-y-x order: the ideal i
 block-time sum / workers), ``split`` (a static split of the block loop over ``workers``
 spawned processes, contiguous halves, a barrier between stages), ``bellis`` (``workers``
 workers; W3 with ``requires={"cpu": 1}`` and ``resources={"cpu": workers}``),
-``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it), ``daisy``
+``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it; a variant
+``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run), ``daisy``
 (daisy 2.0.0 as ``import daisy``, ``num_workers=workers`` per task: daisy has no shared
 budget) and ``dask`` (dask.array, ``map_overlap``, threaded scheduler with ``workers`` threads).
 
@@ -27,7 +28,8 @@ and compared with the ``single`` runner's, byte for byte; a mismatch is an error
 
     python benchmarks/bench_real.py --size 256 --reps 3 --workloads W1,W2,W3
     python benchmarks/bench_real.py --size 64 --reps 1 --runners single,split,bellis
-    python benchmarks/bench_real.py --bellis-opt resource_tracking=false   # a bellis variant
+    python benchmarks/bench_real.py --bellis-opt resource_tracking=true   # every bellis run
+    python benchmarks/bench_real.py --runners split,bellis,bellis:resource_tracking=true
 
 Prints a markdown table per workload: medians, and ratios against the static split (the
 median over repetitions of the paired ratio). ``--raw FILE`` keeps the records (JSONL).
@@ -107,10 +109,11 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
             work.make_array(paths[stage.output], args.size, stage.dtype, stage.out_chunk)
         timing_dir = os.path.join(run_dir, "timing")
         os.mkdir(timing_dir)
-        options = _parse_opts(args.bellis_opt) if args.runner.startswith("bellis") else {}
-        if args.runner == "bellis+inputs":
+        base, *variant = args.runner.split(":")
+        options = _parse_opts(args.bellis_opt + variant) if base.startswith("bellis") else {}
+        if base == "bellis+inputs":
             options["inputs"] = True
-        fn = _runners.RUNNERS[args.runner]
+        fn = _runners.RUNNERS[base]
         cwd = os.getcwd()
         os.chdir(run_dir)
         load0 = os.getloadavg()
@@ -170,10 +173,14 @@ def _one_main(args: argparse.Namespace) -> int:
 def _available(runners: list[str], explicit: bool) -> tuple[list[str], list[str]]:
     keep, notes = [], []
     for r in runners:
-        if r not in _runners.RUNNERS:
-            raise SystemExit(f"--runners: unknown runner {r!r}; use {sorted(_runners.RUNNERS)}")
+        base, *variant = r.split(":")
+        if base not in _runners.RUNNERS or (variant and not base.startswith("bellis")):
+            raise SystemExit(
+                f"--runners: unknown runner {r!r}; use {sorted(_runners.RUNNERS)}, or "
+                "bellis:KEY=VALUE[:KEY=VALUE] for a bellis variant"
+            )
         ok, why = True, ""
-        if r == "bellis+inputs" and not _runners.bellis_has_inputs():
+        if base == "bellis+inputs" and not _runners.bellis_has_inputs():
             ok, why = False, "bellis.Task has no inputs= parameter"
         elif r == "daisy" and not _runners.daisy_available():
             ok, why = False, "daisy 2.0.0 not installed (.ci/install_anchors.sh)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import multiprocessing as mp
+import random
 from typing import Any
 
 from real import kernels
@@ -59,10 +60,13 @@ def run_split(
     size: int,
     workers: int,
     options: dict[str, Any],
+    shuffle: bool = False,
 ) -> dict[str, Any]:
     """A static split: process ``p`` of ``workers`` runs the ``p``-th contiguous share of
     every stage's block list (z slabs), stages separated by a barrier. Processes are
-    spawned (their start is in the wall), and each opens the arrays once."""
+    spawned (their start is in the wall), and each opens the arrays once. ``shuffle``
+    (runner ``split-shuffled``): each process runs its share in a random order (a fixed
+    seed), to see what block order does to the block times."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers)
     procs = []
@@ -71,7 +75,10 @@ def run_split(
         for stage in stages:
             bl = blocks(stage, size)
             lo, hi = len(bl) * p // workers, len(bl) * (p + 1) // workers
-            specs.append((_spec(stage, paths, timing_dir, size), bl[lo:hi]))
+            mine = bl[lo:hi]
+            if shuffle:
+                random.Random(p).shuffle(mine)
+            specs.append((_spec(stage, paths, timing_dir, size), mine))
         procs.append(ctx.Process(target=_split_worker, args=(specs, barrier)))
     try:
         for proc in procs:
@@ -268,6 +275,7 @@ def run_dask(
 RUNNERS = {
     "single": run_single,
     "split": run_split,
+    "split-shuffled": functools.partial(run_split, shuffle=True),
     "bellis": run_bellis,
     "bellis+inputs": run_bellis,
     "daisy": run_daisy,
