@@ -74,27 +74,41 @@ def _parse_opts(items: list[str]) -> dict[str, Any]:
     return opts
 
 
-def _read_timings(timing_dir: str) -> dict[str, Any]:
+def _read_timings(timing_dir: str, per_axis: dict[str, int]) -> dict[str, Any]:
+    """Block-time sums per kernel from the per-process logs, and how spatially coherent each
+    process's stream of blocks was: ``neighbour_share``, the share of blocks that follow,
+    in the same process, a grid neighbour (26-neighbourhood) of the same kernel."""
     per: dict[str, dict[str, float]] = {}
     pids = 0
+    follows = neighbours = 0
     for name in os.listdir(timing_dir):
         pids += 1
+        last: dict[str, int] = {}
         with open(os.path.join(timing_dir, name)) as f:
             for line in f:
-                kernel, r, c, w, cpu = line.split("\t")
+                kernel, r, c, w, cpu, idx = line.split("\t")
                 d = per.setdefault(
                     kernel, {"blocks": 0, "read": 0.0, "compute": 0.0, "write": 0.0, "cpu": 0.0}
                 )
-                d["cpu"] += float(cpu)
                 d["blocks"] += 1
                 d["read"] += float(r)
                 d["compute"] += float(c)
                 d["write"] += float(w)
+                d["cpu"] += float(cpu)
+                i, n = int(idx), per_axis.get(kernel, 0)
+                if i >= 0 and n and kernel in last:
+                    a, b = last[kernel], i
+                    ga = (a // (n * n), a // n % n, a % n)
+                    gb = (b // (n * n), b // n % n, b % n)
+                    follows += 1
+                    neighbours += max(abs(x - y) for x, y in zip(ga, gb, strict=True)) == 1
+                last[kernel] = int(idx)
     total = {
         k: sum(d[k] for d in per.values()) for k in ("blocks", "read", "compute", "write", "cpu")
     }
     total["sum"] = total["read"] + total["compute"] + total["write"]
-    return {"per_kernel": per, "total": total, "processes": pids}
+    share = neighbours / follows if follows else float("nan")
+    return {"per_kernel": per, "total": total, "processes": pids, "neighbour_share": share}
 
 
 def measure_one(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,7 +154,9 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
             "load_after": load1,
             "driver_cpu_s": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
             "children_cpu_s": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
-            "blocks": _read_timings(timing_dir),
+            "blocks": _read_timings(
+                timing_dir, {st.kernel: args.size // st.write for st in stages}
+            ),
             "info": info,
         }
         if args.check:
@@ -237,9 +253,10 @@ def report(
         lines.append("")
         lines.append(
             "| runner | runs | wall s | wall / split | ideal / wall | block sum s | "
-            "sum / split | read s | compute s | write s | block CPU s | driver CPU s |"
+            "sum / split | read s | compute s | write s | block CPU s | CPU / split | "
+            "driver CPU s | all CPU s | neighbour share |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in runners:
             rs = by.get(name, [])
             if not rs:
@@ -256,12 +273,19 @@ def report(
                 k: _med([r["blocks"]["total"][k] for r in rs])
                 for k in ("read", "compute", "write", "cpu")
             }
+            cr = [
+                r["blocks"]["total"]["cpu"] / split[r["rep"]]["blocks"]["total"]["cpu"]
+                for r in rs
+                if r["rep"] in split
+            ]
+            allcpu = _med([r["driver_cpu_s"] + r["children_cpu_s"] for r in rs])
+            share = _med([r["blocks"].get("neighbour_share", float("nan")) for r in rs])
             lines.append(
                 f"| {name} | {len(rs)} | {_med(walls):.2f} | {_med(wr):.3f} | "
                 f"{ideal / _med(walls):.3f} | {_med(sums):.2f} | {_med(sr):.3f} | "
                 f"{tot['read']:.2f} | {tot['compute']:.2f} | {tot['write']:.2f} | "
-                f"{tot['cpu']:.2f} | "
-                f"{_med([r['driver_cpu_s'] for r in rs]):.2f} |"
+                f"{tot['cpu']:.2f} | {_med(cr):.3f} | "
+                f"{_med([r['driver_cpu_s'] for r in rs]):.2f} | {allcpu:.2f} | {share:.2f} |"
             )
         lines.append("")
     return "\n".join(lines), problems
@@ -314,7 +338,9 @@ def campaign(args: argparse.Namespace) -> int:
                     cmd += [f"--bellis-opt={o}" for o in args.bellis_opt]
                     if not args.check:
                         cmd.append("--no-check")
-                    proc = subprocess.run(cmd, timeout=args.timeout, stdin=subprocess.DEVNULL)
+                    proc = subprocess.run(
+                        cmd, timeout=args.timeout, stdin=subprocess.DEVNULL, stdout=sys.stderr
+                    )
                     try:
                         with open(out) as f:
                             rec = json.load(f)

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy import ndimage  # here, not in the first block: a process's imports are not block time
 
 SIGMA = 2.0
 THRESHOLD = 127
@@ -41,7 +42,13 @@ def _array(path: str, mode: str = "r") -> Any:
 
 
 def _log(
-    timing_dir: str, kernel: str, read_s: float, compute_s: float, write_s: float, cpu_s: float
+    timing_dir: str,
+    kernel: str,
+    read_s: float,
+    compute_s: float,
+    write_s: float,
+    cpu_s: float,
+    index: int = -1,
 ) -> None:
     fd = _LOG.get(timing_dir)
     if fd is None:
@@ -51,7 +58,7 @@ def _log(
             0o644,
         )
         _LOG[timing_dir] = fd
-    line = f"{kernel}\t{read_s:.6f}\t{compute_s:.6f}\t{write_s:.6f}\t{cpu_s:.6f}\n"
+    line = f"{kernel}\t{read_s:.6f}\t{compute_s:.6f}\t{write_s:.6f}\t{cpu_s:.6f}\t{index}\n"
     os.write(fd, line.encode())
 
 
@@ -76,8 +83,6 @@ def _inner(read_shape: tuple[int, ...], context: int) -> tuple[slice, ...]:
 
 def gaussian_compute(x: Any, context: int) -> Any:
     """The smoothing of one padded block: float32 gaussian, cropped, rounded to uint8."""
-    from scipy import ndimage
-
     y = ndimage.gaussian_filter(x.astype(np.float32), SIGMA, mode="reflect")
     if context:
         y = y[_inner(x.shape, context)]
@@ -91,8 +96,6 @@ def threshold_compute(x: Any) -> Any:
 def label_compute(x: Any, context: int, block_index: int) -> Any:
     """Connected components of ``x > THRESHOLD`` over the padded block, cropped, numbered
     from ``block_index << LABEL_SHIFT``."""
-    from scipy import ndimage
-
     lab, _ = ndimage.label(x > THRESHOLD)
     lab = lab[_inner(x.shape, context)].astype(np.uint32)
     lab[lab > 0] += np.uint32(block_index << LABEL_SHIFT)
@@ -120,6 +123,7 @@ def run_block(
     kernel = spec["kernel"]
     src = _array(spec["input"])
     dst = _array(spec["output"], "r+")
+    index = block_index(write_offset, write_shape, spec["size"])
     c0 = time.process_time()
     t0 = perf()
     x = read_padded(src, read_offset, read_shape)
@@ -129,14 +133,13 @@ def run_block(
     elif kernel == "threshold":
         y = threshold_compute(x)
     elif kernel == "label":
-        index = block_index(write_offset, write_shape, spec["size"])
         y = label_compute(x, spec["context"], index)
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
     t2 = perf()
     dst[_slices(write_offset, write_shape)] = y
     t3 = perf()
-    _log(spec["timing_dir"], kernel, t1 - t0, t2 - t1, t3 - t2, time.process_time() - c0)
+    _log(spec["timing_dir"], kernel, t1 - t0, t2 - t1, t3 - t2, time.process_time() - c0, index)
 
 
 def process_block(spec: dict[str, Any], block: Any) -> None:
