@@ -13,7 +13,8 @@ directory. Workloads (``real/work.py``), each over the whole volume, zero-padded
 
 Runners (``real/runners.py``): ``single`` (one process, z-y-x order: the ideal is its
 block-time sum / workers), ``split`` (a static split of the block loop over ``workers``
-spawned processes, contiguous halves, a barrier between stages), ``bellis`` (``workers``
+forked processes, contiguous halves, a barrier between stages; ``split-shuffled``: each half
+in a random order), ``bellis`` (``workers``
 workers; W3 with ``requires={"cpu": 1}`` and ``resources={"cpu": workers}``),
 ``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it; a variant
 ``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run), ``daisy``

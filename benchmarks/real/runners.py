@@ -64,10 +64,13 @@ def run_split(
 ) -> dict[str, Any]:
     """A static split: process ``p`` of ``workers`` runs the ``p``-th contiguous share of
     every stage's block list (z slabs), stages separated by a barrier. Processes are
-    spawned (their start is in the wall), and each opens the arrays once. ``shuffle``
+    forked from the measurement process (their start is in the wall), so they inherit its
+    imports (numpy, zarr, scipy): the best case of a scheduler-free loop, as a
+    ``multiprocessing`` script gets on Linux (zarr resets its event loop in a forked
+    child). Each opens the arrays once. ``shuffle``
     (runner ``split-shuffled``): each process runs its share in a random order (a fixed
     seed), to see what block order does to the block times."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")
     barrier = ctx.Barrier(workers)
     procs = []
     for p in range(workers):
