@@ -56,6 +56,12 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--data", default=None)
+    ap.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="also profile 24 reads through zarr's async API on this thread's own loop and "
+        "print the call counts per read (the thread-pool hops run elsewhere)",
+    )
     args = ap.parse_args()
     import zarr
     from numcodecs.zstd import Zstd
@@ -225,7 +231,34 @@ def main() -> int:
     )
     print()
     print(f"zarr machinery in the 80^3 read (zarr - files - decode - copy): {rest:.2f} ms")
+    if args.cprofile:
+        profile_counts(arr, [sel80(p) for p in positions[:24]])
     return 0
+
+
+def profile_counts(arr: Any, sels: list[tuple[slice, ...]]) -> None:
+    """cProfile of ``AsyncArray.getitem`` run on this thread's loop: calls per read."""
+    import cProfile
+    import pstats
+
+    aa = arr._async_array
+
+    async def go() -> None:
+        for s in sels:
+            await aa.getitem(s)
+
+    asyncio.run(go())
+    prof = cProfile.Profile()
+    prof.enable()
+    asyncio.run(go())
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    wanted = ("put", "call_soon", "concurrent_map", "to_thread", "create_task", "_run_once")
+    print()
+    print(f"calls per 80^3 read ({len(sels)} reads profiled):")
+    for (_file, _line, name), (_cc, nc, *_rest) in sorted(stats.items(), key=lambda kv: -kv[1][1]):
+        if name in wanted or name.endswith(("put'>", "'put' of '_queue.SimpleQueue' objects>")):
+            print(f"  {name}: {nc / len(sels):.0f}")
 
 
 if __name__ == "__main__":
