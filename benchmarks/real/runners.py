@@ -129,6 +129,8 @@ def _daisy_like(
             if len(stages) > 1:
                 kw["requires"] = {"cpu": 1}
             for name, value in options.items():
+                if name == "batch_target":
+                    continue
                 if name == "inputs":
                     if value:
                         kw["inputs"] = [paths[stage.input]]
@@ -137,6 +139,11 @@ def _daisy_like(
         if tasks:
             kw["upstream_tasks"] = [tasks[-1]]
         tasks.append(mod.Task(stage.name, **kw))
+    if is_bellis and "batch_target" in options:
+        # an experiment, not an option: the seconds of work the server aims a batch at
+        from bellis._scheduling import _batching
+
+        _batching.BATCH_TARGET_SECONDS = float(options["batch_target"])  # type: ignore[misc]
     run_kw: dict[str, Any] = {"multiprocessing": True, "progress": False}
     if is_bellis:
         run_kw["summary"] = False
