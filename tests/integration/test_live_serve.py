@@ -60,7 +60,8 @@ def serve(*paths: Path, extra: tuple[str, ...] = ()) -> Iterator[str]:
             lines.put(line)
         lines.put("")
 
-    threading.Thread(target=pump, daemon=True).start()
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     try:
         seen = []
         while True:
@@ -77,6 +78,10 @@ def serve(*paths: Path, extra: tuple[str, ...] = ()) -> Iterator[str]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        pumping.join(timeout=60)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def get(url: str) -> tuple[int, bytes]:
