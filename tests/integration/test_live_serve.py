@@ -359,3 +359,59 @@ def test_the_server_binds_loopback_only(tmp_path: Path) -> None:
         with pytest.raises(OSError):
             socket.create_connection((addr, port), timeout=10).close()
         assert get(url)[0] == 200
+
+
+VOLUME_3D = """
+import bellis
+
+def process(block):
+    if tuple(int(v) for v in block.write_roi.offset) == (20, 10, 0):
+        block.status = bellis.BlockStatus.FAILED
+
+task = bellis.Task(
+    "vol",
+    total_roi=bellis.Roi((0, 0, 0), (40, 30, 20)),
+    read_roi=bellis.Roi((0, 0, 0), (10, 10, 10)),
+    write_roi=bellis.Roi((0, 0, 0), (10, 10, 10)),
+    process_function=process,
+    max_retries=0,
+    read_write_conflict=False,
+    tracking_path="vol",
+)
+print("RESULT", bellis.run_blockwise([task], multiprocessing=False, progress=False))
+"""
+
+
+@needs_chromium
+def test_a_3d_map_shows_a_slice_and_the_max_projection(tmp_path: Path) -> None:
+    from kit.user_script import run_script
+
+    proc = run_script(tmp_path, VOLUME_3D)
+    assert "RESULT False" in proc.stdout, proc.stdout + proc.stderr
+    store = tmp_path / "vol"
+    assert status_json(store)["grid"] == [4, 3, 2]
+    # cell (2, 1, 0) failed; (0, 1, 0) is done, and the failure lies behind it on axis 0
+    with serve(store) as url:
+        dom_slice = _probe_dom(f"{url}#cell={2 * 6 + 1 * 2 + 0}")
+        dom_done = _probe_dom(f"{url}#cell={0 * 6 + 1 * 2 + 0}")
+        dom_proj = _probe_dom(f"{url}#proj=1&cell={0 * 6 + 1 * 2 + 0}")
+    attrs, text = _block_pre(dom_slice)
+    assert (attrs["data-state"], attrs["data-pixel"]) == ("4", "#d62728"), text
+    assert "cell 2, 1, 0" in text and "ROI [20:30, 10:20, 0:10)" in text
+    assert "failed attempts 1" in text
+    attrs, text = _block_pre(dom_done)
+    assert (attrs["data-state"], attrs["data-pixel"]) == ("2", "#2ca02c"), text
+    attrs, text = _block_pre(dom_proj)
+    assert (attrs["data-state"], attrs["data-pixel"]) == ("4", "#d62728"), text
+    assert "projection" in text
+
+
+def test_serve_names_a_path_without_a_store(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", "serve", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert f"{tmp_path / 'nope'}" in proc.stderr and "does not exist" in proc.stderr

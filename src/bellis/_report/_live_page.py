@@ -4,8 +4,9 @@ It fetches ``api/state.json`` (with the page's own token) every 1.5 s and redraw
 place: the per-task counts, the block map (a canvas: one slice of the grid, chosen with a
 slider over axis 0, or the max projection over it, coloured by state with the report's
 colours), the details of the block under the pointer (or the one named by ``#block=ID``
-or ``#cell=N`` in the URL) and the errors grouped by distinct error. When a refresh has
-drawn, ``<body>`` carries ``data-rendered="yes"`` and ``window.bellisLive`` the state.
+or ``#cell=N`` in the URL; ``#proj=1`` shows the max projection) and the errors grouped
+by distinct error. When a refresh has drawn, ``<body>`` carries ``data-rendered="yes"``
+and ``window.bellisLive`` the state.
 """
 
 from __future__ import annotations
@@ -206,6 +207,9 @@ function fromHash(){
   if (!drawn || !location.hash) return;
   var q = new URLSearchParams(location.hash.substr(1)), m = drawn.task.map;
   if (!m) return;
+  if (q.has("proj") && $("maxproj").checked !== (q.get("proj") === "1")){
+    $("maxproj").checked = q.get("proj") === "1"; drawMap();
+  }
   var h = m.shape[1], w = m.shape[2], flat = null;
   if (q.has("cell")) flat = +q.get("cell");
   if (q.has("block") && m.first_cell){
