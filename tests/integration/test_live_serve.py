@@ -415,3 +415,109 @@ def test_serve_names_a_path_without_a_store(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert f"{tmp_path / 'nope'}" in proc.stderr and "does not exist" in proc.stderr
+
+
+DASHBOARD = """
+import sys, time
+from pathlib import Path
+import bellis
+
+GATE = Path(sys.argv[2])
+
+def process(block):
+    while not GATE.exists():
+        time.sleep(0.05)
+
+task = bellis.Task(
+    "dash",
+    total_roi=bellis.Roi((0, 0), (40, 50)),
+    read_roi=bellis.Roi((0, 0), (10, 10)),
+    write_roi=bellis.Roi((0, 0), (10, 10)),
+    process_function=process,
+    num_workers=2,
+    read_write_conflict=False,
+    tracking_path="dash",
+)
+ok = bellis.run_blockwise(
+    [task], multiprocessing=sys.argv[1] == "distributed", dashboard=True, progress=False
+)
+print("RESULT", ok, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["distributed", "serial"])
+def test_run_blockwise_serves_the_page_while_it_runs(tmp_path: Path, mode: str) -> None:
+    gate = tmp_path / "gate"
+    script = tmp_path / "dash.py"
+    script.write_text(DASHBOARD)
+    run = subprocess.Popen(
+        [sys.executable, str(script), mode, str(gate)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert run.stderr is not None
+        for line in run.stderr:
+            lines.put(line)
+        lines.put("")
+
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
+    try:
+        seen: list[str] = []
+        while not (m := _URL.search(seen[-1] if seen else "")):
+            seen.append(lines.get(timeout=180))
+            assert seen[-1], "".join(seen)
+        url = m.group(1)
+        assert urlsplit(url).hostname == "127.0.0.1"
+        assert get(url.replace("token=", "token=x"))[0] == 403
+        task = state_of(url)["tasks"][0]
+        assert task["name"] == "dash" and task["blocks"] == 20
+        assert task["running"] is True and task["done"] == 0
+        code, page = get(url)
+        assert code == 200 and b"bellis: live" in page
+        gate.write_text("go")
+        out = run.communicate(timeout=300)[0]
+        assert "RESULT True" in out, out
+        port = urlsplit(url).port
+        assert port is not None
+        with pytest.raises(OSError):  # the page ends with the run
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        pumping.join(timeout=60)
+        for pipe in (run.stdout, run.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_dashboard_without_a_store_is_a_configuration_error(tmp_path: Path) -> None:
+    from kit.user_script import run_script
+
+    text = (
+        "import bellis\n"
+        "task = bellis.Task('t', total_roi=bellis.Roi((0,), (10,)),"
+        " read_roi=bellis.Roi((0,), (5,)), write_roi=bellis.Roi((0,), (5,)),"
+        " process_function=lambda b: None, read_write_conflict=False)\n"
+        "for value in ('yes', 70000):\n"
+        "    try:\n"
+        "        bellis.run_blockwise([task], multiprocessing=False, dashboard=value)\n"
+        "    except bellis.errors.ConfigurationError as exc:\n"
+        "        print('ERROR', exc)\n"
+        "try:\n"
+        "    bellis.run_blockwise([task], multiprocessing=False, block_tracking=False,"
+        " dashboard=True)\n"
+        "except bellis.errors.ConfigurationError as exc:\n"
+        "    print('ERROR', exc)\n"
+    )
+    proc = run_script(tmp_path, text)
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 3, proc.stdout + proc.stderr
+    assert "dashboard='yes'" in errors[0] and "dashboard=70000" in errors[1]
+    assert "no task of this run has one" in errors[2]

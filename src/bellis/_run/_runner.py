@@ -60,6 +60,7 @@ from ._checks import (
     _config_error,
     warn_uncovered,
 )
+from ._dashboard import check_dashboard, start_dashboard
 from ._observers import AttachableObservers, run_observed
 from ._progress import make_observer
 from ._provenance import CodeCheck, check_code, code_summary, finish_code, record_code
@@ -323,6 +324,8 @@ class RunSettings:
     #: workers to be all there, and go out in a random order (``_scheduling._gate``);
     #: None: an ordinary run
     start_gate: float | None = None
+    #: the live page's port (0: any free one); None: no page (``docs/live.md``)
+    dashboard: int | None = None
 
     @property
     def mode(self) -> str:
@@ -343,6 +346,7 @@ class RunSettings:
         external: bool = False,
         server: Server | None = None,
         serial_observer: Any = None,
+        dashboard: Any = False,
     ) -> RunSettings:
         """Check the pipeline and the configuration, and serialize the worker payloads
         (an unpicklable function fails here); raises before anything runs."""
@@ -372,6 +376,7 @@ class RunSettings:
             external=external,
             server=server,
             serial_observer=serial_observer,
+            dashboard=check_dashboard(dashboard),
         )
 
 
@@ -417,7 +422,9 @@ def _run_plan(plan: RunSettings) -> _RunResult:
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.tasks), stores, started_wall)
         code = CodeCheck(started_wall)
+        live = None
         try:
+            live = start_dashboard(plan.dashboard, stores)
             code = check_code(list(plan.tasks), plan.pipeline.edges, stores, started_wall)
             scheduler = Scheduler(plan.pipeline, _stores=stores, _unchecked=code.unchecked)
             if plan.start_gate is not None:  # a plan's sample run: in a random order too
@@ -448,6 +455,8 @@ def _run_plan(plan: RunSettings) -> _RunResult:
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
         finally:
+            if live is not None:
+                live.close()
             errors.close_sinks()
             _close_stores(stores)
         if plan.distributed:
@@ -627,6 +636,7 @@ def run_blockwise(
     summary: bool = True,
     launcher: Any = None,
     dry_run: bool = False,
+    dashboard: bool | int = False,
 ) -> Any:
     """Run a task, a pipeline or a list of tasks to completion.
 
@@ -636,6 +646,8 @@ def run_blockwise(
     exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
     ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
+    ``dashboard=True`` (or a port) serves the live page on 127.0.0.1 while the run goes
+    on, its URL printed to stderr (docs/live.md).
     """
     if dry_run:
         kw = {"resources": resources, "block_tracking": block_tracking, "launcher": launcher}
@@ -650,6 +662,7 @@ def run_blockwise(
             host=host,
             summary=summary,
             launcher=launcher,
+            dashboard=dashboard,
         )
     )
     return _finish(result, return_states, raise_abandoned=True)
