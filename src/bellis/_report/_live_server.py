@@ -28,6 +28,7 @@ from ._live_page import PAGE
 __all__ = ["LiveServer"]
 
 _STATE_PATH = "/api/state.json"
+_POLL_SECONDS = 0.05
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -95,8 +96,13 @@ class LiveServer:
         self.httpd = _Server((host, port), _Handler)
         self.httpd.token = self.token
         self.httpd.state = state
+        # the loop looks for a shutdown every 50 ms: ``close`` (at a run's end) waits at
+        # most that long, where the default half second would lengthen every short run
         self.thread = threading.Thread(
-            target=self.httpd.serve_forever, name="bellis-live", daemon=True
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": _POLL_SECONDS},
+            name="bellis-live",
+            daemon=True,
         )
 
     @property
