@@ -521,3 +521,37 @@ def test_dashboard_without_a_store_is_a_configuration_error(tmp_path: Path) -> N
     assert len(errors) == 3, proc.stdout + proc.stderr
     assert "dashboard='yes'" in errors[0] and "dashboard=70000" in errors[1]
     assert "no task of this run has one" in errors[2]
+
+
+BIG = """
+import bellis
+
+task = bellis.Task(
+    "big",
+    total_roi=bellis.Roi((0, 0), (600, 500)),
+    read_roi=bellis.Roi((0, 0), (1, 1)),
+    write_roi=bellis.Roi((0, 0), (1, 1)),
+    process_function=lambda block: None,
+    read_write_conflict=False,
+    tracking_path="big",
+)
+print("RESULT", bellis.run_blockwise([task], multiprocessing=False, progress=False))
+"""
+
+
+@needs_chromium
+def test_a_grid_of_more_cells_than_the_map_holds_is_drawn_in_tiles(tmp_path: Path) -> None:
+    from kit.user_script import run_script
+
+    proc = run_script(tmp_path, BIG)
+    assert "RESULT True" in proc.stdout, proc.stdout + proc.stderr
+    store = tmp_path / "big"
+    with serve(store) as url:
+        state = state_of(url)
+        dom = _probe_dom(f"{url}#cell=0")
+    m = state["tasks"][0]["map"]
+    assert m["grid"] == [1, 600, 500] and m["tile"] == [1, 2, 1]
+    assert m["shape"] == [1, 300, 500] and len(m["codes"]) < 300_000
+    attrs, text = _block_pre(dom)
+    assert (attrs["data-state"], attrs["data-pixel"]) == ("2", "#2ca02c"), text
+    assert "tile of 1 x 2 x 1 cells" in text
