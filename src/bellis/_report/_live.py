@@ -296,18 +296,18 @@ class LiveState:
 
     def _rates(self, snap: StatusSnapshot, history: _TaskHistory, now: float) -> list[float]:
         if snap.stamped and snap.returned_at is not None:
-            stamps = np.sort(snap.returned_at[snap.returned_at > 0])
-            counts = []
+            stamps = snap.returned_at[snap.returned_at > 0]
+            first = float(stamps.min()) if stamps.size else now
+            rates = []
             for i in range(ETA_WINDOWS):
                 hi, lo = now - i * RECENT_SECONDS, now - (i + 1) * RECENT_SECONDS
-                counts.append(int(np.count_nonzero((stamps > lo) & (stamps <= hi))))
-            # windows before the first stamp of the run are not windows of this run
-            first = float(stamps[0]) if stamps.size else now
-            return [
-                c / RECENT_SECONDS
-                for i, c in enumerate(counts)
-                if now - (i + 1) * RECENT_SECONDS >= first - RECENT_SECONDS
-            ]
+                # a window reaches back no further than the first stamp it can see
+                span = hi - max(lo, first)
+                if span < 1.0:
+                    break
+                count = int(np.count_nonzero((stamps > lo) & (stamps <= hi)))
+                rates.append(count / span)
+            return rates
         return window_rates(list(history.points), now, ETA_WINDOWS, RECENT_SECONDS)
 
     def _overall_rate(self, snap: StatusSnapshot, history: _TaskHistory) -> float | None:
