@@ -50,10 +50,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    server.start(sys.stderr)
     names = ", ".join(s.name for s in stores)
-    print(f"bellis serve: {len(stores)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
-    try:
+    try:  # a Ctrl-C from the URL's first line on ends it cleanly
+        print(f"bellis serve: {len(stores)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
+        server.start(sys.stderr)
         threading.Event().wait()
     except KeyboardInterrupt:
         print("bellis serve: stopped", file=sys.stderr)

@@ -123,6 +123,10 @@ class LiveServer:
         return self
 
     def close(self) -> None:
-        self.httpd.shutdown()
+        """Stop serving and close the socket (also when :meth:`start` never ran)."""
+        started = self.thread.ident is not None
+        if started:
+            self.httpd.shutdown()
         self.httpd.server_close()
-        self.thread.join(timeout=5)
+        if started:
+            self.thread.join(timeout=5)
