@@ -52,6 +52,7 @@ def run_blockwise(
     summary: bool = True,
     launcher: Any = None,
     dry_run: bool = False,
+    dashboard: bool | int = False,
 ) -> Any:
     """Run a task, a pipeline or a list of tasks to completion.
 
@@ -61,6 +62,8 @@ def run_blockwise(
     exhausted its worker restarts, ``KeyboardInterrupt`` on SIGINT/SIGTERM, and
     :class:`ConfigurationError` (``invalid configuration: ...``) before anything runs.
     ``dry_run=True`` runs nothing and returns the run's ``bellis.Plan`` (docs/plan.md).
+    ``dashboard=True`` (or a port) serves the live page on 127.0.0.1 while the run goes
+    on, its URL printed to stderr (docs/live.md).
     """
     options = RunOptions(
         multiprocessing=multiprocessing,
@@ -72,6 +75,7 @@ def run_blockwise(
         summary=summary,
         launcher=launcher,
         dry_run=dry_run,
+        dashboard=dashboard,
     )
     if options.dry_run:
         return plan_run(pipeline, options)

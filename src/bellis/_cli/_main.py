@@ -1,5 +1,5 @@
 """The ``bellis`` command: ``demo``, ``worker``, ``status``, ``report``, ``verify``,
-``plan``, ``as-daisy``."""
+``plan``, ``serve``, ``as-daisy``."""
 
 from __future__ import annotations
 
@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     from ._plan_cmd import add_plan_parser
 
     add_plan_parser(sub)
+
+    from ._serve import add_serve_parser
+
+    add_serve_parser(sub)
 
     a = sub.add_parser(
         "as-daisy",

@@ -12,8 +12,11 @@ Owns:
   ``_panel``        the Resource Utilization panel (text)
   ``_notebook``     Jupyter's ``_repr_html_`` of the reports
   ``_trace``        a run as a Chrome/Perfetto trace
+  ``_live``         the live page's JSON, from stores read read-only (``bellis serve``)
+  ``_live_page``    the live page: static HTML, its script inline
+  ``_live_server``  the live page's HTTP server (stdlib, a daemon thread, token-guarded)
 
-Reads stores and reports, writes files; never runs anything.
+Reads stores and reports, writes files; runs nothing but the live page's server thread.
 
 May import: ``plumbing``, ``model``, ``_tracking``, ``_stats``.
 Imported by: ``_run``, ``_plan``, ``face``, ``_cli``.

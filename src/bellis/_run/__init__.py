@@ -13,6 +13,7 @@ Owns:
   ``_observers``   observers attached to a server (``CLMonitor(server)``)
   ``_progress``    the progress observers (bar, JSON lines)
   ``_summary``     the end-of-run summary, its error groups and the resume notice
+  ``_dashboard``   ``run_blockwise(..., dashboard=True)``: the live page during the run
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_tracking``, ``_stats``, ``_outputs``,
 ``task``, ``_scheduling``, ``_worker``, ``_launchers``, ``_report``.
@@ -20,6 +21,6 @@ Imported by: ``_plan``, ``face``, ``_cli``.
 The groups are those of ``tests/unit/test_layering.py``'s table, which checks these two
 lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
-``_worker``: serial mode runs blocks here; ``_report``: the panel.
+``_worker``: serial mode runs blocks here; ``_report``: the panel and the live page.
 ``Pipeline.run_blockwise`` reaches the entry point through :mod:`bellis._seams`.
 """

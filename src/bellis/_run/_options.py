@@ -38,3 +38,6 @@ class RunOptions:
     launcher: Any = None
     #: run nothing; return the run's ``bellis.Plan``
     dry_run: bool = False
+    #: serve the live page while the run goes on: True (a free port) or a port number
+    #: (docs/live.md)
+    dashboard: bool | int = False

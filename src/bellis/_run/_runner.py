@@ -60,6 +60,7 @@ from ._checks import (
     _config_error,
     warn_uncovered,
 )
+from ._dashboard import check_dashboard, start_dashboard
 from ._observers import run_observed
 from ._options import RunOptions
 from ._progress import make_observer
@@ -358,6 +359,8 @@ class RunSettings:
     #: workers to be all there, and go out in a random order (``_scheduling._gate``);
     #: None: an ordinary run
     start_gate: float | None = None
+    #: the live page's port (0: any free one); None: no page (``docs/live.md``)
+    dashboard: int | None = None
 
     @property
     def mode(self) -> str:
@@ -412,6 +415,7 @@ class RunSettings:
             external=external,
             on_listen=on_listen,
             serial_observer=serial_observer,
+            dashboard=check_dashboard(options.dashboard),
         )
 
 
@@ -452,7 +456,9 @@ def execute(plan: RunSettings) -> RunResult:
         t_start = time.perf_counter()
         errors.sinks = error_logs(list(plan.specs.values()), stores, started_wall)
         code = CodeCheck(started_wall)
+        live = None
         try:
+            live = start_dashboard(plan.dashboard, stores)
             code = check_code(
                 list(plan.tasks), plan.pipeline.edges, stores, started_wall, plan.specs
             )
@@ -487,6 +493,8 @@ def execute(plan: RunSettings) -> RunResult:
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
         finally:
+            if live is not None:
+                live.close()
             errors.close_sinks()
             _close_stores(stores)
         if plan.distributed:

@@ -1,0 +1,382 @@
+"""The live page's state: what ``/api/state.json`` holds, built from tracking stores.
+
+Everything here reads stores read-only (``_tracking``'s ``open_readonly`` and
+``read_status``, as ``bellis status`` does) and never takes a run's lock, so it works
+on a store a run is writing, on a finished one and on daisy 2.0.0's (counts, no
+statistics). :class:`LiveState` keeps what one sample cannot say (the done counts of
+earlier samples, for a rate where the store has no ``returned_at`` stamps) and caches its
+last answer for ``min_interval_seconds``, so a page refreshed by many tabs reads each store
+at most once a second.
+
+The map: each block's state as one byte (:data:`STATE_NAMES`, the report's states and
+colours), the grid as a 3-D volume (a 1-D grid is ``1 x 1 x n``, a 2-D one ``1 x r x c``),
+aggregated into tiles of ``k0 x k1 x k2`` cells when it has more than :data:`MAP_CELLS`
+cells (:func:`tile_codes`), so a 10^6-block task's map stays a few hundred kB of JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .._stats._errorlog import group_errors, read_errors, records_of_run
+from .._tracking import StoreLayout, is_run_in_progress, open_readonly, read_status
+from .._tracking._status import StatusSnapshot
+
+__all__ = [
+    "DONE",
+    "FAILED",
+    "MAP_CELLS",
+    "NO_BLOCK",
+    "PARTLY",
+    "RETRIED",
+    "STATE_COLOURS",
+    "STATE_NAMES",
+    "UNTOUCHED",
+    "LiveState",
+    "eta_range",
+    "state_codes",
+    "tile_codes",
+    "window_rates",
+]
+
+NO_BLOCK: Final = 0
+UNTOUCHED: Final = 1
+DONE: Final = 2
+RETRIED: Final = 3
+FAILED: Final = 4
+PARTLY: Final = 5
+"""a tile some of whose blocks are done (a tiled map only)"""
+STATE_NAMES: Final = (
+    "no block",
+    "untouched",
+    "done",
+    "done after failed attempts",
+    "failed",
+    "partly done (tile)",
+)
+#: the report's colours (``_page_script``'s state scale, ``_figures.FAILED_COLOUR`` ...)
+STATE_COLOURS: Final = ("#ffffff", "#e6e6e6", "#2ca02c", "#ff7f0e", "#d62728", "#98df8a")
+#: the most cells the map sends; a larger grid is aggregated into tiles
+MAP_CELLS: Final = 250_000
+#: blocks whose failed attempts and last error the page can show on hover
+MAX_BLOCK_DETAILS: Final = 2000
+#: the windows of the recent rate and of the ETA's range
+RECENT_SECONDS: Final = 30.0
+ETA_WINDOWS: Final = 4
+
+
+def state_codes(
+    done: NDArray[Any], failures: NDArray[Any], block: NDArray[np.bool_] | None
+) -> NDArray[np.uint8]:
+    """Each cell's state (:data:`STATE_NAMES`) from the store's ``done`` and ``failures``
+    arrays and which cells hold a block (None: unknown, every cell does)."""
+    is_done = np.asarray(done) != 0
+    failed_any = np.asarray(failures) > 0
+    codes = np.full(is_done.shape, UNTOUCHED, dtype=np.uint8)
+    codes[is_done] = DONE
+    codes[is_done & failed_any] = RETRIED
+    codes[~is_done & failed_any] = FAILED
+    if block is not None:
+        codes[~block] = NO_BLOCK
+    return codes
+
+
+def tile_codes(
+    codes: NDArray[np.uint8], max_cells: int = MAP_CELLS
+) -> tuple[NDArray[np.uint8], tuple[int, ...]]:
+    """``codes`` (a 3-D volume of states) aggregated into tiles so that at most
+    ``max_cells`` remain; returns the tiles and the tile size per axis (all 1: unchanged).
+
+    A tile is failed when any of its blocks failed, done (or done after failed attempts,
+    when any was) when all are, partly done when some are, untouched when none are, and no
+    block when it holds none. Tiles grow the longest axis first (a square factor on the
+    two slice axes, then axis 0), so a slice stays in proportion."""
+    shape = codes.shape
+    factors = [1] * len(shape)
+
+    def cells() -> int:
+        n = 1
+        for s, f in zip(shape, factors, strict=True):
+            n *= -(-s // f)
+        return n
+
+    while cells() > max(1, max_cells):
+        sizes = [-(-s // f) for s, f in zip(shape, factors, strict=True)]
+        axis = int(np.argmax(sizes))
+        factors[axis] *= 2
+    if all(f == 1 for f in factors):
+        return codes, tuple(factors)
+    out_shape = tuple(-(-s // f) for s, f in zip(shape, factors, strict=True))
+    padded = np.zeros(tuple(o * f for o, f in zip(out_shape, factors, strict=True)), np.uint8)
+    padded[tuple(slice(0, s) for s in shape)] = codes
+    split: list[int] = []
+    for o, f in zip(out_shape, factors, strict=True):
+        split.extend((o, f))
+    blocks = padded.reshape(split)
+    axes = tuple(range(1, 2 * len(shape), 2))
+
+    def count(*states: int) -> NDArray[np.int64]:
+        hit = np.isin(blocks, states)
+        return np.asarray(hit.sum(axis=axes), dtype=np.int64)
+
+    present = count(UNTOUCHED, DONE, RETRIED, FAILED)
+    n_done = count(DONE, RETRIED)
+    tiles = np.full(out_shape, NO_BLOCK, dtype=np.uint8)
+    tiles[present > 0] = UNTOUCHED
+    tiles[(n_done > 0) & (n_done < present)] = PARTLY
+    tiles[(n_done == present) & (present > 0)] = DONE
+    tiles[(n_done == present) & (present > 0) & (count(RETRIED) > 0)] = RETRIED
+    tiles[count(FAILED) > 0] = FAILED
+    return tiles, tuple(factors)
+
+
+def window_rates(
+    points: Sequence[tuple[float, int]], now: float, windows: int, width_seconds: float
+) -> list[float]:
+    """Blocks per second in each of the last ``windows`` windows of ``width_seconds``
+    before ``now``, from ``(time, cumulative done)`` points (ascending in time); a window
+    with fewer than two points in reach is left out."""
+    rates: list[float] = []
+    for i in range(windows):
+        hi_t, lo_t = now - i * width_seconds, now - (i + 1) * width_seconds
+        inside = [(t, d) for t, d in points if lo_t <= t <= hi_t]
+        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+            (t0, d0), (t1, d1) = inside[0], inside[-1]
+            rates.append(max(0, d1 - d0) / (t1 - t0))
+    return rates
+
+
+def eta_range(remaining: int, rates: Sequence[float]) -> tuple[float, float | None] | None:
+    """``(soonest, latest)`` seconds until ``remaining`` blocks are done at the fastest and
+    the slowest of ``rates`` (recent windows); latest is None when a window made no
+    progress; None when there is no rate at all. ``(0, 0)`` when nothing remains."""
+    if remaining <= 0:
+        return 0.0, 0.0
+    positive = [r for r in rates if r > 0]
+    if not positive:
+        return None
+    slowest = min(rates)
+    return remaining / max(positive), (remaining / slowest if slowest > 0 else None)
+
+
+def _as_volume(a: NDArray[Any]) -> NDArray[Any]:
+    if a.ndim == 1:
+        return a.reshape(1, 1, -1)
+    if a.ndim == 2:
+        return a.reshape(1, *a.shape)
+    return a
+
+
+def _block_mask(layout: StoreLayout | None, grid: tuple[int, ...]) -> NDArray[np.bool_] | None:
+    if layout is None:
+        return None
+    masks = layout.block_axis_masks()
+    out = np.ones(grid, dtype=bool)
+    for axis, m in enumerate(masks):
+        shape = [1] * len(grid)
+        shape[axis] = -1
+        out &= m.reshape(shape)
+    return out
+
+
+def _intervals(layout: StoreLayout | None, grid: tuple[int, ...]) -> list[Any] | None:
+    if layout is None:
+        return None
+    vol = (1,) * (3 - len(grid)) + tuple(range(len(grid)))
+    out: list[Any] = []
+    for i, axis in enumerate(vol):
+        if i < 3 - len(grid):
+            out.append([[0, 0]])
+        else:
+            out.append([None if iv is None else list(iv) for iv in layout.write_intervals(axis)])
+    return out
+
+
+class _TaskHistory:
+    def __init__(self) -> None:
+        self.points: deque[tuple[float, int]] = deque(maxlen=600)
+
+
+class LiveState:
+    """The page's JSON for the stores at ``paths`` (each a store or a folder of stores),
+    read read-only, at most once per ``min_interval_seconds``."""
+
+    def __init__(
+        self,
+        stores: Sequence[Path],
+        *,
+        min_interval_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.stores = list(stores)
+        self.min_interval = min_interval_seconds
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.cached: tuple[float, bytes] | None = None
+        self.history: dict[Path, _TaskHistory] = {}
+
+    def json_bytes(self) -> bytes:
+        """The state as UTF-8 JSON, rebuilt when the cached one is older than the
+        interval (one builder at a time; the others wait and share its answer)."""
+        import json
+
+        with self.lock:
+            now = self.clock()
+            if self.cached is not None and now - self.cached[0] < self.min_interval:
+                return self.cached[1]
+            body = json.dumps(self.build(now), separators=(",", ":")).encode("utf-8")
+            self.cached = (now, body)
+            return body
+
+    def build(self, now: float) -> dict[str, Any]:
+        tasks = [self.task_state(store, now) for store in self.stores]
+        running = any(t.get("running") for t in tasks)
+        known = all(t.get("run_known") for t in tasks)
+        return {
+            "time": now,
+            "finished": not running and known,
+            "run_known": running or known,
+            "tasks": tasks,
+            "states": list(STATE_NAMES),
+            "colours": list(STATE_COLOURS),
+        }
+
+    def task_state(self, store: Path, now: float) -> dict[str, Any]:
+        try:
+            snap = read_status(store, stamps_after=now - RECENT_SECONDS * ETA_WINDOWS - 1.0)
+        except Exception as exc:  # a store being created, or unreadable: say so on the page
+            return {"name": store.name, "path": os.fspath(store), "error": str(exc)}
+        running = is_run_in_progress(store)
+        history = self.history.setdefault(store, _TaskHistory())
+        history.points.append((now, snap.done_count))
+        blocks = snap.blocks
+        total = snap.cells if blocks is None else blocks
+        rates = self._rates(snap, history, now)
+        overall = self._overall_rate(snap, history)
+        remaining = max(0, total - snap.done_count)
+        eta = eta_range(remaining, rates) if running is not False else None
+        errors = self._errors(store)
+        return {
+            "name": store.name,
+            "path": os.fspath(store),
+            "running": running is True,
+            "run_known": running is not None,
+            "blocks": blocks,
+            "cells": snap.cells,
+            "total_is_bound": blocks is None,
+            "done": snap.done_count,
+            "failed": snap.failed_count,
+            "untouched": snap.untouched,
+            "retried": snap.retried,
+            "failed_attempts": snap.attempts,
+            # the store does not record these: the driver's own page shows them
+            "skipped": None,
+            "running_blocks": None,
+            "orphaned": None,
+            "resources": bool(snap.present),
+            "runs": snap.runs,
+            "rate_recent": rates[0] if rates else None,
+            "rate_overall": overall,
+            "eta_seconds": None if eta is None else list(eta),
+            "map": self._map(store, snap, errors["per_block"]),
+            "errors": errors["groups"],
+            "runs_jsonl": os.fspath(store / "runs.jsonl"),
+            "report_hint": f"bellis report {os.fspath(store)} -o report.html",
+        }
+
+    def _rates(self, snap: StatusSnapshot, history: _TaskHistory, now: float) -> list[float]:
+        if snap.stamped and snap.returned_at is not None:
+            stamps = snap.returned_at[snap.returned_at > 0]
+            first = float(stamps.min()) if stamps.size else now
+            rates = []
+            for i in range(ETA_WINDOWS):
+                hi, lo = now - i * RECENT_SECONDS, now - (i + 1) * RECENT_SECONDS
+                # a window reaches back no further than the first stamp it can see
+                span = hi - max(lo, first)
+                if span < 1.0:
+                    break
+                count = int(np.count_nonzero((stamps > lo) & (stamps <= hi)))
+                rates.append(count / span)
+            return rates
+        return window_rates(list(history.points), now, ETA_WINDOWS, RECENT_SECONDS)
+
+    def _overall_rate(self, snap: StatusSnapshot, history: _TaskHistory) -> float | None:
+        if snap.stamped and snap.returned_at is not None:
+            stamps = snap.returned_at[snap.returned_at > 0]
+            if stamps.size >= 2 and float(stamps.max()) > float(stamps.min()):
+                return float(stamps.size) / (float(stamps.max()) - float(stamps.min()))
+        pts = history.points
+        if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+            return max(0, pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        return None
+
+    def _errors(self, store: Path) -> dict[str, Any]:
+        lines = records_of_run(read_errors(store))
+        groups = []
+        per_block: dict[tuple[int, ...], str] = {}
+        for g in group_errors(lines):
+            first = g.first
+            log = None
+            if first is not None and first.log is not None:
+                log = first.log + (
+                    "" if first.log_offset is None else f" (byte {first.log_offset})"
+                )
+            groups.append(
+                {
+                    "title": g.title,
+                    "where": g.key[2] or None,
+                    "kind": g.kind,
+                    "count": g.count,
+                    "blocks": [list(b) for b in g.blocks[:20]],
+                    "log": log,
+                }
+            )
+            for rec in g.records:
+                if len(per_block) < MAX_BLOCK_DETAILS:
+                    head = rec.type or rec.kind
+                    per_block[rec.coord] = f"{head}: {rec.message}" if rec.message else head
+        return {"groups": groups, "per_block": per_block}
+
+    def _map(
+        self, store: Path, snap: StatusSnapshot, last_error: dict[tuple[int, ...], str]
+    ) -> dict[str, Any] | None:
+        grid = snap.grid
+        if not grid or len(grid) > 3 or snap.cells == 0:
+            return None
+        with open_readonly(store) as s:
+            done = np.array(s.done)
+            failures = np.array(s.failures)
+        codes = _as_volume(state_codes(done, failures, _block_mask(snap.layout, grid)))
+        tiles, factors = tile_codes(codes)
+        details: dict[str, Any] = {}
+        if all(f == 1 for f in factors):
+            flat_failures = _as_volume(failures).reshape(-1)
+            for cell in np.flatnonzero(flat_failures)[:MAX_BLOCK_DETAILS].tolist():
+                coord = tuple(int(c) for c in np.unravel_index(cell, grid))
+                details[str(cell)] = {
+                    "attempts": int(flat_failures[cell]),
+                    "error": last_error.get(coord),
+                }
+        layout = snap.layout
+        return {
+            "shape": list(tiles.shape),
+            "grid": list(codes.shape),
+            "tile": list(factors),
+            "codes": base64.b64encode(np.ascontiguousarray(tiles).tobytes()).decode("ascii"),
+            "ndim": len(grid),
+            "first_cell": None
+            if layout is None
+            else [0] * (3 - len(grid)) + [first for first, _ in layout.block_cells],
+            "intervals": _intervals(layout, grid),
+            "details": details,
+        }
