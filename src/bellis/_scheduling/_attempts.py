@@ -21,11 +21,13 @@ __all__ = [
     "KIND_LOST",
     "KIND_OOM",
     "KIND_RAISED",
+    "KIND_SETUP",
     "KIND_STALLED",
     "KIND_STATUS",
     "KIND_TIMEOUT",
     "attempt_record",
     "block_coord",
+    "setup_record",
     "text_key",
 ]
 
@@ -36,6 +38,8 @@ KIND_STALLED: Final = "stalled"
 KIND_OOM: Final = "out of memory"
 KIND_LOST: Final = "lost worker"
 KIND_ERROR: Final = "error"
+#: ``Task(setup=...)`` raised in a worker (or in serial mode): a record that names no block
+KIND_SETUP: Final = "setup failed"
 
 
 def _summary_line(text: str) -> str:
@@ -126,3 +130,35 @@ def text_key(
     if _summary_line(text).startswith(f"block {task_id}/"):
         return None
     return text
+
+
+def setup_record(
+    peer: Peer | None, run: TaskRun, text: str, details: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The record of a setup that raised (``Task(setup=...)``, kind :data:`KIND_SETUP`):
+    as a block's, but it names no block (``block`` -1, no coordinate) and its attempt is
+    the worker's start."""
+    d = details or {}
+    rec: dict[str, Any] = {
+        "task": run.task_id,
+        "block": -1,
+        "coord": [],
+        "grid": [],
+        "attempt": run.worker_starts,
+        "kind": KIND_SETUP,
+        "type": d.get("type"),
+        "message": d.get("message") if d.get("message") is not None else _summary_line(text),
+        "where": d.get("where"),
+        "traceback": d.get("traceback") or text,
+    }
+    worker = None if peer is None else peer.worker
+    rec["worker"] = None if peer is None or worker is None else peer.worker_id
+    rec["host"] = d.get("host") or (None if peer is None else str(peer.addr[0]))
+    for key in ("pid", "job", "log", "log_offset", "out_log", "out_offset"):
+        if d.get(key) is not None:
+            rec[key] = d[key]
+    files = None if worker is None else getattr(worker.timeline, "log_files", None)
+    if files:
+        rec.setdefault("out_log", files[0])
+        rec.setdefault("log", files[1])
+    return rec

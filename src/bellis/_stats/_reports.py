@@ -218,6 +218,9 @@ class WorkerRecord:
     log_files: tuple[str, str] | None = None
     #: the GPUs a local worker was given (its ``CUDA_VISIBLE_DEVICES``); None: none assigned
     gpus: tuple[str, ...] | None = None
+    #: seconds its task's setup took (``Task(setup=...)``), after the startup and before
+    #: its first block, as the worker reported them; None: no setup ran
+    task_setup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -243,7 +246,10 @@ class WorkerRecord:
             slot=None if d.get("slot") is None else int(d["slot"]),
             log_files=_log_files_from_json(d.get("log_files")),
             gpus=None if d.get("gpus") is None else tuple(str(g) for g in d["gpus"]),
-            **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
+            **{
+                k: opt(k)
+                for k in ("startup", "launch", "setup", "teardown", "final_wait", "task_setup")
+            },
         )
 
 
@@ -380,6 +386,8 @@ class WorkersSection:
     teardown: Stat | None
     exits: dict[str, int]
     records: tuple[WorkerRecord, ...]
+    #: ``Task(setup=...)``: the seconds each worker's setup took; None: no setup ran
+    task_setup: Stat | None = None
 
 
 class TaskReport:
