@@ -285,8 +285,12 @@ def parse_setup(setup: Any) -> Any:
     ``__enter__``/``__exit__``)."""
     if setup is None:
         return None
-    if not callable(setup):
-        made = hasattr(setup, "__enter__") and hasattr(setup, "__exit__")
+    # a context manager already made (``setup=open_arrays()``): a ``@contextmanager``
+    # one is callable too (as a decorator), but each worker needs one of its own
+    made = (
+        not isinstance(setup, type) and hasattr(setup, "__enter__") and hasattr(setup, "__exit__")
+    )
+    if made or not callable(setup):
         fix = (
             "pass the function that makes it, not what it made (setup=open_arrays, not "
             "setup=open_arrays()): each worker calls it once"
@@ -294,7 +298,7 @@ def parse_setup(setup: Any) -> Any:
             else "pass a function that takes no argument, or None"
         )
         raise ConfigurationError(
-            f"setup={setup!r} is not callable; {fix}",
+            f"setup={setup!r} is {'a context manager' if made else 'not callable'}; {fix}",
             parameter="setup",
         )
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from kit.user_script import run_script
 
-SCRIPT = '''
+SCRIPT = """
 import contextlib
 import os
 import sys
@@ -96,7 +96,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def _calls(rec: Path, kind: str) -> dict[int, int]:
@@ -162,7 +162,7 @@ def test_setup_runs_once_per_process_and_reaches_the_block_function(
             assert line["workers"]["task_setup"]["n"] == len(records)
 
 
-FAILING = '''
+FAILING = """
 import os
 import sys
 from pathlib import Path
@@ -215,7 +215,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def _run_failing(tmp_path: Path, mode: str, fail_times: int) -> subprocess.CompletedProcess[str]:
@@ -290,7 +290,7 @@ def test_a_setup_that_raises_in_serial_mode_propagates_and_is_recorded(tmp_path:
     assert rec["kind"] == "setup failed" and rec["type"] == "ValueError"
 
 
-CODE = '''
+CODE = """
 import os
 import sys
 from pathlib import Path
@@ -316,7 +316,7 @@ task = daisy.Task("A", Roi((0,), (40,)), Roi((0,), (10,)), Roi((0,), (10,)), pro
                   on_code_change=os.environ["POLICY"], setup=open_volume)
 ok = daisy.run_blockwise([task], multiprocessing=os.environ["MODE"] == "dist")
 sys.exit(0 if ok else 3)
-'''
+"""
 
 
 def _made(tmp_path: Path, text: str, run: str, mode: str, policy: str) -> list[str]:

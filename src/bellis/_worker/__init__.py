@@ -9,6 +9,7 @@ Owns:
   ``_gpu``         per-block GPU figures from NVML
   ``_stall``       stall detection: is a running block still doing anything?
   ``_walltime``    stop taking blocks before the cluster job's time limit
+  ``_setup``       ``Task(setup=...)``: entered once per process, its context and teardown
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_outputs``.
 Imported by: ``_launchers``, ``_run``, ``_plan``, ``face``, ``_cli``.
