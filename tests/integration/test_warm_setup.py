@@ -338,3 +338,70 @@ def test_a_change_of_the_setups_code_marks_the_blocks_stale(tmp_path: Path, mode
     assert _made(tmp_path, CODE, "run2", mode, "error") == []  # nothing changed
     edited = CODE.replace('return {"scale": 2}', 'return {"scale": 3}')
     assert _made(tmp_path, edited, "run3", mode, "rerun") == ["0_3", "1_3", "2_3", "3_3"]
+
+
+WALLTIME = """
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import bellis
+from bellis import Roi
+
+HERE = Path(__file__).parent
+REC = HERE / "records"
+
+
+@contextlib.contextmanager
+def open_volume():
+    (REC / f"setup_{os.getpid()}").touch()
+    yield "volume"
+    (REC / f"teardown_{os.getpid()}").touch()
+
+
+def process(block, volume):
+    (REC / f"block_{block.block_id[1]}").touch()
+
+
+def main():
+    REC.mkdir()
+    bellis.logging.set_log_basedir(HERE / "logs")
+    # the workers' job ended a second ago: each leaves for its time limit before a block
+    os.environ["SLURM_JOB_END_TIME"] = str(int(time.time()) - 1)
+    os.environ["BELLIS_WALLTIME_MARGIN"] = "0"
+    task = bellis.Task(
+        "A",
+        total_roi=Roi((0,), (4,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        read_write_conflict=False,
+        max_workers=1,
+        max_worker_restarts=1,
+        setup=open_volume,
+    )
+    try:
+        bellis.run_blockwise([task], progress=False)
+    except bellis.TaskAbandonedError:
+        sys.exit(4)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_the_teardown_runs_when_a_worker_leaves_for_its_job_time_limit(tmp_path: Path) -> None:
+    proc = run_script(tmp_path, WALLTIME, name="walltime.py")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    rec = tmp_path / "records"
+    assert not [p for p in rec.iterdir() if p.name.startswith("block_")]
+    setups = sorted(p.name.split("_")[1] for p in rec.iterdir() if p.name.startswith("setup_"))
+    teardowns = sorted(
+        p.name.split("_")[1] for p in rec.iterdir() if p.name.startswith("teardown_")
+    )
+    assert len(setups) == 2 and teardowns == setups  # each worker left, each tore down
+    logs = "".join(p.read_text() for p in (tmp_path / "logs" / "A").glob("*.err"))
+    assert logs.count("bellis worker leaves before its job time limit") == 2, logs
