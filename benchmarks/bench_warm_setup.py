@@ -122,10 +122,19 @@ def measure(variant: str, data: str, size: int) -> dict[str, Any]:
     run_kw: dict[str, Any] = {"multiprocessing": True, "progress": False}
     if variant != "daisy_per_block":
         run_kw["summary"] = False
+    import resource
+
+    def cpu() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # the reaped workers
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
     load0 = os.getloadavg()[0]
+    c0 = cpu()
     t0 = time.perf_counter()
     ok = daisy.run_blockwise([task], **run_kw)
     wall = time.perf_counter() - t0
+    cpu_seconds = cpu() - c0
     load1 = os.getloadavg()[0]
     if not ok:
         raise SystemExit(f"{variant}: run_blockwise returned {ok!r}")
@@ -145,6 +154,7 @@ def measure(variant: str, data: str, size: int) -> dict[str, Any]:
         "variant": variant,
         "impl": f"{daisy.__name__} {getattr(daisy, '__version__', '')}".strip(),
         "wall": wall,
+        "cpu": cpu_seconds,
         "blocks": n,
         "load_before": load0,
         "load_after": load1,
@@ -186,7 +196,14 @@ def campaign(reps: int, size: int, variants: list[str]) -> dict[str, Any]:
                 cwd = Path(data, "run")
                 cwd.mkdir(exist_ok=True)
                 proc = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--one", variant, "--size", str(size)],
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--one",
+                        variant,
+                        "--size",
+                        str(size),
+                    ],
                     capture_output=True,
                     text=True,
                     cwd=cwd,
@@ -199,7 +216,7 @@ def campaign(reps: int, size: int, variants: list[str]) -> dict[str, Any]:
                 rec["rep"] = rep
                 results.append(rec)
                 print(
-                    f"rep {rep} {variant:16s} {rec['wall']:7.3f} s  load "
+                    f"rep {rep} {variant:16s} {rec['wall']:7.3f} s  cpu {rec['cpu']:7.2f} s  load "
                     f"{rec['load_before']:.2f}->{rec['load_after']:.2f}",
                     file=sys.stderr,
                 )
@@ -209,16 +226,22 @@ def campaign(reps: int, size: int, variants: list[str]) -> dict[str, Any]:
 def summarize(results: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
     by = {v: [r for r in results if r["variant"] == v] for v in variants}
     out: dict[str, Any] = {"records": results, "variants": {}}
-    base = {r["rep"]: r["wall"] for r in by.get("open_once", [])}
+    base = {r["rep"]: r for r in by.get("open_once", [])}
     for v in variants:
         walls = [r["wall"] for r in by[v]]
-        ratios = [r["wall"] / base[r["rep"]] for r in by[v] if r["rep"] in base]
+        ratios = [r["wall"] / base[r["rep"]]["wall"] for r in by[v] if r["rep"] in base]
+        cpus = [r["cpu"] for r in by[v]]
+        cpu_ratios = [r["cpu"] / base[r["rep"]]["cpu"] for r in by[v] if r["rep"] in base]
         out["variants"][v] = {
             "impl": by[v][0]["impl"] if by[v] else None,
             "median_wall": statistics.median(walls),
             "walls": walls,
             "ratios_to_open_once": ratios,
             "median_ratio": statistics.median(ratios) if ratios else None,
+            "median_cpu": statistics.median(cpus),
+            "cpus": cpus,
+            "cpu_ratios_to_open_once": cpu_ratios,
+            "median_cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
         }
     loads = [x for r in results for x in (r["load_before"], r["load_after"])]
     out["load_average"] = {"min": min(loads), "median": statistics.median(loads), "max": max(loads)}
@@ -233,13 +256,19 @@ def markdown(summary: dict[str, Any], reps: int, size: int) -> str:
         f"{summary['load_average']['min']:.2f}-{summary['load_average']['max']:.2f} "
         f"(median {summary['load_average']['median']:.2f}).",
         "",
-        "| variant | impl | median wall (s) | median ratio to open_once (paired) | ratios |",
-        "|---|---|---|---|---|",
+        "| variant | impl | median wall (s) | wall / open_once (paired median; each rep) "
+        "| CPU s (driver + workers) | CPU / open_once (paired median; each rep) |",
+        "|---|---|---|---|---|---|",
     ]
     for v, d in summary["variants"].items():
         ratios = ", ".join(f"{r:.3f}" for r in d["ratios_to_open_once"])
         med = "-" if d["median_ratio"] is None else f"{d['median_ratio']:.3f}"
-        lines.append(f"| {v} | {d['impl']} | {d['median_wall']:.3f} | {med} | {ratios} |")
+        cpu_ratios = ", ".join(f"{r:.3f}" for r in d["cpu_ratios_to_open_once"])
+        cmed = "-" if d["median_cpu_ratio"] is None else f"{d['median_cpu_ratio']:.3f}"
+        lines.append(
+            f"| {v} | {d['impl']} | {d['median_wall']:.3f} | **{med}** ({ratios}) "
+            f"| {d['median_cpu']:.1f} | **{cmed}** ({cpu_ratios}) |"
+        )
     return "\n".join(lines)
 
 
