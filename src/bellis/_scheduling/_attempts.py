@@ -11,7 +11,11 @@ collector stamps the time and writes it (``bellis._stats._errorlog``). Failure p
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final
+
+from .._protocol import parse_setup_report
+from ..errors import ProtocolError
 
 if TYPE_CHECKING:
     from ._records import Peer
@@ -28,8 +32,11 @@ __all__ = [
     "attempt_record",
     "block_coord",
     "setup_record",
+    "setup_reported",
     "text_key",
 ]
+
+logger = logging.getLogger("bellis")
 
 KIND_RAISED: Final = "raised"
 KIND_STATUS: Final = "status FAILED"
@@ -162,3 +169,29 @@ def setup_record(
         rec.setdefault("out_log", files[0])
         rec.setdefault("log", files[1])
     return rec
+
+
+def setup_reported(peer: Peer, msg: list[Any], now: float, errors: Any) -> None:
+    """A SETUP from ``peer`` (the dispatcher's): the task's setup ran in its worker (how
+    long goes on the worker's timeline), or raised: an error record of kind
+    :data:`KIND_SETUP` for ``errors`` (the run's ``ErrorCollector``), which names no block,
+    and the worker's error text; that worker then leaves, and its exit is charged to the
+    restart budget (``_staffing``). :class:`ProtocolError` for a malformed or late one."""
+    if peer.held or peer.parked:
+        raise ProtocolError("sent its setup report after it asked for blocks")
+    seconds, error = parse_setup_report(msg)
+    run = peer.run
+    assert run is not None
+    worker = peer.worker
+    if worker is not None:
+        worker.timeline.task_setup_done(seconds, now)
+    if error is None:
+        return
+    text, details = error
+    if run.first_worker_error is None:
+        run.first_worker_error = text
+    run.last_worker_error = text
+    if worker is not None:
+        worker.setup_error = text
+    errors.record(setup_record(peer, run, text, details))
+    logger.warning("%s", text.splitlines()[0])

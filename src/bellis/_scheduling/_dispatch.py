@@ -74,13 +74,12 @@ from .._protocol import (
     WorkerExit,
     encode,
     parse_hello,
-    parse_setup_report,
 )
 from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory
 from ._abandon import RESTART_CAP
-from ._attempts import KIND_LOST, attempt_record, block_coord, setup_record, text_key
+from ._attempts import KIND_LOST, attempt_record, block_coord, setup_reported, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -302,8 +301,8 @@ class Dispatcher:
     # -- blocks ---------------------------------------------------------------------------
     def _handle(self, peer: Peer, msg: list[Any], now: float, draining: bool) -> None:
         op = msg[0]
-        if op == SETUP:
-            self._setup_reported(peer, msg, now)
+        if op == SETUP:  # Task(setup=...) ran, or raised, in peer's worker
+            setup_reported(peer, msg, now, self.errors)
             return
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
@@ -346,29 +345,6 @@ class Dispatcher:
                 "without returning them"
             )
         self.serve(peer, run, draining, now)
-
-    def _setup_reported(self, peer: Peer, msg: list[Any], now: float) -> None:
-        """A SETUP: the task's setup ran in ``peer``'s worker (how long goes on its
-        timeline), or raised: an error record of kind ``setup failed``, which names no
-        block; that worker then leaves, and its exit is charged to the restart budget."""
-        if peer.held or peer.parked:
-            raise ProtocolError("sent its setup report after it asked for blocks")
-        seconds, error = parse_setup_report(msg)
-        run = peer.run
-        assert run is not None
-        worker = peer.worker
-        if worker is not None:
-            worker.timeline.task_setup_done(seconds, now)
-        if error is None:
-            return
-        text, details = error
-        if run.first_worker_error is None:
-            run.first_worker_error = text
-        run.last_worker_error = text
-        if worker is not None:
-            worker.setup_error = text
-        self.errors.record(setup_record(peer, run, text, details))
-        logger.warning("%s", text.splitlines()[0])
 
     def record_error(
         self,
