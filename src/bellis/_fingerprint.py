@@ -21,6 +21,8 @@ index of the one that made it (``_tracking/_codever.py``). Hashed:
 - the source of the user's own modules the code uses (files outside ``site-packages`` and
   the standard library, followed through the modules they import in turn), as a syntax
   tree without docstrings, comments or line numbers;
+- the code of ``Task(setup=...)``, walked as the process function's (the same walk, so
+  code both reach counts once);
 - ``Task(version=...)``: a string or a JSON-able dict the user declares.
 
 Recorded beside it, not hashed: the versions of the third-party distributions those
@@ -561,8 +563,8 @@ class _Walk:
             if version is not None:
                 self.packages[top] = version
 
-    def run(self, fn: Any) -> None:
-        walk = Reach(fn)
+    def run(self, *roots: Any) -> None:
+        walk = Reach(*roots)
         for obj, depth, named in walk:
             cls = type(obj)
             if cls is FunctionType:
@@ -631,13 +633,16 @@ def _entry(walk: _Walk, fn: Any) -> None:
         walk.functions[f"{fn.__module__}.{fn.__qualname__}"] = "by reference"
 
 
-def fingerprint(fn: Any, version: Any = None) -> Fingerprint:
-    """The fingerprint of process function ``fn`` (None: a task without one) and the
-    task's declared ``version``."""
+def fingerprint(fn: Any, version: Any = None, setup: Any = None) -> Fingerprint:
+    """The fingerprint of process function ``fn`` (None: a task without one), the task's
+    ``setup`` (``Task(setup=...)``, None: none; its code counts as the function's does)
+    and its declared ``version``. Without a setup, the hash is what it was before setups."""
     walk = _Walk()
-    if fn is not None:
-        _entry(walk, fn)
-        walk.run(fn)
+    roots = [r for r in (fn, setup) if r is not None]
+    for r in roots:
+        _entry(walk, r)
+    if roots:
+        walk.run(*roots)
     functions = walk.all_functions()
     h = hashlib.blake2b(digest_size=16)
     h.update(b"bellis-code:v2\n")

@@ -30,6 +30,9 @@ BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cach
 REJECT      s -> c     reason (str)
 MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
                                                  see ``_scheduling._sharing``)
+SETUP       c -> s     seconds (float), error   (``Task(setup=...)``: sent once, after the
+                       worker ran its task's setup and before its first ACQUIRE; error nil,
+                       or ``[text, details]`` when the setup raised: the worker then leaves)
 ==========  =========  ==================================================================
 
 One round trip per batch: ``ACQUIRE`` returns the finished blocks *and* asks for the
@@ -120,6 +123,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "REJECT",
     "SEND",
+    "SETUP",
     "SHUTDOWN",
     "STALLED",
     "STATS_ROW",
@@ -149,6 +153,7 @@ __all__ = [
     "parse_cache_counts",
     "parse_hello",
     "parse_returns",
+    "parse_setup_report",
     "parse_welcome",
     "payload_frame",
     "read_payload_frame",
@@ -167,7 +172,7 @@ HANDSHAKE_FRAME_BYTES = 16 * 1024
 #: the most items one msgpack array or map of a frame may hold
 MAX_ITEMS = 8192
 
-CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT, MOVE = range(9)
+CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT, MOVE, SETUP = range(10)
 
 #: One block's measurements, ``BlockStats.to_tuple()`` order (``_block.STATS_FORMAT``).
 #: The server reads a message's rows with the matching numpy dtype
@@ -476,8 +481,25 @@ def parse_welcome(msg: list[Any]) -> Welcome:
     )
 
 
+def parse_setup_report(msg: list[Any]) -> tuple[float, tuple[str, dict[str, Any] | None] | None]:
+    """A SETUP ``msg``: the seconds the worker's task setup took, and ``(text, details)``
+    when it raised (None: it succeeded). :class:`ProtocolError` for malformed fields."""
+    if len(msg) != 3:
+        raise ProtocolError(f"malformed setup report of {len(msg)} fields, not 3")
+    seconds, error = msg[1], msg[2]
+    if type(seconds) is not float or not seconds >= 0.0:
+        raise ProtocolError(f"malformed setup report: seconds is {seconds!r}")
+    if error is None:
+        return seconds, None
+    if type(error) is not str and not _is_detailed(error):
+        raise ProtocolError("malformed setup report: error is not text or [text, details]")
+    text, details = error_parts(error)
+    return seconds, (str(text), details)
+
+
 #: the payload's own format number (its first field): a worker refuses any other
-PAYLOAD_FORMAT: Final = 1
+#: (2: the task's setup, and arity 2)
+PAYLOAD_FORMAT: Final = 2
 _PAYLOAD_LENGTH = struct.Struct("<Q")
 
 
@@ -494,7 +516,8 @@ class WorkerPayload:
 
     #: the process function, cloudpickled (``cloudpickle.dumps``)
     function: bytes
-    #: 1: a block function, called once per block; 0: a worker function, called once
+    #: 1: a block function, called once per block; 2: one called ``fn(block, ctx)`` with
+    #: what the task's setup made; 0: a worker function, called once
     arity: int
     #: the driver's ``sys.path`` (empty entries dropped)
     sys_path: tuple[str, ...]
@@ -503,6 +526,9 @@ class WorkerPayload:
     #: where the code shipped by value came from: ``(name, first line, file)`` each
     #: (``_code_origin.collect``)
     code_origins: tuple[tuple[str, int, str], ...] = ()
+    #: ``Task(setup=...)``, cloudpickled (None: the task has none); run once per worker
+    #: before its first block (``_worker._setup``)
+    setup: bytes | None = None
     #: the block functions of the other tasks of the run that this worker may be moved to
     #: (a shared worker, ``_scheduling._sharing``); unpickled only on a move. Empty: the
     #: worker serves its own task only
@@ -522,9 +548,10 @@ class WorkerPayload:
             list(self.sys_path),
             self.log_settings,
             [list(o) for o in self.code_origins],
+            self.setup,
         ]
         if self.shared or self.inputs or self.input_cache_bytes is not None:
-            # the optional fields travel together (a payload has 6 or 9 fields); left
+            # the optional fields travel together (a payload has 7 or 10 fields); left
             # off when all are at their defaults
             fields += [
                 [list(i) for i in self.inputs],
@@ -542,14 +569,19 @@ class WorkerPayload:
             msg = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
-        if type(msg) is not list or len(msg) not in (6, 9) or msg[0] != PAYLOAD_FORMAT:
+        if type(msg) is not list or len(msg) not in (7, 10) or msg[0] != PAYLOAD_FORMAT:
             raise ProtocolError(
                 "bellis worker: the payload is not of this bellis's format "
                 f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
             )
-        _fmt, function, arity, sys_path, log_settings, origins = msg[:6]
-        inputs, cache_bytes, shared_wire = msg[6:] if len(msg) == 9 else ([], -1, [])
-        if type(function) is not bytes or arity not in (0, 1) or type(log_settings) is not dict:
+        _fmt, function, arity, sys_path, log_settings, origins, setup = msg[:7]
+        inputs, cache_bytes, shared_wire = msg[7:] if len(msg) == 10 else ([], -1, [])
+        if (
+            type(function) is not bytes
+            or arity not in (0, 1, 2)
+            or type(log_settings) is not dict
+            or not (setup is None or type(setup) is bytes)
+        ):
             raise ProtocolError("bellis worker: malformed payload fields")
         if (
             type(inputs) is not list
@@ -581,6 +613,7 @@ class WorkerPayload:
             sys_path=tuple(str(p) for p in sys_path),
             log_settings=log_settings,
             code_origins=_origins(origins),
+            setup=setup,
             shared=tuple(shared),
             inputs=tuple((st, pth, c) for st, pth, c in inputs),
             input_cache_bytes=None if cache_bytes == -1 else cache_bytes,

@@ -27,10 +27,12 @@ from ._task_params import (
     budget_units as _budget_units,
     check_count as _check_count,
     check_local_path as _check_local_path,
+    check_setup_function as _check_setup_function,
     parse_backup_after as _parse_backup_after,
     parse_max_consecutive_failures as _parse_max_consecutive_failures,
     parse_memory as _parse_memory,
     parse_requires as _parse_requires,
+    parse_setup as _parse_setup,
     parse_stall_timeout as _parse_stall_timeout,
     parse_timeout as _parse_timeout,
     parse_tracking_path as _parse_tracking_path,
@@ -138,6 +140,13 @@ class Task:
     (default: a quarter of the worker's ``memory_limit``, else 256M; 0 turns it off), and
     a block's reads of a declared input are served from it (see ``docs/outputs.md``,
     "Declared inputs and the chunk cache").
+
+    ``setup`` (a callable that takes no argument; default None): called once in each worker
+    process before its first block of this task (in serial mode once, in the driver). A
+    context manager it returns (a ``@contextlib.contextmanager`` function, a class with
+    ``__enter__``) is entered, and exited when the worker leaves the task; what it makes
+    (the entered value, or the plain return value) reaches a block function that takes two
+    arguments, ``fn(block, ctx)``. See ``docs/warm_workers.md``.
     """
 
     def __init__(
@@ -175,6 +184,7 @@ class Task:
         version: str | dict[str, Any] | None = None,
         on_code_change: str = "warn",
         max_consecutive_failures: int | None = _DEFAULT_MAX_CONSECUTIVE_FAILURES,
+        setup: Callable[[], Any] | None = None,
     ) -> None:
         if not isinstance(task_id, str):
             raise TypeError(f"task_id must be a str (got {type(task_id).__name__})")
@@ -240,6 +250,9 @@ class Task:
                 f"(got {type(process_function).__name__} {process_function!r})"
             )
         self._check_function = check_function
+        self._setup = _parse_setup(setup)
+        if process_function is not None:
+            _check_setup_function(task_id, self._setup, function_arity(process_function))
         if check_function is not None:
             warnings.warn(
                 "Task(check_function=...) runs your callable in the driver for every block "
@@ -408,6 +421,20 @@ class Task:
     @property
     def check_function(self) -> Callable[[Any], Any] | None:
         return self._check_function
+
+    @property
+    def setup(self) -> Callable[[], Any] | None:
+        """``Task(setup=...)``: called once in each worker process before its first block
+        of this task (``docs/warm_workers.md``); None: none."""
+        setup: Callable[[], Any] | None = self._setup
+        return setup
+
+    @property
+    def passes_context(self) -> bool:
+        """Whether the block function is called ``fn(block, ctx)`` with what the setup
+        made: the task has a setup and its function takes two positional parameters."""
+        fn = self._process_function
+        return self._setup is not None and fn is not None and function_arity(fn) >= 2
 
     @property
     def launcher(self) -> Any:

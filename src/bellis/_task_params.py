@@ -276,3 +276,53 @@ def budget_units(amounts: Mapping[str, float]) -> dict[str, int]:
     """``requires`` or ``resources`` in the integer units the run's budget counts in: as
     given, but ``gpu`` in :data:`GPU_SHARES` per GPU."""
     return {k: round(v * GPU_SHARES) if k == "gpu" else int(v) for k, v in amounts.items()}
+
+
+def parse_setup(setup: Any) -> Any:
+    """``Task(setup=...)``: None, or a callable that takes no argument (see
+    ``docs/warm_workers.md``: a plain function whose return value is kept, or a context
+    manager factory such as a ``@contextlib.contextmanager`` function or a class with
+    ``__enter__``/``__exit__``)."""
+    if setup is None:
+        return None
+    # a context manager already made (``setup=open_arrays()``): a ``@contextmanager``
+    # one is callable too (as a decorator), but each worker needs one of its own
+    made = (
+        not isinstance(setup, type) and hasattr(setup, "__enter__") and hasattr(setup, "__exit__")
+    )
+    if made or not callable(setup):
+        fix = (
+            "pass the function that makes it, not what it made (setup=open_arrays, not "
+            "setup=open_arrays()): each worker calls it once"
+            if made
+            else "pass a function that takes no argument, or None"
+        )
+        raise ConfigurationError(
+            f"setup={setup!r} is {'a context manager' if made else 'not callable'}; {fix}",
+            parameter="setup",
+        )
+    try:
+        inspect.signature(setup).bind()
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"setup={setup!r} cannot be called without arguments ({exc}): each worker calls "
+            "setup() once before its first block; bind its arguments first "
+            "(functools.partial(open_arrays, path)) or give them defaults",
+            parameter="setup",
+        ) from exc
+    except ValueError:
+        pass  # a builtin without a signature: called as it is
+    return setup
+
+
+def check_setup_function(task_id: str, setup: Any, arity: int) -> None:
+    """A setup needs a block function: a worker function (no arguments) runs its own
+    client loop and opens what it needs itself. ``arity``: the process function's."""
+    if setup is not None and arity == 0:
+        raise ConfigurationError(
+            f'task "{task_id}" has a setup but its process_function takes no argument (a '
+            "worker function that runs its own Client loop): setup= runs before a block "
+            "function's blocks. Open what the worker function needs at its start instead, "
+            "or make it a block function f(block) or f(block, ctx)",
+            parameter="setup",
+        )

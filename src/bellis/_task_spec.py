@@ -67,6 +67,10 @@ class TaskSpec:
     #: the outputs whose units the task's own blocks share
     shared_outputs: tuple[OutputSpec, ...]
     verify_outputs: bool | str
+    #: ``Task(setup=...)``: run once per worker before its first block (None: none)
+    setup: Callable[[], Any] | None
+    #: the process function gets the setup's value: ``fn(block, ctx)``
+    passes_context: bool
     #: ``Task(inputs=...)``: the declared inputs (their decoded chunks are cached per worker)
     inputs: tuple[OutputSpec, ...]
     #: ``Task(input_cache_bytes=...)``; None: derived from the worker's memory limit
@@ -116,6 +120,8 @@ class TaskSpec:
             write_safety=task.write_safety,
             shared_outputs=task._shared_outputs,
             verify_outputs=task.verify_outputs,
+            setup=task.setup,
+            passes_context=task.passes_context,
             inputs=task.inputs,
             input_cache_bytes=task.input_cache_bytes,
             verify_stored=task._verify_stored,

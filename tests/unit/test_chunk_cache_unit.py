@@ -206,7 +206,9 @@ def test_the_payload_carries_the_inputs_and_the_bound() -> None:
 def test_malformed_payload_inputs_are_refused(fields: list[Any]) -> None:
     import msgpack
 
-    data = msgpack.packb([PAYLOAD_FORMAT, b"f", 1, [], {}, [], *fields, []], use_bin_type=True)
+    data = msgpack.packb(
+        [PAYLOAD_FORMAT, b"f", 1, [], {}, [], None, *fields, []], use_bin_type=True
+    )
     with pytest.raises(ProtocolError, match="malformed payload inputs"):
         WorkerPayload.from_bytes(data)
 

@@ -137,6 +137,10 @@ def test_no_move_past_the_target_tasks_max_workers() -> None:
     assert sc.plans["b"].alive == 1 and sc.dispatcher.used == {"cpu": 2}
 
 
+def _no_context() -> None:
+    return None
+
+
 def test_which_tasks_share_workers() -> None:
     one, other = _Local(), _Local()
     tasks = [
@@ -149,6 +153,7 @@ def test_which_tasks_share_workers() -> None:
         task("g", requires={"cpu": 1, "gpu": 1}),  # GPUs are booked per task
         task("h", requires={"cpu": 1}),  # a batch launcher
         task("i", requires={"cpu": 1}),  # a batch launcher
+        task("j", requires={"cpu": 1}, setup=_no_context),  # a per-worker setup
     ]
     sc = Script(daisy.Pipeline(tasks), resources={"cpu": 8, "gpu": 1})
     batch = _Local(is_local=False)
@@ -161,6 +166,7 @@ def test_which_tasks_share_workers() -> None:
         "b": ["a"],
     }
     assert sc.plans["e"].shares_with == [] and sc.plans["h"].shares_with == []
+    assert sc.plans["j"].shares_with == []  # its setup and teardown stay with its workers
 
 
 def test_a_killed_moved_worker_is_charged_to_the_task_it_served() -> None:
@@ -200,15 +206,19 @@ def test_a_payload_carries_the_other_tasks_functions() -> None:
     import msgpack
     import pytest
 
-    from bellis._protocol import WorkerPayload
+    from bellis._protocol import PAYLOAD_FORMAT, WorkerPayload
     from bellis.errors import ProtocolError
 
     own = WorkerPayload(pickle.dumps(_double), 1, ("/x",), {})
     assert WorkerPayload.from_bytes(own.to_bytes()).shared == ()  # left off the wire
     shared = (SharedFunction("b", pickle.dumps(_triple), (("_triple", 3, "/f.py"),)),)
-    back = WorkerPayload.from_bytes(WorkerPayload(own.function, 1, (), {}, (), shared).to_bytes())
+    back = WorkerPayload.from_bytes(
+        WorkerPayload(own.function, 1, (), {}, (), shared=shared).to_bytes()
+    )
     assert back.shared == shared
-    bad = msgpack.packb([1, own.function, 1, [], {}, [], [], -1, [["b", "not bytes", []]]])
+    bad = msgpack.packb(
+        [PAYLOAD_FORMAT, own.function, 1, [], {}, [], None, [], -1, [["b", "not bytes", []]]]
+    )
     with pytest.raises(ProtocolError, match="shared function"):
         WorkerPayload.from_bytes(bad)
 

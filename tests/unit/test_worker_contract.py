@@ -12,12 +12,14 @@ import pytest
 from bellis._protocol import (
     PAYLOAD_FORMAT,
     SEND,
+    SETUP,
     WELCOME,
     WORKER_ENV,
     FrameDecoder,
     Welcome,
     WorkerPayload,
     encode_welcome,
+    parse_setup_report,
     parse_welcome,
     payload_frame,
     read_payload_frame,
@@ -124,9 +126,9 @@ def test_reading_a_payload_unpickles_nothing() -> None:
     # a function whose unpickling would run code: reading the payload leaves it as bytes,
     # for the worker to unpickle once the driver's sys.path is in place
     evil = b"cbuiltins\nexec\n(S'raise SystemExit(9)'\ntR."
-    data = msgpack.packb([PAYLOAD_FORMAT, evil, 0, [], {}, []], use_bin_type=True)
+    data = msgpack.packb([PAYLOAD_FORMAT, evil, 0, [], {}, [], evil], use_bin_type=True)
     back = WorkerPayload.from_bytes(data)
-    assert back.function == evil and back.arity == 0
+    assert back.function == evil and back.arity == 0 and back.setup == evil
 
 
 @pytest.mark.parametrize(
@@ -134,9 +136,12 @@ def test_reading_a_payload_unpickles_nothing() -> None:
     [
         # the earlier format: a cloudpickled dict, from a driver of another bellis
         pickle.dumps({"function": len, "arity": 1, "sys_path": [], "log_settings": {}}),
-        msgpack.packb([PAYLOAD_FORMAT + 1, b"", 1, [], {}, []], use_bin_type=True),
-        msgpack.packb([PAYLOAD_FORMAT, "not bytes", 1, [], {}, []], use_bin_type=True),
-        msgpack.packb([PAYLOAD_FORMAT, b"", 2, [], {}, []], use_bin_type=True),
+        msgpack.packb([PAYLOAD_FORMAT + 1, b"", 1, [], {}, [], None], use_bin_type=True),
+        msgpack.packb([PAYLOAD_FORMAT, "not bytes", 1, [], {}, [], None], use_bin_type=True),
+        msgpack.packb([PAYLOAD_FORMAT, b"", 3, [], {}, [], None], use_bin_type=True),
+        # the format before Task(setup=...): six fields
+        msgpack.packb([1, b"", 1, [], {}, []], use_bin_type=True),
+        msgpack.packb([PAYLOAD_FORMAT, b"", 2, [], {}, [], "not bytes"], use_bin_type=True),
     ],
 )
 def test_a_payload_of_another_format_is_refused(data: bytes) -> None:
@@ -165,3 +170,46 @@ def test_a_missing_or_cut_payload_frame_says_so() -> None:
 def test_the_worker_environment_is_one_table_of_bellis_and_cluster_names() -> None:
     assert all(name.startswith(("BELLIS_", "DAISY_", "SLURM_", "CUDA_")) for name in WORKER_ENV)
     assert {"BELLIS_CONTEXT", "BELLIS_PAYLOAD_FILE", "BELLIS_MEMORY_LIMIT"} <= set(WORKER_ENV)
+
+
+def test_a_payload_carries_the_setup_and_a_block_function_with_context() -> None:
+    p = WorkerPayload(
+        function=pickle.dumps(len),
+        arity=2,
+        sys_path=(),
+        log_settings={},
+        setup=pickle.dumps(dict),
+    )
+    back = WorkerPayload.from_bytes(p.to_bytes())
+    assert back == p
+    assert back.arity == 2 and pickle.loads(back.setup or b"") is dict
+    assert WorkerPayload.from_bytes(payload().to_bytes()).setup is None
+
+
+def test_a_setup_report_says_how_long_or_how_it_failed() -> None:
+    assert parse_setup_report([SETUP, 0.25, None]) == (0.25, None)
+    assert parse_setup_report([SETUP, 1.5, "ValueError: no volume"]) == (
+        1.5,
+        ("ValueError: no volume", None),
+    )
+    details = {"type": "ValueError", "message": "no volume", "pid": 7, "traceback": "..."}
+    assert parse_setup_report([SETUP, 0.0, ["setup of task 'A' failed", details]]) == (
+        0.0,
+        ("setup of task 'A' failed", details),
+    )
+
+
+@pytest.mark.parametrize(
+    ("msg", "says"),
+    [
+        ([SETUP, 0.25], "3"),
+        ([SETUP, 1, None], "seconds is 1"),
+        ([SETUP, -1.0, None], "seconds is -1.0"),
+        ([SETUP, float("nan"), None], "seconds is nan"),
+        ([SETUP, 0.5, 7], "error is not text"),
+        ([SETUP, 0.5, ["text", {"unknown key": "x"}]], "error is not text"),
+    ],
+)
+def test_a_malformed_setup_report_is_refused(msg: list[object], says: str) -> None:
+    with pytest.raises(ProtocolError, match=says):
+        parse_setup_report(msg)

@@ -427,6 +427,7 @@ def throughput_figure(stores: list[StoreData]) -> dict[str, Any] | None:
 _PHASES: Final = (
     ("launch", "#c7c7c7"),
     ("setup", "#aec7e8"),
+    ("task_setup", "#1f77b4"),
     ("idle", "#ffbb78"),
     ("compute", "#2ca02c"),
     ("final_wait", "#f7b6d2"),
@@ -470,6 +471,7 @@ def workers_figure(stores: list[StoreData]) -> dict[str, Any] | None:
             vals = {
                 "launch": w.launch if w.launch is not None else (w.startup or 0.0),
                 "setup": w.setup or 0.0,
+                "task_setup": w.task_setup or 0.0,
                 "idle": w.idle.total,
                 "compute": w.compute.total,
                 "final_wait": w.final_wait or 0.0,

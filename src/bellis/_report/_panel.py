@@ -196,7 +196,13 @@ def panel_rows(r: TaskReport) -> tuple[list[tuple[str, str]], list[tuple[str, st
         rows.append(("input cache", cache))
     wrows: list[tuple[str, str]] = []
     if w.count > 0:
-        for label, s in (("startup", w.startup), ("idle", w.idle), ("teardown", w.teardown)):
+        phases = (
+            ("startup", w.startup),
+            ("task setup", w.task_setup),  # Task(setup=...); None without one
+            ("idle", w.idle),
+            ("teardown", w.teardown),
+        )
+        for label, s in phases:
             if s is not None:
                 wrows.append((label, _duration_pm(s)))
         exits = ", ".join(f"{w.exits[k]} {k}" for k in _exit_order(w.exits))

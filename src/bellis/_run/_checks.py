@@ -16,7 +16,11 @@ from typing import Any
 
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._task import Pipeline, Task, function_arity
-from .._task_params import budget_units, user_stacklevel as _user_stacklevel
+from .._task_params import (
+    budget_units,
+    check_setup_function,
+    user_stacklevel as _user_stacklevel,
+)
 from .._task_spec import TaskSpec
 from ..errors import ConfigurationError, CoverageWarning
 
@@ -91,6 +95,11 @@ def _check_config(
 ) -> None:
     for t in order:
         fn = t.process_function
+        if fn is not None:  # set after construction (Task.process_function = ...)
+            try:
+                check_setup_function(t.task_id, t.setup, function_arity(fn))
+            except ConfigurationError as exc:
+                raise _config_error(str(exc), "setup") from exc
         if distributed:
             if fn is None and not external:
                 raise _config_error(

@@ -201,7 +201,7 @@ class _TaskCode:
 def _own_state(info: _TaskCode) -> None:
     """Fingerprint a task whose store may hold done blocks; find those of other code."""
     t, store = info.task, info.store
-    info.fp = fp = fingerprint(t.process_function, t.version)
+    info.fp = fp = fingerprint(t.process_function, t.version, t.setup)
     codes = store.code_versions()
     if codes is None:
         info.present = [0] if store.done.any() else []
@@ -388,7 +388,9 @@ def record_code(plan: CodeCheck, runs: list[Any]) -> None:
                 plan.recorded[run.task_id] = {"hash": fp.hash, "index": None}
             continue
         if fp is None:
-            fp = plan.fingerprints[run.task_id] = fingerprint(t.process_function, t.version)
+            fp = plan.fingerprints[run.task_id] = fingerprint(
+                t.process_function, t.version, t.setup
+            )
         floor = plan.floors.get(run.task_id, 0)
         index = store.use_code(fp.record(), plan.started, floor)
         run.take_writer()

@@ -263,14 +263,32 @@ def _serialize_function(task: TaskSpec, written: tuple[tuple[str, str], ...] = (
     unpicklable function fails here. ``written``: the run's declared outputs (their
     ``OutputSpec.key``), which the workers never cache as inputs."""
     fn = task.process_function
+    setup = task.setup
+    setup_bytes = None
+    if setup is not None:
+        try:
+            setup_bytes = cloudpickle.dumps(setup)
+        except Exception as exc:
+            raise WorkerStartError(
+                f"bellis could not serialize the setup of task '{task.task_id}' for its "
+                "worker subprocesses. Define it at module level and avoid capturing "
+                "unpicklable objects (locks, open files, live clients): open them inside "
+                f"the setup, which runs in each worker. Underlying error: {exc}",
+                task_id=task.task_id,
+            ) from exc
     try:
         function: bytes = cloudpickle.dumps(fn)
+        origins = collect_code_origins(fn)
+        if setup is not None:
+            origins += collect_code_origins(setup)
+        arity = 1 if function_arity(fn) > 0 else 0  # type: ignore[arg-type]
         return WorkerPayload(
             function=function,
-            arity=1 if function_arity(fn) > 0 else 0,  # type: ignore[arg-type]
+            arity=2 if task.passes_context else arity,
             sys_path=tuple(p for p in sys.path if p),
             log_settings=blog.export_settings(),
-            code_origins=tuple(collect_code_origins(fn)),
+            code_origins=tuple(origins),
+            setup=setup_bytes,
             inputs=tuple(wire_inputs(task.inputs, written)),
             input_cache_bytes=task.input_cache_bytes,
         ).to_bytes()

@@ -16,11 +16,12 @@ from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
 from .._outputs._inputs import run_outputs, wire_inputs
 from .._outputs._readback import ReadBack, wire_outputs
-from .._scheduling._attempts import attempt_record, block_coord, text_key
+from .._scheduling._attempts import attempt_record, block_coord, setup_record, text_key
 from .._scheduling._scheduler import Scheduler
 from .._worker._chunkcache import cache_bound, install
 from .._worker._failure import clean, failure_details, log_offsets
 from .._worker._profiling import Meter, attach_gpu
+from .._worker._setup import Warm, enter, setup_failure_text, with_context
 
 __all__ = ["run_blocks_serially"]
 
@@ -132,6 +133,27 @@ def _record_failure(
     )
 
 
+def _enter_setup(run: Any, errors: Any) -> Warm:
+    """Serial mode: the task's setup, entered in the driver before its first block. One
+    that raises is recorded (kind ``setup failed``) and propagates, with a note that names
+    the setup, as a block's exception does."""
+    try:
+        return enter(run.task.setup, run.task_id)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            full = blog.format_traceback(type(exc), exc, exc.__traceback__)
+            text = setup_failure_text(run.task_id, "in serial mode", full)
+            logger.error("%s", text)
+            if errors is not None:
+                files = blog.current_slot_files()
+                details = failure_details(exc, full, {} if files is None else log_offsets(*files))
+                for key in ("host", "pid", "job"):
+                    details.pop(key, None)
+                errors.record(setup_record(None, run, clean(text), details))
+            exc.add_note(f"raised by the setup of task '{run.task_id}' (Task(setup=...))")
+        raise
+
+
 def _raised(errors: Any, run: Any, k: int, exc: BaseException, release: Any, t0: float) -> None:
     """Block ``k`` raised ``exc``, which propagates (daisy 2.0.0's serial mode): its error
     record, and its failed attempt in the tracking store, so that a rerun runs the blocks
@@ -186,10 +208,13 @@ def run_blocks_serially(
                 "to give more memory",
                 run.task_id,
             )
-    cache = _cache_inputs([run.task for run in scheduler.runs])
+    cache = _cache_inputs([run.spec for run in scheduler.runs])
+    warm: dict[str, Warm] = {}  # Task(setup=...), entered before each task's first block
     try:
-        _run_all(scheduler, aggregates, on_block, errors, cache)
+        _run_all(scheduler, aggregates, on_block, errors, cache, warm)
     finally:
+        for w in reversed(list(warm.values())):
+            w.leave()
         if cache is not None:
             cache.remove()
 
@@ -209,7 +234,12 @@ def _cache_inputs(tasks: list[Any]) -> Any:
 
 
 def _run_all(
-    scheduler: Scheduler, aggregates: dict[str, Any], on_block: Any, errors: Any, cache: Any
+    scheduler: Scheduler,
+    aggregates: dict[str, Any],
+    on_block: Any,
+    errors: Any,
+    cache: Any,
+    warm: Any,
 ) -> None:
     progressed = True
     while progressed:
@@ -235,6 +265,12 @@ def _run_all(
             if k < 0:
                 continue  # no block now: the log files are not opened (no empty run in them)
             with _serial_output(run.task_id):
+                if run.task.setup is not None:
+                    w = warm.get(run.task_id)
+                    if w is None:
+                        w = warm[run.task_id] = _enter_setup(run, errors)
+                    if run.task.passes_context:
+                        fn = with_context(fn, w.ctx)
                 while k >= 0:
                     progressed = True
                     block = Block._lazy(geom, k, BlockStatus.PROCESSING)
@@ -292,3 +328,5 @@ def _run_all(
                     if on_block is not None:
                         on_block()
                     k = acquire(run)
+                if run.remaining <= 0 and run.task_id in warm:
+                    warm.pop(run.task_id).leave()  # the task is over: its teardown

@@ -11,7 +11,11 @@ collector stamps the time and writes it (``bellis._stats._errorlog``). Failure p
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final
+
+from .._protocol import parse_setup_report
+from ..errors import ProtocolError
 
 if TYPE_CHECKING:
     from ._records import Peer
@@ -21,13 +25,18 @@ __all__ = [
     "KIND_LOST",
     "KIND_OOM",
     "KIND_RAISED",
+    "KIND_SETUP",
     "KIND_STALLED",
     "KIND_STATUS",
     "KIND_TIMEOUT",
     "attempt_record",
     "block_coord",
+    "setup_record",
+    "setup_reported",
     "text_key",
 ]
+
+logger = logging.getLogger("bellis")
 
 KIND_RAISED: Final = "raised"
 KIND_STATUS: Final = "status FAILED"
@@ -36,6 +45,8 @@ KIND_STALLED: Final = "stalled"
 KIND_OOM: Final = "out of memory"
 KIND_LOST: Final = "lost worker"
 KIND_ERROR: Final = "error"
+#: ``Task(setup=...)`` raised in a worker (or in serial mode): a record that names no block
+KIND_SETUP: Final = "setup failed"
 
 
 def _summary_line(text: str) -> str:
@@ -126,3 +137,61 @@ def text_key(
     if _summary_line(text).startswith(f"block {task_id}/"):
         return None
     return text
+
+
+def setup_record(
+    peer: Peer | None, run: TaskRun, text: str, details: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The record of a setup that raised (``Task(setup=...)``, kind :data:`KIND_SETUP`):
+    as a block's, but it names no block (``block`` -1, no coordinate) and its attempt is
+    the worker's start."""
+    d = details or {}
+    rec: dict[str, Any] = {
+        "task": run.task_id,
+        "block": -1,
+        "coord": [],
+        "grid": [],
+        "attempt": run.worker_starts,
+        "kind": KIND_SETUP,
+        "type": d.get("type"),
+        "message": d.get("message") if d.get("message") is not None else _summary_line(text),
+        "where": d.get("where"),
+        "traceback": d.get("traceback") or text,
+    }
+    worker = None if peer is None else peer.worker
+    rec["worker"] = None if peer is None or worker is None else peer.worker_id
+    rec["host"] = d.get("host") or (None if peer is None else str(peer.addr[0]))
+    for key in ("pid", "job", "log", "log_offset", "out_log", "out_offset"):
+        if d.get(key) is not None:
+            rec[key] = d[key]
+    files = None if worker is None else getattr(worker.timeline, "log_files", None)
+    if files:
+        rec.setdefault("out_log", files[0])
+        rec.setdefault("log", files[1])
+    return rec
+
+
+def setup_reported(peer: Peer, msg: list[Any], now: float, errors: Any) -> None:
+    """A SETUP from ``peer`` (the dispatcher's): the task's setup ran in its worker (how
+    long goes on the worker's timeline), or raised: an error record of kind
+    :data:`KIND_SETUP` for ``errors`` (the run's ``ErrorCollector``), which names no block,
+    and the worker's error text; that worker then leaves, and its exit is charged to the
+    restart budget (``_staffing``). :class:`ProtocolError` for a malformed or late one."""
+    if peer.held or peer.parked:
+        raise ProtocolError("sent its setup report after it asked for blocks")
+    seconds, error = parse_setup_report(msg)
+    run = peer.run
+    assert run is not None
+    worker = peer.worker
+    if worker is not None:
+        worker.timeline.task_setup_done(seconds, now)
+    if error is None:
+        return
+    text, details = error
+    if run.first_worker_error is None:
+        run.first_worker_error = text
+    run.last_worker_error = text
+    if worker is not None:
+        worker.setup_error = text
+    errors.record(setup_record(peer, run, text, details))
+    logger.warning("%s", text.splitlines()[0])

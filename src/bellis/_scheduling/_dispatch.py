@@ -69,6 +69,7 @@ from .._protocol import (
     MOVE,
     REJECT,
     SEND,
+    SETUP,
     SHUTDOWN,
     ExitKind,
     WorkerExit,
@@ -80,7 +81,7 @@ from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory, _sharing
 from ._abandon import RESTART_CAP
-from ._attempts import KIND_LOST, attempt_record, block_coord, text_key
+from ._attempts import KIND_LOST, attempt_record, block_coord, setup_reported, text_key
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -320,6 +321,9 @@ class Dispatcher:
     # -- blocks ---------------------------------------------------------------------------
     def _handle(self, peer: Peer, msg: list[Any], now: float, draining: bool) -> None:
         op = msg[0]
+        if op == SETUP:  # Task(setup=...) ran, or raised, in peer's worker
+            setup_reported(peer, msg, now, self.errors)
+            return
         if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1

@@ -109,6 +109,7 @@ class ManagedWorker:
         "lost",
         "mem_step",
         "run",
+        "setup_error",
         "slot",
         "timeline",
         "worker_id",
@@ -136,6 +137,9 @@ class ManagedWorker:
         #: (connection, blocks, when) it held when its connection ended, released once its
         #: exit says whether it ran out of memory (tasks with a memory ladder only)
         self.lost: tuple[Peer, list[int], float] | None = None
+        #: the error text of its task's setup, when that raised (``Task(setup=...)``):
+        #: what its exit says in the summary and the abandonment error
+        self.setup_error: str | None = None
 
     @property
     def conn(self) -> Peer | None:

@@ -70,6 +70,9 @@ def _shareable(plan: TaskRecord, launcher: SharingLauncher | None, arity: int) -
         and plan.memory is None
         and plan.gate is None
         and spec.backup_after is None
+        # a per-worker setup runs once per process and tears down when it ends: such a
+        # task keeps its workers (docs/warm_workers.md)
+        and spec.setup is None
     )
 
 

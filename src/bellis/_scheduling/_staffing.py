@@ -288,9 +288,11 @@ class Staffing:
             and run.status == RUNNING
         ):
             run.worker_failures += 1
+            # a worker whose setup raised: its error names the setup (``_dispatch``)
+            message = worker.setup_error or ex.message
             if run.first_worker_error is None:
-                run.first_worker_error = ex.message
-            run.last_worker_error = ex.message
+                run.first_worker_error = message
+            run.last_worker_error = message
             logger.warning(
                 "worker exited with error worker_id=%d task_id=%s: %s",
                 worker.worker_id,

@@ -227,6 +227,9 @@ class WorkerRecord:
     #: its ``exit`` is then "clean" for the part it spent in this task)
     moved_from: str | None = None
     moved_to: str | None = None
+    #: seconds its task's setup took (``Task(setup=...)``), after the startup and before
+    #: its first block, as the worker reported them; None: no setup ran
+    task_setup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -254,7 +257,10 @@ class WorkerRecord:
             gpus=None if d.get("gpus") is None else tuple(str(g) for g in d["gpus"]),
             moved_from=None if d.get("moved_from") is None else str(d["moved_from"]),
             moved_to=None if d.get("moved_to") is None else str(d["moved_to"]),
-            **{k: opt(k) for k in ("startup", "launch", "setup", "teardown", "final_wait")},
+            **{
+                k: opt(k)
+                for k in ("startup", "launch", "setup", "teardown", "final_wait", "task_setup")
+            },
         )
 
 
@@ -391,6 +397,8 @@ class WorkersSection:
     teardown: Stat | None
     exits: dict[str, int]
     records: tuple[WorkerRecord, ...]
+    #: ``Task(setup=...)``: the seconds each worker's setup took; None: no setup ran
+    task_setup: Stat | None = None
 
 
 class TaskReport:

@@ -85,7 +85,7 @@ BLOCK_STAT_KEYS: Final = (
     "gpu_util",
     "gpu_mem",
 )
-WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown")
+WORKER_STAT_KEYS: Final = ("startup", "launch", "setup", "idle", "teardown", "task_setup")
 
 
 # ----------------------------------------------------------------------- runs.jsonl
@@ -212,7 +212,7 @@ _RECORD_SPEC: Final = {
     "slot": "count?",
     "idle": "stat",
     "compute": "stat",
-    **{k: "num?" for k in ("startup", "launch", "setup", "final_wait", "teardown")},
+    **{k: "num?" for k in ("startup", "launch", "setup", "final_wait", "teardown", "task_setup")},
 }
 
 

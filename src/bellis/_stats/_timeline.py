@@ -9,6 +9,9 @@ events it already handles, with its own monotonic clock (the ``t`` arguments)::
                                                    ... return ─final wait─▶ shutdown
                                                                    ─teardown─▶ exit
 
+* **task setup** — ``Task(setup=...)``, run once by the worker after it connected and
+  before it asked for a block: the seconds it reports (a SETUP message); the idle gap
+  before its first block starts when that report arrives.
 * **startup** — the spawn call to the first acquire. It splits into **setup**, the
   worker's own measure of its life so far, reported with its first acquire, and
   **launch** = startup − setup: what happened before the worker's clock started (the
@@ -21,7 +24,8 @@ events it already handles, with its own monotonic clock (the ``t`` arguments)::
 * **teardown** — that shutdown to the exit; only clean exits have one.
 
 For a worker that exits cleanly after a shutdown, the phases tile its life exactly:
-``startup + Σ idle + Σ compute + final_wait + teardown == exit − spawn``.
+``startup + Σ idle + Σ compute + final_wait + teardown == exit − spawn``; with a task
+setup, ``+ task setup`` on the left, to within one message's way from worker to server.
 
 Every per-event method is a few float assignments and at most one accumulator update.
 """
@@ -60,6 +64,7 @@ class WorkerTimeline:
         "moved_from",
         "moved_to",
         "slot",
+        "task_setup",
         "worker_id",
     )
 
@@ -78,6 +83,8 @@ class WorkerTimeline:
         self.compute = Welford()
         self.blocks = 0
         self.blocks_failed = 0
+        #: seconds its task's setup took, as it reported them; None: no setup ran
+        self.task_setup: float | None = None
         #: its log slot within the task, and its ``(stdout, stderr)`` log files (set by
         #: the server when it starts the worker; none in console mode)
         self.slot: int | None = None
@@ -98,6 +105,13 @@ class WorkerTimeline:
     def reported_setup(self, setup_seconds: float) -> None:
         """The worker's own setup duration (its process age at its first acquire)."""
         self._setup_seconds = setup_seconds if setup_seconds > 0.0 else 0.0
+
+    def task_setup_done(self, seconds: float, t: float) -> None:
+        """The worker reported at ``t`` that its task's setup took ``seconds``: its idle
+        time starts now."""
+        self.task_setup = seconds if seconds > 0.0 else 0.0
+        if self._sent_t is None and self._last_mark_t is not None:
+            self._last_mark_t = t
 
     def first_acquire(self, t: float) -> None:
         """The worker's first ``AcquireBlock`` arrived at ``t`` (later calls are ignored)."""
@@ -218,6 +232,7 @@ class WorkerTimeline:
             gpus=self.gpus,
             moved_from=self.moved_from,
             moved_to=self.moved_to,
+            task_setup=self.task_setup,
         )
 
 
@@ -270,7 +285,7 @@ class TimelineSet:
 
     def to_json(self) -> dict[str, Any]:
         """The ``workers`` section of a run line."""
-        startup, launch, setup, teardown, idle = (Welford() for _ in range(5))
+        startup, launch, setup, teardown, idle, task_setup = (Welford() for _ in range(6))
         exits: dict[str, int] = {}
         records = self.records()
         for i in sorted(self._workers):
@@ -281,6 +296,8 @@ class TimelineSet:
                     w.add(v)
             if r.teardown is not None:
                 teardown.add(r.teardown)
+            if r.task_setup is not None:
+                task_setup.add(r.task_setup)
             if r.exit is not None:
                 exits[r.exit] = exits.get(r.exit, 0) + 1
 
@@ -295,6 +312,7 @@ class TimelineSet:
             "setup": stat(setup),
             "idle": stat(idle),
             "teardown": stat(teardown),
+            "task_setup": stat(task_setup),
             "exits": exits,
             "records": [r.to_dict() for r in records],
         }

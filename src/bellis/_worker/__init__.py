@@ -12,6 +12,7 @@ Owns:
   ``_shared``      a worker the server moves between tasks of a run (``MOVE``)
   ``_chunkcache``  the decoded-chunk cache of a task's declared inputs (numpy and zarr
                    load when a task declares inputs, only then)
+  ``_setup``       ``Task(setup=...)``: entered once per process, its context and teardown
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_outputs``.
 Imported by: ``_launchers``, ``_run``, ``_plan``, ``face``, ``_cli``.

@@ -45,8 +45,14 @@ def _extend_sys_path(paths: list[str]) -> None:
             sys.path.insert(0, p)
 
 
-def run_block_function_loop(fn: Any, context: Any = None) -> int:
+def run_block_function_loop(
+    fn: Any, context: Any = None, setup: Any = None, passes_context: bool = False
+) -> int:
     """Run ``fn`` on the blocks the server hands out; the exit code.
+
+    ``setup`` (``Task(setup=...)``, None: none) runs once, before the first block, and its
+    teardown when the loop ends (``_setup``); a setup that raises ends the worker (code 1).
+    ``passes_context``: ``fn`` is called ``fn(block, ctx)`` with what the setup made.
 
     A block that raises an ``Exception`` is a failed attempt and the loop goes on, once the
     function has returned on a block of this worker (``Client.run_block_function``). One
@@ -58,12 +64,24 @@ def run_block_function_loop(fn: Any, context: Any = None) -> int:
     from ._client import Client
 
     client = Client(context)
+    warm = None
+    if setup is not None and client.connected:
+        from ._setup import enter_in_worker, with_context
+
+        warm = enter_in_worker(client, setup)
+        if warm is None:
+            return 1  # the setup raised: reported to the log and the server
+        if passes_context:
+            fn = with_context(fn, warm.ctx)
     try:
         client.run_block_function(fn)
     except Exception as exc:
         if exc is client.reported:
             return _failure_code(exc)
         raise
+    finally:
+        if warm is not None:
+            warm.leave()
     return 0
 
 
@@ -153,18 +171,22 @@ def main() -> int:
     # this process's stdout and stderr lead to its slot's log files (or to the pipes a
     # "both" run tees into them): what current_slot_files() gives the user's code
     blog._bind_slot_files((sys.stdout, sys.stderr))
+    setup = None if payload.setup is None else pickle.loads(payload.setup)
     if payload.code_origins:
         from .._code_origin import restore
 
         restore(fn, list(payload.code_origins))
+        if setup is not None:
+            restore(setup, list(payload.code_origins))
     if payload.inputs:
         _cache_inputs(payload)
-    if payload.arity == 1:
+    if payload.arity:
         if payload.shared:  # a worker the server may move to other tasks of the run
+            # (never a task with a setup: ``_scheduling._sharing`` keeps those bound)
             from ._shared import run_shared_loop
 
             return run_shared_loop(fn, payload.shared, _failure_code)
-        return run_block_function_loop(fn)
+        return run_block_function_loop(fn, setup=setup, passes_context=payload.arity == 2)
     try:
         return run_worker_function(fn)
     except MemoryError as exc:
