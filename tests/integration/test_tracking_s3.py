@@ -136,6 +136,13 @@ def _start(tmp: Path, env: dict[str, str], url: str, marks: Path, mode: str = "r
     )
 
 
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Kill ``proc`` if it still runs, reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
 def _wait_line(proc: subprocess.Popen[str], want: str, count: int = 1) -> list[str]:
     seen: list[str] = []
     assert proc.stdout is not None
@@ -155,9 +162,7 @@ def _run_until_taken(tmp: Path, env: dict[str, str], url: str, marks: Path, **ex
         try:
             out, err = proc.communicate(timeout=300)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _end(proc)
         if proc.returncode == 0:
             return out, err
         assert "is in use by another run" in err, err
@@ -174,9 +179,7 @@ def test_killed_driver_resumes_without_false_done(tmp_path: Path, s3_env: dict[s
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _end(proc)
     after_kill = _done_cells(s3_env, "run1/task_a")
     succeeded = {int(p.name) for p in marks.iterdir()}
     assert after_kill, "no flush happened in 15 blocks at a 0.2 s interval"
@@ -193,8 +196,7 @@ def test_killed_driver_resumes_without_false_done(tmp_path: Path, s3_env: dict[s
     assert final <= {int(p.name) for p in marks.iterdir()}
     # the lock is released at a clean end
     keys = {
-        o["Key"]
-        for o in _client(s3_env).list_objects_v2(Bucket=BUCKET, Prefix="run1/")["Contents"]
+        o["Key"] for o in _client(s3_env).list_objects_v2(Bucket=BUCKET, Prefix="run1/")["Contents"]
     }
     assert "run1/task_a/bellis.lock" not in keys
 
@@ -213,16 +215,14 @@ def test_killed_driver_resumes_without_false_done(tmp_path: Path, s3_env: dict[s
 def test_second_driver_refused_third_takes_over(tmp_path: Path, s3_env: dict[str, str]) -> None:
     url = f"s3://{BUCKET}/locked"
     marks = tmp_path / "marks"
-    holder = _start(tmp_path, s3_env, url, marks, "hold", BELLIS_S3_LEASE_SECONDS="20")
+    holder = _start(tmp_path, s3_env, url, marks, "hold", BELLIS_S3_LEASE_SECONDS="30")
     try:
         _wait_line(holder, "opened")
         second = _start(tmp_path, s3_env, url, marks)
         try:
             out, err = second.communicate(timeout=120)
         finally:
-            if second.poll() is None:
-                second.kill()
-                second.wait()
+            _end(second)
         assert second.returncode != 0
         assert f"block tracking at {url} is in use by another run (run " in err, err
         assert "lease until" in err and "tracking_path=" in err, err
@@ -230,9 +230,7 @@ def test_second_driver_refused_third_takes_over(tmp_path: Path, s3_env: dict[str
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+        _end(holder)
     out, err = _run_until_taken(tmp_path, s3_env, url, marks)
     assert f"block tracking at {url}: took over the lock of run" in err, err
     assert "finished" in out

@@ -62,7 +62,7 @@ from ._layout import (
     layout_record,
 )
 
-__all__ = ["S3Stores", "S3Store", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
+__all__ = ["S3Store", "S3Stores", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
 
 _log = logging.getLogger("bellis.tracking")
 
@@ -101,6 +101,11 @@ def _split(url: str) -> tuple[str, str]:
             path=url,
         )
     return bucket, prefix.strip("/")
+
+
+def _chunk_key(name: str, ndim: int) -> str:
+    """The key of an array's one chunk below the store's prefix (``done/c/0/0``)."""
+    return "/".join((name, "c", *chunk_parts(ndim)))
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -150,8 +155,11 @@ class _Bucket:
 
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         """``fn()``, tried again with backoff while the endpoint cannot be reached."""
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+        from botocore.exceptions import (
+            ConnectionError as BotoConnectionError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
 
         for wait in (*_BACKOFF, None):
             try:
@@ -287,7 +295,10 @@ class S3Lock:
             except ValueError:
                 holder = {}
         expires = holder.get("expires")
-        who = f"run {holder.get('run', '?')} on {holder.get('host', '?')}, pid {holder.get('pid', '?')}"
+        who = (
+            f"run {holder.get('run', '?')} on {holder.get('host', '?')}, "
+            f"pid {holder.get('pid', '?')}"
+        )
         if held is not None and isinstance(expires, int | float) and expires < time.time():
             etag = bucket.put(LOCK_KEY, cls._body(record), held[1])
             if etag is not None:
@@ -438,7 +449,7 @@ class S3Store:
                     url, f"{name}/zarr.json is not a {ARRAY_DTYPES[name]} array of {grid}"
                 )
             n = cell_count(grid)
-            chunk = bucket.get(f"{name}/{'/'.join(chunk_parts(len(grid)))}")
+            chunk = bucket.get(_chunk_key(name, len(grid)))
             dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
             if chunk is None:
                 arrays[name] = np.zeros(n, dtype=dtype)
@@ -538,16 +549,11 @@ class S3Store:
 
     def _writable(self) -> None:
         if not self.is_writable:
-            raise TrackingError(
-                f"block tracking at {self._url} is open read-only", path=self._url
-            )
+            raise TrackingError(f"block tracking at {self._url} is open read-only", path=self._url)
 
     def _changed(self, name: str) -> None:
         self._dirty.add(name)
-        if (
-            self._lock is not None
-            and time.monotonic() - self._last_flush >= self._interval
-        ):
+        if self._lock is not None and time.monotonic() - self._last_flush >= self._interval:
             self.flush()
 
     def record_success(
@@ -632,7 +638,7 @@ class S3Store:
         nd = len(self._grid)
         for name in sorted(self._dirty):
             data = self._arrays[name].astype(self._arrays[name].dtype.newbyteorder("<")).tobytes()
-            key = f"{name}/{'/'.join(chunk_parts(nd))}"
+            key = _chunk_key(name, nd)
             etag = self._bucket.put(key, data, self._etags.get(name))
             if etag is None:
                 raise self._conflict(self._url, key)

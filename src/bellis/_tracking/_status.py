@@ -255,7 +255,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
     opened: TrackingStore | S3Store = (
         S3Store.open_readonly(path) if on_s3 else TrackingStore.open_readonly(path)
     )
-    if on_s3:
+    if isinstance(opened, S3Store):
         display = opened.url
     with opened as store:
         grid = tuple(store.grid_shape)
