@@ -68,8 +68,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def s3_env() -> Iterator[dict[str, str]]:
-    """A moto S3 server on 127.0.0.1 with one bucket; the environment that reaches it."""
+def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
+    """A moto S3 server on 127.0.0.1 with one bucket: the environment that reaches it, and
+    its process."""
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -96,7 +97,7 @@ def s3_env() -> Iterator[dict[str, str]]:
         )
         env.pop("AWS_PROFILE", None)
         _client(env).create_bucket(Bucket=BUCKET)
-        yield env
+        yield env, server
     finally:
         server.terminate()
         try:
@@ -104,6 +105,11 @@ def s3_env() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@pytest.fixture
+def s3_env(moto_server: tuple[dict[str, str], subprocess.Popen[bytes]]) -> dict[str, str]:
+    return moto_server[0]
 
 
 def _client(env: dict[str, str]) -> Any:
@@ -284,3 +290,27 @@ def test_bad_bucket_url_is_named(tmp_path: Path, s3_env: dict[str, str]) -> None
     )
     assert done.returncode != 0
     assert "TrackingError: tracking_path='s3://ab/x': not an S3 store URL" in done.stderr
+
+
+def test_endpoint_gone_stops_with_the_url(
+    tmp_path: Path, moto_server: tuple[dict[str, str], subprocess.Popen[bytes]]
+) -> None:
+    """The server stops mid-run: the flush is tried again with backoff, then the driver
+    stops with a TrackingError naming the URL (moto keeps its objects in memory, so a
+    restarted server could not show the markers kept; docs/cloud.md)."""
+    env, server = moto_server
+    url = f"s3://{BUCKET}/gone"
+    marks = tmp_path / "marks"
+    proc = _start(tmp_path, env, url, marks, BLOCK_SECONDS="0.5")
+    try:
+        _wait_line(proc, "recorded", 2)
+        server.terminate()
+        server.wait(60)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert proc.returncode != 0
+    assert "finished" not in out
+    assert "trying again in 0.5 s" in err, err
+    assert f"TrackingError: block tracking at {url}: writing done/c/0 failed, the endpoint " in err
+    assert "cannot be reached" in err, err

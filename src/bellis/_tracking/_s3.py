@@ -652,11 +652,19 @@ class S3Store:
             return
         try:
             self.flush()
-        finally:
+        except BaseException:
             self._closed = True
-            if self._lock is not None:
-                lock, self._lock = self._lock, None
-                lock.release()
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                try:
+                    lock.release()
+                except TrackingError as exc:  # the flush's error is the one to raise
+                    _log.warning("%s (its lease expires by itself)", exc)
+            raise
+        self._closed = True
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def __enter__(self) -> S3Store:
         return self
