@@ -314,3 +314,46 @@ def test_endpoint_gone_stops_with_the_url(
     assert "trying again in 0.5 s" in err, err
     assert f"TrackingError: block tracking at {url}: writing done/c/0 failed, the endpoint " in err
     assert "cannot be reached" in err, err
+
+
+def test_find_stores_is_store_and_clear_done(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    script = tmp_path / "stores.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json
+            from bellis._tracking import StoreLayout, find_stores, is_store, open_store
+            from bellis._tracking import open_readonly, backend_for
+            layout = StoreLayout((0,), (40,), (0,), (1,), (0,), (1,), "valid")
+            base = "s3://bellis-test/base"
+            for name in ("b", "a"):
+                store = open_store(f"{base}/{name}", layout, resource_tracking=False)
+                for cell in range(10):
+                    store.record_success(cell, None, 0, 0.0, 0.0)
+                store.close()
+            cleared = backend_for(base).clear_done(
+                __import__("pathlib").Path(f"{base}/a"), (40,), [1, 2, 30]
+            )
+            store = open_readonly(f"{base}/a")
+            print(json.dumps({
+                "found": [str(p) for p in find_stores(base)],
+                "base_is_store": is_store(base),
+                "a_is_store": is_store(f"{base}/a"),
+                "cleared": cleared,
+                "done_a": [int(c) for c in store.done.nonzero()[0]],
+            }))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], env=s3_env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    # Path folds s3:// to s3:/ in str(); what matters is both stores, in name order
+    assert [p.rsplit("/", 1)[1] for p in got["found"]] == ["a", "b"]
+    assert got["base_is_store"] is False and got["a_is_store"] is True
+    assert got["cleared"] == 2
+    assert got["done_a"] == [0, 3, 4, 5, 6, 7, 8, 9]
+    assert _done_cells(s3_env, "base/a") == {0, 3, 4, 5, 6, 7, 8, 9}
+    assert _done_cells(s3_env, "base/b") == set(range(10))
