@@ -10,7 +10,7 @@ never opens the arrays itself.
 Owns:
   ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
                 ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
-                directories, so far)
+                directories and ``s3://`` URLs)
   ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
   ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
@@ -21,6 +21,8 @@ Owns:
   ``_reset``    done markers cleared under the run lock (``bellis verify --reset``) and
                 ``verify.json``, what the last verify found
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
+  ``_s3``       stores at ``s3://`` URLs: in the driver's memory, flushed with conditional
+                writes, the lock a lease object (docs/cloud.md)
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,

@@ -20,6 +20,7 @@ from typing import Protocol
 from .._donemarks import BlockStore, StoreBackend
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
+from ._s3 import S3Stores, is_s3_url
 from ._store import TrackingStore
 
 __all__ = [
@@ -100,17 +101,19 @@ class LocalStores:
 
 
 _LOCAL = LocalStores()
+_S3 = S3Stores()
 
 
 def backend_for(path: str | os.PathLike[str]) -> TrackingBackend:
-    """The backend of the store at ``path`` (a local directory: the only kind so far)."""
-    return _LOCAL
+    """The backend of the store at ``path``: :class:`~bellis._tracking._s3.S3Stores` for
+    an ``s3://`` URL (docs/cloud.md), :class:`LocalStores` for a local directory."""
+    return _S3 if is_s3_url(path) else _LOCAL
 
 
 def store_exists(path: str | os.PathLike[str]) -> bool:
     """Whether something at ``path`` claims to be a store: a folder to open as one (and
     to get its error from), not to search for stores below."""
-    return backend_for(path).exists(Path(path))
+    return backend_for(path).exists(Path(path))  # Path folds s3:// to s3:/: _s3 reads both
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:

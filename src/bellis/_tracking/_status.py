@@ -28,6 +28,7 @@ from ._layout import (
     plan_growth,
 )
 from ._reset import VerifyCounts, read_verify_record, verify_counts
+from ._s3 import S3Store, is_s3_url
 from ._store import TrackingStore
 
 __all__ = [
@@ -156,7 +157,7 @@ class SlabReader:
     resident) and skipping the file's holes: a slab wholly in a hole reads as None (all
     zeros), so a never-written ``failures`` chunk of 4 GB costs a few ``lseek`` calls."""
 
-    def __init__(self, arr: np.memmap[Any, Any]) -> None:
+    def __init__(self, arr: NDArray[Any]) -> None:
         self.flat = arr.reshape(-1)
         self.dtype = arr.dtype
         self.size = int(arr.size)
@@ -250,7 +251,13 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
     the counts of one slab agree with each other while a run writes the store.
     """
     display = os.fspath(path)
-    with TrackingStore.open_readonly(path) as store:
+    on_s3 = is_s3_url(path)  # read by key, no lock; no runs.jsonl or verify.json there yet
+    opened: TrackingStore | S3Store = (
+        S3Store.open_readonly(path) if on_s3 else TrackingStore.open_readonly(path)
+    )
+    if isinstance(opened, S3Store):
+        display = opened.url
+    with opened as store:
         grid = tuple(store.grid_shape)
         stats = store.stats
         present = [name for name in STAT_ARRAYS if name in stats]
@@ -323,9 +330,9 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
             returned = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float64)
         task_hash = store.task_hash
         record: dict[str, Any] | None = store.record
-        runs_file = store.runs_jsonl
+        runs_file = None if on_s3 else store.runs_jsonl
         checks = store.checksums()
-        last_verify = read_verify_record(path)
+        last_verify = None if on_s3 else read_verify_record(path)
         verify = None
         if checks is not None or last_verify is not None:
             flat = None if checks is None else checks.reshape(-1)
@@ -336,7 +343,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
             del counts[0]
         table = read_table(store.path) if codes is not None else []
     try:
-        runs = _count_runs(runs_file)
+        runs = 0 if runs_file is None else _count_runs(runs_file)
     except OSError as exc:
         raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
     return StatusSnapshot(

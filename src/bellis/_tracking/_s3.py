@@ -1,0 +1,752 @@
+"""Tracking stores on S3 (``s3://bucket/prefix``): the done markers held in memory by the
+driver and flushed as zarr v3 chunk objects with conditional writes (docs/cloud.md).
+
+On the bucket, the same layout as a local store (SPEC §4.2)::
+
+    <prefix>/zarr.json           group; attributes daisy_task_hash and bellis_layout
+    <prefix>/<array>/zarr.json   array metadata (``_layout.array_metadata``)
+    <prefix>/<array>/c/0[/0...]  the chunk: the raw little-endian element array
+    <prefix>/bellis.lock         the run lock: holder and lease (JSON)
+
+An object store has no memory map and no append: the driver keeps every array in memory,
+records a block there, and writes the changed chunks back at most every
+``BELLIS_S3_FLUSH_SECONDS`` (default 5) seconds, at :meth:`S3Store.flush` and at
+:meth:`S3Store.close`. A marker is set only after its block succeeded, so a crash loses
+at most the markers of the last interval (those blocks run again) and never marks a
+block done that did not finish. Clearing markers (a stale block, ``verify --reset``) is
+written at once: a cleared marker that came back after a crash would be a false "done".
+
+Every chunk write is conditional: ``IfMatch`` the ETag this store last wrote or read
+(``IfNoneMatch="*"`` for a chunk that did not exist). A 412 means another writer changed
+the chunk: the run stops with a :class:`~bellis.errors.TrackingError` naming the URL.
+
+The lock is an object created with ``IfNoneMatch="*"`` that holds the run's id and a
+lease (an expiry time, ``BELLIS_S3_LEASE_SECONDS``, default 120), renewed at each flush
+with ``IfMatch``. A second run is refused while the lease runs; a lease that has expired
+(its run was killed) is taken over with a compare-and-swap, and a warning says so.
+
+Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` lists.
+``boto3`` is imported here only, by the driver; the endpoint and credentials come from
+the standard AWS configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...), never from a
+bellis option, and are never printed or stored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .._donemarks import HotWriter
+from ..errors import TrackingError
+from ._files import cell_count, chunk_parts, clear_cells
+from ._layout import (
+    ARRAY_DTYPES,
+    BASE_ARRAYS,
+    StoreLayout,
+    array_metadata,
+    dump_metadata,
+    group_metadata,
+    invalid_metadata,
+    layout_hash,
+    layout_mismatch,
+    layout_record,
+)
+
+__all__ = ["S3Store", "S3Stores", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
+
+_log = logging.getLogger("bellis.tracking")
+
+SCHEME = "s3://"
+LOCK_KEY = "bellis.lock"
+FLUSH_ENV = "BELLIS_S3_FLUSH_SECONDS"
+LEASE_ENV = "BELLIS_S3_LEASE_SECONDS"
+_DEFAULT_FLUSH = 5.0
+_DEFAULT_LEASE = 120.0
+#: waits between the tries of a request that could not reach the endpoint (seconds)
+_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+_T = TypeVar("_T")
+
+
+def is_s3_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names an S3 store (``s3://...``; ``Path`` folds it to ``s3:/...``)."""
+    text = os.fspath(path)
+    return text.startswith(("s3://", "s3:/"))
+
+
+def s3_url(path: str | os.PathLike[str]) -> str:
+    """The canonical ``s3://bucket/prefix`` of ``path`` (no trailing slash)."""
+    text = os.fspath(path)
+    rest = text[5:] if text.startswith("s3://") else text[4:]
+    return SCHEME + rest.strip("/")
+
+
+def _split(url: str) -> tuple[str, str]:
+    rest = url[len(SCHEME) :]
+    bucket, _, prefix = rest.partition("/")
+    if len(bucket) < 3:
+        raise TrackingError(
+            f"tracking_path={url!r}: not an S3 store URL; pass s3://<bucket>/<prefix> "
+            "(a bucket name has at least 3 characters)",
+            path=url,
+        )
+    return bucket, prefix.strip("/")
+
+
+def _chunk_key(name: str, ndim: int) -> str:
+    """The key of an array's one chunk below the store's prefix (``done/c/0/0``)."""
+    return "/".join((name, "c", *chunk_parts(ndim)))
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise TrackingError(f"{name}={raw!r}: must be a number of seconds > 0 (e.g. {default})")
+    return value
+
+
+def flush_seconds() -> float:
+    """At most how long a done marker stays in the driver's memory only."""
+    return _env_seconds(FLUSH_ENV, _DEFAULT_FLUSH)
+
+
+def lease_seconds() -> float:
+    """How long the run lock holds without a renewal."""
+    return _env_seconds(LEASE_ENV, _DEFAULT_LEASE)
+
+
+class _Bucket:
+    """The requests of one store: keys below its prefix, errors as ``TrackingError``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.bucket, self.prefix = _split(url)
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise TrackingError(
+                f"block tracking at {url}: S3 stores need boto3; install it with "
+                "pip install 'bellis[s3]'",
+                path=url,
+            ) from None
+        self._client = boto3.client(
+            "s3", config=Config(retries={"max_attempts": 3, "mode": "standard"})
+        )
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``, tried again with backoff while the endpoint cannot be reached."""
+        from botocore.exceptions import (
+            ConnectionError as BotoConnectionError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        for wait in (*_BACKOFF, None):
+            try:
+                return fn()
+            except (BotoConnectionError, EndpointConnectionError, ReadTimeoutError) as exc:
+                if wait is None:
+                    raise TrackingError(
+                        f"block tracking at {self.url}: {what} failed, the endpoint cannot "
+                        f"be reached ({type(exc).__name__}) after {len(_BACKOFF) + 1} tries; "
+                        "the done markers not yet written are lost and their blocks run "
+                        "again on resume",
+                        path=self.url,
+                    ) from None
+                _log.warning(
+                    "block tracking at %s: %s failed (%s); trying again in %.1f s",
+                    self.url,
+                    what,
+                    type(exc).__name__,
+                    wait,
+                )
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _code(exc: Exception) -> str:
+        response = getattr(exc, "response", None) or {}
+        return str(response.get("Error", {}).get("Code", ""))
+
+    def get(self, name: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None when it does not exist."""
+        from botocore.exceptions import ClientError
+
+        def fetch() -> tuple[bytes, str] | None:
+            try:
+                r = self._client.get_object(Bucket=self.bucket, Key=self.key(name))
+            except ClientError as exc:
+                if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                    return None
+                raise self._error(f"reading {name}", exc) from None
+            return r["Body"].read(), str(r["ETag"])
+
+        return self._call(f"reading {name}", fetch)
+
+    def put(self, name: str, data: bytes, etag: str | None) -> str | None:
+        """Write ``name`` if it is still as this store last saw it (``etag``; None: absent).
+        Returns the new ETag, None when another writer changed it (412)."""
+        from botocore.exceptions import ClientError
+
+        cond: dict[str, str] = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+
+        def send() -> str | None:
+            try:
+                r = self._client.put_object(
+                    Bucket=self.bucket, Key=self.key(name), Body=data, **cond
+                )
+            except ClientError as exc:
+                if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return None
+                raise self._error(f"writing {name}", exc) from None
+            return str(r["ETag"])
+
+        return self._call(f"writing {name}", send)
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import ClientError
+
+        def send() -> None:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self.key(name))
+            except ClientError as exc:
+                raise self._error(f"deleting {name}", exc) from None
+
+        self._call(f"deleting {name}", send)
+
+    def children(self, prefix: str) -> list[str]:
+        """The "folders" right below ``prefix`` (a listing: only ``find_stores`` asks)."""
+        from botocore.exceptions import ClientError
+
+        base = f"{prefix}/" if prefix else ""
+
+        def send() -> list[str]:
+            out: list[str] = []
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=base, Delimiter="/"
+                )
+                for page in pages:
+                    out.extend(str(p["Prefix"]).rstrip("/") for p in page.get("CommonPrefixes", []))
+            except ClientError as exc:
+                raise self._error("listing", exc) from None
+            return sorted(out)
+
+        return self._call("listing", send)
+
+    def _error(self, what: str, exc: Exception) -> TrackingError:
+        return TrackingError(
+            f"block tracking at {self.url}: {what} failed: {self._code(exc) or exc}",
+            path=self.url,
+        )
+
+
+class S3Lock:
+    """The run lock of an S3 store: an object with the holder and a lease (see above)."""
+
+    def __init__(self, bucket: _Bucket, etag: str, record: dict[str, Any], lease: float) -> None:
+        self._bucket = bucket
+        self._etag: str | None = etag
+        self._record = record
+        self._lease = lease
+
+    @staticmethod
+    def _body(record: dict[str, Any]) -> bytes:
+        return (json.dumps(record, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def acquire(cls, bucket: _Bucket) -> S3Lock:
+        lease = lease_seconds()
+        record = {
+            "run": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "expires": time.time() + lease,
+        }
+        etag = bucket.put(LOCK_KEY, cls._body(record), None)
+        if etag is not None:
+            return cls(bucket, etag, record, lease)
+        held = bucket.get(LOCK_KEY)
+        holder: dict[str, Any] = {}
+        if held is not None:
+            try:
+                loaded = json.loads(held[0])
+                holder = loaded if isinstance(loaded, dict) else {}
+            except ValueError:
+                holder = {}
+        expires = holder.get("expires")
+        who = (
+            f"run {holder.get('run', '?')} on {holder.get('host', '?')}, "
+            f"pid {holder.get('pid', '?')}"
+        )
+        if held is not None and isinstance(expires, int | float) and expires < time.time():
+            etag = bucket.put(LOCK_KEY, cls._body(record), held[1])
+            if etag is not None:
+                _log.warning(
+                    "block tracking at %s: took over the lock of %s, whose lease expired "
+                    "%.0f s ago (that run stopped without releasing it)",
+                    bucket.url,
+                    who,
+                    time.time() - expires,
+                )
+                return cls(bucket, etag, record, lease)
+        until = (
+            time.strftime(" until %Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+            if isinstance(expires, int | float)
+            else ""
+        )
+        raise TrackingError(
+            f"block tracking at {bucket.url} is in use by another run ({who}, lease"
+            f"{until}). Two runs on one store would process every block twice: wait for "
+            "that run to end or stop it (a stopped run's lease expires, then the next run "
+            "takes the store over), or give this run another tracking_path=",
+            path=bucket.url,
+        )
+
+    def renew(self) -> None:
+        if self._etag is None:
+            return
+        self._record["expires"] = time.time() + self._lease
+        etag = self._bucket.put(LOCK_KEY, self._body(self._record), self._etag)
+        if etag is None:
+            self._etag = None
+            raise TrackingError(
+                f"block tracking at {self._bucket.url}: this run lost its lock (another run "
+                "took the store over after this run's lease expired); stopping so that two "
+                f"runs do not write one store. Raise {LEASE_ENV} above the longest pause "
+                "between flushes",
+                path=self._bucket.url,
+            )
+        self._etag = etag
+
+    def release(self) -> None:
+        if self._etag is None:
+            return
+        held = self._bucket.get(LOCK_KEY)
+        if held is not None and held[1] == self._etag:
+            self._bucket.delete(LOCK_KEY)
+        self._etag = None
+
+
+class S3Store:
+    """One task's tracking store on S3 (``_donemarks.BlockStore``), held in memory."""
+
+    def __init__(
+        self,
+        bucket: _Bucket | None,
+        url: str,
+        grid: tuple[int, ...],
+        arrays: dict[str, NDArray[Any]],
+        etags: dict[str, str | None],
+        group: dict[str, Any],
+        *,
+        created: bool,
+        lock: S3Lock | None,
+        scratch: bool = False,
+    ) -> None:
+        self._bucket = bucket
+        self._url = url
+        self._grid = grid
+        self._arrays = arrays
+        self._etags = etags
+        self._group = group
+        self._created = created
+        self._lock = lock
+        self._scratch = scratch
+        self._dirty: set[str] = set()
+        self._interval = flush_seconds() if lock is not None else 0.0
+        self._last_flush = time.monotonic()
+        self._closed = False
+        self._cells = cell_count(grid)
+
+    # -- opening -------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], layout: StoreLayout) -> S3Store:
+        url = s3_url(path)
+        bucket = _Bucket(url)
+        lock = S3Lock.acquire(bucket)
+        try:
+            return cls._load(bucket, url, layout, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _load(cls, bucket: _Bucket, url: str, layout: StoreLayout, lock: S3Lock) -> S3Store:
+        grid = tuple(layout.grid_shape)
+        expected = layout_hash(layout)
+        got = bucket.get("zarr.json")
+        if got is None:
+            group = group_metadata(expected, layout_record(layout))
+            for name in BASE_ARRAYS:
+                meta = dump_metadata(array_metadata(ARRAY_DTYPES[name], grid))
+                if bucket.put(f"{name}/zarr.json", meta, None) is None:
+                    existing = bucket.get(f"{name}/zarr.json")
+                    if existing is None or existing[0] != meta:
+                        raise invalid_metadata(url, f"{name}/zarr.json is another array's")
+            if bucket.put("zarr.json", dump_metadata(group), None) is None:
+                raise cls._conflict(url, "zarr.json")
+            arrays = {n: np.zeros(cell_count(grid), dtype=ARRAY_DTYPES[n]) for n in BASE_ARRAYS}
+            etags: dict[str, str | None] = dict.fromkeys(BASE_ARRAYS)
+            return cls(bucket, url, grid, arrays, etags, group, created=True, lock=lock)
+        group = cls._group_of(url, got[0])
+        stored = group.get("attributes", {}).get("daisy_task_hash")
+        if stored != expected:
+            raise layout_mismatch(url, str(stored), expected)
+        _, arrays, etags = cls._read_arrays(bucket, url, grid)
+        return cls(bucket, url, grid, arrays, etags, group, created=False, lock=lock)
+
+    @staticmethod
+    def _group_of(url: str, data: bytes) -> dict[str, Any]:
+        try:
+            group = json.loads(data)
+        except ValueError:
+            raise invalid_metadata(url, "zarr.json is not JSON") from None
+        if not isinstance(group, dict) or group.get("node_type") != "group":
+            raise invalid_metadata(url, "zarr.json is not a zarr v3 group")
+        return group
+
+    @staticmethod
+    def _read_arrays(
+        bucket: _Bucket, url: str, grid: tuple[int, ...] | None
+    ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
+        """The base arrays, read by key; ``grid`` None: the stored shape."""
+        arrays: dict[str, NDArray[Any]] = {}
+        etags: dict[str, str | None] = {}
+        for name in BASE_ARRAYS:
+            got = bucket.get(f"{name}/zarr.json")
+            if got is None:
+                raise invalid_metadata(url, f"{name}/zarr.json is missing")
+            try:
+                meta = json.loads(got[0])
+                shape = tuple(int(s) for s in meta["shape"])
+            except (ValueError, KeyError, TypeError):
+                raise invalid_metadata(url, f"{name}/zarr.json is not an array's") from None
+            if grid is None:
+                grid = shape
+            if meta != array_metadata(ARRAY_DTYPES[name], grid):
+                raise invalid_metadata(
+                    url, f"{name}/zarr.json is not a {ARRAY_DTYPES[name]} array of {grid}"
+                )
+            n = cell_count(grid)
+            chunk = bucket.get(_chunk_key(name, len(grid)))
+            dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
+            if chunk is None:
+                arrays[name] = np.zeros(n, dtype=dtype)
+                etags[name] = None
+                continue
+            if len(chunk[0]) != n * dtype.itemsize:
+                raise invalid_metadata(url, f"{name}'s chunk holds {len(chunk[0])} bytes")
+            arrays[name] = np.frombuffer(chunk[0], dtype=dtype).copy()
+            etags[name] = chunk[1]
+        return grid or (), arrays, etags
+
+    @classmethod
+    def open_readonly(cls, path: str | os.PathLike[str]) -> S3Store:
+        url = s3_url(path)
+        bucket = _Bucket(url)
+        got = bucket.get("zarr.json")
+        if got is None:
+            raise TrackingError(f"no block tracking store at {url}", path=url)
+        group = cls._group_of(url, got[0])
+        grid, arrays, etags = cls._read_arrays(bucket, url, None)
+        return cls(bucket, url, grid, arrays, etags, group, created=False, lock=None)
+
+    @staticmethod
+    def _conflict(url: str, name: str) -> TrackingError:
+        return TrackingError(
+            f"block tracking at {url}: {name} was changed by another writer while this run "
+            "held the store (a conditional write was refused, HTTP 412); stopping so that "
+            "no done marker is lost or invented. Check that no other run uses this "
+            "tracking_path",
+            path=url,
+        )
+
+    # -- the BlockStore surface -------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return Path(self._url)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return self._grid
+
+    @property
+    def created(self) -> bool:
+        return self._created
+
+    @property
+    def is_writable(self) -> bool:
+        return (self._lock is not None or self._scratch) and not self._closed
+
+    @property
+    def runs_jsonl(self) -> Path:
+        raise TrackingError(
+            f"block tracking at {self._url}: runs.jsonl is not kept on S3 yet (docs/cloud.md)",
+            path=self._url,
+        )
+
+    @property
+    def task_hash(self) -> str | None:
+        value = self._group.get("attributes", {}).get("daisy_task_hash")
+        return value if isinstance(value, str) else None
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        value = self._group.get("attributes", {}).get("bellis_layout")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def done(self) -> NDArray[Any]:
+        return self._arrays["done"].reshape(self._grid)
+
+    @property
+    def failures(self) -> NDArray[Any]:
+        return self._arrays["failures"].reshape(self._grid)
+
+    @property
+    def stats(self) -> dict[str, NDArray[Any]]:
+        return {}
+
+    def is_done(self, cell: int) -> bool:
+        return 0 <= cell < self._cells and bool(self._arrays["done"][cell])
+
+    def code_versions(self) -> NDArray[Any] | None:
+        return None
+
+    def checksums(self) -> NDArray[Any] | None:
+        return None
+
+    def grants(self) -> NDArray[Any] | None:
+        return None
+
+    def hot_writer(self) -> HotWriter | None:
+        return None  # every block goes through record_success, which flushes on time
+
+    def _writable(self) -> None:
+        if not self.is_writable:
+            raise TrackingError(f"block tracking at {self._url} is open read-only", path=self._url)
+
+    def _changed(self, name: str) -> None:
+        self._dirty.add(name)
+        if self._lock is not None and time.monotonic() - self._last_flush >= self._interval:
+            self.flush()
+
+    def record_success(
+        self,
+        cell: int,
+        stats: tuple[Any, ...] | None,
+        worker_id: int,
+        sent_at: float,
+        returned_at: float,
+    ) -> None:
+        self._writable()
+        if 0 <= cell < self._cells:
+            self._arrays["done"][cell] = 1
+            self._changed("done")
+
+    def record_skip(self, cell: int) -> None:
+        self.record_success(cell, None, -1, 0.0, 0.0)
+
+    def record_failure(
+        self, cell: int, worker_id: int = -1, sent_at: float = 0.0, returned_at: float = 0.0
+    ) -> None:
+        self._writable()
+        if 0 <= cell < self._cells:
+            self._arrays["failures"][cell] += 1
+            self._changed("failures")
+
+    def record_measured(
+        self,
+        cells: NDArray[np.intp],
+        table: NDArray[Any],
+        worker_id: int,
+        sent_at: NDArray[np.float64],
+        returned_at: NDArray[np.float64],
+    ) -> None:
+        self._writable()
+        inside = cells[(cells >= 0) & (cells < self._cells)]
+        self._arrays["done"][inside] = 1
+        self._changed("done")
+
+    def record_grant(self, cell: int, megabytes: int) -> None:
+        self._writable()  # memory grants are not kept on S3 yet (docs/cloud.md)
+
+    def record_checksum(self, cell: int, checksum: int) -> None:
+        self._writable()  # output checksums are not kept on S3 yet (docs/cloud.md)
+
+    def clear_done(self, cells: Sequence[int] | NDArray[np.intp]) -> int:
+        self._writable()
+        cleared = clear_cells(self._arrays["done"], cells)
+        if cleared and not self._scratch:
+            self._dirty.add("done")
+            self.flush()  # at once: a cleared marker back after a crash would be "done"
+        return cleared
+
+    def code_table(self) -> list[dict[str, Any]]:
+        return []
+
+    def use_code(self, record: dict[str, Any], started: float, floor: int = 0) -> int:
+        return 0  # code versions are not kept on S3 yet (docs/cloud.md)
+
+    def scratch(self) -> S3Store:
+        arrays = {n: a.copy() for n, a in self._arrays.items()}
+        return S3Store(
+            None,
+            self._url,
+            self._grid,
+            arrays,
+            dict(self._etags),
+            self._group,
+            created=self._created,
+            lock=None,
+            scratch=True,
+        )
+
+    # -- lifetime ------------------------------------------------------------------------
+    def open_stats(self) -> None:
+        return None
+
+    def flush(self) -> None:
+        """Write the changed chunks (conditional on their last ETag) and renew the lease."""
+        if self._lock is None or self._bucket is None:
+            return
+        nd = len(self._grid)
+        for name in sorted(self._dirty):
+            data = self._arrays[name].astype(self._arrays[name].dtype.newbyteorder("<")).tobytes()
+            key = _chunk_key(name, nd)
+            etag = self._bucket.put(key, data, self._etags.get(name))
+            if etag is None:
+                raise self._conflict(self._url, key)
+            self._etags[name] = etag
+        self._dirty.clear()
+        self._lock.renew()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+        except BaseException:
+            self._closed = True
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                try:
+                    lock.release()
+                except TrackingError as exc:  # the flush's error is the one to raise
+                    _log.warning("%s (its lease expires by itself)", exc)
+            raise
+        self._closed = True
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def __enter__(self) -> S3Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self._url!r}, grid={self._grid})"
+
+
+class S3Stores:
+    """Tracking stores below ``s3://`` URLs (``_donemarks.StoreBackend``)."""
+
+    def exists(self, path: Path) -> bool:
+        return _Bucket(s3_url(path)).get("zarr.json") is not None
+
+    def is_store(self, path: Path) -> bool:
+        bucket = _Bucket(s3_url(path))
+        got = bucket.get("zarr.json")
+        if got is None:
+            return False
+        try:
+            meta = json.loads(got[0])
+        except ValueError:
+            return False
+        return (
+            isinstance(meta, dict)
+            and meta.get("node_type") == "group"
+            and bucket.get("done/zarr.json") is not None
+        )
+
+    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+        url = s3_url(root)
+        if self.is_store(root):
+            yield Path(url)
+            return
+        bucket = _Bucket(url)
+        base = SCHEME + bucket.bucket
+        frontier = [bucket.prefix]
+        depth = 0
+        found: list[str] = []
+        while frontier and (max_depth is None or depth < max_depth):
+            depth += 1
+            deeper: list[str] = []
+            for prefix in frontier:
+                for child in bucket.children(prefix):
+                    child_url = f"{base}/{child}"
+                    (found if self.is_store(Path(child_url)) else deeper).append(child)
+            frontier = deeper
+        for child in sorted(found):
+            yield Path(f"{base}/{child}")
+
+    def open_readonly(self, path: Path) -> S3Store:
+        return S3Store.open_readonly(path)
+
+    def open(
+        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+    ) -> S3Store:
+        if resource_tracking:
+            url = s3_url(path)
+            raise TrackingError(
+                f"block tracking at {url}: resource_tracking=True is not supported on S3 "
+                "stores yet (docs/cloud.md); pass resource_tracking=False or a local "
+                "tracking_path",
+                path=url,
+            )
+        return S3Store.open(path, layout)
+
+    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+        url = s3_url(path)
+        bucket = _Bucket(url)
+        lock = S3Lock.acquire(bucket)
+        try:
+            got = bucket.get("zarr.json")
+            if got is None:
+                raise TrackingError(f"no block tracking store at {url}", path=url)
+            group = S3Store._group_of(url, got[0])
+            _, arrays, etags = S3Store._read_arrays(bucket, url, grid)
+            store = S3Store(bucket, url, grid, arrays, etags, group, created=False, lock=lock)
+            cleared = store.clear_done(list(cells))
+            store.flush()
+        finally:
+            lock.release()
+        return cleared
