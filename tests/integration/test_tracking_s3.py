@@ -42,8 +42,10 @@ DRIVER = textwrap.dedent(
     layout = StoreLayout((0,), (n,), (0,), (1,), (0,), (1,), "valid")
     store = open_store(url, layout, resource_tracking=False)
     print("opened", flush=True)
-    if mode == "hold":
-        time.sleep(600)
+    if mode == "hold":  # a live driver: it renews its lease (at each flush) until killed
+        for _ in range(1200):
+            store.flush()
+            time.sleep(0.5)
     for cell in range(n):
         if store.is_done(cell):
             continue
@@ -221,7 +223,9 @@ def test_killed_driver_resumes_without_false_done(tmp_path: Path, s3_env: dict[s
 def test_second_driver_refused_third_takes_over(tmp_path: Path, s3_env: dict[str, str]) -> None:
     url = f"s3://{BUCKET}/locked"
     marks = tmp_path / "marks"
-    holder = _start(tmp_path, s3_env, url, marks, "hold", BELLIS_S3_LEASE_SECONDS="30")
+    # a short lease that the holder renews: the second driver is refused however late it
+    # starts, and the killed holder's lease expires soon after
+    holder = _start(tmp_path, s3_env, url, marks, "hold", BELLIS_S3_LEASE_SECONDS="8")
     try:
         _wait_line(holder, "opened")
         second = _start(tmp_path, s3_env, url, marks)
