@@ -409,6 +409,10 @@ def test_worker_log_that_cannot_be_created_abandons_the_task_not_the_run(
         functools.partial(sleep_block, recdir, 0.0),
         max_workers=2,
         max_worker_restarts=1,
+        # a launcher of its own: up's workers, once idle, must not move to down and run
+        # its blocks (workers shared between tasks, docs/warm_workers.md), which would
+        # make the outcome depend on which comes first
+        launcher=bellis.LocalLauncher(),
     )
     with pytest.raises(bellis.TaskAbandonedError) as info:
         bellis.run_blockwise(bellis.Pipeline([up, down], [(up, down)]), **RUN)
