@@ -224,6 +224,10 @@ class LiveState:
         self.lock = threading.Lock()
         self.cached: tuple[float, bytes] | None = None
         self.history: dict[Path, _TaskHistory] = {}
+        #: the driver's counters (``run_blockwise(dashboard=...)``): a callable returning
+        #: ``{store path: {"running_blocks", "skipped", "orphaned", ...}}``; None for
+        #: ``bellis serve``, whose page shows ``n/a`` where the store does not know
+        self.driver: Callable[[], dict[str, dict[str, int]]] | None = None
 
     def json_bytes(self) -> bytes:
         """The state as UTF-8 JSON, rebuilt when the cached one is older than the
@@ -239,7 +243,14 @@ class LiveState:
             return body
 
     def build(self, now: float) -> dict[str, Any]:
+        driver = self.driver
+        counters = driver() if driver is not None else {}
         tasks = [self.task_state(store, now) for store in self.stores]
+        for task in tasks:
+            mine = counters.get(task["path"])
+            if mine is not None:
+                task.update(mine)
+                task["from_driver"] = True
         running = any(t.get("running") for t in tasks)
         known = all(t.get("run_known") for t in tasks)
         return {
@@ -283,6 +294,7 @@ class LiveState:
             "skipped": None,
             "running_blocks": None,
             "orphaned": None,
+            "from_driver": False,
             "resources": bool(snap.present),
             "runs": snap.runs,
             "rate_recent": rates[0] if rates else None,
