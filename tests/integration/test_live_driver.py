@@ -11,6 +11,7 @@ and ``bellis serve`` on the same store still says ``n/a`` for them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import re
@@ -173,3 +174,83 @@ def test_the_driver_page_shows_running_and_skipped_blocks(
     assert task["from_driver"] is False
     assert (task["skipped"], task["running_blocks"], task["orphaned"]) == (None, None, None)
     assert task["done"] == 20
+
+
+LANES = """
+import os, sys, time
+from pathlib import Path
+import bellis
+
+MODE, SEEN = sys.argv[1], Path(sys.argv[2])
+WORKERS = 2 if MODE == "distributed" else 1
+
+def process(block):
+    with open(SEEN / str(os.getpid()), "a") as f:  # which process ran it
+        f.write(f"{block.block_id[1]}\\n")
+    # every worker runs a block before any goes on (so each has a lane); a cap, in case
+    deadline = time.monotonic() + 120
+    while len(list(SEEN.iterdir())) < WORKERS and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # slower than a batch's target: each worker gets one block at a time
+
+task = bellis.Task(
+    "lanes",
+    total_roi=bellis.Roi((0,), (120,)),
+    read_roi=bellis.Roi((0,), (10,)),
+    write_roi=bellis.Roi((0,), (10,)),
+    process_function=process,
+    num_workers=WORKERS,
+    read_write_conflict=False,
+    resource_tracking=True,
+    tracking_path="lanes",
+)
+ok = bellis.run_blockwise([task], multiprocessing=MODE == "distributed", progress=False)
+print("RESULT", ok, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("mode", "workers"), [("distributed", 2), ("serial", 1)])
+def test_the_lanes_and_wall_times_show_each_workers_blocks(
+    tmp_path: Path, mode: str, workers: int
+) -> None:
+    from test_live_serve import _probe_dom, needs_chromium
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    script = tmp_path / "lanes.py"
+    script.write_text(LANES)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(seen)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert "RESULT True" in proc.stdout, proc.stdout + proc.stderr
+    # what the block function saw: the blocks each process ran
+    ran = {p.name: p.read_text().split() for p in seen.iterdir()}
+    assert len(ran) == workers and sum(map(len, ran.values())) == 12
+    with serve(tmp_path / "lanes") as url:
+        task = _task_of(url)
+        dom = None if needs_chromium.args[0] else _probe_dom(url)
+    recent = task["recent"]
+    assert recent is not None, task
+    assert recent["workers"] == workers and len(recent["lanes"]) == workers
+    assert recent["blocks"] == 12
+    if mode == "serial":
+        assert [lane["worker"] for lane in recent["lanes"]] == ["driver"]
+    # each lane is one process's blocks: the lanes' sizes are the processes' counts, and
+    # a worker runs one block at a time (its blocks never overlap)
+    assert sorted(len(lane["blocks"]) for lane in recent["lanes"]) == sorted(map(len, ran.values()))
+    for lane in recent["lanes"]:
+        spans = [(b[0], b[1]) for b in lane["blocks"]]
+        assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(spans)), spans
+        assert all(b[3] is not None and b[3] > 0 for b in lane["blocks"])  # peak RSS, MB
+    assert sum(recent["histogram"]["counts"]) == 12
+    assert recent["trend"] is not None and recent["trend"]["blocks"] == 12
+    if dom is not None:  # the page draws them, with the same counts
+        m = re.search(r'<canvas id="lanes"([^>]*)>', dom)
+        assert m and f'data-workers="{workers}"' in m.group(1), dom[-3000:]
+        m = re.search(r'<canvas id="walls"([^>]*)>', dom)
+        assert m and 'data-blocks="12"' in m.group(1), dom[-3000:]
+        assert re.search(r'<div id="trend" data-rising="(yes|no)"[^>]*>12 blocks in the', dom)

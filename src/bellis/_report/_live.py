@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from .._stats._errorlog import group_errors, read_errors, records_of_run
 from .._tracking import StoreLayout, is_run_in_progress, open_readonly, read_status
 from .._tracking._status import StatusSnapshot
+from ._live_recent import recent_blocks
 
 __all__ = [
     "DONE",
@@ -301,6 +302,8 @@ class LiveState:
             "rate_overall": overall,
             "eta_seconds": None if eta is None else list(eta),
             "map": self._map(store, snap, errors["per_block"]),
+            # lanes and wall times: from the per-block stamps of resource tracking
+            "recent": recent_blocks(store) if "returned_at" in snap.present else None,
             "errors": errors["groups"],
             "runs_jsonl": os.fspath(store / "runs.jsonl"),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
