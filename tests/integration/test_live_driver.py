@@ -54,6 +54,7 @@ task = bellis.Task(
     num_workers=2,
     max_retries=0,
     read_write_conflict=False,
+    resource_tracking=True,
     tracking_path="dash",
 )
 ok = bellis.run_blockwise(
@@ -156,6 +157,11 @@ def test_the_driver_page_shows_running_and_skipped_blocks(
         assert task["skipped"] == done_before, task
         assert task["orphaned"] == 0, task
         assert task["done"] == done_before and task["blocks"] == 20, task
+        # the lanes of the driver's page: the blocks the first run ran (its 15 done and 5
+        # failed blocks; none of this run's has returned yet)
+        recent = task["recent"]
+        assert recent is not None and recent["blocks"] == 20, recent
+        assert sum(len(lane["blocks"]) for lane in recent["lanes"]) == 20
         gate.write_text("go")
         out = run.communicate(timeout=300)[0]
         assert "RESULT True" in out, out
