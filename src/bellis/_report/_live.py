@@ -303,11 +303,19 @@ class LiveState:
             "eta_seconds": None if eta is None else list(eta),
             "map": self._map(store, snap, errors["per_block"]),
             # lanes and wall times: from the per-block stamps of resource tracking
-            "recent": recent_blocks(store) if "returned_at" in snap.present else None,
+            "recent": self._recent(store, snap),
             "errors": errors["groups"],
             "runs_jsonl": os.fspath(store / "runs.jsonl"),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
         }
+
+    def _recent(self, store: Path, snap: StatusSnapshot) -> dict[str, Any] | None:
+        if "returned_at" not in snap.present:
+            return None
+        try:
+            return recent_blocks(store)
+        except Exception as exc:  # (a store growing under a run): the rest of the page stands
+            return {"error": f"cannot read the per-block stamps: {exc}"}
 
     def _rates(self, snap: StatusSnapshot, history: _TaskHistory, now: float) -> list[float]:
         if snap.stamped and snap.returned_at is not None:

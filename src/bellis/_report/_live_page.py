@@ -263,7 +263,11 @@ var LANE_H = 18, LANE_LABEL = 90, LANE_W = 720, lanesDrawn = null;
 function renderRecent(){
   var t = currentTask(), r = t && t.recent, cv = $("lanes"), ctx = cv.getContext("2d");
   var hc = $("walls"), hctx = hc.getContext("2d"), tr = $("trend");
-  $("lanes-note").style.display = r ? "none" : "";
+  var note = $("lanes-note");
+  if (!note.getAttribute("data-text")) note.setAttribute("data-text", note.textContent);
+  text(note, r && r.error ? r.error : note.getAttribute("data-text"));
+  if (r && r.error) r = null;
+  note.style.display = r ? "none" : "";
   if (!r){
     cv.width = cv.height = hc.width = hc.height = 1; lanesDrawn = null; text(tr, "");
     cv.setAttribute("data-workers", "0"); hc.setAttribute("data-blocks", "0"); return;
