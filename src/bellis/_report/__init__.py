@@ -13,6 +13,7 @@ Owns:
   ``_notebook``     Jupyter's ``_repr_html_`` of the reports
   ``_trace``        a run as a Chrome/Perfetto trace
   ``_live``         the live page's JSON, from stores read read-only (``bellis serve``)
+  ``_live_recent``  the live page's worker lanes and block wall times (per-block stamps)
   ``_live_page``    the live page: static HTML, its script inline
   ``_live_server``  the live page's HTTP server (stdlib, a daemon thread, token-guarded)
 

@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from .._stats._errorlog import group_errors, read_errors, records_of_run
 from .._tracking import StoreLayout, is_run_in_progress, open_readonly, read_status
 from .._tracking._status import StatusSnapshot
+from ._live_recent import recent_blocks
 
 __all__ = [
     "DONE",
@@ -224,6 +225,10 @@ class LiveState:
         self.lock = threading.Lock()
         self.cached: tuple[float, bytes] | None = None
         self.history: dict[Path, _TaskHistory] = {}
+        #: the driver's counters (``run_blockwise(dashboard=...)``): a callable returning
+        #: ``{store path: {"running_blocks", "skipped", "orphaned", ...}}``; None for
+        #: ``bellis serve``, whose page shows ``n/a`` where the store does not know
+        self.driver: Callable[[], dict[str, dict[str, int]]] | None = None
 
     def json_bytes(self) -> bytes:
         """The state as UTF-8 JSON, rebuilt when the cached one is older than the
@@ -239,7 +244,14 @@ class LiveState:
             return body
 
     def build(self, now: float) -> dict[str, Any]:
+        driver = self.driver
+        counters = driver() if driver is not None else {}
         tasks = [self.task_state(store, now) for store in self.stores]
+        for task in tasks:
+            mine = counters.get(task["path"])
+            if mine is not None:
+                task.update(mine)
+                task["from_driver"] = True
         running = any(t.get("running") for t in tasks)
         known = all(t.get("run_known") for t in tasks)
         return {
@@ -283,16 +295,27 @@ class LiveState:
             "skipped": None,
             "running_blocks": None,
             "orphaned": None,
+            "from_driver": False,
             "resources": bool(snap.present),
             "runs": snap.runs,
             "rate_recent": rates[0] if rates else None,
             "rate_overall": overall,
             "eta_seconds": None if eta is None else list(eta),
             "map": self._map(store, snap, errors["per_block"]),
+            # lanes and wall times: from the per-block stamps of resource tracking
+            "recent": self._recent(store, snap),
             "errors": errors["groups"],
             "runs_jsonl": os.fspath(store / "runs.jsonl"),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
         }
+
+    def _recent(self, store: Path, snap: StatusSnapshot) -> dict[str, Any] | None:
+        if "returned_at" not in snap.present:
+            return None
+        try:
+            return recent_blocks(store)
+        except Exception as exc:  # (a store growing under a run): the rest of the page stands
+            return {"error": f"cannot read the per-block stamps: {exc}"}
 
     def _rates(self, snap: StatusSnapshot, history: _TaskHistory, now: float) -> list[float]:
         if snap.stamped and snap.returned_at is not None:

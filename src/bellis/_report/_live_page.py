@@ -28,6 +28,8 @@ canvas{border:1px solid #999;image-rendering:pixelated;cursor:crosshair}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;border:1px solid #999}
 pre{background:#f8f8f8;padding:6px;white-space:pre-wrap}
 #status{color:#555}
+.note{color:#777}
+.rising{color:#d62728;font-weight:bold}
 </style></head>
 <body data-rendered="no">
 <h1>bellis: live</h1>
@@ -45,6 +47,14 @@ pre{background:#f8f8f8;padding:6px;white-space:pre-wrap}
 <div class="legend" id="legend"></div>
 <canvas id="map" width="10" height="10"></canvas>
 <pre id="block">hover over a block (or open #block=ID / #cell=N)</pre>
+<h2>Workers, last minutes</h2>
+<div id="lanes-note" class="note">no per-block stamps: run the task with
+resource_tracking=True for lanes and wall times</div>
+<canvas id="lanes" width="10" height="10"></canvas>
+<pre id="lane-block">hover over a block of a lane</pre>
+<h2>Block wall time</h2>
+<canvas id="walls" width="10" height="10"></canvas>
+<div id="trend"></div>
 <h2>Errors</h2><div id="errors">none</div>
 <h2>Files</h2><div id="files"></div>
 <script>
@@ -249,6 +259,75 @@ function renderErrors(){
     files.appendChild(p);
   });
 }
+var LANE_H = 18, LANE_LABEL = 90, LANE_W = 720, lanesDrawn = null;
+function renderRecent(){
+  var t = currentTask(), r = t && t.recent, cv = $("lanes"), ctx = cv.getContext("2d");
+  var hc = $("walls"), hctx = hc.getContext("2d"), tr = $("trend");
+  var note = $("lanes-note");
+  if (!note.getAttribute("data-text")) note.setAttribute("data-text", note.textContent);
+  text(note, r && r.error ? r.error : note.getAttribute("data-text"));
+  if (r && r.error) r = null;
+  note.style.display = r ? "none" : "";
+  if (!r){
+    cv.width = cv.height = hc.width = hc.height = 1; lanesDrawn = null; text(tr, "");
+    cv.setAttribute("data-workers", "0"); hc.setAttribute("data-blocks", "0"); return;
+  }
+  var span = Math.max(1e-3, r.end - r.start), done = state.colours[2];
+  cv.width = LANE_LABEL + LANE_W; cv.height = r.lanes.length * LANE_H;
+  ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, cv.width, cv.height);
+  ctx.font = "11px sans-serif";
+  r.lanes.forEach(function(lane, i){
+    var y = i * LANE_H;
+    ctx.fillStyle = state.colours[1]; ctx.fillRect(LANE_LABEL, y + 2, LANE_W, LANE_H - 4);
+    ctx.fillStyle = "#333333";
+    ctx.fillText("worker " + lane.worker + " (" + lane.blocks.length + ")", 2, y + 13);
+    ctx.fillStyle = done;
+    lane.blocks.forEach(function(b){
+      var x0 = LANE_LABEL + (b[0] - r.start) / span * LANE_W;
+      var x1 = LANE_LABEL + (b[1] - r.start) / span * LANE_W;
+      ctx.fillRect(Math.max(LANE_LABEL, x0), y + 2, Math.max(1, x1 - x0), LANE_H - 4);
+    });
+  });
+  lanesDrawn = {r: r, span: span};
+  cv.setAttribute("data-workers", String(r.lanes.length));
+  cv.setAttribute("data-blocks", String(r.blocks));
+  var h = r.histogram, n = h.counts.length, top = Math.max.apply(null, h.counts.concat([1]));
+  hc.width = 24 * Math.max(n, 1) + 40; hc.height = 120;
+  hctx.fillStyle = "#ffffff"; hctx.fillRect(0, 0, hc.width, hc.height);
+  hctx.fillStyle = done;
+  h.counts.forEach(function(c, i){
+    var bh = Math.round(c / top * 100); hctx.fillRect(20 + i * 24, 105 - bh, 20, bh);
+  });
+  hctx.fillStyle = "#333333"; hctx.font = "10px sans-serif";
+  if (n) hctx.fillText("0 .. " + h.edges[n].toFixed(3) + " s", 20, 118);
+  var total = h.counts.reduce(function(a, c){ return a + c; }, 0);
+  hc.setAttribute("data-blocks", String(total));
+  var f = r.trend, line = total + " blocks in the last " + fmtDur(r.end - r.start);
+  if (f) line += "; trend " + (f.slope_per_minute >= 0 ? "+" : "") +
+    f.slope_per_minute.toFixed(3) + " s per minute (" + Math.round(f.rise * 100) +
+    "% over the window, r " + f.r.toFixed(2) + ")" +
+    (f.rising ? ": RISING, blocks grow slower (memory pressure? a filling disk?)" : "");
+  text(tr, line); tr.setAttribute("data-rising", f && f.rising ? "yes" : "no");
+  tr.className = f && f.rising ? "rising" : "";
+}
+function laneAt(x, y){
+  if (!lanesDrawn) return;
+  var r = lanesDrawn.r, lane = r.lanes[Math.floor(y / LANE_H)];
+  if (!lane || x < LANE_LABEL) return;
+  var t = r.start + (x - LANE_LABEL) / LANE_W * lanesDrawn.span, pre = $("lane-block");
+  var px = lanesDrawn.span / LANE_W;
+  for (var i = 0; i < lane.blocks.length; i++){
+    var b = lane.blocks[i];
+    if (t >= b[0] - px && t <= b[1] + px){
+      text(pre, "worker " + lane.worker + ": cell (flat) " + b[2] + ", wall " +
+        (b[1] - b[0]).toFixed(3) + " s, ended " + new Date(b[1] * 1000).toLocaleTimeString() +
+        (b[3] === null ? "" : ", peak RSS " + b[3] + " MB") +
+        (b[4] === null ? "" : ", CPU " + Math.round(b[4] * 100) + "%"));
+      return;
+    }
+  }
+  text(pre, "worker " + lane.worker + ": idle");
+}
 function render(){
   var running = state.tasks.filter(function(t){ return t.running; }).length;
   text($("status"), (state.finished ? "run finished (no run holds the stores)" :
@@ -256,7 +335,8 @@ function render(){
     "run in progress (" + running + " tasks)") +
     "; updated " + new Date(state.time * 1000).toLocaleTimeString());
   document.body.setAttribute("data-finished", state.finished ? "yes" : "no");
-  renderLegend(); renderCounts(); renderSelect(); drawMap(); renderErrors();
+  renderLegend(); renderCounts(); renderSelect(); drawMap(); renderRecent();
+  renderErrors();
   if (hoverCell) showCell(hoverCell[0], hoverCell[1], hoverCell[2]); else fromHash();
   window.bellisLive = state;
   document.body.setAttribute("data-rendered", "yes");
@@ -286,7 +366,12 @@ $("map").addEventListener("mousemove", function(e){
 });
 $("slice").addEventListener("input", function(){ hoverCell = null; drawMap(); });
 $("maxproj").addEventListener("change", function(){ hoverCell = null; drawMap(); });
-$("task").addEventListener("change", function(){ hoverCell = null; drawMap(); });
+$("task").addEventListener("change", function(){
+  hoverCell = null; drawMap(); renderRecent();
+});
+$("lanes").addEventListener("mousemove", function(e){
+  var r = e.target.getBoundingClientRect(); laneAt(e.clientX - r.left, e.clientY - r.top);
+});
 window.addEventListener("hashchange", function(){ hoverCell = null; fromHash(); });
 refresh();
 })();

@@ -3,21 +3,29 @@
 The same page and JSON as ``bellis serve`` (``_report._live``), for the stores this run
 opened, served on 127.0.0.1 from a daemon thread for as long as the run goes on. Nothing
 happens per block: the state is read from the stores (read-only, as ``bellis serve``
-reads them) only when a page asks, at most once a second. See ``docs/live.md``.
+reads them) only when a page asks, at most once a second.
+
+What the stores do not know (blocks running now, skipped as already done, orphaned) the
+page takes from the driver's own counters (:class:`DriverCounters`): a snapshot of a few
+integers of each task's ``TaskRun``, taken when a page asks (at most once a second, with
+the rest of the state), never per block. Each read is one attribute of an int, which the
+serving thread can read while the run loop changes it; the numbers of one snapshot may be
+a block apart, never torn. See ``docs/live.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .._donemarks import BlockStore
 from .._report._live import LiveState
 from .._report._live_server import LiveServer
 from ._checks import _config_error
 
-__all__ = ["check_dashboard", "start_dashboard"]
+__all__ = ["Dashboard", "DriverCounters", "check_dashboard", "start_dashboard"]
 
 
 def check_dashboard(value: Any) -> int | None:
@@ -35,7 +43,59 @@ def check_dashboard(value: Any) -> int | None:
     )
 
 
-def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> LiveServer | None:
+class _Counted(Protocol):
+    """What :class:`DriverCounters` reads of a task's run (``_scheduling.TaskRun``)."""
+
+    task_id: str
+    processing: int
+    skipped_done: int
+    orphaned: int
+    completed: int
+    total: int
+
+
+class DriverCounters:
+    """The driver's counters of the tasks that have a store, keyed by the store's path as
+    the live state names it: ``{path: {"running_blocks", "skipped", "orphaned",
+    "completed", "total"}}``, read from the runs when called."""
+
+    def __init__(self, runs: Sequence[_Counted], stores: Mapping[str, BlockStore]) -> None:
+        self.runs = [
+            (os.fspath(Path(stores[r.task_id].path)), r) for r in runs if r.task_id in stores
+        ]
+
+    def __call__(self) -> dict[str, dict[str, int]]:
+        return {
+            path: {
+                "running_blocks": int(r.processing),
+                "skipped": int(r.skipped_done),
+                "orphaned": int(r.orphaned),
+                "completed": int(r.completed),
+                "total": int(r.total),
+            }
+            for path, r in self.runs
+        }
+
+
+class Dashboard:
+    """The run's live page: its server and its state, which the run feeds with its
+    counters (:meth:`attach`) once its scheduler exists."""
+
+    def __init__(self, server: LiveServer, state: LiveState, stores: Mapping[str, BlockStore]):
+        self.server = server
+        self.state = state
+        self.stores = stores
+
+    def attach(self, runs: Sequence[_Counted]) -> None:
+        """From now on the page shows the driver's counters of ``runs``."""
+        self.state.driver = DriverCounters(runs, self.stores)
+
+    def close(self) -> None:
+        self.state.driver = None
+        self.server.close()
+
+
+def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> Dashboard | None:
     """Serve the live page of ``stores`` on 127.0.0.1:``port``; None when ``port`` is
     None. Raises ConfigurationError when no task has a store (the page is drawn from the
     stores) or the port cannot be bound."""
@@ -57,4 +117,4 @@ def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> LiveS
             "or True (any free one)",
             "dashboard",
         ) from exc
-    return server.start()
+    return Dashboard(server.start(), state, stores)

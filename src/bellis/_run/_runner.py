@@ -486,6 +486,8 @@ def execute(plan: RunSettings) -> RunResult:
             if plan.start_gate is not None:  # a plan's sample run: in a random order too
                 shuffle_roots(scheduler.runs, 0)
             result.order = scheduler.task_order
+            if live is not None:
+                live.attach(scheduler.runs)
             run = _Run(scheduler, result, errors, code)
             if plan.distributed:
                 _run_distributed(plan, run)
