@@ -21,11 +21,19 @@ Every chunk write is conditional: ``IfMatch`` the ETag this store last wrote or 
 the chunk: the run stops with a :class:`~bellis.errors.TrackingError` naming the URL.
 
 The lock is an object created with ``IfNoneMatch="*"`` that holds the run's id and a
-lease (an expiry time, ``BELLIS_S3_LEASE_SECONDS``, default 120), renewed at each flush
-with ``IfMatch``. A second run is refused while the lease runs; a lease that has expired
-(its run was killed) is taken over with a compare-and-swap, and a warning says so.
+lease (an expiry time, ``BELLIS_S3_LEASE_SECONDS``, default 120), renewed with
+``IfMatch`` at each flush and by a daemon thread every third of the lease, so a run whose
+blocks take longer than the lease keeps its lock. A second run is refused while the lease
+runs; a lease that has expired (its run was killed) is taken over with a compare-and-swap,
+and a warning says so.
 
-Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` lists.
+A run's ``runs.jsonl`` line and its ``errors.jsonl`` are appended to files in a local
+staging folder and written as one object per run (``runs/<start>-<run id>.json``,
+``errors/<start>-<run id>.jsonl``) at each flush where they changed and at the close;
+a reader (:attr:`S3Store.runs_jsonl` of a read-only store) merges them in start order.
+
+Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` and the
+readers of the per-run objects list.
 ``boto3`` is imported here only, by the driver; the endpoint and credentials come from
 the standard AWS configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...), never from a
 bellis option, and are never printed or stored.
@@ -36,9 +44,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,6 +80,11 @@ _log = logging.getLogger("bellis.tracking")
 
 SCHEME = "s3://"
 LOCK_KEY = "bellis.lock"
+#: one object per run: its ``runs.jsonl`` line(s) and its ``errors.jsonl`` (no append on S3)
+RUNS_PREFIX = "runs/"
+ERRORS_PREFIX = "errors/"
+RUNS_FILE = "runs.jsonl"
+ERRORS_FILE = "errors.jsonl"
 FLUSH_ENV = "BELLIS_S3_FLUSH_SECONDS"
 LEASE_ENV = "BELLIS_S3_LEASE_SECONDS"
 _DEFAULT_FLUSH = 5.0
@@ -254,6 +271,29 @@ class _Bucket:
 
         return self._call("listing", send)
 
+    def names(self, prefix: str) -> list[str]:
+        """The object names below ``prefix`` (relative to the store; a listing: only the
+        per-run objects are listed, never the markers)."""
+        from botocore.exceptions import ClientError
+
+        base = self.key(prefix)
+
+        def send() -> list[str]:
+            out: list[str] = []
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=base
+                )
+                for page in pages:
+                    out.extend(
+                        prefix + str(o["Key"])[len(base) :] for o in page.get("Contents", [])
+                    )
+            except ClientError as exc:
+                raise self._error("listing", exc) from None
+            return sorted(out)
+
+        return self._call("listing", send)
+
     def _error(self, what: str, exc: Exception) -> TrackingError:
         return TrackingError(
             f"block tracking at {self.url}: {what} failed: {self._code(exc) or exc}",
@@ -323,6 +363,15 @@ class S3Lock:
             path=bucket.url,
         )
 
+    @property
+    def lease(self) -> float:
+        """The lease this lock is renewed for (seconds)."""
+        return self._lease
+
+    @property
+    def run_id(self) -> str:
+        return str(self._record["run"])
+
     def renew(self) -> None:
         if self._etag is None:
             return
@@ -378,6 +427,17 @@ class S3Store:
         self._last_flush = time.monotonic()
         self._closed = False
         self._cells = cell_count(grid)
+        #: the lease renewal: the flush and the renewer thread take turns
+        self._renewing = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        #: the renewer's refusal (another run took the store over): raised by the next write
+        self._lost: TrackingError | None = None
+        #: the run's runs.jsonl / errors.jsonl, staged locally (writable) or merged (read)
+        self._staging: str | None = None
+        self._opened = time.time()
+        self._log_etags: dict[str, str | None] = {}
+        self._log_sizes: dict[str, int] = {}
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -386,10 +446,12 @@ class S3Store:
         bucket = _Bucket(url)
         lock = S3Lock.acquire(bucket)
         try:
-            return cls._load(bucket, url, layout, lock)
+            store = cls._load(bucket, url, layout, lock)
         except BaseException:
             lock.release()
             raise
+        store._start_renewer()
+        return store
 
     @classmethod
     def _load(cls, bucket: _Bucket, url: str, layout: StoreLayout, lock: S3Lock) -> S3Store:
@@ -503,12 +565,67 @@ class S3Store:
     def is_writable(self) -> bool:
         return (self._lock is not None or self._scratch) and not self._closed
 
+    def _staged(self) -> Path:
+        """The local folder of this store's runs.jsonl and errors.jsonl (made once,
+        removed at the close or when the store is collected)."""
+        if self._staging is None:
+            self._staging = tempfile.mkdtemp(prefix="bellis-s3-")
+            weakref.finalize(self, shutil.rmtree, self._staging, True)
+        return Path(self._staging)
+
     @property
     def runs_jsonl(self) -> Path:
-        raise TrackingError(
-            f"block tracking at {self._url}: runs.jsonl is not kept on S3 yet (docs/cloud.md)",
-            path=self._url,
-        )
+        """A local file: a run appends its line (and ``errors.jsonl`` beside it) there,
+        written to the bucket as this run's objects at the flushes and the close; a
+        read-only store's file holds every run's lines, merged in start order."""
+        staged = self._staged()
+        path = staged / RUNS_FILE
+        if self._lock is None and self._bucket is not None and not path.exists():
+            self._merge_runs(path)
+        return path
+
+    def _merge_runs(self, path: Path) -> None:
+        assert self._bucket is not None
+        parts: list[bytes] = []
+        for name in self._bucket.names(RUNS_PREFIX):
+            got = self._bucket.get(name)
+            if got is not None and got[0].strip():
+                parts.append(got[0] if got[0].endswith(b"\n") else got[0] + b"\n")
+        path.write_bytes(b"".join(parts))
+        errors: list[bytes] = []
+        for name in self._bucket.names(ERRORS_PREFIX):
+            got = self._bucket.get(name)
+            if got is not None and got[0].strip():
+                errors.append(got[0] if got[0].endswith(b"\n") else got[0] + b"\n")
+        if errors:
+            (path.parent / ERRORS_FILE).write_bytes(b"".join(errors))
+
+    def _upload_logs(self) -> None:
+        """This run's runs.jsonl and errors.jsonl, as its objects, where they changed."""
+        if self._staging is None or self._bucket is None or self._lock is None:
+            return
+        stem = f"{int(self._opened * 1000):015d}-{self._lock.run_id}"
+        for local, key in (
+            (RUNS_FILE, f"{RUNS_PREFIX}{stem}.json"),
+            (ERRORS_FILE, f"{ERRORS_PREFIX}{stem}.jsonl"),
+        ):
+            path = Path(self._staging) / local
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise TrackingError(
+                    f"block tracking at {self._url}: reading the staged {local} failed: {exc}",
+                    path=self._url,
+                ) from exc
+            if not data or self._log_sizes.get(key) == len(data):
+                continue
+            etag = self._bucket.put(key, data, self._log_etags.get(key))
+            if etag is None:
+                raise self._conflict(self._url, key)
+            self._log_etags[key] = etag
+            self._log_sizes[key] = len(data)
 
     @property
     def task_hash(self) -> str | None:
@@ -548,6 +665,8 @@ class S3Store:
         return None  # every block goes through record_success, which flushes on time
 
     def _writable(self) -> None:
+        if self._lost is not None:
+            raise self._lost
         if not self.is_writable:
             raise TrackingError(f"block tracking at {self._url} is open read-only", path=self._url)
 
@@ -631,10 +750,54 @@ class S3Store:
     def open_stats(self) -> None:
         return None
 
+    def _start_renewer(self) -> None:
+        """Renew the lease every third of it, in a daemon thread, whether or not blocks
+        return: a block longer than the lease must not cost the run its lock."""
+        if self._lock is None:
+            return
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name="bellis-s3-lease", daemon=True
+        )
+        self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        lock = self._lock
+        if lock is None:
+            return
+        period = max(0.05, lock.lease / 3)
+        while not self._stop.wait(period):
+            with self._renewing:
+                if self._lock is None or self._stop.is_set():
+                    return
+                try:
+                    self._lock.renew()
+                except TrackingError as exc:
+                    # refused (another run took over) or the endpoint is gone: the next
+                    # write of this run raises it
+                    self._lost = exc
+                    _log.error("%s", exc)
+                    return
+                except Exception as exc:  # a thread must not die silently
+                    self._lost = TrackingError(
+                        f"block tracking at {self._url}: renewing the lock's lease failed: {exc}",
+                        path=self._url,
+                    )
+                    _log.error("%s", self._lost)
+                    return
+
+    def _stop_renewer(self) -> None:
+        self._stop.set()
+        thread, self._renewer = self._renewer, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def flush(self) -> None:
-        """Write the changed chunks (conditional on their last ETag) and renew the lease."""
+        """Write the changed chunks (conditional on their last ETag), this run's
+        runs.jsonl / errors.jsonl objects where they changed, and renew the lease."""
         if self._lock is None or self._bucket is None:
             return
+        if self._lost is not None:
+            raise self._lost
         nd = len(self._grid)
         for name in sorted(self._dirty):
             data = self._arrays[name].astype(self._arrays[name].dtype.newbyteorder("<")).tobytes()
@@ -644,12 +807,15 @@ class S3Store:
                 raise self._conflict(self._url, key)
             self._etags[name] = etag
         self._dirty.clear()
-        self._lock.renew()
+        self._upload_logs()
+        with self._renewing:
+            self._lock.renew()
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
             return
+        self._stop_renewer()
         try:
             self.flush()
         except BaseException:
@@ -665,6 +831,8 @@ class S3Store:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
 
     def __enter__(self) -> S3Store:
         return self
