@@ -253,3 +253,73 @@ def test_lease_renewed_while_blocks_outlast_it(tmp_path: Path, s3_env: dict[str,
             _end(second)
     assert _done(s3_env, "lease/a") == set(range(N))
     assert _done(s3_env, "lease/b") == set(range(N))
+
+
+CODE = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    url, marks, mode, version = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+    def process(block):
+        (marks / f"c-{block.write_roi.offset[0]}").write_text("ok")
+
+    task = daisy.Task(
+        "c",
+        total_roi=Roi((0,), (20,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        num_workers=2,
+        read_write_conflict=False,
+        tracking_path=url,
+        version=version,
+        on_code_change="rerun",
+    )
+    sys.exit(0 if daisy.run_blockwise([task], multiprocessing=(mode == "dist")) else 3)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["dist", "serial"])
+def test_code_change_detected_on_s3(tmp_path: Path, s3_env: dict[str, str], mode: str) -> None:
+    """The code-version table and array live on S3 too: a run of other code (another
+    ``version=``) with ``on_code_change="rerun"`` redoes the done blocks; the same code
+    skips them."""
+    script = tmp_path / "code.py"
+    script.write_text(CODE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    url = f"s3://{BUCKET}/code"
+
+    def run(version: str) -> set[int]:
+        for p in marks.iterdir():
+            p.unlink()
+        proc = subprocess.Popen(
+            [sys.executable, str(script), url, str(marks), mode, version],
+            env=s3_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
+        assert proc.returncode == 0, out + err
+        return _succeeded(marks, "c")
+
+    assert run("1") == set(range(20))
+    assert run("1") == set()  # the same code: every block is done
+    assert run("2") == set(range(20))  # other code: every block made by "1" runs again
+    table = json.loads(
+        client(s3_env).get_object(Bucket=BUCKET, Key="code/code_versions.json")["Body"].read()
+    )
+    assert len({e["hash"] for e in table["versions"]}) == 2  # "1" and "2"
+    status = _status(s3_env, url)
+    assert status["done"] == 20
+    assert status["code_versions"], status  # bellis status reads the table on S3 too

@@ -60,6 +60,7 @@ from numpy.typing import NDArray
 
 from .._donemarks import HotWriter
 from ..errors import TrackingError
+from ._codever import CODE_ARRAY, TABLE_NAME, add_entry
 from ._files import cell_count, chunk_parts, clear_cells
 from ._layout import (
     ARRAY_DTYPES,
@@ -438,6 +439,11 @@ class S3Store:
         self._opened = time.time()
         self._log_etags: dict[str, str | None] = {}
         self._log_sizes: dict[str, int] = {}
+        #: the code-version table (``_codever``; loaded at first use) and its ETag
+        self._table: list[dict[str, Any]] | None = None
+        self._table_etag: str | None = None
+        #: blocks marked done are recorded with this code index (after :meth:`use_code`)
+        self._code_index: int | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -492,11 +498,14 @@ class S3Store:
     def _read_arrays(
         bucket: _Bucket, url: str, grid: tuple[int, ...] | None
     ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
-        """The base arrays, read by key; ``grid`` None: the stored shape."""
+        """The base arrays (and ``code_version`` where a run made it), read by key;
+        ``grid`` None: the stored shape."""
         arrays: dict[str, NDArray[Any]] = {}
         etags: dict[str, str | None] = {}
-        for name in BASE_ARRAYS:
+        for name in (*BASE_ARRAYS, CODE_ARRAY):
             got = bucket.get(f"{name}/zarr.json")
+            if got is None and name == CODE_ARRAY:
+                continue  # no run recorded code versions yet
             if got is None:
                 raise invalid_metadata(url, f"{name}/zarr.json is missing")
             try:
@@ -653,7 +662,8 @@ class S3Store:
         return 0 <= cell < self._cells and bool(self._arrays["done"][cell])
 
     def code_versions(self) -> NDArray[Any] | None:
-        return None
+        codes = self._arrays.get(CODE_ARRAY)
+        return None if codes is None else codes.reshape(self._grid)
 
     def checksums(self) -> NDArray[Any] | None:
         return None
@@ -685,6 +695,9 @@ class S3Store:
     ) -> None:
         self._writable()
         if 0 <= cell < self._cells:
+            if self._code_index is not None:  # before the done byte: flushed first
+                self._arrays[CODE_ARRAY][cell] = self._code_index
+                self._dirty.add(CODE_ARRAY)
             self._arrays["done"][cell] = 1
             self._changed("done")
 
@@ -709,6 +722,9 @@ class S3Store:
     ) -> None:
         self._writable()
         inside = cells[(cells >= 0) & (cells < self._cells)]
+        if self._code_index is not None:
+            self._arrays[CODE_ARRAY][inside] = self._code_index
+            self._dirty.add(CODE_ARRAY)
         self._arrays["done"][inside] = 1
         self._changed("done")
 
@@ -727,14 +743,62 @@ class S3Store:
         return cleared
 
     def code_table(self) -> list[dict[str, Any]]:
-        return []
+        """The store's code-version table (the object ``code_versions.json``)."""
+        if self._table is None:
+            got = None if self._bucket is None else self._bucket.get(TABLE_NAME)
+            table: list[dict[str, Any]] = []
+            if got is not None:
+                try:
+                    doc = json.loads(got[0])
+                    versions = doc["versions"]
+                    if not isinstance(versions, list):
+                        raise TypeError("versions is not a list")
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise TrackingError(
+                        f"cannot read the code-version table {self._url}/{TABLE_NAME}: "
+                        f"{exc}; restore it, or delete it and the store's code_version "
+                        "array (its done blocks then count as made by unknown code)",
+                        path=self._url,
+                    ) from None
+                table = [
+                    v for v in versions if isinstance(v, dict) and isinstance(v.get("index"), int)
+                ]
+                self._table_etag = got[1]
+            self._table = table
+        return list(self._table)
 
     def use_code(self, record: dict[str, Any], started: float, floor: int = 0) -> int:
-        return 0  # code versions are not kept on S3 yet (docs/cloud.md)
+        """Add this run's entry to the code-version table (written at once, before any
+        block names it) and record every block marked done from now on with its index."""
+        self._writable()
+        self.code_table()
+        assert self._table is not None
+        index, text = add_entry(self._table, record, started, floor)
+        if self._bucket is None:  # a scratch copy: in memory only
+            self._arrays.setdefault(
+                CODE_ARRAY, np.zeros(self._cells, dtype=ARRAY_DTYPES[CODE_ARRAY])
+            )
+            self._code_index = index
+            return index
+        if text is not None:
+            etag = self._bucket.put(TABLE_NAME, text, self._table_etag)
+            if etag is None:
+                raise self._conflict(self._url, TABLE_NAME)
+            self._table_etag = etag
+        if CODE_ARRAY not in self._arrays:
+            meta = dump_metadata(array_metadata(ARRAY_DTYPES[CODE_ARRAY], self._grid))
+            if self._bucket.put(f"{CODE_ARRAY}/zarr.json", meta, None) is None:
+                existing = self._bucket.get(f"{CODE_ARRAY}/zarr.json")
+                if existing is None or existing[0] != meta:
+                    raise invalid_metadata(self._url, f"{CODE_ARRAY}/zarr.json is another array's")
+            self._arrays[CODE_ARRAY] = np.zeros(self._cells, dtype=ARRAY_DTYPES[CODE_ARRAY])
+            self._etags[CODE_ARRAY] = None
+        self._code_index = index
+        return index
 
     def scratch(self) -> S3Store:
         arrays = {n: a.copy() for n, a in self._arrays.items()}
-        return S3Store(
+        copy = S3Store(
             None,
             self._url,
             self._grid,
@@ -745,6 +809,8 @@ class S3Store:
             lock=None,
             scratch=True,
         )
+        copy._table = self.code_table()
+        return copy
 
     # -- lifetime ------------------------------------------------------------------------
     def open_stats(self) -> None:

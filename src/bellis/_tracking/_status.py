@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
-from ._codever import MAX_CODE_INDEX, read_table, version_counts
+from ._codever import MAX_CODE_INDEX, version_counts
 from ._disk import data_ranges
 from ._layout import (
     STAT_ARRAYS,
@@ -345,7 +345,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         counts[0] = counts.get(0, 0) + n_done - int(per_code.sum())  # no array, or a hole
         if not counts[0]:
             del counts[0]
-        table = read_table(store.path) if codes is not None else []
+        table = store.code_table() if codes is not None else []
     return StatusSnapshot(
         display,
         grid,
