@@ -116,12 +116,12 @@ def _end(proc: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
-def _done(env: dict[str, str], prefix: str) -> set[int]:
+def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
     try:
         body = client(env).get_object(Bucket=BUCKET, Key=f"{prefix}/done/c/0")["Body"].read()
     except Exception:  # not flushed yet
         return set()
-    assert len(body) == N
+    assert len(body) == n
     return {i for i, b in enumerate(body) if b}
 
 
@@ -323,3 +323,72 @@ def test_code_change_detected_on_s3(tmp_path: Path, s3_env: dict[str, str], mode
     status = _status(s3_env, url)
     assert status["done"] == 20
     assert status["code_versions"], status  # bellis status reads the table on S3 too
+
+
+FAILING = textwrap.dedent(
+    """
+    import sys
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    url, mode = sys.argv[1], sys.argv[2]
+
+    def process(block):
+        if block.write_roi.offset[0] == 3:
+            raise ValueError("block three is broken")
+
+    task = daisy.Task(
+        "f",
+        total_roi=Roi((0,), (8,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        num_workers=2,
+        max_retries=0,
+        read_write_conflict=False,
+        tracking_path=url,
+    )
+    try:
+        ok = daisy.run_blockwise([task], multiprocessing=(mode == "dist"))
+    except ValueError as exc:  # serial mode raises the block's exception, as daisy's does
+        print("raised", exc)
+    else:
+        print("ok" if ok else "failed")
+    """
+)
+
+
+def test_run_report_and_errors_are_objects(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    """No append on S3: the run's report and its errors.jsonl are one object each
+    (distributed: a serial run raises the block's exception, as daisy's does)."""
+    mode = "dist"
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    url = f"s3://{BUCKET}/fail"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), url, mode],
+        env=s3_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert "failed" in out, out + err
+    s3 = client(s3_env)
+
+    def objects(prefix: str) -> list[bytes]:
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"fail/{prefix}").get("Contents", [])
+        return [s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed]
+
+    runs = objects("runs/")
+    assert len(runs) == 1
+    assert json.loads(runs[0])["task_id"] == "f"
+    errors = objects("errors/")
+    assert len(errors) == 1 and b"block three is broken" in errors[0], errors
+    assert _done(s3_env, "fail", 8) == set(range(8)) - {3}
+    status = _status(s3_env, url)
+    assert status["runs"] == 1 and status["failed"] == 1 and status["done"] == 7
