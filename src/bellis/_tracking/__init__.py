@@ -23,6 +23,8 @@ Owns:
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
   ``_s3``       stores at ``s3://`` URLs: in the driver's memory, flushed with conditional
                 writes, the lock a lease object (docs/cloud.md)
+  ``_s3io``     the requests of an S3 store (``Bucket``: retries, conditional writes)
+                and its lease lock (``S3Lock``)
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,
