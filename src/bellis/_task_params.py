@@ -201,13 +201,16 @@ _URL_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def check_local_path(name: str, path: str) -> None:
-    """A ConfigurationError when ``path`` is a URL (``s3://``, ``gs://``, ``file://``...):
-    tracking stores live on a local (or mounted) filesystem, and a URL taken as a path
-    would make a folder named ``s3:`` in the working directory."""
+    """A ConfigurationError when ``path`` is a URL that no tracking store supports
+    (``gs://``, ``file://``...): tracking stores live on a local (or mounted) filesystem
+    or at an ``s3://bucket/prefix`` URL (docs/cloud.md), and another URL taken as a path
+    would make a folder named ``gs:`` in the working directory."""
     match = _URL_SCHEME.match(path)
     if match is None:
         return
     scheme = match.group(1)
+    if scheme == "s3":
+        return
     fix = (
         f"Pass the plain path ({path[len(scheme) + 3 :] or '/'!r})"
         if scheme.lower() == "file"
@@ -215,8 +218,8 @@ def check_local_path(name: str, path: str) -> None:
     )
     raise ConfigurationError(
         f"{name}={path!r}: the URL scheme {scheme + '://'!r} is not supported (yet); block "
-        f"tracking stores live on a filesystem. {fix}, or tracking_path=False to run "
-        "without a store",
+        f"tracking stores live on a filesystem or at an s3:// URL. {fix}, or "
+        "tracking_path=False to run without a store",
         parameter=name,
     )
 

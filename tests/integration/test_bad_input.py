@@ -57,10 +57,9 @@ print("ACCEPTED")
 @pytest.mark.parametrize(
     ("how", "url", "scheme"),
     [
-        ("task", "s3://bucket/prefix", "s3://"),
         ("task", "gs://bucket/prefix", "gs://"),
         ("task", "file:///data/tracking", "file://"),
-        ("basedir", "s3://bucket/prefix", "s3://"),
+        ("basedir", "gs://bucket/prefix", "gs://"),
     ],
 )
 def test_a_url_as_tracking_path_is_refused(tmp_path: Path, how: str, url: str, scheme: str) -> None:
@@ -71,7 +70,16 @@ def test_a_url_as_tracking_path_is_refused(tmp_path: Path, how: str, url: str, s
     assert last.startswith("bellis.errors.ConfigurationError: "), proc.stderr
     assert f"URL scheme {scheme!r} is not supported (yet)" in last
     assert url in last
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["user_script.py"]  # no "s3:" folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user_script.py"]  # no "gs:" folder
+
+
+@pytest.mark.parametrize("how", ["task", "basedir"])
+def test_an_s3_url_as_tracking_path_is_accepted(tmp_path: Path, how: str) -> None:
+    """An s3:// store is a tracking store (docs/cloud.md): accepted, no "s3:" folder."""
+    proc = run_script(tmp_path, URL_SCRIPT, how, "s3://bucket/prefix")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ACCEPTED" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user_script.py"]
 
 
 # ----------------------------------------------------------------------------------------

@@ -12,23 +12,37 @@ wired yet (docs/cloud.md).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 boto3 = pytest.importorskip("boto3", reason="S3 tracking tests need boto3 (pip install boto3)")
 pytest.importorskip("moto", reason="S3 tracking tests need moto[server] (pip install moto[server])")
 
-BUCKET = "bellis-test"
+from kit import s3 as kit_s3  # noqa: E402
+from kit.s3 import BUCKET  # noqa: E402
+
+
+@pytest.fixture
+def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
+    """A moto S3 server on 127.0.0.1 with one bucket (``kit.s3``)."""
+    with kit_s3.moto_server() as served:
+        yield served
+
+
+@pytest.fixture
+def s3_env(moto_server: tuple[dict[str, str], subprocess.Popen[bytes]]) -> dict[str, str]:
+    return moto_server[0]
+
+
+_client = kit_s3.client
+
 CELLS = 40
 
 DRIVER = textwrap.dedent(
@@ -61,67 +75,6 @@ DRIVER = textwrap.dedent(
     print("finished", flush=True)
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
-    """A moto S3 server on 127.0.0.1 with one bucket: the environment that reaches it, and
-    its process."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("the moto server did not start")
-                time.sleep(0.2)
-        env = dict(os.environ)
-        env.update(
-            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-            BELLIS_S3_FLUSH_SECONDS="0.2",
-        )
-        env.pop("AWS_PROFILE", None)
-        _client(env).create_bucket(Bucket=BUCKET)
-        yield env, server
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-@pytest.fixture
-def s3_env(moto_server: tuple[dict[str, str], subprocess.Popen[bytes]]) -> dict[str, str]:
-    return moto_server[0]
-
-
-def _client(env: dict[str, str]) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
 
 
 def _done_cells(env: dict[str, str], prefix: str) -> set[int]:

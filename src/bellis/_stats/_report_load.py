@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import logging as blog
+from .._tracking import is_s3_url, open_readonly, s3_url
 from ._reports import TaskReport
 from ._runlog import append_run_line, read_last_run
 
@@ -63,6 +64,10 @@ def load_task_report(task: Any) -> TaskReport | None:
     store and file logging off) from the copy a run in this process kept in memory."""
 
     path = task.resolved_tracking_path()
+    if path is not None and is_s3_url(path):  # the runs' objects, merged (docs/cloud.md)
+        with open_readonly(path) as store:
+            data = read_report(Path(store.runs_jsonl))
+        return None if data is None else TaskReport(data, Path(s3_url(path)))
     if path is not None:
         data = read_report(path / "runs.jsonl")
         return None if data is None else TaskReport(data, path)

@@ -23,6 +23,8 @@ Owns:
   ``_status``   ``bellis status``: read-only snapshots, the map, the text
   ``_s3``       stores at ``s3://`` URLs: in the driver's memory, flushed with conditional
                 writes, the lock a lease object (docs/cloud.md)
+  ``_s3io``     the requests of an S3 store (``Bucket``: retries, conditional writes)
+                and its lease lock (``S3Lock``)
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,
@@ -42,6 +44,7 @@ from ._backends import (
 from ._disk import is_run_in_progress, read_lock_holder
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
+from ._s3 import is_s3_url, s3_url
 from ._status import (
     SlabReader,
     StatusSnapshot,
@@ -68,6 +71,7 @@ __all__ = [
     "format_roi",
     "format_status",
     "is_run_in_progress",
+    "is_s3_url",
     "is_store",
     "layout_hash",
     "open_readonly",
@@ -76,6 +80,7 @@ __all__ = [
     "read_outputs_record",
     "read_status",
     "render_status",
+    "s3_url",
     "status_record",
     "store_exists",
     "write_outputs_record",

@@ -45,6 +45,7 @@ __all__ = [
     "MAX_CODE_INDEX",
     "RECORD_KEYS",
     "TABLE_NAME",
+    "add_entry",
     "code_counts",
     "made_at",
     "read_table",
@@ -100,9 +101,23 @@ def register(
     index is never given to two runs, so blocks of a lost entry stay of unknown origin
     (other code) instead of being credited to this run's code."""
     table = read_table(root)
+    index, text = add_entry(table, record, started, floor)
+    if text is None:
+        return 0, table
+    # durable: the table must survive whatever the done markers that name it survive
+    write_atomic(root / TABLE_NAME, text, durable=True)
+    return index, table
+
+
+def add_entry(
+    table: list[dict[str, Any]], record: dict[str, Any], started: float, floor: int = 0
+) -> tuple[int, bytes | None]:
+    """:func:`register`'s entry appended to ``table`` (in place): its index and the
+    table's new document; (0, None) past :data:`MAX_CODE_INDEX` (nothing added). For a
+    store that keeps the table elsewhere than in a file (``_s3``)."""
     index = max(max((int(e["index"]) for e in table), default=0), floor) + 1
     if index > MAX_CODE_INDEX:
-        return 0, table
+        return 0, None
     first = next((e for e in table if e.get("hash") == record.get("hash")), None)
     entry: dict[str, Any] = {"index": index, "hash": record.get("hash"), "run_started_at": started}
     if first is None:
@@ -116,9 +131,7 @@ def register(
     # a millisecond or more of a run's start for an entry with many packages)
     lines = ",\n".join(json.dumps(e, sort_keys=True) for e in table)
     text = '{"format": 1, "versions": [\n' + lines + "\n]}\n"
-    # durable: the table must survive whatever the done markers that name it survive
-    write_atomic(root / TABLE_NAME, text.encode(), durable=True)
-    return index, table
+    return index, text.encode()
 
 
 def made_at(table: list[dict[str, Any]]) -> NDArray[np.float64]:

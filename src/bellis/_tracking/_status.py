@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
-from ._codever import MAX_CODE_INDEX, read_table, version_counts
+from ._codever import MAX_CODE_INDEX, version_counts
 from ._disk import data_ranges
 from ._layout import (
     STAT_ARRAYS,
@@ -251,7 +251,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
     the counts of one slab agree with each other while a run writes the store.
     """
     display = os.fspath(path)
-    on_s3 = is_s3_url(path)  # read by key, no lock; no runs.jsonl or verify.json there yet
+    on_s3 = is_s3_url(path)  # read by key, no lock; runs merged from per-run objects
     opened: TrackingStore | S3Store = (
         S3Store.open_readonly(path) if on_s3 else TrackingStore.open_readonly(path)
     )
@@ -330,7 +330,11 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
             returned = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float64)
         task_hash = store.task_hash
         record: dict[str, Any] | None = store.record
-        runs_file = None if on_s3 else store.runs_jsonl
+        runs_file = store.runs_jsonl
+        try:  # in the store's lifetime: an S3 store's merged file goes with it
+            runs = _count_runs(runs_file)
+        except OSError as exc:
+            raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
         checks = store.checksums()
         last_verify = None if on_s3 else read_verify_record(path)
         verify = None
@@ -341,11 +345,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         counts[0] = counts.get(0, 0) + n_done - int(per_code.sum())  # no array, or a hole
         if not counts[0]:
             del counts[0]
-        table = read_table(store.path) if codes is not None else []
-    try:
-        runs = 0 if runs_file is None else _count_runs(runs_file)
-    except OSError as exc:
-        raise TrackingError(f"io error reading {runs_file}: {exc}", path=display) from exc
+        table = store.code_table() if codes is not None else []
     return StatusSnapshot(
         display,
         grid,

@@ -1,0 +1,342 @@
+"""The requests of an S3 tracking store (``_s3``): URLs, settings, the bucket client with
+its retries and conditional writes, and the run lock as a lease object (docs/cloud.md).
+
+``boto3`` is imported here only, lazily, by the driver; the endpoint and credentials
+come from the standard AWS configuration, never from a bellis option.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import TrackingError
+
+__all__ = [
+    "FLUSH_ENV",
+    "LEASE_ENV",
+    "LOCK_KEY",
+    "SCHEME",
+    "Bucket",
+    "S3Lock",
+    "flush_seconds",
+    "is_s3_url",
+    "lease_seconds",
+    "s3_url",
+]
+
+_log = logging.getLogger("bellis.tracking")
+
+SCHEME = "s3://"
+LOCK_KEY = "bellis.lock"
+FLUSH_ENV = "BELLIS_S3_FLUSH_SECONDS"
+LEASE_ENV = "BELLIS_S3_LEASE_SECONDS"
+_DEFAULT_FLUSH = 5.0
+_DEFAULT_LEASE = 120.0
+#: waits between the tries of a request that could not reach the endpoint (seconds)
+_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+_T = TypeVar("_T")
+
+
+def is_s3_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names an S3 store (``s3://...``; ``Path`` folds it to ``s3:/...``)."""
+    text = os.fspath(path)
+    return text.startswith(("s3://", "s3:/"))
+
+
+def s3_url(path: str | os.PathLike[str]) -> str:
+    """The canonical ``s3://bucket/prefix`` of ``path`` (no trailing slash)."""
+    text = os.fspath(path)
+    rest = text[5:] if text.startswith("s3://") else text[4:]
+    return SCHEME + rest.strip("/")
+
+
+def _split(url: str) -> tuple[str, str]:
+    rest = url[len(SCHEME) :]
+    bucket, _, prefix = rest.partition("/")
+    if len(bucket) < 3:
+        raise TrackingError(
+            f"tracking_path={url!r}: not an S3 store URL; pass s3://<bucket>/<prefix> "
+            "(a bucket name has at least 3 characters)",
+            path=url,
+        )
+    return bucket, prefix.strip("/")
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise TrackingError(f"{name}={raw!r}: must be a number of seconds > 0 (e.g. {default})")
+    return value
+
+
+def flush_seconds() -> float:
+    """At most how long a done marker stays in the driver's memory only."""
+    return _env_seconds(FLUSH_ENV, _DEFAULT_FLUSH)
+
+
+def lease_seconds() -> float:
+    """How long the run lock holds without a renewal."""
+    return _env_seconds(LEASE_ENV, _DEFAULT_LEASE)
+
+
+class Bucket:
+    """The requests of one store: keys below its prefix, errors as ``TrackingError``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.bucket, self.prefix = _split(url)
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise TrackingError(
+                f"block tracking at {url}: S3 stores need boto3; install it with "
+                "pip install 'bellis[s3]'",
+                path=url,
+            ) from None
+        self._client = boto3.client(
+            "s3", config=Config(retries={"max_attempts": 3, "mode": "standard"})
+        )
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``, tried again with backoff while the endpoint cannot be reached."""
+        from botocore.exceptions import (
+            ConnectionError as BotoConnectionError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
+
+        for wait in (*_BACKOFF, None):
+            try:
+                return fn()
+            except (BotoConnectionError, EndpointConnectionError, ReadTimeoutError) as exc:
+                if wait is None:
+                    raise TrackingError(
+                        f"block tracking at {self.url}: {what} failed, the endpoint cannot "
+                        f"be reached ({type(exc).__name__}) after {len(_BACKOFF) + 1} tries; "
+                        "the done markers not yet written are lost and their blocks run "
+                        "again on resume",
+                        path=self.url,
+                    ) from None
+                _log.warning(
+                    "block tracking at %s: %s failed (%s); trying again in %.1f s",
+                    self.url,
+                    what,
+                    type(exc).__name__,
+                    wait,
+                )
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _code(exc: Exception) -> str:
+        response = getattr(exc, "response", None) or {}
+        return str(response.get("Error", {}).get("Code", ""))
+
+    def get(self, name: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag; None when it does not exist."""
+        from botocore.exceptions import ClientError
+
+        def fetch() -> tuple[bytes, str] | None:
+            try:
+                r = self._client.get_object(Bucket=self.bucket, Key=self.key(name))
+            except ClientError as exc:
+                if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                    return None
+                raise self._error(f"reading {name}", exc) from None
+            return r["Body"].read(), str(r["ETag"])
+
+        return self._call(f"reading {name}", fetch)
+
+    def put(self, name: str, data: bytes, etag: str | None) -> str | None:
+        """Write ``name`` if it is still as this store last saw it (``etag``; None: absent).
+        Returns the new ETag, None when another writer changed it (412)."""
+        from botocore.exceptions import ClientError
+
+        cond: dict[str, str] = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+
+        def send() -> str | None:
+            try:
+                r = self._client.put_object(
+                    Bucket=self.bucket, Key=self.key(name), Body=data, **cond
+                )
+            except ClientError as exc:
+                if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return None
+                raise self._error(f"writing {name}", exc) from None
+            return str(r["ETag"])
+
+        return self._call(f"writing {name}", send)
+
+    def delete(self, name: str) -> None:
+        from botocore.exceptions import ClientError
+
+        def send() -> None:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self.key(name))
+            except ClientError as exc:
+                raise self._error(f"deleting {name}", exc) from None
+
+        self._call(f"deleting {name}", send)
+
+    def children(self, prefix: str) -> list[str]:
+        """The "folders" right below ``prefix`` (a listing: only ``find_stores`` asks)."""
+        from botocore.exceptions import ClientError
+
+        base = f"{prefix}/" if prefix else ""
+
+        def send() -> list[str]:
+            out: list[str] = []
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=base, Delimiter="/"
+                )
+                for page in pages:
+                    out.extend(str(p["Prefix"]).rstrip("/") for p in page.get("CommonPrefixes", []))
+            except ClientError as exc:
+                raise self._error("listing", exc) from None
+            return sorted(out)
+
+        return self._call("listing", send)
+
+    def names(self, prefix: str) -> list[str]:
+        """The object names below ``prefix`` (relative to the store; a listing: only the
+        per-run objects are listed, never the markers)."""
+        from botocore.exceptions import ClientError
+
+        base = self.key(prefix)
+
+        def send() -> list[str]:
+            out: list[str] = []
+            try:
+                pages = self._client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=base
+                )
+                for page in pages:
+                    out.extend(
+                        prefix + str(o["Key"])[len(base) :] for o in page.get("Contents", [])
+                    )
+            except ClientError as exc:
+                raise self._error("listing", exc) from None
+            return sorted(out)
+
+        return self._call("listing", send)
+
+    def _error(self, what: str, exc: Exception) -> TrackingError:
+        return TrackingError(
+            f"block tracking at {self.url}: {what} failed: {self._code(exc) or exc}",
+            path=self.url,
+        )
+
+
+class S3Lock:
+    """The run lock of an S3 store: an object with the holder and a lease (see above)."""
+
+    def __init__(self, bucket: Bucket, etag: str, record: dict[str, Any], lease: float) -> None:
+        self._bucket = bucket
+        self._etag: str | None = etag
+        self._record = record
+        self._lease = lease
+
+    @staticmethod
+    def _body(record: dict[str, Any]) -> bytes:
+        return (json.dumps(record, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def acquire(cls, bucket: Bucket) -> S3Lock:
+        lease = lease_seconds()
+        record = {
+            "run": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "expires": time.time() + lease,
+        }
+        etag = bucket.put(LOCK_KEY, cls._body(record), None)
+        if etag is not None:
+            return cls(bucket, etag, record, lease)
+        held = bucket.get(LOCK_KEY)
+        holder: dict[str, Any] = {}
+        if held is not None:
+            try:
+                loaded = json.loads(held[0])
+                holder = loaded if isinstance(loaded, dict) else {}
+            except ValueError:
+                holder = {}
+        expires = holder.get("expires")
+        who = (
+            f"run {holder.get('run', '?')} on {holder.get('host', '?')}, "
+            f"pid {holder.get('pid', '?')}"
+        )
+        if held is not None and isinstance(expires, int | float) and expires < time.time():
+            etag = bucket.put(LOCK_KEY, cls._body(record), held[1])
+            if etag is not None:
+                _log.warning(
+                    "block tracking at %s: took over the lock of %s, whose lease expired "
+                    "%.0f s ago (that run stopped without releasing it)",
+                    bucket.url,
+                    who,
+                    time.time() - expires,
+                )
+                return cls(bucket, etag, record, lease)
+        until = (
+            time.strftime(" until %Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+            if isinstance(expires, int | float)
+            else ""
+        )
+        raise TrackingError(
+            f"block tracking at {bucket.url} is in use by another run ({who}, lease"
+            f"{until}). Two runs on one store would process every block twice: wait for "
+            "that run to end or stop it (a stopped run's lease expires, then the next run "
+            "takes the store over), or give this run another tracking_path=",
+            path=bucket.url,
+        )
+
+    @property
+    def lease(self) -> float:
+        """The lease this lock is renewed for (seconds)."""
+        return self._lease
+
+    @property
+    def run_id(self) -> str:
+        return str(self._record["run"])
+
+    def renew(self) -> None:
+        if self._etag is None:
+            return
+        self._record["expires"] = time.time() + self._lease
+        etag = self._bucket.put(LOCK_KEY, self._body(self._record), self._etag)
+        if etag is None:
+            self._etag = None
+            raise TrackingError(
+                f"block tracking at {self._bucket.url}: this run lost its lock (another run "
+                "took the store over after this run's lease expired); stopping so that two "
+                f"runs do not write one store. Raise {LEASE_ENV} above the longest pause "
+                "between flushes",
+                path=self._bucket.url,
+            )
+        self._etag = etag
+
+    def release(self) -> None:
+        if self._etag is None:
+            return
+        held = self._bucket.get(LOCK_KEY)
+        if held is not None and held[1] == self._etag:
+            self._bucket.delete(LOCK_KEY)
+        self._etag = None

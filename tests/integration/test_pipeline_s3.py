@@ -1,0 +1,394 @@
+"""A pipeline tracked on S3 (``Task(tracking_path="s3://...")``) through the public API,
+against a moto server on 127.0.0.1 (docs/cloud.md): a 2-task pipeline run by a script in
+a subprocess, distributed (2 local workers) and serial; the driver SIGKILLed mid-run and
+resumed: no block falsely done, every block done at the end, ``bellis status s3://...``
+counts what the bucket holds, each run's report an object of its own; and the lease
+renewed while no block returns (a second driver is refused even when the blocks take
+longer than the lease).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3", reason="S3 tracking tests need boto3 (pip install boto3)")
+pytest.importorskip("moto", reason="S3 tracking tests need moto[server] (pip install moto[server])")
+
+from kit import s3 as kit_s3
+from kit.s3 import BUCKET
+
+client = kit_s3.client
+
+
+@pytest.fixture
+def s3_env() -> Iterator[dict[str, str]]:
+    """The environment that reaches a moto S3 server on 127.0.0.1 (``kit.s3``)."""
+    with kit_s3.moto_server() as (env, _server):
+        yield env
+
+
+N = 40
+
+PIPELINE = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    base, marks, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    n = int(sys.argv[4])
+    gate = os.environ.get("GATE")  # blocks of b from the 5th on wait for this file
+    release = os.environ.get("RELEASE")  # every block waits for this file
+
+    def work(task):
+        def process(block):
+            x = block.write_roi.offset[0]
+            if release:
+                (marks / "started").write_text("1")
+                while not os.path.exists(release):
+                    time.sleep(0.05)
+            if gate and task == "b" and x >= 5:
+                while not os.path.exists(gate):
+                    time.sleep(0.05)
+            # the block's work: its success file, durable, before it returns
+            with open(marks / f"{task}-{x}", "w") as f:
+                f.write("ok")
+                f.flush()
+                os.fsync(f.fileno())
+        return process
+
+    def task(name, upstream):
+        return daisy.Task(
+            name,
+            total_roi=Roi((0,), (n,)),
+            read_roi=Roi((0,), (1,)),
+            write_roi=Roi((0,), (1,)),
+            process_function=work(name),
+            num_workers=2,
+            read_write_conflict=False,
+            upstream_tasks=upstream,
+            tracking_path=f"{base}/{name}",
+        )
+
+    a = task("a", None)
+    b = task("b", [a])
+    ok = daisy.run_blockwise([a, b], multiprocessing=(mode == "dist"))
+    print("ok" if ok else "failed", flush=True)
+    print("report", a.report() is not None, flush=True)
+    sys.exit(0 if ok else 3)
+    """
+)
+
+
+def _start(tmp: Path, env: dict[str, str], base: str, marks: Path, mode: str, **extra: str):
+    script = tmp / "pipeline.py"
+    script.write_text(PIPELINE)
+    marks.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), base, str(marks), mode, str(N)],
+        env={**env, **extra},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its workers too are ended with it (killpg)
+    )
+
+
+def _end(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Kill ``proc``'s process group if it still runs, reap it, return its output."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    out, err = proc.communicate()
+    return out, err
+
+
+def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
+    try:
+        body = client(env).get_object(Bucket=BUCKET, Key=f"{prefix}/done/c/0")["Body"].read()
+    except Exception:  # not flushed yet
+        return set()
+    assert len(body) == n
+    return {i for i, b in enumerate(body) if b}
+
+
+def _succeeded(marks: Path, task: str) -> set[int]:
+    return {int(p.name.split("-")[1]) for p in marks.glob(f"{task}-*")}
+
+
+def _wait(what: str, cond: Any, proc: subprocess.Popen[str], limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the driver ended before {what}: {out}\n{err}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _lock_expires(env: dict[str, str], prefix: str) -> float | None:
+    try:
+        body = client(env).get_object(Bucket=BUCKET, Key=f"{prefix}/bellis.lock")["Body"].read()
+    except Exception:
+        return None
+    return float(json.loads(body)["expires"])
+
+
+def _status(env: dict[str, str], url: str) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "bellis", "status", url, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    return data[0] if isinstance(data, list) else data
+
+
+@pytest.mark.parametrize("mode", ["dist", "serial"])
+def test_pipeline_on_s3_killed_and_resumed(
+    tmp_path: Path, s3_env: dict[str, str], mode: str
+) -> None:
+    base = f"s3://{BUCKET}/pipe"
+    marks = tmp_path / "marks"
+    gate = tmp_path / "gate"
+    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3"}
+    proc = _start(tmp_path, env, base, marks, mode, GATE=str(gate))
+    try:
+        # all of a and the first 5 blocks of b ran, and a's markers reached the bucket;
+        # the rest of b waits for the gate, so the driver is surely mid-run when killed
+        _wait(
+            "a's blocks",
+            lambda: (
+                len(_succeeded(marks, "a")) == N
+                and len(_succeeded(marks, "b")) >= 5
+                and _done(s3_env, "pipe/a")
+            ),
+            proc,
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        _end(proc)
+    for task in ("a", "b"):
+        marked = _done(s3_env, f"pipe/{task}")
+        assert marked <= _succeeded(marks, task), task  # never done before it succeeded
+    assert len(_done(s3_env, "pipe/b")) < N
+
+    gate.write_text("open")
+    deadline = time.monotonic() + 300
+    while True:  # the killed driver's lease (3 s) must expire first
+        proc = _start(tmp_path, env, base, marks, mode)
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
+        if proc.returncode == 0:
+            break
+        assert "is in use by another run" in err, err
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.5)
+    assert "ok" in out and "report True" in out, out
+    assert "took over the lock of run" in err, err
+
+    s3 = client(s3_env)
+    for task in ("a", "b"):
+        prefix = f"pipe/{task}"
+        assert _done(s3_env, prefix) == set(range(N))
+        assert _succeeded(marks, task) == set(range(N))
+        status = _status(s3_env, f"{base}/{task}")
+        assert status["done"] == len(_done(s3_env, prefix)) == N
+        assert status["path"] == f"{base}/{task}"
+        # one object per run that ended (the killed run wrote none): the resumed run's
+        runs = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/runs/").get("Contents", [])
+        assert len(runs) == 1 and status["runs"] == 1
+        line = json.loads(s3.get_object(Bucket=BUCKET, Key=runs[0]["Key"])["Body"].read())
+        assert line["task_id"] == task
+        # the lock was released at the end
+        assert _lock_expires(s3_env, prefix) is None
+
+
+def test_lease_renewed_while_blocks_outlast_it(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    base = f"s3://{BUCKET}/lease"
+    marks = tmp_path / "marks"
+    release = tmp_path / "release"
+    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "4"}
+    first = _start(tmp_path, env, base, marks, "dist", RELEASE=str(release))
+    second = None
+    try:
+        _wait("the first block", lambda: (marks / "started").exists(), first)
+        granted = _lock_expires(s3_env, "lease/a")
+        assert granted is not None
+        # past the lease the lock was first given: without a renewal it has expired now
+        _wait("the first lease's end", lambda: time.time() > granted + 2, first)
+        assert not _succeeded(marks, "a")  # no block returned meanwhile
+        other = tmp_path / "other"
+        second = _start(tmp_path, env, base, other, "dist")
+        out, err = second.communicate(timeout=300)
+        assert second.returncode != 0, out
+        assert "is in use by another run" in err, err
+        assert not _succeeded(other, "a")  # the second driver ran nothing
+        release.write_text("go")
+        out, err = first.communicate(timeout=300)
+        assert first.returncode == 0, err
+        assert "took over" not in err
+    finally:
+        _end(first)
+        if second is not None:
+            _end(second)
+    assert _done(s3_env, "lease/a") == set(range(N))
+    assert _done(s3_env, "lease/b") == set(range(N))
+
+
+CODE = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    url, marks, mode, version = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+    def process(block):
+        (marks / f"c-{block.write_roi.offset[0]}").write_text("ok")
+
+    task = daisy.Task(
+        "c",
+        total_roi=Roi((0,), (20,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        num_workers=2,
+        read_write_conflict=False,
+        tracking_path=url,
+        version=version,
+        on_code_change="rerun",
+    )
+    sys.exit(0 if daisy.run_blockwise([task], multiprocessing=(mode == "dist")) else 3)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["dist", "serial"])
+def test_code_change_detected_on_s3(tmp_path: Path, s3_env: dict[str, str], mode: str) -> None:
+    """The code-version table and array live on S3 too: a run of other code (another
+    ``version=``) with ``on_code_change="rerun"`` redoes the done blocks; the same code
+    skips them."""
+    script = tmp_path / "code.py"
+    script.write_text(CODE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    url = f"s3://{BUCKET}/code"
+
+    def run(version: str) -> set[int]:
+        for p in marks.iterdir():
+            p.unlink()
+        proc = subprocess.Popen(
+            [sys.executable, str(script), url, str(marks), mode, version],
+            env=s3_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
+        assert proc.returncode == 0, out + err
+        return _succeeded(marks, "c")
+
+    assert run("1") == set(range(20))
+    assert run("1") == set()  # the same code: every block is done
+    assert run("2") == set(range(20))  # other code: every block made by "1" runs again
+    table = json.loads(
+        client(s3_env).get_object(Bucket=BUCKET, Key="code/code_versions.json")["Body"].read()
+    )
+    assert len({e["hash"] for e in table["versions"]}) == 2  # "1" and "2"
+    status = _status(s3_env, url)
+    assert status["done"] == 20
+    assert status["code_versions"], status  # bellis status reads the table on S3 too
+
+
+FAILING = textwrap.dedent(
+    """
+    import sys
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    url, mode = sys.argv[1], sys.argv[2]
+
+    def process(block):
+        if block.write_roi.offset[0] == 3:
+            raise ValueError("block three is broken")
+
+    task = daisy.Task(
+        "f",
+        total_roi=Roi((0,), (8,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        num_workers=2,
+        max_retries=0,
+        read_write_conflict=False,
+        tracking_path=url,
+    )
+    try:
+        ok = daisy.run_blockwise([task], multiprocessing=(mode == "dist"))
+    except ValueError as exc:  # serial mode raises the block's exception, as daisy's does
+        print("raised", exc)
+    else:
+        print("ok" if ok else "failed")
+    """
+)
+
+
+def test_run_report_and_errors_are_objects(tmp_path: Path, s3_env: dict[str, str]) -> None:
+    """No append on S3: the run's report and its errors.jsonl are one object each
+    (distributed: a serial run raises the block's exception, as daisy's does)."""
+    mode = "dist"
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    url = f"s3://{BUCKET}/fail"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), url, mode],
+        env=s3_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert "failed" in out, out + err
+    s3 = client(s3_env)
+
+    def objects(prefix: str) -> list[bytes]:
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"fail/{prefix}").get("Contents", [])
+        return [s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed]
+
+    runs = objects("runs/")
+    assert len(runs) == 1
+    assert json.loads(runs[0])["task_id"] == "f"
+    errors = objects("errors/")
+    assert len(errors) == 1 and b"block three is broken" in errors[0], errors
+    assert _done(s3_env, "fail", 8) == set(range(8)) - {3}
+    status = _status(s3_env, url)
+    assert status["runs"] == 1 and status["failed"] == 1 and status["done"] == 7

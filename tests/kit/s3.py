@@ -1,0 +1,82 @@
+"""A moto S3 server on 127.0.0.1 for the tests of tracking on S3 (docs/cloud.md).
+
+``moto_server()`` starts ``python -m moto.server`` on a free port and makes one bucket,
+``BUCKET``; it gives the environment that reaches it (the standard AWS variables, as a
+user's would be) and the server's process, and stops the server at its end. A test
+module makes its fixture of it and skips itself, with a reason, when boto3 or moto is
+absent (``pytest.importorskip`` before importing this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+BUCKET = "bellis-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def client(env: dict[str, str]) -> Any:
+    """A boto3 client of the server ``env`` reaches."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
+    """A moto S3 server on 127.0.0.1 with one bucket: the environment that reaches it, and
+    its process."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("the moto server did not start")
+                time.sleep(0.2)
+        env = dict(os.environ)
+        env.update(
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+            BELLIS_S3_FLUSH_SECONDS="0.2",
+        )
+        env.pop("AWS_PROFILE", None)
+        client(env).create_bucket(Bucket=BUCKET)
+        yield env, server
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
