@@ -227,7 +227,9 @@ def test_lease_renewed_while_blocks_outlast_it(tmp_path: Path, s3_env: dict[str,
     base = f"s3://{BUCKET}/lease"
     marks = tmp_path / "marks"
     release = tmp_path / "release"
-    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "4"}
+    # renewed every third of its length: a 10 s lease bears a stall of the driver's
+    # renewal thread of several seconds on a loaded machine
+    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "10"}
     first = _start(tmp_path, env, base, marks, "dist", RELEASE=str(release))
     second = None
     try:
