@@ -155,6 +155,10 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
             "load_after": load1,
             "driver_cpu_s": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
             "children_cpu_s": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
+            # peak RSS (KiB, Linux) of the largest reaped descendant (a worker; the split's
+            # processes) and of the measurement process itself (the driver; single's loop)
+            "children_maxrss_kib": kids1.ru_maxrss,
+            "self_maxrss_kib": self1.ru_maxrss,
             "blocks": _read_timings(
                 timing_dir, {st.kernel: args.size // st.write for st in stages}
             ),
@@ -289,7 +293,55 @@ def report(
                 f"{_med([r['driver_cpu_s'] for r in rs]):.2f} | {allcpu:.2f} | {share:.2f} |"
             )
         lines.append("")
+        lines.extend(_cache_table(by, runners))
     return "\n".join(lines), problems
+
+
+def _cache_table(by: dict[str, list[dict[str, Any]]], runners: list[str]) -> list[str]:
+    """Per bellis runner and task: the input cache's counters (decodes per block = misses
+    / blocks), bellis's own locality counters, and the peak RSS of the largest process."""
+    rows = []
+    for name in runners:
+        rs = by.get(name, [])
+        rss = _med([r.get("children_maxrss_kib", float("nan")) / 1024 for r in rs])
+        own = _med([r.get("self_maxrss_kib", float("nan")) / 1024 for r in rs])
+        tasks = (rs[0].get("info") or {}).get("tasks") if rs else None
+        if not tasks:
+            rows.append(f"| {name} | - | - | - | - | - | - | - | - | {rss:.0f} | {own:.0f} |")
+            continue
+        for tid in tasks:
+            per = [r["info"]["tasks"][tid] for r in rs if tid in r["info"].get("tasks", {})]
+
+            def med(key: str, per: list[dict[str, Any]] = per) -> float:
+                return _med([float((t["input_cache"] or {}).get(key, 0)) for t in per])
+
+            has = any(t["input_cache"] for t in per)
+            dec = _med(
+                [(t["input_cache"] or {}).get("misses", 0) / max(1, t["blocks"]) for t in per]
+            )
+            loc = _med(
+                [t["locality_local"] / t["locality_blocks"] for t in per if t["locality_blocks"]]
+            )
+            step = _med(
+                [t["locality_steps"] / t["locality_blocks"] for t in per if t["locality_blocks"]]
+            )
+            cache = (
+                f"{med('hits'):.0f} | {med('misses'):.0f} | **{dec:.3f}** | "
+                f"{med('miss_bytes') / 2**20:.1f} | {med('bypassed'):.0f}"
+                if has
+                else "- | - | - | - | -"
+            )
+            rows.append(
+                f"| {name} | {tid} | {cache} | {loc:.3f} | {step:.2f} | {rss:.0f} | {own:.0f} |"
+            )
+    return [
+        "| runner | task | cache hits | misses (decodes) | decodes / block | decoded MiB | "
+        "bypassed reads | bellis locality (local share) | mean step | peak RSS MiB, "
+        "largest child | peak RSS MiB, driver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def campaign(args: argparse.Namespace) -> int:
