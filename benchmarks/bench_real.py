@@ -191,7 +191,9 @@ def _one_main(args: argparse.Namespace) -> int:
     return code
 
 
-def _available(runners: list[str], explicit: bool) -> tuple[list[str], list[str]]:
+def _available(
+    runners: list[str], explicit: bool, base_src: str | None = None
+) -> tuple[list[str], list[str]]:
     keep, notes = [], []
     for r in runners:
         base, *variant = r.split(":")
@@ -203,6 +205,8 @@ def _available(runners: list[str], explicit: bool) -> tuple[list[str], list[str]
         ok, why = True, ""
         if base == "bellis+inputs" and not _runners.bellis_has_inputs():
             ok, why = False, "bellis.Task has no inputs= parameter"
+        elif base == "bellis-base" and not base_src:
+            ok, why = False, "no --base-src (the src folder of the bellis to compare with)"
         elif r == "daisy" and not _runners.daisy_available():
             ok, why = False, "daisy 2.0.0 not installed (.ci/install_anchors.sh)"
         elif r == "dask" and not _runners.dask_available():
@@ -347,7 +351,7 @@ def _cache_table(by: dict[str, list[dict[str, Any]]], runners: list[str]) -> lis
 def campaign(args: argparse.Namespace) -> int:
     explicit = args.runners is not None
     wanted = args.runners.split(",") if explicit else list(DEFAULT_RUNNERS)
-    runners, notes = _available(wanted, explicit)
+    runners, notes = _available(wanted, explicit, args.base_src)
     workloads = args.workloads.split(",")
     for wl in workloads:
         if wl not in work.WORKLOADS:
@@ -391,8 +395,20 @@ def campaign(args: argparse.Namespace) -> int:
                     cmd += [f"--bellis-opt={o}" for o in args.bellis_opt]
                     if not args.check:
                         cmd.append("--no-check")
+                    env = None
+                    if name.split(":")[0] == "bellis-base":
+                        # that bellis first on the path (ahead of the installed one)
+                        env = dict(os.environ)
+                        env["PYTHONPATH"] = os.pathsep.join(
+                            [os.path.abspath(args.base_src)]
+                            + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                        )
                     proc = subprocess.run(
-                        cmd, timeout=args.timeout, stdin=subprocess.DEVNULL, stdout=sys.stderr
+                        cmd,
+                        timeout=args.timeout,
+                        stdin=subprocess.DEVNULL,
+                        stdout=sys.stderr,
+                        env=env,
                     )
                     try:
                         with open(out) as f:
@@ -449,6 +465,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a Task keyword for the bellis runners, e.g. resource_tracking=false",
+    )
+    ap.add_argument(
+        "--base-src",
+        default=None,
+        metavar="DIR",
+        help="runner bellis-base: bellis imported from DIR (the src folder of an earlier "
+        "commit: git archive COMMIT src | tar -x -C /tmp/base)",
     )
     ap.add_argument("--data", default=None, help="data directory (default: a temporary one)")
     ap.add_argument("--keep-data", action="store_true")

@@ -163,7 +163,11 @@ def _daisy_like(
                 f"task {tid}: {st.completed_count}/{total} completed, "
                 f"{st.failed_count} failed, {st.orphaned_count} orphaned"
             )
-    info: dict[str, Any] = {"module": mod.__name__, "version": getattr(mod, "__version__", "?")}
+    info: dict[str, Any] = {
+        "module": mod.__name__,
+        "version": getattr(mod, "__version__", "?"),
+        "file": mod.__file__,
+    }
     if is_bellis:
         # per task: the workers' decoded-chunk cache counters (``task.report().input_cache``,
         # empty without inputs) and how coherent the workers' streams were
@@ -174,7 +178,7 @@ def _daisy_like(
             rep = task.report()
             per[task.task_id] = {
                 "blocks": st.completed_count,
-                "input_cache": dict(rep.input_cache) if rep is not None else None,
+                "input_cache": dict(getattr(rep, "input_cache", None) or {}) or None,
                 "locality_blocks": int(getattr(st, "locality_blocks", 0)),
                 "locality_local": int(getattr(st, "locality_local", 0)),
                 "locality_steps": int(getattr(st, "locality_steps", 0)),
@@ -323,6 +327,8 @@ RUNNERS = {
     "split-shuffled": functools.partial(run_split, shuffle=True),
     "bellis": run_bellis,
     "bellis+inputs": run_bellis,
+    # bellis from another source tree (``--base-src``): an earlier commit, in the same run
+    "bellis-base": run_bellis,
     "daisy": run_daisy,
     "dask": run_dask,
 }
