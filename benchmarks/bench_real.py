@@ -16,8 +16,11 @@ block-time sum / workers), ``split`` (a static split of the block loop over ``wo
 forked processes, contiguous halves, a barrier between stages; ``split-shuffled``: each half
 in a random order), ``bellis`` (``workers``
 workers; W3 with ``requires={"cpu": 1}`` and ``resources={"cpu": workers}``),
-``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it; a variant
-``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run), ``daisy``
+``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it: each task
+declares its input and, so that an input the run writes is never cached, its output; a
+variant ``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run),
+``bellis-base`` (``bellis`` imported from ``--base-src DIR``, an earlier commit's ``src``
+folder: before and after in one interleaved run), ``daisy``
 (daisy 2.0.0 as ``import daisy``, ``num_workers=workers`` per task: daisy has no shared
 budget) and ``dask`` (dask.array, ``map_overlap``, threaded scheduler with ``workers`` threads).
 
@@ -33,7 +36,11 @@ and compared with the ``single`` runner's, byte for byte; a mismatch is an error
     python benchmarks/bench_real.py --runners split,bellis,bellis:resource_tracking=true
 
 Prints a markdown table per workload: medians, and ratios against the static split (the
-median over repetitions of the paired ratio). ``--raw FILE`` keeps the records (JSONL).
+median over repetitions of the paired ratio); then, per bellis task, the input cache's
+counters (``task.report().input_cache``: decodes per block = misses / blocks), bellis's
+locality counters (``TaskState.locality_*``) and the peak RSS of the largest reaped
+process (``ru_maxrss`` of the children: a worker, or a split process). ``--raw FILE``
+keeps the records (JSONL).
 Exit status 1 when a measurement failed or an output differs.
 """
 
