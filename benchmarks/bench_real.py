@@ -16,8 +16,11 @@ block-time sum / workers), ``split`` (a static split of the block loop over ``wo
 forked processes, contiguous halves, a barrier between stages; ``split-shuffled``: each half
 in a random order), ``bellis`` (``workers``
 workers; W3 with ``requires={"cpu": 1}`` and ``resources={"cpu": workers}``),
-``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it; a variant
-``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run), ``daisy``
+``bellis+inputs`` (the same with ``Task(inputs=[...])``, where bellis has it: each task
+declares its input and, so that an input the run writes is never cached, its output; a
+variant ``bellis:KEY=VALUE[:KEY=VALUE]`` passes Task keywords, compared in the same run),
+``bellis-base`` (``bellis`` imported from ``--base-src DIR``, an earlier commit's ``src``
+folder: before and after in one interleaved run), ``daisy``
 (daisy 2.0.0 as ``import daisy``, ``num_workers=workers`` per task: daisy has no shared
 budget) and ``dask`` (dask.array, ``map_overlap``, threaded scheduler with ``workers`` threads).
 
@@ -33,7 +36,11 @@ and compared with the ``single`` runner's, byte for byte; a mismatch is an error
     python benchmarks/bench_real.py --runners split,bellis,bellis:resource_tracking=true
 
 Prints a markdown table per workload: medians, and ratios against the static split (the
-median over repetitions of the paired ratio). ``--raw FILE`` keeps the records (JSONL).
+median over repetitions of the paired ratio); then, per bellis task, the input cache's
+counters (``task.report().input_cache``: decodes per block = misses / blocks), bellis's
+locality counters (``TaskState.locality_*``) and the peak RSS of the largest reaped
+process (``ru_maxrss`` of the children: a worker, or a split process). ``--raw FILE``
+keeps the records (JSONL).
 Exit status 1 when a measurement failed or an output differs.
 """
 
@@ -155,6 +162,10 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
             "load_after": load1,
             "driver_cpu_s": (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime),
             "children_cpu_s": (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime),
+            # peak RSS (KiB, Linux) of the largest reaped descendant (a worker; the split's
+            # processes) and of the measurement process itself (the driver; single's loop)
+            "children_maxrss_kib": kids1.ru_maxrss,
+            "self_maxrss_kib": self1.ru_maxrss,
             "blocks": _read_timings(
                 timing_dir, {st.kernel: args.size // st.write for st in stages}
             ),
@@ -187,7 +198,9 @@ def _one_main(args: argparse.Namespace) -> int:
     return code
 
 
-def _available(runners: list[str], explicit: bool) -> tuple[list[str], list[str]]:
+def _available(
+    runners: list[str], explicit: bool, base_src: str | None = None
+) -> tuple[list[str], list[str]]:
     keep, notes = [], []
     for r in runners:
         base, *variant = r.split(":")
@@ -199,6 +212,8 @@ def _available(runners: list[str], explicit: bool) -> tuple[list[str], list[str]
         ok, why = True, ""
         if base == "bellis+inputs" and not _runners.bellis_has_inputs():
             ok, why = False, "bellis.Task has no inputs= parameter"
+        elif base == "bellis-base" and not base_src:
+            ok, why = False, "no --base-src (the src folder of the bellis to compare with)"
         elif r == "daisy" and not _runners.daisy_available():
             ok, why = False, "daisy 2.0.0 not installed (.ci/install_anchors.sh)"
         elif r == "dask" and not _runners.dask_available():
@@ -289,13 +304,61 @@ def report(
                 f"{_med([r['driver_cpu_s'] for r in rs]):.2f} | {allcpu:.2f} | {share:.2f} |"
             )
         lines.append("")
+        lines.extend(_cache_table(by, runners))
     return "\n".join(lines), problems
+
+
+def _cache_table(by: dict[str, list[dict[str, Any]]], runners: list[str]) -> list[str]:
+    """Per bellis runner and task: the input cache's counters (decodes per block = misses
+    / blocks), bellis's own locality counters, and the peak RSS of the largest process."""
+    rows = []
+    for name in runners:
+        rs = by.get(name, [])
+        rss = _med([r.get("children_maxrss_kib", float("nan")) / 1024 for r in rs])
+        own = _med([r.get("self_maxrss_kib", float("nan")) / 1024 for r in rs])
+        tasks = (rs[0].get("info") or {}).get("tasks") if rs else None
+        if not tasks:
+            rows.append(f"| {name} | - | - | - | - | - | - | - | - | {rss:.0f} | {own:.0f} |")
+            continue
+        for tid in tasks:
+            per = [r["info"]["tasks"][tid] for r in rs if tid in r["info"].get("tasks", {})]
+
+            def med(key: str, per: list[dict[str, Any]] = per) -> float:
+                return _med([float((t["input_cache"] or {}).get(key, 0)) for t in per])
+
+            has = any(t["input_cache"] for t in per)
+            dec = _med(
+                [(t["input_cache"] or {}).get("misses", 0) / max(1, t["blocks"]) for t in per]
+            )
+            loc = _med(
+                [t["locality_local"] / t["locality_blocks"] for t in per if t["locality_blocks"]]
+            )
+            step = _med(
+                [t["locality_steps"] / t["locality_blocks"] for t in per if t["locality_blocks"]]
+            )
+            cache = (
+                f"{med('hits'):.0f} | {med('misses'):.0f} | **{dec:.3f}** | "
+                f"{med('miss_bytes') / 2**20:.1f} | {med('bypassed'):.0f}"
+                if has
+                else "- | - | - | - | -"
+            )
+            rows.append(
+                f"| {name} | {tid} | {cache} | {loc:.3f} | {step:.2f} | {rss:.0f} | {own:.0f} |"
+            )
+    return [
+        "| runner | task | cache hits | misses (decodes) | decodes / block | decoded MiB | "
+        "bypassed reads | bellis locality (local share) | mean step | peak RSS MiB, "
+        "largest child | peak RSS MiB, driver |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def campaign(args: argparse.Namespace) -> int:
     explicit = args.runners is not None
     wanted = args.runners.split(",") if explicit else list(DEFAULT_RUNNERS)
-    runners, notes = _available(wanted, explicit)
+    runners, notes = _available(wanted, explicit, args.base_src)
     workloads = args.workloads.split(",")
     for wl in workloads:
         if wl not in work.WORKLOADS:
@@ -339,8 +402,20 @@ def campaign(args: argparse.Namespace) -> int:
                     cmd += [f"--bellis-opt={o}" for o in args.bellis_opt]
                     if not args.check:
                         cmd.append("--no-check")
+                    env = None
+                    if name.split(":")[0] == "bellis-base":
+                        # that bellis first on the path (ahead of the installed one)
+                        env = dict(os.environ)
+                        env["PYTHONPATH"] = os.pathsep.join(
+                            [os.path.abspath(args.base_src)]
+                            + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                        )
                     proc = subprocess.run(
-                        cmd, timeout=args.timeout, stdin=subprocess.DEVNULL, stdout=sys.stderr
+                        cmd,
+                        timeout=args.timeout,
+                        stdin=subprocess.DEVNULL,
+                        stdout=sys.stderr,
+                        env=env,
                     )
                     try:
                         with open(out) as f:
@@ -397,6 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a Task keyword for the bellis runners, e.g. resource_tracking=false",
+    )
+    ap.add_argument(
+        "--base-src",
+        default=None,
+        metavar="DIR",
+        help="runner bellis-base: bellis imported from DIR (the src folder of an earlier "
+        "commit: git archive COMMIT src | tar -x -C /tmp/base)",
     )
     ap.add_argument("--data", default=None, help="data directory (default: a temporary one)")
     ap.add_argument("--keep-data", action="store_true")

@@ -108,7 +108,7 @@ def _daisy_like(
     workers: int,
     options: dict[str, Any],
 ) -> dict[str, Any]:
-    params = inspect.signature(mod.Task).parameters
+    params = _task_params(mod.Task)
     worker_kw = "max_workers" if "max_workers" in params else "num_workers"
     is_bellis = mod.__name__ == "bellis"
     tasks: list[Any] = []
@@ -133,7 +133,13 @@ def _daisy_like(
                     continue
                 if name == "inputs":
                     if value:
+                        # the stage's input; the outputs are declared too, so that an
+                        # input this run writes (W3's smoothed array, read by the label
+                        # task) is known to be written and never cached (counted as
+                        # ``bypassed``); ``outputs`` without ``verify_outputs`` adds
+                        # nothing per block (docs/outputs.md)
                         kw["inputs"] = [paths[stage.input]]
+                        kw["outputs"] = [paths[stage.output]]
                 else:
                     kw[name] = value
         if tasks:
@@ -157,7 +163,28 @@ def _daisy_like(
                 f"task {tid}: {st.completed_count}/{total} completed, "
                 f"{st.failed_count} failed, {st.orphaned_count} orphaned"
             )
-    return {"module": mod.__name__, "version": getattr(mod, "__version__", "?")}
+    info: dict[str, Any] = {
+        "module": mod.__name__,
+        "version": getattr(mod, "__version__", "?"),
+        "file": mod.__file__,
+    }
+    if is_bellis:
+        # per task: the workers' decoded-chunk cache counters (``task.report().input_cache``,
+        # empty without inputs) and how coherent the workers' streams were
+        # (``TaskState.locality_*``, distributed runs)
+        per: dict[str, Any] = {}
+        for task in tasks:
+            st = states[task.task_id]
+            rep = task.report()
+            per[task.task_id] = {
+                "blocks": st.completed_count,
+                "input_cache": dict(getattr(rep, "input_cache", None) or {}) or None,
+                "locality_blocks": int(getattr(st, "locality_blocks", 0)),
+                "locality_local": int(getattr(st, "locality_local", 0)),
+                "locality_steps": int(getattr(st, "locality_steps", 0)),
+            }
+        info["tasks"] = per
+    return info
 
 
 def run_bellis(
@@ -173,10 +200,22 @@ def run_bellis(
     return _daisy_like(bellis, stages, paths, timing_dir, size, workers, options)
 
 
+def _task_params(task_cls: Any) -> set[str]:
+    """The keywords a Task class takes, over its MRO: ``bellis.Task`` is the daisy-1.x
+    compatible subclass (``v1_compat.Task``), whose ``__init__(*args, **kwargs)`` hides the
+    v2 Task's keywords from ``inspect.signature``."""
+    names: set[str] = set()
+    for cls in task_cls.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            names |= set(inspect.signature(init).parameters)
+    return names
+
+
 def bellis_has_inputs() -> bool:
     import bellis
 
-    return "inputs" in inspect.signature(bellis.Task).parameters
+    return "inputs" in _task_params(bellis.Task)
 
 
 def run_daisy(
@@ -288,6 +327,8 @@ RUNNERS = {
     "split-shuffled": functools.partial(run_split, shuffle=True),
     "bellis": run_bellis,
     "bellis+inputs": run_bellis,
+    # bellis from another source tree (``--base-src``): an earlier commit, in the same run
+    "bellis-base": run_bellis,
     "daisy": run_daisy,
     "dask": run_dask,
 }

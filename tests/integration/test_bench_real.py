@@ -60,6 +60,14 @@ def test_every_runner_writes_the_single_process_bytes(tmp_path: Path) -> None:
     by = {(r["workload"], r["runner"]): r for r in records}
     runners = {r["runner"] for r in records}
     assert {"single", "split", "bellis"} <= runners, runners
+    # bellis has Task(inputs=...): the runner that declares them is on, and its workers'
+    # decoded-chunk caches served reads (W2: 8 blocks of 32^3 per 64^3 chunk)
+    assert "bellis+inputs" in runners, proc.stdout
+    for wl, tid in (("W1", "gaussian"), ("W2", "threshold"), ("W3", "smooth")):
+        cache = by[(wl, "bellis+inputs")]["info"]["tasks"][tid]["input_cache"]
+        assert cache["misses"] > 0, (wl, cache)
+        assert cache["hits"] > 0 or wl == "W1", (wl, cache)  # W1 at 128^3: one block
+        assert cache["miss_bytes"] == cache["misses"] * 64**3, (wl, cache)
     for wl in ("W1", "W2", "W3"):
         ref = by[(wl, "single")]
         assert ref["status"] == "ok", ref
