@@ -5,6 +5,7 @@ hold many jobs). The SLURM commands on PATH are wrapped to count their calls."""
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,18 @@ def _squeue_ids(args: str) -> list[str]:
     return words[words.index("-j") + 1].split(",") if "-j" in words else []
 
 
+def _array_size(args: str) -> int:
+    """How many jobs one sbatch call submitted: its ``--array=`` list's size, else 1."""
+    for word in args.split():
+        if word.startswith("--array="):
+            n = 0
+            for part in word.removeprefix("--array=").split("%")[0].split(","):
+                lo, _, hi = part.partition("-")
+                n += int(hi or lo) - int(lo) + 1
+            return n
+    return 1
+
+
 N_WORKERS = 200
 N_BLOCKS = 2000
 
@@ -72,22 +85,28 @@ def test_two_hundred_workers_start_as_one_array_and_are_polled_together(
     task = make_task(
         "many", N_BLOCKS, functools.partial(sleep_block, str(rec), 0.01), max_workers=N_WORKERS
     )
+    t0 = time.monotonic()
     states = bellis.run_blockwise(
         task, launcher=launcher, return_states=True, progress=False, summary=False
     )
+    polls = (time.monotonic() - t0) / 1.0 + 1  # at most one poll per poll_interval
     state = states["many"]
     records = read_records(rec)
     assert (state.completed_count, state.failed_count, state.orphaned_count) == (N_BLOCKS, 0, 0)
     assert done_ids(records, "many") == list(range(N_BLOCKS))
     assert all(done_count(records, "many", sid) == 1 for sid in range(N_BLOCKS))
     calls = _calls(log)
-    # the 200 workers went as one array job; any further sbatch replaced a worker that failed
-    arrays = [a for a in calls["sbatch"] if "--array=" in a]
-    assert len(arrays) == 1 and f"--array=0-{N_WORKERS - 1} " in arrays[0], calls["sbatch"]
-    assert len(calls["sbatch"]) <= 1 + state.worker_failure_count
-    assert state.worker_start_count == N_WORKERS + len(calls["sbatch"]) - 1
+    # the 200 workers went as one array job; any further sbatch replaced workers that
+    # failed (on a loaded node some do): one job each, or several as one array
+    first, *replacing = calls["sbatch"]
+    assert f"--array=0-{N_WORKERS - 1} " in first, calls["sbatch"]
+    replaced = sum(_array_size(a) for a in replacing)
+    assert replaced <= state.worker_failure_count, (calls["sbatch"], state.worker_failure_count)
+    assert state.worker_start_count == N_WORKERS + replaced
     # one squeue call per poll for all jobs (the array by its id), never one per job ...
-    assert 0 < len(calls["squeue"]) < N_WORKERS
+    # (polling job by job would make N_WORKERS calls per poll; the bound is the run's own
+    # length in polls, so a slow, loaded run does not break it)
+    assert 0 < len(calls["squeue"]) <= 3 * polls + 10, (len(calls["squeue"]), polls)
     assert all(len(_squeue_ids(a)) <= len(calls["sbatch"]) for a in calls["squeue"]), calls
     # ... and their exit codes come with it: scontrol only read the array size limit
     assert [a for a in calls["scontrol"] if a != "show config"] == []
