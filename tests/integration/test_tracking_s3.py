@@ -11,6 +11,8 @@ wired yet (docs/cloud.md).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import signal
 import subprocess
@@ -19,6 +21,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +63,11 @@ DRIVER = textwrap.dedent(
         for _ in range(1200):
             store.flush()
             time.sleep(0.5)
+    if mode == "stall":  # two blocks return at once, then a long block: nothing returns
+        store.record_success(0, None, 0, 0.0, 0.0)
+        store.record_success(1, None, 0, 0.0, 0.0)
+        print("recorded", flush=True)
+        time.sleep(600)
     for cell in range(n):
         if store.is_done(cell):
             continue
@@ -77,9 +85,18 @@ DRIVER = textwrap.dedent(
 )
 
 
+@functools.cache
+def _cached_client(endpoint: str) -> Any:
+    return _client({"AWS_ENDPOINT_URL": endpoint})
+
+
 def _done_cells(env: dict[str, str], prefix: str) -> set[int]:
     """The done markers as the bucket holds them (the chunk object, read by key)."""
-    body = _client(env).get_object(Bucket=BUCKET, Key=f"{prefix}/done/c/0")["Body"].read()
+    body = (
+        _cached_client(env["AWS_ENDPOINT_URL"])
+        .get_object(Bucket=BUCKET, Key=f"{prefix}/done/c/0")["Body"]
+        .read()
+    )
     assert len(body) == CELLS
     return {i for i, b in enumerate(body) if b}
 
@@ -129,6 +146,29 @@ def _run_until_taken(tmp: Path, env: dict[str, str], url: str, marks: Path, **ex
         assert "is in use by another run" in err, err
         assert time.monotonic() < deadline, "the lease never expired"
         time.sleep(0.5)
+
+
+def test_markers_reach_the_bucket_while_a_long_block_runs(
+    tmp_path: Path, s3_env: dict[str, str]
+) -> None:
+    """Blocks that returned just before a long block are written within a flush interval,
+    though no block returns to trigger the write (the lease thread's timer does): a crash
+    during a long block must not lose them."""
+    url = f"s3://{BUCKET}/stall"
+    marks = tmp_path / "marks"
+    proc = _start(tmp_path, s3_env, url, marks, "stall", BELLIS_S3_FLUSH_SECONDS="1")
+    try:
+        _wait_line(proc, "recorded")
+        deadline = time.monotonic() + 60  # the interval is 1 s: this allows a slow machine
+        seen: set[int] = set()
+        while seen != {0, 1}:
+            assert time.monotonic() < deadline, f"markers in the bucket: {seen}"
+            time.sleep(0.2)
+            with contextlib.suppress(Exception):  # not written yet
+                seen = _done_cells(s3_env, "stall")
+        assert proc.poll() is None  # still in its long block
+    finally:
+        _end(proc)
 
 
 def test_killed_driver_resumes_without_false_done(tmp_path: Path, s3_env: dict[str, str]) -> None:

@@ -134,6 +134,8 @@ class S3Store:
         self._cells = cell_count(grid)
         #: the lease renewal: the flush and the renewer thread take turns
         self._renewing = threading.Lock()
+        #: the marker writes: the driver's flush and the renewer's timer take turns
+        self._flushing = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         #: the renewer's refusal (another run took the store over): raised by the next write
@@ -531,29 +533,41 @@ class S3Store:
         self._renewer.start()
 
     def _renew_loop(self) -> None:
+        """Renew the lease every third of it, and write markers that waited a flush
+        interval while no block returned (a long block must not hold the markers of the
+        blocks before it in memory only)."""
         lock = self._lock
         if lock is None:
             return
         period = max(0.05, lock.lease / 3)
-        while not self._stop.wait(period):
-            with self._renewing:
-                if self._lock is None or self._stop.is_set():
-                    return
-                try:
+        tick = max(0.05, min(period, self._interval or period))
+        renewed = time.monotonic()
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            try:
+                if self._dirty and now - self._last_flush >= self._interval:
+                    self._flush_markers()
+                if now - renewed < period:
+                    continue
+                with self._renewing:
+                    if self._lock is None or self._stop.is_set():
+                        return
                     self._lock.renew()
-                except TrackingError as exc:
-                    # refused (another run took over) or the endpoint is gone: the next
-                    # write of this run raises it
-                    self._lost = exc
-                    _log.error("%s", exc)
-                    return
-                except Exception as exc:  # a thread must not die silently
-                    self._lost = TrackingError(
-                        f"block tracking at {self._url}: renewing the lock's lease failed: {exc}",
-                        path=self._url,
-                    )
-                    _log.error("%s", self._lost)
-                    return
+                renewed = now
+            except TrackingError as exc:
+                # refused (another run took over) or the endpoint is gone: the next
+                # write of this run raises it
+                self._lost = exc
+                _log.error("%s", exc)
+                return
+            except Exception as exc:  # a thread must not die silently
+                self._lost = TrackingError(
+                    f"block tracking at {self._url}: writing the markers or renewing the "
+                    f"lock's lease failed: {exc}",
+                    path=self._url,
+                )
+                _log.error("%s", self._lost)
+                return
 
     def _stop_renewer(self) -> None:
         self._stop.set()
@@ -568,19 +582,35 @@ class S3Store:
             return
         if self._lost is not None:
             raise self._lost
-        nd = len(self._grid)
-        for name in sorted(self._dirty):
-            data = self._arrays[name].astype(self._arrays[name].dtype.newbyteorder("<")).tobytes()
-            key = _chunk_key(name, nd)
-            etag = self._bucket.put(key, data, self._etags.get(name))
-            if etag is None:
-                raise self._conflict(self._url, key)
-            self._etags[name] = etag
-        self._dirty.clear()
+        self._flush_markers()
         self._upload_logs()
         with self._renewing:
             self._lock.renew()
-        self._last_flush = time.monotonic()
+
+    def _flush_markers(self) -> None:
+        """Write the marker arrays changed since the last write. The driver's thread and
+        the renewer's timer both call this; one at a time. The changed names are taken
+        before the arrays are read, so a marker set meanwhile marks its array changed
+        again and goes out with the next write."""
+        assert self._bucket is not None
+        nd = len(self._grid)
+        with self._flushing:
+            names: set[str] = set()
+            while self._dirty:  # one pop at a time: a name added meanwhile is never lost
+                names.add(self._dirty.pop())
+            try:
+                for name in sorted(names):
+                    arr = self._arrays[name]
+                    data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                    key = _chunk_key(name, nd)
+                    etag = self._bucket.put(key, data, self._etags.get(name))
+                    if etag is None:
+                        raise self._conflict(self._url, key)
+                    self._etags[name] = etag
+                    names.discard(name)
+            finally:
+                self._dirty.update(names)  # what was not written is still to write
+            self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
