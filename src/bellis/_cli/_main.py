@@ -27,11 +27,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _load_function(spec: str) -> object:
+def _load_function(spec: str, option: str = "--function") -> object:
     if ":" not in spec:
         raise _WorkerUsageError(
-            f"--function must look like module:attribute, e.g. my_module:process_block "
-            f"(got {spec!r})"
+            f"{option} must look like module:attribute, e.g. my_module:process_block (got {spec!r})"
         )
     mod_name, attr = spec.split(":", 1)
     sys.path.insert(0, str(Path.cwd()))
@@ -41,7 +40,7 @@ def _load_function(spec: str) -> object:
         if exc.name is None or not mod_name.startswith(exc.name):
             raise  # the module itself imports something missing: its own traceback
         raise _WorkerUsageError(
-            f"--function {spec}: no module named {exc.name!r} (looked in {Path.cwd()} and "
+            f"{option} {spec}: no module named {exc.name!r} (looked in {Path.cwd()} and "
             "on sys.path); run the worker in the folder that holds it, or set PYTHONPATH"
         ) from None
     for part in attr.split("."):
@@ -49,11 +48,10 @@ def _load_function(spec: str) -> object:
             obj = getattr(obj, part)
         except AttributeError:
             raise _WorkerUsageError(
-                f"--function {spec}: {getattr(obj, '__name__', mod_name)!s} has no "
-                f"attribute {part!r}"
+                f"{option} {spec}: {getattr(obj, '__name__', mod_name)!s} has no attribute {part!r}"
             ) from None
     if not callable(obj):
-        raise _WorkerUsageError(f"--function {spec} is a {type(obj).__name__}, not a function")
+        raise _WorkerUsageError(f"{option} {spec} is a {type(obj).__name__}, not a function")
     return obj
 
 
@@ -119,14 +117,26 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         ctx = _worker_context(args)
         fn = _load_function(args.function)
+        setup = None if args.setup is None else _load_function(args.setup, "--setup")
     except _WorkerUsageError as exc:
         print(f"bellis worker: {exc}", file=sys.stderr)
         return 2
     # a worker function's own Client() reads it from there
     os.environ["BELLIS_CONTEXT"] = ctx.to_env()
-    if function_arity(fn) == 0:  # type: ignore[arg-type]
+    arity = function_arity(fn)  # type: ignore[arg-type]
+    if arity == 0:
+        if setup is not None:
+            print(
+                f"bellis worker: --setup {args.setup} cannot go with a worker function (no "
+                "positional parameters, its own Client() loop): open what it needs at its "
+                "start, or pass a block function fn(block, ctx)",
+                file=sys.stderr,
+            )
+            return 2
         return run_worker_function(fn, ctx)
-    return run_block_function_loop(fn, ctx)
+    # the task's setup runs as in a spawned worker: --setup, or else the task's own,
+    # imported by the name the server gives; fn(block, ctx) gets what it made
+    return run_block_function_loop(fn, ctx, setup, passes_context=arity >= 2, by_hand=True)
 
 
 def _take_ctrl_c() -> None:
@@ -370,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         "--function",
         required=True,
         help="block function (or 0-argument worker function) as module:attribute",
+    )
+    w.add_argument(
+        "--setup",
+        help="the task's setup as module:attribute (default: the task's Task(setup=...), "
+        "imported by name); run once before the first block, fn(block, ctx) gets what it made",
     )
     w.add_argument("--context", help="context string (default: $BELLIS_CONTEXT / $DAISY_CONTEXT)")
     w.add_argument("--task-id", help="override the context's task_id")

@@ -19,17 +19,24 @@ A block function that takes two positional parameters gets the context with ever
 without a setup.
 
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
-at its job's time limit, after its first block raised; not when the process is killed
-(SIGKILL, a block timeout, an out-of-memory end) nor when a SIGTERM ends it while it waits
-for blocks. A teardown that raises is logged (the worker's ``.err`` log; the driver's log in
-serial mode) and changes no block's outcome. ``__exit__`` always gets ``(None, None,
-None)``: a block's exception is the block's, and no teardown may swallow it.
+at its job's time limit, after its first block raised, on a SIGTERM (while it waits for
+blocks the SIGTERM handler of ``_client`` calls ``Client.on_leave``; in a block, the loop
+ends after the block); not when the process is killed (SIGKILL, a block timeout, a setup
+past the task's timeout, an out-of-memory end). A teardown that raises is logged (the
+worker's ``.err`` log; the driver's log in serial mode) and changes no block's outcome.
+``__exit__`` always gets ``(None, None, None)``: a block's exception is the block's, and
+no teardown may swallow it.
 
 A setup that raises ends the worker before it took a block: its traceback goes to the log
 and, in a SETUP message (``bellis._protocol``), to the server, which writes an error record
 of kind ``setup failed`` (no block) and charges the worker's exit to the task's restart
 budget. The SETUP message also carries how long a setup that succeeded took, which the
-report's worker phases show as ``task setup``.
+report's worker phases show as ``task setup``. A SETUP that does not come within the
+task's ``timeout`` of the WELCOME gets the worker killed by the server (an error record of
+kind ``setup timed out``: ``_scheduling._attempts.setup_timed_out``).
+
+A worker started by hand (``bellis worker``) runs ``--setup``, or else the task's own
+setup, imported by the name its WELCOME gives (:func:`import_task_setup`).
 """
 
 from __future__ import annotations
@@ -40,7 +47,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Warm", "enter", "enter_in_worker", "setup_failure_text", "with_context"]
+__all__ = [
+    "Warm",
+    "enter",
+    "enter_in_worker",
+    "import_task_setup",
+    "setup_failure_text",
+    "with_context",
+]
 
 logger = logging.getLogger("bellis")
 
@@ -113,6 +127,49 @@ def setup_failure_text(task_id: str, where: str, traceback_text: str) -> str:
         f"setup of task '{task_id}' failed {where} (Task(setup=...) raised before any "
         f"block ran):\n{traceback_text.rstrip()}"
     )
+
+
+def import_task_setup(ref: str, task_id: str) -> Callable[[], Any]:
+    """The setup of task ``task_id`` for a worker started by hand (``bellis worker``),
+    imported by the name its server's WELCOME gave, ``ref`` (``module:qualname``; "" for
+    one that cannot be imported by name). When it cannot be imported, a setup that raises
+    :class:`~bellis.errors.ConfigurationError` saying why and how to pass it instead: the
+    worker then ends as after any setup that raised, reported to its log and the server."""
+    import importlib
+
+    fix = (
+        "pass it to the worker by hand: bellis worker --function ... --setup "
+        "module:attribute (a module the worker can import)"
+    )
+    if not ref:
+        why = (
+            f"task '{task_id}' has a setup (Task(setup=...)) that a worker started by hand "
+            "cannot import by name: it is defined in the driver's script (__main__), or it "
+            f"is a closure, a lambda or a functools.partial; {fix}"
+        )
+    else:
+        module_name, _, qualname = ref.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:
+            why = (
+                f"cannot import the setup of task '{task_id}', {ref} "
+                f"({type(exc).__name__}: {exc}); run the worker where that module is "
+                f"importable (its folder, or PYTHONPATH), or {fix}"
+            )
+        else:
+            if callable(obj):
+                return obj  # type: ignore[no-any-return]
+            why = f"the setup of task '{task_id}', {ref}, is not callable here; {fix}"
+
+    def cannot_import() -> Any:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(why)
+
+    return cannot_import
 
 
 def enter_in_worker(client: Any, setup: Callable[[], Any]) -> Warm | None:
