@@ -375,6 +375,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import bellis
@@ -407,21 +408,33 @@ def main():
     )
     procs = []
 
-    def on_listen(server):
+    def start(server, setup):
         cmd = [sys.executable, "-m", "bellis", "worker", "--function", "blocks_mod:process"]
-        if HOW == "option":
+        if setup:
             cmd += ["--setup", "blocks_mod:open_volume"]
         cmd += ["--context", server.worker_context("ext")]
-        procs.append(subprocess.Popen(cmd, cwd=HERE))
+        procs.append(subprocess.Popen(cmd, cwd=HERE, stderr=subprocess.PIPE, text=True))
+
+    def after_the_first(server):
+        # the first worker cannot import the task's setup; it ends, and one with --setup
+        # takes the blocks
+        err = procs[0].communicate(timeout=60)[1]
+        (HERE / "first.json").write_text(json.dumps({"rc": procs[0].returncode, "err": err}))
+        start(server, True)
+
+    def on_listen(server):
+        start(server, HOW == "option")
+        if HOW == "missing":
+            threading.Thread(target=after_the_first, args=(server,), daemon=True).start()
 
     server = bellis.Server(external_workers=True, on_listen=on_listen)
     try:
         states = server.run_blockwise([task], progress=False, summary=False)
     finally:
         for p in procs:
-            p.wait(timeout=60)
+            p.communicate(timeout=60)
     (HERE / "worker.json").write_text(
-        json.dumps({"pid": procs[0].pid, "rc": procs[0].returncode})
+        json.dumps({"pid": procs[-1].pid, "rc": procs[-1].returncode})
     )
     sys.exit(0 if states["ext"].completed_count == 5 else 3)
 
@@ -431,10 +444,12 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("how", ["task", "option"])
+@pytest.mark.parametrize("how", ["task", "option", "missing"])
 def test_a_worker_started_by_hand_runs_the_setup(tmp_path: Path, how: str) -> None:
     # "task": the worker imports the task's own setup by the name the server gives;
-    # "option": the task's setup lives in the driver's script, and --setup names one
+    # "option": the task's setup lives in the driver's script, and --setup names one;
+    # "missing": as "option", but the first worker is not given --setup: its setup fails
+    # with an error that says why, and a second one, given --setup, does the blocks
     (tmp_path / "blocks_mod.py").write_text(MODULE)
     proc = run_script(tmp_path, BY_HAND, name="by_hand.py", env={"HOW": how}, timeout=PATIENCE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -445,3 +460,10 @@ def test_a_worker_started_by_hand_runs_the_setup(tmp_path: Path, how: str) -> No
     # every block once, in that process, with what the setup made there
     done = sorted(p.name for p in (tmp_path / "done").iterdir())
     assert done == [f"{i}_{worker['pid']}_{worker['pid']}" for i in range(5)]
+    if how == "missing":
+        first = json.loads((tmp_path / "first.json").read_text())
+        assert first["rc"] == 1, first
+        assert "setup of task 'ext' failed in worker -1" in first["err"], first
+        assert "cannot import by name" in first["err"] and "--setup" in first["err"], first
+        (rec,) = _records(tmp_path, "ext")
+        assert rec["kind"] == "setup failed" and rec["type"] == "ConfigurationError"

@@ -136,7 +136,38 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         return run_worker_function(fn, ctx)
     # the task's setup runs as in a spawned worker: --setup, or else the task's own,
     # imported by the name the server gives; fn(block, ctx) gets what it made
-    return run_block_function_loop(fn, ctx, setup, passes_context=arity >= 2, by_hand=True)
+    return run_block_function_loop(
+        fn, ctx, setup, passes_context=arity >= 2, setup_by_name=_task_setup
+    )
+
+
+def _task_setup(ref: str, task_id: str) -> Any:
+    """The setup of task ``task_id`` for this worker started by hand, imported by the name
+    its server's WELCOME gave, ``ref`` (``module:qualname``; "" for one that cannot be
+    imported by name). When it cannot be imported: a setup that raises
+    ``ConfigurationError`` saying why and naming ``--setup``, so that the worker ends as
+    after any setup that raised, reported to its log and the server."""
+    fix = "pass it by hand: bellis worker --function ... --setup module:attribute"
+    if not ref:
+        why = (
+            f"task '{task_id}' has a setup (Task(setup=...)) that a worker started by hand "
+            "cannot import by name: it is defined in the driver's script (__main__), or it "
+            f"is a closure, a lambda or a functools.partial; {fix}"
+        )
+    else:
+        try:
+            return _load_function(ref, f"the setup of task '{task_id}',")
+        except _WorkerUsageError as exc:
+            why = f"{exc}; or {fix}"
+        except Exception as exc:  # its module raised on import
+            why = f"cannot import the setup of task '{task_id}', {ref} ({exc!r}); or {fix}"
+
+    def cannot_import() -> None:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(why)
+
+    return cannot_import
 
 
 def _take_ctrl_c() -> None:

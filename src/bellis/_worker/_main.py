@@ -51,16 +51,17 @@ def run_block_function_loop(
     setup: Any = None,
     passes_context: bool = False,
     *,
-    by_hand: bool = False,
+    setup_by_name: Any = None,
 ) -> int:
     """Run ``fn`` on the blocks the server hands out; the exit code.
 
     ``setup`` (``Task(setup=...)``, None: none) runs once, before the first block, and its
     teardown when the loop ends, or when a SIGTERM comes while no block runs (``_setup``);
     a setup that raises ends the worker (code 1). ``passes_context``: ``fn`` is called
-    ``fn(block, ctx)`` with what the setup made. ``by_hand``: a worker started by hand
-    (``bellis worker``) without a setup of its own imports the task's, by the name its
-    server's WELCOME gives (when it cannot, the worker ends as after a setup that raised).
+    ``fn(block, ctx)`` with what the setup made. ``setup_by_name(ref, task_id)``: how a
+    worker started by hand (``bellis worker``) without a setup of its own gets the task's,
+    by the name its server's WELCOME gives (one it cannot import raises when called: the
+    worker then ends as after a setup that raised).
 
     A block that raises an ``Exception`` is a failed attempt and the loop goes on, once the
     function has returned on a block of this worker (``Client.run_block_function``). One
@@ -73,11 +74,9 @@ def run_block_function_loop(
 
     client = Client(context)
     warm = None
-    if by_hand and setup is None and client.connected and client.setup_ref is not None:
-        from ._setup import import_task_setup
-
-        # one that cannot be imported raises when called: reported as a setup that failed
-        setup = import_task_setup(client.setup_ref, client.task_id)
+    if setup_by_name is not None and setup is None and client.connected:
+        if client.setup_ref is not None:  # the task has a setup
+            setup = setup_by_name(client.setup_ref, client.task_id)
     if setup is not None and client.connected:
         from ._setup import enter_in_worker, with_context
 

@@ -36,7 +36,8 @@ task's ``timeout`` of the WELCOME gets the worker killed by the server (an error
 kind ``setup timed out``: ``_scheduling._attempts.setup_timed_out``).
 
 A worker started by hand (``bellis worker``) runs ``--setup``, or else the task's own
-setup, imported by the name its WELCOME gives (:func:`import_task_setup`).
+setup, imported by the name its WELCOME gives (``bellis._cli._main``, which imports the
+user's modules by name).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ __all__ = [
     "Warm",
     "enter",
     "enter_in_worker",
-    "import_task_setup",
     "setup_failure_text",
     "with_context",
 ]
@@ -127,49 +127,6 @@ def setup_failure_text(task_id: str, where: str, traceback_text: str) -> str:
         f"setup of task '{task_id}' failed {where} (Task(setup=...) raised before any "
         f"block ran):\n{traceback_text.rstrip()}"
     )
-
-
-def import_task_setup(ref: str, task_id: str) -> Callable[[], Any]:
-    """The setup of task ``task_id`` for a worker started by hand (``bellis worker``),
-    imported by the name its server's WELCOME gave, ``ref`` (``module:qualname``; "" for
-    one that cannot be imported by name). When it cannot be imported, a setup that raises
-    :class:`~bellis.errors.ConfigurationError` saying why and how to pass it instead: the
-    worker then ends as after any setup that raised, reported to its log and the server."""
-    import importlib
-
-    fix = (
-        "pass it to the worker by hand: bellis worker --function ... --setup "
-        "module:attribute (a module the worker can import)"
-    )
-    if not ref:
-        why = (
-            f"task '{task_id}' has a setup (Task(setup=...)) that a worker started by hand "
-            "cannot import by name: it is defined in the driver's script (__main__), or it "
-            f"is a closure, a lambda or a functools.partial; {fix}"
-        )
-    else:
-        module_name, _, qualname = ref.partition(":")
-        try:
-            obj: Any = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except Exception as exc:
-            why = (
-                f"cannot import the setup of task '{task_id}', {ref} "
-                f"({type(exc).__name__}: {exc}); run the worker where that module is "
-                f"importable (its folder, or PYTHONPATH), or {fix}"
-            )
-        else:
-            if callable(obj):
-                return obj  # type: ignore[no-any-return]
-            why = f"the setup of task '{task_id}', {ref}, is not callable here; {fix}"
-
-    def cannot_import() -> Any:
-        from ..errors import ConfigurationError
-
-        raise ConfigurationError(why)
-
-    return cannot_import
 
 
 def enter_in_worker(client: Any, setup: Callable[[], Any]) -> Warm | None:
