@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,20 @@ def _wait_for(what: str, done: object, proc: subprocess.Popen[str] | None = None
         if time.monotonic() > deadline:
             pytest.fail(f"no {what} after {PATIENCE:g}s")
         time.sleep(0.02)
+
+
+def _end_all(pids: Iterable[int]) -> list[int]:
+    """Wait up to :data:`PATIENCE` seconds for each of ``pids`` to end; kill those that
+    do not, and return them (the processes a run left behind)."""
+    left = []
+    deadline = time.monotonic() + PATIENCE
+    for pid in pids:
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _gone(pid):
+            left.append(pid)
+            os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def _records(tmp_path: Path, task: str) -> list[dict[str, object]]:
@@ -134,7 +149,11 @@ def test_a_hung_setup_is_killed_at_the_tasks_timeout_and_ends_the_run(tmp_path: 
     # is what a loaded machine needs to start two workers. Without the bound the run would
     # never end: the subprocess's own timeout fails the test then.
     env = {"MODE": "dist", "SETUP_SECONDS": "inf", "TIMEOUT": "1"}
-    proc = run_script(tmp_path, HANGING, name="hanging.py", env=env, timeout=PATIENCE)
+    try:
+        proc = run_script(tmp_path, HANGING, name="hanging.py", env=env, timeout=PATIENCE)
+    finally:
+        # whatever happened, no hung worker outlives the test
+        left = _end_all(_calls(tmp_path / "records", "setup"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out
     assert not list((tmp_path / "done").iterdir())
@@ -157,8 +176,8 @@ def test_a_hung_setup_is_killed_at_the_tasks_timeout_and_ends_the_run(tmp_path: 
     )
     assert "[setup timed out]" in status.stdout, status.stdout + status.stderr
     assert "2 worker starts failed in the setup; no block ran" in status.stdout, status.stdout
-    # the killed workers are gone: nothing is left behind
-    _wait_for("end of the killed workers", lambda: all(_gone(pid) for pid in setups))
+    # the server killed its workers: none was left for the finally above to kill
+    assert left == [], left
 
 
 def test_serial_mode_does_not_bound_the_setup(tmp_path: Path) -> None:
