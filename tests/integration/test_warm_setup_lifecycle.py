@@ -486,3 +486,29 @@ def test_a_worker_started_by_hand_runs_the_setup(tmp_path: Path, how: str) -> No
         assert "cannot import by name" in first["err"] and "--setup" in first["err"], first
         (rec,) = _records(tmp_path, "ext")
         assert rec["kind"] == "setup failed" and rec["type"] == "ConfigurationError"
+
+
+@pytest.mark.parametrize(
+    ("setup", "says"),
+    [
+        ("os:getpid", "--setup os:getpid cannot go with a worker function"),
+        ("nocolon", "--setup must look like module:attribute"),
+        ("no_such_module:f", "--setup no_such_module:f: no module named 'no_such_module'"),
+    ],
+)
+def test_a_setup_a_worker_started_by_hand_cannot_use_is_a_clean_error(
+    tmp_path: Path, setup: str, says: str
+) -> None:
+    # os:getcwd takes no argument: a worker function, which takes no setup
+    context = "hostname=127.0.0.1:port=9:task_id=t:secret=00"
+    args = ["worker", "--function", "os:getcwd", "--setup", setup, "--context", context]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bellis", *args],
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("bellis worker: ") and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
