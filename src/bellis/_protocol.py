@@ -19,7 +19,10 @@ HELLO       c -> s     mac (bytes), task_id, worker_id (int, -1 unmanaged), pid,
 WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict),
                        [stall_timeout_seconds]   (a task with ``stall_timeout``; else nil
                        when the next field follows),
-                       [[allow_empty, outputs]]  (``verify_outputs``: what to read back);
+                       [[allow_empty, outputs]]  (``verify_outputs``: what to read back;
+                       else nil when the next field follows),
+                       [setup]   (``Task(setup=...)``: ``module:qualname``, or "" when it
+                       cannot be imported by name: for ``bellis worker``);
                        a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
                                                  (the finished blocks)
@@ -424,6 +427,10 @@ class Welcome:
     #: ``Task(verify_outputs=...)``: whether an empty output passes, and the outputs to
     #: read back (``_outputs._readback.wire_outputs``); None: no read-back
     verify: tuple[bool, Any] | None = None
+    #: ``Task(setup=...)``: None, the task has none; else where a worker started by hand
+    #: (``bellis worker``) imports it, ``module:qualname``, or "" when it cannot be
+    #: imported by name (defined in the driver's script, a closure, a partial)
+    setup: str | None = None
 
 
 def encode_welcome(welcome: Welcome) -> bytes:
@@ -435,10 +442,15 @@ def encode_welcome(welcome: Welcome) -> bytes:
         welcome.resource_tracking,
         welcome.geometry,
     ]
-    if welcome.stall_timeout_seconds is not None or welcome.verify is not None:
+    has_setup = welcome.setup is not None
+    if welcome.stall_timeout_seconds is not None or welcome.verify is not None or has_setup:
         msg.append(welcome.stall_timeout_seconds)
     if welcome.verify is not None:
         msg.append([welcome.verify[0], welcome.verify[1]])
+    elif has_setup:
+        msg.append(None)
+    if has_setup:
+        msg.append(welcome.setup)
     return encode(msg)
 
 
@@ -462,7 +474,7 @@ def parse_welcome(msg: list[Any]) -> Welcome:
     if type(geometry) is not dict:
         raise ProtocolError(f"malformed welcome: geometry is {geometry!r}, not a map")
     verify = None
-    if len(msg) > 5:
+    if len(msg) > 5 and msg[5] is not None:
         v = msg[5]
         if type(v) is not list or len(v) != 2:
             raise ProtocolError(
@@ -478,7 +490,14 @@ def parse_welcome(msg: list[Any]) -> Welcome:
         geometry=geometry,
         stall_timeout_seconds=_seconds(msg[4], "stall_timeout_seconds") if len(msg) > 4 else None,
         verify=verify,
+        setup=_setup_reference(msg[6]) if len(msg) > 6 else None,
     )
+
+
+def _setup_reference(value: Any) -> str | None:
+    if value is not None and type(value) is not str:
+        raise ProtocolError(f"malformed welcome: setup is {value!r}, not text or nil")
+    return value
 
 
 def parse_setup_report(msg: list[Any]) -> tuple[float, tuple[str, dict[str, Any] | None] | None]:

@@ -99,8 +99,8 @@ def test_a_malformed_welcome_is_a_protocol_error(msg: list[object], says: str) -
 
 
 def test_a_newer_servers_trailing_field_is_ignored() -> None:
-    msg = [WELCOME, 1.0, True, GEOMETRY, 3.0, [False, []], "a later field"]
-    assert parse_welcome(msg) == Welcome(1.0, True, GEOMETRY, 3.0, (False, []))
+    msg = [WELCOME, 1.0, True, GEOMETRY, 3.0, [False, []], "m:setup", "a later field"]
+    assert parse_welcome(msg) == Welcome(1.0, True, GEOMETRY, 3.0, (False, []), "m:setup")
 
 
 def payload() -> WorkerPayload:

@@ -191,7 +191,7 @@ def format_failed(path: str | Path, *, as_json: bool = False) -> str:
                 (f"{_coord_text(b[0])} id {b[1]}" if b[1] is not None else _coord_text(b[0]))
                 for b in _block_ids(g)
             )
-            if g["kind"] == "setup failed":  # Task(setup=...) raised: no block ran
+            if g["kind"] in ("setup failed", "setup timed out"):  # Task(setup=...): no block ran
                 n = g["count"]
                 out.append(
                     f"    {n} worker start{'s' if n != 1 else ''} failed in the setup; no block ran"

@@ -27,11 +27,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _load_function(spec: str) -> object:
+def _load_function(spec: str, option: str = "--function") -> object:
     if ":" not in spec:
         raise _WorkerUsageError(
-            f"--function must look like module:attribute, e.g. my_module:process_block "
-            f"(got {spec!r})"
+            f"{option} must look like module:attribute, e.g. my_module:process_block (got {spec!r})"
         )
     mod_name, attr = spec.split(":", 1)
     sys.path.insert(0, str(Path.cwd()))
@@ -41,7 +40,7 @@ def _load_function(spec: str) -> object:
         if exc.name is None or not mod_name.startswith(exc.name):
             raise  # the module itself imports something missing: its own traceback
         raise _WorkerUsageError(
-            f"--function {spec}: no module named {exc.name!r} (looked in {Path.cwd()} and "
+            f"{option} {spec}: no module named {exc.name!r} (looked in {Path.cwd()} and "
             "on sys.path); run the worker in the folder that holds it, or set PYTHONPATH"
         ) from None
     for part in attr.split("."):
@@ -49,11 +48,10 @@ def _load_function(spec: str) -> object:
             obj = getattr(obj, part)
         except AttributeError:
             raise _WorkerUsageError(
-                f"--function {spec}: {getattr(obj, '__name__', mod_name)!s} has no "
-                f"attribute {part!r}"
+                f"{option} {spec}: {getattr(obj, '__name__', mod_name)!s} has no attribute {part!r}"
             ) from None
     if not callable(obj):
-        raise _WorkerUsageError(f"--function {spec} is a {type(obj).__name__}, not a function")
+        raise _WorkerUsageError(f"{option} {spec} is a {type(obj).__name__}, not a function")
     return obj
 
 
@@ -119,14 +117,57 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         ctx = _worker_context(args)
         fn = _load_function(args.function)
+        setup = None if args.setup is None else _load_function(args.setup, "--setup")
     except _WorkerUsageError as exc:
         print(f"bellis worker: {exc}", file=sys.stderr)
         return 2
     # a worker function's own Client() reads it from there
     os.environ["BELLIS_CONTEXT"] = ctx.to_env()
-    if function_arity(fn) == 0:  # type: ignore[arg-type]
+    arity = function_arity(fn)  # type: ignore[arg-type]
+    if arity == 0:
+        if setup is not None:
+            print(
+                f"bellis worker: --setup {args.setup} cannot go with a worker function (no "
+                "positional parameters, its own Client() loop): open what it needs at its "
+                "start, or pass a block function fn(block, ctx)",
+                file=sys.stderr,
+            )
+            return 2
         return run_worker_function(fn, ctx)
-    return run_block_function_loop(fn, ctx)
+    # the task's setup runs as in a spawned worker: --setup, or else the task's own,
+    # imported by the name the server gives; fn(block, ctx) gets what it made
+    return run_block_function_loop(
+        fn, ctx, setup, passes_context=arity >= 2, setup_by_name=_task_setup
+    )
+
+
+def _task_setup(ref: str, task_id: str) -> Any:
+    """The setup of task ``task_id`` for this worker started by hand, imported by the name
+    its server's WELCOME gave, ``ref`` (``module:qualname``; "" for one that cannot be
+    imported by name). When it cannot be imported: a setup that raises
+    ``ConfigurationError`` saying why and naming ``--setup``, so that the worker ends as
+    after any setup that raised, reported to its log and the server."""
+    fix = "pass it by hand: bellis worker --function ... --setup module:attribute"
+    if not ref:
+        why = (
+            f"task '{task_id}' has a setup (Task(setup=...)) that a worker started by hand "
+            "cannot import by name: it is defined in the driver's script (__main__), or it "
+            f"is a closure, a lambda or a functools.partial; {fix}"
+        )
+    else:
+        try:
+            return _load_function(ref, f"the setup of task '{task_id}',")
+        except _WorkerUsageError as exc:
+            why = f"{exc}; or {fix}"
+        except Exception as exc:  # its module raised on import
+            why = f"cannot import the setup of task '{task_id}', {ref} ({exc!r}); or {fix}"
+
+    def cannot_import() -> None:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError(why)
+
+    return cannot_import
 
 
 def _take_ctrl_c() -> None:
@@ -370,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         "--function",
         required=True,
         help="block function (or 0-argument worker function) as module:attribute",
+    )
+    w.add_argument(
+        "--setup",
+        help="the task's setup as module:attribute (default: the task's Task(setup=...), "
+        "imported by name); run once before the first block, fn(block, ctx) gets what it made",
     )
     w.add_argument("--context", help="context string (default: $BELLIS_CONTEXT / $DAISY_CONTEXT)")
     w.add_argument("--task-id", help="override the context's task_id")

@@ -26,6 +26,7 @@ __all__ = [
     "KIND_OOM",
     "KIND_RAISED",
     "KIND_SETUP",
+    "KIND_SETUP_TIMEOUT",
     "KIND_STALLED",
     "KIND_STATUS",
     "KIND_TIMEOUT",
@@ -33,6 +34,7 @@ __all__ = [
     "block_coord",
     "setup_record",
     "setup_reported",
+    "setup_timed_out",
     "text_key",
 ]
 
@@ -47,6 +49,8 @@ KIND_LOST: Final = "lost worker"
 KIND_ERROR: Final = "error"
 #: ``Task(setup=...)`` raised in a worker (or in serial mode): a record that names no block
 KIND_SETUP: Final = "setup failed"
+#: a worker's setup outlived the task's ``timeout`` and the server killed the worker
+KIND_SETUP_TIMEOUT: Final = "setup timed out"
 
 
 def _summary_line(text: str) -> str:
@@ -140,11 +144,15 @@ def text_key(
 
 
 def setup_record(
-    peer: Peer | None, run: TaskRun, text: str, details: dict[str, Any] | None
+    peer: Peer | None,
+    run: TaskRun,
+    text: str,
+    details: dict[str, Any] | None,
+    kind: str = KIND_SETUP,
 ) -> dict[str, Any]:
-    """The record of a setup that raised (``Task(setup=...)``, kind :data:`KIND_SETUP`):
-    as a block's, but it names no block (``block`` -1, no coordinate) and its attempt is
-    the worker's start."""
+    """The record of a setup that raised (``Task(setup=...)``, kind :data:`KIND_SETUP`)
+    or outlived the task's timeout (:data:`KIND_SETUP_TIMEOUT`): as a block's, but it
+    names no block (``block`` -1, no coordinate) and its attempt is the worker's start."""
     d = details or {}
     rec: dict[str, Any] = {
         "task": run.task_id,
@@ -152,7 +160,7 @@ def setup_record(
         "coord": [],
         "grid": [],
         "attempt": run.worker_starts,
-        "kind": KIND_SETUP,
+        "kind": kind,
         "type": d.get("type"),
         "message": d.get("message") if d.get("message") is not None else _summary_line(text),
         "where": d.get("where"),
@@ -179,6 +187,7 @@ def setup_reported(peer: Peer, msg: list[Any], now: float, errors: Any) -> None:
     restart budget (``_staffing``). :class:`ProtocolError` for a malformed or late one."""
     if peer.held or peer.parked:
         raise ProtocolError("sent its setup report after it asked for blocks")
+    peer.setup_due = None  # it reported in time: the server's setup deadline is off
     seconds, error = parse_setup_report(msg)
     run = peer.run
     assert run is not None
@@ -195,3 +204,31 @@ def setup_reported(peer: Peer, msg: list[Any], now: float, errors: Any) -> None:
         worker.setup_error = text
     errors.record(setup_record(peer, run, text, details))
     logger.warning("%s", text.splitlines()[0])
+
+
+def setup_timed_out(peer: Peer, now: float, errors: Any) -> str:
+    """``peer``'s worker ran its task's setup past the task's ``timeout`` (no SETUP came):
+    an error record of kind :data:`KIND_SETUP_TIMEOUT` for ``errors``, which names no
+    block, and the text the worker's exit is charged with (the caller kills the worker;
+    its start is then spent, as after a block timeout). Returns that text."""
+    run = peer.run
+    assert run is not None
+    peer.setup_due = None
+    limit = run.spec.timeout_secs
+    text = (
+        f"setup of task '{run.task_id}' timed out in worker {peer.worker_id}: Task(setup=...) "
+        f"ran longer than the task's timeout ({limit:g}s) before any block; the worker was "
+        "killed. Pass Task(timeout=...) to give a slow setup longer, or give what it waits "
+        "on a timeout of its own"
+    )
+    if run.first_worker_error is None:
+        run.first_worker_error = text
+    run.last_worker_error = text
+    worker = peer.worker
+    if worker is not None:
+        worker.setup_error = text
+        worker.timeline.task_setup_done(limit, now)
+    details = {"message": f"timed out after {limit:g}s (Task(timeout={limit:g}))"}
+    errors.record(setup_record(peer, run, text, details, KIND_SETUP_TIMEOUT))
+    logger.warning("%s", text)
+    return text

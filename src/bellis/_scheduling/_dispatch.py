@@ -81,7 +81,14 @@ from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
 from . import _memory, _sharing
 from ._abandon import RESTART_CAP
-from ._attempts import KIND_LOST, attempt_record, block_coord, setup_reported, text_key
+from ._attempts import (
+    KIND_LOST,
+    attempt_record,
+    block_coord,
+    setup_reported,
+    setup_timed_out,
+    text_key,
+)
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
@@ -285,7 +292,12 @@ class Dispatcher:
                 return
             peer.worker = worker
             peer.worker_id = worker_id
+            first = not worker.ever_connected
             self.staff.connected(worker, peer, hello.setup_seconds, now)
+            if first and plan.run.spec.setup is not None:
+                # its setup runs now, under the task's timeout: a hung one is killed
+                peer.setup_due = now + plan.run.spec.timeout_secs
+                self._deadlines.watch(peer, peer.setup_due)
         else:
             self.unmanaged_clients += 1
             plan.timelines.unmanaged_client()
@@ -601,7 +613,17 @@ class Dispatcher:
         watchdog's margin. Only the connections whose entry in the deadline heap fell due
         are looked at: O(expired + log N), whatever the number of connections."""
         for peer in self._deadlines.due(now):
-            if peer.closed or not peer.held:
+            if peer.closed:
+                continue
+            if peer.setup_due is not None:  # its setup has not reported yet
+                if now > peer.setup_due:
+                    text = setup_timed_out(peer, now, self.errors)
+                    self.stop_worker(peer.worker, text, now)
+                    self.close(peer, now)
+                else:
+                    self._deadlines.watch(peer, peer.setup_due)
+                continue
+            if not peer.held:
                 continue
             real = peer.deadline + watchdog_margin_seconds(peer.run)
             if now > real:

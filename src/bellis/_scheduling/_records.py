@@ -36,7 +36,24 @@ __all__ = [
     "TaskMemory",
     "TaskRecord",
     "replacing",
+    "setup_reference",
 ]
+
+
+def setup_reference(setup: Any) -> str:
+    """``module:qualname`` of a setup that a worker started by hand (``bellis worker``)
+    can import by name; "" for one it cannot (defined in the driver's script, which runs
+    as ``__main__``, a closure, a ``functools.partial``, an instance)."""
+    module = getattr(setup, "__module__", None)
+    qualname = getattr(setup, "__qualname__", None)
+    if (
+        not isinstance(module, str)
+        or not isinstance(qualname, str)
+        or module == "__main__"
+        or "<" in qualname  # <locals>, <lambda>
+    ):
+        return ""
+    return f"{module}:{qualname}"
 
 
 class Peer:
@@ -57,6 +74,7 @@ class Peer:
         "run",
         "sent_at",
         "sent_wall",
+        "setup_due",
         "stream",
         "trail",
         "worker",
@@ -82,6 +100,9 @@ class Peer:
         self.deadline = 0.0
         #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
         self.due = float("inf")
+        #: when its worker's setup (``Task(setup=...)``) is to have reported, at the
+        #: latest (its task's ``timeout`` after the WELCOME); None: no setup awaited
+        self.setup_due: float | None = None
         self.opened_at = now
         #: its place in its task's locality order (``_locality``): the blocks it gets
         #: follow on from its last ones
@@ -226,6 +247,8 @@ class TaskRecord:
                     if task.verify_outputs
                     else None
                 ),
+                # where a worker started by hand imports the task's setup from
+                setup=None if task.setup is None else setup_reference(task.setup),
             )
         )
 

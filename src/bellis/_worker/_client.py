@@ -240,7 +240,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         client._stop_requested = True
     if not any(client._in_block for client in clients):
         for client in clients:
-            client.close()
+            client.close()  # the finished blocks go home first; unstarted ones go back
+        for client in clients:
+            # a worker waiting for blocks (or between them) leaves its task on its own:
+            # the task setup's teardown runs, once (``_setup.Warm.leave``), then it exits
+            leave, client.on_leave = client.on_leave, None
+            if leave is not None:
+                leave()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()  # what the teardown printed reaches the log
         os._exit(0)
 
 
@@ -308,6 +317,12 @@ class Client:
         self._watchdog.notify = self._timeout_notice
         self._stop_requested = False
         self._in_block = False
+        #: the task's setup as the WELCOME names it (``module:qualname``; "" when it
+        #: cannot be imported by name; None: the task has none): for ``bellis worker``
+        self.setup_ref: str | None = None
+        #: the teardown of the task's setup entered in this process (``_setup.Warm``),
+        #: which a SIGTERM while no block runs calls before the process exits
+        self.on_leave: Callable[[], Any] | None = None
         #: the task the server moved this worker to (a MOVE: ``_worker._shared``); None:
         #: not moved
         self.moved_to: str | None = None
@@ -382,6 +397,7 @@ class Client:
         welcome = parse_welcome(reply)
         self.timeout_secs = welcome.timeout_seconds
         self.resource_tracking = welcome.resource_tracking
+        self.setup_ref = welcome.setup
         self._watchdog.stall = welcome.stall_timeout_seconds or 0.0
         if welcome.verify is not None:  # verify_outputs: read each block's outputs back
             from .._outputs._readback import ReadBack  # numpy and zarr, on first read only

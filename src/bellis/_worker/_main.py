@@ -46,13 +46,22 @@ def _extend_sys_path(paths: list[str]) -> None:
 
 
 def run_block_function_loop(
-    fn: Any, context: Any = None, setup: Any = None, passes_context: bool = False
+    fn: Any,
+    context: Any = None,
+    setup: Any = None,
+    passes_context: bool = False,
+    *,
+    setup_by_name: Any = None,
 ) -> int:
     """Run ``fn`` on the blocks the server hands out; the exit code.
 
     ``setup`` (``Task(setup=...)``, None: none) runs once, before the first block, and its
-    teardown when the loop ends (``_setup``); a setup that raises ends the worker (code 1).
-    ``passes_context``: ``fn`` is called ``fn(block, ctx)`` with what the setup made.
+    teardown when the loop ends, or when a SIGTERM comes while no block runs (``_setup``);
+    a setup that raises ends the worker (code 1). ``passes_context``: ``fn`` is called
+    ``fn(block, ctx)`` with what the setup made. ``setup_by_name(ref, task_id)``: how a
+    worker started by hand (``bellis worker``) without a setup of its own gets the task's,
+    by the name its server's WELCOME gives (one it cannot import raises when called: the
+    worker then ends as after a setup that raised).
 
     A block that raises an ``Exception`` is a failed attempt and the loop goes on, once the
     function has returned on a block of this worker (``Client.run_block_function``). One
@@ -65,12 +74,16 @@ def run_block_function_loop(
 
     client = Client(context)
     warm = None
+    if setup_by_name is not None and setup is None and client.connected:
+        if client.setup_ref is not None:  # the task has a setup
+            setup = setup_by_name(client.setup_ref, client.task_id)
     if setup is not None and client.connected:
         from ._setup import enter_in_worker, with_context
 
         warm = enter_in_worker(client, setup)
         if warm is None:
             return 1  # the setup raised: reported to the log and the server
+        client.on_leave = warm.leave  # a SIGTERM while it waits for blocks runs it
         if passes_context:
             fn = with_context(fn, warm.ctx)
     try:
@@ -81,6 +94,7 @@ def run_block_function_loop(
         raise
     finally:
         if warm is not None:
+            client.on_leave = None
             warm.leave()
     return 0
 

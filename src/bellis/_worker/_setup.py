@@ -19,17 +19,25 @@ A block function that takes two positional parameters gets the context with ever
 without a setup.
 
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
-at its job's time limit, after its first block raised; not when the process is killed
-(SIGKILL, a block timeout, an out-of-memory end) nor when a SIGTERM ends it while it waits
-for blocks. A teardown that raises is logged (the worker's ``.err`` log; the driver's log in
-serial mode) and changes no block's outcome. ``__exit__`` always gets ``(None, None,
-None)``: a block's exception is the block's, and no teardown may swallow it.
+at its job's time limit, after its first block raised, on a SIGTERM (while it waits for
+blocks the SIGTERM handler of ``_client`` calls ``Client.on_leave``; in a block, the loop
+ends after the block); not when the process is killed (SIGKILL, a block timeout, a setup
+past the task's timeout, an out-of-memory end). A teardown that raises is logged (the
+worker's ``.err`` log; the driver's log in serial mode) and changes no block's outcome.
+``__exit__`` always gets ``(None, None, None)``: a block's exception is the block's, and
+no teardown may swallow it.
 
 A setup that raises ends the worker before it took a block: its traceback goes to the log
 and, in a SETUP message (``bellis._protocol``), to the server, which writes an error record
 of kind ``setup failed`` (no block) and charges the worker's exit to the task's restart
 budget. The SETUP message also carries how long a setup that succeeded took, which the
-report's worker phases show as ``task setup``.
+report's worker phases show as ``task setup``. A SETUP that does not come within the
+task's ``timeout`` of the WELCOME gets the worker killed by the server (an error record of
+kind ``setup timed out``: ``_scheduling._attempts.setup_timed_out``).
+
+A worker started by hand (``bellis worker``) runs ``--setup``, or else the task's own
+setup, imported by the name its WELCOME gives (``bellis._cli._main``, which imports the
+user's modules by name).
 """
 
 from __future__ import annotations
@@ -40,7 +48,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Warm", "enter", "enter_in_worker", "setup_failure_text", "with_context"]
+__all__ = [
+    "Warm",
+    "enter",
+    "enter_in_worker",
+    "setup_failure_text",
+    "with_context",
+]
 
 logger = logging.getLogger("bellis")
 
