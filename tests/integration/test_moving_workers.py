@@ -149,7 +149,8 @@ tasks = [
     bellis.Task(
         name, Roi((0,), (SIZES[name],)), Roi((0,), (1,)), Roi((0,), (1,)),
         process_function=make(name), setup=make_setup(name), read_write_conflict=False,
-        max_workers=2, requires={"cpu": 1}, max_worker_restarts=0,
+        max_workers=int(os.environ.get("MAXW", "2")), requires={"cpu": 1},
+        max_worker_restarts=0,
         tracking_path=os.path.join(HERE, "track_" + name),
     )
     for name in ("a", "b")
@@ -204,8 +205,8 @@ def test_a_setup_that_raises_on_the_task_a_worker_moved_to_is_that_tasks_failure
     tmp_path: Path,
 ) -> None:
     # one worker: a (4 blocks, more than b's 2) gets it first; then it moves to b, whose
-    # setup raises; b may not restart a worker (max_worker_restarts=0)
-    env = {"CPUS": "1", "FAIL": "b", "B_BLOCKS": "2"}
+    # setup raises; b may have one worker and not restart it (max_worker_restarts=0)
+    env = {"CPUS": "1", "FAIL": "b", "B_BLOCKS": "2", "MAXW": "1"}
     proc = run_script(tmp_path, SETUPS, name="setups.py", env=env, timeout=300)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._sizes import format_bytes
 from ..errors import TrackingError
 from ._codever import MAX_CODE_INDEX, version_counts
 from ._disk import data_ranges
@@ -408,7 +409,7 @@ def _cache_line(c: dict[str, int]) -> str:
     per = c["misses"] / c["blocks"] if c["blocks"] else 0.0
     return (
         f"  input cache {rate}: {c['hits']} hits, {c['misses']} decodes ({per:.2f} per "
-        f"block, over {c['blocks']} done blocks), {c['miss_bytes'] / 2**20:.1f} MiB decoded, "
+        f"block, over {c['blocks']} done blocks), {format_bytes(c['miss_bytes'])} decoded, "
         f"{c['bypassed']} reads bypassed"
     )
 
