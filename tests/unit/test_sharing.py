@@ -245,9 +245,11 @@ def test_a_shared_worker_keeps_a_bounded_number_of_functions() -> None:
     )
     cache = FunctionCache("a", TaskCode(_double, None, False, (), None), shared, limit=2)
     assert cache.get("b").fn(5) == 15 and cache.loaded == ["a", "b"] and cache.loads == 1
-    assert cache.get("c").fn(5) == 10 and cache.loaded == ["b", "c"]  # a dropped
-    assert cache.get("b") is cache.get("b") and cache.loads == 2  # kept: not loaded again
-    assert cache.loaded == ["c", "b"]
+    # b dropped, not a: the worker's own task (from its payload, unpickled) is always kept
+    assert cache.get("c").fn(5) == 10 and cache.loaded == ["a", "c"]
+    assert cache.get("a").fn(5) == 10 and cache.loads == 2
+    assert cache.get("b") is cache.get("b") and cache.loads == 3  # kept: not loaded again
+    assert cache.loaded == ["a", "b"]
 
 
 def test_a_new_worker_goes_to_the_task_most_in_need() -> None:

@@ -175,9 +175,10 @@ def main() -> int:
         install_for_task(payload.inputs, payload.input_cache_bytes)
     if payload.arity:
         if payload.shared:  # a worker the server may move to other tasks of the run
-            from ._shared import run_shared_loop
+            from ._shared import TaskCode, run_shared_loop
 
-            return run_shared_loop(fn, setup, payload.arity, payload.shared, _failure_code)
+            own = TaskCode(fn, setup, payload.arity == 2, payload.inputs, payload.input_cache_bytes)
+            return run_shared_loop(own, payload.shared, _failure_code)
         return run_block_function_loop(fn, setup=setup, passes_context=payload.arity == 2)
     try:
         return run_worker_function(fn)

@@ -65,7 +65,9 @@ class TaskCode(NamedTuple):
 
 class FunctionCache:
     """The block functions (with their setups) a shared worker may run, by task: loaded
-    on first use, at most ``limit`` at once (least recently used dropped first)."""
+    on first use, at most ``limit`` at once. The worker's own task's code (``task_id``,
+    ``code``: from its payload, unpickled already, with no pickle to load it again from)
+    is always kept; of the others, the least recently used is dropped first."""
 
     def __init__(
         self,
@@ -75,13 +77,16 @@ class FunctionCache:
         limit: int = MAX_LOADED_FUNCTIONS,
     ) -> None:
         self._pickles = {s.task_id: s for s in shared}
-        self._loaded: OrderedDict[str, TaskCode] = OrderedDict({task_id: code})
-        self._limit = max(1, limit)
+        self._own = (task_id, code)
+        self._loaded: OrderedDict[str, TaskCode] = OrderedDict()
+        self._limit = max(1, limit - 1)
         #: how many times a function was unpickled (the first task's is not counted)
         self.loads = 0
 
     def get(self, task_id: str) -> TaskCode:
         """The code of ``task_id``; KeyError when this worker has none for it."""
+        if task_id == self._own[0]:
+            return self._own[1]
         code = self._loaded.get(task_id)
         if code is not None:
             self._loaded.move_to_end(task_id)
@@ -105,8 +110,9 @@ class FunctionCache:
 
     @property
     def loaded(self) -> list[str]:
-        """The tasks whose function is loaded now, least recently used first."""
-        return list(self._loaded)
+        """The tasks whose function is loaded now: the worker's own task, then the others,
+        least recently used first."""
+        return [self._own[0], *self._loaded]
 
 
 def leave_task(warm: Warm | None) -> None:
@@ -128,22 +134,20 @@ def _announce(worker_id: str, left: str, joined: str) -> None:
 
 
 def run_shared_loop(
-    fn: Any,
-    setup: Any,
-    arity: int,
+    own: TaskCode,
     shared: tuple[SharedFunction, ...],
     failure_code: Callable[[BaseException], int],
 ) -> int:
-    """Run ``fn`` on its task's blocks (after ``setup``, if any; ``arity`` 2:
-    ``fn(block, ctx)``), and the other tasks' code of ``shared`` on theirs whenever the
-    server moves this worker; the exit code (as ``_main.run_block_function_loop``'s)."""
+    """Run the worker's own task's code ``own`` on its blocks (after its setup, if any),
+    and the other tasks' code of ``shared`` on theirs whenever the server moves this
+    worker; the exit code (as ``_main.run_block_function_loop``'s). ``own``'s inputs are
+    installed already (``_main``)."""
     from ._client import Client, Context
 
     context = Context.from_env()
     task_id = context["task_id"]
-    # the first task's inputs were installed by _main already
-    functions = FunctionCache(task_id, TaskCode(fn, setup, arity == 2, (), None), shared)
-    code = functions.get(task_id)
+    functions = FunctionCache(task_id, own, shared)
+    code = own
     while True:
         client = Client(context)
         run = code.fn
