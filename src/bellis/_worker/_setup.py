@@ -19,7 +19,8 @@ A block function that takes two positional parameters gets the context with ever
 without a setup.
 
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
-at its job's time limit, after its first block raised; not when the process is killed
+at its job's time limit, after its first block raised, moved to another task of the run
+(``_shared``: before that task's setup); not when the process is killed
 (SIGKILL, a block timeout, an out-of-memory end) nor when a SIGTERM ends it while it waits
 for blocks. A teardown that raises is logged (the worker's ``.err`` log; the driver's log in
 serial mode) and changes no block's outcome. ``__exit__`` always gets ``(None, None,
