@@ -111,6 +111,11 @@ class BlockStore(Protocol):
 
     def grants(self) -> NDArray[Any] | None: ...
 
+    def cache_counts(self) -> Mapping[str, NDArray[Any]] | None:
+        """The ``cache_*`` arrays by name (per-block chunk-cache counts of a task with
+        declared inputs), or None for a store that never recorded one."""
+        ...
+
     # -- writing -------------------------------------------------------------------------
     def hot_writer(self) -> HotWriter | None:
         """The fast path (see the module docstring); None for a store that cannot give it."""
@@ -143,6 +148,11 @@ class BlockStore(Protocol):
     def record_grant(self, cell: int, megabytes: int) -> None: ...
 
     def record_checksum(self, cell: int, checksum: int) -> None: ...
+
+    def record_cache(self, cell: int, counts: Sequence[int]) -> None:
+        """Record what the worker's chunk cache did for ``cell`` (``_protocol.CACHE_COUNTS``
+        order; the ``cache_*`` arrays, created by the first record)."""
+        ...
 
     def clear_done(self, cells: Sequence[int] | NDArray[np.intp]) -> int:
         """Clear the done markers of ``cells``; returns how many were done."""

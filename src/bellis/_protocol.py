@@ -24,11 +24,11 @@ WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict
                        [setup]   (``Task(setup=...)``: ``module:qualname``, or "" when it
                        cannot be imported by name: for ``bellis worker``);
                        a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
-ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}]
                                                  (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": counts}]
+BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}]
                                                  (final release)
 REJECT      s -> c     reason (str)
 MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
@@ -47,9 +47,10 @@ instead of eight Python numbers per block. ``busy_seconds`` (a float, version 4;
 only with returned blocks) is how long the worker spent on them, from the SEND to this
 message: the server sizes the next batch from it (``_scheduling._batching``), not from the round
 trip, which also counts the wait behind the server's other connections. The last field,
-a map ``{"cache": [hits, misses, miss_bytes, bypassed]}`` (optional; a worker whose task
-declares inputs), is what the worker's decoded-chunk cache did since its last message
-(:func:`parse_cache_counts`).
+a map ``{"cache": [hits, misses, miss_bytes, bypassed], "blocks": [k, hits, misses,
+miss_bytes, bypassed, ...]}`` (optional; a worker whose task declares inputs), is what
+the worker's decoded-chunk cache did since its last message: per returned block (its
+reads, from its start to its end), and outside blocks (:func:`parse_cache_counts`).
 
 A successful block of a task with ``verify_outputs`` carries its outputs' checksum in the
 ``error`` field (an int; ``bellis._outputs._readback``), so it travels home with the
@@ -575,7 +576,7 @@ class WorkerPayload:
             fields += [
                 [list(i) for i in self.inputs],
                 -1 if self.input_cache_bytes is None else self.input_cache_bytes,
-                [[f.task_id, f.function, [list(o) for o in f.code_origins]] for f in self.shared],
+                [_shared_wire(f) for f in self.shared],
             ]
         packed: bytes = _packb(fields)
         return packed
@@ -620,12 +621,12 @@ class WorkerPayload:
         for entry in shared_wire if type(shared_wire) is list else [None]:
             if (
                 type(entry) is not list
-                or len(entry) != 3
+                or len(entry) not in (3, 7)
                 or type(entry[0]) is not str
                 or type(entry[1]) is not bytes
             ):
                 raise ProtocolError("bellis worker: malformed shared function in the payload")
-            shared.append(SharedFunction(entry[0], entry[1], _origins(entry[2])))
+            shared.append(_shared_entry(entry))
         return cls(
             function=function,
             arity=arity,
@@ -646,11 +647,60 @@ def _origins(origins: Any) -> tuple[tuple[str, int, str], ...]:
 class SharedFunction(NamedTuple):
     """Another task's block function in a shared worker's payload
     (:attr:`WorkerPayload.shared`): its task, the cloudpickled function and its code
-    origins."""
+    origins, and what the worker sets up when it moves there: the task's setup
+    (cloudpickled; None: none), its arity (2: ``fn(block, ctx)``), its declared inputs
+    and their cache bound (as :class:`WorkerPayload`'s fields of the same names)."""
 
     task_id: str
     function: bytes
     code_origins: tuple[tuple[str, int, str], ...] = ()
+    setup: bytes | None = None
+    arity: int = 1
+    inputs: tuple[tuple[str, str, bool], ...] = ()
+    input_cache_bytes: int | None = None
+
+
+def _shared_wire(f: SharedFunction) -> list[Any]:
+    """A :class:`SharedFunction` as the payload's list: 3 fields when it has nothing but
+    its function (as before setups and inputs moved with a worker), else 7."""
+    base: list[Any] = [f.task_id, f.function, [list(o) for o in f.code_origins]]
+    if f.setup is None and f.arity == 1 and not f.inputs and f.input_cache_bytes is None:
+        return base
+    cache_bytes = -1 if f.input_cache_bytes is None else f.input_cache_bytes
+    return [*base, f.setup, f.arity, [list(i) for i in f.inputs], cache_bytes]
+
+
+def _shared_entry(entry: list[Any]) -> SharedFunction:
+    """The :class:`SharedFunction` of a checked-length payload list; ProtocolError for
+    malformed fields."""
+    if len(entry) == 3:
+        return SharedFunction(entry[0], entry[1], _origins(entry[2]))
+    setup, arity, inputs, cache_bytes = entry[3:]
+    if (
+        not (setup is None or type(setup) is bytes)
+        or arity not in (1, 2)
+        or type(cache_bytes) is not int
+        or cache_bytes < -1
+        or type(inputs) is not list
+        or not all(
+            type(i) is list
+            and len(i) == 3
+            and type(i[0]) is str
+            and type(i[1]) is str
+            and type(i[2]) is bool
+            for i in inputs
+        )
+    ):
+        raise ProtocolError("bellis worker: malformed shared function in the payload")
+    return SharedFunction(
+        entry[0],
+        entry[1],
+        _origins(entry[2]),
+        setup,
+        arity,
+        tuple((st, pth, c) for st, pth, c in inputs),
+        None if cache_bytes == -1 else cache_bytes,
+    )
 
 
 def payload_frame(payload: bytes) -> bytes:
@@ -733,17 +783,25 @@ def error_parts(error: Any) -> tuple[str | None, dict[str, Any] | None]:
 CACHE_COUNTS: Final = ("hits", "misses", "miss_bytes", "bypassed")
 
 
-def parse_cache_counts(value: Any) -> list[int]:
-    """The trailing ``{"cache": [...]}`` of an ACQUIRE or BYE: :data:`CACHE_COUNTS`, each a
-    count; :class:`ProtocolError` for anything else."""
-    counts = value.get("cache") if type(value) is dict and len(value) == 1 else None
+def parse_cache_counts(value: Any) -> tuple[list[int], list[int]]:
+    """The trailing ``{"cache": [...], "blocks": [...]}`` of an ACQUIRE or BYE: what the
+    cache did outside blocks (:data:`CACHE_COUNTS`, each a count), and per block, a flat
+    list of ``k`` and its :data:`CACHE_COUNTS` for each block that read through the cache
+    (``"blocks"`` optional); :class:`ProtocolError` for anything else."""
+    counts = value.get("cache") if type(value) is dict and 1 <= len(value) <= 2 else None
+    blocks = value.get("blocks", []) if counts is not None else None
+    width = len(CACHE_COUNTS) + 1
     if (
         type(counts) is not list
         or len(counts) != len(CACHE_COUNTS)
         or not all(type(c) is int and 0 <= c < _U64 for c in counts)
+        or (len(value) == 2 and "blocks" not in value)
+        or type(blocks) is not list
+        or len(blocks) % width
+        or not all(type(c) is int and 0 <= c < _U64 for c in blocks)
     ):
         raise ProtocolError(f"malformed cache counts {value!r}")
-    return counts
+    return counts, blocks
 
 
 def parse_returns(

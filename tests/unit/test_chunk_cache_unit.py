@@ -225,6 +225,9 @@ def test_the_cache_reports_what_it_did_since_it_last_said() -> None:
     assert cache.take_counts() == [0, 1, 10, 0]
 
 
+OK = 2  # BlockStatus.SUCCESS
+
+
 def _returned_with_cache(*last: Any) -> tuple[Any, Any, list[Any]]:
     from kit.dispatch import OK, Script, send_of, task
 
@@ -244,9 +247,40 @@ def test_the_dispatcher_adds_up_the_workers_cache_counts() -> None:
     assert sc.run().input_cache == [6, 2, 4096, 1]
 
 
+def test_the_dispatcher_adds_up_each_returned_blocks_cache_counts() -> None:
+    from kit.dispatch import send_of
+
+    sc, peer, out = _returned_with_cache({"cache": [0, 0, 0, 0], "blocks": []})
+    ks = send_of(out, peer)
+    # per block (k, hits, misses, miss_bytes, bypassed), and outside blocks
+    groups = [f for k in ks for f in (k, OK, -1, None)]
+    per_block = [f for k in ks for f in (k, 3, 2, 64, 0)]
+    counts = {"cache": [1, 0, 0, 0], "blocks": per_block}
+    sc.dispatcher.receive(peer, [ACQUIRE, *groups, 0.001, counts], sc.now)
+    n = len(ks)
+    assert sc.run().completed == 1 + n
+    assert sc.run().input_cache == [1 + 3 * n, 2 * n, 64 * n, 0]
+    # a block this connection does not hold is no block of its: its counts are dropped
+    ks2 = send_of(sc.take(), peer)
+    groups = [f for k in ks2 for f in (k, OK, -1, None)]
+    stray = {"cache": [0, 0, 0, 0], "blocks": [ks2[0], 1, 1, 1, 1, 10_000, 5, 5, 5, 5]}
+    sc.dispatcher.receive(peer, [ACQUIRE, *groups, 0.001, stray], sc.now)
+    assert sc.run().completed == 1 + n + len(ks2)
+    assert sc.run().input_cache == [2 + 3 * n, 1 + 2 * n, 64 * n + 1, 1]
+
+
 @pytest.mark.parametrize(
     "field",
-    [{"cache": [1, 2, 3]}, {"cache": [1, 2, 3, -1]}, {"cache": "x"}, {"cache": [], "x": 1}],
+    [
+        {"cache": [1, 2, 3]},
+        {"cache": [1, 2, 3, -1]},
+        {"cache": "x"},
+        {"cache": [], "x": 1},
+        {"cache": [0, 0, 0, 0], "x": []},
+        {"cache": [0, 0, 0, 0], "blocks": [0, 1, 2, 3]},
+        {"cache": [0, 0, 0, 0], "blocks": [0, 1, 2, 3, -4]},
+        {"cache": [0, 0, 0, 0], "blocks": "x"},
+    ],
 )
 def test_malformed_cache_counts_drop_the_client(field: Any) -> None:
     from kit.dispatch import closed
@@ -281,6 +315,42 @@ def test_an_input_is_recognised_however_the_block_function_opens_it(tmp_path: Pa
         np.testing.assert_array_equal(by_group[3:17, 5:], data[3:17, 5:])
         np.testing.assert_array_equal(by_path[3:17, 5:], data[3:17, 5:])
         assert inst.cache.misses == 4 and inst.cache.hits == 4  # the second read: all hits
+    finally:
+        inst.remove()
+    assert active() is None
+
+
+def test_a_second_install_retargets_the_one_cache(tmp_path: Path) -> None:
+    """A shared worker that moves installs the new task's inputs: the same cache and
+    chunks, the new inputs and bound; a task without inputs: nothing served or held."""
+    from bellis._worker._chunkcache import install
+
+    group = zarr.open_group(tmp_path / "vol.zarr", mode="w")
+    data = np.arange(400, dtype=np.uint8).reshape(20, 20)
+    for name in ("a", "b"):
+        group.create_array(name, shape=(20, 20), chunks=(10, 10), dtype="uint8")[...] = data
+    a = zarr.open_array(tmp_path / "vol.zarr" / "a", mode="r")
+    b = zarr.open_array(tmp_path / "vol.zarr" / "b", mode="r")
+    spec = {n: _task(inputs=[str(tmp_path / "vol.zarr" / n)]).inputs[0] for n in "ab"}
+    inst = install(wire_inputs([spec["a"]], ()), 1 << 20)
+    assert inst is not None
+    try:
+        np.testing.assert_array_equal(a[:, :], data)
+        np.testing.assert_array_equal(b[:, :], data)  # not a's task's input: not cached
+        assert (inst.cache.hits, inst.cache.misses, len(inst.cache)) == (0, 4, 4)
+        again = install(wire_inputs([spec["a"], spec["b"]], ()), 500)
+        assert again is inst and active() is inst  # one cache per process
+        assert inst.cache.bound_bytes == 500 and len(inst.cache) == 4  # a's chunks kept
+        np.testing.assert_array_equal(a[:10, :10], data[:10, :10])  # still served
+        np.testing.assert_array_equal(b[:10, :10], data[:10, :10])  # b is an input now
+        assert (inst.cache.hits, inst.cache.misses, len(inst.cache)) == (1, 5, 5)
+        install(wire_inputs([spec["b"]], ()), 300)  # a smaller bound: the oldest go
+        assert len(inst.cache) == 3 and inst.cache.bytes == 300
+        assert install([], 1 << 20) is inst
+        assert inst.inputs == {} and len(inst.cache) == 0 and inst.cache.bytes == 0
+        hits, misses = inst.cache.hits, inst.cache.misses
+        np.testing.assert_array_equal(a[:, :], data)  # served by zarr: no input any more
+        assert (inst.cache.hits, inst.cache.misses) == (hits, misses)
     finally:
         inst.remove()
     assert active() is None

@@ -12,7 +12,7 @@ from bellis._report._panel import worker_rows
 from bellis._scheduling._dispatch import SEND_FRAME
 from bellis._scheduling._records import Peer
 from bellis._scheduling._sharing import share_groups
-from bellis._worker._shared import FunctionCache
+from bellis._worker._shared import FunctionCache, TaskCode
 from kit.dispatch import OK, Script, task
 
 
@@ -153,7 +153,7 @@ def test_which_tasks_share_workers() -> None:
         task("g", requires={"cpu": 1, "gpu": 1}),  # GPUs are booked per task
         task("h", requires={"cpu": 1}),  # a batch launcher
         task("i", requires={"cpu": 1}),  # a batch launcher
-        task("j", requires={"cpu": 1}, setup=_no_context),  # a per-worker setup
+        task("j", requires={"cpu": 1}, setup=_no_context),  # a setup: shares (#37)
     ]
     sc = Script(daisy.Pipeline(tasks), resources={"cpu": 8, "gpu": 1})
     batch = _Local(is_local=False)
@@ -162,11 +162,11 @@ def test_which_tasks_share_workers() -> None:
         sc.plans.values(), launchers, {t.task_id: 0 if t.task_id == "e" else 1 for t in tasks}
     )
     assert {tid: [p.run.task_id for p in ps] for tid, ps in groups.items()} == {
-        "a": ["b"],
-        "b": ["a"],
+        "a": ["b", "j"],
+        "b": ["a", "j"],
+        "j": ["a", "b"],  # its setup and teardown move with the worker (_worker._shared)
     }
     assert sc.plans["e"].shares_with == [] and sc.plans["h"].shares_with == []
-    assert sc.plans["j"].shares_with == []  # its setup and teardown stay with its workers
 
 
 def test_a_killed_moved_worker_is_charged_to_the_task_it_served() -> None:
@@ -216,6 +216,20 @@ def test_a_payload_carries_the_other_tasks_functions() -> None:
         WorkerPayload(own.function, 1, (), {}, (), shared=shared).to_bytes()
     )
     assert back.shared == shared
+    # a task with a setup, fn(block, ctx) and declared inputs: all of it travels
+    warm = (
+        SharedFunction(
+            "c", pickle.dumps(_triple), (), pickle.dumps(_no_context), 2, (("/s", "raw", True),), 7
+        ),
+    )
+    back = WorkerPayload.from_bytes(
+        WorkerPayload(own.function, 1, (), {}, (), shared=shared + warm).to_bytes()
+    )
+    assert back.shared == shared + warm
+    entry = ["c", own.function, [], None, 0, [], -1]  # arity 0: no block function
+    bad_arity = msgpack.packb([PAYLOAD_FORMAT, own.function, 1, [], {}, [], None, [], -1, [entry]])
+    with pytest.raises(ProtocolError, match="shared function"):
+        WorkerPayload.from_bytes(bad_arity)
     bad = msgpack.packb(
         [PAYLOAD_FORMAT, own.function, 1, [], {}, [], None, [], -1, [["b", "not bytes", []]]]
     )
@@ -229,11 +243,13 @@ def test_a_shared_worker_keeps_a_bounded_number_of_functions() -> None:
     shared = tuple(
         SharedFunction(tid, pickle.dumps(fn)) for tid, fn in (("b", _triple), ("c", _double))
     )
-    cache = FunctionCache("a", _double, shared, limit=2)
-    assert cache.get("b")(5) == 15 and cache.loaded == ["a", "b"] and cache.loads == 1
-    assert cache.get("c")(5) == 10 and cache.loaded == ["b", "c"]  # a dropped: least recent
-    assert cache.get("b") is cache.get("b") and cache.loads == 2  # kept: not loaded again
-    assert cache.loaded == ["c", "b"]
+    cache = FunctionCache("a", TaskCode(_double, None, False, (), None), shared, limit=2)
+    assert cache.get("b").fn(5) == 15 and cache.loaded == ["a", "b"] and cache.loads == 1
+    # b dropped, not a: the worker's own task (from its payload, unpickled) is always kept
+    assert cache.get("c").fn(5) == 10 and cache.loaded == ["a", "c"]
+    assert cache.get("a").fn(5) == 10 and cache.loads == 2
+    assert cache.get("b") is cache.get("b") and cache.loads == 3  # kept: not loaded again
+    assert cache.loaded == ["a", "b"]
 
 
 def test_a_new_worker_goes_to_the_task_most_in_need() -> None:

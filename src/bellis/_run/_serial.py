@@ -301,10 +301,8 @@ def _run_all(
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
                     if cache is not None:  # what the input cache did for this block
                         counts = cache.cache.take_counts()
-                        if counts is not None:
-                            run.input_cache = [
-                                a + b for a, b in zip(run.input_cache, counts, strict=True)
-                            ]
+                        if counts is not None:  # to the task's totals and the store
+                            run.record_cache([k], [k, *counts])
                     # a measurement the block function attached itself wins
                     stats: Any = measured
                     attached = block.stats

@@ -1,6 +1,6 @@
 """Workers shared between a run's tasks: the tasks each task's workers may move to
-(``_scheduling._sharing`` decides which and when) and the payloads that let them, built
-once at run start."""
+(``_scheduling._sharing`` decides which and when) and the payloads that let them (each
+task's function, setup and declared inputs), built once at run start."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def share_workers(
     arities = {tid: p.arity for tid, p in decoded.items()}
     groups = share_groups(plans.values(), launchers, arities)
     for tid, others in groups.items():
-        shared = tuple(
-            SharedFunction(
-                o.run.task_id,
-                decoded[o.run.task_id].function,
-                decoded[o.run.task_id].code_origins,
-            )
-            for o in others
-        )
+        shared = tuple(_shared_function(o.run.task_id, decoded[o.run.task_id]) for o in others)
         plans[tid].payload = dataclasses.replace(decoded[tid], shared=shared).to_bytes()
+
+
+def _shared_function(task_id: str, p: WorkerPayload) -> SharedFunction:
+    """What a worker that moves to ``task_id`` needs of its payload ``p``: its function,
+    setup and declared inputs."""
+    return SharedFunction(
+        task_id, p.function, p.code_origins, p.setup, p.arity, p.inputs, p.input_cache_bytes
+    )

@@ -342,8 +342,10 @@ class Dispatcher:
         run = peer.run
         assert run is not None
         if n and type(msg[n]) is dict and "cache" in msg[n]:  # what its input cache did
-            counts = parse_cache_counts(msg[n])
+            counts, per_block = parse_cache_counts(msg[n])
             run.input_cache = [a + b for a, b in zip(run.input_cache, counts, strict=True)]
+            if per_block:  # per block, stored before the blocks below are marked done
+                run.record_cache(peer.held, per_block)
             n -= 1
         # the blocks, then the measurement rows (bytes), then the busy time (a float)
         busy = busy_seconds(msg[n]) if n and type(msg[n]) is float else None

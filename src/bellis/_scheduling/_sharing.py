@@ -10,7 +10,9 @@ answered ``MOVE task_id`` (``_protocol``), reconnects as the same worker of that
 runs that task's block function (``_worker._shared``), with no process started.
 
 * **Who may move where** (:func:`share_groups`): tasks whose workers are interchangeable.
-  Both have a block function (a spawn function runs its own loop: never shared), the same
+  Both have a block function (a spawn function runs its own loop: never shared; a
+  ``Task(setup=...)`` does not stop a task sharing: the worker tears the old task's setup
+  down and runs the new task's on each move, ``_worker._shared``), the same
   launcher object and one that starts local processes (a batch job is submitted, named
   and accounted per task), the same ``requires`` without GPUs (a GPU is booked per task
   and log slot), and neither has a memory ladder (``memory_limit``), straggler backups
@@ -63,16 +65,13 @@ def _shareable(plan: TaskRecord, launcher: SharingLauncher | None, arity: int) -
     spec = plan.run.spec
     return (
         plan.payload is not None
-        and arity == 1
+        and arity in (1, 2)
         and launcher is not None
         and launcher.is_local
         and "gpu" not in spec.budget
         and plan.memory is None
         and plan.gate is None
         and spec.backup_after is None
-        # a per-worker setup runs once per process and tears down when it ends: such a
-        # task keeps its workers (docs/warm_workers.md)
-        and spec.setup is None
     )
 
 
@@ -83,7 +82,8 @@ def share_groups(
 ) -> dict[str, list[TaskRecord]]:
     """Set each plan's ``shares_with`` (the other tasks its workers may move to, in
     pipeline order) and return them by task id. ``launchers``: each task's launcher;
-    ``arities``: 1 for a block function, 0 for a spawn function."""
+    ``arities``: 1 for a block function, 2 for one called ``fn(block, ctx)`` (a setup's
+    context), 0 for a spawn function."""
     groups: dict[tuple[Any, ...], list[TaskRecord]] = {}
     for plan in plans:
         tid = plan.run.task_id

@@ -299,6 +299,27 @@ class TaskRun:
                 sent_at, returned_at = sent_at[inside], returned_at[inside]
         store.record_measured(cells, table, worker_id, sent_at, returned_at)
 
+    def record_cache(self, held: list[int], per_block: list[int]) -> None:
+        """Add what the worker's chunk cache did for each returned block to the task's
+        totals (:attr:`input_cache`) and store it with the block (``cache_*`` arrays):
+        ``per_block`` is the flat ``k, hits, misses, miss_bytes, bypassed, ...`` of a
+        worker's message; blocks its connection does not hold (``held``) are ignored,
+        as are blocks outside the tracking grid."""
+        totals = self.input_cache
+        store = self.store
+        mine = set(held)
+        for i in range(0, len(per_block), 5):
+            k = per_block[i]
+            if k not in mine:
+                continue
+            counts = per_block[i + 1 : i + 5]
+            for j in range(4):
+                totals[j] += counts[j]
+            if store is not None and self.status == RUNNING:
+                cell = self.cell_of(k)
+                if cell >= 0:
+                    store.record_cache(cell, counts)
+
     def store_view(
         self, arr: np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, Any], tuple[slice, ...]]:

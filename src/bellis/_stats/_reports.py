@@ -37,6 +37,7 @@ from .._block import NO_WORKER, STATS_ARRAYS, BlockStats
 from .._fingerprint import version_counts
 from .._tracking import is_store, open_readonly
 from .._tracking._codever import code_counts
+from .._tracking._layout import CACHE_ARRAYS
 from ..logging import get_log_basedir, task_log_dirname
 from ._aggregates import (
     Stat,
@@ -292,6 +293,9 @@ class BlockRecord:
     #: its failed attempts in the report's run, from ``errors.jsonl``, oldest first
     #: (:class:`~bellis._stats._errorlog.ErrorRecord`)
     attempts: tuple[ErrorRecord, ...] = ()
+    #: what its worker's decoded-chunk cache did for it (a task with declared inputs:
+    #: ``{"hits", "misses", "miss_bytes", "bypassed"}``); None: not recorded
+    cache: dict[str, int] | None = None
 
 
 class _StoreArrays:
@@ -312,6 +316,9 @@ class _StoreArrays:
         grants = store.grants()
         if grants is not None:
             self.flat["memory_grant_mb"] = grants.reshape(-1)
+        cache = store.cache_counts()
+        #: the per-block cache counts, in CACHE_ARRAYS order (None: none recorded)
+        self.cache = None if cache is None else [cache[n].reshape(-1) for n in CACHE_ARRAYS]
 
     def _flat_index(self, coord: int | Sequence[int]) -> int:
         size = int(np.prod(self.shape))
@@ -337,8 +344,14 @@ class _StoreArrays:
         else:
             measured = False
         grant = int(f["memory_grant_mb"][k]) << 20 if "memory_grant_mb" in f else 0
+        cache = None
+        if self.cache is not None:
+            cache = {
+                n.removeprefix("cache_"): int(a[k])
+                for n, a in zip(CACHE_ARRAYS, self.cache, strict=True)
+            }
         if not measured:
-            return BlockRecord(None, None, None, None, coord, grant or None)
+            return BlockRecord(None, None, None, None, coord, grant or None, (), cache)
         defaults = BlockStats().to_tuple()
         values: list[Any] = [
             f[name][k].item() if name in f else defaults[i] for i, name in enumerate(STATS_ARRAYS)
@@ -347,7 +360,14 @@ class _StoreArrays:
         sent = float(f["sent_at"][k]) if "sent_at" in f else None
         ret = float(f["returned_at"][k]) if "returned_at" in f else None
         return BlockRecord(
-            BlockStats(*values), None if wid == NO_WORKER else wid, sent, ret, coord, grant or None
+            BlockStats(*values),
+            None if wid == NO_WORKER else wid,
+            sent,
+            ret,
+            coord,
+            grant or None,
+            (),
+            cache,
         )
 
     def record(self, coord: int | Sequence[int]) -> BlockRecord | None:

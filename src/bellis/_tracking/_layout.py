@@ -32,6 +32,7 @@ from ..errors import ConfigurationError, LayoutMismatch, TrackingError
 __all__ = [
     "ARRAY_DTYPES",
     "BASE_ARRAYS",
+    "CACHE_ARRAYS",
     "CHECKSUM_ARRAY",
     "GRANT_ARRAY",
     "LAYOUT_RECORD_VERSION",
@@ -68,6 +69,18 @@ CHECKSUM_ARRAY = "output_checksum"
 (``Task(verify_outputs=True)``; ``bellis._outputs._readback``): bit 32 set means recorded,
 the low 32 bits are the CRC-32C; 0: none recorded. Created when a store first records one."""
 
+CACHE_ARRAYS: tuple[str, ...] = (
+    "cache_hits",
+    "cache_misses",
+    "cache_miss_bytes",
+    "cache_bypassed",
+)
+"""What the worker's decoded-chunk cache did for each block of a task with declared
+inputs (``Task(inputs=...)``; ``bellis._worker._chunkcache``), in
+``_protocol.CACHE_COUNTS`` order: chunks served from memory, chunks decoded from the
+store, the bytes decoded, and reads of an input the run writes (never cached). Created
+when a store first records one: stores of tasks without inputs lack them."""
+
 STAT_ARRAYS: tuple[str, ...] = (*STATS_ARRAYS[:7], *STAMP_ARRAYS, STATS_ARRAYS[7])
 """The arrays a store opened with ``resource_tracking`` has, in SPEC §4.2 order.
 
@@ -92,6 +105,10 @@ ARRAY_DTYPES: dict[str, str] = {
     "memory_grant_mb": "uint32",
     "code_version": "uint16",
     "output_checksum": "uint64",
+    "cache_hits": "uint32",
+    "cache_misses": "uint32",
+    "cache_miss_bytes": "uint64",
+    "cache_bypassed": "uint32",
 }
 """The zarr v3 ``data_type`` of every array bellis knows."""
 

@@ -377,6 +377,9 @@ class S3Store:
     def grants(self) -> NDArray[Any] | None:
         return None
 
+    def cache_counts(self) -> dict[str, NDArray[Any]] | None:
+        return None
+
     def hot_writer(self) -> HotWriter | None:
         return None  # every block goes through record_success, which flushes on time
 
@@ -439,6 +442,9 @@ class S3Store:
 
     def record_checksum(self, cell: int, checksum: int) -> None:
         self._writable()  # output checksums are not kept on S3 yet (docs/cloud.md)
+
+    def record_cache(self, cell: int, counts: Sequence[int]) -> None:
+        self._writable()  # per-block cache counts are not kept on S3 yet (docs/cloud.md)
 
     def clear_done(self, cells: Sequence[int] | NDArray[np.intp]) -> int:
         self._writable()

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._sizes import format_bytes
 from ..errors import TrackingError
 from ._codever import MAX_CODE_INDEX, version_counts
 from ._disk import data_ranges
 from ._layout import (
+    CACHE_ARRAYS,
     STAT_ARRAYS,
     StoreLayout,
     invalid_metadata,
@@ -139,6 +141,10 @@ class StatusSnapshot:
     code_versions: tuple[dict[str, Any], ...] = ()
     """done cells per code version (``_codever.version_counts``), the unknown ones last;
     a store without a ``code_version`` array has all its done cells unknown"""
+    input_cache: dict[str, int] | None = None
+    """over the done blocks, what the workers' chunk caches did for them (``hits``,
+    ``misses``, ``miss_bytes``, ``bypassed``, ``blocks``: the done blocks with counts); None
+    for a store that recorded none (a task without declared inputs)"""
 
     @property
     def blocks(self) -> int | None:
@@ -346,6 +352,7 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         if not counts[0]:
             del counts[0]
         table = store.code_table() if codes is not None else []
+        input_cache = _cache_sums(store.done.reshape(-1), store.cache_counts())
     return StatusSnapshot(
         display,
         grid,
@@ -367,6 +374,43 @@ def read_status(path: str | os.PathLike[str], *, stamps_after: float = 0.0) -> S
         middle,
         verify,
         tuple(version_counts(table, counts)),
+        input_cache,
+    )
+
+
+def _cache_sums(done: NDArray[Any], arrays: Any) -> dict[str, int] | None:
+    """The per-block cache counts (``CACHE_ARRAYS``) summed over the done cells, a slab at
+    a time, and how many done cells have any; None without the arrays."""
+    if arrays is None:
+        return None
+    flats = [arrays[name].reshape(-1) for name in CACHE_ARRAYS]
+    sums = [0] * len(flats)
+    blocks = 0
+    for a in range(0, int(done.size), _SLAB):
+        b = min(int(done.size), a + _SLAB)
+        mask = np.asarray(done[a:b]) != 0
+        if not mask.any():
+            continue
+        any_count = np.zeros(b - a, dtype=bool)
+        for i, flat in enumerate(flats):
+            part = np.asarray(flat[a:b])
+            sums[i] += int(part[mask].sum(dtype=np.uint64))
+            any_count |= part != 0
+        blocks += int(np.count_nonzero(any_count & mask))
+    out = {n.removeprefix("cache_"): total for n, total in zip(CACHE_ARRAYS, sums, strict=True)}
+    out["blocks"] = blocks
+    return out
+
+
+def _cache_line(c: dict[str, int]) -> str:
+    """``bellis status``'s line of per-block cache counts: hit rate, decodes per block."""
+    reads = c["hits"] + c["misses"]
+    rate = f"{100.0 * c['hits'] / reads:.0f}% hit" if reads else "no cached reads"
+    per = c["misses"] / c["blocks"] if c["blocks"] else 0.0
+    return (
+        f"  input cache {rate}: {c['hits']} hits, {c['misses']} decodes ({per:.2f} per "
+        f"block, over {c['blocks']} done blocks), {format_bytes(c['miss_bytes'])} decoded, "
+        f"{c['bypassed']} reads bypassed"
     )
 
 
@@ -480,6 +524,8 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
             f"  verified    {v.verified} verified, {v.mismatched} mismatched, "
             f"{v.unverifiable} unverifiable (done, no checksum); {when}"
         )
+    if snap.input_cache is not None:
+        lines.append(_cache_line(snap.input_cache))
     lines.extend(_code_lines(snap))
 
     ndim = len(grid)
@@ -624,4 +670,5 @@ def status_record(snap: StatusSnapshot) -> dict[str, Any]:
         "runs": snap.runs,
         "verify": None if verify is None else verify._asdict(),
         "code_versions": [dict(row) for row in snap.code_versions],
+        "input_cache": snap.input_cache,
     }

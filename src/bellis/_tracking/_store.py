@@ -75,6 +75,7 @@ from ._files import (
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    CACHE_ARRAYS,
     CHECKSUM_ARRAY,
     GRANT_ARRAY,
     NO_WORKER,
@@ -121,6 +122,7 @@ class TrackingStore:
 
     __slots__ = (
         "_arrays",
+        "_cache_flats",
         "_cell_count",
         "_checksum_flat",
         "_closed",
@@ -197,6 +199,7 @@ class TrackingStore:
         self._code_flat: Any = None
         self._code_index = 0
         self._checksum_flat: Any = None
+        self._cache_flats: list[NDArray[Any]] | None = None
         self._hot: HotWriter | None = None
         self._scratch = False
 
@@ -445,7 +448,9 @@ class TrackingStore:
 
         grid: tuple[int, ...] | None = committed_grid
         arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY, GRANT_ARRAY):
+        for name in (
+            BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY, GRANT_ARRAY) + CACHE_ARRAYS
+        ):
             directory = root / name
             meta_file = directory / "zarr.json"
             meta = read_json(meta_file)
@@ -685,6 +690,35 @@ class TrackingStore:
             flat = self._checksum_flat = self._flat_of(self._optional_array(CHECKSUM_ARRAY))
         flat[cell] = checksum
 
+    def record_cache(self, cell: int, counts: Sequence[int]) -> None:
+        """Record what the worker's decoded-chunk cache did for ``cell`` (hits, misses,
+        miss_bytes, bypassed: ``CACHE_ARRAYS``, created by the first record)."""
+        if not self._writable:
+            raise self._refuse_write()
+        if not 0 <= cell < self._cell_count:
+            return
+        flats = self._cache_flats
+        if flats is None:
+            flats = self._cache_flats = [
+                self._flat_of(self._optional_array(name)) for name in CACHE_ARRAYS
+            ]
+        for flat, count in zip(flats, counts, strict=True):
+            flat[cell] = min(int(count), _U32_MAX) if flat.dtype.itemsize == 4 else int(count)
+
+    def cache_counts(self) -> dict[str, np.memmap[Any, Any]] | None:
+        """The ``cache_*`` arrays (``CACHE_ARRAYS``) by name, or None for a store that
+        never recorded one."""
+        self._array("done")  # a closed store raises
+        out = {}
+        for name in CACHE_ARRAYS:
+            array = self._arrays.get(name)
+            if array is None and self._writable and (self.path / name / "zarr.json").exists():
+                array = self._optional_array(name)
+            if array is None:
+                return None
+            out[name] = array
+        return out
+
     @staticmethod
     def _flat_of(array: np.memmap[Any, Any]) -> NDArray[Any]:
         return array.reshape(-1).view(np.ndarray)
@@ -813,6 +847,7 @@ class TrackingStore:
         self._done_flat = self._failures_flat = empty
         self._code_flat = None
         self._checksum_flat = None
+        self._cache_flats = None
         self._hot = None
         if self._tracks_resources:
             self._wall_seconds = self._cpu_seconds = self._peak_rss = empty

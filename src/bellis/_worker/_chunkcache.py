@@ -52,6 +52,7 @@ __all__ = [
     "active",
     "cache_bound",
     "install",
+    "install_for_task",
     "take_counts",
 ]
 
@@ -123,6 +124,16 @@ class ChunkCache:
             self._chunks[key] = chunk
             self.bytes += size
             self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def shrink_to(self, bound_bytes: int) -> None:
+        """Set the bound to ``bound_bytes``, dropping the least recently used chunks
+        until they fit."""
+        with self._lock:
+            self.bound_bytes = int(bound_bytes)
+            while self._chunks and self.bytes > self.bound_bytes:
+                _key, dropped = self._chunks.popitem(last=False)
+                self.bytes -= int(dropped.nbytes)
+                self.evictions += 1
 
     def drop_array(self, array_key: Any) -> None:
         """Forget every chunk of one array (keys are ``(array_key, chunk index)``)."""
@@ -244,6 +255,16 @@ class Installed:
         setattr(cls, "__getitem__", __getitem__)  # noqa: B010
         setattr(cls, "__setitem__", __setitem__)  # noqa: B010
 
+    def retarget(self, inputs: Iterable[Sequence[Any]], bound_bytes: int) -> None:
+        """Serve another task's declared ``inputs`` from now on, within ``bound_bytes``
+        (a shared worker that moved: ``_worker._shared``). The cache stays the process's
+        one: chunks of an input both tasks declare cacheable are still served (no task
+        of the run writes such an input, so they are not stale); the others stay until
+        the bound pushes them out, and what the cache does from here on is counted for
+        the new task."""
+        self.inputs = {array_location(str(s), str(p)): bool(c) for s, p, c in inputs}
+        self.cache.shrink_to(bound_bytes)
+
     def remove(self) -> None:
         """Put zarr's own ``[]`` back."""
         setattr(self._cls, "__getitem__", self._getitem)  # noqa: B010
@@ -346,16 +367,32 @@ _active: Installed | None = None
 def install(inputs: Iterable[Sequence[Any]], bound_bytes: int) -> Installed | None:
     """Serve this process's reads of ``inputs`` (``(store, path, cacheable)`` each, as
     ``wire_inputs`` makes them) from a cache of ``bound_bytes``; None (nothing done) when
-    there are no inputs or the bound is 0. One installation per process at a time: a
-    second replaces the first."""
+    there are no inputs or the bound is 0 and none is installed. One installation per
+    process: a second call (a shared worker that moved to another task) retargets it
+    (:meth:`Installed.retarget`): the new task's inputs, bound and counts, the same
+    chunks; with no inputs or a bound of 0 it then serves nothing and holds nothing."""
     global _active
     inputs = [tuple(i) for i in inputs]
     if not inputs or bound_bytes <= 0:
-        return None
+        inputs, bound_bytes = [], 0
     if _active is not None:
-        _active.remove()
+        _active.retarget(inputs, bound_bytes)
+        return _active
+    if not inputs:
+        return None
     _active = Installed(inputs, bound_bytes)
     return _active
+
+
+def install_for_task(inputs: Iterable[Sequence[Any]], input_cache_bytes: int | None) -> None:
+    """Serve a worker's task's declared ``inputs`` (:func:`install`), bounded by
+    ``input_cache_bytes`` (``Task(input_cache_bytes=...)``) or else by the worker's memory
+    limit (:func:`cache_bound`). A shared worker calls it again on each move
+    (``_worker._shared``): the cache then serves the new task's inputs."""
+    from .._protocol import MEMORY_LIMIT_ENV
+
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    install(inputs, cache_bound(input_cache_bytes, int(limit) if limit else None))
 
 
 def active() -> Installed | None:

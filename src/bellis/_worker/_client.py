@@ -305,6 +305,12 @@ class Client:
         self._repeats = _failure.Repeats()
         self._rows = bytearray()  # their measurements, STATS_ROW records
         self._nrows = 0
+        #: the decoded-chunk cache serving this task's declared inputs (None: the task
+        #: declares none), and what it did per finished block: k, then its CACHE_COUNTS
+        self._chunk_cache = _chunk_cache()
+        self._block_cache: list[int] = []
+        #: what it did outside blocks, not yet sent (a setup's reads, say)
+        self._outside_cache: list[int] | None = None
         self._queue: deque[int] = deque()
         #: when the batch in hand arrived (the next ACQUIRE reports the time since)
         self._served_at = 0.0
@@ -490,7 +496,7 @@ class Client:
             msg = self._message(ACQUIRE)
             if len(msg) > 1:  # blocks go back: how long this worker spent on them
                 msg.append(time.monotonic() - self._served_at)
-                _append_cache_counts(msg)
+                self._append_cache_counts(msg)
             try:
                 self._send(msg)
             except ConnectionLostError:
@@ -560,6 +566,8 @@ class Client:
         if self._is_forked_copy():
             return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
+        if self._chunk_cache is not None:
+            self._cache_of(k)
         self._in_block = False
         block._status = BlockStatus.FAILED
         key = _failure.error_key(exc)
@@ -580,6 +588,35 @@ class Client:
         if status != BlockStatus.FAILED or self._stop_requested:
             with contextlib.suppress(ConnectionLostError):
                 self._bye()
+
+    def _cache_of(self, k: int) -> None:
+        """What the chunk cache did since the last block ended: block ``k``'s reads."""
+        assert self._chunk_cache is not None
+        counts = self._chunk_cache.take_counts()
+        if counts is not None:
+            self._block_cache += (k, *counts)
+
+    def _append_cache_counts(self, msg: list[Any]) -> None:
+        """End ``msg`` with what this process's decoded-chunk cache did since this
+        worker last said: per finished block, and outside blocks (``{"cache": [hits,
+        misses, miss_bytes, bypassed], "blocks": [k, hits, ...]}``), when its task
+        declares inputs and the cache did anything."""
+        cache = self._chunk_cache
+        if cache is None:
+            return
+        counts = cache.take_counts()
+        outside = self._outside_cache
+        if outside is not None:
+            self._outside_cache = None
+            if counts is not None:
+                outside = [a + b for a, b in zip(counts, outside, strict=True)]
+            counts = outside
+        blocks = self._block_cache
+        if blocks:
+            self._block_cache = []
+            msg.append({"cache": counts or [0, 0, 0, 0], "blocks": blocks})
+        elif counts is not None:
+            msg.append({"cache": counts})
 
     def _fail(self, k: int, status: int, field: Any) -> None:
         """Queue block ``k``'s failure, a ``[text, details]`` field shrunk to fit the
@@ -602,6 +639,8 @@ class Client:
 
     def _finished(self, k: int, block: Block, measured: Any, checksum: Any = None) -> None:
         self._watchdog.disarm()
+        if self._chunk_cache is not None:
+            self._cache_of(k)
         if checksum is not None and type(checksum) is str:
             logger.warning("block %s failed: %s", block.block_id, checksum)
             self._fail(k, BlockStatus.FAILED, _failure.failure_field(checksum))
@@ -694,6 +733,8 @@ class Client:
         meter = Meter() if self.resource_tracking else None
         if meter is not None:
             attach_gpu(meter)
+        if self._chunk_cache is not None:  # reads before the first block are no block's
+            self._outside_cache = self._chunk_cache.take_counts()
         queue = self._queue
         verify = self._verify
         worked = False  # fn returned on a block: it works, a failure is the block's
@@ -744,7 +785,7 @@ class Client:
             groups += (k, BlockStatus.CREATED, -1, None)
         self._queue.clear()
         msg = self._message(BYE, tuple(groups))
-        _append_cache_counts(msg)
+        self._append_cache_counts(msg)
         return encode(msg)
 
     def _timeout_notice(self, k: int, text: Any, status: int = TIMED_OUT) -> None:
@@ -795,14 +836,13 @@ class Client:
 _pack_row = STATS_ROW.pack
 
 
-def _append_cache_counts(msg: list[Any]) -> None:
-    """End ``msg`` with what this process's decoded-chunk cache did since it last said
-    (``{"cache": [hits, misses, miss_bytes, bypassed]}``), when its task declares inputs
-    and the cache did anything."""
-    cache = sys.modules.get("bellis._worker._chunkcache")
-    counts = None if cache is None else cache.take_counts()
-    if counts is not None:
-        msg.append({"cache": counts})
+def _chunk_cache() -> Any:
+    """The decoded-chunk cache serving this process's task's declared inputs
+    (``_chunkcache``), or None: the task declares none (nothing was ever cached here,
+    or a shared worker moved to a task without inputs)."""
+    module = sys.modules.get("bellis._worker._chunkcache")
+    inst = None if module is None else module.active()
+    return None if inst is None or not inst.inputs else inst.cache
 
 
 def _user_row(block: Block) -> bytes:

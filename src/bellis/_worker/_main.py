@@ -157,16 +157,6 @@ def run_worker_function(fn: Any, context: Any = None) -> int:
     return 0
 
 
-def _cache_inputs(payload: WorkerPayload) -> None:
-    """Serve the task's declared inputs from a decoded-chunk cache (``_chunkcache``):
-    numpy and zarr load here, for a task that declares inputs only."""
-    from .._protocol import MEMORY_LIMIT_ENV
-    from ._chunkcache import cache_bound, install
-
-    limit = os.environ.get(MEMORY_LIMIT_ENV)
-    install(payload.inputs, cache_bound(payload.input_cache_bytes, int(limit) if limit else None))
-
-
 def main() -> int:
     _limit_memory()
     from .._protocol import PAYLOAD_FILE_ENV
@@ -193,13 +183,16 @@ def main() -> int:
         if setup is not None:
             restore(setup, list(payload.code_origins))
     if payload.inputs:
-        _cache_inputs(payload)
+        # numpy and zarr load here, for a task that declares inputs only
+        from ._chunkcache import install_for_task
+
+        install_for_task(payload.inputs, payload.input_cache_bytes)
     if payload.arity:
         if payload.shared:  # a worker the server may move to other tasks of the run
-            # (never a task with a setup: ``_scheduling._sharing`` keeps those bound)
-            from ._shared import run_shared_loop
+            from ._shared import TaskCode, run_shared_loop
 
-            return run_shared_loop(fn, payload.shared, _failure_code)
+            own = TaskCode(fn, setup, payload.arity == 2, payload.inputs, payload.input_cache_bytes)
+            return run_shared_loop(own, payload.shared, _failure_code)
         return run_block_function_loop(fn, setup=setup, passes_context=payload.arity == 2)
     try:
         return run_worker_function(fn)

@@ -19,11 +19,12 @@ A block function that takes two positional parameters gets the context with ever
 without a setup.
 
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
-at its job's time limit, after its first block raised, on a SIGTERM (while it waits for
-blocks the SIGTERM handler of ``_client`` calls ``Client.on_leave``; in a block, the loop
-ends after the block); not when the process is killed (SIGKILL, a block timeout, a setup
-past the task's timeout, an out-of-memory end). A teardown that raises is logged (the
-worker's ``.err`` log; the driver's log in serial mode) and changes no block's outcome.
+at its job's time limit, after its first block raised, moved to another task of the run
+(``_shared``: before that task's setup), on a SIGTERM (while it waits for blocks the
+SIGTERM handler of ``_client`` calls ``Client.on_leave``; in a block, the loop ends after
+the block); not when the process is killed (SIGKILL, a block timeout, a setup past the
+task's timeout, an out-of-memory end). A teardown that raises is logged (the worker's
+``.err`` log; the driver's log in serial mode) and changes no block's outcome.
 ``__exit__`` always gets ``(None, None, None)``: a block's exception is the block's, and
 no teardown may swallow it.
 

@@ -13,6 +13,16 @@ driver, never from the network) and are unpickled on the first move to their tas
 :class:`FunctionCache` keeps at most :data:`MAX_LOADED_FUNCTIONS` of them loaded, the
 least recently used dropped first (and loaded again from its pickle if the worker comes
 back to that task).
+
+What is the task's alone goes with each move, in this order: the old task's teardown
+(``Task(setup=...)``'s ``__exit__``, when its setup made a context manager) runs once the
+server said MOVE; the decoded-chunk cache then serves the new task's declared inputs
+(``_chunkcache.install_for_task``: the same cache and chunks, the new task's inputs, bound and
+counts); the worker connects as the new task's worker and runs its setup, which reports
+to the server in a SETUP message as a first setup does (no reply awaited: a move costs
+no round trip more than the new connection's handshake). A setup that raises ends the
+worker there, as in a worker started for that task: its error record and its exit are
+the new task's. A worker that comes back to a task runs its setup again.
 """
 
 from __future__ import annotations
@@ -22,61 +32,94 @@ import pickle
 import sys
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, SharedFunction
 
-__all__ = ["MAX_LOADED_FUNCTIONS", "FunctionCache", "leave_task", "run_shared_loop"]
+if TYPE_CHECKING:
+    from ._setup import Warm
+
+__all__ = [
+    "MAX_LOADED_FUNCTIONS",
+    "FunctionCache",
+    "TaskCode",
+    "leave_task",
+    "run_shared_loop",
+]
 
 #: how many block functions a shared worker keeps loaded at once
 MAX_LOADED_FUNCTIONS: Final = 4
 
 
+class TaskCode(NamedTuple):
+    """What a shared worker runs a task's blocks with: its block function, its setup
+    (None: none), whether the function takes the setup's context (``fn(block, ctx)``),
+    and its declared inputs with their cache bound (``WorkerPayload``'s fields)."""
+
+    fn: Any
+    setup: Any
+    passes_context: bool
+    inputs: tuple[tuple[str, str, bool], ...]
+    input_cache_bytes: int | None
+
+
 class FunctionCache:
-    """The block functions a shared worker may run, by task: loaded on first use, at most
-    ``limit`` at once (least recently used dropped first)."""
+    """The block functions (with their setups) a shared worker may run, by task: loaded
+    on first use, at most ``limit`` at once. The worker's own task's code (``task_id``,
+    ``code``: from its payload, unpickled already, with no pickle to load it again from)
+    is always kept; of the others, the least recently used is dropped first."""
 
     def __init__(
         self,
         task_id: str,
-        fn: Any,
+        code: TaskCode,
         shared: tuple[SharedFunction, ...],
         limit: int = MAX_LOADED_FUNCTIONS,
     ) -> None:
         self._pickles = {s.task_id: s for s in shared}
-        self._loaded: OrderedDict[str, Any] = OrderedDict({task_id: fn})
-        self._limit = max(1, limit)
+        self._own = (task_id, code)
+        self._loaded: OrderedDict[str, TaskCode] = OrderedDict()
+        self._limit = max(1, limit - 1)
         #: how many times a function was unpickled (the first task's is not counted)
         self.loads = 0
 
-    def get(self, task_id: str) -> Any:
-        """The block function of ``task_id``; KeyError when this worker has none for it."""
-        fn = self._loaded.get(task_id)
-        if fn is not None:
+    def get(self, task_id: str) -> TaskCode:
+        """The code of ``task_id``; KeyError when this worker has none for it."""
+        if task_id == self._own[0]:
+            return self._own[1]
+        code = self._loaded.get(task_id)
+        if code is not None:
             self._loaded.move_to_end(task_id)
-            return fn
+            return code
         entry = self._pickles[task_id]
-        fn = pickle.loads(entry.function)  # from our own driver's payload (see _main)
+        # from our own driver's payload (see _main)
+        fn = pickle.loads(entry.function)
+        setup = None if entry.setup is None else pickle.loads(entry.setup)
         if entry.code_origins:
             from .._code_origin import restore
 
             restore(fn, list(entry.code_origins))
+            if setup is not None:
+                restore(setup, list(entry.code_origins))
         self.loads += 1
-        self._loaded[task_id] = fn
+        code = TaskCode(fn, setup, entry.arity == 2, entry.inputs, entry.input_cache_bytes)
+        self._loaded[task_id] = code
         while len(self._loaded) > self._limit:
             self._loaded.popitem(last=False)
-        return fn
+        return code
 
     @property
     def loaded(self) -> list[str]:
-        """The tasks whose function is loaded now, least recently used first."""
-        return list(self._loaded)
+        """The tasks whose function is loaded now: the worker's own task, then the others,
+        least recently used first."""
+        return [self._own[0], *self._loaded]
 
 
-def leave_task(task_id: str) -> None:
-    """The worker leaves ``task_id`` for another task of the run (a move): the one point
-    where whatever the worker holds for that task alone ends. Nothing is held today; a
-    per-worker setup's teardown belongs here."""
+def leave_task(warm: Warm | None) -> None:
+    """The worker leaves its task (a move, or its end): the one point where what it
+    held for that task alone ends: the teardown of the task's setup, if it made one."""
+    if warm is not None:
+        warm.leave()
 
 
 def _announce(worker_id: str, left: str, joined: str) -> None:
@@ -91,35 +134,53 @@ def _announce(worker_id: str, left: str, joined: str) -> None:
 
 
 def run_shared_loop(
-    fn: Any,
+    own: TaskCode,
     shared: tuple[SharedFunction, ...],
     failure_code: Callable[[BaseException], int],
 ) -> int:
-    """Run ``fn`` on its task's blocks, and the other tasks' functions of ``shared`` on
-    theirs whenever the server moves this worker; the exit code (as
-    ``_main.run_block_function_loop``'s)."""
+    """Run the worker's own task's code ``own`` on its blocks (after its setup, if any),
+    and the other tasks' code of ``shared`` on theirs whenever the server moves this
+    worker; the exit code (as ``_main.run_block_function_loop``'s). ``own``'s inputs are
+    installed already (``_main``)."""
     from ._client import Client, Context
 
     context = Context.from_env()
     task_id = context["task_id"]
-    functions = FunctionCache(task_id, fn, shared)
+    functions = FunctionCache(task_id, own, shared)
+    code = own
     while True:
         client = Client(context)
+        run = code.fn
+        warm = None
+        if code.setup is not None and client.connected:
+            from ._setup import enter_in_worker, with_context
+
+            warm = enter_in_worker(client, code.setup)
+            if warm is None:
+                return 1  # the setup raised: reported to the log and the server
+            if code.passes_context:
+                run = with_context(run, warm.ctx)
         try:
-            client.run_block_function(fn)
+            client.run_block_function(run)
         except Exception as exc:
             if exc is client.reported:
                 return failure_code(exc)
             raise
+        finally:
+            leave_task(warm)
         target = client.moved_to
         if target is None:
             return 0
-        leave_task(task_id)
         _announce(context.get("worker_id", "?"), task_id, target)
         context = context.copy()
         context["task_id"] = target
         # user code that reads its context (daisy.Client(), Context.from_env()) sees the
         # task it serves now
         os.environ[CONTEXT_ENV] = os.environ[DAISY_CONTEXT_ENV] = context.to_env()
-        fn = functions.get(target)
+        code = functions.get(target)
+        if code.inputs or "bellis._worker._chunkcache" in sys.modules:
+            # (numpy and zarr load only where some task of this worker declares inputs)
+            from ._chunkcache import install_for_task
+
+            install_for_task(code.inputs, code.input_cache_bytes)
         task_id = target
