@@ -1,5 +1,6 @@
 """The dispatcher's per-block path driven alone (no sockets, no worker processes), shared by
-``bench_dispatch_block.py`` (1-D blocks) and ``bench_locality_dispatch.py`` (a 2-D grid).
+``bench_dispatch_block.py`` (1-D blocks), ``bench_locality_dispatch.py`` (a 2-D grid) and
+``bench_failing_dispatch.py`` (blocks that fail).
 
 One task of one-voxel blocks over ``--shape``, two unmanaged connections that take turns.
 Each connection's message returns the blocks it holds (success, no measurements) and asks
@@ -8,12 +9,17 @@ request and appends the SEND instruction, which is dropped (the shell's part, en
 aside, is not timed). ``batch1`` pins each connection's batch at one block (the per-block
 path at its dearest: one message, one parse, one instruction per block); ``adaptive``
 lets the batch grow as it does in a run (with ``--busy``, each return reports that many
-busy seconds of the worker's, as a worker does).
+busy seconds of the worker's, as a worker does). With ``--fail`` every block comes back
+failed (``block status set to FAILED``; ``max_retries=0`` and
+``max_consecutive_failures=None``, which would end the task early): each connection's first 10
+failures with their details (log offsets, host, pid), as workers send them, the rest as
+the text alone; the task's error records go to an ``errors.jsonl`` in a temporary folder
+and the ``bellis`` logger's per-failure WARNING to ``/dev/null``.
 
 The child, one measurement in a fresh interpreter (bellis from its ``PYTHONPATH``)::
 
     python benchmarks/_dispatch_loop.py --shape 100,100 [--warm 20,20] [--clock cpu]
-        [--with-setup] [--busy 0.001]
+        [--with-setup] [--busy 0.001] [--fail] [--cases batch1]
 
 prints ``{"batch1": µs, "adaptive": µs}``: the ``--clock`` time (``wall``:
 ``time.perf_counter``; ``cpu``: ``time.process_time``) per block of the loop, and with
@@ -26,18 +32,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 CASES = ("batch1", "adaptive")
+#: the error of a block that ``--fail`` returns, as a block function that sets FAILED
+_FAILED = "block status set to FAILED"
 
 
-def drive(shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy: float) -> float:
+def drive(
+    shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy: float, fail: bool
+) -> float:
     """µs per block of one run of the loop (the module's docstring)."""
+    with tempfile.TemporaryDirectory() as folder:
+        return _drive(shape, pin, clock, with_setup, busy, folder if fail else None)
+
+
+def _drive(
+    shape: tuple[int, ...],
+    pin: bool,
+    clock: str,
+    with_setup: bool,
+    busy: float,
+    failing: str | None,
+) -> float:
     import gc
 
     import bellis as daisy
@@ -47,6 +71,7 @@ def drive(shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy:
     from bellis._scheduling._scheduler import Scheduler
     from bellis._stats._aggregates import TaskAggregates
     from bellis._stats._errorgroups import ErrorCollector
+    from bellis._stats._errorlog import ErrorLog
     from bellis._stats._timeline import TimelineSet
 
     tick = time.process_time if clock == "cpu" else time.perf_counter
@@ -58,13 +83,17 @@ def drive(shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy:
         daisy.Roi((0,) * len(shape), one),
         process_function=lambda b: None,
         read_write_conflict=False,
+        # every block fails: no retry, and the broken-function rule off (it would end the
+        # task after its first failures in a row)
+        **({"max_retries": 0, "max_consecutive_failures": None} if failing else {}),
     )
     t0 = tick()
     s = Scheduler(task)
     plans = {r.task_id: TaskRecord(r, b"fn", TaskAggregates(), TimelineSet()) for r in s.runs}
-    d = Dispatcher(
-        s, plans, secret=b"s" * 32, worker_key=b"k" * 32, resources={}, errors=ErrorCollector()
-    )
+    errors = ErrorCollector()
+    if failing:
+        errors.sinks = {"t": ErrorLog(os.path.join(failing, "errors.jsonl"), 1.0)}
+    d = Dispatcher(s, plans, secret=b"s" * 32, worker_key=b"k" * 32, resources={}, errors=errors)
     peers = []
     for i in range(2):
         p = Peer(("127.0.0.1", 5000 + i), b"n%d" % i, 0.0)
@@ -73,18 +102,28 @@ def drive(shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy:
     d.out.clear()
     now = 1.0
     done = 0
+    # with --fail, each connection's first 10 failures come with their details
+    quota = [10 if failing else 0 for _ in peers]
     gc.disable()
     if not with_setup:
         t0 = tick()
     while True:
         live = False
-        for p in peers:
+        for i, p in enumerate(peers):
             if p.closed:
                 continue
             live = True
             msg: list[Any] = [ACQUIRE]
             for k in p.held:
-                msg += (k, 2, -1, None)
+                if not failing:
+                    msg += (k, 2, -1, None)
+                    continue
+                error: Any = _FAILED
+                if quota[i]:  # a worker's first failures: in full
+                    quota[i] -= 1
+                    details = {"log": "/x/worker_0.err", "log_offset": 10 * k}
+                    error = [_FAILED, {**details, "host": "node", "pid": 4}]
+                msg += (k, 3, -1, error)
             done += len(p.held)
             if pin:
                 p.batch = 1
@@ -101,6 +140,9 @@ def drive(shape: tuple[int, ...], pin: bool, clock: str, with_setup: bool, busy:
         _ = s.task_states  # the run's statistics, as the summary reads them
     t1 = tick()
     gc.enable()
+    if failing:
+        errors.close_sinks()
+        assert s.runs[0].failed == done, (s.runs[0].failed, done)
     blocks = 1
     for n in shape:
         blocks *= n
@@ -119,10 +161,16 @@ def child_main() -> None:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--with-setup", action="store_true")
     ap.add_argument("--busy", type=float, default=0.0)
+    ap.add_argument("--fail", action="store_true", help="every block comes back failed")
+    ap.add_argument("--cases", default=",".join(CASES), help="of " + ",".join(CASES))
     args = ap.parse_args()
-    knobs = (args.clock, args.with_setup, args.busy)
+    if args.fail:  # the per-failure WARNING: measured, but not shown
+        logging.getLogger("bellis").addHandler(logging.StreamHandler(open(os.devnull, "w")))
+        logging.getLogger("bellis").propagate = False
+    knobs = (args.clock, args.with_setup, args.busy, args.fail)
     drive(args.warm or tuple(min(n, 20) for n in args.shape), True, *knobs)  # warm up
-    print(json.dumps({case: drive(args.shape, case == "batch1", *knobs) for case in CASES}))
+    cases = args.cases.split(",")
+    print(json.dumps({case: drive(args.shape, case == "batch1", *knobs) for case in cases}))
 
 
 def campaign(
@@ -130,7 +178,7 @@ def campaign(
 ) -> dict[str | None, dict[str, list[float]]]:
     """``reps`` rounds, each running the child once for every ``src`` in turn (``None``:
     bellis as installed), each measurement a fresh interpreter."""
-    rows: dict[str | None, dict[str, list[float]]] = {s: {c: [] for c in CASES} for s in srcs}
+    rows: dict[str | None, dict[str, list[float]]] = {s: {} for s in srcs}
     for _ in range(reps):
         for src in srcs:  # interleaved: A B A B ...
             env = None if src is None else dict(os.environ, PYTHONPATH=os.path.abspath(src))
@@ -139,11 +187,12 @@ def campaign(
                 env=env,
                 capture_output=True,
                 text=True,
-                check=True,
+                check=False,
             )
-            fig = json.loads(out.stdout)
-            for case in CASES:
-                rows[src][case].append(fig[case])
+            if out.returncode:
+                sys.exit(f"the measurement of {src or 'installed'} failed:\n{out.stderr}")
+            for case, value in json.loads(out.stdout).items():
+                rows[src].setdefault(case, []).append(value)
     return rows
 
 
@@ -152,12 +201,11 @@ def report(rows: dict[str | None, dict[str, list[float]]], what: str) -> None:
     median and range of the paired ratios against the last one."""
     srcs = list(rows)
     base = rows[srcs[-1]]
-    reps = len(base[CASES[0]])
+    reps = min(len(v) for v in base.values())
     print(f"load average: {os.getloadavg()[0]:.2f}; {reps} reps; {what}")
     for src in srcs:
         cells = []
-        for case in CASES:
-            vals = rows[src][case]
+        for case, vals in rows[src].items():
             cell = f"{case} {statistics.median(vals):.3f} µs/block (min {min(vals):.3f}"
             if len(srcs) > 1:
                 ratios = [a / b for a, b in zip(vals, base[case], strict=True)]
