@@ -10,11 +10,11 @@ aside, is not timed). ``batch1`` pins each connection's batch at one block (the 
 path at its dearest: one message, one parse, one instruction per block); ``adaptive``
 lets the batch grow as it does in a run (with ``--busy``, each return reports that many
 busy seconds of the worker's, as a worker does). With ``--fail`` every block comes back
-failed (``block status set to FAILED``; ``max_retries=0`` and
-``max_consecutive_failures=None``, which would end the task early): each connection's first 10
-failures with their details (log offsets, host, pid), as workers send them, the rest as
-the text alone; the task's error records go to an ``errors.jsonl`` in a temporary folder
-and the ``bellis`` logger's per-failure WARNING to ``/dev/null``.
+failed (``block status set to FAILED``; ``max_retries=0``, and
+``max_consecutive_failures=None``, whose rule would end the task early): each
+connection's first 10 failures with their details (log offsets, host, pid), as workers
+send them, the rest as the text alone; the task's error records go to an ``errors.jsonl``
+in a temporary folder and the ``bellis`` logger's per-failure WARNING to ``/dev/null``.
 
 The child, one measurement in a fresh interpreter (bellis from its ``PYTHONPATH``)::
 
