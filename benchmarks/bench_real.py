@@ -143,7 +143,7 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
         kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         try:
-            info = fn(stages, paths, timing_dir, args.size, args.workers, options)
+            info = fn(_runners.Job(stages, paths, timing_dir, args.size, args.workers, options))
         finally:
             wall = time.perf_counter() - t0
             os.chdir(cwd)

@@ -102,6 +102,17 @@ def label_compute(x: Any, context: int, block_index: int) -> Any:
     return lab
 
 
+def compute(kernel: str, x: Any, context: int, block_index: int) -> Any:
+    """The kernel ``kernel`` (gaussian, threshold or label) on the padded block ``x``."""
+    if kernel == "gaussian":
+        return gaussian_compute(x, context)
+    if kernel == "threshold":
+        return threshold_compute(x)
+    if kernel == "label":
+        return label_compute(x, context, block_index)
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
 def block_index(write_offset: tuple[int, ...], write_shape: tuple[int, ...], size: int) -> int:
     """Linear index of a block's write ROI in the grid of ``write_shape`` over ``size``^3."""
     per = size // write_shape[0]
@@ -128,14 +139,7 @@ def run_block(
     t0 = perf()
     x = read_padded(src, read_offset, read_shape)
     t1 = perf()
-    if kernel == "gaussian":
-        y = gaussian_compute(x, spec["context"])
-    elif kernel == "threshold":
-        y = threshold_compute(x)
-    elif kernel == "label":
-        y = label_compute(x, spec["context"], index)
-    else:
-        raise ValueError(f"unknown kernel {kernel!r}")
+    y = compute(kernel, x, spec["context"], index)
     t2 = perf()
     dst[_slices(write_offset, write_shape)] = y
     t3 = perf()

@@ -1,9 +1,10 @@
 """The runners of the real-workload benchmark: the same kernels (``kernels.py``) run by one
 process, by a static split over processes, by bellis, by daisy 2.0.0 and by dask's threads.
 
-Each runner is called in a fresh measurement process with the workload's stages, the array
-paths by name, the directory the kernels log their block times to, and the number of
-workers; it returns a dict of figures (``wall_s`` is added by the caller) or raises.
+Each runner is called in a fresh measurement process with a :class:`Job` (the workload's
+stages, the array paths by name, the directory the kernels log their block times to, the
+number of workers and the runner's options); it returns a dict of figures (``wall_s`` is
+added by the caller) or raises.
 """
 
 from __future__ import annotations
@@ -12,36 +13,42 @@ import functools
 import inspect
 import multiprocessing as mp
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from real import kernels
 from real.work import Stage, blocks
 
 
-def _spec(stage: Stage, paths: dict[str, str], timing_dir: str, size: int) -> dict[str, Any]:
-    return {
-        "kernel": stage.kernel,
-        "input": paths[stage.input],
-        "output": paths[stage.output],
-        "context": stage.context,
-        "size": size,
-        "timing_dir": timing_dir,
-    }
+@dataclass(frozen=True)
+class Job:
+    """One measurement's work, as every runner gets it."""
+
+    stages: tuple[Stage, ...]
+    paths: dict[str, str]  # the arrays, by name
+    timing_dir: str  # where the kernels log their block times
+    size: int
+    workers: int
+    options: dict[str, Any]  # the runner's (bellis's ``--bellis-opt``s and variant)
+
+    def spec(self, stage: Stage) -> dict[str, Any]:
+        """The kernels' description of one stage's block (``kernels.run_block``)."""
+        return {
+            "kernel": stage.kernel,
+            "input": self.paths[stage.input],
+            "output": self.paths[stage.output],
+            "context": stage.context,
+            "size": self.size,
+            "timing_dir": self.timing_dir,
+        }
 
 
-def run_single(
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def run_single(job: Job) -> dict[str, Any]:
     """Every block in one process, in z, y, x order (the ideal is its block-time sum ÷
     workers)."""
-    for stage in stages:
-        spec = _spec(stage, paths, timing_dir, size)
-        for b in blocks(stage, size):
+    for stage in job.stages:
+        spec = job.spec(stage)
+        for b in blocks(stage, job.size):
             kernels.run_block(spec, *b)
     return {}
 
@@ -53,15 +60,7 @@ def _split_worker(specs: list[tuple[dict[str, Any], list[Any]]], barrier: Any) -
         barrier.wait()
 
 
-def run_split(
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-    shuffle: bool = False,
-) -> dict[str, Any]:
+def run_split(job: Job, shuffle: bool = False) -> dict[str, Any]:
     """A static split: process ``p`` of ``workers`` runs the ``p``-th contiguous share of
     every stage's block list (z slabs), stages separated by a barrier. Processes are
     forked from the measurement process (their start is in the wall), so they inherit its
@@ -70,18 +69,19 @@ def run_split(
     child). Each opens the arrays once. ``shuffle``
     (runner ``split-shuffled``): each process runs its share in a random order (a fixed
     seed), to see what block order does to the block times."""
+    workers = job.workers
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(workers)
     procs = []
     for p in range(workers):
         specs = []
-        for stage in stages:
-            bl = blocks(stage, size)
+        for stage in job.stages:
+            bl = blocks(stage, job.size)
             lo, hi = len(bl) * p // workers, len(bl) * (p + 1) // workers
             mine = bl[lo:hi]
             if shuffle:
                 random.Random(p).shuffle(mine)
-            specs.append((_spec(stage, paths, timing_dir, size), mine))
+            specs.append((job.spec(stage), mine))
         procs.append(ctx.Process(target=_split_worker, args=(specs, barrier)))
     try:
         for proc in procs:
@@ -99,36 +99,26 @@ def run_split(
     return {}
 
 
-def _daisy_like(
-    mod: Any,
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def _daisy_like(mod: Any, job: Job) -> dict[str, Any]:
     params = _task_params(mod.Task)
     worker_kw = "max_workers" if "max_workers" in params else "num_workers"
     is_bellis = mod.__name__ == "bellis"
     tasks: list[Any] = []
-    for stage in stages:
+    for stage in job.stages:
         c, w = stage.context, stage.write
         kw: dict[str, Any] = {
-            "total_roi": mod.Roi((-c,) * 3, (size + 2 * c,) * 3),
+            "total_roi": mod.Roi((-c,) * 3, (job.size + 2 * c,) * 3),
             "read_roi": mod.Roi((0,) * 3, (w + 2 * c,) * 3),
             "write_roi": mod.Roi((c,) * 3, (w,) * 3),
-            "process_function": functools.partial(
-                kernels.process_block, _spec(stage, paths, timing_dir, size)
-            ),
+            "process_function": functools.partial(kernels.process_block, job.spec(stage)),
             "read_write_conflict": stage.conflict,
             "fit": "valid",
-            worker_kw: workers,
+            worker_kw: job.workers,
         }
         if is_bellis:
-            if len(stages) > 1:
+            if len(job.stages) > 1:
                 kw["requires"] = {"cpu": 1}
-            for name, value in options.items():
+            for name, value in job.options.items():
                 if name == "batch_target":
                     continue
                 if name == "inputs":
@@ -138,23 +128,23 @@ def _daisy_like(
                         # task) is known to be written and never cached (counted as
                         # ``bypassed``); ``outputs`` without ``verify_outputs`` adds
                         # nothing per block (docs/outputs.md)
-                        kw["inputs"] = [paths[stage.input]]
-                        kw["outputs"] = [paths[stage.output]]
+                        kw["inputs"] = [job.paths[stage.input]]
+                        kw["outputs"] = [job.paths[stage.output]]
                 else:
                     kw[name] = value
         if tasks:
             kw["upstream_tasks"] = [tasks[-1]]
         tasks.append(mod.Task(stage.name, **kw))
-    if is_bellis and "batch_target" in options:
+    if is_bellis and "batch_target" in job.options:
         # an experiment, not an option: the seconds of work the server aims a batch at
         from bellis._scheduling import _batching
 
-        _batching.BATCH_TARGET_SECONDS = float(options["batch_target"])  # type: ignore[misc]
+        _batching.BATCH_TARGET_SECONDS = float(job.options["batch_target"])  # type: ignore[misc]
     run_kw: dict[str, Any] = {"multiprocessing": True, "progress": False}
     if is_bellis:
         run_kw["summary"] = False
-        if len(stages) > 1:
-            run_kw["resources"] = {"cpu": workers}
+        if len(job.stages) > 1:
+            run_kw["resources"] = {"cpu": job.workers}
     states = mod.run_blockwise(tasks, return_states=True, **run_kw)
     for tid, st in states.items():
         total = st.total_block_count
@@ -187,17 +177,10 @@ def _daisy_like(
     return info
 
 
-def run_bellis(
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def run_bellis(job: Job) -> dict[str, Any]:
     import bellis
 
-    return _daisy_like(bellis, stages, paths, timing_dir, size, workers, options)
+    return _daisy_like(bellis, job)
 
 
 def _task_params(task_cls: Any) -> set[str]:
@@ -218,19 +201,17 @@ def bellis_has_inputs() -> bool:
     return "inputs" in _task_params(bellis.Task)
 
 
-def run_daisy(
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def _is_daisy_2(mod: Any) -> bool:
+    """Whether ``mod`` is daisy 2.0.0 itself (not bellis installed under daisy's name)."""
+    return getattr(mod, "__version__", "") == "2.0.0" and "bellis" not in (mod.__file__ or "")
+
+
+def run_daisy(job: Job) -> dict[str, Any]:
     import daisy
 
-    if getattr(daisy, "__version__", "") != "2.0.0" or "bellis" in (daisy.__file__ or ""):
+    if not _is_daisy_2(daisy):
         raise RuntimeError(f"daisy is {daisy.__version__} at {daisy.__file__}, not daisy 2.0.0")
-    return _daisy_like(daisy, stages, paths, timing_dir, size, workers, options)
+    return _daisy_like(daisy, job)
 
 
 def daisy_available() -> bool:
@@ -238,7 +219,7 @@ def daisy_available() -> bool:
         import daisy
     except Exception:
         return False
-    return getattr(daisy, "__version__", "") == "2.0.0" and "bellis" not in (daisy.__file__ or "")
+    return _is_daisy_2(daisy)
 
 
 def dask_available() -> bool:
@@ -259,64 +240,44 @@ def _timed(timing_dir: str, kernel: str, fn: Any, *args: Any) -> Any:
     return out
 
 
-def run_dask(
-    stages: tuple[Stage, ...],
-    paths: dict[str, str],
-    timing_dir: str,
-    size: int,
-    workers: int,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def run_dask(job: Job) -> dict[str, Any]:
     """dask.array over the same zarr arrays, ``map_overlap`` (zero boundary) where a stage has
     context, one ``da.store`` of every stage's output, threaded scheduler with ``workers``
     threads. A stage's input is its upstream stage's dask array (not re-read from zarr).
     The logged block time is the kernel's compute only: dask reads and writes outside it."""
     import dask
     import dask.array as da
+    import numpy as np
     import zarr
 
     arrays: dict[str, Any] = {}
     sources, targets = [], []
-    for stage in stages:
+    for stage in job.stages:
         if stage.input in arrays:
             x = arrays[stage.input]
         else:
-            x = da.from_zarr(zarr.open_array(paths[stage.input], mode="r"))
+            x = da.from_zarr(zarr.open_array(job.paths[stage.input], mode="r"))
         x = x.rechunk((stage.write,) * 3)
-        per = size // stage.write
-        if stage.kernel == "gaussian":
 
-            def fn(b: Any, _s: Stage = stage) -> Any:
-                return _timed(timing_dir, _s.kernel, kernels.gaussian_compute, b, 0)
+        def fn(b: Any, block_info: Any = None, _s: Stage = stage) -> Any:
+            # the kernel on a block dask has padded (and crops) itself: no context here
+            per = job.size // _s.write
+            i, j, k = block_info[None]["chunk-location"]
+            index = (i * per + j) * per + k
+            return _timed(job.timing_dir, _s.kernel, kernels.compute, _s.kernel, b, 0, index)
 
-            dtype = "uint8"
-        elif stage.kernel == "threshold":
-
-            def fn(b: Any, _s: Stage = stage) -> Any:
-                return _timed(timing_dir, _s.kernel, kernels.threshold_compute, b)
-
-            dtype = "uint8"
-        else:
-
-            def fn(b: Any, block_info: Any = None, _s: Stage = stage, per: int = per) -> Any:
-                i, j, k = block_info[None]["chunk-location"]
-                index = (i * per + j) * per + k
-                return _timed(timing_dir, _s.kernel, kernels.label_compute, b, 0, index)
-
-            dtype = "uint32"
-        import numpy as np
-
-        meta = np.empty((0, 0, 0), dtype=dtype)  # else dask calls fn once more, for its meta
+        # else dask calls fn once more, for its meta
+        meta = np.empty((0, 0, 0), dtype=stage.dtype)
         if stage.context:
             y = x.map_overlap(
-                fn, depth=stage.context, boundary=0, trim=True, dtype=dtype, meta=meta
+                fn, depth=stage.context, boundary=0, trim=True, dtype=stage.dtype, meta=meta
             )
         else:
-            y = x.map_blocks(fn, dtype=dtype, meta=meta)
+            y = x.map_blocks(fn, dtype=stage.dtype, meta=meta)
         arrays[stage.output] = y
         sources.append(y)
-        targets.append(zarr.open_array(paths[stage.output], mode="r+"))
-    with dask.config.set(scheduler="threads", num_workers=workers):
+        targets.append(zarr.open_array(job.paths[stage.output], mode="r+"))
+    with dask.config.set(scheduler="threads", num_workers=job.workers):
         da.store(sources, targets, lock=False)
     return {"dask": dask.__version__}
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
+
+from kit.terminal import needs_tmux, run_in_terminal
 
 SCRIPT = """
 import contextlib
@@ -142,52 +141,18 @@ def test_a_piped_run_has_progress_on_stderr_and_the_summary_on_stdout(tmp_path: 
     assert PROGRESS_END in done.stderr, done.stderr
 
 
-def _tmux() -> str:
-    tmux = shutil.which("tmux")
-    if tmux is None:
-        pytest.skip("tmux is not installed (apt-get install -y tmux): no terminal to test with")
-    return tmux
-
-
+@needs_tmux
 def test_a_terminal_shows_progress_bars_while_stdout_is_piped_to_a_file(tmp_path: Path) -> None:
     """``python script.py > out.txt`` in a terminal: the bars on the terminal (stderr),
     the summary and the panel in the file, and no progress lines in it."""
-    tmux = _tmux()
     script = _write_script(tmp_path)
-    env = "".join(
-        f"export {name}={shlex.quote(os.environ[name])}\n"
-        for name in ("PYTHONPATH", "PATH", "HOME")
-        if name in os.environ
-    )
-    (tmp_path / "run.sh").write_text(
-        f"{env}unset PYTHONUNBUFFERED\ncd {shlex.quote(str(tmp_path))}\n"
+    status, pane = run_in_terminal(
+        tmp_path,
         f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} file distributed plain"
-        " > out.txt\n"
-        "echo $? > rc.txt\n"
-        "sleep 600\n"  # keeps the pane open until it is captured
+        " > out.txt",
+        setup="unset PYTHONUNBUFFERED\n",
     )
-    socket = f"bellis-test-{uuid.uuid4().hex[:12]}"
-    base = [tmux, "-L", socket, "-f", "/dev/null"]
-    subprocess.run(
-        [*base, "new-session", "-d", "-x", "200", "-y", "50", "sh", str(tmp_path / "run.sh")],
-        check=True,
-        timeout=60,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not (tmp_path / "rc.txt").exists() or not (tmp_path / "rc.txt").read_text():
-            assert time.monotonic() < deadline, "the script did not finish under tmux"
-            time.sleep(0.2)
-        pane = subprocess.run(
-            [*base, "capture-pane", "-p", "-J", "-S", "-200"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-    finally:
-        subprocess.run([*base, "kill-server"], capture_output=True, timeout=60, check=False)
-    assert (tmp_path / "rc.txt").read_text().strip() == "0", pane
+    assert status == "0", pane
     out = (tmp_path / "out.txt").read_text()
     assert SUMMARY in out and PANEL in out, out
     assert "[bellis]" not in out and "♻" not in out, out

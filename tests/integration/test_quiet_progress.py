@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 import os
 import shlex
-import shutil
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
+
+from kit.terminal import needs_tmux, run_in_terminal
 
 SCRIPT = """
 import sys
@@ -105,46 +104,17 @@ def test_a_bad_interval_is_an_error_that_names_the_variable(tmp_path: Path) -> N
     assert "BELLIS_PROGRESS_INTERVAL=60" in done.stderr, done.stderr
 
 
+@needs_tmux
 def test_a_terminal_keeps_its_live_bar(tmp_path: Path) -> None:
     """The variable spaces the plain lines only: on a terminal the tqdm bar is as before."""
-    tmux = shutil.which("tmux")
-    if tmux is None:
-        pytest.skip("tmux is not installed (apt-get install -y tmux): no terminal to test with")
     script = tmp_path / "quiet.py"
     script.write_text(SCRIPT)
-    env = "".join(
-        f"export {name}={shlex.quote(os.environ[name])}\n"
-        for name in ("PYTHONPATH", "PATH", "HOME")
-        if name in os.environ
+    status, pane = run_in_terminal(
+        tmp_path,
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} distributed 20 > out.txt",
+        setup="export BELLIS_PROGRESS_INTERVAL=1\n",
     )
-    (tmp_path / "run.sh").write_text(
-        f"{env}export BELLIS_PROGRESS_INTERVAL=1\ncd {shlex.quote(str(tmp_path))}\n"
-        f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} distributed 20 > out.txt\n"
-        "echo $? > rc.txt\n"
-        "sleep 600\n"  # keeps the pane open until it is captured
-    )
-    socket = f"bellis-test-{uuid.uuid4().hex[:12]}"
-    base = [tmux, "-L", socket, "-f", "/dev/null"]
-    subprocess.run(
-        [*base, "new-session", "-d", "-x", "200", "-y", "50", "sh", str(tmp_path / "run.sh")],
-        check=True,
-        timeout=60,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not (tmp_path / "rc.txt").exists() or not (tmp_path / "rc.txt").read_text():
-            assert time.monotonic() < deadline, "the script did not finish under tmux"
-            time.sleep(0.2)
-        pane = subprocess.run(
-            [*base, "capture-pane", "-p", "-J", "-S", "-200"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-    finally:
-        subprocess.run([*base, "kill-server"], capture_output=True, timeout=60, check=False)
-    assert (tmp_path / "rc.txt").read_text().strip() == "0", pane
+    assert status == "0", pane
     # a tqdm bar that ended at 400/400 with the task's final symbol, and no plain lines
     assert "quiet ✔ ♻=0" in pane and "400/400" in pane, pane
     assert "[bellis]" not in pane, pane

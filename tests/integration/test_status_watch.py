@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from kit.terminal import Terminal, exit_status, needs_tmux, terminal_script
 
 FIXTURE = Path(__file__).parent.parent / "compat" / "daisy_store_fixture"
 
@@ -84,33 +85,14 @@ def _watch_cmd(store: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "bellis", "status", str(store), "--watch", *extra]
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_watch_redraws_in_a_terminal_and_exits_when_the_run_ends(
     tmp_path: Path, slow_run: tuple[Path, subprocess.Popen[str]]
 ) -> None:
     store, run = slow_run
-    socket = f"bellis-test-{uuid.uuid4().hex[:8]}"
-    rc_file = tmp_path / "watch.rc"
-    inner = " ".join(_watch_cmd(store, "0.5"))
-    command = (
-        f"env PYTHONPATH={os.environ.get('PYTHONPATH', '')} {inner}; echo $? > {rc_file}; sleep 60"
-    )
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-s", "w", "-x", "120", "-y", "50", command],
-        check=True,
-        timeout=30,
-    )
-    try:
-
-        def capture() -> str:
-            return subprocess.run(
-                [*tmux, "capture-pane", "-p", "-t", "w"],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=30,
-            ).stdout
+    script = terminal_script(tmp_path, shlex.join(_watch_cmd(store, "0.5")))
+    with Terminal(f"sh {shlex.quote(str(script))}", 120, 50) as term:
+        capture = term.capture
 
         def done_in_pane(text: str) -> int | None:
             m = re.search(r"^\s+done\s+(\d+)\s*$", text, re.MULTILINE)
@@ -136,14 +118,10 @@ def test_watch_redraws_in_a_terminal_and_exits_when_the_run_ends(
         assert second[0].count("block tracking at") == 1, second[0]
         assert run.poll() is None or (done_in_pane(second[0]) or 0) == 48
         # it exits by itself, 0, once the run ends
-        _wait_for(rc_file.exists, 300, "the watch to exit")
+        assert exit_status(tmp_path) == "0"
         assert run.wait(timeout=300) == 0
-        _wait_for(lambda: rc_file.read_text().strip() != "", 10, "the exit code")
-        assert rc_file.read_text().strip() == "0"
         final = capture()
         assert done_in_pane(final) == 48 and "run ended" in final, final
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
 
 
 @pytest.mark.parametrize("slow_run", [True, False], indirect=True, ids=["stamps", "no-stamps"])

@@ -14,6 +14,8 @@ test module imports another: what two of them share lives here.
 * ``user_script``: a user's script run in a subprocess, and what it leaves behind (the
   memory ladder's script and its checks among them).
 * ``browser``: headless Chromium for the HTML report tests, and the page's network requests.
+* ``terminal``: a real terminal (a tmux pane on a private server) for the tests of what a
+  user sees on a TTY: progress bars, ``bellis status --watch``.
 * ``failing_pipeline``: a user's pipeline script whose blocks fail in known ways (two
   exceptions, a timeout, a block that fails once), for the error records and the report.
 """

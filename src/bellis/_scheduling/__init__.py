@@ -3,6 +3,7 @@ happens when something arrives, ends or runs late.
 
 Owns:
   ``_scheduler``   which block is ready; releases, retries, orphans
+  ``_startup``     the scheduler's start: edges checked and wired, first states in bulk
   ``_task_run``    one task's run state: block and task states, counters, store cells
   ``_dispatch``    the :class:`Dispatcher`: events in, instructions out
   ``_returns``     what a returned batch does: backups settle, rows recorded, releases

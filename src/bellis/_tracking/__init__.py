@@ -11,7 +11,10 @@ Owns:
   ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
                 ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
                 directories and ``s3://`` URLs)
-  ``_store``    ``TrackingStore``: open, record, flush; crash-safe chunk writes
+  ``_store``    ``TrackingStore``: the open store's arrays, record, flush; crash-safe
+                chunk writes
+  ``_opening``  opening a store: its group against the layout (reuse, migrate, refuse),
+                its arrays checked and mapped, writable or read-only
   ``_layout``   ``StoreLayout``: the grid, its anchor and the cells; the layout hash
   ``_files``    zarr.json documents, atomic and durable writes, memory-mapped chunk arrays,
                 ``outputs.json`` (the declared outputs, for ``bellis verify``)

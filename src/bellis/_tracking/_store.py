@@ -19,25 +19,14 @@ close; recovery and migration happen under it. The maps are the only copy of
 the data; ``flush()`` msyncs them and readers (zarr-python included) see every store as
 soon as it is made, because they read the same page cache.
 
-Opening (SPEC §4.4) compares the stored ``daisy_task_hash`` with the layout's. A match
-reuses the store, a bare array (an old daisy store) or a mismatch raises
-:class:`~bellis.errors.LayoutMismatch`, and a group without a hash is a caller-provided
-store whose arrays are checked by shape and dtype.
-
-Growing a volume
-----------------
-bellis also records the structural layout (``bellis_layout``, see ``_layout.py``). When
-the hash differs but :func:`~bellis._tracking._layout.plan_growth` finds that the old
-grid sits inside the new one at a whole-cell shift, the store is migrated instead of
-refused (``_migrate.py``, whose docstring tells why a crash anywhere leaves a usable store).
-Every writable open first runs its recovery. ``open_readonly`` applies the same rule
-without writing: an array that has a ``c.pre-<H>`` is read from there. The file
-primitives (atomic writes, the mapped chunks) are in ``_files.py``.
+Opening (SPEC §4.4: the stored hash against the layout's, a grown volume migrated, the
+arrays checked and mapped) is ``_opening.py``; this module is the open store: its arrays,
+the per-block records (the scheduler's hot path) and its lifetime. The file primitives
+(atomic writes, the mapped chunks) are in ``_files.py``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -55,22 +44,16 @@ from ._codever import CODE_ARRAY, read_table, register
 from ._disk import (
     LOCK_NAME,
     StoreLock,
-    check_space,
-    unreserved_bytes,
 )
 from ._files import (
     cell_count,
     chunk_files,
-    chunk_parts,
     clear_cells,
     create_array,
     make_dir,
     map_array,
-    map_readonly,
     open_error,
-    read_json,
     rmtree,
-    write_atomic,
 )
 from ._layout import (
     ARRAY_DTYPES,
@@ -80,20 +63,9 @@ from ._layout import (
     GRANT_ARRAY,
     NO_WORKER,
     STAT_ARRAYS,
-    StoreGrowth,
     StoreLayout,
-    check_array,
-    dump_metadata,
-    group_metadata,
-    int_shape,
-    invalid_metadata,
-    layout_hash,
-    layout_mismatch,
-    layout_record,
-    plan_growth,
-    reshaped_metadata,
 )
-from ._migrate import PRE_PREFIX, migrate, recover
+from ._opening import open_readable, open_writable
 
 __all__ = ["TrackingStore", "delete_store"]
 
@@ -223,7 +195,7 @@ class TrackingStore:
         :meth:`open_stats` (a distributed run does it while its workers start).
 
         Raises :class:`LayoutMismatch` when the store belongs to another layout and
-        cannot follow it (a grown volume can, see the module docstring), and
+        cannot follow it (a grown volume can, see ``_opening``), and
         :class:`TrackingError` for invalid metadata and IO errors: a full disk (every
         chunk's blocks are reserved here), a read-only filesystem, and a store that another
         run holds (its lock is held from here to :meth:`close`).
@@ -257,94 +229,22 @@ class TrackingStore:
         resource_tracking: bool,
         lock: StoreLock,
     ) -> TrackingStore:
-        expected = layout_hash(layout)
-        record = layout_record(layout)
-        group_file = root / "zarr.json"
-        group = read_json(group_file)
-        migrated_from: tuple[int, ...] | None = None
-        stored: Any = None
-        if group is None:
-            write_atomic(group_file, dump_metadata(group_metadata(expected, record)))
-            stored = expected
-        else:
-            node_type = group.get("node_type")
-            attributes = group.get("attributes")
-            if not isinstance(attributes, dict):
-                attributes = {}
-            stored = attributes.get("daisy_task_hash")
-            if stored is not None and not isinstance(stored, str):
-                raise invalid_metadata(
-                    str(group_file), "attributes.daisy_task_hash is not a string"
-                )
-            if node_type == "group" and stored is not None:
-                recover(root, stored, attributes.get("bellis_layout"))
-            if stored is None:
-                if node_type != "group":
-                    raise invalid_metadata(
-                        display,
-                        f"tracking path {display} exists but is not a zarr group "
-                        f"(node_type = {json.dumps(node_type)}) and carries no daisy_task_hash; "
-                        f"delete it to start fresh:\n    rm -rf {display}",
-                    )
-            elif stored == expected:
-                if node_type != "group":
-                    raise layout_mismatch(
-                        display,
-                        f'<zarr node_type = {json.dumps(node_type)}, expected "group">',
-                        expected,
-                    )
-                if attributes.get("bellis_layout") != record:
-                    updated = dict(group)
-                    updated["attributes"] = {**attributes, "bellis_layout": record}
-                    write_atomic(group_file, dump_metadata(updated))
-            else:
-                plan: StoreGrowth | str = "the store is not a zarr group"
-                if node_type == "group":
-                    plan = plan_growth(attributes.get("bellis_layout"), layout)
-                if isinstance(plan, str):
-                    _log.info(
-                        "block tracking at %s cannot follow the new layout: %s", display, plan
-                    )
-                    raise layout_mismatch(display, stored, expected)
-                migrate(root, display, {**group, "attributes": attributes}, plan, expected, record)
-                migrated_from = plan.old_grid
-                stored = expected
-
-        grid = layout.grid_shape
-        names = BASE_ARRAYS + (STAT_ARRAYS if resource_tracking else ())
-        # the resource arrays open_stats() creates later are counted now: a full disk is
-        # an error here, before any block runs
-        check_space(display, unreserved_bytes(chunk_files(root, grid, names)), root)
-        arrays: dict[str, np.memmap[Any, Any]] = {}
-        missing: list[str] = []
-        created: list[str] = []
-        for name in names:
-            meta_file = root / name / "zarr.json"
-            meta = read_json(meta_file)
-            if meta is not None:
-                check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
-                arrays[name] = map_array(root, name, grid)
-            elif name in BASE_ARRAYS:
-                if not root.joinpath(name, "c", *chunk_parts(len(grid))).exists():
-                    created.append(name)
-                arrays[name] = create_array(root, name, grid)
-            else:
-                missing.append(name)  # created by open_stats()
+        opened = open_writable(root, display, layout, resource_tracking)
         store = cls(
             root,
             layout,
-            grid,
-            arrays,
+            opened.grid,
+            opened.arrays,
             writable=True,
             tracks_resources=resource_tracking,
-            task_hash=stored,
-            record=record,
-            migrated_from=migrated_from,
+            task_hash=opened.task_hash,
+            record=opened.record,
+            migrated_from=opened.migrated_from,
             lock=lock,
         )
-        store._missing_stats = tuple(missing)
-        store.created = "done" in created
-        if not missing and resource_tracking:
+        store._missing_stats = opened.missing
+        store.created = opened.created
+        if not opened.missing and resource_tracking:
             store._map_stats()
         return store
 
@@ -415,75 +315,20 @@ class TrackingStore:
         """
         display = os.fspath(path)
         try:
-            return cls._open_readonly(Path(path), display)
+            opened = open_readable(Path(path), display)
         except OSError as exc:
             raise TrackingError(
                 f"io error opening block tracking at {display}: {exc}", path=display
             ) from exc
-
-    @classmethod
-    def _open_readonly(cls, root: Path, display: str) -> TrackingStore:
-        group = read_json(root / "zarr.json")
-        if group is None:
-            raise TrackingError(
-                f"no block tracking at {display} (zarr.json is missing)", path=display
-            )
-        node_type = group.get("node_type")
-        if node_type != "group":
-            raise invalid_metadata(
-                display,
-                f"tracking path {display} exists but is not a zarr group "
-                f"(node_type = {json.dumps(node_type)}); delete it to start fresh:\n"
-                f"    rm -rf {display}",
-            )
-        attributes = group.get("attributes")
-        if not isinstance(attributes, dict):
-            attributes = {}
-        stored = attributes.get("daisy_task_hash")
-        stored = stored if isinstance(stored, str) else None
-        record = attributes.get("bellis_layout")
-        record = record if isinstance(record, dict) else None
-        committed_grid = int_shape(record.get("grid_shape")) if record is not None else None
-        pre_name = PRE_PREFIX + stored if stored is not None else None
-
-        grid: tuple[int, ...] | None = committed_grid
-        arrays: dict[str, np.memmap[Any, Any]] = {}
-        for name in (
-            BASE_ARRAYS + STAT_ARRAYS + (CODE_ARRAY, CHECKSUM_ARRAY, GRANT_ARRAY) + CACHE_ARRAYS
-        ):
-            directory = root / name
-            meta_file = directory / "zarr.json"
-            meta = read_json(meta_file)
-            if meta is None:
-                if name in BASE_ARRAYS:
-                    raise invalid_metadata(display, f"the group has no {name!r} array")
-                continue
-            chunk_dir = directory / "c"
-            if pre_name is not None and (directory / pre_name).exists():
-                chunk_dir = directory / pre_name
-                meta = (
-                    reshaped_metadata(meta, committed_grid) if committed_grid is not None else meta
-                )
-            if grid is None:
-                shape = int_shape(meta.get("shape"))
-                if shape is None:
-                    raise invalid_metadata(display, f"{meta_file} has no valid shape")
-                grid = shape
-            check_array(display, meta_file, meta, grid, ARRAY_DTYPES[name])
-            dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
-            arrays[name] = map_readonly(
-                chunk_dir.joinpath(*chunk_parts(len(grid))), dtype, grid, display
-            )
-        assert grid is not None
         return cls(
-            root,
+            Path(path),
             None,
-            grid,
-            arrays,
+            opened.grid,
+            opened.arrays,
             writable=False,
             tracks_resources=False,
-            task_hash=stored,
-            record=record,
+            task_hash=opened.task_hash,
+            record=opened.record,
         )
 
     def scratch(self) -> TrackingStore:
