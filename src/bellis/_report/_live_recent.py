@@ -20,7 +20,7 @@ once a second, never per block.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,7 +35,9 @@ __all__ = [
     "MIN_TREND_BLOCKS",
     "RECENT_WINDOW_SECONDS",
     "RISE_FLAG",
+    "driver_recent",
     "lanes",
+    "race_marks",
     "recent_blocks",
     "wall_histogram",
     "wall_trend",
@@ -100,10 +102,11 @@ def lanes(
     rss: NDArray[Any] | None,
     cpu: NDArray[Any] | None,
     wall: NDArray[Any],
+    failed: NDArray[Any] | None = None,
 ) -> list[dict[str, Any]]:
     """One lane per worker id (ascending; blocks run by no managed worker, as in serial
     mode, in a lane named ``driver``), each block ``[start, end, cell, peak RSS MB or None,
-    CPU share or None]`` in start order."""
+    CPU share or None, failed (True, False, or None: not known)]`` in start order."""
     out: list[dict[str, Any]] = []
     for wid in sorted({int(x) for x in worker.tolist()}):
         pick = np.flatnonzero(worker == wid)
@@ -114,8 +117,9 @@ def lanes(
             share = None
             if cpu is not None and float(wall[i]) > 0:
                 share = round(float(cpu[i]) / float(wall[i]), 3)
-            blocks.append([float(sent[i]), float(returned[i]), int(cells[i]), mb, share])
-        out.append({"worker": "driver" if wid == NO_WORKER else str(wid), "blocks": blocks})
+            bad = None if failed is None else bool(failed[i])
+            blocks.append([float(sent[i]), float(returned[i]), int(cells[i]), mb, share, bad])
+        out.append({"worker": lane_name(wid), "blocks": blocks})
     return out
 
 
@@ -161,3 +165,69 @@ def recent_blocks(store: Path) -> dict[str, Any] | None:
         "histogram": wall_histogram(wall.tolist()),
         "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
     }
+
+
+def lane_name(worker_id: int) -> str:
+    """The lane of ``worker_id``: its number, or ``driver`` (no managed worker: -1 in the
+    driver, :data:`NO_WORKER` in a store)."""
+    return "driver" if worker_id < 0 or worker_id == NO_WORKER else str(worker_id)
+
+
+def driver_recent(
+    entries: Sequence[tuple[int, float, float, int, bool]], cell_of: Callable[[int], int]
+) -> dict[str, Any] | None:
+    """The lanes, the histogram and the trend (as :func:`recent_blocks` makes them) of the
+    blocks the driver released, ``(worker_id, sent, returned, k, ok)`` in UNIX seconds
+    (``TaskRun.recent``), for a run that tracks no resources: no RSS, no CPU, each bar
+    marked failed or not. Blocks ``k`` are named by their store cell (``cell_of``). The
+    window is the :data:`RECENT_WINDOW_SECONDS` before the latest return; None when no
+    block came back yet."""
+    if not entries:
+        return None
+    end = max(e[2] for e in entries)
+    keep = [e for e in entries if e[2] > end - RECENT_WINDOW_SECONDS][-MAX_RECENT_BLOCKS:]
+    worker = np.array([e[0] for e in keep], dtype=np.int64)
+    sent = np.array([e[1] for e in keep], dtype=np.float64)
+    returned = np.array([e[2] for e in keep], dtype=np.float64)
+    cells = np.array([cell_of(e[3]) for e in keep], dtype=np.int64)
+    failed = np.array([not e[4] for e in keep], dtype=bool)
+    wall = np.maximum(returned - sent, 0.0)
+    by_time = np.argsort(returned, kind="stable")
+    return {
+        "window_seconds": RECENT_WINDOW_SECONDS,
+        "start": float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS)),
+        "end": end,
+        "blocks": len(keep),
+        "workers": len({int(x) for x in worker.tolist()}),
+        "lanes": lanes(worker, sent, returned, cells, None, None, wall, failed),
+        "histogram": wall_histogram(wall.tolist()),
+        "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
+        "source": "driver",
+    }
+
+
+def race_marks(
+    races: Sequence[tuple[int, int, float, int, float, float, bool]],
+    cell_of: Callable[[int], int],
+) -> list[dict[str, Any]]:
+    """The lanes' marks of the races between a straggler and its backup copy
+    (``TaskRun.races``: block ``k``, the winner's worker and start, the loser's worker and
+    start, when the race ended, whether the copy won), two marks per race: the original
+    (``kind`` ``straggler``) and the copy (``backup``), each on its worker's lane from its
+    start to the race's end, with whether it won."""
+    out: list[dict[str, Any]] = []
+    for k, w_win, w_start, w_lose, l_start, ended, copy_won in races:
+        cell = cell_of(k)
+        for worker, start, won in ((w_win, w_start, True), (w_lose, l_start, False)):
+            is_copy = won == copy_won
+            out.append(
+                {
+                    "cell": cell,
+                    "worker": lane_name(worker),
+                    "start": start,
+                    "end": ended,
+                    "kind": "backup" if is_copy else "straggler",
+                    "won": won,
+                }
+            )
+    return out
