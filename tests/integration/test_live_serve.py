@@ -253,6 +253,9 @@ def test_the_server_needs_its_token_and_serves_only_its_two_resources(tmp_path: 
             "/index.html",
             f"/{store}/zarr.json",
             "/api/",
+            "/report.html/",
+            "/../report.html",
+            "/trace.json/../../etc/passwd",
         ]
         for path in traversals:
             conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
