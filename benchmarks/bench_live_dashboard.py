@@ -10,8 +10,9 @@ A, B, C, A, B, C ...:
   goes out as soon as the URL is printed, so even a short run is polled).
 
 Each child times ``run_blockwise`` alone (imports and the interpreter's start are not in
-it). Prints the medians, the ratios B/A and C/A, the polls answered and the load average
-before and after.
+it). Prints the medians, their ratios B/A and C/A, the median of the per-repetition
+ratios (each repetition's B and C over its own A: slow swings of a shared machine's load
+cancel), the polls answered and the load average before and after.
 
     git archive <base> src | tar -x -C /tmp/base
     python benchmarks/bench_live_dashboard.py --base /tmp/base/src [--reps 11] [--blocks 10000]
@@ -162,7 +163,12 @@ def main() -> None:
         f"({rate['C']:,.0f} blocks/s; polls answered per run: median "
         f"{statistics.median(polls):.0f})"
     )
-    print(f"ratio B/A {med['B'] / med['A']:.3f}, C/A {med['C'] / med['A']:.3f}")
+    print(f"ratio of medians B/A {med['B'] / med['A']:.3f}, C/A {med['C'] / med['A']:.3f}")
+    paired = {
+        k: statistics.median(x / a for x, a in zip(walls[k], walls["A"], strict=True))
+        for k in ("B", "C")
+    }
+    print(f"median of the per-rep ratios B/A {paired['B']:.3f}, C/A {paired['C']:.3f}")
     print(f"walls A {[round(w, 3) for w in walls['A']]}")
     print(f"walls B {[round(w, 3) for w in walls['B']]}")
     print(f"walls C {[round(w, 3) for w in walls['C']]}")

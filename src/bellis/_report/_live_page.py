@@ -305,8 +305,8 @@ function renderRecent(){
     ctx.fillStyle = "#333333";
     ctx.fillText("worker " + lane.worker + " (" + lane.blocks.length + ")", 2, y + 13);
     lane.blocks.forEach(function(b){
-      var x0 = LANE_LABEL + (b[0] - r.start) / span * LANE_W;
-      var x1 = LANE_LABEL + (b[1] - r.start) / span * LANE_W;
+      var x0 = LANE_LABEL + b[0] / span * LANE_W;  // (seconds after r.start)
+      var x1 = LANE_LABEL + b[1] / span * LANE_W;
       ctx.fillStyle = b[5] ? state.colours[4] : done;
       ctx.fillRect(Math.max(LANE_LABEL, x0), y + 2, Math.max(1, x1 - x0), LANE_H - 4);
     });
@@ -365,16 +365,18 @@ function laneAt(x, y){
   if (!lanesDrawn) return;
   var r = lanesDrawn.r, lane = r.lanes[Math.floor(y / LANE_H)];
   if (!lane || x < LANE_LABEL) return;
-  var t = r.start + (x - LANE_LABEL) / LANE_W * lanesDrawn.span, pre = $("lane-block");
+  var t = (x - LANE_LABEL) / LANE_W * lanesDrawn.span, pre = $("lane-block");
   var px = lanesDrawn.span / LANE_W, marked = (r.marks || []).filter(function(m){
-    return m.worker === lane.worker && t >= m.start - 3 * px && t <= m.end + 3 * px;
+    return m.worker === lane.worker && r.start + t >= m.start - 3 * px &&
+      r.start + t <= m.end + 3 * px;
   }).map(markText).join("; ");
   if (marked){ text(pre, "worker " + lane.worker + ": " + marked); return; }
   for (var i = 0; i < lane.blocks.length; i++){
     var b = lane.blocks[i];
     if (t >= b[0] - px && t <= b[1] + px){
       text(pre, "worker " + lane.worker + ": cell (flat) " + b[2] + ", wall " +
-        (b[1] - b[0]).toFixed(3) + " s, ended " + new Date(b[1] * 1000).toLocaleTimeString() +
+        (b[1] - b[0]).toFixed(3) + " s, ended " +
+        new Date((r.start + b[1]) * 1000).toLocaleTimeString() +
         (b[3] === null ? "" : ", peak RSS " + b[3] + " MB") +
         (b[4] === null ? "" : ", CPU " + Math.round(b[4] * 100) + "%") +
         (b[5] ? ", failed" : ""));

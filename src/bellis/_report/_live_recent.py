@@ -103,23 +103,42 @@ def lanes(
     cpu: NDArray[Any] | None,
     wall: NDArray[Any],
     failed: NDArray[Any] | None = None,
+    origin: float = 0.0,
 ) -> list[dict[str, Any]]:
     """One lane per worker id (ascending; blocks run by no managed worker, as in serial
     mode, in a lane named ``driver``), each block ``[start, end, cell, peak RSS MB or None,
-    CPU share or None, failed (True, False, or None: not known)]`` in start order."""
+    CPU share or None, failed (True, False, or None: not known)]`` in start order, start
+    and end in seconds after ``origin`` to 0.1 ms (short numbers: a short answer)."""
     out: list[dict[str, Any]] = []
-    for wid in sorted({int(x) for x in worker.tolist()}):
+    for wid in np.unique(worker).tolist():
         pick = np.flatnonzero(worker == wid)
         pick = pick[np.argsort(sent[pick], kind="stable")]
-        blocks = []
-        for i in pick.tolist():
-            mb = None if rss is None else round(float(rss[i]) / 2**20, 1)
-            share = None
-            if cpu is not None and float(wall[i]) > 0:
-                share = round(float(cpu[i]) / float(wall[i]), 3)
-            bad = None if failed is None else bool(failed[i])
-            blocks.append([float(sent[i]), float(returned[i]), int(cells[i]), mb, share, bad])
-        out.append({"worker": lane_name(wid), "blocks": blocks})
+        n = int(pick.size)
+        # whole columns at once (the page's answer is built at most once a second, in the
+        # driver's process when the run serves it: no Python step per block but the zip)
+        nothing: list[Any] = [None] * n
+        mb = nothing if rss is None else np.round(rss[pick] / 2**20, 1).tolist()
+        share = nothing
+        if cpu is not None:
+            w = wall[pick].astype(np.float64)
+            ok = w > 0
+            ratio = np.round(np.divide(cpu[pick], w, out=np.zeros(n), where=ok), 3)
+            share = [
+                r if good else None for r, good in zip(ratio.tolist(), ok.tolist(), strict=True)
+            ]
+        bad = nothing if failed is None else np.asarray(failed[pick], dtype=bool).tolist()
+        blocks = list(
+            zip(
+                np.round(sent[pick].astype(np.float64) - origin, 4).tolist(),
+                np.round(returned[pick].astype(np.float64) - origin, 4).tolist(),
+                cells[pick].astype(np.int64).tolist(),
+                mb,
+                share,
+                bad,
+                strict=True,
+            )
+        )
+        out.append({"worker": lane_name(int(wid)), "blocks": blocks})
     return out
 
 
@@ -155,13 +174,14 @@ def recent_blocks(store: Path) -> dict[str, Any] | None:
         wall = np.where(wall > 0, wall, np.maximum(returned - sent, 0.0))
         rss, cpu = column("peak_rss_bytes"), column("cpu_seconds")
     by_time = np.argsort(returned, kind="stable")
+    start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
     return {
         "window_seconds": RECENT_WINDOW_SECONDS,
-        "start": float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS)),
+        "start": start,
         "end": end,
         "blocks": int(cells.size),
         "workers": len({int(x) for x in worker.tolist()}),
-        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall),
+        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall, origin=start),
         "histogram": wall_histogram(wall.tolist()),
         "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
     }
@@ -184,22 +204,24 @@ def driver_recent(
     block came back yet."""
     if not entries:
         return None
-    end = max(e[2] for e in entries)
-    keep = [e for e in entries if e[2] > end - RECENT_WINDOW_SECONDS][-MAX_RECENT_BLOCKS:]
-    worker = np.array([e[0] for e in keep], dtype=np.int64)
-    sent = np.array([e[1] for e in keep], dtype=np.float64)
-    returned = np.array([e[2] for e in keep], dtype=np.float64)
-    cells = np.array([cell_of(e[3]) for e in keep], dtype=np.int64)
-    failed = np.array([not e[4] for e in keep], dtype=bool)
+    table = np.array(entries[-MAX_RECENT_BLOCKS:], dtype=np.float64)  # one pass, in C
+    end = float(table[:, 2].max())
+    table = table[table[:, 2] > end - RECENT_WINDOW_SECONDS]
+    worker = table[:, 0].astype(np.int64)
+    sent, returned = table[:, 1], table[:, 2]
+    ks = table[:, 3].astype(np.int64)
+    cells = np.array([cell_of(k) for k in ks.tolist()], dtype=np.int64)
+    failed = table[:, 4] == 0
     wall = np.maximum(returned - sent, 0.0)
     by_time = np.argsort(returned, kind="stable")
+    start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
     return {
         "window_seconds": RECENT_WINDOW_SECONDS,
-        "start": float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS)),
+        "start": start,
         "end": end,
-        "blocks": len(keep),
-        "workers": len({int(x) for x in worker.tolist()}),
-        "lanes": lanes(worker, sent, returned, cells, None, None, wall, failed),
+        "blocks": int(table.shape[0]),
+        "workers": int(np.unique(worker).size),
+        "lanes": lanes(worker, sent, returned, cells, None, None, wall, failed, start),
         "histogram": wall_histogram(wall.tolist()),
         "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
         "source": "driver",
