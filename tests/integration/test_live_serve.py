@@ -13,103 +13,32 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
 from kit import browser
 from kit.failing_pipeline import KEY_BLOCKS, VALUE_BLOCKS, FailingRun, run_failing
+from kit.live import (
+    block_pre,
+    driver_page,
+    get,
+    needs_chromium,
+    resource,
+    serve,
+    state_of,
+    status_json,
+)
 
 FIXTURE = Path(__file__).parent.parent / "compat" / "daisy_store_fixture"
-needs_chromium = pytest.mark.skipif(
-    browser.chromium() is None, reason="no chromium on PATH (.ci/run installs Debian's)"
-)
-_URL = re.compile(r"live page at (http://\S+)")
-
-
-@contextmanager
-def serve(*paths: Path, extra: tuple[str, ...] = ()) -> Iterator[str]:
-    """``bellis serve PATHS`` in a subprocess; yields the URL it printed (with its token),
-    and ends it with SIGINT (as Ctrl-C does) in a ``finally``."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bellis", "serve", *map(str, paths), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.put(line)
-        lines.put("")
-
-    pumping = threading.Thread(target=pump, daemon=True)
-    pumping.start()
-    try:
-        seen = []
-        while True:
-            line = lines.get(timeout=120)
-            seen.append(line)
-            assert line, f"bellis serve ended (rc {proc.wait()}): {''.join(seen)}"
-            m = _URL.search(line)
-            if m:
-                break
-        yield m.group(1)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        pumping.join(timeout=60)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def state_of(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    code, body = get(f"{parts.scheme}://{parts.netloc}/api/state.json?{parts.query}")
-    assert code == 200, body
-    found: dict[str, Any] = json.loads(body)
-    return found
-
-
-def status_json(store: Path) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bellis", "status", str(store), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    found: dict[str, Any] = json.loads(proc.stdout)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -136,46 +65,6 @@ def test_serve_shows_the_counts_of_the_store(failed_run: FailingRun) -> None:
     assert task["map"]["shape"] == [1, *expected["grid"]]
 
 
-def _probe_dom(url: str) -> str:
-    exe = browser.chromium()
-    assert exe is not None
-    profile = Path(tempfile_dir())
-    try:
-        proc = subprocess.run(
-            [
-                exe,
-                *browser.FLAGS,
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=8000",
-                "--dump-dom",
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert 'data-rendered="yes"' in proc.stdout, proc.stderr[-2000:]
-    return proc.stdout
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="bellis-live-")
-
-
-def _block_pre(dom: str) -> tuple[dict[str, str], str]:
-    import html
-
-    m = re.search(r"<pre id=\"block\"([^>]*)>(.*?)</pre>", dom, re.S)
-    assert m, dom[-3000:]
-    attrs = dict(re.findall(r'(data-[a-z]+)="([^"]*)"', m.group(1)))
-    return attrs, html.unescape(m.group(2))
-
-
 @needs_chromium
 def test_the_page_shows_the_store_in_chromium(failed_run: FailingRun) -> None:
     expected = status_json(failed_run.store)
@@ -184,15 +73,15 @@ def test_the_page_shows_the_store_in_chromium(failed_run: FailingRun) -> None:
     failed_cell = failed[0] * grid[1] + failed[1]
     done_cell = 0  # block (0, 0) never fails
     with serve(failed_run.store) as url:
-        dom_failed = _probe_dom(f"{url}#cell={failed_cell}")
-        dom_done = _probe_dom(f"{url}#cell={done_cell}")
+        dom_failed = browser.dump_dom(f"{url}#cell={failed_cell}")
+        dom_done = browser.dump_dom(f"{url}#cell={done_cell}")
     row = re.search(r'<tr data-task="store">(.*?)</tr>', dom_failed, re.S)
     assert row, dom_failed[-3000:]
     cells = dict(re.findall(r'data-key="([a-z_]+)">([^<]*)<', row.group(1)))
     for key in ("blocks", "done", "failed", "retried", "failed_attempts"):
         assert cells[key] == str(expected[key]), (key, cells)
     assert 'data-finished="yes"' in dom_failed
-    attrs, text = _block_pre(dom_failed)
+    attrs, text = block_pre(dom_failed)
     assert attrs["data-state"] == "4"
     assert attrs["data-pixel"] == "#d62728"  # the canvas pixel: the report's red
     assert "state failed" in text
@@ -200,10 +89,52 @@ def test_the_page_shows_the_store_in_chromium(failed_run: FailingRun) -> None:
     assert f"cell {failed[0]}, {failed[1]}" in text
     assert "ROI [10:20, 20:30)" in text
     assert "failed attempts 3" in text
-    attrs, text = _block_pre(dom_done)
+    attrs, text = block_pre(dom_done)
     assert attrs["data-state"] == "2"
     assert attrs["data-pixel"] == "#2ca02c"
     assert "block id 0" in text and "state done" in text
+
+
+def test_the_finished_page_links_the_report_and_the_trace(
+    failed_run: FailingRun, tmp_path: Path
+) -> None:
+    # the ground truth: what `bellis report` writes of the same store
+    trace_file = tmp_path / "trace.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bellis",
+            "report",
+            str(failed_run.store),
+            "--trace",
+            str(trace_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = json.loads(trace_file.read_text())
+    with serve(failed_run.store) as url:
+        state = state_of(url)
+        assert (state["report_url"], state["trace_url"]) == ("report.html", "trace.json")
+        code, report = get(resource(url, "report.html"))
+        code_trace, trace = get(resource(url, "trace.json"))
+        no_token = [get(resource(url, p).split("?")[0])[0] for p in ("report.html", "trace.json")]
+        wrong = [get(resource(url, p) + "x")[0] for p in ("report.html", "trace.json")]
+        dom = None if needs_chromium.args[0] else browser.dump_dom(url)
+    assert (code, code_trace, no_token, wrong) == (200, 200, [403, 403], [403, 403])
+    assert b"<title>bellis run report</title>" in report
+    assert str(failed_run.store).encode() in report
+    served = json.loads(trace)
+    assert served["otherData"] == expected["otherData"]
+    assert len(served["traceEvents"]) == len(expected["traceEvents"])
+    if dom is not None:  # the finished page links both, with its token
+        token = urlsplit(url).query.split("=", 1)[1]
+        assert re.search(r'<div id="links" data-finished="yes">', dom), dom[-3000:]
+        assert f'id="report-link" href="report.html?token={token}"' in dom
+        assert f'id="trace-link" href="trace.json?token={token}"' in dom
 
 
 SLOW = """
@@ -322,6 +253,9 @@ def test_the_server_needs_its_token_and_serves_only_its_two_resources(tmp_path: 
             "/index.html",
             f"/{store}/zarr.json",
             "/api/",
+            "/report.html/",
+            "/../report.html",
+            "/trace.json/../../etc/passwd",
         ]
         for path in traversals:
             conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=60)
@@ -392,16 +326,16 @@ def test_a_3d_map_shows_a_slice_and_the_max_projection(tmp_path: Path) -> None:
     assert status_json(store)["grid"] == [4, 3, 2]
     # cell (2, 1, 0) failed; (0, 1, 0) is done, and the failure lies behind it on axis 0
     with serve(store) as url:
-        dom_slice = _probe_dom(f"{url}#cell={2 * 6 + 1 * 2 + 0}")
-        dom_done = _probe_dom(f"{url}#cell={0 * 6 + 1 * 2 + 0}")
-        dom_proj = _probe_dom(f"{url}#proj=1&cell={0 * 6 + 1 * 2 + 0}")
-    attrs, text = _block_pre(dom_slice)
+        dom_slice = browser.dump_dom(f"{url}#cell={2 * 6 + 1 * 2 + 0}")
+        dom_done = browser.dump_dom(f"{url}#cell={0 * 6 + 1 * 2 + 0}")
+        dom_proj = browser.dump_dom(f"{url}#proj=1&cell={0 * 6 + 1 * 2 + 0}")
+    attrs, text = block_pre(dom_slice)
     assert (attrs["data-state"], attrs["data-pixel"]) == ("4", "#d62728"), text
     assert "cell 2, 1, 0" in text and "ROI [20:30, 10:20, 0:10)" in text
     assert "failed attempts 1" in text
-    attrs, text = _block_pre(dom_done)
+    attrs, text = block_pre(dom_done)
     assert (attrs["data-state"], attrs["data-pixel"]) == ("2", "#2ca02c"), text
-    attrs, text = _block_pre(dom_proj)
+    attrs, text = block_pre(dom_proj)
     assert (attrs["data-state"], attrs["data-pixel"]) == ("4", "#d62728"), text
     assert "projection" in text
 
@@ -450,29 +384,7 @@ def test_run_blockwise_serves_the_page_while_it_runs(tmp_path: Path, mode: str) 
     gate = tmp_path / "gate"
     script = tmp_path / "dash.py"
     script.write_text(DASHBOARD)
-    run = subprocess.Popen(
-        [sys.executable, str(script), mode, str(gate)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        assert run.stderr is not None
-        for line in run.stderr:
-            lines.put(line)
-        lines.put("")
-
-    pumping = threading.Thread(target=pump, daemon=True)
-    pumping.start()
-    try:
-        seen: list[str] = []
-        while not (m := _URL.search(seen[-1] if seen else "")):
-            seen.append(lines.get(timeout=180))
-            assert seen[-1], "".join(seen)
-        url = m.group(1)
+    with driver_page(script, mode, str(gate), cwd=tmp_path) as (run, url):
         assert urlsplit(url).hostname == "127.0.0.1"
         assert get(url.replace("token=", "token=x"))[0] == 403
         task = state_of(url)["tasks"][0]
@@ -487,14 +399,6 @@ def test_run_blockwise_serves_the_page_while_it_runs(tmp_path: Path, mode: str) 
         assert port is not None
         with pytest.raises(OSError):  # the page ends with the run
             socket.create_connection(("127.0.0.1", port), timeout=10).close()
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        pumping.join(timeout=60)
-        for pipe in (run.stdout, run.stderr):
-            if pipe is not None:
-                pipe.close()
 
 
 def test_dashboard_without_a_store_is_a_configuration_error(tmp_path: Path) -> None:
@@ -548,10 +452,10 @@ def test_a_grid_of_more_cells_than_the_map_holds_is_drawn_in_tiles(tmp_path: Pat
     store = tmp_path / "big"
     with serve(store) as url:
         state = state_of(url)
-        dom = _probe_dom(f"{url}#cell=0")
+        dom = browser.dump_dom(f"{url}#cell=0")
     m = state["tasks"][0]["map"]
     assert m["grid"] == [1, 600, 500] and m["tile"] == [1, 2, 1]
     assert m["shape"] == [1, 300, 500] and len(m["codes"]) < 300_000
-    attrs, text = _block_pre(dom)
+    attrs, text = block_pre(dom)
     assert (attrs["data-state"], attrs["data-pixel"]) == ("2", "#2ca02c"), text
     assert "tile of 1 x 2 x 1 cells" in text

@@ -205,3 +205,16 @@ def png_colours(png: Path) -> int:
                 colours.add(bytes(cur[x : x + 3]))
         prev = cur
     return len(colours)
+
+
+def dump_dom(url: str, *, budget_ms: int = 8000, timeout: float = 240) -> str:
+    """Load ``url`` (an http page: the live page) headless and return its DOM once
+    ``budget_ms`` of virtual time have passed; asserts the page said it rendered
+    (``<body data-rendered="yes">``)."""
+    profile = Path(tempfile.mkdtemp(prefix="bellis-live-"))
+    try:
+        proc = _run([f"--virtual-time-budget={budget_ms}", "--dump-dom", url], profile, timeout)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert 'data-rendered="yes"' in proc.stdout, proc.stderr[-2000:]
+    return proc.stdout

@@ -11,7 +11,9 @@ import pytest
 from bellis._block import NO_WORKER
 from bellis._report._live_recent import (
     MIN_TREND_BLOCKS,
+    driver_recent,
     lanes,
+    race_marks,
     wall_histogram,
     wall_trend,
 )
@@ -76,7 +78,45 @@ def test_lanes_group_blocks_by_worker_in_start_order() -> None:
     got = lanes(worker, sent, returned, cells, rss, cpu, wall)
     assert [lane["worker"] for lane in got] == ["3", "7", "driver"]
     assert [[b[2] for b in lane["blocks"]] for lane in got] == [[0, 5], [9, 4], [2]]
-    assert got[1]["blocks"][0] == [10.0, 12.0, 9, 3.0, 0.25]
+    assert list(got[1]["blocks"][0]) == [10.0, 12.0, 9, 3.0, 0.25, None]
     assert got[0]["blocks"][1][4] is None  # no wall time: no CPU share
-    bare = lanes(worker, sent, returned, cells, None, None, wall)
-    assert bare[0]["blocks"][0][3:] == [None, None]
+    bare = lanes(worker, sent, returned, cells, None, None, wall, np.array([0, 0, 0, 0, 1]), 1.0)
+    assert list(bare[0]["blocks"][0]) == [0.0, 2.0, 0, None, None, False]  # after origin 1.0
+    assert bare[0]["blocks"][1][5] is True  # the failed one (index 4)
+
+
+def test_driver_lanes_and_race_marks() -> None:
+    # (worker, sent, returned, k, ok): what the scheduler appends as it takes blocks back
+    entries = [(0, 100.0, 101.0, 3, True), (1, 100.5, 102.0, 4, False), (0, 101.0, 101.5, 5, True)]
+    got = driver_recent(entries, lambda k: k * 10)
+    assert got is not None and got["source"] == "driver"
+    assert (got["start"], got["end"], got["blocks"], got["workers"]) == (100.0, 102.0, 3, 2)
+    rows = {lane["worker"]: [list(b) for b in lane["blocks"]] for lane in got["lanes"]}
+    assert rows == {
+        "0": [[0.0, 1.0, 30, None, None, False], [1.0, 1.5, 50, None, None, False]],
+        "1": [[0.5, 2.0, 40, None, None, True]],
+    }
+    assert sum(got["histogram"]["counts"]) == 3
+    assert driver_recent([], lambda k: k) is None
+    serial = driver_recent([(-1, 1.0, 2.0, 0, True)], lambda k: k)
+    assert serial is not None and serial["lanes"][0]["worker"] == "driver"
+    # a race: block 4, the copy on worker 1 (sent 105) won over the original on worker 0
+    # (sent 100), the race ending at 107
+    marks = race_marks([(4, 1, 105.0, 0, 100.0, 107.0, True)], lambda k: k * 10)
+    assert marks == [
+        {"cell": 40, "worker": "1", "start": 105.0, "end": 107.0, "kind": "backup", "won": True},
+        {
+            "cell": 40,
+            "worker": "0",
+            "start": 100.0,
+            "end": 107.0,
+            "kind": "straggler",
+            "won": False,
+        },
+    ]
+    # the original won: it is the straggler that won, the copy lost
+    marks = race_marks([(4, 0, 100.0, 1, 105.0, 107.0, False)], lambda k: k)
+    assert [(m["worker"], m["kind"], m["won"]) for m in marks] == [
+        ("0", "straggler", True),
+        ("1", "backup", False),
+    ]

@@ -40,7 +40,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     state = LiveState(stores)
     try:
-        server = LiveServer(state.json_bytes, host=args.host, port=args.port)
+        server = LiveServer(
+            state.json_bytes, host=args.host, port=args.port, documents=state.documents()
+        )
     except OSError as exc:
         print(
             f"bellis serve: cannot listen on {args.host}:{args.port}: {exc}; choose another "

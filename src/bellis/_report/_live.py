@@ -71,6 +71,9 @@ STATE_COLOURS: Final = ("#ffffff", "#e6e6e6", "#2ca02c", "#ff7f0e", "#d62728", "
 MAP_CELLS: Final = 250_000
 #: blocks whose failed attempts and last error the page can show on hover
 MAX_BLOCK_DETAILS: Final = 2000
+#: the server's fixed paths of the run's report and trace (:meth:`LiveState.documents`)
+REPORT_PATH: Final = "/report.html"
+TRACE_PATH: Final = "/trace.json"
 #: the windows of the recent rate and of the ETA's range
 RECENT_SECONDS: Final = 30.0
 ETA_WINDOWS: Final = 4
@@ -223,12 +226,40 @@ class LiveState:
         self.min_interval = min_interval_seconds
         self.clock = clock
         self.lock = threading.Lock()
+        #: one report or trace is made at a time (each reads every store)
+        self.making = threading.Lock()
         self.cached: tuple[float, bytes] | None = None
         self.history: dict[Path, _TaskHistory] = {}
         #: the driver's counters (``run_blockwise(dashboard=...)``): a callable returning
         #: ``{store path: {"running_blocks", "skipped", "orphaned", ...}}``; None for
         #: ``bellis serve``, whose page shows ``n/a`` where the store does not know
-        self.driver: Callable[[], dict[str, dict[str, int]]] | None = None
+        self.driver: Callable[[], dict[str, dict[str, Any]]] | None = None
+
+    def documents(self) -> dict[str, tuple[Callable[[], bytes], str]]:
+        """The report and the trace of the stores, for the server's fixed paths
+        ``/report.html`` and ``/trace.json``: made when asked, one at a time."""
+        return {
+            REPORT_PATH: (self.report_html, "text/html; charset=utf-8"),
+            TRACE_PATH: (self.trace_json, "application/json"),
+        }
+
+    def report_html(self) -> bytes:
+        """The HTML report of the stores (``bellis report``'s), made now."""
+        from ._data import load_stores
+        from ._html import render_html
+
+        with self.making:
+            return render_html(load_stores(list(self.stores))).encode("utf-8")
+
+    def trace_json(self) -> bytes:
+        """The Chrome trace of the stores (``bellis report --trace``'s), made now."""
+        import json
+
+        from ._trace import build_trace
+
+        with self.making:
+            trace = build_trace(self.stores)
+            return json.dumps(trace, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
     def json_bytes(self) -> bytes:
         """The state as UTF-8 JSON, rebuilt when the cached one is older than the
@@ -250,8 +281,16 @@ class LiveState:
         for task in tasks:
             mine = counters.get(task["path"])
             if mine is not None:
+                mine = dict(mine)
+                recent, marks = mine.pop("recent", None), mine.pop("marks", None)
                 task.update(mine)
                 task["from_driver"] = True
+                # lanes from the store's stamps (with RSS and CPU) where it has them, else
+                # from the blocks the driver released; the races marked on either
+                if task.get("recent") is None and recent is not None:
+                    task["recent"] = recent
+                if marks and isinstance(task.get("recent"), dict) and "lanes" in task["recent"]:
+                    task["recent"]["marks"] = marks
         running = any(t.get("running") for t in tasks)
         known = all(t.get("run_known") for t in tasks)
         return {
@@ -259,6 +298,9 @@ class LiveState:
             "finished": not running and known,
             "run_known": running or known,
             "tasks": tasks,
+            # the report and the trace, made from the stores when asked (relative URLs)
+            "report_url": REPORT_PATH[1:],
+            "trace_url": TRACE_PATH[1:],
             "states": list(STATE_NAMES),
             "colours": list(STATE_COLOURS),
         }

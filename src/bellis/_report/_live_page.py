@@ -48,15 +48,22 @@ pre{background:#f8f8f8;padding:6px;white-space:pre-wrap}
 <canvas id="map" width="10" height="10"></canvas>
 <pre id="block">hover over a block (or open #block=ID / #cell=N)</pre>
 <h2>Workers, last minutes</h2>
-<div id="lanes-note" class="note">no per-block stamps: run the task with
-resource_tracking=True for lanes and wall times</div>
+<div id="lanes-note" class="note">no per-block stamps: the page a run serves
+(dashboard=True) draws lanes from the driver; bellis serve draws them from a store that
+tracked resources (resource_tracking=True)</div>
+<div class="legend" id="lane-legend"><span><i style="background:#2ca02c"></i>block</span>
+<span><i style="background:#d62728"></i>failed attempt</span>
+<span><i style="border:2px solid #9467bd"></i>straggler (the original)</span>
+<span><i style="border:2px solid #1f77b4"></i>backup copy</span>
+<span><i style="background:repeating-linear-gradient(45deg,#bbb 0 2px,#fff 2px 4px)"></i>
+the copy that lost (stopped)</span></div>
 <canvas id="lanes" width="10" height="10"></canvas>
 <pre id="lane-block">hover over a block of a lane</pre>
 <h2>Block wall time</h2>
 <canvas id="walls" width="10" height="10"></canvas>
 <div id="trend"></div>
 <h2>Errors</h2><div id="errors">none</div>
-<h2>Files</h2><div id="files"></div>
+<h2>Files</h2><div id="links"></div><div id="files"></div>
 <script>
 (function(){
 "use strict";
@@ -132,7 +139,9 @@ function renderSelect(){
     names.forEach(function(n){
       var o = document.createElement("option"); o.value = o.text = n; sel.appendChild(o);
     });
+    var want = new URLSearchParams(location.hash.substr(1)).get("task");
     if (names.indexOf(keep) >= 0) sel.value = keep;
+    else if (want !== null && names.indexOf(want) >= 0) sel.value = want;
   }
 }
 function scale(m){
@@ -251,6 +260,19 @@ function renderErrors(){
     });
   });
   if (!any) text(box, "none");
+  var links = $("links"), q = "?token=" + encodeURIComponent(token);
+  if (!links.children.length){
+    [["report-link", state.report_url, "the HTML report"],
+     ["trace-link", state.trace_url, "the trace (Chrome JSON: open it in ui.perfetto.dev)"]]
+      .forEach(function(l){
+        var a = document.createElement("a"); a.id = l[0]; a.href = l[1] + q;
+        a.target = "_blank"; a.rel = "noopener"; text(a, l[2]);
+        links.appendChild(a); links.appendChild(document.createTextNode(" "));
+      });
+  }
+  links.setAttribute("data-finished", state.finished ? "yes" : "no");
+  links.firstChild.textContent = state.finished ? "the HTML report" :
+    "the HTML report (so far)";
   var files = $("files"); files.innerHTML = "";
   state.tasks.forEach(function(t){
     var p = document.createElement("pre");
@@ -265,7 +287,8 @@ function renderRecent(){
   var hc = $("walls"), hctx = hc.getContext("2d"), tr = $("trend");
   var note = $("lanes-note");
   if (!note.getAttribute("data-text")) note.setAttribute("data-text", note.textContent);
-  text(note, r && r.error ? r.error : note.getAttribute("data-text"));
+  text(note, r && r.error ? r.error : t && t.from_driver ?
+    "no block has come back yet" : note.getAttribute("data-text"));
   if (r && r.error) r = null;
   note.style.display = r ? "none" : "";
   if (!r){
@@ -281,16 +304,35 @@ function renderRecent(){
     ctx.fillStyle = state.colours[1]; ctx.fillRect(LANE_LABEL, y + 2, LANE_W, LANE_H - 4);
     ctx.fillStyle = "#333333";
     ctx.fillText("worker " + lane.worker + " (" + lane.blocks.length + ")", 2, y + 13);
-    ctx.fillStyle = done;
     lane.blocks.forEach(function(b){
-      var x0 = LANE_LABEL + (b[0] - r.start) / span * LANE_W;
-      var x1 = LANE_LABEL + (b[1] - r.start) / span * LANE_W;
+      var x0 = LANE_LABEL + b[0] / span * LANE_W;  // (seconds after r.start)
+      var x1 = LANE_LABEL + b[1] / span * LANE_W;
+      ctx.fillStyle = b[5] ? state.colours[4] : done;
       ctx.fillRect(Math.max(LANE_LABEL, x0), y + 2, Math.max(1, x1 - x0), LANE_H - 4);
     });
+  });
+  var marks = r.marks || [], shown = 0;
+  marks.forEach(function(m){
+    var i = laneIndex(r, m.worker);
+    if (i < 0 || m.end < r.start) return;
+    var y = i * LANE_H, x0 = LANE_LABEL + Math.max(0, m.start - r.start) / span * LANE_W;
+    var w = Math.max(3, (m.end - Math.max(m.start, r.start)) / span * LANE_W);
+    if (!m.won){  // the copy that lost ran until it was stopped: hatched
+      for (var hx = 0; hx < w; hx += 4){
+        ctx.fillStyle = (hx / 4) % 2 ? "#ffffff" : "#bbbbbb";
+        ctx.fillRect(x0 + hx, y + 2, Math.min(4, w - hx), LANE_H - 4);
+      }
+    }
+    ctx.strokeStyle = m.kind === "backup" ? "#1f77b4" : "#9467bd"; ctx.lineWidth = 2;
+    ctx.strokeRect(x0, y + 2, w, LANE_H - 4); shown++;
   });
   lanesDrawn = {r: r, span: span};
   cv.setAttribute("data-workers", String(r.lanes.length));
   cv.setAttribute("data-blocks", String(r.blocks));
+  cv.setAttribute("data-source", r.source || "store");
+  cv.setAttribute("data-marks", String(shown));
+  cv.setAttribute("data-backup-cells", marks.filter(function(m){ return m.kind === "backup"; })
+    .map(function(m){ return String(m.cell); }).join(" "));
   var h = r.histogram, n = h.counts.length, top = Math.max.apply(null, h.counts.concat([1]));
   hc.width = 24 * Math.max(n, 1) + 40; hc.height = 120;
   hctx.fillStyle = "#ffffff"; hctx.fillRect(0, 0, hc.width, hc.height);
@@ -310,19 +352,34 @@ function renderRecent(){
   text(tr, line); tr.setAttribute("data-rising", f && f.rising ? "yes" : "no");
   tr.className = f && f.rising ? "rising" : "";
 }
+function laneIndex(r, worker){
+  for (var i = 0; i < r.lanes.length; i++) if (r.lanes[i].worker === worker) return i;
+  return -1;
+}
+function markText(m){
+  return (m.kind === "backup" ? "backup copy" : "straggler (the original)") + " of cell " +
+    m.cell + ": " + (m.won ? "won" : "lost, stopped after " +
+    (m.end - m.start).toFixed(3) + " s");
+}
 function laneAt(x, y){
   if (!lanesDrawn) return;
   var r = lanesDrawn.r, lane = r.lanes[Math.floor(y / LANE_H)];
   if (!lane || x < LANE_LABEL) return;
-  var t = r.start + (x - LANE_LABEL) / LANE_W * lanesDrawn.span, pre = $("lane-block");
-  var px = lanesDrawn.span / LANE_W;
+  var t = (x - LANE_LABEL) / LANE_W * lanesDrawn.span, pre = $("lane-block");
+  var px = lanesDrawn.span / LANE_W, marked = (r.marks || []).filter(function(m){
+    return m.worker === lane.worker && r.start + t >= m.start - 3 * px &&
+      r.start + t <= m.end + 3 * px;
+  }).map(markText).join("; ");
+  if (marked){ text(pre, "worker " + lane.worker + ": " + marked); return; }
   for (var i = 0; i < lane.blocks.length; i++){
     var b = lane.blocks[i];
     if (t >= b[0] - px && t <= b[1] + px){
       text(pre, "worker " + lane.worker + ": cell (flat) " + b[2] + ", wall " +
-        (b[1] - b[0]).toFixed(3) + " s, ended " + new Date(b[1] * 1000).toLocaleTimeString() +
+        (b[1] - b[0]).toFixed(3) + " s, ended " +
+        new Date((r.start + b[1]) * 1000).toLocaleTimeString() +
         (b[3] === null ? "" : ", peak RSS " + b[3] + " MB") +
-        (b[4] === null ? "" : ", CPU " + Math.round(b[4] * 100) + "%"));
+        (b[4] === null ? "" : ", CPU " + Math.round(b[4] * 100) + "%") +
+        (b[5] ? ", failed" : ""));
       return;
     }
   }

@@ -20,7 +20,7 @@ once a second, never per block.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -35,7 +35,9 @@ __all__ = [
     "MIN_TREND_BLOCKS",
     "RECENT_WINDOW_SECONDS",
     "RISE_FLAG",
+    "driver_recent",
     "lanes",
+    "race_marks",
     "recent_blocks",
     "wall_histogram",
     "wall_trend",
@@ -100,22 +102,43 @@ def lanes(
     rss: NDArray[Any] | None,
     cpu: NDArray[Any] | None,
     wall: NDArray[Any],
+    failed: NDArray[Any] | None = None,
+    origin: float = 0.0,
 ) -> list[dict[str, Any]]:
     """One lane per worker id (ascending; blocks run by no managed worker, as in serial
     mode, in a lane named ``driver``), each block ``[start, end, cell, peak RSS MB or None,
-    CPU share or None]`` in start order."""
+    CPU share or None, failed (True, False, or None: not known)]`` in start order, start
+    and end in seconds after ``origin`` to 0.1 ms (short numbers: a short answer)."""
     out: list[dict[str, Any]] = []
-    for wid in sorted({int(x) for x in worker.tolist()}):
+    for wid in np.unique(worker).tolist():
         pick = np.flatnonzero(worker == wid)
         pick = pick[np.argsort(sent[pick], kind="stable")]
-        blocks = []
-        for i in pick.tolist():
-            mb = None if rss is None else round(float(rss[i]) / 2**20, 1)
-            share = None
-            if cpu is not None and float(wall[i]) > 0:
-                share = round(float(cpu[i]) / float(wall[i]), 3)
-            blocks.append([float(sent[i]), float(returned[i]), int(cells[i]), mb, share])
-        out.append({"worker": "driver" if wid == NO_WORKER else str(wid), "blocks": blocks})
+        n = int(pick.size)
+        # whole columns at once (the page's answer is built at most once a second, in the
+        # driver's process when the run serves it: no Python step per block but the zip)
+        nothing: list[Any] = [None] * n
+        mb = nothing if rss is None else np.round(rss[pick] / 2**20, 1).tolist()
+        share = nothing
+        if cpu is not None:
+            w = wall[pick].astype(np.float64)
+            ok = w > 0
+            ratio = np.round(np.divide(cpu[pick], w, out=np.zeros(n), where=ok), 3)
+            share = [
+                r if good else None for r, good in zip(ratio.tolist(), ok.tolist(), strict=True)
+            ]
+        bad = nothing if failed is None else np.asarray(failed[pick], dtype=bool).tolist()
+        blocks = list(
+            zip(
+                np.round(sent[pick].astype(np.float64) - origin, 4).tolist(),
+                np.round(returned[pick].astype(np.float64) - origin, 4).tolist(),
+                cells[pick].astype(np.int64).tolist(),
+                mb,
+                share,
+                bad,
+                strict=True,
+            )
+        )
+        out.append({"worker": lane_name(int(wid)), "blocks": blocks})
     return out
 
 
@@ -151,13 +174,82 @@ def recent_blocks(store: Path) -> dict[str, Any] | None:
         wall = np.where(wall > 0, wall, np.maximum(returned - sent, 0.0))
         rss, cpu = column("peak_rss_bytes"), column("cpu_seconds")
     by_time = np.argsort(returned, kind="stable")
+    start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
     return {
         "window_seconds": RECENT_WINDOW_SECONDS,
-        "start": float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS)),
+        "start": start,
         "end": end,
         "blocks": int(cells.size),
         "workers": len({int(x) for x in worker.tolist()}),
-        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall),
+        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall, origin=start),
         "histogram": wall_histogram(wall.tolist()),
         "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
     }
+
+
+def lane_name(worker_id: int) -> str:
+    """The lane of ``worker_id``: its number, or ``driver`` (no managed worker: -1 in the
+    driver, :data:`NO_WORKER` in a store)."""
+    return "driver" if worker_id < 0 or worker_id == NO_WORKER else str(worker_id)
+
+
+def driver_recent(
+    entries: Sequence[tuple[int, float, float, int, bool]], cell_of: Callable[[int], int]
+) -> dict[str, Any] | None:
+    """The lanes, the histogram and the trend (as :func:`recent_blocks` makes them) of the
+    blocks the driver released, ``(worker_id, sent, returned, k, ok)`` in UNIX seconds
+    (``TaskRun.recent``), for a run that tracks no resources: no RSS, no CPU, each bar
+    marked failed or not. Blocks ``k`` are named by their store cell (``cell_of``). The
+    window is the :data:`RECENT_WINDOW_SECONDS` before the latest return; None when no
+    block came back yet."""
+    if not entries:
+        return None
+    table = np.array(entries[-MAX_RECENT_BLOCKS:], dtype=np.float64)  # one pass, in C
+    end = float(table[:, 2].max())
+    table = table[table[:, 2] > end - RECENT_WINDOW_SECONDS]
+    worker = table[:, 0].astype(np.int64)
+    sent, returned = table[:, 1], table[:, 2]
+    ks = table[:, 3].astype(np.int64)
+    cells = np.array([cell_of(k) for k in ks.tolist()], dtype=np.int64)
+    failed = table[:, 4] == 0
+    wall = np.maximum(returned - sent, 0.0)
+    by_time = np.argsort(returned, kind="stable")
+    start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
+    return {
+        "window_seconds": RECENT_WINDOW_SECONDS,
+        "start": start,
+        "end": end,
+        "blocks": int(table.shape[0]),
+        "workers": int(np.unique(worker).size),
+        "lanes": lanes(worker, sent, returned, cells, None, None, wall, failed, start),
+        "histogram": wall_histogram(wall.tolist()),
+        "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
+        "source": "driver",
+    }
+
+
+def race_marks(
+    races: Sequence[tuple[int, int, float, int, float, float, bool]],
+    cell_of: Callable[[int], int],
+) -> list[dict[str, Any]]:
+    """The lanes' marks of the races between a straggler and its backup copy
+    (``TaskRun.races``: block ``k``, the winner's worker and start, the loser's worker and
+    start, when the race ended, whether the copy won), two marks per race: the original
+    (``kind`` ``straggler``) and the copy (``backup``), each on its worker's lane from its
+    start to the race's end, with whether it won."""
+    out: list[dict[str, Any]] = []
+    for k, w_win, w_start, w_lose, l_start, ended, copy_won in races:
+        cell = cell_of(k)
+        for worker, start, won in ((w_win, w_start, True), (w_lose, l_start, False)):
+            is_copy = won == copy_won
+            out.append(
+                {
+                    "cell": cell,
+                    "worker": lane_name(worker),
+                    "start": start,
+                    "end": ended,
+                    "kind": "backup" if is_copy else "straggler",
+                    "won": won,
+                }
+            )
+    return out

@@ -7,9 +7,10 @@ buys anything.
 
 Safe by default: it binds 127.0.0.1 unless told otherwise; every request needs the
 token (``?token=...``, compared in constant time; wrong or missing: 403); it serves
-exactly those two resources and answers 404 to every other path, so no path ever names a
-file (``/../../etc/passwd`` and ``/%2e%2e/`` are paths like any other). It prints its URL,
-with the token, once to stderr.
+exactly those two resources, and the documents it is given by fixed name (the run's HTML
+report and Chrome trace, made from the stores when asked), and answers 404 to every other
+path, so no path ever names a file (``/../../etc/passwd`` and ``/%2e%2e/`` are paths like
+any other). It prints its URL, with the token, once to stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import hmac
 import secrets
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
 from urllib.parse import parse_qs, urlsplit
@@ -51,6 +52,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(500, f"500 cannot read the state: {exc}\n".encode())
                 return
             self._send(200, body, "application/json")
+        elif parts.path in self.server.documents:
+            make, kind = self.server.documents[parts.path]
+            try:
+                body = make()
+            except Exception as exc:  # say it; the server stays up
+                self._send(500, f"500 cannot make {parts.path[1:]}: {exc}\n".encode())
+                return
+            self._send(200, body, kind)
         else:
             self._send(404, b"404 not found: this server has only its page and its state\n")
 
@@ -78,11 +87,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     token: str
     state: Callable[[], bytes]
+    documents: Mapping[str, tuple[Callable[[], bytes], str]]
 
 
 class LiveServer:
     """Serves the live page of ``state`` (a callable returning the JSON bytes) on
-    ``host:port`` (port 0: any free one) in a daemon thread."""
+    ``host:port`` (port 0: any free one) in a daemon thread; ``documents`` adds fixed
+    paths (``{"/report.html": (make, content type)}``), each made by its callable when
+    asked (the report and the trace of the stores: :meth:`LiveState.documents`)."""
 
     def __init__(
         self,
@@ -91,11 +103,13 @@ class LiveServer:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
+        documents: Mapping[str, tuple[Callable[[], bytes], str]] | None = None,
     ) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.httpd = _Server((host, port), _Handler)
         self.httpd.token = self.token
         self.httpd.state = state
+        self.httpd.documents = dict(documents or {})
         # the loop looks for a shutdown every 50 ms: ``close`` (at a run's end) waits at
         # most that long, where the default half second would lengthen every short run
         self.thread = threading.Thread(

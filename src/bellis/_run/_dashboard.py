@@ -16,12 +16,14 @@ a block apart, never torn. See ``docs/live.md``.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._donemarks import BlockStore
 from .._report._live import LiveState
+from .._report._live_recent import MAX_RECENT_BLOCKS, driver_recent, race_marks
 from .._report._live_server import LiveServer
 from ._checks import _config_error
 
@@ -52,29 +54,66 @@ class _Counted(Protocol):
     orphaned: int
     completed: int
     total: int
+    recent: deque[tuple[int, float, float, int, bool]] | None
+    races: deque[tuple[int, int, float, int, float, float, bool]] | None
+
+    def cell_of(self, k: int) -> int: ...
 
 
 class DriverCounters:
     """The driver's counters of the tasks that have a store, keyed by the store's path as
     the live state names it: ``{path: {"running_blocks", "skipped", "orphaned",
-    "completed", "total"}}``, read from the runs when called."""
+    "completed", "total", "recent", "marks"}}``, read from the runs when called.
+
+    ``recent`` is the lanes of the blocks the driver released lately (each run's
+    ``recent``, a bounded deque the scheduler appends a block's worker and times to; this
+    class turns it on), ``marks`` the races of stragglers and their backup copies (the
+    run's ``races``)."""
 
     def __init__(self, runs: Sequence[_Counted], stores: Mapping[str, BlockStore]) -> None:
         self.runs = [
             (os.fspath(Path(stores[r.task_id].path)), r) for r in runs if r.task_id in stores
         ]
+        for _, r in self.runs:
+            r.recent = deque(maxlen=MAX_RECENT_BLOCKS)
+            r.races = deque(maxlen=MAX_RACES)
 
-    def __call__(self) -> dict[str, dict[str, int]]:
-        return {
-            path: {
+    def __call__(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for path, r in self.runs:
+            out[path] = {
                 "running_blocks": int(r.processing),
                 "skipped": int(r.skipped_done),
                 "orphaned": int(r.orphaned),
                 "completed": int(r.completed),
                 "total": int(r.total),
+                "recent": driver_recent(_copy(r.recent), r.cell_of),
+                "marks": race_marks(_copy(r.races), r.cell_of),
             }
-            for path, r in self.runs
-        }
+        return out
+
+    def detach(self) -> None:
+        """The run ends: its runs stop keeping lanes."""
+        for _, r in self.runs:
+            r.recent = r.races = None
+
+
+#: the most races of a block's two copies the lanes mark (the latest)
+MAX_RACES = 200
+
+
+_T = TypeVar("_T")
+
+
+def _copy(items: deque[_T] | None) -> list[_T]:
+    """A copy of ``items``, which the run's thread appends to while this (the server's)
+    thread reads: a copy that met an append is taken again."""
+    for _ in range(100):
+        try:
+            return [] if items is None else list(items)
+        except RuntimeError:  # "deque mutated during iteration"
+            continue
+    return []
 
 
 class Dashboard:
@@ -85,14 +124,18 @@ class Dashboard:
         self.server = server
         self.state = state
         self.stores = stores
+        self.counters: DriverCounters | None = None
 
     def attach(self, runs: Sequence[_Counted]) -> None:
         """From now on the page shows the driver's counters of ``runs``."""
-        self.state.driver = DriverCounters(runs, self.stores)
+        self.counters = DriverCounters(runs, self.stores)
+        self.state.driver = self.counters
 
     def close(self) -> None:
         self.state.driver = None
         self.server.close()
+        if self.counters is not None:
+            self.counters.detach()
 
 
 def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> Dashboard | None:
@@ -110,7 +153,7 @@ def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> Dashb
         )
     state = LiveState([Path(s.path) for s in stores.values()])
     try:
-        server = LiveServer(state.json_bytes, port=port)
+        server = LiveServer(state.json_bytes, port=port, documents=state.documents())
     except OSError as exc:
         raise _config_error(
             f"dashboard={port}: cannot listen on 127.0.0.1:{port}: {exc}; pass another port "

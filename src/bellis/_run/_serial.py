@@ -275,6 +275,7 @@ def _run_all(
                     progressed = True
                     block = Block._lazy(geom, k, BlockStatus.PROCESSING)
                     measured = None
+                    span = None
                     if meter is not None:
                         t0 = time.time()
                         # blocks run back to back: each measurement continues from the
@@ -296,7 +297,8 @@ def _run_all(
                             _raised(errors, run, k, exc, release, t0)
                             raise
                         # the task's own span only: an untracked store takes no stamps
-                        run.note_span(t0, time.time())
+                        span = (t0, time.time())
+                        run.note_span(*span)
                         t0 = t1 = 0.0
                     ok = block._status in (BlockStatus.PROCESSING, BlockStatus.SUCCESS)
                     if cache is not None:  # what the input cache did for this block
@@ -319,6 +321,8 @@ def _run_all(
                     if ok and verify is not None:
                         ok = _read_back(verify, run, k, block, errors)
                     release(run, k, ok, stats, -1, t0, t1)
+                    if span is not None and run.recent is not None:  # the live page's lanes
+                        run.recent.append((-1, span[0], span[1], k, ok))
                     if tracked or not ok:
                         agg.add_block(None, stats if ok else None, not ok)
                     else:

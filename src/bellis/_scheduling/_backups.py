@@ -192,6 +192,20 @@ class Backups:
             run.backups_lost += 1
             who = "the original"
         run.backup_loser_seconds += max(0.0, now - loser.sent_at)
+        races = run.races
+        if races is not None:  # the live page marks both copies on its lanes (rare)
+            ended = loser.sent_wall + (now - loser.sent_at)
+            races.append(
+                (
+                    k,
+                    winner.worker_id,
+                    winner.sent_wall,
+                    loser.worker_id,
+                    loser.sent_wall,
+                    ended,
+                    copy,
+                )
+            )
         logger.info(
             "block %s/%d: %s finished first; the other copy is stopped",
             run.task_id,

@@ -343,6 +343,9 @@ class Scheduler:
                 run.first_sent_at = sent_at
             if returned_at > run.last_returned_at:
                 run.last_returned_at = returned_at
+            lanes = run.recent
+            if lanes is not None:  # the live page's lanes (dashboard on): a bounded deque
+                lanes.append((worker_id, sent_at, returned_at, k, success))
         if success:
             self._succeed(run, k, stats, worker_id, sent_at, returned_at, record=True)
         else:

@@ -155,6 +155,11 @@ class TaskRun:
         self.backups_won = 0
         self.backups_lost = 0
         self.backup_loser_seconds = 0.0
+        #: the live page's lanes (``run_blockwise(dashboard=...)`` sets them; None: off):
+        #: the latest blocks released, ``(worker_id, sent, returned, k, ok)`` in UNIX
+        #: seconds, and the latest races of a block's two copies (``_backups``), bounded
+        self.recent: deque[tuple[int, float, float, int, bool]] | None = None
+        self.races: deque[tuple[int, int, float, int, float, float, bool]] | None = None
         #: out-of-memory retries per grant they run with, blocks that finally succeeded on a
         #: larger grant (per grant), and blocks that ran out at the largest
         self.oom_retries: dict[str, int] = {}
