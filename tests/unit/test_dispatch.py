@@ -21,6 +21,7 @@ from bellis._protocol import (
     parse_welcome,
     worker_token,
 )
+from bellis._scheduling._batching import MAX_TARGET_SECONDS
 from bellis._scheduling._dispatch import (
     BATCH_TARGET_SECONDS,
     CLOSE,
@@ -31,7 +32,6 @@ from bellis._scheduling._dispatch import (
     SEND_FRAME,
     watchdog_margin_seconds,
 )
-from bellis._scheduling._batching import MAX_TARGET_SECONDS
 from bellis._scheduling._records import Peer
 from bellis._scheduling._task_run import ABANDONED, FINISHED, RUNNING
 from bellis._sizes import GPU_SHARES
