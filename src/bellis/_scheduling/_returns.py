@@ -16,7 +16,8 @@ Then, in order:
 * each block goes its way: requeued (given back unstarted), timed out or stalled
   (``Dispatcher.time_out_block``), up the memory ladder (:func:`._memory.climb`), or
   released, its error recorded (:func:`_take_returned`);
-* the connection's next batch is sized from the worker's busy time (or the round trip).
+* the connection's next batch is sized from the worker's busy time and the round trip's
+  wait beyond it (or from the round trip alone).
 
 A batch's round trip is shared equally by the blocks it carried. A block stays in the
 connection's ``held`` until it is taken back, so whatever raises midway leaves the rest
@@ -128,8 +129,13 @@ def take_back(
     finally:
         peer.held = [k for k in held if k not in back]
     if processed and peer.held == []:
-        pace = step if busy is None else busy / len(processed)
-        peer.batch = next_batch(peer.batch, pace)
+        if busy is None:
+            peer.batch = next_batch(peer.batch, step)
+        else:
+            # the round trip's wait beyond the worker's busy time, smoothed over batches
+            wait = 0.5 * (peer.wait + max(0.0, now - peer.sent_at - busy))
+            peer.wait = wait
+            peer.batch = next_batch(peer.batch, busy / len(processed), wait)
 
 
 def _record_measured(
