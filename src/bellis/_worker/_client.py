@@ -228,6 +228,35 @@ def _install_sigterm() -> None:
     _sigterm_before[:] = [install_handler(signal.SIGTERM, _on_sigterm), os.getpid()]
 
 
+class _Leaving:
+    """What a SIGTERM does in this worker beyond its clients (the shared worker loop's,
+    ``_shared``, which connects a client per task it serves): ``teardown``, the teardown
+    of the task it is in, runs before the exit even while no client is connected (around a
+    move); while ``deferred`` (a teardown is running), a SIGTERM only sets ``came`` and the
+    loop ends on its own once the teardown returned."""
+
+    __slots__ = ("came", "deferred", "teardown")
+
+    def __init__(self) -> None:
+        self.teardown: Callable[[], Any] | None = None
+        self.deferred = False
+        self.came = False
+
+
+#: this process's (see :class:`_Leaving`)
+leaving = _Leaving()
+
+
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[_Leaving]:
+    """A SIGTERM within only sets ``leaving.came`` (and asks every client to stop)."""
+    leaving.deferred = True
+    try:
+        yield leaving
+    finally:
+        leaving.deferred = False
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM: stop after the running block; with none running, report and exit now."""
     if os.getpid() != _sigterm_before[1]:
@@ -238,6 +267,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     clients = list(_live)
     for client in clients:
         client._stop_requested = True
+    if leaving.deferred:
+        leaving.came = True  # the loop ends once the teardown it is running returned
+        return
     if not any(client._in_block for client in clients):
         for client in clients:
             client.close()  # the finished blocks go home first; unstarted ones go back
@@ -247,6 +279,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             leave, client.on_leave = client.on_leave, None
             if leave is not None:
                 leave()
+        teardown, leaving.teardown = leaving.teardown, None
+        if teardown is not None:
+            teardown()  # once: ``Warm.leave`` runs its teardown on its first call only
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()  # what the teardown printed reaches the log
