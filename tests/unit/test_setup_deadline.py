@@ -114,7 +114,6 @@ def test_the_welcome_round_trips_a_setup_without_the_fields_before_it() -> None:
         parse_welcome([WELCOME, 5.0, False, geometry, None, None, 3])
 
 
-
 class _Local:
     is_local = True
 
@@ -122,10 +121,24 @@ class _Local:
 def _moved_to_b(**b_kw: Any) -> tuple[Script, Any, Any]:
     """A worker started for 'a' (its setup reported), moved to 'b' when a's blocks ran
     out, then connected to 'b': the script, the worker and its connection to 'b'."""
-    a = task("a", 2, process_function=lambda b, ctx: None, setup=open_volume, timeout=5,
-             max_workers=1, requires={"cpu": 1})
-    b = task("b", 2, process_function=lambda b, ctx: None, setup=open_volume,
-             max_workers=1, requires={"cpu": 1}, **b_kw)
+    a = task(
+        "a",
+        2,
+        process_function=lambda b, ctx: None,
+        setup=open_volume,
+        timeout=5,
+        max_workers=1,
+        requires={"cpu": 1},
+    )
+    b = task(
+        "b",
+        2,
+        process_function=lambda b, ctx: None,
+        setup=open_volume,
+        max_workers=1,
+        requires={"cpu": 1},
+        **b_kw,
+    )
     sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 1})
     share_groups(sc.plans.values(), {t: _Local() for t in sc.plans}, {t: 2 for t in sc.plans})
     (w,) = sc.start_workers()

@@ -23,9 +23,10 @@ at its job's time limit, after its first block raised, moved to another task of 
 (``_shared``: before that task's setup), on a SIGTERM (while it waits for blocks the
 SIGTERM handler of ``_client`` calls ``Client.on_leave``, or in a shared worker
 ``_client.leaving.teardown``, also set between a move's MOVE and the old task's teardown;
-in a block, the loop ends after the block); not when the process is killed (SIGKILL, a block timeout, a setup past the
-task's timeout, an out-of-memory end). A teardown that raises is logged (the worker's
-``.err`` log; the driver's log in serial mode) and changes no block's outcome.
+in a block, the loop ends after the block); not when the process is killed (SIGKILL, a
+block timeout, a setup past the task's timeout, an out-of-memory end). A teardown that
+raises is logged (the worker's ``.err`` log; the driver's log in serial mode) and changes
+no block's outcome.
 ``__exit__`` always gets ``(None, None, None)``: a block's exception is the block's, and
 no teardown may swallow it.
 
