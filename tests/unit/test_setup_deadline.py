@@ -140,7 +140,8 @@ def _moved_to_b(**b_kw: Any) -> tuple[Script, Any, Any]:
         **b_kw,
     )
     sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 1})
-    share_groups(sc.plans.values(), {t: _Local() for t in sc.plans}, {t: 2 for t in sc.plans})
+    local = _Local()  # one launcher: the tasks share its workers
+    share_groups(sc.plans.values(), {t: local for t in sc.plans}, {t: 2 for t in sc.plans})
     (w,) = sc.start_workers()
     pa = sc.connect("a", w)
     sc.dispatcher.receive(pa, [SETUP, 0.5, None], sc.now)
@@ -170,10 +171,6 @@ def test_the_setup_a_worker_runs_after_a_move_is_bounded_by_the_new_tasks_timeou
     assert "setup of task 'b' timed out in worker" in run_b.last_worker_error
     assert "task's timeout (3s)" in run_b.last_worker_error
     assert run_a.last_worker_error is None
-    # the error is b's, and names b's setup
-    assert sc.errors.groups("a") == []
-    (group,) = sc.errors.groups("b")
-    assert "setup of task 'b' timed out" in group.traceback, group
     # the start is charged to b: with no restart left, b is abandoned
     assert run_b.abandon_reason == RESTART_CAP
 
