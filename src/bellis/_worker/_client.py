@@ -40,6 +40,7 @@ from .._protocol import (
 from .._signals import handle_as_before, install_handler
 from ..errors import ConnectionLostError, ProtocolError
 from . import _failure, _walltime
+from ._leaving import leaving
 from ._profiling import Meter, attach_gpu
 from ._watchdog import Watchdog
 
@@ -226,35 +227,6 @@ def _install_sigterm() -> None:
     if signal.getsignal(signal.SIGTERM) is _on_sigterm:
         return
     _sigterm_before[:] = [install_handler(signal.SIGTERM, _on_sigterm), os.getpid()]
-
-
-class _Leaving:
-    """What a SIGTERM does in this worker beyond its clients (the shared worker loop's,
-    ``_shared``, which connects a client per task it serves): ``teardown``, the teardown
-    of the task it is in, runs before the exit even while no client is connected (around a
-    move); while ``deferred`` (a teardown is running), a SIGTERM only sets ``came`` and the
-    loop ends on its own once the teardown returned."""
-
-    __slots__ = ("came", "deferred", "teardown")
-
-    def __init__(self) -> None:
-        self.teardown: Callable[[], Any] | None = None
-        self.deferred = False
-        self.came = False
-
-
-#: this process's (see :class:`_Leaving`)
-leaving = _Leaving()
-
-
-@contextlib.contextmanager
-def sigterm_deferred() -> Iterator[_Leaving]:
-    """A SIGTERM within only sets ``leaving.came`` (and asks every client to stop)."""
-    leaving.deferred = True
-    try:
-        yield leaving
-    finally:
-        leaving.deferred = False
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

@@ -22,7 +22,7 @@ The teardown runs when the worker leaves the task on its own: told to stop (a cl
 at its job's time limit, after its first block raised, moved to another task of the run
 (``_shared``: before that task's setup), on a SIGTERM (while it waits for blocks the
 SIGTERM handler of ``_client`` calls ``Client.on_leave``, or in a shared worker
-``_client.leaving.teardown``, also set between a move's MOVE and the old task's teardown;
+``_leaving.leaving.teardown``, also set between a move's MOVE and the old task's teardown;
 in a block, the loop ends after the block); not when the process is killed (SIGKILL, a
 block timeout, a setup past the task's timeout, an out-of-memory end). A teardown that
 raises is logged (the worker's ``.err`` log; the driver's log in serial mode) and changes

@@ -142,7 +142,8 @@ def run_shared_loop(
     and the other tasks' code of ``shared`` on theirs whenever the server moves this
     worker; the exit code (as ``_main.run_block_function_loop``'s). ``own``'s inputs are
     installed already (``_main``)."""
-    from ._client import Client, Context, leaving, sigterm_deferred
+    from ._client import Client, Context
+    from ._leaving import leaving, sigterm_deferred
 
     context = Context.from_env()
     task_id = context["task_id"]
