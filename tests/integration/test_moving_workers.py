@@ -10,6 +10,8 @@ runs bellis: real worker processes on 127.0.0.1, real zarr arrays, real files. O
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -117,12 +119,13 @@ def test_a_moved_worker_serves_the_new_tasks_inputs_from_its_cache(tmp_path: Pat
 
 
 SETUPS = """
-import contextlib, os, sys
+import contextlib, os, sys, time
 import bellis
 from bellis import Roi
 
 HERE = os.getcwd()
 FAIL = os.environ.get("FAIL", "")
+HANG = os.environ.get("HANG", "")
 
 def note(line):
     with open(os.path.join(HERE, f"events_{os.getpid()}.txt"), "a") as f:
@@ -134,6 +137,8 @@ def make_setup(name):
         note(f"setup {name}")
         if name == FAIL:
             raise OSError(f"cannot open the volume of {name}")
+        while name == HANG:  # a setup that hangs
+            time.sleep(0.05)
         yield {"task": name, "pid": os.getpid()}
         note(f"teardown {name}")
     return setup
@@ -151,6 +156,7 @@ tasks = [
         process_function=make(name), setup=make_setup(name), read_write_conflict=False,
         max_workers=int(os.environ.get("MAXW", "2")), requires={"cpu": 1},
         max_worker_restarts=0,
+        timeout=float(os.environ["TIMEOUT"]) if name == HANG else None,
         tracking_path=os.path.join(HERE, "track_" + name),
     )
     for name in ("a", "b")
@@ -233,3 +239,46 @@ def test_a_setup_that_raises_on_the_task_a_worker_moved_to_is_that_tasks_failure
         timeout=120,
     )
     assert "[setup failed] OSError: cannot open the volume of b" in status.stdout, status
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (no longer in /proc, or a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def test_a_setup_that_hangs_on_the_task_a_worker_moved_to_is_killed_at_that_tasks_timeout(
+    tmp_path: Path,
+) -> None:
+    # one worker: a (4 blocks) gets it first, then it moves to b, whose setup hangs; b's
+    # timeout (1s) bounds it as it bounds a first setup: the worker is killed, and with no
+    # restart left (max_worker_restarts=0) b is abandoned. Without the bound the run would
+    # hang: run_script's timeout fails the test then.
+    env = {"CPUS": "1", "HANG": "b", "TIMEOUT": "1", "B_BLOCKS": "2", "MAXW": "1"}
+    try:
+        proc = run_script(tmp_path, SETUPS, name="setups.py", env=env, timeout=120)
+    finally:
+        left = [pid for pid in _events(tmp_path) if not _gone(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)  # never outlives the test
+    assert left == [], left  # the server killed the hung worker
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out
+    abandoned = out[out.index("ABANDONED:") :]
+    assert "setup of task 'b' timed out in worker" in abandoned, abandoned
+    assert "task's timeout (1s)" in abandoned, abandoned
+    (lines,) = _events(tmp_path).values()  # one process: a's worker, moved to b
+    assert lines[0] == ["setup", "a"] and lines[-2:] == [["teardown", "a"], ["setup", "b"]]
+    assert sorted(lines[1:-2]) == [["block", "a", str(i)] for i in range(4)], lines
+    track_a = tmp_path / "track_a"
+    assert not (track_a / "errors.jsonl").exists() or not (track_a / "errors.jsonl").read_text()
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "track_b" / "errors.jsonl").read_text().splitlines()
+    ]
+    full = [r for r in records if "count" not in r]
+    assert len(full) == 1 and full[0]["kind"] == "setup timed out", full
+    assert full[0]["block"] == -1 and full[0]["task"] == "b", full

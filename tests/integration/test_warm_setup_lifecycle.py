@@ -338,6 +338,137 @@ def test_sigterm_while_a_worker_waits_for_blocks_runs_its_teardown_once(tmp_path
     assert _calls(rec, "teardown") == {first: 1, second: 1}
 
 
+MOVING = """
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import bellis
+from bellis import Roi
+
+HERE = Path(__file__).parent
+REC = HERE / "records"
+DONE = HERE / "done"
+GO = HERE / "go"
+
+
+def note(pid, line):
+    with open(REC / f"events_{pid}", "a") as f:
+        f.write(line + "\\n")
+
+
+def make_setup(name):
+    @contextlib.contextmanager
+    def setup():
+        note(os.getpid(), f"setup {name}")
+        yield name
+        note(os.getpid(), f"teardown {name}")
+    return setup
+
+
+def slow(block):
+    # an unshared task (another resource): its block 1 waits until the test says, and so
+    # does b's block 1, downstream of it
+    if block.block_id[1] == 1:
+        while not GO.exists():
+            time.sleep(0.02)
+    (DONE / f"slow_{block.block_id[1]}").touch()
+
+
+def make(name):
+    def process(block, ctx):
+        assert ctx == name, ctx
+        if name == "a" and block.block_id[1] == 1:
+            # b's block 0 is ready when a runs out: its worker moves to b
+            while not (DONE / "slow_0").exists():
+                time.sleep(0.02)
+        note(os.getpid(), f"block {name} {block.block_id[1]}")
+    return process
+
+
+def main():
+    REC.mkdir()
+    DONE.mkdir()
+    bellis.logging.set_log_basedir(HERE / "logs")
+    bellis.set_tracking_basedir(HERE / "tracking")
+    geometry = dict(
+        total_roi=Roi((0,), (2,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        read_write_conflict=False,
+    )
+    s = bellis.Task("slow", process_function=slow, requires={"io": 1}, **geometry)
+    tasks = [
+        bellis.Task(
+            name,
+            process_function=make(name),
+            setup=make_setup(name),
+            upstream_tasks=[s] if name == "b" else [],
+            max_workers=1,
+            max_worker_restarts=2,
+            requires={"cpu": 1},
+            **geometry,
+        )
+        for name in ("a", "b")
+    ]
+    ok = bellis.run_blockwise([s, *tasks], resources={"cpu": 1, "io": 1}, progress=False)
+    sys.exit(0 if ok else 3)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _events(rec: Path) -> dict[int, list[str]]:
+    return {
+        int(p.name.split("_")[1]): p.read_text().splitlines()
+        for p in rec.iterdir()
+        if p.name.startswith("events_")
+    }
+
+
+def test_sigterm_after_a_move_runs_the_new_tasks_teardown_once(tmp_path: Path) -> None:
+    script = tmp_path / "moving.py"
+    script.write_text(MOVING)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rec = tmp_path / "records"
+
+    def did_b0() -> list[int]:
+        if not rec.exists():
+            return []
+        return [pid for pid, lines in _events(rec).items() if "block b 0" in lines]
+
+    try:
+        # the cpu worker did a's blocks, moved to b, did b's block 0; b's block 1 waits
+        _wait_for("b's block 0", did_b0, proc)
+        (first,) = did_b0()
+        _wait_for("its request for blocks", lambda: _waits_for_blocks(first), proc)
+        os.kill(first, signal.SIGTERM)
+        _wait_for("the worker's end", lambda: _gone(first), proc)
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=PATIENCE)
+    finally:
+        _end(proc)
+    assert proc.returncode == 0, out + err
+    events = _events(rec)
+    lines = events.pop(first)
+    # a's teardown ran once, at the move; b's ran once, at the SIGTERM
+    assert lines[0] == "setup a" and sorted(lines[1:3]) == ["block a 0", "block a 1"], lines
+    assert lines[3:] == ["teardown a", "setup b", "block b 0", "teardown b"], lines
+    # b's block 1 ran in a new worker, with its own setup and teardown
+    (second,) = events.values()
+    assert second == ["setup b", "block b 1", "teardown b"], second
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_a_worker_stopped_in_a_block_does_not_lose_it(tmp_path: Path, sig: str) -> None:
     proc = _start_pipeline(tmp_path, hold_down=True)

@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
+import bellis as daisy
 from bellis._protocol import (
+    ACQUIRE,
+    MOVE,
+    SEND,
     SETUP,
     WELCOME,
     ExitKind,
@@ -19,8 +23,9 @@ from bellis._protocol import (
 )
 from bellis._scheduling._abandon import RESTART_CAP
 from bellis._scheduling._records import setup_reference
+from bellis._scheduling._sharing import share_groups
 from bellis.errors import ProtocolError
-from kit.dispatch import KILL, Script, closed, send_of, task
+from kit.dispatch import KILL, OK, Script, closed, send_of, task
 
 
 def open_volume() -> str:
@@ -107,3 +112,73 @@ def test_the_welcome_round_trips_a_setup_without_the_fields_before_it() -> None:
     assert len(_decode(encode_welcome(plain))) == 4  # nothing added without a setup
     with pytest.raises(ProtocolError, match="setup is 3"):
         parse_welcome([WELCOME, 5.0, False, geometry, None, None, 3])
+
+
+class _Local:
+    is_local = True
+
+
+def _moved_to_b(**b_kw: Any) -> tuple[Script, Any, Any]:
+    """A worker started for 'a' (its setup reported), moved to 'b' when a's blocks ran
+    out, then connected to 'b': the script, the worker and its connection to 'b'."""
+    a = task(
+        "a",
+        2,
+        process_function=lambda b, ctx: None,
+        setup=open_volume,
+        timeout=5,
+        max_workers=1,
+        requires={"cpu": 1},
+    )
+    b = task(
+        "b",
+        2,
+        process_function=lambda b, ctx: None,
+        setup=open_volume,
+        max_workers=1,
+        requires={"cpu": 1},
+        **b_kw,
+    )
+    sc = Script(daisy.Pipeline([a, b]), resources={"cpu": 1})
+    local = _Local()  # one launcher: the tasks share its workers
+    share_groups(sc.plans.values(), {t: local for t in sc.plans}, {t: 2 for t in sc.plans})
+    (w,) = sc.start_workers()
+    pa = sc.connect("a", w)
+    sc.dispatcher.receive(pa, [SETUP, 0.5, None], sc.now)
+    returns: list[tuple[int, int, int, Any]] = []
+    while True:
+        sc.dispatcher.receive(pa, [ACQUIRE, *[x for r in returns for x in r]], sc.now)
+        (msg,) = sc.frames(pa)
+        if msg[0] != SEND:
+            break
+        returns = [(k, OK, -1, None) for k in msg[1:]]
+    assert msg == [MOVE, "b"], msg
+    sc.dispatcher.close(pa, sc.now)
+    sc.take()
+    return sc, w, sc.connect("b", w)
+
+
+def test_the_setup_a_worker_runs_after_a_move_is_bounded_by_the_new_tasks_timeout() -> None:
+    sc, w, pb = _moved_to_b(timeout=3, max_worker_restarts=0)
+    sc.now += 2.9
+    assert not any(i[0] == KILL for i in sc.tick())  # within b's bound (not a's 5s)
+    sc.now += 0.2
+    out = sc.tick()
+    assert (KILL, w) in out and closed(out, pb)
+    assert w.exit is not None and w.exit.kind == ExitKind.TIMEOUT
+    run_b, run_a = sc.run("b"), sc.run("a")
+    assert run_b.last_worker_error is not None
+    assert "setup of task 'b' timed out in worker" in run_b.last_worker_error
+    assert "task's timeout (3s)" in run_b.last_worker_error
+    assert run_a.last_worker_error is None
+    # the start is charged to b: with no restart left, b is abandoned
+    assert run_b.abandon_reason == RESTART_CAP
+
+
+def test_a_moved_workers_setup_that_reports_in_time_is_not_killed() -> None:
+    sc, w, pb = _moved_to_b(timeout=3)
+    sc.now += 2.0
+    sc.dispatcher.receive(pb, [SETUP, 2.0, None], sc.now)
+    sc.now += 10.0
+    assert not any(i[0] == KILL for i in sc.tick())
+    assert w.exit is None and sc.run("b").last_worker_error is None

@@ -293,9 +293,11 @@ class Dispatcher:
             peer.worker = worker
             peer.worker_id = worker_id
             first = not worker.ever_connected
+            moved_in, worker.joining = worker.joining, False
             self.staff.connected(worker, peer, hello.setup_seconds, now)
-            if first and plan.run.spec.setup is not None:
-                # its setup runs now, under the task's timeout: a hung one is killed
+            if (first or moved_in) and plan.run.spec.setup is not None:
+                # its setup runs now (a first one, or the one of the task it moved to),
+                # under the task's timeout: a hung one is killed
                 peer.setup_due = now + plan.run.spec.timeout_secs
                 self._deadlines.watch(peer, peer.setup_due)
         else:

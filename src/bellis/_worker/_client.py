@@ -40,6 +40,7 @@ from .._protocol import (
 from .._signals import handle_as_before, install_handler
 from ..errors import ConnectionLostError, ProtocolError
 from . import _failure, _walltime
+from ._leaving import leaving
 from ._profiling import Meter, attach_gpu
 from ._watchdog import Watchdog
 
@@ -238,6 +239,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     clients = list(_live)
     for client in clients:
         client._stop_requested = True
+    if leaving.deferred:
+        leaving.came = True  # the loop ends once the teardown it is running returned
+        return
     if not any(client._in_block for client in clients):
         for client in clients:
             client.close()  # the finished blocks go home first; unstarted ones go back
@@ -247,6 +251,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             leave, client.on_leave = client.on_leave, None
             if leave is not None:
                 leave()
+        teardown, leaving.teardown = leaving.teardown, None
+        if teardown is not None:
+            teardown()  # once: ``Warm.leave`` runs its teardown on its first call only
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()  # what the teardown printed reaches the log

@@ -21,10 +21,12 @@ without a setup.
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
 at its job's time limit, after its first block raised, moved to another task of the run
 (``_shared``: before that task's setup), on a SIGTERM (while it waits for blocks the
-SIGTERM handler of ``_client`` calls ``Client.on_leave``; in a block, the loop ends after
-the block); not when the process is killed (SIGKILL, a block timeout, a setup past the
-task's timeout, an out-of-memory end). A teardown that raises is logged (the worker's
-``.err`` log; the driver's log in serial mode) and changes no block's outcome.
+SIGTERM handler of ``_client`` calls ``Client.on_leave``, or in a shared worker
+``_leaving.leaving.teardown``, also set between a move's MOVE and the old task's teardown;
+in a block, the loop ends after the block); not when the process is killed (SIGKILL, a
+block timeout, a setup past the task's timeout, an out-of-memory end). A teardown that
+raises is logged (the worker's ``.err`` log; the driver's log in serial mode) and changes
+no block's outcome.
 ``__exit__`` always gets ``(None, None, None)``: a block's exception is the block's, and
 no teardown may swallow it.
 
@@ -33,7 +35,8 @@ and, in a SETUP message (``bellis._protocol``), to the server, which writes an e
 of kind ``setup failed`` (no block) and charges the worker's exit to the task's restart
 budget. The SETUP message also carries how long a setup that succeeded took, which the
 report's worker phases show as ``task setup``. A SETUP that does not come within the
-task's ``timeout`` of the WELCOME gets the worker killed by the server (an error record of
+task's ``timeout`` of the WELCOME (a first setup's, or the one after a move to another task)
+gets the worker killed by the server (an error record of
 kind ``setup timed out``: ``_scheduling._attempts.setup_timed_out``).
 
 A worker started by hand (``bellis worker``) runs ``--setup``, or else the task's own

@@ -143,6 +143,7 @@ def run_shared_loop(
     worker; the exit code (as ``_main.run_block_function_loop``'s). ``own``'s inputs are
     installed already (``_main``)."""
     from ._client import Client, Context
+    from ._leaving import leaving, sigterm_deferred
 
     context = Context.from_env()
     task_id = context["task_id"]
@@ -158,6 +159,9 @@ def run_shared_loop(
             warm = enter_in_worker(client, code.setup)
             if warm is None:
                 return 1  # the setup raised: reported to the log and the server
+            # a SIGTERM while no block runs (waiting for blocks, between them, or once
+            # the connection closed at a move) runs it, then the worker exits
+            leaving.teardown = warm.leave
             if code.passes_context:
                 run = with_context(run, warm.ctx)
         try:
@@ -167,10 +171,13 @@ def run_shared_loop(
                 return failure_code(exc)
             raise
         finally:
-            leave_task(warm)
+            # a SIGTERM while the teardown runs waits for it, then ends the worker here
+            with sigterm_deferred():
+                leaving.teardown = None
+                leave_task(warm)
         target = client.moved_to
-        if target is None:
-            return 0
+        if target is None or leaving.came:
+            return 0  # the server said stop, or a SIGTERM did (its block went home)
         _announce(context.get("worker_id", "?"), task_id, target)
         context = context.copy()
         context["task_id"] = target
