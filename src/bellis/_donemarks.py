@@ -26,16 +26,56 @@ returns None, so the scheduler falls back to :meth:`BlockStore.record_success`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # annotations only: a worker reaches this module and imports no numpy
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["BlockStore", "CellWriter", "HotWriter", "StoreBackend"]
+__all__ = [
+    "BlockStore",
+    "CellWriter",
+    "HotWriter",
+    "StoreBackend",
+    "StoreLocation",
+    "is_store_url",
+    "join_location",
+    "store_location",
+]
+
+#: where a tracking store lives: a local directory as a ``Path``, a URL as its ``str``
+#: (``s3://bucket/prefix``). A URL is never a ``Path``: ``Path("s3://b/k")`` folds the
+#: ``//`` to ``s3:/b/k``, and a folded URL printed, joined or resolved is another place.
+StoreLocation: TypeAlias = Path | str
+
+_S3 = "s3://"
+
+
+def is_store_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a store at a URL (``s3://...``, or a ``Path``'s folded
+    ``s3:/...`` of one), not a local directory."""
+    return os.fspath(path).startswith("s3:/")
+
+
+def store_location(path: str | os.PathLike[str]) -> StoreLocation:
+    """The one way a tracking path becomes a location: a URL stays a string, canonical
+    (``s3://bucket/prefix``, no trailing ``/``; a folded ``s3:/...`` is unfolded), and
+    anything else is a local ``Path``."""
+    text = os.fspath(path)
+    if is_store_url(text):
+        return _S3 + text[len("s3:") :].strip("/")
+    return Path(text)
+
+
+def join_location(base: StoreLocation, name: str) -> StoreLocation:
+    """``base / name`` for a location: a URL joined with ``/`` as a string."""
+    if isinstance(base, str):
+        return f"{base.rstrip('/')}/{name}"
+    return base / name
 
 
 class CellWriter(Protocol):

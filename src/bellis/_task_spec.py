@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._donemarks import StoreLocation
 from ._graph import TaskGeometry
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class TaskSpec:
     verify_stored: tuple[bool, ...]
     resource_tracking: bool
     #: where the task's store lives at run start (None: not tracked)
-    tracking_path: Path | None
+    tracking_path: StoreLocation | None
     #: one cell per block, 1: skipped (read-only; None: no mask)
     skip_mask: np.ndarray[Any, np.dtype[np.uint8]] | None
     launcher: Any

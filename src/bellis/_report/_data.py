@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._donemarks import BlockStore
+from .._donemarks import BlockStore, StoreLocation, store_location
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import (
@@ -35,10 +36,11 @@ from .._tracking import (
     find_stores as _find_stores,
     format_roi,
     is_store,
+    lease_holder,
     open_readonly,
     read_status,
 )
-from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
+from .._tracking._codever import MAX_CODE_INDEX, code_counts, version_counts
 from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
 
@@ -57,15 +59,16 @@ _MAX_DEPTH = 4
 COPY_CELLS = 1 << 24
 
 
-def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
-    """The tracking stores at or under each path, in path order then name order.
+def find_stores(paths: Sequence[str | os.PathLike[str]]) -> list[StoreLocation]:
+    """The tracking stores at or under each path, in path order then name order: a
+    ``Path`` each, or the ``str`` of an ``s3://`` URL (``store_location``).
 
     Raises TrackingError naming a path that does not exist or holds no store.
     """
-    found: list[Path] = []
+    found: list[StoreLocation] = []
     for raw in paths:
-        p = Path(raw)
-        if not p.exists():
+        p = store_location(raw)
+        if isinstance(p, Path) and not p.exists():
             raise TrackingError(f"report path {os.fspath(raw)!r} does not exist", path=str(p))
         inside = _find_stores(p, _MAX_DEPTH)
         if not inside:
@@ -75,15 +78,20 @@ def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
                 path=str(p),
             )
         found.extend(inside)
-    unique: list[Path] = []
+    unique: list[StoreLocation] = []
+    seen: set[str] = set()
     for s in found:
-        if s.resolve() not in {u.resolve() for u in unique}:
+        key = s if isinstance(s, str) else str(s.resolve())
+        if key not in seen:
+            seen.add(key)
             unique.append(s)
     return unique
 
 
-def lock_holder(store: Path) -> str | None:
+def lock_holder(store: StoreLocation) -> str | None:
     """Who holds the store's lock (a run in flight), or None when nobody does."""
+    if isinstance(store, str):  # a URL: the lease object, read without taking it
+        return lease_holder(store)
     file = store / _LOCK_NAME
     try:
         import fcntl
@@ -318,7 +326,7 @@ def _code_versions(
             if small
             else None
         )
-    rows = version_counts(read_table(store.path), code_counts(store.done, codes))
+    rows = version_counts(store.code_table(), code_counts(store.done, codes))
     if not small:
         return rows, None
     lut = np.zeros(MAX_CODE_INDEX + 1, dtype=np.float32)

@@ -17,10 +17,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
+import time
+from typing import Any
+
 from .._donemarks import BlockStore, StoreBackend
+from ._disk import is_run_in_progress as _local_in_progress, read_lock_holder as _local_holder
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
 from ._s3 import S3Stores, is_s3_url
+from ._s3io import Bucket, lease_alive, read_lease, s3_url
 from ._store import TrackingStore
 
 __all__ = [
@@ -28,9 +33,12 @@ __all__ = [
     "TrackingBackend",
     "backend_for",
     "find_stores",
+    "is_run_in_progress",
     "is_store",
+    "lease_holder",
     "open_readonly",
     "open_store",
+    "read_lock_holder",
     "store_exists",
 ]
 
@@ -144,4 +152,33 @@ def open_store(
     (:meth:`TrackingStore.open`)."""
     return backend_for(path).open(
         Path(path), layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+    )
+
+
+def read_lock_holder(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the run that last locked the store wrote into its lock (pid, host, started;
+    on S3 also run and expires), or None when there is no lock record. Read only."""
+    if is_s3_url(path):
+        return read_lease(Bucket(s3_url(path)))
+    return _local_holder(Path(path))
+
+
+def is_run_in_progress(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a run holds the store at ``path``, tested without taking its lock: on
+    S3, whether its lock object's lease is still alive; None where it cannot be told
+    (a local store without a lock file or file locks)."""
+    if is_s3_url(path):
+        return lease_alive(read_lease(Bucket(s3_url(path))), time.time())
+    return _local_in_progress(Path(path))
+
+
+def lease_holder(url: str) -> str | None:
+    """Who holds the S3 store at ``url`` (its lock's lease is alive), as a report names a
+    run in flight; None when no run does."""
+    record = read_lease(Bucket(s3_url(url)))
+    if record is None or not lease_alive(record, time.time()):
+        return None
+    return (
+        f"run {record.get('run', '?')}, pid {record.get('pid', '?')} on host "
+        f"{record.get('host', '?')}, started {record.get('started', '?')}"
     )
