@@ -44,6 +44,7 @@ __all__ = [
     "StoreLocation",
     "is_store_url",
     "join_location",
+    "location_name",
     "store_location",
 ]
 
@@ -69,6 +70,13 @@ def store_location(path: str | os.PathLike[str]) -> StoreLocation:
     if is_store_url(text):
         return _S3 + text[len("s3:") :].strip("/")
     return Path(text)
+
+
+def location_name(location: StoreLocation) -> str:
+    """A location's last part: a folder's name, a URL's last key part."""
+    if isinstance(location, str):
+        return location.rstrip("/").rsplit("/", 1)[-1]
+    return location.name
 
 
 def join_location(base: StoreLocation, name: str) -> StoreLocation:
@@ -217,25 +225,27 @@ class BlockStore(Protocol):
 class StoreBackend(Protocol):
     """What a kind of tracking store offers before a store is open."""
 
-    def exists(self, path: Path) -> bool:
+    def exists(self, path: StoreLocation) -> bool:
         """Whether something at ``path`` claims to be a store (opening it tells whether
         it is a valid one)."""
         ...
 
-    def is_store(self, path: Path) -> bool:
+    def is_store(self, path: StoreLocation) -> bool:
         """Whether ``path`` holds a tracking store (a group with done markers)."""
         ...
 
-    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+    def find_stores(
+        self, root: StoreLocation, max_depth: int | None = None
+    ) -> Iterator[StoreLocation]:
         """``root`` when it is a store, else the stores below it (down to ``max_depth``
         folders, None: all), each once, in path order; a store's folders are not searched."""
         ...
 
-    def open_readonly(self, path: Path) -> BlockStore:
+    def open_readonly(self, path: StoreLocation) -> BlockStore:
         """Open the store at ``path`` for reading; safe while a run writes it."""
         ...
 
-    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+    def clear_done(self, path: StoreLocation, grid: tuple[int, ...], cells: Sequence[int]) -> int:
         """Clear the done markers of flat ``cells`` of the store at ``path`` (tracking grid
         ``grid``), which no run may hold (``bellis verify --reset``); returns how many
         were done."""

@@ -115,7 +115,11 @@ def _progress_line(snap: StatusSnapshot, rate: float | None, running: bool | Non
 
 
 def _wait_for_store(
-    root: StoreLocation, interval_seconds: float, *, err: TextIO | None, sleep: Callable[[float], None]
+    root: StoreLocation,
+    interval_seconds: float,
+    *,
+    err: TextIO | None,
+    sleep: Callable[[float], None],
 ) -> None:
     """Return once ``root`` holds a store (its group and ``done`` array written), saying
     once on ``err`` that the watch waits for a run to create it."""

@@ -173,7 +173,11 @@ class DryRun:
             ready_at_start=run.ready,
             upstream=[up.task_id for _, up in run.up_edges],
             downstream=[d.task_id for d in run.downstream_tasks],
-            store=None if path is None else path if isinstance(path, str) else os.path.abspath(path),
+            store=None
+            if path is None
+            else path
+            if isinstance(path, str)
+            else os.path.abspath(path),
             store_exists=store is not None,
             store_reserved_bytes=reserved,
             store_to_allocate_bytes=to_allocate,

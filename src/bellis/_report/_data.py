@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._donemarks import BlockStore, StoreLocation, store_location
+from .._donemarks import BlockStore, StoreLocation, location_name, store_location
+from .._stats._errorlog import read_errors
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import (
@@ -133,7 +134,7 @@ class StoreData:
     """One task's tracking store, copied: arrays, layout, run lines, in-flight state."""
 
     task_id: str
-    path: Path | None
+    path: StoreLocation | None
     grid: tuple[int, ...]
     done: NDArray[np.bool_]
     failures: NDArray[np.uint32]
@@ -165,6 +166,9 @@ class StoreData:
     #: for a done block of unknown code, NaN for a cell not done; None for a large store
     #: (past COPY_CELLS, the volume figure shows no code version)
     code_version: NDArray[np.float32] | None = None
+    #: a store at a URL: its runs' ``errors.jsonl`` lines, read when it was loaded (it
+    #: has no folder to read them from later); None for a local store
+    error_lines: list[dict[str, Any]] | None = None
 
     @property
     def blocks(self) -> int | None:
@@ -240,7 +244,7 @@ def _tuple(v: Any, n: int) -> tuple[int, ...] | None:
     return None
 
 
-def load_store(path: Path) -> StoreData:
+def load_store(path: StoreLocation) -> StoreData:
     """Snapshot the store at ``path`` (read-only)."""
     holder = lock_holder(path)
     with open_readonly(path) as store:
@@ -262,6 +266,8 @@ def load_store(path: Path) -> StoreData:
         versions, per_cell = _code_versions(store, done, maps is None, n_done)
         record = store.record
         runs_file = store.runs_jsonl
+        # a store at a URL has its runs' errors merged beside runs_jsonl while it is open
+        error_lines = read_errors(runs_file.parent) if isinstance(path, str) else None
         checks = store.checksums()
         last_verify = read_verify_record(path)
         verify = codes = None
@@ -272,9 +278,10 @@ def load_store(path: Path) -> StoreData:
             if maps is None:
                 codes = verify_codes(flat_done, flat, last_verify)
     runs = read_runs(runs_file)
-    task_id = str(runs[-1].get("task_id")) if runs else path.name
+    task_id = str(runs[-1].get("task_id")) if runs else location_name(path)
     data = StoreData(task_id, path, grid, done, failures, stats, runs, holder)
     data.precounted = counts
+    data.error_lines = error_lines
     data.maps = maps
     data.verify, data.verify_codes = verify, codes
     data.code_versions = versions
