@@ -210,8 +210,13 @@ def test_report_on_s3_shows_the_local_counts_and_failures(
     assert "RuntimeError" in page and "bad block 3" in page and "bad block 7" in page
     assert f"{S3_BASE}/b/errors/" in page
     local_page = (tmp / "local.html").read_text()
-    for needle in ("10 done", "2 failed", "2 failed attempt"):
-        assert (needle in page) == (needle in local_page), needle
+    for task, counts in (("a", ("12", "0", "0", "0")), ("b", ("10", "2", "0", "2"))):
+        # the tasks table: done, failed, untouched, failed attempts, ..., the store
+        row = r"<td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td>[^<]*</td><td>{}</td>"
+        on_s3 = re.search(row.format(re.escape(f"{S3_BASE}/{task}")), page)
+        on_disk = re.search(row.format(re.escape(f"{runs['local']}/{task}")), local_page)
+        assert on_s3 is not None and on_disk is not None, task
+        assert on_s3.groups() == on_disk.groups() == counts
 
 
 def test_plan_on_s3_counts_what_the_local_plan_counts(runs: dict[str, Any]) -> None:
