@@ -274,3 +274,64 @@ def test_tracking_basedir_on_s3_keeps_the_url(tmp_path: Path) -> None:
         f"'s3://{BUCKET}/runs/seg'",
         f"'s3://{BUCKET}//x'",
     ]
+
+
+def test_resource_tracking_on_s3_is_refused_with_its_reason(runs: dict[str, Any]) -> None:
+    code = textwrap.dedent(
+        f"""
+        import bellis
+        from bellis.errors import TrackingError
+        from funlib.geometry import Roi
+        t = bellis.Task("rt", total_roi=Roi((0,), (4,)), read_roi=Roi((0,), (1,)),
+                        write_roi=Roi((0,), (1,)), process_function=lambda b: None,
+                        tracking_path="s3://{BUCKET}/rt", resource_tracking=True)
+        try:
+            bellis.run_blockwise([t], multiprocessing=False)
+        except TrackingError as exc:
+            print(exc)
+            raise SystemExit(3)
+        """
+    )
+    script = runs["tmp"] / "rt.py"
+    script.write_text(code)
+    r = subprocess.run(
+        [sys.executable, str(script)], env=runs["env"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert (
+        f"block tracking at s3://{BUCKET}/rt: resource_tracking=True is not supported" in r.stdout
+    )
+    assert "68 bytes a block" in r.stdout and "resource_tracking=False" in r.stdout
+    c = kit_s3.client(runs["env"])
+    assert "Contents" not in c.list_objects_v2(Bucket=BUCKET, Prefix="rt/")  # nothing written
+
+
+def test_task_report_on_s3_keeps_the_url_and_reads_the_errors(runs: dict[str, Any]) -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import bellis
+        from funlib.geometry import Roi
+        t = bellis.Task("b", total_roi=Roi((0,), (12,)), read_roi=Roi((0,), (1,)),
+                        write_roi=Roi((0,), (1,)), process_function=lambda b: None,
+                        tracking_path=sys.argv[1] + "/b")
+        r = t.report()
+        print(repr(r.store_path))
+        print(sorted(e.coord for e in r.errors()))
+        """
+    )
+    script = runs["tmp"] / "task_report.py"
+    script.write_text(code)
+    out = {}
+    for name, base in (("s3", S3_BASE), ("local", runs["local"])):
+        r = subprocess.run(
+            [sys.executable, str(script), base],
+            env=runs["env"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        out[name] = r.stdout.splitlines()
+    assert out["s3"][0] == repr(f"{S3_BASE}/b")
+    assert out["s3"][1] == out["local"][1] == "[(3,), (7,)]"
