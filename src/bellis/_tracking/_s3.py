@@ -134,6 +134,9 @@ class S3Store:
         self._cells = cell_count(grid)
         #: the lease renewal: the flush and the renewer thread take turns
         self._renewing = threading.Lock()
+        #: one flush at a time: the run's (at a recorded block) or the renewer's (markers
+        #: left in memory while no block returns)
+        self._flushing = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         #: the renewer's refusal (another run took the store over): raised by the next write
@@ -534,8 +537,32 @@ class S3Store:
         lock = self._lock
         if lock is None:
             return
-        period = max(0.05, lock.lease / 3)
+        renew_every = max(0.05, lock.lease / 3)
+        # wakes at the flush interval too, to write markers no returning block flushes
+        period = min(renew_every, max(0.05, self._interval))
+        last_renew = time.monotonic()
         while not self._stop.wait(period):
+            if self._dirty and time.monotonic() - self._last_flush >= self._interval:
+                # markers recorded, then no block returned (a task finished, the next
+                # one's blocks run long): write them now, not at the next recorded block
+                try:
+                    self.flush()
+                except TrackingError as exc:
+                    self._lost = exc
+                    _log.error("%s", exc)
+                    return
+                except Exception as exc:  # a thread must not die silently
+                    self._lost = TrackingError(
+                        f"block tracking at {self._url}: writing the markers failed: {exc}",
+                        path=self._url,
+                    )
+                    _log.error("%s", self._lost)
+                    return
+                last_renew = time.monotonic()  # the flush renewed the lease
+                continue
+            if time.monotonic() - last_renew < renew_every:
+                continue
+            last_renew = time.monotonic()
             with self._renewing:
                 if self._lock is None or self._stop.is_set():
                     return
@@ -568,19 +595,31 @@ class S3Store:
             return
         if self._lost is not None:
             raise self._lost
-        nd = len(self._grid)
-        for name in sorted(self._dirty):
-            data = self._arrays[name].astype(self._arrays[name].dtype.newbyteorder("<")).tobytes()
-            key = _chunk_key(name, nd)
-            etag = self._bucket.put(key, data, self._etags.get(name))
-            if etag is None:
-                raise self._conflict(self._url, key)
-            self._etags[name] = etag
-        self._dirty.clear()
-        self._upload_logs()
-        with self._renewing:
-            self._lock.renew()
-        self._last_flush = time.monotonic()
+        with self._flushing:
+            lock = self._lock
+            if lock is None:
+                return
+            nd = len(self._grid)
+            # taken off the dirty set before the arrays are copied: a marker recorded
+            # meanwhile (the array written, then marked dirty) is written by the next flush
+            names = sorted(self._dirty)
+            self._dirty.difference_update(names)
+            try:
+                for name in names:
+                    array = self._arrays[name]
+                    data = array.astype(array.dtype.newbyteorder("<")).tobytes()
+                    key = _chunk_key(name, nd)
+                    etag = self._bucket.put(key, data, self._etags.get(name))
+                    if etag is None:
+                        raise self._conflict(self._url, key)
+                    self._etags[name] = etag
+            except BaseException:
+                self._dirty.update(names)  # written again whole by the next flush
+                raise
+            self._upload_logs()
+            with self._renewing:
+                lock.renew()
+            self._last_flush = time.monotonic()
 
     def close(self) -> None:
         if self._closed:
