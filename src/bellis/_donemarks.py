@@ -26,16 +26,64 @@ returns None, so the scheduler falls back to :meth:`BlockStore.record_success`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # annotations only: a worker reaches this module and imports no numpy
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["BlockStore", "CellWriter", "HotWriter", "StoreBackend"]
+__all__ = [
+    "BlockStore",
+    "CellWriter",
+    "HotWriter",
+    "StoreBackend",
+    "StoreLocation",
+    "is_store_url",
+    "join_location",
+    "location_name",
+    "store_location",
+]
+
+#: where a tracking store lives: a local directory as a ``Path``, a URL as its ``str``
+#: (``s3://bucket/prefix``). A URL is never a ``Path``: ``Path("s3://b/k")`` folds the
+#: ``//`` to ``s3:/b/k``, and a folded URL printed, joined or resolved is another place.
+StoreLocation: TypeAlias = Path | str
+
+_S3 = "s3://"
+
+
+def is_store_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a store at a URL (``s3://...``, or a ``Path``'s folded
+    ``s3:/...`` of one), not a local directory."""
+    return os.fspath(path).startswith("s3:/")
+
+
+def store_location(path: str | os.PathLike[str]) -> StoreLocation:
+    """The one way a tracking path becomes a location: a URL stays a string, canonical
+    (``s3://bucket/prefix``, no trailing ``/``; a folded ``s3:/...`` is unfolded), and
+    anything else is a local ``Path``."""
+    text = os.fspath(path)
+    if is_store_url(text):
+        return _S3 + text[len("s3:") :].strip("/")
+    return Path(text)
+
+
+def location_name(location: StoreLocation) -> str:
+    """A location's last part: a folder's name, a URL's last key part."""
+    if isinstance(location, str):
+        return location.rstrip("/").rsplit("/", 1)[-1]
+    return location.name
+
+
+def join_location(base: StoreLocation, name: str) -> StoreLocation:
+    """``base / name`` for a location: a URL joined with ``/`` as a string."""
+    if isinstance(base, str):
+        return f"{base.rstrip('/')}/{name}"
+    return base / name
 
 
 class CellWriter(Protocol):
@@ -187,25 +235,27 @@ class BlockStore(Protocol):
 class StoreBackend(Protocol):
     """What a kind of tracking store offers before a store is open."""
 
-    def exists(self, path: Path) -> bool:
+    def exists(self, path: StoreLocation) -> bool:
         """Whether something at ``path`` claims to be a store (opening it tells whether
         it is a valid one)."""
         ...
 
-    def is_store(self, path: Path) -> bool:
+    def is_store(self, path: StoreLocation) -> bool:
         """Whether ``path`` holds a tracking store (a group with done markers)."""
         ...
 
-    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+    def find_stores(
+        self, root: StoreLocation, max_depth: int | None = None
+    ) -> Iterator[StoreLocation]:
         """``root`` when it is a store, else the stores below it (down to ``max_depth``
         folders, None: all), each once, in path order; a store's folders are not searched."""
         ...
 
-    def open_readonly(self, path: Path) -> BlockStore:
+    def open_readonly(self, path: StoreLocation) -> BlockStore:
         """Open the store at ``path`` for reading; safe while a run writes it."""
         ...
 
-    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+    def clear_done(self, path: StoreLocation, grid: tuple[int, ...], cells: Sequence[int]) -> int:
         """Clear the done markers of flat ``cells`` of the store at ``path`` (tracking grid
         ``grid``), which no run may hold (``bellis verify --reset``); returns how many
         were done."""

@@ -15,6 +15,7 @@ import numpy as np
 from . import _seams
 from ._block import _as_roi
 from ._code_origin import function_arity
+from ._donemarks import StoreLocation, join_location, store_location
 from ._fingerprint import check_code_options
 from ._graph import FITS, TaskGeometry
 from ._outputs._declared import declare_outputs
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Pipeline", "Task", "function_arity"]
 
-_tracking_basedir: Path | None = None
+_tracking_basedir: StoreLocation | None = None
 
 
 def set_tracking_basedir(path: str | os.PathLike[str] | None) -> None:
@@ -53,14 +54,16 @@ def set_tracking_basedir(path: str | os.PathLike[str] | None) -> None:
     global _tracking_basedir
     if path is not None:
         _check_local_path("set_tracking_basedir(path)", os.fspath(path))
-    _tracking_basedir = None if path is None else Path(path)
+    _tracking_basedir = None if path is None else store_location(path)
 
 
-def get_tracking_basedir() -> Path | None:
+def get_tracking_basedir() -> StoreLocation | None:
+    """The basedir :func:`set_tracking_basedir` set: a ``Path``, or the ``str`` of an
+    ``s3://`` URL (never a ``Path``, which would fold its ``//``)."""
     return _tracking_basedir
 
 
-def _store_dirname(task_id: str, base: Path) -> str:
+def _store_dirname(task_id: str, base: StoreLocation) -> str:
     """``task_id`` as the name of its store under the tracking basedir ``base``; a
     ConfigurationError when it would name ``base`` itself or a place outside it (an
     absolute path, ``..``), where ``Task.reset()`` would delete what is not the task's."""
@@ -85,7 +88,7 @@ def set_done_marker_basedir(path: str | os.PathLike[str] | None) -> None:
     set_tracking_basedir(path)
 
 
-def get_done_marker_basedir() -> Path | None:
+def get_done_marker_basedir() -> StoreLocation | None:
     """Deprecated alias of :func:`get_tracking_basedir`."""
     warnings.warn(
         "get_done_marker_basedir is deprecated; use get_tracking_basedir",
@@ -448,15 +451,18 @@ class Task:
         return _Roi(g.tw_offset, tuple(max(0, s) for s in g.tw_shape))
 
     # -- tracking --------------------------------------------------------------------
-    def resolved_tracking_path(self) -> Path | None:
-        """Where this task's store lives now (explicit path, else ``<basedir>/<task_id>``)."""
+    def resolved_tracking_path(self) -> StoreLocation | None:
+        """Where this task's store lives now (explicit path, else ``<basedir>/<task_id>``):
+        a ``Path``, or the ``str`` of an ``s3://`` URL (``store_location``)."""
         p = self._tracking_path
         if p is False:
             return None
         if p is None:
             base = get_tracking_basedir()
-            return None if base is None else base / _store_dirname(self._task_id, base)
-        return Path(str(p))
+            if base is None:
+                return None
+            return join_location(base, _store_dirname(self._task_id, base))
+        return store_location(str(p))
 
     def reset(self) -> str | None:
         """Delete this task's tracking store (and its runs.jsonl). Returns the path or None."""

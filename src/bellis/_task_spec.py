@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._donemarks import StoreLocation
 from ._graph import TaskGeometry
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class TaskSpec:
     verify_stored: tuple[bool, ...]
     resource_tracking: bool
     #: where the task's store lives at run start (None: not tracked)
-    tracking_path: Path | None
+    tracking_path: StoreLocation | None
     #: one cell per block, 1: skipped (read-only; None: no mask)
     skip_mask: np.ndarray[Any, np.dtype[np.uint8]] | None
     launcher: Any

@@ -29,17 +29,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def client(env: dict[str, str]) -> Any:
-    """A boto3 client of the server ``env`` reaches."""
-    import boto3
+_clients: dict[str, Any] = {}
 
-    return boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+
+def client(env: dict[str, str]) -> Any:
+    """The boto3 client of the server ``env`` reaches, made once per server: making one
+    loads the endpoint rules (``botocore/endpoint_provider.py``), seconds on a loaded
+    machine, and the tests call this in their polling loops."""
+    endpoint = env["AWS_ENDPOINT_URL"]
+    found = _clients.get(endpoint)
+    if found is None:
+        import boto3
+
+        found = _clients[endpoint] = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+    return found
 
 
 @contextlib.contextmanager

@@ -180,9 +180,20 @@ def _take_ctrl_c() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _holds_stores(path: Path | str) -> bool:
+    """Whether ``path`` is a folder (a prefix, for a URL) that holds stores below it
+    rather than a store itself: a tracking basedir."""
+    from .._tracking import store_exists
+
+    if isinstance(path, str):  # a URL: a prefix without a store of its own
+        return not store_exists(path)
+    return path.is_dir() and not store_exists(path)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .._donemarks import store_location
     from .._report._data import find_stores
-    from .._tracking import format_status, read_status, status_record, store_exists
+    from .._tracking import format_status, read_status, status_record
     from ..errors import TrackingError
 
     try:
@@ -203,8 +214,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             _take_ctrl_c()
             from ._watch import watch_status
 
-            path = Path(args.path)
-            if path.is_dir() and not store_exists(path):
+            path = store_location(args.path)
+            if _holds_stores(path):
                 try:
                     stores = find_stores([path])  # a basedir: name what it holds
                 except TrackingError:
@@ -214,7 +225,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if stores:
                 raise TrackingError(
                     f"--watch follows one task's store, and {path} holds {len(stores)}: "
-                    + ", ".join(s.name for s in stores)
+                    + ", ".join(_name(s) for s in stores)
                     + f"; watch one of them (bellis status {stores[0]} --watch), or run "
                     f"`bellis status {path}` for all",
                     path=str(path),
@@ -222,14 +233,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
             return watch_status(
                 path, args.watch, out=sys.stdout, err=sys.stderr, max_width=args.width
             )
-        path = Path(args.path)
+        path = store_location(args.path)
 
-        def show(store: Path) -> str:
+        def show(store: Path | str) -> str:
             if args.json:
                 return json.dumps(status_record(read_status(store)), indent=1)
             return format_status(store, max_width=args.width)
 
-        if not (path.is_dir() and not store_exists(path)):
+        if not _holds_stores(path):
             print(show(path))  # one task's store
             return 0
         # a tracking basedir: every task's store under it, in name order; one that cannot
@@ -252,6 +263,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _name(store: Path | str) -> str:
+    """A store's last part: its folder's name, or its URL's last key part."""
+    return store.rstrip("/").rsplit("/", 1)[-1] if isinstance(store, str) else store.name
 
 
 def _positive(text: str) -> int:

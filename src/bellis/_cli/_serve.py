@@ -38,7 +38,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except TrackingError as exc:
         print(f"bellis serve: {exc}", file=sys.stderr)
         return 2
-    state = LiveState(stores)
+    urls = [s for s in stores if isinstance(s, str)]
+    if urls:
+        print(
+            f"bellis serve: {urls[0]}: the live page reads local stores only (it follows "
+            "their block stamps, which stores on S3 do not keep yet: docs/cloud.md); use "
+            "`bellis status URL --watch`",
+            file=sys.stderr,
+        )
+        return 2
+    local = [s for s in stores if not isinstance(s, str)]
+    state = LiveState(local)
     try:
         server = LiveServer(
             state.json_bytes, host=args.host, port=args.port, documents=state.documents()
@@ -52,9 +62,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    names = ", ".join(s.name for s in stores)
+    names = ", ".join(s.name for s in local)
     try:  # a Ctrl-C from the URL's first line on ends it cleanly
-        print(f"bellis serve: {len(stores)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
+        print(f"bellis serve: {len(local)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
         server.start(sys.stderr)
         threading.Event().wait()
     except KeyboardInterrupt:

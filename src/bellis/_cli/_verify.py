@@ -26,14 +26,27 @@ def _stores(paths: list[str]) -> list[Path]:
     """Each PATH as a store, or the stores of a tracking basedir whose task verifies its
     outputs (the others are named on stderr: a pipeline's basedir holds tasks with nothing
     to verify)."""
+    from .._donemarks import is_store_url, store_location
     from .._report._data import find_stores
     from .._tracking import read_outputs_record, store_exists
+    from ..errors import TrackingError
 
     out: list[Path] = []
     for p in paths:
+        if is_store_url(p):
+            url = store_location(p)
+            raise TrackingError(
+                f"block tracking at {url}: stores on S3 keep no declared outputs "
+                "(outputs.json) and no output checksums yet, so there is nothing to verify "
+                "against (docs/cloud.md); track the task in a local or mounted "
+                "tracking_path to verify its outputs",
+                path=str(url),
+            )
         path = Path(p)
         if path.is_dir() and not store_exists(path):
             for store in find_stores([path]):
+                if isinstance(store, str):  # a URL below a local folder: never
+                    continue
                 record = read_outputs_record(store) or {}
                 if record.get("verify_outputs") or (store / "output_checksum").is_dir():
                     out.append(store)

@@ -27,11 +27,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 
+from .._donemarks import StoreLocation, store_location
 from .._report._panel import format_duration
 from .._tracking import (
     StatusSnapshot,
@@ -49,7 +49,7 @@ _CLEAR_LINE = "\x1b[K"
 _CLEAR_BELOW = "\x1b[J"
 
 
-def _run_started_at(root: Path) -> float | None:
+def _run_started_at(root: StoreLocation) -> float | None:
     info = read_lock_holder(root)
     started = None if info is None else info.get("started")
     if not isinstance(started, str):
@@ -115,7 +115,11 @@ def _progress_line(snap: StatusSnapshot, rate: float | None, running: bool | Non
 
 
 def _wait_for_store(
-    root: Path, interval_seconds: float, *, err: TextIO | None, sleep: Callable[[float], None]
+    root: StoreLocation,
+    interval_seconds: float,
+    *,
+    err: TextIO | None,
+    sleep: Callable[[float], None],
 ) -> None:
     """Return once ``root`` holds a store (its group and ``done`` array written), saying
     once on ``err`` that the watch waits for a run to create it."""
@@ -145,7 +149,7 @@ def watch_status(
     run ends; returns the exit code (0). A store that does not exist yet is waited for
     (saying so on ``err``). Raises TrackingError for a store that cannot be read, and lets
     KeyboardInterrupt through (the caller exits 130)."""
-    root = Path(path)
+    root = store_location(path)
     _wait_for_store(root, interval_seconds, err=err, sleep=sleep)
     tty = out.isatty()
     rate = _Rate(max(10.0, 4 * interval_seconds))

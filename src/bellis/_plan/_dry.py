@@ -139,7 +139,7 @@ class DryRun:
         path = task.tracking_path if rp.block_tracking else None
         reserved = to_allocate = 0
         disk_free: int | None = None
-        if path is not None:
+        if isinstance(path, Path):  # a URL's store reserves no local disk
             names = BASE_ARRAYS + (STAT_ARRAYS if task.resource_tracking else ())
             files = chunk_files(Path(path), task.store_layout.grid_shape, names)
             reserved = sum(n for _, n in files)
@@ -173,7 +173,11 @@ class DryRun:
             ready_at_start=run.ready,
             upstream=[up.task_id for _, up in run.up_edges],
             downstream=[d.task_id for d in run.downstream_tasks],
-            store=None if path is None else os.path.abspath(path),
+            store=None
+            if path is None
+            else path
+            if isinstance(path, str)
+            else os.path.abspath(path),
             store_exists=store is not None,
             store_reserved_bytes=reserved,
             store_to_allocate_bytes=to_allocate,

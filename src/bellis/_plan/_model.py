@@ -163,6 +163,8 @@ class Plan:
                 deps.append("before " + ", ".join(t.downstream))
             if t.store is None:
                 store = "no block tracking"
+            elif t.store.startswith("s3://"):  # object storage: no local disk reserved
+                store = f"store {t.store} ({'exists' if t.store_exists else 'new'}): on S3"
             else:
                 store = (
                     f"store {t.store} ({'exists' if t.store_exists else 'new'}): reserves "

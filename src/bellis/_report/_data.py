@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._donemarks import BlockStore
+from .._donemarks import BlockStore, StoreLocation, location_name, store_location
+from .._stats._errorlog import read_errors
 from .._stats._reports import TaskReport
 from .._stats._runlog import read_runs
 from .._tracking import (
@@ -35,10 +37,11 @@ from .._tracking import (
     find_stores as _find_stores,
     format_roi,
     is_store,
+    lease_holder,
     open_readonly,
     read_status,
 )
-from .._tracking._codever import MAX_CODE_INDEX, code_counts, read_table, version_counts
+from .._tracking._codever import MAX_CODE_INDEX, code_counts, version_counts
 from .._tracking._reset import read_verify_record, verify_codes, verify_counts
 from ..errors import TrackingError
 
@@ -57,15 +60,16 @@ _MAX_DEPTH = 4
 COPY_CELLS = 1 << 24
 
 
-def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
-    """The tracking stores at or under each path, in path order then name order.
+def find_stores(paths: Sequence[str | os.PathLike[str]]) -> list[StoreLocation]:
+    """The tracking stores at or under each path, in path order then name order: a
+    ``Path`` each, or the ``str`` of an ``s3://`` URL (``store_location``).
 
     Raises TrackingError naming a path that does not exist or holds no store.
     """
-    found: list[Path] = []
+    found: list[StoreLocation] = []
     for raw in paths:
-        p = Path(raw)
-        if not p.exists():
+        p = store_location(raw)
+        if isinstance(p, Path) and not p.exists():
             raise TrackingError(f"report path {os.fspath(raw)!r} does not exist", path=str(p))
         inside = _find_stores(p, _MAX_DEPTH)
         if not inside:
@@ -75,15 +79,20 @@ def find_stores(paths: list[str | os.PathLike[str]]) -> list[Path]:
                 path=str(p),
             )
         found.extend(inside)
-    unique: list[Path] = []
+    unique: list[StoreLocation] = []
+    seen: set[str] = set()
     for s in found:
-        if s.resolve() not in {u.resolve() for u in unique}:
+        key = s if isinstance(s, str) else str(s.resolve())
+        if key not in seen:
+            seen.add(key)
             unique.append(s)
     return unique
 
 
-def lock_holder(store: Path) -> str | None:
+def lock_holder(store: StoreLocation) -> str | None:
     """Who holds the store's lock (a run in flight), or None when nobody does."""
+    if isinstance(store, str):  # a URL: the lease object, read without taking it
+        return lease_holder(store)
     file = store / _LOCK_NAME
     try:
         import fcntl
@@ -125,7 +134,7 @@ class StoreData:
     """One task's tracking store, copied: arrays, layout, run lines, in-flight state."""
 
     task_id: str
-    path: Path | None
+    path: StoreLocation | None
     grid: tuple[int, ...]
     done: NDArray[np.bool_]
     failures: NDArray[np.uint32]
@@ -157,6 +166,9 @@ class StoreData:
     #: for a done block of unknown code, NaN for a cell not done; None for a large store
     #: (past COPY_CELLS, the volume figure shows no code version)
     code_version: NDArray[np.float32] | None = None
+    #: a store at a URL: its runs' ``errors.jsonl`` lines, read when it was loaded (it
+    #: has no folder to read them from later); None for a local store
+    error_lines: list[dict[str, Any]] | None = None
 
     @property
     def blocks(self) -> int | None:
@@ -232,7 +244,7 @@ def _tuple(v: Any, n: int) -> tuple[int, ...] | None:
     return None
 
 
-def load_store(path: Path) -> StoreData:
+def load_store(path: StoreLocation) -> StoreData:
     """Snapshot the store at ``path`` (read-only)."""
     holder = lock_holder(path)
     with open_readonly(path) as store:
@@ -254,6 +266,8 @@ def load_store(path: Path) -> StoreData:
         versions, per_cell = _code_versions(store, done, maps is None, n_done)
         record = store.record
         runs_file = store.runs_jsonl
+        # a store at a URL has its runs' errors merged beside runs_jsonl while it is open
+        error_lines = read_errors(runs_file.parent) if isinstance(path, str) else None
         checks = store.checksums()
         last_verify = read_verify_record(path)
         verify = codes = None
@@ -264,9 +278,10 @@ def load_store(path: Path) -> StoreData:
             if maps is None:
                 codes = verify_codes(flat_done, flat, last_verify)
     runs = read_runs(runs_file)
-    task_id = str(runs[-1].get("task_id")) if runs else path.name
+    task_id = str(runs[-1].get("task_id")) if runs else location_name(path)
     data = StoreData(task_id, path, grid, done, failures, stats, runs, holder)
     data.precounted = counts
+    data.error_lines = error_lines
     data.maps = maps
     data.verify, data.verify_codes = verify, codes
     data.code_versions = versions
@@ -318,7 +333,7 @@ def _code_versions(
             if small
             else None
         )
-    rows = version_counts(read_table(store.path), code_counts(store.done, codes))
+    rows = version_counts(store.code_table(), code_counts(store.done, codes))
     if not small:
         return rows, None
     lut = np.zeros(MAX_CODE_INDEX + 1, dtype=np.float32)

@@ -82,7 +82,7 @@ class StoreFailures:
 
     index: int
     task_id: str
-    path: Path | None
+    path: Path | str | None
     has_file: bool
     #: failed attempts the store's ``failures`` array counts
     counted: int = 0
@@ -94,17 +94,30 @@ class StoreFailures:
         return sum(g.count for g in self.groups)
 
 
+def _errors_place(path: Path | str | None) -> str:
+    """Where a store's error records are: its ``errors.jsonl``, or a URL's per-run
+    ``errors/`` objects."""
+    if path is None:
+        return ERRORS_FILE
+    if isinstance(path, str):
+        return f"{path}/errors/"
+    return str(path / ERRORS_FILE)
+
+
 def failures_of(stores: list[StoreData]) -> list[StoreFailures]:
     """Each store's error records, in the stores' order (a store without a folder, or
     without ``errors.jsonl``, has none: ``has_file`` says which)."""
     out: list[StoreFailures] = []
     for i, s in enumerate(stores):
-        file = None if s.path is None else s.path / ERRORS_FILE
         counted = s.counts[2]
-        if file is None or not file.is_file():
-            out.append(StoreFailures(i, s.task_id, s.path, False, counted))
-            continue
-        lines = read_errors(file)
+        if s.error_lines is not None:  # a store at a URL: read when it was loaded
+            lines = s.error_lines
+        else:
+            file = None if not isinstance(s.path, Path) else s.path / ERRORS_FILE
+            if file is None or not file.is_file():
+                out.append(StoreFailures(i, s.task_id, s.path, False, counted))
+                continue
+            lines = read_errors(file)
         runs = {d.get("run") for d in lines if d.get("run") is not None}
         groups = group_errors(lines)
         out.append(StoreFailures(i, s.task_id, s.path, True, counted, groups, len(runs)))
@@ -298,7 +311,7 @@ def failures_section(found: list[StoreFailures], payload: dict[str, Any]) -> str
             f'<h3>{_esc(f.task_id)}</h3><p class="failures-head">{n} distinct error'
             f"{'s' if n != 1 else ''}, {f.attempts} failed attempt"
             f"{'s' if f.attempts != 1 else ''} over {runs} "
-            f"(<code>{_esc(f.path / ERRORS_FILE if f.path else ERRORS_FILE)}</code>)</p>"
+            f"(<code>{_esc(_errors_place(f.path))}</code>)</p>"
         )
         rows = "".join(_group_row(f, g) for g in f.groups[:LISTED_ERRORS])
         parts.append(f'<table class="failures">{head}{rows}</table>')

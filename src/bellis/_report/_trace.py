@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._block import NO_WORKER
+from .._donemarks import is_store_url, store_location
 from .._stats._runlog import read_runs
 from .._tracking import (
     StoreLayout,
@@ -67,6 +68,12 @@ def find_stores(path: str | os.PathLike[str]) -> list[Path]:
     A store is a directory whose ``zarr.json`` is a group with a ``done`` array.
     Raises :class:`TrackingError` when there is none.
     """
+    if is_store_url(path):  # no block times: S3 stores keep no resource statistics yet
+        raise TrackingError(
+            f"{store_location(path)}: the trace shows block times, and stores on S3 keep "
+            "none yet (resource_tracking=True is refused there: docs/cloud.md); write the "
+            "HTML report instead (bellis report PATH -o report.html)"
+        )
     root = Path(path)
     if is_store(root):
         return [root]
@@ -79,7 +86,7 @@ def find_stores(path: str | os.PathLike[str]) -> list[Path]:
             "a store (a zarr group with a 'done' array). Give the task's tracking_path or "
             "the tracking basedir"
         )
-    return found
+    return [s for s in found if isinstance(s, Path)]
 
 
 @dataclass

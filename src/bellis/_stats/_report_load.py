@@ -67,7 +67,7 @@ def load_task_report(task: Any) -> TaskReport | None:
     if path is not None and is_s3_url(path):  # the runs' objects, merged (docs/cloud.md)
         with open_readonly(path) as store:
             data = read_report(Path(store.runs_jsonl))
-        return None if data is None else TaskReport(data, Path(s3_url(path)))
+        return None if data is None else TaskReport(data, s3_url(path))
     if path is not None:
         data = read_report(path / "runs.jsonl")
         return None if data is None else TaskReport(data, path)

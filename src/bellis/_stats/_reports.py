@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _seams
 from .._block import NO_WORKER, STATS_ARRAYS, BlockStats
+from .._donemarks import store_location
 from .._fingerprint import version_counts
 from .._tracking import is_store, open_readonly
 from .._tracking._codever import code_counts
@@ -478,7 +479,8 @@ class TaskReport:
             **{k: _stat_from_json(w.get(k)) for k in WORKER_STAT_KEYS},
         )
         self._by_worker = {r.worker_id: r for r in records}
-        self.store_path = None if store_path is None else Path(store_path)
+        # a URL stays a string (``store_location``): Path() would fold its //
+        self.store_path = None if store_path is None else store_location(store_path)
         code = d.get("code") if isinstance(d.get("code"), dict) else {}
         #: the fingerprint of the task's code in this run (None: no tracking store, or a
         #: line written before bellis recorded it), and the index of this run's entry in
@@ -524,7 +526,9 @@ class TaskReport:
     def _store(self) -> _StoreArrays | None:
         # Opened per call: a writer that replaces chunk files (zarr-python does) would
         # leave a cached mapping on the old file.
-        return None if self.store_path is None else _StoreArrays(self.store_path)
+        if not isinstance(self.store_path, Path):  # none, or on S3: no block records
+            return None
+        return _StoreArrays(self.store_path)
 
     def block(self, coord: int | Sequence[int]) -> BlockRecord | None:
         """The stored record of the block at ``coord`` in the tracking grid.
@@ -550,8 +554,10 @@ class TaskReport:
 
     def errors_path(self) -> Path | None:
         """This task's ``errors.jsonl``: in its store, else in its log folder."""
+        if isinstance(self.store_path, str):  # on S3: per-run objects, no one file
+            return None
         if self.store_path is not None:
-            return Path(self.store_path) / ERRORS_FILE
+            return self.store_path / ERRORS_FILE
         base = get_log_basedir()
         return None if base is None else Path(base) / task_log_dirname(self.task_id) / ERRORS_FILE
 
@@ -567,8 +573,12 @@ class TaskReport:
         return group_errors(self._error_lines(all_runs))
 
     def _error_lines(self, all_runs: bool) -> list[Any]:
-        path = self.errors_path()
-        lines = [] if path is None else read_errors(path)
+        if isinstance(self.store_path, str):  # on S3: the runs' errors/ objects, merged
+            with open_readonly(self.store_path) as store:
+                lines = read_errors(store.runs_jsonl.parent)
+        else:
+            path = self.errors_path()
+            lines = [] if path is None else read_errors(path)
         lines = [d for d in lines if d.get("task") == self.task_id]
         if all_runs or self.run_started_at is None:
             return lines

@@ -39,12 +39,14 @@ lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 from ._backends import (
     backend_for,
     find_stores,
+    is_run_in_progress,
     is_store,
+    lease_holder,
     open_readonly,
     open_store,
+    read_lock_holder,
     store_exists,
 )
-from ._disk import is_run_in_progress, read_lock_holder
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
 from ._layout import NO_WORKER, STAT_ARRAYS, StoreLayout, format_roi, layout_hash
 from ._s3 import is_s3_url, s3_url
@@ -77,6 +79,7 @@ __all__ = [
     "is_s3_url",
     "is_store",
     "layout_hash",
+    "lease_holder",
     "open_readonly",
     "open_store",
     "read_lock_holder",

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from .._donemarks import BlockStore, StoreBackend
+from .._donemarks import BlockStore, StoreBackend, StoreLocation, store_location
+from ._disk import is_run_in_progress as _local_in_progress, read_lock_holder as _local_holder
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
 from ._s3 import S3Stores, is_s3_url
+from ._s3io import Bucket, lease_alive, read_lease, s3_url
 from ._store import TrackingStore
 
 __all__ = [
@@ -28,9 +31,12 @@ __all__ = [
     "TrackingBackend",
     "backend_for",
     "find_stores",
+    "is_run_in_progress",
     "is_store",
+    "lease_holder",
     "open_readonly",
     "open_store",
+    "read_lock_holder",
     "store_exists",
 ]
 
@@ -40,7 +46,12 @@ class TrackingBackend(StoreBackend, Protocol):
     for a run (the layout is ``_tracking``'s own type, so this part lives here)."""
 
     def open(
-        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+        self,
+        path: StoreLocation,
+        layout: StoreLayout,
+        *,
+        resource_tracking: bool,
+        defer_stats: bool,
     ) -> BlockStore:
         """Open (create, check, migrate) the store at ``path`` for a run of ``layout``,
         holding it for that run until it closes."""
@@ -50,10 +61,11 @@ class TrackingBackend(StoreBackend, Protocol):
 class LocalStores:
     """Tracking stores in local directories: a zarr v3 group with a ``done`` array."""
 
-    def exists(self, path: Path) -> bool:
-        return (path / "zarr.json").exists()
+    def exists(self, path: StoreLocation) -> bool:
+        return (Path(path) / "zarr.json").exists()
 
-    def is_store(self, path: Path) -> bool:
+    def is_store(self, path: StoreLocation) -> bool:
+        path = Path(path)
         try:
             meta = json.loads((path / "zarr.json").read_text())
         except (OSError, ValueError):
@@ -64,14 +76,16 @@ class LocalStores:
             and (path / "done" / "zarr.json").is_file()
         )
 
-    def find_stores(self, root: Path, max_depth: int | None = None) -> Iterator[Path]:
+    def find_stores(
+        self, root: StoreLocation, max_depth: int | None = None
+    ) -> Iterator[StoreLocation]:
         """``root`` itself when it is a store, else every store below it, sorted, down to
         ``max_depth`` folders (None: all); a store's own folders are not searched."""
         if self.is_store(root):
             yield root
             return
         found: list[Path] = []
-        frontier = [root]
+        frontier = [Path(root)]
         depth = 0
         while frontier and (max_depth is None or depth < max_depth):
             depth += 1
@@ -86,17 +100,22 @@ class LocalStores:
             frontier = deeper
         yield from sorted(found)
 
-    def open_readonly(self, path: Path) -> TrackingStore:
+    def open_readonly(self, path: StoreLocation) -> TrackingStore:
         return TrackingStore.open_readonly(path)
 
     def open(
-        self, path: Path, layout: StoreLayout, *, resource_tracking: bool, defer_stats: bool
+        self,
+        path: StoreLocation,
+        layout: StoreLayout,
+        *,
+        resource_tracking: bool,
+        defer_stats: bool,
     ) -> TrackingStore:
         return TrackingStore.open(
             path, layout, resource_tracking=resource_tracking, defer_stats=defer_stats
         )
 
-    def clear_done(self, path: Path, grid: tuple[int, ...], cells: Sequence[int]) -> int:
+    def clear_done(self, path: StoreLocation, grid: tuple[int, ...], cells: Sequence[int]) -> int:
         return _clear_done(path, grid, cells)
 
 
@@ -113,23 +132,24 @@ def backend_for(path: str | os.PathLike[str]) -> TrackingBackend:
 def store_exists(path: str | os.PathLike[str]) -> bool:
     """Whether something at ``path`` claims to be a store: a folder to open as one (and
     to get its error from), not to search for stores below."""
-    return backend_for(path).exists(Path(path))  # Path folds s3:// to s3:/: _s3 reads both
+    return backend_for(path).exists(store_location(path))
 
 
 def is_store(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds a tracking store (a group with done markers)."""
-    return backend_for(path).is_store(Path(path))
+    return backend_for(path).is_store(store_location(path))
 
 
-def find_stores(root: str | os.PathLike[str], max_depth: int | None = None) -> list[Path]:
-    """The stores at or below ``root`` (:meth:`LocalStores.find_stores`); [] when none."""
-    return list(backend_for(root).find_stores(Path(root), max_depth))
+def find_stores(root: str | os.PathLike[str], max_depth: int | None = None) -> list[StoreLocation]:
+    """The stores at or below ``root`` (:meth:`LocalStores.find_stores`); [] when none:
+    ``Path``s, or the URL strings of stores on S3 (``store_location``)."""
+    return list(backend_for(root).find_stores(store_location(root), max_depth))
 
 
 def open_readonly(path: str | os.PathLike[str]) -> BlockStore:
     """Open the store at ``path`` for reading; safe while a run writes it. Raises
     :class:`~bellis.errors.TrackingError` when it holds no valid store."""
-    return backend_for(path).open_readonly(Path(path))
+    return backend_for(path).open_readonly(store_location(path))
 
 
 def open_store(
@@ -143,5 +163,37 @@ def open_store(
     migrated to a grown volume), holding its run lock until it closes
     (:meth:`TrackingStore.open`)."""
     return backend_for(path).open(
-        Path(path), layout, resource_tracking=resource_tracking, defer_stats=defer_stats
+        store_location(path),
+        layout,
+        resource_tracking=resource_tracking,
+        defer_stats=defer_stats,
+    )
+
+
+def read_lock_holder(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the run that last locked the store wrote into its lock (pid, host, started;
+    on S3 also run and expires), or None when there is no lock record. Read only."""
+    if is_s3_url(path):
+        return read_lease(Bucket(s3_url(path)))
+    return _local_holder(Path(path))
+
+
+def is_run_in_progress(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a run holds the store at ``path``, tested without taking its lock: on
+    S3, whether its lock object's lease is still alive; None where it cannot be told
+    (a local store without a lock file or file locks)."""
+    if is_s3_url(path):
+        return lease_alive(read_lease(Bucket(s3_url(path))), time.time())
+    return _local_in_progress(Path(path))
+
+
+def lease_holder(url: str) -> str | None:
+    """Who holds the S3 store at ``url`` (its lock's lease is alive), as a report names a
+    run in flight; None when no run does."""
+    record = read_lease(Bucket(s3_url(url)))
+    if record is None or not lease_alive(record, time.time()):
+        return None
+    return (
+        f"run {record.get('run', '?')}, pid {record.get('pid', '?')} on host "
+        f"{record.get('host', '?')}, started {record.get('started', '?')}"
     )

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from .._donemarks import is_store_url
 from ..errors import TrackingError
 from ._disk import StoreLock
 from ._files import clear_cells, map_array, write_atomic
@@ -137,7 +138,10 @@ def _store_grid(path: str | os.PathLike[str]) -> list[int] | None:
 def read_verify_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``verify.json`` of the store at ``path``; None when it was never verified (or the
     record cannot be read: it is a summary, not the store's state). A record of another
-    grid than the store's lists no cells (module docstring)."""
+    grid than the store's lists no cells (module docstring). A store at a URL has none
+    (``bellis verify`` does not verify S3 stores yet: docs/cloud.md)."""
+    if is_store_url(path):
+        return None
     doc = _read(path)
     if doc is not None and isinstance(doc.get("grid"), list):
         if doc["grid"] != _store_grid(path):

@@ -7,10 +7,12 @@ come from the standard AWS configuration, never from a bellis option.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -27,7 +29,9 @@ __all__ = [
     "S3Lock",
     "flush_seconds",
     "is_s3_url",
+    "lease_alive",
     "lease_seconds",
+    "read_lease",
     "s3_url",
 ]
 
@@ -93,12 +97,32 @@ def lease_seconds() -> float:
     return _env_seconds(LEASE_ENV, _DEFAULT_LEASE)
 
 
-class Bucket:
-    """The requests of one store: keys below its prefix, errors as ``TrackingError``."""
+#: the environment that picks a client's endpoint, credentials and region: a client is
+#: made once per process for each set of them (see :func:`_client`)
+_CLIENT_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
+_clients: dict[tuple[str | None, ...], Any] = {}
+_clients_lock = threading.Lock()
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.bucket, self.prefix = _split(url)
+
+def _client(url: str) -> Any:
+    """The process's boto3 S3 client, made on first use and kept: making one resolves
+    the endpoint rules and reads the AWS configuration (slow, seconds on a loaded
+    machine), so every store, lock and status read of a process shares one (boto3's
+    clients are thread-safe). A new one is made only when the AWS environment changed."""
+    key = tuple(os.environ.get(name) for name in _CLIENT_ENV)
+    with _clients_lock:
+        found = _clients.get(key)
+        if found is not None:
+            return found
         try:
             import boto3
             from botocore.config import Config
@@ -108,9 +132,20 @@ class Bucket:
                 "pip install 'bellis[s3]'",
                 path=url,
             ) from None
-        self._client = boto3.client(
+        made = boto3.session.Session().client(
             "s3", config=Config(retries={"max_attempts": 3, "mode": "standard"})
         )
+        _clients[key] = made
+        return made
+
+
+class Bucket:
+    """The requests of one store: keys below its prefix, errors as ``TrackingError``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.bucket, self.prefix = _split(url)
+        self._client = _client(url)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -262,11 +297,16 @@ class S3Lock:
     @classmethod
     def acquire(cls, bucket: Bucket) -> S3Lock:
         lease = lease_seconds()
+        now = time.time()
         record = {
             "run": uuid.uuid4().hex,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "expires": time.time() + lease,
+            "expires": now + lease,
+            # as a local store's lock file says it: `bellis status --watch` rates from it
+            "started": datetime.datetime.fromtimestamp(now)
+            .astimezone()
+            .isoformat(timespec="seconds"),
         }
         etag = bucket.put(LOCK_KEY, cls._body(record), None)
         if etag is not None:
@@ -340,3 +380,24 @@ class S3Lock:
         if held is not None and held[1] == self._etag:
             self._bucket.delete(LOCK_KEY)
         self._etag = None
+
+
+def read_lease(bucket: Bucket) -> dict[str, Any] | None:
+    """The record of the store's lock object (run, host, pid, expires, started), read
+    without taking it; None when there is none (no run holds the store) or it holds no
+    record."""
+    held = bucket.get(LOCK_KEY)
+    if held is None:
+        return None
+    try:
+        record = json.loads(held[0])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def lease_alive(record: dict[str, Any] | None, now: float) -> bool:
+    """Whether the lock ``record`` still holds the store at ``now``: a lease that expired
+    is a run that stopped without releasing it (the next run takes it over)."""
+    expires = None if record is None else record.get("expires")
+    return isinstance(expires, int | float) and expires >= now

@@ -1,0 +1,167 @@
+"""Requests per block of a run tracked on S3 (issue #40, docs/cloud.md). Not in the suite.
+
+Starts a moto S3 server on 127.0.0.1 (``python -m moto.server``), runs one task of
+``--blocks`` no-op blocks with ``tracking_path="s3://.../bench"`` in this process (the
+driver: only it talks to the bucket), then runs it again (every block done: the
+resume). Every request the driver's boto3 client sends is counted by operation, through
+a botocore ``before-call.s3`` event hook on that client (bellis makes one per process,
+``bellis._tracking._s3io._client``, and this script hooks it before the run).
+
+Prints, per phase, the requests by operation, the chunk writes of ``done/c/0`` (the
+flushes), and requests per block; ``--json`` writes them as one record.
+
+    .venv/bin/python -m compileall -q src
+    .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000
+    .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000 --distributed
+    .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000 --block-ms 1 \
+        --flush-seconds 0.5
+
+Needs boto3 and moto[server] (``pip install -e '.[test]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return server, f"http://127.0.0.1:{port}"
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the moto server did not start") from None
+            time.sleep(0.2)
+
+
+class Counter:
+    """Requests by operation name, and the PUTs by key (a botocore event handler)."""
+
+    def __init__(self) -> None:
+        self.ops: collections.Counter[str] = collections.Counter()
+        self.puts: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, model: Any, params: Any, **_: Any) -> None:
+        self.ops[model.name] += 1
+        if model.name == "PutObject":
+            key = str(params.get("url_path", "")).rsplit("/bench/", 1)[-1]
+            self.puts[key] += 1
+
+    def take(self) -> dict[str, Any]:
+        out = {"ops": dict(self.ops), "puts": dict(self.puts), "total": sum(self.ops.values())}
+        self.ops.clear()
+        self.puts.clear()
+        return out
+
+
+def _run(blocks: int, url: str, distributed: bool, block_ms: float) -> tuple[bool, float]:
+    from funlib.geometry import Roi
+
+    import bellis
+
+    def process(block: Any) -> None:
+        if block_ms:
+            time.sleep(block_ms / 1000)
+
+    task = bellis.Task(
+        "bench",
+        total_roi=Roi((0,), (blocks,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        max_workers=2,
+        read_write_conflict=False,
+        tracking_path=url,
+    )
+    t0 = time.perf_counter()
+    ok = bellis.run_blockwise([task], multiprocessing=distributed)
+    return bool(ok), time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--blocks", type=int, default=10_000)
+    p.add_argument("--distributed", action="store_true", help="2 local workers (default serial)")
+    p.add_argument("--flush-seconds", default="5", help="BELLIS_S3_FLUSH_SECONDS (default 5)")
+    p.add_argument(
+        "--block-ms",
+        type=float,
+        default=0.0,
+        help="each block sleeps this long (so the run spans several flush intervals)",
+    )
+    p.add_argument("--json", default=None, help="write the record to this file")
+    args = p.parse_args()
+
+    server, endpoint = _start_moto()
+    try:
+        os.environ.update(
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+            BELLIS_S3_FLUSH_SECONDS=args.flush_seconds,
+        )
+        os.environ.pop("AWS_PROFILE", None)
+        from bellis._tracking._s3io import _client
+
+        url = "s3://bellis-bench/bench"
+        client = _client(url)  # the one the driver's store will use
+        client.create_bucket(Bucket="bellis-bench")
+        counter = Counter()
+        client.meta.events.register("before-call.s3", counter)
+        record: dict[str, Any] = {
+            "blocks": args.blocks,
+            "mode": "distributed" if args.distributed else "serial",
+            "flush_seconds": float(args.flush_seconds),
+            "block_ms": args.block_ms,
+            "loadavg": os.getloadavg()[0],
+        }
+        for phase in ("run", "resume"):
+            ok, seconds = _run(args.blocks, url, args.distributed, args.block_ms)
+            got = counter.take()
+            got.update(
+                ok=ok,
+                seconds=round(seconds, 2),
+                flushes=got["puts"].get("done/c/0", 0),
+                per_block=got["total"] / args.blocks,
+            )
+            record[phase] = got
+            print(
+                f"{phase}: {got['total']} requests for {args.blocks} blocks "
+                f"({got['per_block']:.4f} per block), {got['flushes']} flushes of done/c/0, "
+                f"{seconds:.1f} s, ok={ok}; by operation {json.dumps(got['ops'], sort_keys=True)}"
+            )
+        print(f"load average (1 min) at the start: {record['loadavg']:.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(record, f, indent=1)
+        return 0 if record["run"]["ok"] and record["resume"]["ok"] else 1
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
