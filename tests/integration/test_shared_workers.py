@@ -128,7 +128,10 @@ result(a, b, states)
     pids = {pid for _t, _k, pid in ran}
     assert len(pids) <= 2, pids
     b_pids = {pid for t, _k, pid in ran if t == "b"}
-    assert b_pids <= {pid for t, _k, pid in ran if t == "a"}  # b's blocks ran on a's workers
+    # a worker of a ran blocks of b. Whether b also got a worker of its own is a race the
+    # test leaves open: while a's second worker starts, a's first may have finished the
+    # three blocks one of b's needs, and the budget's free cpu may go to b
+    assert b_pids & {pid for t, _k, pid in ran if t == "a"}
     states = shared["states"]
     assert isinstance(states, dict)
     assert states["a"][:2] == [40, 0] and states["b"][:2] == [38, 0]
