@@ -18,7 +18,7 @@ from typing import Any
 
 import bellis
 from bellis._launchers._base import WorkerExit, WorkerHandle, WorkerSpec
-from bellis._protocol import WorkerPayload
+from bellis._payload import WorkerPayload
 from kit.blocks import (
     done_count,
     done_ids,

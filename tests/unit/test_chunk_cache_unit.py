@@ -14,7 +14,8 @@ from funlib.geometry import Roi
 
 import bellis as daisy
 from bellis._outputs._inputs import run_outputs, wire_inputs
-from bellis._protocol import ACQUIRE, BYE, PAYLOAD_FORMAT, WorkerPayload
+from bellis._payload import PAYLOAD_FORMAT, WorkerPayload
+from bellis._protocol import ACQUIRE, BYE
 from bellis._worker._chunkcache import (
     DEFAULT_CACHE_BYTES,
     ChunkCache,

@@ -37,7 +37,7 @@ TOP_LEVEL = {
     },
     # the model: blocks, grids, task states, skip masks
     "model": {"_block", "_graph", "_bulk", "_state", "_skipmask", "_donemarks"},
-    "protocol": {"_protocol"},
+    "protocol": {"_protocol", "_payload"},
     # a task's configuration; it reads its own store (Task.reset, Task.report)
     "task": {"_task", "_task_params", "_task_spec"},
     # the public face: what users import, and the lazy loader of the public names

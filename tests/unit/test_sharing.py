@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import bellis as daisy
-from bellis._protocol import MOVE, SEND, SHUTDOWN, FrameDecoder, SharedFunction, WorkerExit
+from bellis._payload import SharedFunction
+from bellis._protocol import MOVE, SEND, SHUTDOWN, FrameDecoder, WorkerExit
 from bellis._report._panel import worker_rows
 from bellis._scheduling._dispatch import SEND_FRAME
 from bellis._scheduling._records import Peer
@@ -206,7 +207,7 @@ def test_a_payload_carries_the_other_tasks_functions() -> None:
     import msgpack
     import pytest
 
-    from bellis._protocol import PAYLOAD_FORMAT, WorkerPayload
+    from bellis._payload import PAYLOAD_FORMAT, WorkerPayload
     from bellis.errors import ProtocolError
 
     own = WorkerPayload(pickle.dumps(_double), 1, ("/x",), {})

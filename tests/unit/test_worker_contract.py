@@ -9,21 +9,23 @@ import pickle
 import msgpack
 import pytest
 
-from bellis._protocol import (
+from bellis._payload import (
     PAYLOAD_FORMAT,
+    WorkerPayload,
+    payload_frame,
+    read_payload_frame,
+    write_payload_frame,
+)
+from bellis._protocol import (
     SEND,
     SETUP,
     WELCOME,
     WORKER_ENV,
     FrameDecoder,
     Welcome,
-    WorkerPayload,
     encode_welcome,
     parse_setup_report,
     parse_welcome,
-    payload_frame,
-    read_payload_frame,
-    write_payload_frame,
 )
 from bellis.errors import ProtocolError
 

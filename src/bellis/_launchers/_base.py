@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._payload import payload_frame, write_payload_frame
 from .._protocol import (
     EXIT_BLOCK_STALLED,
     EXIT_BLOCK_TIMEOUT,
@@ -30,8 +31,6 @@ from .._protocol import (
     WorkerExit,
     kernel_oom_message,
     memory_error_message,
-    payload_frame,
-    write_payload_frame,
 )
 from .._sizes import format_grant
 from .._state import DEFAULT_TIMEOUT_SECONDS

@@ -11,11 +11,11 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._payload import payload_frame
 from .._protocol import (
     JOB_STARTED_ENV,
     JOB_TIME_LIMIT_ENV,
     WALLTIME_MARGIN_ENV,
-    payload_frame,
 )
 from ..errors import ConfigurationError
 
@@ -142,7 +142,7 @@ def write_new_private(directory: Path, stem: str, suffix: str, data: bytes) -> P
 
 
 def write_payload(path: Path, payload: bytes) -> Path:
-    """Write a worker's payload frame (``_protocol.payload_frame``) to ``path``, privately and
+    """Write a worker's payload frame (``_payload.payload_frame``) to ``path``, privately and
     atomically; ``path``."""
     tmp = path.with_suffix(".payload.tmp")
     write_private(tmp, payload_frame(payload))

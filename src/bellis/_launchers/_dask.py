@@ -24,7 +24,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .._protocol import JOB_ID_ENV, ExitKind, write_payload_frame
+from .._payload import write_payload_frame
+from .._protocol import JOB_ID_ENV, ExitKind
 from ._base import WorkerExit, WorkerHandle, WorkerLauncher, WorkerSpec, describe_exit
 
 __all__ = ["DaskLauncher"]

@@ -23,7 +23,8 @@ from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
 from .._outputs._inputs import run_outputs, wire_inputs
-from .._protocol import CACHE_COUNTS, WorkerPayload, new_secret, worker_token
+from .._payload import WorkerPayload
+from .._protocol import CACHE_COUNTS, new_secret, worker_token
 from .._report._panel import render_panel
 from .._scheduling._abandon import RESTART_CAP, describe, is_broken_reason
 from .._scheduling._gate import StartGate, shuffle_roots
@@ -270,7 +271,7 @@ def _abandon_message(
 
 
 def _serialize_function(task: TaskSpec, written: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """The worker payload (``_protocol.WorkerPayload``), built once at run start: an
+    """The worker payload (``_payload.WorkerPayload``), built once at run start: an
     unpicklable function fails here. ``written``: the run's declared outputs (their
     ``OutputSpec.key``), which the workers never cache as inputs."""
     fn = task.process_function

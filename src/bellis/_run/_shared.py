@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._launchers._base import WorkerLauncher
-from .._protocol import SharedFunction, WorkerPayload
+from .._payload import SharedFunction, WorkerPayload
 from .._scheduling._records import TaskRecord
 from .._scheduling._sharing import share_groups
 

@@ -1,7 +1,7 @@
 """Worker process entry point: ``python -m bellis._worker._main`` (started by a launcher).
 
 stdin (or the file ``BELLIS_PAYLOAD_FILE`` names) carries one payload frame
-(``_protocol.read_payload_frame``) holding a ``_protocol.WorkerPayload``: the pickled
+(``_payload.read_payload_frame``) holding a ``_payload.WorkerPayload``: the pickled
 function, its arity, the driver's ``sys.path``, the logging settings and the code origins.
 Everything else (server address, task id, worker id, secret) is in ``BELLIS_CONTEXT``; the
 variables a worker reads are listed in ``_protocol.WORKER_ENV``, the task's settings come in
@@ -24,12 +24,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._protocol import WorkerPayload
+    from .._payload import WorkerPayload
 
 
 def _read_payload(stream: Any) -> tuple[WorkerPayload, Any]:
     """The payload on ``stream`` (a ``WorkerPayload``) and its function, unpickled."""
-    from .._protocol import WorkerPayload, read_payload_frame
+    from .._payload import WorkerPayload, read_payload_frame
 
     payload = WorkerPayload.from_bytes(read_payload_frame(stream))
     # The payload comes from our own parent process (a pipe, or a private file it wrote),

@@ -34,7 +34,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
-from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV, SharedFunction
+from .._payload import SharedFunction
+from .._protocol import CONTEXT_ENV, DAISY_CONTEXT_ENV
 
 if TYPE_CHECKING:
     from ._setup import Warm
