@@ -121,19 +121,7 @@ class WorkerPayload:
             or not (setup is None or type(setup) is bytes)
         ):
             raise ProtocolError("bellis worker: malformed payload fields")
-        if (
-            type(inputs) is not list
-            or type(cache_bytes) is not int
-            or cache_bytes < -1
-            or not all(
-                type(i) is list
-                and len(i) == 3
-                and type(i[0]) is str
-                and type(i[1]) is str
-                and type(i[2]) is bool
-                for i in inputs
-            )
-        ):
+        if type(cache_bytes) is not int or cache_bytes < -1 or not _valid_inputs(inputs):
             raise ProtocolError("bellis worker: malformed payload inputs")
         shared: list[SharedFunction] = []
         for entry in shared_wire if type(shared_wire) is list else [None]:
@@ -156,6 +144,18 @@ class WorkerPayload:
             inputs=tuple((st, pth, c) for st, pth, c in inputs),
             input_cache_bytes=None if cache_bytes == -1 else cache_bytes,
         )
+
+
+def _valid_inputs(inputs: Any) -> bool:
+    """Whether ``inputs`` is a payload's declared inputs: ``[store, path, cached]`` lists."""
+    return type(inputs) is list and all(
+        type(i) is list
+        and len(i) == 3
+        and type(i[0]) is str
+        and type(i[1]) is str
+        and type(i[2]) is bool
+        for i in inputs
+    )
 
 
 def _origins(origins: Any) -> tuple[tuple[str, int, str], ...]:
@@ -199,15 +199,7 @@ def _shared_entry(entry: list[Any]) -> SharedFunction:
         or arity not in (1, 2)
         or type(cache_bytes) is not int
         or cache_bytes < -1
-        or type(inputs) is not list
-        or not all(
-            type(i) is list
-            and len(i) == 3
-            and type(i[0]) is str
-            and type(i[1]) is str
-            and type(i[2]) is bool
-            for i in inputs
-        )
+        or not _valid_inputs(inputs)
     ):
         raise ProtocolError("bellis worker: malformed shared function in the payload")
     return SharedFunction(
