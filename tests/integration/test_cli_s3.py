@@ -335,3 +335,34 @@ def test_task_report_on_s3_keeps_the_url_and_reads_the_errors(runs: dict[str, An
         out[name] = r.stdout.splitlines()
     assert out["s3"][0] == repr(f"{S3_BASE}/b")
     assert out["s3"][1] == out["local"][1] == "[(3,), (7,)]"
+
+
+def test_status_failed_on_s3_lists_the_local_failures(runs: dict[str, Any]) -> None:
+    """``bellis status --failed`` reads a store's errors/ objects on S3 (a store or a
+    prefix of them) and finds what the same run's local errors.jsonl holds; ``--block``
+    says it cannot and where to look."""
+    s3 = bellis(runs, "status", f"{S3_BASE}/b", "--failed", "--json")
+    local = bellis(runs, "status", f"{runs['local']}/b", "--failed", "--json")
+    assert s3.returncode == 0 and local.returncode == 0, s3.stderr + local.stderr
+    a, b = json.loads(s3.stdout), json.loads(local.stdout)
+    assert a["path"] == f"{S3_BASE}/b"
+
+    def groups(d: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return sorted(
+            (g["kind"], g["title"], g["count"], sorted(map(tuple, g["blocks"])))
+            for g in d["errors"]
+        )
+
+    assert groups(a) == groups(b)
+    assert sorted(x for g in a["errors"] for x in map(tuple, g["blocks"])) == [(3,), (7,)]
+    (group,) = a["errors"]  # one error, two messages
+    assert group["title"] == "RuntimeError (2 distinct messages)"
+    assert {m["message"] for m in group["messages"]} == {"bad block 3", "bad block 7"}
+    text = bellis(runs, "status", S3_BASE, "--failed")  # a prefix: every store under it
+    assert text.returncode == 0, text.stderr
+    assert f"errors in {S3_BASE}/a: none recorded" in text.stdout
+    assert f"errors in {S3_BASE}/b (run of " in text.stdout and "2 failed attempts" in text.stdout
+    block = bellis(runs, "status", f"{S3_BASE}/b", "--block", "3")
+    assert block.returncode == 2 and block.stdout == ""
+    assert f"--block on {S3_BASE}/b: a store on S3 is not read block by block" in block.stderr
+    assert f"bellis status {S3_BASE}/b --failed" in block.stderr

@@ -21,7 +21,7 @@ from .._stats._errorlog import (
     read_errors,
     records_of_run,
 )
-from .._tracking import StoreLayout, open_readonly, store_exists
+from .._tracking import StoreLayout, find_stores, is_s3_url, open_readonly, store_exists
 from ..errors import TrackingError
 
 __all__ = ["error_folders", "format_block", "format_failed", "parse_coord"]
@@ -165,9 +165,27 @@ def _block_ids(g: dict[str, Any]) -> list[tuple[list[int], int | None]]:
     return [(b, ids.get(tuple(b))) for b in g["blocks"]]
 
 
+def _failed_on_s3(url: str) -> list[dict[str, Any]]:
+    """``--failed`` for a store on S3 or a prefix of them: each store's runs' ``errors/``
+    objects, merged by the read-only store into its local staging folder."""
+    stores = find_stores(url)
+    if not stores:
+        raise TrackingError(f"no block tracking at or below {url}", path=url)
+    out = []
+    for location in stores:
+        with open_readonly(location) as store:
+            d = _failed_json(store.runs_jsonl.parent)
+        d["path"] = str(location)
+        out.append(d)
+    return out
+
+
 def format_failed(path: str | Path, *, as_json: bool = False) -> str:
     """The last run's failed attempts under ``path``, grouped by distinct error."""
-    data = [_failed_json(folder) for folder in error_folders(path)]
+    if is_s3_url(path):
+        data = _failed_on_s3(str(path))
+    else:
+        data = [_failed_json(folder) for folder in error_folders(path)]
     if as_json:
         return json.dumps(data if len(data) > 1 else data[0], indent=1)
     out: list[str] = []
@@ -228,6 +246,12 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
     """Every recorded attempt of the block ``text`` names (a grid coordinate, or a block
     id as the summary prints it), every run, with its log lines; and, from the task's
     store, whether it is done. A TrackingError when ``text`` names no block of the grid."""
+    if is_s3_url(path):
+        raise TrackingError(
+            f"bellis status --block on {path}: a store on S3 is not read block by block; "
+            f"`bellis status {path} --failed` lists its failed blocks and their errors",
+            path=str(path),
+        )
     wanted = parse_coord(text)
     data: list[dict[str, Any]] = []
     folders = error_folders(path)
