@@ -195,10 +195,12 @@ def test_a_batch_paced_by_the_reported_busy_time_grows_while_the_round_trip_is_l
     assert sc.run().completed == 1 + 2 + 4 + 8 + 16 + 32 + 64 + 64
 
 
-def _batch_sizes_with_wait(wait: float, rounds: int, per_block: float = 0.01) -> list[int]:
+def _batch_sizes_with_wait(
+    wait: float, rounds: int, per_block: float = 0.01, **kw: Any
+) -> list[int]:
     """Batch sizes of one connection whose blocks take ``per_block`` s of busy time and
     whose every round trip waits ``wait`` s more (a loaded machine, a busy server)."""
-    sc = Script(task(blocks=2000))
+    sc = Script(task(blocks=2000, **kw))
     sc.plans["t"].alive = 1
     peer = sc.connect()
     held = send_of(sc.acquire(peer), peer)
@@ -218,6 +220,12 @@ def test_a_long_round_trip_wait_grows_the_batch_past_the_target() -> None:
     assert sizes[:4] == [2, 4, 8, 16]
     assert all(24 <= s <= 25 for s in sizes[4:]), sizes
     assert round(BATCH_TARGET_SECONDS / 0.01) == 2
+
+
+def test_a_task_with_straggler_backups_keeps_the_target_however_long_the_wait() -> None:
+    # a block is backed up only while out alone on its worker: a long batch would queue
+    # blocks behind a straggler, out of any copy's reach
+    assert _batch_sizes_with_wait(0.05, 7, speculative=True) == [2] * 7
 
 
 def test_a_short_round_trip_wait_keeps_the_target() -> None:

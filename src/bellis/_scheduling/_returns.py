@@ -135,7 +135,12 @@ def take_back(
             # the round trip's wait beyond the worker's busy time, smoothed over batches
             wait = 0.5 * (peer.wait + max(0.0, now - peer.sent_at - busy))
             peer.wait = wait
-            peer.batch = next_batch(peer.batch, busy / len(processed), wait)
+            # a task with straggler backups keeps its batches short: a block is backed up
+            # only while it is out alone on its worker, and a long batch queues blocks
+            # behind a straggler where no copy can reach them
+            peer.batch = next_batch(
+                peer.batch, busy / len(processed), 0.0 if backups is not None else wait
+            )
 
 
 def _record_measured(
