@@ -21,7 +21,6 @@ from bellis._protocol import (
     parse_welcome,
     worker_token,
 )
-from bellis._scheduling._batching import MAX_TARGET_SECONDS
 from bellis._scheduling._dispatch import (
     BATCH_TARGET_SECONDS,
     CLOSE,
@@ -193,48 +192,6 @@ def test_a_batch_paced_by_the_reported_busy_time_grows_while_the_round_trip_is_l
         sizes.append(len(held))
     assert sizes == [2, 4, 8, 16, 32, 64, 64, 64]
     assert sc.run().completed == 1 + 2 + 4 + 8 + 16 + 32 + 64 + 64
-
-
-def _batch_sizes_with_wait(
-    wait: float, rounds: int, per_block: float = 0.01, **kw: Any
-) -> list[int]:
-    """Batch sizes of one connection whose blocks take ``per_block`` s of busy time and
-    whose every round trip waits ``wait`` s more (a loaded machine, a busy server)."""
-    sc = Script(task(blocks=2000, **kw))
-    sc.plans["t"].alive = 1
-    peer = sc.connect()
-    held = send_of(sc.acquire(peer), peer)
-    sizes = []
-    for _ in range(rounds):
-        busy = per_block * len(held)
-        sc.now += busy + wait
-        held = send_of(sc.acquire(peer, *[(k, OK, -1, None) for k in held], busy=busy), peer)
-        sizes.append(len(held))
-    return sizes
-
-
-def test_a_long_round_trip_wait_grows_the_batch_past_the_target() -> None:
-    # 10 ms blocks: 2 a batch at the 20 ms target; a 50 ms wait per round trip would idle
-    # the worker 70% of the time, so the batch aims at 8 x the wait, up to 0.25 s
-    sizes = _batch_sizes_with_wait(0.05, 7)
-    assert sizes[:4] == [2, 4, 8, 16]
-    assert all(24 <= s <= 25 for s in sizes[4:]), sizes
-    assert round(BATCH_TARGET_SECONDS / 0.01) == 2
-
-
-def test_a_task_with_straggler_backups_keeps_the_target_however_long_the_wait() -> None:
-    # a block is backed up only while out alone on its worker: a long batch would queue
-    # blocks behind a straggler, out of any copy's reach
-    assert _batch_sizes_with_wait(0.05, 7, speculative=True) == [2] * 7
-
-
-def test_a_short_round_trip_wait_keeps_the_target() -> None:
-    assert _batch_sizes_with_wait(0.001, 5) == [2, 2, 2, 2, 2]
-
-
-def test_the_wait_grows_a_batch_to_a_quarter_second_of_work_at_most() -> None:
-    sizes = _batch_sizes_with_wait(2.0, 8)
-    assert max(sizes) <= int(MAX_TARGET_SECONDS / 0.01) + 1 and sizes[-1] >= 24, sizes
 
 
 def test_without_a_busy_time_the_round_trip_paces_the_batch() -> None:

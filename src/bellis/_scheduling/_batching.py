@@ -8,12 +8,6 @@ worker reports it spent on the batch (bellis's client sends it with its ACQUIRE)
 that does not report it is paced by the round trip, which also counts the time its
 returned batch waited in the server behind the other connections (with many connections
 that wait alone would shrink every batch to one block).
-
-The round trip's *wait* (the server's round trip less the worker's busy time: the message
-in transit, the server or the worker waiting for a core) is time the worker spends on no
-block. Where it is long (a loaded machine: the driver waits for a core; many
-connections), the batch aims at :data:`WAIT_SHARE` times that wait instead, so that the
-wait stays a small share of the worker's time, up to :data:`MAX_TARGET_SECONDS`.
 """
 
 from __future__ import annotations
@@ -30,8 +24,6 @@ from ..errors import ProtocolError
 __all__ = [
     "BATCH_TARGET_SECONDS",
     "MAX_BATCH",
-    "MAX_TARGET_SECONDS",
-    "WAIT_SHARE",
     "busy_seconds",
     "measured_rows",
     "measurements",
@@ -43,11 +35,6 @@ __all__ = [
 #: per block), so fast blocks share one round trip; blocks slower than this go one at a time
 BATCH_TARGET_SECONDS: Final = 0.02
 MAX_BATCH: Final = 64
-#: a batch aims at this many times its round trip's wait (when that is more than the
-#: target above): the wait is then at most about 1/8 of a worker's time
-WAIT_SHARE: Final = 8
-#: ...but never at more than this much work (the last batches of a run, a slow worker)
-MAX_TARGET_SECONDS: Final = 0.25
 
 _ROW_BYTES: Final = STATS_ROW.size
 _SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW
@@ -56,14 +43,10 @@ _INF: Final = float("inf")
 _SUCCESS: Final = int(BlockStatus.SUCCESS)
 
 
-def next_batch(batch: int, seconds_per_block: float, wait_seconds: float = 0.0) -> int:
-    """The next batch size after a batch of ``batch`` blocks at ``seconds_per_block``,
-    whose round trip waited ``wait_seconds`` (beyond the worker's busy time): at most twice
-    ``batch`` (and :data:`MAX_BATCH`), at once smaller when blocks are slow."""
-    target = BATCH_TARGET_SECONDS
-    if wait_seconds * WAIT_SHARE > target:
-        target = min(wait_seconds * WAIT_SHARE, max(target, MAX_TARGET_SECONDS))
-    ideal = int(target / seconds_per_block) if seconds_per_block > 0 else MAX_BATCH
+def next_batch(batch: int, seconds_per_block: float) -> int:
+    """The next batch size after a batch of ``batch`` blocks at ``seconds_per_block``:
+    at most twice ``batch`` (and :data:`MAX_BATCH`), at once smaller when blocks are slow."""
+    ideal = int(BATCH_TARGET_SECONDS / seconds_per_block) if seconds_per_block > 0 else MAX_BATCH
     if ideal > batch:
         return min(ideal, batch * 2, MAX_BATCH)
     return max(1, ideal)

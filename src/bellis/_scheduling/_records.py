@@ -77,7 +77,6 @@ class Peer:
         "setup_due",
         "stream",
         "trail",
-        "wait",
         "worker",
         "worker_id",
     )
@@ -98,9 +97,6 @@ class Peer:
         self.batch = 1
         self.sent_at = 0.0
         self.sent_wall = 0.0
-        #: its batches' round-trip wait beyond its worker's busy time, smoothed
-        #: (``_batching.next_batch``)
-        self.wait = 0.0
         self.deadline = 0.0
         #: when its entry in the dispatcher's deadline heap falls due (inf: none there)
         self.due = float("inf")

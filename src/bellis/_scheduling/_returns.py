@@ -16,8 +16,7 @@ Then, in order:
 * each block goes its way: requeued (given back unstarted), timed out or stalled
   (``Dispatcher.time_out_block``), up the memory ladder (:func:`._memory.climb`), or
   released, its error recorded (:func:`_take_returned`);
-* the connection's next batch is sized from the worker's busy time and the round trip's
-  wait beyond it (or from the round trip alone).
+* the connection's next batch is sized from the worker's busy time (or the round trip).
 
 A batch's round trip is shared equally by the blocks it carried. A block stays in the
 connection's ``held`` until it is taken back, so whatever raises midway leaves the rest
@@ -129,18 +128,8 @@ def take_back(
     finally:
         peer.held = [k for k in held if k not in back]
     if processed and peer.held == []:
-        if busy is None:
-            peer.batch = next_batch(peer.batch, step)
-        else:
-            # the round trip's wait beyond the worker's busy time, smoothed over batches
-            wait = 0.5 * (peer.wait + max(0.0, now - peer.sent_at - busy))
-            peer.wait = wait
-            # a task with straggler backups keeps its batches short: a block is backed up
-            # only while it is out alone on its worker, and a long batch queues blocks
-            # behind a straggler where no copy can reach them
-            peer.batch = next_batch(
-                peer.batch, busy / len(processed), 0.0 if backups is not None else wait
-            )
+        pace = step if busy is None else busy / len(processed)
+        peer.batch = next_batch(peer.batch, pace)
 
 
 def _record_measured(
