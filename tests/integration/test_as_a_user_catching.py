@@ -222,7 +222,9 @@ def test_a_block_function_that_raises_goes_on_once_it_did_a_block(tmp_path: Path
     ended = [pid for pid, rows in attempts.items() if _raises(rows[0][0])]
     for pid in ended:  # a worker whose first block raised ran nothing after it
         assert attempts[pid] == [attempts[pid][0]], attempts[pid]
-    assert result["worker_failures"] == len(ended)
+    # each such exit is a worker failure, but one that comes after the run's last block
+    # was taken back is not counted (the run has ended; at most one per live worker, 2)
+    assert len(ended) - 2 <= result["worker_failures"] <= len(ended)
     assert result["starts"] == 2 + result["restarts"] and result["restarts"] <= len(ended)
 
 
