@@ -173,6 +173,22 @@ def recent_blocks(store: Path) -> dict[str, Any] | None:
             wall = returned - sent
         wall = np.where(wall > 0, wall, np.maximum(returned - sent, 0.0))
         rss, cpu = column("peak_rss_bytes"), column("cpu_seconds")
+    return _window(worker, sent, returned, cells, rss, cpu, wall, None, end)
+
+
+def _window(
+    worker: NDArray[Any],
+    sent: NDArray[Any],
+    returned: NDArray[Any],
+    cells: NDArray[Any],
+    rss: NDArray[Any] | None,
+    cpu: NDArray[Any] | None,
+    wall: NDArray[Any],
+    failed: NDArray[Any] | None,
+    end: float,
+) -> dict[str, Any]:
+    """The lanes, the histogram and the trend of the blocks of one window ending at
+    ``end``: what :func:`recent_blocks` and :func:`driver_recent` both answer."""
     by_time = np.argsort(returned, kind="stable")
     start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
     return {
@@ -180,8 +196,8 @@ def recent_blocks(store: Path) -> dict[str, Any] | None:
         "start": start,
         "end": end,
         "blocks": int(cells.size),
-        "workers": len({int(x) for x in worker.tolist()}),
-        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall, origin=start),
+        "workers": int(np.unique(worker).size),
+        "lanes": lanes(worker, sent, returned, cells, rss, cpu, wall, failed, start),
         "histogram": wall_histogram(wall.tolist()),
         "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
     }
@@ -213,19 +229,9 @@ def driver_recent(
     cells = np.array([cell_of(k) for k in ks.tolist()], dtype=np.int64)
     failed = table[:, 4] == 0
     wall = np.maximum(returned - sent, 0.0)
-    by_time = np.argsort(returned, kind="stable")
-    start = float(max(float(sent.min()), end - RECENT_WINDOW_SECONDS))
-    return {
-        "window_seconds": RECENT_WINDOW_SECONDS,
-        "start": start,
-        "end": end,
-        "blocks": int(table.shape[0]),
-        "workers": int(np.unique(worker).size),
-        "lanes": lanes(worker, sent, returned, cells, None, None, wall, failed, start),
-        "histogram": wall_histogram(wall.tolist()),
-        "trend": wall_trend(returned[by_time].tolist(), wall[by_time].tolist()),
-        "source": "driver",
-    }
+    out = _window(worker, sent, returned, cells, None, None, wall, failed, end)
+    out["source"] = "driver"
+    return out
 
 
 def race_marks(
