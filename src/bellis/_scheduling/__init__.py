@@ -7,6 +7,7 @@ Owns:
   ``_task_run``    one task's run state: block and task states, counters, store cells
   ``_dispatch``    the :class:`Dispatcher`: events in, instructions out
   ``_returns``     what a returned batch does: backups settle, rows recorded, releases
+  ``_lost``        a block or batch lost to its deadline: timed out, stalled, reclaimed
   ``_attempts``    a failed attempt as an error record (``errors.jsonl``)
   ``_instructions``  the instructions out (SendFrame, Close, Launch, Kill, Progress)
   ``_ports``       ``DispatcherPort``: the dispatcher as its helper modules see it

@@ -48,7 +48,7 @@ Invariants:
 :mod:`._backups` and :mod:`._memory` decide for the tasks that opted in, and
 :mod:`._returns` takes back what a message returns; the hooks here call them, and they
 call back through the public methods (:meth:`serve`, :meth:`serve_parked`,
-:meth:`release`, :meth:`record_error`, :meth:`lose_held`, :meth:`time_out_block`,
+:meth:`release`, :meth:`record_error`, :meth:`lose_held`,
 :meth:`stop_worker`, :meth:`close`) and attributes, typed as
 :class:`._ports.DispatcherPort`. The instructions are :mod:`._instructions`' named tuples.
 
@@ -79,7 +79,7 @@ from .._protocol import (
 )
 from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
-from . import _memory, _sharing
+from . import _lost, _memory, _sharing
 from ._abandon import RESTART_CAP
 from ._attempts import (
     KIND_LOST,
@@ -222,7 +222,7 @@ class Dispatcher:
         if peer.held and peer.run is not None and now >= peer.deadline:
             # the worker's watchdog preempted a block (exit 87) before the tick saw the
             # deadline pass: account it as the timeout it is, not as a plain disconnect
-            self._reclaim(peer, now)
+            _lost.reclaim(self, peer, now)
             return
         peer.closed = True
         self.out.append(Close(CLOSE, peer))
@@ -631,46 +631,10 @@ class Dispatcher:
                 continue
             real = peer.deadline + watchdog_margin_seconds(peer.run)
             if now > real:
-                self._reclaim(peer, now)
+                _lost.reclaim(self, peer, now)
             else:
                 # a later batch with a later deadline: look again then
                 self._deadlines.watch(peer, real)
-
-    def time_out_block(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        k: int,
-        sent: float,
-        returned: float,
-        now: float,
-        *,
-        stalled: bool = False,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        """Account one block as timed out, or ``stalled`` (reclaimed), and release it to
-        the retry path; ``details``: what the worker's watchdog said (:mod:`._attempts`)."""
-        sid = run.geom.spatial_id_of(k)
-        # ``flag`` is the log line's key (``timed_out=true``, ``stalled=true``: a format
-        # people grep), ``kind`` the worker's exit kind
-        if stalled:
-            run.stall_reclaims += 1
-            stall = run.spec.stall_timeout_secs or 0.0
-            kind, flag, limit = ExitKind.STALLED, "stalled", f"stall_timeout={stall:g}s"
-            text = (
-                f"block {run.task_id}/{sid} stalled: no CPU, IO or heartbeat for its "
-                f"stall_timeout ({stall:g}s)"
-            )
-        else:
-            run.timeout_reclaims += 1
-            kind, flag, limit = ExitKind.TIMEOUT, "timed_out", f"timeout={run.spec.timeout_secs:g}s"
-            text = (
-                f"block {run.task_id}/{sid} exceeded the block timeout ({run.spec.timeout_secs:g}s)"
-            )
-        logger.warning("block lost block_id=%s/%d %s=true (%s)", run.task_id, sid, flag, limit)
-        self.record_error(peer, run, k, text, str(kind), details)
-        self.release(peer, run, k, False, False, sent, returned, now)
-        self.stop_worker(peer.worker, text, now, kind)
 
     def stop_worker(
         self,
@@ -686,36 +650,6 @@ class Dispatcher:
             worker.timeline.exited(now, kind)
             self.staff.retire(worker)
             self.out.append(Kill(KILL, worker))
-
-    def _reclaim(self, peer: Peer, now: float) -> None:
-        """The backstop: a connection's blocks outlived their deadline."""
-        run = peer.run
-        assert run is not None
-        backups = self.plan_of[run.index].backups
-        if backups is not None and drop_lost(self, backups, peer, "its copy timed out", now):
-            text = f"a copy of a block of task {run.task_id} outlived its deadline"
-            self.stop_worker(peer.worker, text, now)
-            self.close(peer, now)
-            return
-        held = peer.held
-        peer.held = []
-        if len(held) == 1:
-            self.time_out_block(peer, run, held[0], peer.sent_at, now, now)
-            self.close(peer, now)
-            return
-        # a whole batch outlived its deadline and the worker's watchdog did not say which
-        # block hung: none is charged; each runs alone next time, where a hang is caught
-        plan = self.plan_of[run.index]
-        for k in held:
-            self.scheduler.requeue_index(run, k)
-            plan.suspects.add(k)
-        text = (
-            f"a batch of {len(held)} blocks of task {run.task_id} outlived its deadline; "
-            "its worker was stopped and the blocks run again one at a time"
-        )
-        logger.warning("%s", text)
-        self.stop_worker(peer.worker, text, now)
-        self.close(peer, now)
 
     # -- the clock ------------------------------------------------------------------------
     def sync_clock(self, now: float, wall_now: float) -> None:

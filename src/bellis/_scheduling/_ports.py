@@ -116,21 +116,6 @@ class DispatcherPort(Protocol):
         """The blocks ``held`` went with ``peer``'s connection."""
         ...
 
-    def time_out_block(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        k: int,
-        sent: float,
-        returned: float,
-        now: float,
-        *,
-        stalled: bool = False,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        """Account block ``k`` as timed out (or ``stalled``) and release it."""
-        ...
-
     def stop_worker(
         self, worker: ManagedWorker | None, text: str, now: float, kind: ExitKind = ...
     ) -> None:

@@ -14,7 +14,7 @@ Then, in order:
   release marks a block done (:func:`_record_measured`): a done block always has its
   figures; a task with resource tracking whose success came without a row fails the run;
 * each block goes its way: requeued (given back unstarted), timed out or stalled
-  (``Dispatcher.time_out_block``), up the memory ladder (:func:`._memory.climb`), or
+  (:func:`._lost.time_out_block`), up the memory ladder (:func:`._memory.climb`), or
   released, its error recorded (:func:`_take_returned`);
 * the connection's next batch is sized from the worker's busy time (or the round trip).
 
@@ -44,6 +44,7 @@ from . import _memory
 from ._attempts import KIND_OOM
 from ._backups import settle_returns
 from ._batching import measured_rows, measurements, next_batch, unmeasured_error
+from ._lost import time_out_block
 from ._task_run import RUNNING
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ def take_back(
                 d.scheduler.requeue_index(run, k)
             elif status == TIMED_OUT or status == STALLED:
                 details = error_parts(error)[1] if error is not None else None
-                d.time_out_block(
-                    peer, run, k, t, t + step, now, stalled=status == STALLED, details=details
+                time_out_block(
+                    d, peer, run, k, t, t + step, now, stalled=status == STALLED, details=details
                 )
                 t += step
             elif status == OUT_OF_MEMORY and d.plan_of[run.index].memory is not None:
