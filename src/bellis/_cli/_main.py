@@ -69,7 +69,7 @@ _CONTEXT_HELP = (
 
 def _worker_context(args: argparse.Namespace) -> Any:
     """The worker's context from ``--context`` or the environment, checked."""
-    from .._worker._client import ENV_VARIABLES, Context
+    from .._worker._context import ENV_VARIABLES, Context
 
     if args.context is not None:
         where, text = "--context", args.context

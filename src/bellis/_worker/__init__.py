@@ -2,7 +2,8 @@
 
 Owns:
   ``_main``        the entry point of a worker process (``python -m bellis._worker._main``)
-  ``_client``      ``Client`` and ``Context``: the worker's side of the protocol
+  ``_client``      ``Client``: the worker's side of the protocol (re-exports ``Context``)
+  ``_context``     ``bellis.Context``: what reaches a worker in ``BELLIS_CONTEXT``, encoded
   ``_watchdog``    the thread that ends a block past its timeout, or stalled
   ``_failure``     what a failed attempt says about itself (host, pid, job, log offsets)
   ``_profiling``   per-block measurement (``profile_block``) and the start-up clock
