@@ -9,12 +9,18 @@ a botocore ``before-call.s3`` event hook on that client (bellis makes one per pr
 
 Prints, per phase, the requests by operation, the chunk writes of ``done/c/0`` (the
 flushes), and requests per block; ``--json`` writes them as one record.
+``--resource-tracking`` runs the task with ``resource_tracking=True``: the figures go
+out as one ``stats/`` object per flush (``_tracking/_s3stats``); the PUTs and bytes are
+counted per folder, and a third phase, ``read``, counts what a reader
+(``open_readonly(url).stats``, as ``bellis status``/``report`` read them) asks: one
+listing of ``stats/`` and one GET per object.
 
     .venv/bin/python -m compileall -q src
     .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000
     .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000 --distributed
     .venv/bin/python benchmarks/bench_s3_requests.py --blocks 10000 --block-ms 1 \
         --flush-seconds 0.5
+    .venv/bin/python benchmarks/bench_s3_requests.py --blocks 1000000 --resource-tracking
 
 Needs boto3 and moto[server] (``pip install -e '.[test]'``).
 """
@@ -62,21 +68,34 @@ class Counter:
     def __init__(self) -> None:
         self.ops: collections.Counter[str] = collections.Counter()
         self.puts: collections.Counter[str] = collections.Counter()
+        self.put_bytes: collections.Counter[str] = collections.Counter()
 
     def __call__(self, model: Any, params: Any, **_: Any) -> None:
         self.ops[model.name] += 1
         if model.name == "PutObject":
             key = str(params.get("url_path", "")).rsplit("/bench/", 1)[-1]
+            if key.startswith(("stats/", "runs/", "errors/")):
+                key = key.split("/", 1)[0] + "/"  # one object per flush or run: by folder
             self.puts[key] += 1
+            body = params.get("body")
+            self.put_bytes[key] += len(body) if isinstance(body, bytes | bytearray) else 0
 
     def take(self) -> dict[str, Any]:
-        out = {"ops": dict(self.ops), "puts": dict(self.puts), "total": sum(self.ops.values())}
+        out = {
+            "ops": dict(self.ops),
+            "puts": dict(self.puts),
+            "put_bytes": dict(self.put_bytes),
+            "total": sum(self.ops.values()),
+        }
         self.ops.clear()
         self.puts.clear()
+        self.put_bytes.clear()
         return out
 
 
-def _run(blocks: int, url: str, distributed: bool, block_ms: float) -> tuple[bool, float]:
+def _run(
+    blocks: int, url: str, distributed: bool, block_ms: float, rt: bool
+) -> tuple[bool, float]:
     from funlib.geometry import Roi
 
     import bellis
@@ -94,6 +113,7 @@ def _run(blocks: int, url: str, distributed: bool, block_ms: float) -> tuple[boo
         max_workers=2,
         read_write_conflict=False,
         tracking_path=url,
+        resource_tracking=rt,
     )
     t0 = time.perf_counter()
     ok = bellis.run_blockwise([task], multiprocessing=distributed)
@@ -110,6 +130,9 @@ def main() -> int:
         type=float,
         default=0.0,
         help="each block sleeps this long (so the run spans several flush intervals)",
+    )
+    p.add_argument(
+        "--resource-tracking", action="store_true", help="resource_tracking=True (stats/)"
     )
     p.add_argument("--json", default=None, help="write the record to this file")
     args = p.parse_args()
@@ -136,10 +159,24 @@ def main() -> int:
             "mode": "distributed" if args.distributed else "serial",
             "flush_seconds": float(args.flush_seconds),
             "block_ms": args.block_ms,
+            "resource_tracking": args.resource_tracking,
             "loadavg": os.getloadavg()[0],
         }
-        for phase in ("run", "resume"):
-            ok, seconds = _run(args.blocks, url, args.distributed, args.block_ms)
+        for phase in ("run", "resume", "read"):
+            if phase == "read":
+                if not args.resource_tracking:
+                    continue
+                from bellis._tracking import open_readonly
+
+                t0 = time.perf_counter()
+                with open_readonly(url) as store:
+                    stamps = store.stats["returned_at"]
+                    ok = int((stamps > 0).sum()) == args.blocks  # every block's figures
+                seconds = time.perf_counter() - t0
+            else:
+                ok, seconds = _run(
+                    args.blocks, url, args.distributed, args.block_ms, args.resource_tracking
+                )
             got = counter.take()
             got.update(
                 ok=ok,
@@ -151,7 +188,9 @@ def main() -> int:
             print(
                 f"{phase}: {got['total']} requests for {args.blocks} blocks "
                 f"({got['per_block']:.4f} per block), {got['flushes']} flushes of done/c/0, "
-                f"{seconds:.1f} s, ok={ok}; by operation {json.dumps(got['ops'], sort_keys=True)}"
+                f"{seconds:.1f} s, ok={ok}; by operation {json.dumps(got['ops'], sort_keys=True)}; "
+                f"PUTs {json.dumps(got['puts'], sort_keys=True)}, bytes "
+                f"{json.dumps(got['put_bytes'], sort_keys=True)}"
             )
         print(f"load average (1 min) at the start: {record['loadavg']:.2f}")
         if args.json:

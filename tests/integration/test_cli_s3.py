@@ -276,36 +276,6 @@ def test_tracking_basedir_on_s3_keeps_the_url(tmp_path: Path) -> None:
     ]
 
 
-def test_resource_tracking_on_s3_is_refused_with_its_reason(runs: dict[str, Any]) -> None:
-    code = textwrap.dedent(
-        f"""
-        import bellis
-        from bellis.errors import TrackingError
-        from funlib.geometry import Roi
-        t = bellis.Task("rt", total_roi=Roi((0,), (4,)), read_roi=Roi((0,), (1,)),
-                        write_roi=Roi((0,), (1,)), process_function=lambda b: None,
-                        tracking_path="s3://{BUCKET}/rt", resource_tracking=True)
-        try:
-            bellis.run_blockwise([t], multiprocessing=False)
-        except TrackingError as exc:
-            print(exc)
-            raise SystemExit(3)
-        """
-    )
-    script = runs["tmp"] / "rt.py"
-    script.write_text(code)
-    r = subprocess.run(
-        [sys.executable, str(script)], env=runs["env"], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert (
-        f"block tracking at s3://{BUCKET}/rt: resource_tracking=True is not supported" in r.stdout
-    )
-    assert "68 bytes a block" in r.stdout and "resource_tracking=False" in r.stdout
-    c = kit_s3.client(runs["env"])
-    assert "Contents" not in c.list_objects_v2(Bucket=BUCKET, Prefix="rt/")  # nothing written
-
-
 def test_task_report_on_s3_keeps_the_url_and_reads_the_errors(runs: dict[str, Any]) -> None:
     code = textwrap.dedent(
         """
@@ -339,8 +309,8 @@ def test_task_report_on_s3_keeps_the_url_and_reads_the_errors(runs: dict[str, An
 
 def test_status_failed_on_s3_lists_the_local_failures(runs: dict[str, Any]) -> None:
     """``bellis status --failed`` reads a store's errors/ objects on S3 (a store or a
-    prefix of them) and finds what the same run's local errors.jsonl holds; ``--block``
-    says it cannot and where to look."""
+    prefix of them) and finds what the same run's local errors.jsonl holds (``--block``:
+    test_stats_s3.py)."""
     s3 = bellis(runs, "status", f"{S3_BASE}/b", "--failed", "--json")
     local = bellis(runs, "status", f"{runs['local']}/b", "--failed", "--json")
     assert s3.returncode == 0 and local.returncode == 0, s3.stderr + local.stderr
@@ -362,7 +332,3 @@ def test_status_failed_on_s3_lists_the_local_failures(runs: dict[str, Any]) -> N
     assert text.returncode == 0, text.stderr
     assert f"errors in {S3_BASE}/a: none recorded" in text.stdout
     assert f"errors in {S3_BASE}/b (run of " in text.stdout and "2 failed attempts" in text.stdout
-    block = bellis(runs, "status", f"{S3_BASE}/b", "--block", "3")
-    assert block.returncode == 2 and block.stdout == ""
-    assert f"--block on {S3_BASE}/b: a store on S3 is not read block by block" in block.stderr
-    assert f"bellis status {S3_BASE}/b --failed" in block.stderr

@@ -21,6 +21,7 @@ from .._stats._errorlog import (
     read_errors,
     records_of_run,
 )
+from .._donemarks import StoreLocation, store_location
 from .._tracking import StoreLayout, find_stores, is_s3_url, open_readonly, store_exists
 from ..errors import TrackingError
 
@@ -56,7 +57,7 @@ def _cells_text(layout: StoreLayout) -> str:
     )
 
 
-def _locate(folder: Path, text: str, wanted: tuple[int, ...] | int) -> dict[str, Any]:
+def _locate(folder: StoreLocation, text: str, wanted: tuple[int, ...] | int) -> dict[str, Any]:
     """The block ``wanted`` names in the store at ``folder``: its coordinate, its id,
     whether it is done and its failed attempts; a TrackingError naming the grid when
     ``wanted`` has the wrong rank, lies outside the grid or is a cell of no block."""
@@ -165,14 +166,32 @@ def _block_ids(g: dict[str, Any]) -> list[tuple[list[int], int | None]]:
     return [(b, ids.get(tuple(b))) for b in g["blocks"]]
 
 
-def _failed_on_s3(url: str) -> list[dict[str, Any]]:
-    """``--failed`` for a store on S3 or a prefix of them: each store's runs' ``errors/``
-    objects, merged by the read-only store into its local staging folder."""
+def _stores_on_s3(url: str, *, with_errors: bool = False) -> list[StoreLocation]:
+    """The stores at or below ``url``; ``with_errors``: of a prefix of several, those
+    with error records where any has some (as :func:`error_folders` picks folders)."""
     stores = find_stores(url)
     if not stores:
         raise TrackingError(f"no block tracking at or below {url}", path=url)
+    if with_errors and stores != [store_location(url)]:
+        having = [s for s in stores if _error_lines(s)]
+        return having or stores
+    return stores
+
+
+def _error_lines(folder: StoreLocation) -> list[Any]:
+    """The error records of a folder, or of a store on S3 (its runs' ``errors/``
+    objects, merged by the read-only store into its local staging folder)."""
+    if isinstance(folder, str):
+        with open_readonly(folder) as store:
+            return read_errors(store.runs_jsonl.parent)
+    return read_errors(folder)
+
+
+def _failed_on_s3(url: str) -> list[dict[str, Any]]:
+    """``--failed`` for a store on S3 or a prefix of them: each store's runs' ``errors/``
+    objects, merged by the read-only store into its local staging folder."""
     out = []
-    for location in stores:
+    for location in _stores_on_s3(url):
         with open_readonly(location) as store:
             d = _failed_json(store.runs_jsonl.parent)
         d["path"] = str(location)
@@ -246,15 +265,11 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
     """Every recorded attempt of the block ``text`` names (a grid coordinate, or a block
     id as the summary prints it), every run, with its log lines; and, from the task's
     store, whether it is done. A TrackingError when ``text`` names no block of the grid."""
-    if is_s3_url(path):
-        raise TrackingError(
-            f"bellis status --block on {path}: a store on S3 is not read block by block; "
-            f"`bellis status {path} --failed` lists its failed blocks and their errors",
-            path=str(path),
-        )
     wanted = parse_coord(text)
     data: list[dict[str, Any]] = []
-    folders = error_folders(path)
+    folders: list[Path] | list[StoreLocation] = (
+        _stores_on_s3(str(path), with_errors=True) if is_s3_url(path) else error_folders(path)
+    )
     refused: list[TrackingError] = []
     for folder in folders:
         state: dict[str, Any] | None = None
@@ -276,7 +291,7 @@ def format_block(path: str | Path, text: str, *, as_json: bool = False) -> str:
             )
         else:
             coord = wanted
-        lines = read_errors(folder)
+        lines = _error_lines(folder)
         records = [
             ErrorRecord.from_json(d)
             for d in lines

@@ -28,6 +28,7 @@ def _port(text: str) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from .._donemarks import location_name
     from .._report._data import find_stores
     from .._report._live import LiveState
     from .._report._live_server import LiveServer
@@ -38,17 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except TrackingError as exc:
         print(f"bellis serve: {exc}", file=sys.stderr)
         return 2
-    urls = [s for s in stores if isinstance(s, str)]
-    if urls:
-        print(
-            f"bellis serve: {urls[0]}: the live page reads local stores only (it follows "
-            "their block stamps, which stores on S3 do not keep yet: docs/cloud.md); use "
-            "`bellis status URL --watch`",
-            file=sys.stderr,
-        )
-        return 2
-    local = [s for s in stores if not isinstance(s, str)]
-    state = LiveState(local)
+    state = LiveState(stores)  # local folders and s3:// URLs alike (docs/cloud.md)
     try:
         server = LiveServer(
             state.json_bytes, host=args.host, port=args.port, documents=state.documents()
@@ -62,9 +53,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    names = ", ".join(s.name for s in local)
+    names = ", ".join(location_name(s) for s in stores)
     try:  # a Ctrl-C from the URL's first line on ends it cleanly
-        print(f"bellis serve: {len(local)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
+        print(f"bellis serve: {len(stores)} stores ({names}); Ctrl-C to stop", file=sys.stderr)
         server.start(sys.stderr)
         threading.Event().wait()
     except KeyboardInterrupt:
@@ -79,7 +70,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "serve",
         help="serve the live page of a run from its tracking store(s), until Ctrl-C",
         description="PATH is a task's tracking store, or a folder that holds several (a "
-        "pipeline's tracking basedir). The stores are read read-only, so a run may be "
+        "pipeline's tracking basedir), or an s3:// URL of either (docs/cloud.md). The stores are read read-only, so a run may be "
         "writing them. The URL, with its token, is printed once to stderr; see docs/live.md "
         "for reaching it through an SSH tunnel.",
     )

@@ -22,12 +22,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
 
+from .._donemarks import StoreLocation, join_location, location_name
 from .._stats._errorlog import group_errors, read_errors, records_of_run
 from .._tracking import StoreLayout, is_run_in_progress, open_readonly, read_status
 from .._tracking._status import StatusSnapshot
@@ -217,7 +217,7 @@ class LiveState:
 
     def __init__(
         self,
-        stores: Sequence[Path],
+        stores: Sequence[StoreLocation],
         *,
         min_interval_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
@@ -229,7 +229,7 @@ class LiveState:
         #: one report or trace is made at a time (each reads every store)
         self.making = threading.Lock()
         self.cached: tuple[float, bytes] | None = None
-        self.history: dict[Path, _TaskHistory] = {}
+        self.history: dict[StoreLocation, _TaskHistory] = {}
         #: the driver's counters (``run_blockwise(dashboard=...)``): a callable returning
         #: ``{store path: {"running_blocks", "skipped", "orphaned", ...}}``; None for
         #: ``bellis serve``, whose page shows ``n/a`` where the store does not know
@@ -305,11 +305,11 @@ class LiveState:
             "colours": list(STATE_COLOURS),
         }
 
-    def task_state(self, store: Path, now: float) -> dict[str, Any]:
+    def task_state(self, store: StoreLocation, now: float) -> dict[str, Any]:
         try:
             snap = read_status(store, stamps_after=now - RECENT_SECONDS * ETA_WINDOWS - 1.0)
         except Exception as exc:  # a store being created, or unreadable: say so on the page
-            return {"name": store.name, "path": os.fspath(store), "error": str(exc)}
+            return {"name": location_name(store), "path": os.fspath(store), "error": str(exc)}
         running = is_run_in_progress(store)
         history = self.history.setdefault(store, _TaskHistory())
         history.points.append((now, snap.done_count))
@@ -321,7 +321,7 @@ class LiveState:
         eta = eta_range(remaining, rates) if running is not False else None
         errors = self._errors(store)
         return {
-            "name": store.name,
+            "name": location_name(store),
             "path": os.fspath(store),
             "running": running is True,
             "run_known": running is not None,
@@ -347,11 +347,12 @@ class LiveState:
             # lanes and wall times: from the per-block stamps of resource tracking
             "recent": self._recent(store, snap),
             "errors": errors["groups"],
-            "runs_jsonl": os.fspath(store / "runs.jsonl"),
+            # on S3 (a URL): one object per run below runs/ (docs/cloud.md)
+            "runs_jsonl": os.fspath(join_location(store, "runs/" if isinstance(store, str) else "runs.jsonl")),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
         }
 
-    def _recent(self, store: Path, snap: StatusSnapshot) -> dict[str, Any] | None:
+    def _recent(self, store: StoreLocation, snap: StatusSnapshot) -> dict[str, Any] | None:
         if "returned_at" not in snap.present:
             return None
         try:
@@ -385,8 +386,12 @@ class LiveState:
             return max(0, pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
         return None
 
-    def _errors(self, store: Path) -> dict[str, Any]:
-        lines = records_of_run(read_errors(store))
+    def _errors(self, store: StoreLocation) -> dict[str, Any]:
+        if isinstance(store, str):  # on S3: its runs' errors/ objects, merged while open
+            with open_readonly(store) as s:
+                lines = records_of_run(read_errors(s.runs_jsonl.parent))
+        else:
+            lines = records_of_run(read_errors(store))
         groups = []
         per_block: dict[tuple[int, ...], str] = {}
         for g in group_errors(lines):
@@ -413,7 +418,7 @@ class LiveState:
         return {"groups": groups, "per_block": per_block}
 
     def _map(
-        self, store: Path, snap: StatusSnapshot, last_error: dict[tuple[int, ...], str]
+        self, store: StoreLocation, snap: StatusSnapshot, last_error: dict[tuple[int, ...], str]
     ) -> dict[str, Any] | None:
         grid = snap.grid
         if not grid or len(grid) > 3 or snap.cells == 0:

@@ -142,7 +142,7 @@ def lanes(
     return out
 
 
-def recent_blocks(store: Path) -> dict[str, Any] | None:
+def recent_blocks(store: Path | str) -> dict[str, Any] | None:
     """The lanes, the wall-time histogram and its trend of the blocks ``store`` saw
     returned in the :data:`RECENT_WINDOW_SECONDS` before its latest stamp (at most
     :data:`MAX_RECENT_BLOCKS`, the latest); None when the store has no stamps."""

@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._block import NO_WORKER
-from .._donemarks import is_store_url, store_location
+from .._donemarks import StoreLocation, is_store_url, location_name, store_location
 from .._stats._runlog import read_runs
 from .._tracking import (
     StoreLayout,
@@ -62,18 +62,22 @@ _STAMPS = ("worker_id", "sent_at", "returned_at")
 _UNRECORDED = "blocks of no recorded run (in flight, or stopped before writing runs.jsonl)"
 
 
-def find_stores(path: str | os.PathLike[str]) -> list[Path]:
+def find_stores(path: str | os.PathLike[str]) -> list[StoreLocation]:
     """``path`` itself when it is a tracking store, else every store below it, sorted.
 
-    A store is a directory whose ``zarr.json`` is a group with a ``done`` array.
-    Raises :class:`TrackingError` when there is none.
+    A store is a directory (or an ``s3://`` prefix: its URL, a ``str``) whose
+    ``zarr.json`` is a group with a ``done`` array. Raises :class:`TrackingError` when
+    there is none.
     """
-    if is_store_url(path):  # no block times: S3 stores keep no resource statistics yet
-        raise TrackingError(
-            f"{store_location(path)}: the trace shows block times, and stores on S3 keep "
-            "none yet (resource_tracking=True is refused there: docs/cloud.md); write the "
-            "HTML report instead (bellis report PATH -o report.html)"
-        )
+    if is_store_url(path):  # the figures of the stats/ objects (docs/cloud.md)
+        url = store_location(path)
+        stores = _find_stores(url)
+        if not stores:
+            raise TrackingError(
+                f"no tracking store at {url}: neither it nor a prefix below it holds a "
+                "store. Give the task's tracking_path or the tracking basedir"
+            )
+        return stores
     root = Path(path)
     if is_store(root):
         return [root]
@@ -86,12 +90,12 @@ def find_stores(path: str | os.PathLike[str]) -> list[Path]:
             "a store (a zarr group with a 'done' array). Give the task's tracking_path or "
             "the tracking basedir"
         )
-    return [s for s in found if isinstance(s, Path)]
+    return found
 
 
 @dataclass
 class _Store:
-    path: Path
+    path: StoreLocation
     task_id: str
     grid: tuple[int, ...]
     record: dict[str, Any] | None
@@ -105,7 +109,7 @@ class _Store:
         return [n for n in (*_STAMPS, *_FIGURES) if n not in self.arrays]
 
 
-def _load(path: Path, root: Path) -> _Store:
+def _load(path: StoreLocation, root: StoreLocation) -> _Store:
     with open_readonly(path) as store:
         done = np.array(store.done).reshape(-1) != 0
         failures = np.array(store.failures, dtype=np.uint64).reshape(-1)
@@ -119,7 +123,9 @@ def _load(path: Path, root: Path) -> _Store:
     if len(ids) == 1:
         task_id = ids.pop()
     elif path == root:
-        task_id = path.name
+        task_id = location_name(path)
+    elif isinstance(path, str):  # a store below an s3:// prefix
+        task_id = path[len(str(root)) :].strip("/")
     else:
         task_id = path.relative_to(root).as_posix()
     return _Store(path, task_id, grid, record, done, failures, arrays, runs)
@@ -179,7 +185,7 @@ def build_trace(paths: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
     """The Chrome trace (a JSON object) of the stores at or below ``paths``."""
     stores: list[_Store] = []
     for p in paths:
-        root = Path(p)
+        root = store_location(p)
         stores.extend(_load(s, root) for s in find_stores(root))
     runs = _group_runs(stores)
     origin_candidates = [r.start for r in runs]

@@ -302,7 +302,7 @@ class BlockRecord:
 class _StoreArrays:
     """The per-block arrays of one tracking store, opened read-only by ``_tracking``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self.path = path
         self.shape: tuple[int, ...] = ()
         self.done: np.ndarray[Any, Any] | None = None
@@ -526,7 +526,7 @@ class TaskReport:
     def _store(self) -> _StoreArrays | None:
         # Opened per call: a writer that replaces chunk files (zarr-python does) would
         # leave a cached mapping on the old file.
-        if not isinstance(self.store_path, Path):  # none, or on S3: no block records
+        if self.store_path is None:  # (on S3: the figures of its stats/ objects, merged)
             return None
         return _StoreArrays(self.store_path)
 

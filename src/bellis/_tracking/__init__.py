@@ -28,6 +28,8 @@ Owns:
                 writes, the lock a lease object (docs/cloud.md)
   ``_s3io``     the requests of an S3 store (``Bucket``: retries, conditional writes)
                 and its lease lock (``S3Lock``)
+  ``_s3stats``  an S3 store's per-block statistics: one object per flush, merged by the
+                readers
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,

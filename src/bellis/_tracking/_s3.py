@@ -11,6 +11,8 @@ On the bucket, the same layout as a local store (SPEC §4.2)::
     <prefix>/code_version/...    which run's code made each done block (after a run's
                                  ``use_code``), flushed before ``done``
     <prefix>/runs/, errors/      one object per run (below)
+    <prefix>/stats/              the per-block figures: one object per flush that had
+                                 new ones (``_s3stats``), merged by the readers
 
 An object store has no memory map and no append: the driver keeps every array in memory,
 records a block there, and writes the changed chunks back at most every
@@ -67,6 +69,10 @@ from ._files import cell_count, chunk_parts, clear_cells
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    CACHE_ARRAYS,
+    CHECKSUM_ARRAY,
+    GRANT_ARRAY,
+    STAT_ARRAYS,
     StoreLayout,
     array_metadata,
     dump_metadata,
@@ -85,6 +91,7 @@ from ._s3io import (
     lease_seconds,
     s3_url,
 )
+from ._s3stats import STATS_PREFIX, StatsLog, encode_stats, read_stats
 
 __all__ = ["S3Store", "S3Stores", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
 
@@ -150,10 +157,18 @@ class S3Store:
         self._table_etag: str | None = None
         #: blocks marked done are recorded with this code index (after :meth:`use_code`)
         self._code_index: int | None = None
+        #: the per-block figures (``_s3stats``): this run's, written one object per flush
+        self._tracks = False
+        self._log = StatsLog(self._cells) if lock is not None else None
+        self._stats_seq = 0
+        #: a read-only store's figures, every run's objects merged (at first use)
+        self._merged: dict[str, NDArray[Any]] | None = None
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], layout: StoreLayout) -> S3Store:
+    def open(
+        cls, path: str | os.PathLike[str], layout: StoreLayout, *, resource_tracking: bool = False
+    ) -> S3Store:
         url = s3_url(path)
         bucket = Bucket(url)
         lock = S3Lock.acquire(bucket)
@@ -162,6 +177,9 @@ class S3Store:
         except BaseException:
             lock.release()
             raise
+        if resource_tracking and store._log is not None:  # the figures (``_s3stats``)
+            store._tracks = True
+            store._log.declare(STAT_ARRAYS)
         store._start_renewer()
         return store
 
@@ -360,9 +378,25 @@ class S3Store:
     def failures(self) -> NDArray[Any]:
         return self._arrays["failures"].reshape(self._grid)
 
+    def _figures(self, names: Sequence[str]) -> dict[str, NDArray[Any]]:
+        """Arrays ``names`` that the store has, shaped as the grid: a writable store's
+        are this run's records; a read-only store's every run's ``stats/`` objects,
+        listed once and merged at the first read (``_s3stats``)."""
+        if self._log is not None:
+            found = self._log.arrays(names)
+        elif self._bucket is None:
+            found = {}
+        else:
+            if self._merged is None:
+                self._merged = read_stats(self._bucket, self._url, self._cells)
+            found = {n: self._merged[n] for n in names if n in self._merged}
+        return {n: a.reshape(self._grid) for n, a in found.items()}
+
     @property
     def stats(self) -> dict[str, NDArray[Any]]:
-        return {}
+        if self._log is not None and not self._tracks:
+            return {}
+        return self._figures(STAT_ARRAYS)
 
     def is_done(self, cell: int) -> bool:
         return 0 <= cell < self._cells and bool(self._arrays["done"][cell])
@@ -372,13 +406,14 @@ class S3Store:
         return None if codes is None else codes.reshape(self._grid)
 
     def checksums(self) -> NDArray[Any] | None:
-        return None
+        return self._figures((CHECKSUM_ARRAY,)).get(CHECKSUM_ARRAY)
 
     def grants(self) -> NDArray[Any] | None:
-        return None
+        return self._figures((GRANT_ARRAY,)).get(GRANT_ARRAY)
 
     def cache_counts(self) -> dict[str, NDArray[Any]] | None:
-        return None
+        found = self._figures(CACHE_ARRAYS)
+        return found if len(found) == len(CACHE_ARRAYS) else None
 
     def hot_writer(self) -> HotWriter | None:
         return None  # every block goes through record_success, which flushes on time
@@ -404,6 +439,8 @@ class S3Store:
     ) -> None:
         self._writable()
         if 0 <= cell < self._cells:
+            if stats is not None and self._tracks and self._log is not None:
+                self._log.record_block(cell, stats, worker_id, sent_at, returned_at)
             if self._code_index is not None:  # before the done byte: flushed first
                 self._arrays[CODE_ARRAY][cell] = self._code_index
                 self._dirty.add(CODE_ARRAY)
@@ -418,6 +455,9 @@ class S3Store:
     ) -> None:
         self._writable()
         if 0 <= cell < self._cells:
+            log = self._log  # a cell not done keeps the stamps of its last failed attempt
+            if returned_at > 0.0 and self._tracks and log and not self._arrays["done"][cell]:
+                log.record_stamps(cell, worker_id, sent_at, returned_at)
             self._arrays["failures"][cell] += 1
             self._changed("failures")
 
@@ -430,7 +470,10 @@ class S3Store:
         returned_at: NDArray[np.float64],
     ) -> None:
         self._writable()
-        inside = cells[(cells >= 0) & (cells < self._cells)]
+        keep = (cells >= 0) & (cells < self._cells)
+        inside = cells[keep]
+        if self._tracks and self._log is not None and len(inside):
+            self._log.record_many(inside, table[keep], worker_id, sent_at[keep], returned_at[keep])
         if self._code_index is not None:
             self._arrays[CODE_ARRAY][inside] = self._code_index
             self._dirty.add(CODE_ARRAY)
@@ -438,13 +481,19 @@ class S3Store:
         self._changed("done")
 
     def record_grant(self, cell: int, megabytes: int) -> None:
-        self._writable()  # memory grants are not kept on S3 yet (docs/cloud.md)
+        self._writable()
+        if self._log is not None and 0 <= cell < self._cells:
+            self._log.record(GRANT_ARRAY, cell, megabytes)
 
     def record_checksum(self, cell: int, checksum: int) -> None:
-        self._writable()  # output checksums are not kept on S3 yet (docs/cloud.md)
+        self._writable()
+        if self._log is not None and 0 <= cell < self._cells:
+            self._log.record(CHECKSUM_ARRAY, cell, checksum)
 
     def record_cache(self, cell: int, counts: Sequence[int]) -> None:
-        self._writable()  # per-block cache counts are not kept on S3 yet (docs/cloud.md)
+        self._writable()
+        if self._log is not None and 0 <= cell < self._cells:
+            self._log.record_cache(cell, counts)
 
     def clear_done(self, cells: Sequence[int] | NDArray[np.intp]) -> int:
         self._writable()
@@ -551,7 +600,7 @@ class S3Store:
         while not self._stop.wait(tick):
             now = time.monotonic()
             try:
-                if self._dirty and now - self._last_flush >= self._interval:
+                if self._has_changes() and now - self._last_flush >= self._interval:
                     self._flush_markers()
                 if now - renewed < period:
                     continue
@@ -593,14 +642,35 @@ class S3Store:
         with self._renewing:
             self._lock.renew()
 
+    def _has_changes(self) -> bool:
+        return bool(self._dirty) or (self._log is not None and self._log.has_pending())
+
+    def _flush_stats(self) -> None:
+        """The figures recorded since the last flush, as one object (``_s3stats``): one
+        PUT, create-only, and none when nothing was recorded."""
+        log, bucket, lock = self._log, self._bucket, self._lock
+        if log is None or bucket is None or lock is None or not log.has_pending():
+            return
+        taken = log.take()
+        key = f"{STATS_PREFIX}{int(self._opened * 1000):015d}-{lock.run_id}-{self._stats_seq:06d}"
+        try:
+            if bucket.put(f"{key}.bin", encode_stats(taken), None) is None:
+                raise self._conflict(self._url, f"{key}.bin")
+        except BaseException:
+            log.restore(taken)  # written by the next flush, or lost with the run
+            raise
+        self._stats_seq += 1
+
     def _flush_markers(self) -> None:
-        """Write the marker arrays changed since the last write. The driver's thread and
-        the renewer's timer both call this; one at a time. The changed names are taken
-        before the arrays are read, so a marker set meanwhile marks its array changed
-        again and goes out with the next write."""
+        """Write the figures recorded since the last write (one object), then the marker
+        arrays changed since it. The driver's thread and the renewer's timer both call
+        this; one at a time. The changed names are taken before the arrays are read, so
+        a marker set meanwhile marks its array changed again and goes out with the next
+        write."""
         assert self._bucket is not None
         nd = len(self._grid)
         with self._flushing:
+            self._flush_stats()  # before the done chunk: a done block's figures first
             names: set[str] = set()
             while self._dirty:  # one pop at a time: a name added meanwhile is never lost
                 names.add(self._dirty.pop())
@@ -705,17 +775,7 @@ class S3Stores:
         resource_tracking: bool,
         defer_stats: bool,
     ) -> S3Store:
-        if resource_tracking:
-            url = s3_url(path)
-            raise TrackingError(
-                f"block tracking at {url}: resource_tracking=True is not supported on S3 "
-                "stores yet: its 11 per-block arrays (68 bytes a block) would be written "
-                "whole at every flush, an object store having no partial writes (68 MB "
-                "per flush for 10^6 blocks); see docs/cloud.md. Pass "
-                "resource_tracking=False or a local tracking_path",
-                path=url,
-            )
-        return S3Store.open(path, layout)
+        return S3Store.open(path, layout, resource_tracking=resource_tracking)
 
     def clear_done(self, path: StoreLocation, grid: tuple[int, ...], cells: Sequence[int]) -> int:
         url = s3_url(path)
