@@ -62,7 +62,7 @@ def test_what_could_not_be_written_goes_out_with_the_next_flush() -> None:
     taken = log.take()
     log.record("output_checksum", 3, (1 << 32) | 9)
     log.restore(taken)  # the PUT failed
-    (names, cells, values), = log.take()
+    ((_names, cells, values),) = log.take()
     assert cells.tolist() == [2, 3]
     assert values["output_checksum"].tolist() == [(1 << 32) | 7, (1 << 32) | 9]
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._block import cantor_index, cantor_number
+from .._donemarks import StoreLocation, store_location
 from .._stats._errorlog import (
     ERRORS_FILE,
     ErrorRecord,
@@ -21,7 +22,6 @@ from .._stats._errorlog import (
     read_errors,
     records_of_run,
 )
-from .._donemarks import StoreLocation, store_location
 from .._tracking import StoreLayout, find_stores, is_s3_url, open_readonly, store_exists
 from ..errors import TrackingError
 

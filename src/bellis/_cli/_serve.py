@@ -70,9 +70,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "serve",
         help="serve the live page of a run from its tracking store(s), until Ctrl-C",
         description="PATH is a task's tracking store, or a folder that holds several (a "
-        "pipeline's tracking basedir), or an s3:// URL of either (docs/cloud.md). The stores are read read-only, so a run may be "
-        "writing them. The URL, with its token, is printed once to stderr; see docs/live.md "
-        "for reaching it through an SSH tunnel.",
+        "pipeline's tracking basedir), or an s3:// URL of either (docs/cloud.md). The "
+        "stores are read read-only, so a run may be writing them. The URL, with its "
+        "token, is printed once to stderr; see docs/live.md for reaching it through an "
+        "SSH tunnel.",
     )
     v.add_argument("paths", nargs="+", metavar="PATH", help="tracking store(s) or basedir(s)")
     v.add_argument(

@@ -206,6 +206,12 @@ def _intervals(layout: StoreLayout | None, grid: tuple[int, ...]) -> list[Any] |
     return out
 
 
+def _runs_name(store: StoreLocation) -> str:
+    """Where a store's runs are: a local store's runs.jsonl; on S3 (a URL), one object
+    per run below runs/ (docs/cloud.md)."""
+    return "runs/" if isinstance(store, str) else "runs.jsonl"
+
+
 class _TaskHistory:
     def __init__(self) -> None:
         self.points: deque[tuple[float, int]] = deque(maxlen=600)
@@ -347,8 +353,7 @@ class LiveState:
             # lanes and wall times: from the per-block stamps of resource tracking
             "recent": self._recent(store, snap),
             "errors": errors["groups"],
-            # on S3 (a URL): one object per run below runs/ (docs/cloud.md)
-            "runs_jsonl": os.fspath(join_location(store, "runs/" if isinstance(store, str) else "runs.jsonl")),
+            "runs_jsonl": os.fspath(join_location(store, _runs_name(store))),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
         }
 

@@ -139,9 +139,8 @@ class StatsLog:
 
     def record_stamps(self, cell: int, worker_id: int, sent_at: float, returned_at: float) -> None:
         """The stamps of a failed attempt of a cell that is not done."""
-        for name, value in zip(
-            STAMP_ARRAYS, (worker_id if worker_id >= 0 else NO_WORKER, sent_at, returned_at)
-        ):
+        stamps = (worker_id if worker_id >= 0 else NO_WORKER, sent_at, returned_at)
+        for name, value in zip(STAMP_ARRAYS, stamps, strict=True):
             self.array(name)[cell] = value
         self.add(STAMP_ARRAYS, cell)
 
@@ -203,7 +202,7 @@ class StatsLog:
 
 def encode_stats(taken: PendingStats) -> bytes:
     """One statistics object (see the module docstring)."""
-    header = {"groups": [{"arrays": list(n), "count": int(len(c))} for n, c, _ in taken]}
+    header = {"groups": [{"arrays": list(n), "count": len(c)} for n, c, _ in taken]}
     parts = [_MAGIC, json.dumps(header, separators=(",", ":")).encode(), b"\n"]
     for names, cells, values in taken:
         parts.append(cells.astype(_CELL).tobytes())
