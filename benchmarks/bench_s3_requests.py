@@ -10,8 +10,8 @@ a botocore ``before-call.s3`` event hook on that client (bellis makes one per pr
 Prints, per phase, the requests by operation, the chunk writes of ``done/c/0`` (the
 flushes), and requests per block; ``--json`` writes them as one record.
 ``--resource-tracking`` runs the task with ``resource_tracking=True``: the figures go
-out as one ``stats/`` object per flush (``_tracking/_s3stats``); the PUTs and bytes are
-counted per folder, and a third phase, ``read``, counts what a reader
+out as one ``stats/`` object per flush (``_tracking/_s3stats``); the PUTs are counted
+per folder, and a third phase, ``read``, counts what a reader
 (``open_readonly(url).stats``, as ``bellis status``/``report`` read them) asks: one
 listing of ``stats/`` and one GET per object.
 
@@ -68,7 +68,6 @@ class Counter:
     def __init__(self) -> None:
         self.ops: collections.Counter[str] = collections.Counter()
         self.puts: collections.Counter[str] = collections.Counter()
-        self.put_bytes: collections.Counter[str] = collections.Counter()
 
     def __call__(self, model: Any, params: Any, **_: Any) -> None:
         self.ops[model.name] += 1
@@ -77,19 +76,15 @@ class Counter:
             if key.startswith(("stats/", "runs/", "errors/")):
                 key = key.split("/", 1)[0] + "/"  # one object per flush or run: by folder
             self.puts[key] += 1
-            body = params.get("body")
-            self.put_bytes[key] += len(body) if isinstance(body, bytes | bytearray) else 0
 
     def take(self) -> dict[str, Any]:
         out = {
             "ops": dict(self.ops),
             "puts": dict(self.puts),
-            "put_bytes": dict(self.put_bytes),
             "total": sum(self.ops.values()),
         }
         self.ops.clear()
         self.puts.clear()
-        self.put_bytes.clear()
         return out
 
 
@@ -189,8 +184,7 @@ def main() -> int:
                 f"{phase}: {got['total']} requests for {args.blocks} blocks "
                 f"({got['per_block']:.4f} per block), {got['flushes']} flushes of done/c/0, "
                 f"{seconds:.1f} s, ok={ok}; by operation {json.dumps(got['ops'], sort_keys=True)}; "
-                f"PUTs {json.dumps(got['puts'], sort_keys=True)}, bytes "
-                f"{json.dumps(got['put_bytes'], sort_keys=True)}"
+                f"PUTs {json.dumps(got['puts'], sort_keys=True)}"
             )
         print(f"load average (1 min) at the start: {record['loadavg']:.2f}")
         if args.json:
