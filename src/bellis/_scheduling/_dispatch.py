@@ -74,6 +74,7 @@ from .._protocol import (
     ExitKind,
     WorkerExit,
     encode,
+    is_ending,
     parse_cache_counts,
     parse_hello,
 )
@@ -343,6 +344,12 @@ class Dispatcher:
         n = len(msg) - 1
         run = peer.run
         assert run is not None
+        if op == BYE and n and is_ending(msg[n]):
+            # its first block raised: counted now, before that block's failure may end the
+            # run (a worker exit seen after the run ended counts for nothing)
+            n -= 1
+            if peer.worker is not None:
+                self.staff.ending_reported(peer.worker)
         if n and type(msg[n]) is dict and "cache" in msg[n]:  # what its input cache did
             counts, per_block = parse_cache_counts(msg[n])
             run.input_cache = [a + b for a, b in zip(run.input_cache, counts, strict=True)]

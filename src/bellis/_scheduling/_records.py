@@ -124,6 +124,7 @@ class ManagedWorker:
         "earned",
         "ever_connected",
         "exit",
+        "failure_counted",
         "handle",
         "home",
         "joining",
@@ -165,6 +166,8 @@ class ManagedWorker:
         #: the error text of its task's setup, when that raised (``Task(setup=...)``):
         #: what its exit says in the summary and the abandonment error
         self.setup_error: str | None = None
+        #: its failure was counted when its BYE said it ends (its first block raised)
+        self.failure_counted = False
 
     @property
     def conn(self) -> Peer | None:

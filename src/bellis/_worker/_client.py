@@ -21,6 +21,7 @@ from .._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
+    ENDING,
     HELLO,
     MEMORY_LIMIT_ENV,
     MOVE,
@@ -183,6 +184,9 @@ class Client:
         self._decoder = FrameDecoder()
         self._results: list[Any] = []  # (k, status, row, error) per finished block
         self._failure_chars = 0  # what the pending failures carry (see _failure.fit)
+        # the worker ends because its first block raised (its function may be broken): its
+        # BYE says so, and the server counts the worker failure then, not at its exit
+        self._ending = False
         #: the distinct errors sent home with their details (see ``_failure.Repeats``)
         self._repeats = _failure.Repeats()
         self._rows = bytearray()  # their measurements, STATS_ROW records
@@ -643,6 +647,7 @@ class Client:
                     # SIGTERM)
                     self._failed(k, block, exc)
                     if not worked or self._sock is None or self._is_forked_copy():
+                        self._ending = not worked
                         raise
                     self.reported = None  # its frames (and the block's data) go now
                     continue
@@ -668,6 +673,8 @@ class Client:
         self._queue.clear()
         msg = self._message(BYE, tuple(groups))
         self._append_cache_counts(msg)
+        if self._ending:
+            msg.append(ENDING)
         return encode(msg)
 
     def _timeout_notice(self, k: int, text: Any, status: int = TIMED_OUT) -> None:
