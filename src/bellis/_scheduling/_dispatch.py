@@ -297,7 +297,9 @@ class Dispatcher:
             self.staff.connected(worker, peer, hello.setup_seconds, now)
             if (first or moved_in) and plan.run.spec.setup is not None:
                 # its setup runs now (a first one, or the one of the task it moved to),
-                # under the task's timeout: a hung one is killed
+                # under the task's timeout: a hung one is killed. timeout alone: a
+                # setup reports no sign of life, and stall_timeout bounds blocks only
+                # (docs/warm_workers.md, "stall_timeout and the setup")
                 peer.setup_due = now + plan.run.spec.timeout_secs
                 self._deadlines.watch(peer, peer.setup_due)
         else:

@@ -117,15 +117,17 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if leaving.deferred:
         leaving.came = True  # the loop ends once the teardown it is running returned
         return
+    guard = leaving.guard
+    if guard is not None and guard.defers(frame):
+        # the setup's __enter__ returned, its teardown is not registered yet: the worker
+        # leaves (with the teardown) once it is (``_setup.enter_in_worker``)
+        leaving.came = True
+        return
     if not any(client._in_block for client in clients):
         for client in clients:
             client.close()  # the finished blocks go home first; unstarted ones go back
-        for client in clients:
-            # a worker waiting for blocks (or between them) leaves its task on its own:
-            # the task setup's teardown runs, once (``_setup.Warm.leave``), then it exits
-            leave, client.on_leave = client.on_leave, None
-            if leave is not None:
-                leave()
+        # a worker waiting for blocks (or between them) leaves its task on its own: the
+        # task setup's teardown runs, once (``_setup.Warm.leave``), then it exits
         teardown, leaving.teardown = leaving.teardown, None
         if teardown is not None:
             teardown()  # once: ``Warm.leave`` runs its teardown on its first call only
@@ -208,9 +210,6 @@ class Client:
         #: the task's setup as the WELCOME names it (``module:qualname``; "" when it
         #: cannot be imported by name; None: the task has none): for ``bellis worker``
         self.setup_ref: str | None = None
-        #: the teardown of the task's setup entered in this process (``_setup.Warm``),
-        #: which a SIGTERM while no block runs calls before the process exits
-        self.on_leave: Callable[[], Any] | None = None
         #: the task the server moved this worker to (a MOVE: ``_worker._shared``); None:
         #: not moved
         self.moved_to: str | None = None

@@ -157,12 +157,12 @@ def run_shared_loop(
         if code.setup is not None and client.connected:
             from ._setup import enter_in_worker, with_context
 
+            # from the instant it is entered, a SIGTERM while no block runs (waiting for
+            # blocks, between them, or once the connection closed at a move) runs its
+            # teardown (``leaving.teardown``), then the worker exits
             warm = enter_in_worker(client, code.setup)
             if warm is None:
                 return 1  # the setup raised: reported to the log and the server
-            # a SIGTERM while no block runs (waiting for blocks, between them, or once
-            # the connection closed at a move) runs it, then the worker exits
-            leaving.teardown = warm.leave
             if code.passes_context:
                 run = with_context(run, warm.ctx)
         try:
