@@ -105,7 +105,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
-from ._locality import FOLD_BLOCKS, Coherence
+from ._locality import FOLD_BLOCKS, Coherence, Stream
 from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
@@ -293,11 +293,10 @@ class Dispatcher:
             peer.worker = worker
             peer.worker_id = worker_id
             first = not worker.ever_connected
-            moved_in, worker.joining = worker.joining, False
             self.staff.connected(worker, peer, hello.setup_seconds, now)
-            if (first or moved_in) and plan.run.spec.setup is not None:
-                # its setup runs now (a first one, or the one of the task it moved to),
-                # under the task's timeout: a hung one is killed. timeout alone: a
+            if first and plan.run.spec.setup is not None:
+                # its setup runs now (the one after a move: ``_rebind``), under the
+                # task's timeout: a hung one is killed. timeout alone: a
                 # setup reports no sign of life, and stall_timeout bounds blocks only
                 # (docs/warm_workers.md, "stall_timeout and the setup")
                 peer.setup_due = now + plan.run.spec.timeout_secs
@@ -561,13 +560,45 @@ class Dispatcher:
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
 
     def move_worker(self, peer: Peer, src: TaskRecord, dst: TaskRecord, now: float) -> None:
-        """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``): it
-        reconnects as a worker of ``dst``'s task."""
+        """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``), in one
+        reply on the same connection: ``MOVE``, ``dst``'s WELCOME and, when the worker has
+        no teardown or setup to run first, its first block (a batch of one, as a new
+        connection's first request gets). The connection serves ``dst`` from now on."""
         worker = peer.worker
         assert worker is not None
         self.staff.move(worker, src, dst, now)
-        self._send(peer, encode([MOVE, dst.run.task_id]))
+        run = dst.run
+        self._rebind(peer, src.run, run, now)
+        head = [MOVE, run.task_id, dst.welcome]
         self.dirty = True
+        if (
+            src.run.spec.setup is None
+            and run.spec.setup is None
+            and self.abort_reason is None
+            and self.shutdown_started is None
+        ):
+            k = self.scheduler.acquire_index(run, peer.stream)
+            if k >= 0:
+                self._send_held(peer, run, [k], now, head)
+                return
+        self._send(peer, encode(head))
+
+    def _rebind(self, peer: Peer, old: TaskRun, new: TaskRun, now: float) -> None:
+        """``peer``'s connection leaves ``old``'s task for ``new``'s (a move): what it held
+        in ``old``'s locality order and coherence count ends, as at a close, and it starts
+        in ``new``'s as a new connection does (after its WELCOME); a setup it runs there is
+        bounded by ``new``'s timeout from now (it follows the old task's teardown)."""
+        if old.local is not None:
+            old.local.drop(peer.stream)
+        peer.stream = Stream()
+        if peer.trail is not None and old.coherence is not None:
+            old.coherence.retire(peer.trail)
+        peer.trail = None if new.coherence is None else new.coherence.trail()
+        peer.run = new
+        peer.batch = 1
+        if new.spec.setup is not None:
+            peer.setup_due = now + new.spec.timeout_secs
+            self._deadlines.watch(peer, peer.setup_due)
 
     def _feed_starved(self, now: float) -> None:
         """Tasks with ready blocks and no worker, that cannot start one, take a worker
@@ -592,8 +623,11 @@ class Dispatcher:
         self.serve_parked(plan, now)
         return False
 
-    def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
-        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
+    def _send_held(
+        self, peer: Peer, run: TaskRun, held: list[int], now: float, head: list[Any] | None = None
+    ) -> None:
+        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now; in a
+        SEND, or after ``head`` (a MOVE's fields)."""
         wall = now + self._wall_offset
         if peer.sent_at:
             # never before the end of its last batch, whatever the clock sync did
@@ -611,7 +645,8 @@ class Dispatcher:
             trail += held
             if len(trail) > FOLD_BLOCKS and run.coherence is not None:
                 run.coherence.fold(trail)
-        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
+        msg = [SEND, *held] if head is None else [*head, *held]
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode(msg))))
 
     # -- deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> None:

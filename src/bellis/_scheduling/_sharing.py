@@ -6,8 +6,10 @@ Theory of operation
 A managed worker is started for one task. When that task has no ready block for it, it
 would wait (its request parked) or be told to stop, while another task of the run waits
 for a worker of its own to start. Instead, the dispatcher may *move* it: the worker is
-answered ``MOVE task_id`` (``_protocol``), reconnects as the same worker of that task and
-runs that task's block function (``_worker._shared``), with no process started.
+answered ``MOVE task_id`` (``_protocol``) with that task's WELCOME and, when no teardown
+or setup runs in between, its first block, serves that task on the same connection (one
+round trip; ``Dispatcher.move_worker``) and runs that task's block function
+(``_worker._shared``), with no process started and no reconnection.
 
 * **Who may move where** (:func:`share_groups`): tasks whose workers are interchangeable.
   Both have a block function (a spawn function runs its own loop: never shared; a
@@ -18,7 +20,7 @@ runs that task's block function (``_worker._shared``), with no process started.
   and log slot), and neither has a memory ladder (``memory_limit``), straggler backups
   (``speculative``) or a start gate (a plan's sample run). Everything else a task sets
   (timeout, stall timeout, resource tracking, read-back, geometry) comes in its WELCOME,
-  which the worker gets again on every move.
+  which the worker gets with every MOVE.
 * **When a worker moves** (:func:`move_target`): it asks for blocks, its task has no ready
   block and will have none (none waits on a dependency: the blocks left are all out
   with workers, or the task has ended), and a compatible task has blocks left and room

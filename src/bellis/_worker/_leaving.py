@@ -1,6 +1,7 @@
 """What a SIGTERM does in a worker beyond its connected clients (``_client._on_sigterm``):
-the shared worker loop (``_shared``) connects one client per task it serves, so around a
-move no client may be connected while the task it left still has a teardown to run; and
+the shared worker loop (``_shared``) serves the task it moves to on the same client, so
+around a move the task it left may still have a teardown to run while the client already
+holds the new task's first blocks (they go back unstarted); and
 while a task's setup is entered (:class:`SetupGuard`), whether the SIGTERM ends the worker
 at once (the setup is still running: nothing entered, nothing to tear down) or waits for
 the teardown to be registered (the setup's ``__enter__`` has returned)."""
@@ -56,12 +57,11 @@ class SetupGuard:
 
 
 class _Leaving:
-    """What a SIGTERM does in this worker beyond its clients (the shared worker loop's,
-    ``_shared``, which connects a client per task it serves): ``teardown``, the teardown
-    of the task it is in, runs before the exit even while no client is connected (around a
-    move); while ``deferred`` (a teardown is running), a SIGTERM only sets ``came`` and the
-    loop ends on its own once the teardown returned. ``guard``: a task's setup is being
-    entered (:class:`SetupGuard`)."""
+    """What a SIGTERM does in this worker beyond its clients: ``teardown``, the teardown
+    of the task it is in, runs before the exit (also between a move's MOVE and the loop's
+    own call of it); while ``deferred`` (a teardown is running), a SIGTERM only sets
+    ``came`` and the loop ends on its own once the teardown returned. ``guard``: a task's
+    setup is being entered (:class:`SetupGuard`)."""
 
     __slots__ = ("came", "deferred", "guard", "teardown")
 
