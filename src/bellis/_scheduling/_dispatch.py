@@ -105,7 +105,7 @@ from ._instructions import (
     Progress,
     SendFrame,
 )
-from ._locality import FOLD_BLOCKS, Coherence, Stream
+from ._locality import FOLD_BLOCKS, Coherence
 from ._records import Booking, ManagedWorker, Peer, TaskRecord
 from ._returns import take_back
 from ._scheduler import CHECKS_PENDING, Scheduler
@@ -295,7 +295,7 @@ class Dispatcher:
             first = not worker.ever_connected
             self.staff.connected(worker, peer, hello.setup_seconds, now)
             if first and plan.run.spec.setup is not None:
-                # its setup runs now (the one after a move: ``_rebind``), under the
+                # its setup runs now (the one after a move: ``move_worker``), under the
                 # task's timeout: a hung one is killed. timeout alone: a
                 # setup reports no sign of life, and stall_timeout bounds blocks only
                 # (docs/warm_workers.md, "stall_timeout and the setup")
@@ -568,7 +568,12 @@ class Dispatcher:
         assert worker is not None
         self.staff.move(worker, src, dst, now)
         run = dst.run
-        self._rebind(peer, src.run, run, now)
+        _sharing.rebind(peer, src.run, run)
+        if run.spec.setup is not None:
+            # its setup, after the old task's teardown, is bounded by the new task's
+            # timeout from now
+            peer.setup_due = now + run.spec.timeout_secs
+            self._deadlines.watch(peer, peer.setup_due)
         head = [MOVE, run.task_id, dst.welcome]
         self.dirty = True
         if (
@@ -582,23 +587,6 @@ class Dispatcher:
                 self._send_held(peer, run, [k], now, head)
                 return
         self._send(peer, encode(head))
-
-    def _rebind(self, peer: Peer, old: TaskRun, new: TaskRun, now: float) -> None:
-        """``peer``'s connection leaves ``old``'s task for ``new``'s (a move): what it held
-        in ``old``'s locality order and coherence count ends, as at a close, and it starts
-        in ``new``'s as a new connection does (after its WELCOME); a setup it runs there is
-        bounded by ``new``'s timeout from now (it follows the old task's teardown)."""
-        if old.local is not None:
-            old.local.drop(peer.stream)
-        peer.stream = Stream()
-        if peer.trail is not None and old.coherence is not None:
-            old.coherence.retire(peer.trail)
-        peer.trail = None if new.coherence is None else new.coherence.trail()
-        peer.run = new
-        peer.batch = 1
-        if new.spec.setup is not None:
-            peer.setup_due = now + new.spec.timeout_secs
-            self._deadlines.watch(peer, peer.setup_due)
 
     def _feed_starved(self, now: float) -> None:
         """Tasks with ready blocks and no worker, that cannot start one, take a worker

@@ -50,10 +50,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from ._locality import Stream
 from ._records import ManagedWorker, Peer, TaskRecord
-from ._task_run import RUNNING
+from ._task_run import RUNNING, TaskRun
 
-__all__ = ["by_need", "movable", "move_target", "parked_donor", "share_groups", "starved"]
+__all__ = [
+    "by_need",
+    "movable",
+    "move_target",
+    "parked_donor",
+    "rebind",
+    "share_groups",
+    "starved",
+]
 
 
 class SharingLauncher(Protocol):
@@ -130,6 +139,21 @@ def _room(plan: TaskRecord) -> bool:
 def movable(worker: ManagedWorker | None) -> bool:
     """Whether ``worker`` can be moved: a live managed worker with one connection."""
     return worker is not None and worker.exit is None and len(worker.conns) == 1
+
+
+def rebind(peer: Peer, old: TaskRun, new: TaskRun) -> None:
+    """``peer``'s connection leaves ``old``'s task for ``new``'s (a move, on the same
+    connection): its place in ``old``'s locality order and its coherence count end, as
+    at a close, and it starts in ``new``'s as a new connection does after its WELCOME
+    (the caller bounds a setup it runs there)."""
+    if old.local is not None:
+        old.local.drop(peer.stream)
+    peer.stream = Stream()
+    if peer.trail is not None and old.coherence is not None:
+        old.coherence.retire(peer.trail)
+    peer.trail = None if new.coherence is None else new.coherence.trail()
+    peer.run = new
+    peer.batch = 1
 
 
 def move_target(plan: TaskRecord) -> TaskRecord | None:
