@@ -52,7 +52,10 @@ class SetupGuard:
             return False
         if frame is not None and frame.f_globals is self.ours:
             return True
-        gen = getattr(self.made, "gen", None)
+        made = self.made
+        if type(made).__module__ != "contextlib":
+            return False  # a context manager of the user's: its __enter__ still runs
+        gen = getattr(made, "gen", None)  # @contextmanager's: its body reached its yield
         return type(gen) is GeneratorType and gen.gi_suspended
 
 
