@@ -33,8 +33,13 @@ BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cach
                                                  ends because its first block raised, its
                                                  function may be broken: a worker failure)
 REJECT      s -> c     reason (str)
-MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
-                                                 see ``_scheduling._sharing``)
+MOVE        s -> c     task_id (str), welcome (bytes), k*
+                                                 (serve that task from now on, on this same
+                                                 connection: a shared worker, see
+                                                 ``_scheduling._sharing``; ``welcome`` is the
+                                                 task's WELCOME frame, ``k*`` its first
+                                                 blocks, none when the worker has a setup
+                                                 or teardown to run first)
 SETUP       c -> s     seconds (float), error   (``Task(setup=...)``: sent once, after the
                        worker ran its task's setup and before its first ACQUIRE; error nil,
                        or ``[text, details]`` when the setup raised: the worker then leaves)

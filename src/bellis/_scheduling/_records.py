@@ -127,7 +127,6 @@ class ManagedWorker:
         "failure_counted",
         "handle",
         "home",
-        "joining",
         "log",
         "lost",
         "mem_step",
@@ -148,9 +147,6 @@ class ManagedWorker:
         #: its open connections, oldest first (one per client the process opened)
         self.conns: list[Peer] = []
         self.ever_connected = False
-        #: moved to another task (``_sharing``), not yet connected to it: its connection
-        #: there runs that task's setup, bounded as a first one is
-        self.joining = False
         # a clean exit gives the start back only if the worker returned a block or was
         # told to stop; one that connects and leaves at once must burn the budget
         self.earned = False

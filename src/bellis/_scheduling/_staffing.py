@@ -224,7 +224,6 @@ class Staffing:
             src.workers.remove(worker)
         dst.workers.append(worker)
         worker.run = dst.run
-        worker.joining = True
         old = worker.timeline
         old.shutdown_requested(now)
         old.moved_to = dst.run.task_id
