@@ -29,8 +29,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from .._stats._errorlog import group_errors, read_errors, records_of_run
 from .._donemarks import is_store_url
+from .._stats._errorlog import group_errors, read_errors, records_of_run
 from .._tracking import STAT_ARRAYS, StoreLayout, is_run_in_progress, open_readonly, read_status
 from .._tracking._status import StatusSnapshot
 from ._live_delta import (
@@ -46,7 +46,7 @@ from ._live_delta import (
     tile_factors,
     tiles_of_counts,
 )
-from ._live_lanes import file_recent
+from ._live_lanes import file_marks, file_recent
 from ._live_recent import attach_marks, recent_blocks
 
 __all__ = [
@@ -355,8 +355,7 @@ class LiveState:
                 return file_recent(store, going)
             recent = recent_blocks(store)
             if recent is not None:  # the races the driver wrote, on the stamps' lanes
-                written = file_recent(store, going)
-                attach_marks(recent, [] if written is None else written.get("marks", []))
+                attach_marks(recent, file_marks(store, going))
             return recent
         except Exception as exc:  # (a store growing under a run): the rest of the page stands
             return {"error": f"cannot read the lanes of the recent blocks: {exc}"}

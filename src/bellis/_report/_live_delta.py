@@ -41,10 +41,10 @@ __all__ = [
     "UNTOUCHED",
     "MapDelta",
     "Totals",
+    "read_store_into",
     "tile_counts",
     "tile_factors",
     "tile_index",
-    "read_store_into",
     "tiles_of_counts",
 ]
 
@@ -134,7 +134,9 @@ def tile_index(
     )
 
 
-def _codes(done: NDArray[Any], failures: NDArray[Any], block: NDArray[np.bool_] | None) -> Any:
+def _codes(
+    done: NDArray[Any], failures: NDArray[Any], block: NDArray[np.bool_] | None
+) -> NDArray[np.uint8]:
     is_done = done != 0
     failed_any = failures > 0
     codes = np.full(is_done.shape, UNTOUCHED, dtype=np.uint8)
@@ -189,7 +191,7 @@ class MapDelta:
         self.tiled = any(f != 1 for f in factors)
         self.done = np.zeros(self.cells, dtype=np.uint8)
         self.failures = np.zeros(self.cells, dtype=failures_dtype)
-        self.codes = _codes(self.done, self.failures, block)
+        self.codes: NDArray[np.uint8] = _codes(self.done, self.failures, block)
         self.totals = Totals()
         self.counts: tuple[NDArray[np.int64], ...] = ()
         if self.tiled:
@@ -255,7 +257,9 @@ def read_store_into(delta: MapDelta, done: Any, failures: Any) -> int:
         for a in range(0, delta.cells, SLAB):
             b = min(delta.cells, a + SLAB)
             d = readers[0].read(a, b)
-            delta.update_slab(a, np.zeros(b - a, np.uint8) if d is None else d, readers[1].read(a, b))
+            delta.update_slab(
+                a, np.zeros(b - a, np.uint8) if d is None else d, readers[1].read(a, b)
+            )
     finally:
         for reader in readers:
             reader.close()

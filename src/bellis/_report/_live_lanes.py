@@ -36,6 +36,7 @@ __all__ = [
     "FORMAT",
     "LANES_NAME",
     "WRITE_SECONDS",
+    "file_marks",
     "file_recent",
     "lanes_document",
     "read_lanes",
@@ -79,8 +80,7 @@ def lanes_document(
         "written": round(written, 4),
         "pid": os.getpid(),
         "blocks": [
-            [w, round(s, 4), round(r, 4), cell_of(k), 1 if ok else 0]
-            for w, s, r, k, ok in blocks
+            [w, round(s, 4), round(r, 4), cell_of(k), 1 if ok else 0] for w, s, r, k, ok in blocks
         ],
         "races": [
             [cell_of(k), ww, round(ws, 4), wl, round(ls, 4), round(end, 4), 1 if copy else 0]
@@ -123,16 +123,7 @@ def _same(cell: int) -> int:
     return cell
 
 
-def file_recent(root: Path, run_going: bool) -> dict[str, Any] | None:
-    """The lanes, histogram and trend (as the run's own page draws them) and the races'
-    marks from ``root``'s lanes file; None without one. A race still going is drawn up to
-    when the file was written, and only while the run goes (``run_going``): a file left
-    by a run that died mid-race does not show it running forever."""
-    doc = read_lanes(root)
-    if doc is None:
-        return None
-    blocks = [(int(w), float(s), float(r), int(c), bool(ok)) for w, s, r, c, ok in doc["blocks"]]
-    out = driver_recent(blocks, _same)
+def _marks(doc: dict[str, Any], run_going: bool) -> list[dict[str, Any]]:
     marks = race_marks(
         [
             (int(c), int(ww), float(ws), int(wl), float(ls), float(e), bool(cp))
@@ -141,13 +132,33 @@ def file_recent(root: Path, run_going: bool) -> dict[str, Any] | None:
         _same,
     )
     if run_going:
-        marks += running_marks(
-            [(int(c), int(wo), float(so), int(wc), float(sc)) for c, wo, so, wc, sc in doc["racing"]],
-            _same,
-            float(doc["written"]),
-        )
+        going = [
+            (int(c), int(wo), float(so), int(wc), float(sc)) for c, wo, so, wc, sc in doc["racing"]
+        ]
+        marks += running_marks(going, _same, float(doc["written"]))
+    return marks
+
+
+def file_marks(root: Path, run_going: bool) -> list[dict[str, Any]]:
+    """The races' marks of ``root``'s lanes file (none without one): for the lanes drawn
+    from a store's per-block stamps."""
+    doc = read_lanes(root)
+    return [] if doc is None else _marks(doc, run_going)
+
+
+def file_recent(root: Path, run_going: bool) -> dict[str, Any] | None:
+    """The lanes, histogram and trend (as the run's own page draws them) and the races'
+    marks from ``root``'s lanes file; None without one, or before a block came back. A
+    race still going is drawn up to when the file was written, and only while the run
+    goes (``run_going``): a file left by a run that died mid-race does not show it
+    running forever."""
+    doc = read_lanes(root)
+    if doc is None:
+        return None
+    blocks = [(int(w), float(s), float(r), int(c), bool(ok)) for w, s, r, c, ok in doc["blocks"]]
+    out = driver_recent(blocks, _same)
     if out is None:
         return None
     out["source"] = "file"
-    attach_marks(out, marks)
+    attach_marks(out, _marks(doc, run_going))
     return out

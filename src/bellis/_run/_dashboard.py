@@ -114,7 +114,9 @@ class DriverCounters:
             r.recent = r.races = None
 
 
-def racing_now(racing: dict[int, tuple[Any, Any]] | None) -> list[tuple[int, int, float, int, float]]:
+def racing_now(
+    racing: dict[int, tuple[Any, Any]] | None,
+) -> list[tuple[int, int, float, int, float]]:
     """The races still going, ``(k, the original's worker, its start, the copy's worker,
     its start)`` in UNIX seconds, read from the straggler backups' pairs (``TaskRun.racing``:
     the connections, read from this thread while the run's changes them; a copy not sent

@@ -67,7 +67,18 @@ class LanesWriter:
 
     def _loop(self) -> None:
         while not self.stop.wait(WRITE_SECONDS):
+            if not self._write_or_say():
+                return
+
+    def _write_or_say(self) -> bool:
+        """:meth:`write`; an error it did not expect is logged (the run goes on without
+        the file) and answers False."""
+        try:
             self.write()
+        except Exception:
+            logger.exception("the live page's lanes file is not written any more")
+            return False
+        return True
 
     def write(self) -> None:
         """Write the file of each run whose window changed since its last write."""
@@ -80,8 +91,10 @@ class LanesWriter:
             # whether a race was going (a race going is rewritten: it runs on to now)
             token = (recent[-1] if recent else None, races[-1] if races else None)
             going = racing_now(r.racing)
-            if not going and not lane.going and all(
-                a is b for a, b in zip(token, lane.last, strict=True)
+            if (
+                not going
+                and not lane.going
+                and all(a is b for a, b in zip(token, lane.last, strict=True))
             ):
                 continue
             blocks = snapshot(recent)
@@ -105,7 +118,7 @@ class LanesWriter:
         self.stop.set()
         if self.thread.ident is not None:
             self.thread.join(timeout=30)
-        self.write()
+        self._write_or_say()
 
 
 def start_lanes(runs: Sequence[_Counted], stores: Mapping[str, BlockStore]) -> LanesWriter:
