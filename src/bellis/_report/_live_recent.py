@@ -212,7 +212,8 @@ def lane_name(worker_id: int) -> str:
 
 
 def driver_recent(
-    entries: Sequence[tuple[int, float, float, int, bool]], cell_of: Callable[[int], int]
+    entries: Sequence[tuple[int, float, float, int, bool]] | NDArray[np.float64],
+    cell_of: Callable[[int], int],
 ) -> dict[str, Any] | None:
     """The lanes, the histogram and the trend (as :func:`recent_blocks` makes them) of the
     blocks the driver released, ``(worker_id, sent, returned, k, ok)`` in UNIX seconds
@@ -220,7 +221,7 @@ def driver_recent(
     marked failed or not. Blocks ``k`` are named by their store cell (``cell_of``). The
     window is the :data:`RECENT_WINDOW_SECONDS` before the latest return; None when no
     block came back yet."""
-    if not entries:
+    if not len(entries):
         return None
     table = np.array(entries[-MAX_RECENT_BLOCKS:], dtype=np.float64)  # one pass, in C
     end = float(table[:, 2].max())

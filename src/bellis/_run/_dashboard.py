@@ -66,6 +66,7 @@ class _Counted(Protocol):
     recent: deque[tuple[int, float, float, int, bool]] | None
     races: deque[tuple[int, int, float, int, float, float, bool]] | None
     racing: dict[int, tuple[Any, Any]] | None
+    cell_identity: bool
 
     def cell_of(self, k: int) -> int: ...
 

@@ -99,7 +99,8 @@ class LanesWriter:
                 continue
             blocks = snapshot(recent)
             ended = snapshot(races)
-            data = lanes_document(blocks, ended, going, r.cell_of, time.time())
+            cell_of = None if r.cell_identity else r.cell_of
+            data = lanes_document(blocks, ended, going, cell_of, time.time())
             try:
                 write_lanes(lane.root, data)
             except OSError as exc:  # the run goes on; the page of this store has no lanes
