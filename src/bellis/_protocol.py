@@ -28,11 +28,18 @@ ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cach
                                                  (the finished blocks)
 SEND        s -> c     k*                        (the next blocks' flat grid indices)
 SHUTDOWN    s -> c     (nothing)                 (no more work for this worker)
-BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}]
-                                                 (final release)
+BYE         c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}],
+                       [{"ending": 1}]           (final release; ``ending``: the worker
+                                                 ends because its first block raised, its
+                                                 function may be broken: a worker failure)
 REJECT      s -> c     reason (str)
-MOVE        s -> c     task_id (str)             (serve that task from now on: a shared worker,
-                                                 see ``_scheduling._sharing``)
+MOVE        s -> c     task_id (str), welcome (bytes), k*
+                                                 (serve that task from now on, on this same
+                                                 connection: a shared worker, see
+                                                 ``_scheduling._sharing``; ``welcome`` is the
+                                                 task's WELCOME frame, ``k*`` its first
+                                                 blocks, none when the worker has a setup
+                                                 or teardown to run first)
 SETUP       c -> s     seconds (float), error   (``Task(setup=...)``: sent once, after the
                        worker ran its task's setup and before its first ACQUIRE; error nil,
                        or ``[text, details]`` when the setup raised: the worker then leaves)
@@ -108,6 +115,7 @@ __all__ = [
     "CHALLENGE",
     "CONTEXT_ENV",
     "DAISY_CONTEXT_ENV",
+    "ENDING",
     "EXIT_BLOCK_STALLED",
     "EXIT_BLOCK_TIMEOUT",
     "EXIT_OUT_OF_MEMORY",
@@ -147,6 +155,7 @@ __all__ = [
     "encode_welcome",
     "error_parts",
     "hmac_sha256",
+    "is_ending",
     "is_oom_exit",
     "kernel_oom_message",
     "memory_error_message",
@@ -161,7 +170,7 @@ __all__ = [
     "worker_token",
 ]
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: a BYE may end with ENDING
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 #: what the server accepts from a client: a returned batch with its figures and one capped
 #: traceback is tens of KiB; a frame's msgpack values cost far more memory than its bytes
@@ -408,7 +417,7 @@ def parse_hello(msg: list[Any], secret: bytes, nonce: bytes) -> Hello:
 class Welcome:
     """The server's WELCOME: the settings of the task a worker runs by, sent once its HELLO
     is authenticated. On the wire it is the positional list the table above describes
-    (:func:`encode_welcome`), so every bellis of protocol version 4 reads it."""
+    (:func:`encode_welcome`), so every bellis of protocol version 4 or later reads it."""
 
     #: ``Task(timeout=...)`` in seconds (``inf``: none)
     timeout_seconds: float
@@ -562,6 +571,22 @@ def error_parts(error: Any) -> tuple[str | None, dict[str, Any] | None]:
     if type(error) is list:
         return error[0], error[1]
     return error, None
+
+
+#: the last field of a BYE whose worker ends because its first block raised (its block
+#: function may be broken): the server counts that worker failure as the BYE arrives, so
+#: the count does not depend on whether the run has ended by the time the process exits
+ENDING: Final = {"ending": 1}
+
+
+def is_ending(value: Any) -> bool:
+    """Whether ``value`` (a BYE's last field) is :data:`ENDING`; :class:`ProtocolError` for
+    a dict that names ``ending`` with anything else."""
+    if type(value) is not dict or "ending" not in value:
+        return False
+    if value != ENDING:
+        raise ProtocolError(f"malformed ending mark {value!r}")
+    return True
 
 
 #: what the worker's decoded-chunk cache reports (``_worker._chunkcache``), in order

@@ -109,7 +109,8 @@ class Task:
     ``stall_timeout`` (seconds or a ``timedelta``; None, the default, turns it off): in a
     distributed run, a block that shows no CPU, IO or heartbeat (``block.heartbeat()``) for
     that long is reclaimed as *stalled*, its worker replaced and the block retried (see
-    ``docs/failures.md``). Serial mode ignores it, with a warning.
+    ``docs/failures.md``). Serial mode ignores it, with a warning. It watches blocks
+    only: a ``setup`` is bounded by ``timeout`` alone (``docs/warm_workers.md``).
 
     ``speculative=True`` or ``backup_after=factor`` (default off): straggler backups. When
     the task has no ready block left and one of its workers is idle, a block out longer

@@ -83,6 +83,8 @@ def block_fn(block):
     record(i, "start")
     if MODE == "big":  # every block raises, with a message of 120,000 characters
         raise ValueError(f"block {i} raises " + "x" * 120_000)
+    if MODE == "last":
+        raise ValueError("the only block raises")
     if MODE == "same":  # every block raises the same error
         raise ValueError("the same error")
     if raises(i):
@@ -118,7 +120,7 @@ def escaping():
 
 def main():
     OUT.mkdir()
-    fn = {"escape": escaping, "blockfn": block_fn}.get(MODE, catching)
+    fn = {"escape": escaping, "blockfn": block_fn, "last": block_fn}.get(MODE, catching)
     extra = {}
     if MODE == "timeout":
         extra["timeout"] = 2.0
@@ -127,13 +129,16 @@ def main():
     if MODE in ("big", "same"):  # every block raises: the failures' transport, not the rule
         extra.update(max_consecutive_failures=None)
     bellis.logging.set_log_basedir(HERE / "logs")
+    roi = bellis.Roi((0,), (400 if MODE in ("big", "same") else BLOCKS,))
+    if MODE == "last":  # one block, which raises: the run's last block is a worker's first
+        roi = bellis.Roi((0,), (1,))
     task = bellis.Task(
         "t",
-        total_roi=bellis.Roi((0,), (400 if MODE in ("big", "same") else BLOCKS,)),
+        total_roi=roi,
         read_roi=bellis.Roi((0,), (1,)),
         write_roi=bellis.Roi((0,), (1,)),
         process_function=fn,
-        max_workers=1 if MODE == "big" else 2,
+        max_workers=1 if MODE in ("big", "last") else 2,
         max_retries=MAX_RETRIES,
         tracking_path=HERE / "track",
         **extra,
@@ -222,10 +227,24 @@ def test_a_block_function_that_raises_goes_on_once_it_did_a_block(tmp_path: Path
     ended = [pid for pid, rows in attempts.items() if _raises(rows[0][0])]
     for pid in ended:  # a worker whose first block raised ran nothing after it
         assert attempts[pid] == [attempts[pid][0]], attempts[pid]
-    # each such exit is a worker failure, but one that comes after the run's last block
-    # was taken back is not counted (the run has ended; at most one per live worker, 2)
-    assert len(ended) - 2 <= result["worker_failures"] <= len(ended)
+    # each such exit is a worker failure, counted as its BYE says it ends, even when
+    # that block was the run's last and the run ended before the process exited
+    assert result["worker_failures"] == len(ended)
     assert result["starts"] == 2 + result["restarts"] and result["restarts"] <= len(ended)
+
+
+def test_a_worker_whose_first_block_is_the_runs_last_and_raises_is_counted(
+    tmp_path: Path,
+) -> None:
+    # the worker's first block raised, so it ends; that block was the run's last, so the
+    # run ends as its failure comes home, before the process has exited: the failure is
+    # still counted (it was not: a worker exit seen after the run's end counts nothing)
+    result, attempts = _run(tmp_path, "last", 0)
+    assert (result["completed"], result["failed"], result["orphaned"]) == (0, 1, 0)
+    assert result["failures"] == [1] and result["done"] == [0]
+    ((_pid, rows),) = attempts.items()
+    assert rows == [(0, "start")]
+    assert (result["starts"], result["restarts"], result["worker_failures"]) == (1, 0, 1)
 
 
 def test_an_exception_that_leaves_the_function_ends_its_worker(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from bellis._protocol import (
     ACQUIRE,
     BYE,
+    ENDING,
     HELLO,
     REJECT,
     SHUTDOWN,
@@ -715,6 +716,36 @@ def test_a_failed_exit_is_a_worker_failure_and_its_replacement_a_restart() -> No
     assert run.worker_failures == 1 and run.first_worker_error.startswith("exited with code 1")
     sc.start_workers()
     assert run.worker_restarts == 1
+
+
+@pytest.mark.parametrize("exit_seen", [True, False], ids=["exit-seen", "exit-unseen"])
+def test_a_worker_ending_on_its_first_failed_block_counts_once_even_as_the_run_ends(
+    exit_seen: bool,
+) -> None:
+    """The worker's first block raised, so it ends (its function may be broken) and its BYE
+    says so. That block was the run's last: the run ends as the BYE is read, before the
+    process exit is seen (or the exit is never seen: the run's end stops the launcher).
+    The worker failure is counted once either way, as the BYE arrives."""
+    sc = Script(task(blocks=1, max_workers=1, max_retries=0))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    run = sc.run()
+    sc.dispatcher.receive(peer, [BYE, k, FAIL, -1, "boom", ENDING], sc.now)
+    sc.take()
+    assert run.status != RUNNING and run.worker_failures == 1  # the run ended with it
+    if exit_seen:
+        sc.exit(w, WorkerExit("error", 1, "exited with code 1"))
+    assert run.worker_failures == 1
+
+
+def test_an_ending_mark_with_anything_else_is_a_protocol_error() -> None:
+    sc = Script(task(blocks=2, max_workers=1))
+    (w,) = sc.start_workers()
+    peer = sc.connect(worker=w)
+    (k,) = send_of(sc.acquire(peer), peer)
+    sc.dispatcher.receive(peer, [BYE, k, FAIL, -1, "boom", {"ending": 2}], sc.now)
+    assert closed(sc.take(), peer) and sc.run().worker_failures == 0
 
 
 def test_a_task_out_of_restarts_abandons_itself_and_its_downstream_tasks() -> None:

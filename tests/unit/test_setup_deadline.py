@@ -120,7 +120,7 @@ class _Local:
 
 def _moved_to_b(**b_kw: Any) -> tuple[Script, Any, Any]:
     """A worker started for 'a' (its setup reported), moved to 'b' when a's blocks ran
-    out, then connected to 'b': the script, the worker and its connection to 'b'."""
+    out: the script, the worker and its connection, which serves 'b' now."""
     a = task(
         "a",
         2,
@@ -152,10 +152,11 @@ def _moved_to_b(**b_kw: Any) -> tuple[Script, Any, Any]:
         if msg[0] != SEND:
             break
         returns = [(k, OK, -1, None) for k in msg[1:]]
-    assert msg == [MOVE, "b"], msg
-    sc.dispatcher.close(pa, sc.now)
-    sc.take()
-    return sc, w, sc.connect("b", w)
+    # b's WELCOME, on the same connection; no block: the worker runs a's teardown and
+    # b's setup first
+    assert msg == [MOVE, "b", sc.plans["b"].welcome], msg
+    assert pa.run is sc.run("b") and not pa.held
+    return sc, w, pa
 
 
 def test_the_setup_a_worker_runs_after_a_move_is_bounded_by_the_new_tasks_timeout() -> None:

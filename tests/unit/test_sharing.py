@@ -52,6 +52,13 @@ def _work(sc: Script, peer: Peer, held: list[int] | None = None) -> list[list[An
         held = list(told[0][1:])
 
 
+def _moved(sc: Script, told: list[list[Any]], task_id: str) -> list[int]:
+    """``told`` is one MOVE to ``task_id``, with its WELCOME: the blocks that came with it."""
+    (msg,) = told
+    assert msg[:3] == [MOVE, task_id, sc.plans[task_id].welcome], msg
+    return list(msg[3:])
+
+
 def _first_send(sc: Script, peer: Peer) -> list[int]:
     sc.dispatcher.receive(peer, [0x3], sc.now)
     (msg,) = _said(sc, peer)
@@ -67,17 +74,18 @@ def test_a_worker_whose_task_is_done_moves_to_a_task_with_ready_blocks() -> None
     (w,) = sc.start_workers()  # the budget holds one worker: a's
     assert w.run.task_id == "a" and sc.plans["b"].alive == 0
     peer = sc.connect("a", w)
-    assert _work(sc, peer) == [[MOVE, "b"]]  # a's blocks, until a has none
+    # a's blocks, until a has none; then, in one reply, b's WELCOME and b's first block
+    first = _moved(sc, _work(sc, peer), "b")
+    assert len(first) == 1 and peer.held == first and peer.run is sc.run("b")
     # the worker, its resources and its start moved with it; no process started
     assert (sc.plans["a"].alive, sc.plans["b"].alive) == (0, 1)
     assert sc.dispatcher.used == {"cpu": 1}
     assert w.run.task_id == "b" and w.home.task_id == "a"
     assert sc.dispatcher.rebalance(sc.now) is None and sc.take() == []
-    # it reconnects as the same worker of b and gets b's blocks
-    sc.dispatcher.close(peer, sc.now)
-    peer_b = sc.connect("b", w)
-    assert peer_b.worker is w
-    assert len(_first_send(sc, peer_b)) >= 1
+    # the same connection serves b: no reconnection; it returns b's block and gets more
+    assert peer.worker is w and w.conns == [peer]
+    told = _finish(sc, peer, first)
+    assert told[0][0] == SEND and len(told[0]) >= 2, told
     # each task's timeline has the worker's part in it
     assert sc.plans["a"].timelines[w.worker_id].record().moved_to == "b"
     assert sc.plans["b"].timelines[w.worker_id].record().moved_from == "a"
@@ -118,8 +126,8 @@ def test_a_worker_waits_for_its_own_blocks_then_feeds_a_starved_task() -> None:
     assert sc.plans["b"].alive == 0 and sc.dispatcher.used == {"cpu": 2}
     sc.now += 0.05
     sc.dispatcher.tick(sc.now)
-    assert _said(sc, p2) == [[MOVE, "b"]]
-    assert not p2.parked and w2.run.task_id == "b"
+    assert len(_moved(sc, _said(sc, p2), "b")) == 1  # b's WELCOME and its first block
+    assert not p2.parked and w2.run.task_id == "b" and p2.run is sc.run("b")
     assert (sc.plans["a"].alive, sc.plans["b"].alive) == (1, 1)
     assert sc.dispatcher.used == {"cpu": 2}
 
@@ -177,10 +185,7 @@ def test_a_killed_moved_worker_is_charged_to_the_task_it_served() -> None:
     _share(sc)
     (w,) = sc.start_workers()
     pa = sc.connect("a", w)
-    assert _work(sc, pa) == [[MOVE, "b"]]
-    sc.dispatcher.close(pa, sc.now)
-    pb = sc.connect("b", w)
-    _first_send(sc, pb)
+    assert len(_moved(sc, _work(sc, pa), "b")) == 1  # it holds a block of b
     sc.now += 1.0
     sc.exit(w, WorkerExit("error", -9, "killed"))
     run_b = sc.run("b")

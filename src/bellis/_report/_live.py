@@ -17,11 +17,13 @@ cells (:func:`tile_codes`), so a 10^6-block task's map stays a few hundred kB of
 from __future__ import annotations
 
 import base64
+import json
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -29,9 +31,23 @@ from numpy.typing import NDArray
 
 from .._donemarks import StoreLocation, join_location, location_name
 from .._stats._errorlog import group_errors, read_errors, records_of_run
-from .._tracking import StoreLayout, is_run_in_progress, open_readonly, read_status
+from .._tracking import STAT_ARRAYS, StoreLayout, is_run_in_progress, open_readonly, read_status
 from .._tracking._status import StatusSnapshot
-from ._live_recent import recent_blocks
+from ._live_delta import (
+    DONE,
+    FAILED,
+    NO_BLOCK,
+    PARTLY,
+    RETRIED,
+    UNTOUCHED,
+    MapDelta,
+    read_store_into,
+    tile_counts,
+    tile_factors,
+    tiles_of_counts,
+)
+from ._live_lanes import file_marks, file_recent
+from ._live_recent import attach_marks, recent_blocks
 
 __all__ = [
     "DONE",
@@ -50,13 +66,6 @@ __all__ = [
     "window_rates",
 ]
 
-NO_BLOCK: Final = 0
-UNTOUCHED: Final = 1
-DONE: Final = 2
-RETRIED: Final = 3
-FAILED: Final = 4
-PARTLY: Final = 5
-"""a tile some of whose blocks are done (a tiled map only)"""
 STATE_NAMES: Final = (
     "no block",
     "untouched",
@@ -105,43 +114,10 @@ def tile_codes(
     when any was) when all are, partly done when some are, untouched when none are, and no
     block when it holds none. Tiles grow the longest axis first (a square factor on the
     two slice axes, then axis 0), so a slice stays in proportion."""
-    shape = codes.shape
-    factors = [1] * len(shape)
-
-    def cells() -> int:
-        n = 1
-        for s, f in zip(shape, factors, strict=True):
-            n *= -(-s // f)
-        return n
-
-    while cells() > max(1, max_cells):
-        sizes = [-(-s // f) for s, f in zip(shape, factors, strict=True)]
-        axis = int(np.argmax(sizes))
-        factors[axis] *= 2
+    factors = tile_factors(codes.shape, max_cells)
     if all(f == 1 for f in factors):
-        return codes, tuple(factors)
-    out_shape = tuple(-(-s // f) for s, f in zip(shape, factors, strict=True))
-    padded = np.zeros(tuple(o * f for o, f in zip(out_shape, factors, strict=True)), np.uint8)
-    padded[tuple(slice(0, s) for s in shape)] = codes
-    split: list[int] = []
-    for o, f in zip(out_shape, factors, strict=True):
-        split.extend((o, f))
-    blocks = padded.reshape(split)
-    axes = tuple(range(1, 2 * len(shape), 2))
-
-    def count(*states: int) -> NDArray[np.int64]:
-        hit = np.isin(blocks, states)
-        return np.asarray(hit.sum(axis=axes), dtype=np.int64)
-
-    present = count(UNTOUCHED, DONE, RETRIED, FAILED)
-    n_done = count(DONE, RETRIED)
-    tiles = np.full(out_shape, NO_BLOCK, dtype=np.uint8)
-    tiles[present > 0] = UNTOUCHED
-    tiles[(n_done > 0) & (n_done < present)] = PARTLY
-    tiles[(n_done == present) & (present > 0)] = DONE
-    tiles[(n_done == present) & (present > 0) & (count(RETRIED) > 0)] = RETRIED
-    tiles[count(FAILED) > 0] = FAILED
-    return tiles, tuple(factors)
+        return codes, factors
+    return tiles_of_counts(*tile_counts(codes, factors)), factors
 
 
 def window_rates(
@@ -171,6 +147,15 @@ def eta_range(remaining: int, rates: Sequence[float]) -> tuple[float, float | No
         return None
     slowest = min(rates)
     return remaining / max(positive), (remaining / slowest if slowest > 0 else None)
+
+
+def _count_lines(path: Path) -> int:
+    """The runs a store's ``runs.jsonl`` records (its non-empty lines); 0 without one."""
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
 def _as_volume(a: NDArray[Any]) -> NDArray[Any]:
@@ -236,6 +221,8 @@ class LiveState:
         self.making = threading.Lock()
         self.cached: tuple[float, bytes] | None = None
         self.history: dict[StoreLocation, _TaskHistory] = {}
+        #: per local store, its decoded map and counts (and the key they are valid for)
+        self.deltas: dict[StoreLocation, tuple[Any, MapDelta]] = {}
         #: the driver's counters (``run_blockwise(dashboard=...)``): a callable returning
         #: ``{store path: {"running_blocks", "skipped", "orphaned", ...}}``; None for
         #: ``bellis serve``, whose page shows ``n/a`` where the store does not know
@@ -293,10 +280,14 @@ class LiveState:
                 task["from_driver"] = True
                 # lanes from the store's stamps (with RSS and CPU) where it has them, else
                 # from the blocks the driver released; the races marked on either
-                if task.get("recent") is None and recent is not None:
+                # (the driver's window is fresher than the one it wrote to the store's file)
+                now_recent = task.get("recent")
+                if recent is not None and (
+                    now_recent is None or now_recent.get("source") == "file"
+                ):
                     task["recent"] = recent
                 if marks and isinstance(task.get("recent"), dict) and "lanes" in task["recent"]:
-                    task["recent"]["marks"] = marks
+                    attach_marks(task["recent"], marks)
         running = any(t.get("running") for t in tasks)
         known = all(t.get("run_known") for t in tasks)
         return {
@@ -312,9 +303,15 @@ class LiveState:
         }
 
     def task_state(self, store: StoreLocation, now: float) -> dict[str, Any]:
+        after = now - RECENT_SECONDS * ETA_WINDOWS - 1.0
+        delta: MapDelta | None = None
         try:
-            snap = read_status(store, stamps_after=now - RECENT_SECONDS * ETA_WINDOWS - 1.0)
+            if isinstance(store, str):  # a URL (docs/cloud.md): read by key
+                snap = read_status(store, stamps_after=after)
+            else:  # only what changed since the last refresh is decoded (``_live_delta``)
+                snap, delta = self._local_status(store, after)
         except Exception as exc:  # a store being created, or unreadable: say so on the page
+            self.deltas.pop(store, None)
             return {"name": location_name(store), "path": os.fspath(store), "error": str(exc)}
         running = is_run_in_progress(store)
         history = self.history.setdefault(store, _TaskHistory())
@@ -349,21 +346,29 @@ class LiveState:
             "rate_recent": rates[0] if rates else None,
             "rate_overall": overall,
             "eta_seconds": None if eta is None else list(eta),
-            "map": self._map(store, snap, errors["per_block"]),
-            # lanes and wall times: from the per-block stamps of resource tracking
-            "recent": self._recent(store, snap),
+            "map": self._map(store, snap, errors["per_block"], delta),
+            # lanes and wall times: from the per-block stamps of resource tracking, else
+            # from the window of blocks the driver wrote to the store (``_live_lanes``)
+            "recent": self._recent(store, snap, running is True),
             "errors": errors["groups"],
             "runs_jsonl": os.fspath(join_location(store, _runs_name(store))),
             "report_hint": f"bellis report {os.fspath(store)} -o report.html",
         }
 
-    def _recent(self, store: StoreLocation, snap: StatusSnapshot) -> dict[str, Any] | None:
-        if "returned_at" not in snap.present:
-            return None
+    def _recent(
+        self, store: StoreLocation, snap: StatusSnapshot, going: bool
+    ) -> dict[str, Any] | None:
         try:
-            return recent_blocks(store)
+            if isinstance(store, str):  # on S3: the stamps of its stats/ objects only
+                return recent_blocks(store) if "returned_at" in snap.present else None
+            if "returned_at" not in snap.present:
+                return file_recent(store, going)
+            recent = recent_blocks(store)
+            if recent is not None:  # the races the driver wrote, on the stamps' lanes
+                attach_marks(recent, file_marks(store, going))
+            return recent
         except Exception as exc:  # (a store growing under a run): the rest of the page stands
-            return {"error": f"cannot read the per-block stamps: {exc}"}
+            return {"error": f"cannot read the lanes of the recent blocks: {exc}"}
 
     def _rates(self, snap: StatusSnapshot, history: _TaskHistory, now: float) -> list[float]:
         if snap.stamped and snap.returned_at is not None:
@@ -422,20 +427,91 @@ class LiveState:
                     per_block[rec.coord] = f"{head}: {rec.message}" if rec.message else head
         return {"groups": groups, "per_block": per_block}
 
+    def _local_status(self, store: Path, after: float) -> tuple[StatusSnapshot, MapDelta | None]:
+        """What the page needs of a local store's status (``read_status``'s counts, layout,
+        stamps and runs), with the counts and the map kept in this store's
+        :class:`MapDelta` and updated from the cells that changed. A grid the map cannot
+        draw (no cells, more than three axes) is read by ``read_status``."""
+        with open_readonly(store) as s:
+            grid = tuple(s.grid_shape)
+            cells = int(s.done.size)
+            if not grid or len(grid) > 3 or cells == 0:
+                self.deltas.pop(store, None)
+                return read_status(store, stamps_after=after), None
+            record = s.record
+            layout = StoreLayout.from_record(record)
+            if layout is not None and layout.grid_shape != grid:
+                layout = None
+            volume = (1,) * (3 - len(grid)) + grid  # the map's 3-D volume (``_as_volume``)
+            key = (grid, json.dumps(record, sort_keys=True, default=str), s.failures.dtype.str)
+            kept = self.deltas.get(store)
+            if kept is None or kept[0] != key:  # a new store, or one grown or remade
+                mask = _block_mask(layout, grid)
+                delta = MapDelta(
+                    (volume[0], volume[1], volume[2]),
+                    tile_factors(volume, MAP_CELLS),
+                    None if mask is None else mask.reshape(-1),
+                    s.failures.dtype,
+                )
+                kept = self.deltas[store] = (key, delta)
+            delta = kept[1]
+            read_store_into(delta, s.done, s.failures)
+            stats = s.stats
+            present = [name for name in STAT_ARRAYS if name in stats]
+            returned = None
+            stamped = False
+            if "returned_at" in stats:  # (the stamps are read whole: resource tracking only)
+                flat = np.asarray(stats["returned_at"]).reshape(-1)
+                stamped = bool(np.any(flat > 0))
+                returned = np.array(flat[flat > after], dtype=np.float64)
+            task_hash = s.task_hash
+            runs = _count_lines(s.runs_jsonl)
+        n_done, n_failed, retried, attempts = delta.totals.as_tuple()
+        empty = np.zeros((0, 0), dtype=bool)
+        snap = StatusSnapshot(
+            os.fspath(store),
+            grid,
+            task_hash,
+            record,
+            cells,
+            n_done,
+            n_failed,
+            attempts,
+            retried,
+            empty,
+            empty,
+            present,
+            runs,
+            returned,
+            stamped,
+            layout,
+        )
+        return snap, delta
+
     def _map(
-        self, store: StoreLocation, snap: StatusSnapshot, last_error: dict[tuple[int, ...], str]
+        self,
+        store: StoreLocation,
+        snap: StatusSnapshot,
+        last_error: dict[tuple[int, ...], str],
+        delta: MapDelta | None = None,
     ) -> dict[str, Any] | None:
         grid = snap.grid
         if not grid or len(grid) > 3 or snap.cells == 0:
             return None
-        with open_readonly(store) as s:
-            done = np.array(s.done)
-            failures = np.array(s.failures)
-        codes = _as_volume(state_codes(done, failures, _block_mask(snap.layout, grid)))
-        tiles, factors = tile_codes(codes)
+        if delta is not None:  # kept up to date by ``_local_status``
+            failures = delta.failures
+            codes_shape = delta.volume
+            tiles, factors = delta.tiles(), delta.factors
+        else:
+            with open_readonly(store) as s:
+                done = np.array(s.done)
+                failures = np.array(s.failures)
+            codes = _as_volume(state_codes(done, failures, _block_mask(snap.layout, grid)))
+            codes_shape = codes.shape
+            tiles, factors = tile_codes(codes)
         details: dict[str, Any] = {}
         if all(f == 1 for f in factors):
-            flat_failures = _as_volume(failures).reshape(-1)
+            flat_failures = failures.reshape(-1)
             for cell in np.flatnonzero(flat_failures)[:MAX_BLOCK_DETAILS].tolist():
                 coord = tuple(int(c) for c in np.unravel_index(cell, grid))
                 details[str(cell)] = {
@@ -445,7 +521,7 @@ class LiveState:
         layout = snap.layout
         return {
             "shape": list(tiles.shape),
-            "grid": list(codes.shape),
+            "grid": list(codes_shape),
             "tile": list(factors),
             "codes": base64.b64encode(np.ascontiguousarray(tiles).tobytes()).decode("ascii"),
             "ndim": len(grid),

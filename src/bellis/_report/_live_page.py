@@ -48,15 +48,16 @@ pre{background:#f8f8f8;padding:6px;white-space:pre-wrap}
 <canvas id="map" width="10" height="10"></canvas>
 <pre id="block">hover over a block (or open #block=ID / #cell=N)</pre>
 <h2>Workers, last minutes</h2>
-<div id="lanes-note" class="note">no per-block stamps: the page a run serves
-(dashboard=True) draws lanes from the driver; bellis serve draws them from a store that
-tracked resources (resource_tracking=True)</div>
+<div id="lanes-note" class="note">no lanes yet: they come from the store's per-block
+stamps (resource_tracking=True) or from the window of recent blocks a run writes into its
+store (live_lanes.json, every 2 s), and no block of this store has come back</div>
 <div class="legend" id="lane-legend"><span><i style="background:#2ca02c"></i>block</span>
 <span><i style="background:#d62728"></i>failed attempt</span>
 <span><i style="border:2px solid #9467bd"></i>straggler (the original)</span>
 <span><i style="border:2px solid #1f77b4"></i>backup copy</span>
 <span><i style="background:repeating-linear-gradient(45deg,#bbb 0 2px,#fff 2px 4px)"></i>
-the copy that lost (stopped)</span></div>
+the copy that lost (stopped)</span>
+<span><i style="border:2px dashed #1f77b4"></i>a race still going</span></div>
 <canvas id="lanes" width="10" height="10"></canvas>
 <pre id="lane-block">hover over a block of a lane</pre>
 <h2>Block wall time</h2>
@@ -293,7 +294,8 @@ function renderRecent(){
   note.style.display = r ? "none" : "";
   if (!r){
     cv.width = cv.height = hc.width = hc.height = 1; lanesDrawn = null; text(tr, "");
-    cv.setAttribute("data-workers", "0"); hc.setAttribute("data-blocks", "0"); return;
+    cv.setAttribute("data-workers", "0"); cv.setAttribute("data-running-marks", "0");
+    hc.setAttribute("data-blocks", "0"); return;
   }
   var span = Math.max(1e-3, r.end - r.start), done = state.colours[2];
   cv.width = LANE_LABEL + LANE_W; cv.height = r.lanes.length * LANE_H;
@@ -311,26 +313,30 @@ function renderRecent(){
       ctx.fillRect(Math.max(LANE_LABEL, x0), y + 2, Math.max(1, x1 - x0), LANE_H - 4);
     });
   });
-  var marks = r.marks || [], shown = 0;
+  var marks = r.marks || [], shown = 0, going = 0;
   marks.forEach(function(m){
     var i = laneIndex(r, m.worker);
     if (i < 0 || m.end < r.start) return;
     var y = i * LANE_H, x0 = LANE_LABEL + Math.max(0, m.start - r.start) / span * LANE_W;
     var w = Math.max(3, (m.end - Math.max(m.start, r.start)) / span * LANE_W);
-    if (!m.won){  // the copy that lost ran until it was stopped: hatched
+    if (m.won === false){  // the copy that lost ran until it was stopped: hatched
       for (var hx = 0; hx < w; hx += 4){
         ctx.fillStyle = (hx / 4) % 2 ? "#ffffff" : "#bbbbbb";
         ctx.fillRect(x0 + hx, y + 2, Math.min(4, w - hx), LANE_H - 4);
       }
     }
     ctx.strokeStyle = m.kind === "backup" ? "#1f77b4" : "#9467bd"; ctx.lineWidth = 2;
-    ctx.strokeRect(x0, y + 2, w, LANE_H - 4); shown++;
+    if (m.running){  // a race still going: both copies run, up to now (dashed)
+      ctx.setLineDash([4, 3]); going++;
+    }
+    ctx.strokeRect(x0, y + 2, w, LANE_H - 4); ctx.setLineDash([]); shown++;
   });
   lanesDrawn = {r: r, span: span};
   cv.setAttribute("data-workers", String(r.lanes.length));
   cv.setAttribute("data-blocks", String(r.blocks));
   cv.setAttribute("data-source", r.source || "store");
   cv.setAttribute("data-marks", String(shown));
+  cv.setAttribute("data-running-marks", String(going));
   cv.setAttribute("data-backup-cells", marks.filter(function(m){ return m.kind === "backup"; })
     .map(function(m){ return String(m.cell); }).join(" "));
   var h = r.histogram, n = h.counts.length, top = Math.max.apply(null, h.counts.concat([1]));
@@ -358,8 +364,8 @@ function laneIndex(r, worker){
 }
 function markText(m){
   return (m.kind === "backup" ? "backup copy" : "straggler (the original)") + " of cell " +
-    m.cell + ": " + (m.won ? "won" : "lost, stopped after " +
-    (m.end - m.start).toFixed(3) + " s");
+    m.cell + ": " + (m.running ? "running, " + (m.end - m.start).toFixed(3) + " s so far" :
+    m.won ? "won" : "lost, stopped after " + (m.end - m.start).toFixed(3) + " s");
 }
 function laneAt(x, y){
   if (!lanesDrawn) return;

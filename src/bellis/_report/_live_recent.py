@@ -35,10 +35,12 @@ __all__ = [
     "MIN_TREND_BLOCKS",
     "RECENT_WINDOW_SECONDS",
     "RISE_FLAG",
+    "attach_marks",
     "driver_recent",
     "lanes",
     "race_marks",
     "recent_blocks",
+    "running_marks",
     "wall_histogram",
     "wall_trend",
 ]
@@ -210,7 +212,8 @@ def lane_name(worker_id: int) -> str:
 
 
 def driver_recent(
-    entries: Sequence[tuple[int, float, float, int, bool]], cell_of: Callable[[int], int]
+    entries: Sequence[tuple[int, float, float, int, bool]] | NDArray[np.float64],
+    cell_of: Callable[[int], int],
 ) -> dict[str, Any] | None:
     """The lanes, the histogram and the trend (as :func:`recent_blocks` makes them) of the
     blocks the driver released, ``(worker_id, sent, returned, k, ok)`` in UNIX seconds
@@ -218,7 +221,7 @@ def driver_recent(
     marked failed or not. Blocks ``k`` are named by their store cell (``cell_of``). The
     window is the :data:`RECENT_WINDOW_SECONDS` before the latest return; None when no
     block came back yet."""
-    if not entries:
+    if not len(entries):
         return None
     table = np.array(entries[-MAX_RECENT_BLOCKS:], dtype=np.float64)  # one pass, in C
     end = float(table[:, 2].max())
@@ -259,3 +262,43 @@ def race_marks(
                 }
             )
     return out
+
+
+def running_marks(
+    racing: Sequence[tuple[int, int, float, int, float]], cell_of: Callable[[int], int], now: float
+) -> list[dict[str, Any]]:
+    """The lanes' marks of the races still going (block ``k``, the original's worker and
+    start, the copy's worker and start): both copies drawn as running, from each one's
+    start to ``now`` (``won`` None: neither has won yet)."""
+    out: list[dict[str, Any]] = []
+    for k, w_orig, s_orig, w_copy, s_copy in racing:
+        cell = cell_of(k)
+        for worker, start, kind in ((w_orig, s_orig, "straggler"), (w_copy, s_copy, "backup")):
+            out.append(
+                {
+                    "cell": cell,
+                    "worker": lane_name(worker),
+                    "start": start,
+                    "end": max(start, now),
+                    "kind": kind,
+                    "won": None,
+                    "running": True,
+                }
+            )
+    return out
+
+
+def attach_marks(recent: dict[str, Any], marks: list[dict[str, Any]]) -> None:
+    """Put ``marks`` on the lanes of ``recent``: a worker a mark names that has no lane
+    yet (its only block is the one still running) gets an empty one, and the window ends
+    no sooner than the latest mark (a race still going ends now)."""
+    if not marks:
+        return
+    recent["marks"] = marks
+    names = {lane["worker"] for lane in recent["lanes"]}
+    for m in marks:
+        if m["worker"] not in names:
+            names.add(m["worker"])
+            recent["lanes"].append({"worker": m["worker"], "blocks": []})
+            recent["workers"] = len(recent["lanes"])
+    recent["end"] = max(float(recent["end"]), max(float(m["end"]) for m in marks))

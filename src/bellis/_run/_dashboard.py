@@ -16,6 +16,7 @@ a block apart, never torn. See ``docs/live.md``.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,11 +24,19 @@ from typing import Any, Protocol, TypeVar
 
 from .._donemarks import BlockStore
 from .._report._live import LiveState
-from .._report._live_recent import MAX_RECENT_BLOCKS, driver_recent, race_marks
+from .._report._live_lanes import snapshot
+from .._report._live_recent import MAX_RECENT_BLOCKS, driver_recent, race_marks, running_marks
 from .._report._live_server import LiveServer
 from ._checks import _config_error
 
-__all__ = ["Dashboard", "DriverCounters", "check_dashboard", "start_dashboard"]
+__all__ = [
+    "MAX_RACES",
+    "Dashboard",
+    "DriverCounters",
+    "check_dashboard",
+    "racing_now",
+    "start_dashboard",
+]
 
 
 def check_dashboard(value: Any) -> int | None:
@@ -56,6 +65,8 @@ class _Counted(Protocol):
     total: int
     recent: deque[tuple[int, float, float, int, bool]] | None
     races: deque[tuple[int, int, float, int, float, float, bool]] | None
+    racing: dict[int, tuple[Any, Any]] | None
+    cell_identity: bool
 
     def cell_of(self, k: int) -> int: ...
 
@@ -67,16 +78,21 @@ class DriverCounters:
 
     ``recent`` is the lanes of the blocks the driver released lately (each run's
     ``recent``, a bounded deque the scheduler appends a block's worker and times to; this
-    class turns it on), ``marks`` the races of stragglers and their backup copies (the
-    run's ``races``)."""
+    class turns it on where the store's lanes file (``_lanes``) has not), ``marks`` the
+    races of stragglers and their backup copies (the run's ``races``), and those still
+    going (``racing``), drawn running up to now."""
 
     def __init__(self, runs: Sequence[_Counted], stores: Mapping[str, BlockStore]) -> None:
         self.runs = [
             (os.fspath(Path(stores[r.task_id].path)), r) for r in runs if r.task_id in stores
         ]
+        #: the runs whose deques this page turned on (and turns off at the end)
+        self.owned: list[_Counted] = []
         for _, r in self.runs:
-            r.recent = deque(maxlen=MAX_RECENT_BLOCKS)
-            r.races = deque(maxlen=MAX_RACES)
+            if r.recent is None or r.races is None:
+                r.recent = deque(maxlen=MAX_RECENT_BLOCKS)
+                r.races = deque(maxlen=MAX_RACES)
+                self.owned.append(r)
 
     def __call__(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -88,14 +104,32 @@ class DriverCounters:
                 "completed": int(r.completed),
                 "total": int(r.total),
                 "recent": driver_recent(_copy(r.recent), r.cell_of),
-                "marks": race_marks(_copy(r.races), r.cell_of),
+                "marks": race_marks(_copy(r.races), r.cell_of)
+                + running_marks(racing_now(r.racing), r.cell_of, time.time()),
             }
         return out
 
     def detach(self) -> None:
-        """The run ends: its runs stop keeping lanes."""
-        for _, r in self.runs:
+        """The run ends: the runs whose lanes this page turned on stop keeping them."""
+        for r in self.owned:
             r.recent = r.races = None
+
+
+def racing_now(
+    racing: dict[int, tuple[Any, Any]] | None,
+) -> list[tuple[int, int, float, int, float]]:
+    """The races still going, ``(k, the original's worker, its start, the copy's worker,
+    its start)`` in UNIX seconds, read from the straggler backups' pairs (``TaskRun.racing``:
+    the connections, read from this thread while the run's changes them; a copy not sent
+    yet is left out)."""
+    if not racing:
+        return []
+    out = []
+    for k, (orig, copy) in snapshot(racing.items()):
+        start_orig, start_copy = float(orig.sent_wall), float(copy.sent_wall)
+        if start_copy >= start_orig > 0.0:
+            out.append((k, int(orig.worker_id), start_orig, int(copy.worker_id), start_copy))
+    return out
 
 
 #: the most races of a block's two copies the lanes mark (the latest)

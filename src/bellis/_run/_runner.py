@@ -62,6 +62,7 @@ from ._checks import (
     warn_uncovered,
 )
 from ._dashboard import check_dashboard, start_dashboard
+from ._lanes import LanesWriter, start_lanes
 from ._observers import run_observed
 from ._options import RunOptions
 from ._progress import make_observer
@@ -487,6 +488,7 @@ def execute(plan: RunSettings) -> RunResult:
         errors.sinks = error_logs(list(plan.specs.values()), stores, started_wall)
         code = CodeCheck(started_wall)
         live = None
+        lanes: LanesWriter | None = None
         try:
             live = start_dashboard(plan.dashboard, stores)
             code = check_code(
@@ -498,6 +500,9 @@ def execute(plan: RunSettings) -> RunResult:
             if plan.start_gate is not None:  # a plan's sample run: in a random order too
                 shuffle_roots(scheduler.runs, 0)
             result.order = scheduler.task_order
+            # the lanes of the recent blocks, written into each local store for the live
+            # page of another process (``bellis serve``)
+            lanes = start_lanes(scheduler.runs, stores)
             if live is not None:
                 live.attach(scheduler.runs)
             run = _Run(scheduler, result, errors, code)
@@ -525,6 +530,8 @@ def execute(plan: RunSettings) -> RunResult:
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
         finally:
+            if lanes is not None:
+                lanes.close()
             if live is not None:
                 live.close()
             errors.close_sinks()

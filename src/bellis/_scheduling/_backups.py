@@ -86,6 +86,7 @@ class Backups:
         self._median: float | None = None
         #: block -> (the original's connection, the copy's): both hold the block
         self.copies: dict[int, tuple[Peer, Peer]] = {}
+        plan.run.racing = self.copies  # the live page draws the races still going
         #: every block that had a copy: it gets no second one (a copy that failed is not
         #: charged, so a block that fails every time would otherwise be copied forever)
         self.backed_up: set[int] = set()

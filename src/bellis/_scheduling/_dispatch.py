@@ -74,6 +74,7 @@ from .._protocol import (
     ExitKind,
     WorkerExit,
     encode,
+    is_ending,
     parse_cache_counts,
     parse_hello,
 )
@@ -293,11 +294,12 @@ class Dispatcher:
             peer.worker = worker
             peer.worker_id = worker_id
             first = not worker.ever_connected
-            moved_in, worker.joining = worker.joining, False
             self.staff.connected(worker, peer, hello.setup_seconds, now)
-            if (first or moved_in) and plan.run.spec.setup is not None:
-                # its setup runs now (a first one, or the one of the task it moved to),
-                # under the task's timeout: a hung one is killed
+            if first and plan.run.spec.setup is not None:
+                # its setup runs now (the one after a move: ``move_worker``), under the
+                # task's timeout: a hung one is killed. timeout alone: a
+                # setup reports no sign of life, and stall_timeout bounds blocks only
+                # (docs/warm_workers.md, "stall_timeout and the setup")
                 peer.setup_due = now + plan.run.spec.timeout_secs
                 self._deadlines.watch(peer, peer.setup_due)
         else:
@@ -343,6 +345,12 @@ class Dispatcher:
         n = len(msg) - 1
         run = peer.run
         assert run is not None
+        if op == BYE and n and is_ending(msg[n]):
+            # its first block raised: counted now, before that block's failure may end the
+            # run (a worker exit seen after the run ended counts for nothing)
+            n -= 1
+            if peer.worker is not None:
+                self.staff.ending_reported(peer.worker)
         if n and type(msg[n]) is dict and "cache" in msg[n]:  # what its input cache did
             counts, per_block = parse_cache_counts(msg[n])
             run.input_cache = [a + b for a, b in zip(run.input_cache, counts, strict=True)]
@@ -559,13 +567,33 @@ class Dispatcher:
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
 
     def move_worker(self, peer: Peer, src: TaskRecord, dst: TaskRecord, now: float) -> None:
-        """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``): it
-        reconnects as a worker of ``dst``'s task."""
+        """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``), in one
+        reply on the same connection: ``MOVE``, ``dst``'s WELCOME and, when the worker has
+        no teardown or setup to run first, its first block (a batch of one, as a new
+        connection's first request gets). The connection serves ``dst`` from now on."""
         worker = peer.worker
         assert worker is not None
         self.staff.move(worker, src, dst, now)
-        self._send(peer, encode([MOVE, dst.run.task_id]))
+        run = dst.run
+        _sharing.rebind(peer, src.run, run)
+        if run.spec.setup is not None:
+            # its setup, after the old task's teardown, is bounded by the new task's
+            # timeout from now
+            peer.setup_due = now + run.spec.timeout_secs
+            self._deadlines.watch(peer, peer.setup_due)
+        head = [MOVE, run.task_id, dst.welcome]
         self.dirty = True
+        if (
+            src.run.spec.setup is None
+            and run.spec.setup is None
+            and self.abort_reason is None
+            and self.shutdown_started is None
+        ):
+            k = self.scheduler.acquire_index(run, peer.stream)
+            if k >= 0:
+                self._send_held(peer, run, [k], now, head)
+                return
+        self._send(peer, encode(head))
 
     def _feed_starved(self, now: float) -> None:
         """Tasks with ready blocks and no worker, that cannot start one, take a worker
@@ -590,8 +618,11 @@ class Dispatcher:
         self.serve_parked(plan, now)
         return False
 
-    def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
-        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
+    def _send_held(
+        self, peer: Peer, run: TaskRun, held: list[int], now: float, head: list[Any] | None = None
+    ) -> None:
+        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now; in a
+        SEND, or after ``head`` (a MOVE's fields)."""
         wall = now + self._wall_offset
         if peer.sent_at:
             # never before the end of its last batch, whatever the clock sync did
@@ -609,7 +640,8 @@ class Dispatcher:
             trail += held
             if len(trail) > FOLD_BLOCKS and run.coherence is not None:
                 run.coherence.fold(trail)
-        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode([SEND, *held]))))
+        msg = [SEND, *held] if head is None else [*head, *held]
+        self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, encode(msg))))
 
     # -- deadlines ------------------------------------------------------------------------
     def expire(self, now: float) -> None:

@@ -124,9 +124,9 @@ class ManagedWorker:
         "earned",
         "ever_connected",
         "exit",
+        "failure_counted",
         "handle",
         "home",
-        "joining",
         "log",
         "lost",
         "mem_step",
@@ -147,9 +147,6 @@ class ManagedWorker:
         #: its open connections, oldest first (one per client the process opened)
         self.conns: list[Peer] = []
         self.ever_connected = False
-        #: moved to another task (``_sharing``), not yet connected to it: its connection
-        #: there runs that task's setup, bounded as a first one is
-        self.joining = False
         # a clean exit gives the start back only if the worker returned a block or was
         # told to stop; one that connects and leaves at once must burn the budget
         self.earned = False
@@ -165,6 +162,8 @@ class ManagedWorker:
         #: the error text of its task's setup, when that raised (``Task(setup=...)``):
         #: what its exit says in the summary and the abandonment error
         self.setup_error: str | None = None
+        #: its failure was counted when its BYE said it ends (its first block raised)
+        self.failure_counted = False
 
     @property
     def conn(self) -> Peer | None:

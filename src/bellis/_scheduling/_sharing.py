@@ -6,8 +6,10 @@ Theory of operation
 A managed worker is started for one task. When that task has no ready block for it, it
 would wait (its request parked) or be told to stop, while another task of the run waits
 for a worker of its own to start. Instead, the dispatcher may *move* it: the worker is
-answered ``MOVE task_id`` (``_protocol``), reconnects as the same worker of that task and
-runs that task's block function (``_worker._shared``), with no process started.
+answered ``MOVE task_id`` (``_protocol``) with that task's WELCOME and, when no teardown
+or setup runs in between, its first block, serves that task on the same connection (one
+round trip; ``Dispatcher.move_worker``) and runs that task's block function
+(``_worker._shared``), with no process started and no reconnection.
 
 * **Who may move where** (:func:`share_groups`): tasks whose workers are interchangeable.
   Both have a block function (a spawn function runs its own loop: never shared; a
@@ -18,7 +20,7 @@ runs that task's block function (``_worker._shared``), with no process started.
   and log slot), and neither has a memory ladder (``memory_limit``), straggler backups
   (``speculative``) or a start gate (a plan's sample run). Everything else a task sets
   (timeout, stall timeout, resource tracking, read-back, geometry) comes in its WELCOME,
-  which the worker gets again on every move.
+  which the worker gets with every MOVE.
 * **When a worker moves** (:func:`move_target`): it asks for blocks, its task has no ready
   block and will have none (none waits on a dependency: the blocks left are all out
   with workers, or the task has ended), and a compatible task has blocks left and room
@@ -48,10 +50,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from ._locality import Stream
 from ._records import ManagedWorker, Peer, TaskRecord
-from ._task_run import RUNNING
+from ._task_run import RUNNING, TaskRun
 
-__all__ = ["by_need", "movable", "move_target", "parked_donor", "share_groups", "starved"]
+__all__ = [
+    "by_need",
+    "movable",
+    "move_target",
+    "parked_donor",
+    "rebind",
+    "share_groups",
+    "starved",
+]
 
 
 class SharingLauncher(Protocol):
@@ -128,6 +139,21 @@ def _room(plan: TaskRecord) -> bool:
 def movable(worker: ManagedWorker | None) -> bool:
     """Whether ``worker`` can be moved: a live managed worker with one connection."""
     return worker is not None and worker.exit is None and len(worker.conns) == 1
+
+
+def rebind(peer: Peer, old: TaskRun, new: TaskRun) -> None:
+    """``peer``'s connection leaves ``old``'s task for ``new``'s (a move, on the same
+    connection): its place in ``old``'s locality order and its coherence count end, as
+    at a close, and it starts in ``new``'s as a new connection does after its WELCOME
+    (the caller bounds a setup it runs there)."""
+    if old.local is not None:
+        old.local.drop(peer.stream)
+    peer.stream = Stream()
+    if peer.trail is not None and old.coherence is not None:
+        old.coherence.retire(peer.trail)
+    peer.trail = None if new.coherence is None else new.coherence.trail()
+    peer.run = new
+    peer.batch = 1
 
 
 def move_target(plan: TaskRecord) -> TaskRecord | None:

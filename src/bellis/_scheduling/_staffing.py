@@ -224,7 +224,6 @@ class Staffing:
             src.workers.remove(worker)
         dst.workers.append(worker)
         worker.run = dst.run
-        worker.joining = True
         old = worker.timeline
         old.shutdown_requested(now)
         old.moved_to = dst.run.task_id
@@ -254,6 +253,16 @@ class Staffing:
         for k, v in self.charge(plan, worker.mem_step).items():
             if k in self.used:
                 self.used[k] -= v
+
+    def ending_reported(self, worker: ManagedWorker) -> None:
+        """``worker`` said it ends because its first block raised (its function may be
+        broken): a worker failure of its task, counted once, now (its exit, seen later or
+        not at all once the run has ended, counts it no more)."""
+        run = worker.run
+        if worker.failure_counted or run.status != RUNNING:
+            return
+        worker.failure_counted = True
+        run.worker_failures += 1
 
     def account_exit(self, worker: ManagedWorker, address: tuple[str, int]) -> None:
         """Give ``worker``'s start back, or charge it to the restart budget and count a
@@ -288,7 +297,8 @@ class Staffing:
             ex.kind not in (ExitKind.CLEAN, ExitKind.WALLTIME, ExitKind.INTERRUPTED)
             and run.status == RUNNING
         ):
-            run.worker_failures += 1
+            if not worker.failure_counted:  # (counted when its BYE said it ends)
+                run.worker_failures += 1
             # a worker whose setup raised: its error names the setup (``_dispatch``)
             message = worker.setup_error or ex.message
             if run.first_worker_error is None:

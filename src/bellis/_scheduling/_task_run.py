@@ -160,6 +160,10 @@ class TaskRun:
         #: seconds, and the latest races of a block's two copies (``_backups``), bounded
         self.recent: deque[tuple[int, float, float, int, bool]] | None = None
         self.races: deque[tuple[int, int, float, int, float, float, bool]] | None = None
+        #: the races still going: block -> (the original's connection, the copy's), the
+        #: straggler backups' own pairs (``Backups.copies``, shared, never copied here);
+        #: None: the task makes no backups
+        self.racing: dict[int, tuple[Any, Any]] | None = None
         #: out-of-memory retries per grant they run with, blocks that finally succeeded on a
         #: larger grant (per grant), and blocks that ran out at the largest
         self.oom_retries: dict[str, int] = {}

@@ -21,6 +21,7 @@ from .._protocol import (
     ACQUIRE,
     BYE,
     CHALLENGE,
+    ENDING,
     HELLO,
     MEMORY_LIMIT_ENV,
     MOVE,
@@ -47,6 +48,7 @@ __all__ = [
     "Client",
     "Context",
     "close_clients",
+    "round_trips",
 ]
 
 logger = logging.getLogger("bellis")
@@ -91,6 +93,17 @@ def _forget_inherited() -> None:
     _live.clear()
 
 
+#: how many replies this process waited for from its servers (one per round trip: the
+#: challenge, the WELCOME, each answer to an ACQUIRE); :func:`round_trips`
+_waits = [0]
+
+
+def round_trips() -> int:
+    """The round trips this process made to its servers so far (each reply it waited
+    for), over all its connections: what a move or a batch costs, counted."""
+    return _waits[0]
+
+
 #: the SIGTERM handler _on_sigterm replaced, and the process that installed it
 _sigterm_before: list[Any] = [signal.SIG_DFL, 0]
 
@@ -117,15 +130,17 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if leaving.deferred:
         leaving.came = True  # the loop ends once the teardown it is running returned
         return
+    guard = leaving.guard
+    if guard is not None and guard.defers(frame):
+        # the setup's __enter__ returned, its teardown is not registered yet: the worker
+        # leaves (with the teardown) once it is (``_setup.enter_in_worker``)
+        leaving.came = True
+        return
     if not any(client._in_block for client in clients):
         for client in clients:
             client.close()  # the finished blocks go home first; unstarted ones go back
-        for client in clients:
-            # a worker waiting for blocks (or between them) leaves its task on its own:
-            # the task setup's teardown runs, once (``_setup.Warm.leave``), then it exits
-            leave, client.on_leave = client.on_leave, None
-            if leave is not None:
-                leave()
+        # a worker waiting for blocks (or between them) leaves its task on its own: the
+        # task setup's teardown runs, once (``_setup.Warm.leave``), then it exits
         teardown, leaving.teardown = leaving.teardown, None
         if teardown is not None:
             teardown()  # once: ``Warm.leave`` runs its teardown on its first call only
@@ -183,6 +198,9 @@ class Client:
         self._decoder = FrameDecoder()
         self._results: list[Any] = []  # (k, status, row, error) per finished block
         self._failure_chars = 0  # what the pending failures carry (see _failure.fit)
+        # the worker ends because its first block raised (its function may be broken): its
+        # BYE says so, and the server counts the worker failure then, not at its exit
+        self._ending = False
         #: the distinct errors sent home with their details (see ``_failure.Repeats``)
         self._repeats = _failure.Repeats()
         self._rows = bytearray()  # their measurements, STATS_ROW records
@@ -208,12 +226,11 @@ class Client:
         #: the task's setup as the WELCOME names it (``module:qualname``; "" when it
         #: cannot be imported by name; None: the task has none): for ``bellis worker``
         self.setup_ref: str | None = None
-        #: the teardown of the task's setup entered in this process (``_setup.Warm``),
-        #: which a SIGTERM while no block runs calls before the process exits
-        self.on_leave: Callable[[], Any] | None = None
         #: the task the server moved this worker to (a MOVE: ``_worker._shared``); None:
-        #: not moved
+        #: not moved. The connection stays open for it (:meth:`rejoin`), with the WELCOME
+        #: that came with the MOVE
         self.moved_to: str | None = None
+        self._move_welcome: bytes | None = None
         #: the exception of the block that failed, once its traceback went to the log and
         #: the server (the caller then re-raises it)
         self.reported: BaseException | None = None
@@ -282,6 +299,15 @@ class Client:
         if reply[0] == REJECT:
             self.close()
             raise ConnectionRefusedError(f"the bellis server refused this worker: {reply[1]}")
+        self._welcomed(reply)
+        _live.add(self)
+        try:
+            _install_sigterm()
+        except ValueError:
+            pass  # not the main thread: the default SIGTERM behaviour stays
+
+    def _welcomed(self, reply: list[Any]) -> None:
+        """Take this connection's task's settings from its WELCOME ``reply``."""
         welcome = parse_welcome(reply)
         self.timeout_secs = welcome.timeout_seconds
         self.resource_tracking = welcome.resource_tracking
@@ -303,11 +329,36 @@ class Client:
             fit=g["fit"],
             read_write_conflict=g["conflict"],
         )
-        _live.add(self)
-        try:
-            _install_sigterm()
-        except ValueError:
-            pass  # not the main thread: the default SIGTERM behaviour stays
+
+    def rejoin(self, context: Context) -> None:
+        """Serve the task the server moved this worker to (:attr:`moved_to`; ``context``
+        names it) on this same connection: its settings from the WELCOME that came with
+        the MOVE, its first blocks (if any came) queued already. No round trip: the
+        connection proved the run's secret and this worker's token when it opened. The
+        caller ran the old task's teardown and switched the chunk cache first."""
+        welcome, self._move_welcome = self._move_welcome, None
+        if welcome is None or self.moved_to is None:
+            raise RuntimeError("rejoin() without a MOVE")
+        msgs = FrameDecoder().feed(welcome)
+        if len(msgs) != 1:
+            raise ProtocolError("malformed move from the server: its welcome is not one frame")
+        reply: list[Any] = msgs[0]
+        self.context = context
+        self.task_id = context["task_id"]
+        self.moved_to = None
+        self._verify = None
+        # a watchdog of the new task's timeout and stall timeout (the old one's thread
+        # stays disarmed)
+        self._watchdog = Watchdog(self.worker_id)
+        self._watchdog.task_id = self.task_id
+        self._watchdog.notify = self._timeout_notice
+        self._chunk_cache = _chunk_cache()
+        self._block_cache = []
+        self._outside_cache = None
+        self._welcomed(reply)
+        # the blocks that came with the MOVE are timed from now, after the old task's
+        # teardown: what the worker spends on them
+        self._served_at = time.monotonic()
 
     def _run_has_ended(self, sock: socket.socket, when: str, exc: ConnectionLostError) -> None:
         """The server closed this connection ``when`` before handing out any block: the run
@@ -343,6 +394,7 @@ class Client:
     def _recv(self) -> list[Any]:
         sock = self._sock
         assert sock is not None
+        _waits[0] += 1
         while True:
             try:
                 data = sock.recv(65536)
@@ -396,10 +448,14 @@ class Client:
                 self.close()
                 return -1
             if reply[0] == MOVE:
-                if len(reply) != 2 or type(reply[1]) is not str:
+                if len(reply) < 3 or type(reply[1]) is not str or type(reply[2]) is not bytes:
                     raise ProtocolError("malformed move from the server")
-                self.moved_to = reply[1]  # this connection's task is done with this worker
-                self.close()
+                # this connection serves another task from now on (:meth:`rejoin`): its
+                # WELCOME came with the MOVE, and its first blocks, which wait in the
+                # queue (given back unstarted if the worker ends before it rejoins)
+                self.moved_to = reply[1]
+                self._move_welcome = reply[2]
+                queue.extend(reply[3:])
                 return -1
             if reply[0] != SEND or len(reply) < 2:
                 raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
@@ -643,6 +699,7 @@ class Client:
                     # SIGTERM)
                     self._failed(k, block, exc)
                     if not worked or self._sock is None or self._is_forked_copy():
+                        self._ending = not worked
                         raise
                     self.reported = None  # its frames (and the block's data) go now
                     continue
@@ -658,7 +715,8 @@ class Client:
                     measured = meter.finish()
                     self._finished(k, block, measured if block.stats is None else None, checksum)
         finally:
-            self.close()
+            if self.moved_to is None:
+                self.close()  # a moved worker's connection goes on (:meth:`rejoin`)
 
     def _final_frame(self, extra: tuple[Any, ...] = ()) -> bytes:
         """BYE with every finished block, ``extra`` and the unstarted ones (status CREATED)."""
@@ -668,6 +726,8 @@ class Client:
         self._queue.clear()
         msg = self._message(BYE, tuple(groups))
         self._append_cache_counts(msg)
+        if self._ending:
+            msg.append(ENDING)
         return encode(msg)
 
     def _timeout_notice(self, k: int, text: Any, status: int = TIMED_OUT) -> None:

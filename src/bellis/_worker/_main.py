@@ -80,10 +80,11 @@ def run_block_function_loop(
     if setup is not None and client.connected:
         from ._setup import enter_in_worker, with_context
 
+        # from the instant it is entered, a SIGTERM while no block runs runs its teardown
+        # (``_leaving.leaving.teardown``), once
         warm = enter_in_worker(client, setup)
         if warm is None:
             return 1  # the setup raised: reported to the log and the server
-        client.on_leave = warm.leave  # a SIGTERM while it waits for blocks runs it
         if passes_context:
             fn = with_context(fn, warm.ctx)
     try:
@@ -94,8 +95,12 @@ def run_block_function_loop(
         raise
     finally:
         if warm is not None:
-            client.on_leave = None
-            warm.leave()
+            from ._leaving import leaving, sigterm_deferred
+
+            # a SIGTERM while the teardown runs waits for it; the worker then exits
+            with sigterm_deferred():
+                leaving.teardown = None
+                warm.leave()
     return 0
 
 

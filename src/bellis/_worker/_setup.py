@@ -20,10 +20,11 @@ without a setup.
 
 The teardown runs when the worker leaves the task on its own: told to stop (a clean exit),
 at its job's time limit, after its first block raised, moved to another task of the run
-(``_shared``: before that task's setup), on a SIGTERM (while it waits for blocks the
-SIGTERM handler of ``_client`` calls ``Client.on_leave``, or in a shared worker
-``_leaving.leaving.teardown``, also set between a move's MOVE and the old task's teardown;
-in a block, the loop ends after the block); not when the process is killed (SIGKILL, a
+(``_shared``: before that task's setup), on a SIGTERM (while no block runs, the SIGTERM
+handler of ``_client`` calls ``_leaving.leaving.teardown``, registered from the instant
+the setup's ``__enter__`` returned (``_leaving.SetupGuard``) until the loop runs the
+teardown itself, and kept between a move's MOVE and the old task's teardown; in a block,
+the loop ends after the block); not when the process is killed (SIGKILL, a
 block timeout, a setup past the task's timeout, an out-of-memory end). A teardown that
 raises is logged (the worker's ``.err`` log; the driver's log in serial mode) and changes
 no block's outcome.
@@ -47,10 +48,14 @@ user's modules by name).
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._leaving import SetupGuard
 
 __all__ = [
     "Warm",
@@ -100,20 +105,34 @@ class Warm:
         return None
 
 
-def enter(setup: Callable[[], Any], task_id: str) -> Warm:
+def enter(setup: Callable[[], Any], task_id: str, guard: SetupGuard | None = None) -> Warm:
     """Call ``setup`` and enter what it returns when that is a context manager (see the
-    module docstring). Its exception propagates."""
+    module docstring). Its exception propagates.
+
+    ``guard`` (a worker's, ``enter_in_worker``): the teardown is registered as the
+    SIGTERM handler's (``_leaving.leaving.teardown``) before this returns, and the guard
+    tells the handler when ``__enter__`` is under way (``_leaving.SetupGuard``)."""
     t0 = time.perf_counter()
     made = setup()
     kind = type(made)
     exit_ = None
     if hasattr(kind, "__enter__") and hasattr(kind, "__exit__"):
-        # looked up on the type, as ``with`` does
-        ctx = kind.__enter__(made)
+        # looked up on the type, as ``with`` does, and before ``__enter__`` (as ``with``
+        # does): once ``__enter__`` returned, no user code runs until the teardown is
+        # registered
         exit_ = kind.__exit__.__get__(made, kind)
+        if guard is not None:
+            guard.made = made
+            guard.entering = True
+        ctx = kind.__enter__(made)
     else:
         ctx = made
-    return Warm(task_id, ctx, time.perf_counter() - t0, exit_)
+    warm = Warm(task_id, ctx, time.perf_counter() - t0, exit_)
+    if guard is not None:
+        from ._leaving import leaving
+
+        leaving.teardown = warm.leave
+    return warm
 
 
 def with_context(fn: Callable[[Any, Any], Any], ctx: Any) -> Callable[[Any], Any]:
@@ -136,32 +155,50 @@ def setup_failure_text(task_id: str, where: str, traceback_text: str) -> str:
 def enter_in_worker(client: Any, setup: Callable[[], Any]) -> Warm | None:
     """Run ``setup`` in this worker, connected as ``client``, and tell the server how long
     it took (a SETUP message). None when it raised: its traceback went to the log and to
-    the server, and the connection is closed; the worker then ends (exit code 1)."""
+    the server, and the connection is closed; the worker then ends (exit code 1).
+
+    The teardown is the SIGTERM handler's (``_leaving.leaving.teardown``) from the instant
+    the setup completed: a SIGTERM at any moment runs it exactly once if the setup's
+    ``__enter__`` returned, never if it had not (``_leaving.SetupGuard``). The caller
+    unregisters it (under ``_leaving.sigterm_deferred``) when it runs the teardown itself."""
     from .._protocol import SETUP
     from ..errors import ConnectionLostError
+    from ._leaving import SetupGuard, leaving
 
     t0 = time.perf_counter()
+    # a SIGTERM from here on: see SetupGuard (it ends the worker at once while the setup
+    # runs; once the setup's __enter__ returned, it waits for the teardown's registration)
+    guard = leaving.guard = SetupGuard(globals())
+    failed: Exception | None = None
     try:
-        warm = enter(setup, client.task_id)
+        warm = enter(setup, client.task_id, guard)
     except Exception as exc:
+        failed = exc
+    finally:
+        leaving.guard = None
+    if failed is not None:
         from ..logging import cap_traceback, format_traceback
         from . import _failure
 
         seconds = time.perf_counter() - t0
         offsets = _failure.log_offsets()  # before the lines below
-        full = format_traceback(type(exc), exc, exc.__traceback__)
+        full = format_traceback(type(failed), failed, failed.__traceback__)
         where = f"in worker {client.worker_id}"
         text = setup_failure_text(client.task_id, where, full)
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
         capped = setup_failure_text(client.task_id, where, cap_traceback(full))
-        field = _failure.failure_field(capped, offsets, exc, full)
+        field = _failure.failure_field(capped, offsets, failed, full)
         try:
             client._send([SETUP, seconds, field])
         except ConnectionLostError:
             pass  # the run has ended: nothing to report to
         client.close()
         return None
+    if leaving.came:
+        # a SIGTERM came after the setup's __enter__ returned: handled now that the
+        # teardown is registered (it runs once, then the worker exits)
+        signal.raise_signal(signal.SIGTERM)
     try:
         client._send([SETUP, warm.seconds, None])
     except ConnectionLostError:

@@ -3,10 +3,13 @@
 The server moves a worker whose task has no ready block to another task of the same run
 that it can serve (``bellis._scheduling._sharing`` decides when, and which tasks are
 compatible): in reply to an ``ACQUIRE`` it sends ``MOVE task_id`` instead of blocks or a
-``SHUTDOWN``. The worker then closes that connection (its finished blocks went home with
-the ``ACQUIRE``), leaves its task (:func:`leave_task`), connects again as the same managed
-worker of the new task (a new ``HELLO``: the task's own ``WELCOME``, with its timeout,
-geometry and read-back) and runs the new task's block function on its blocks.
+``SHUTDOWN``, on the same connection, with the new task's ``WELCOME`` (its timeout,
+geometry and read-back) and, when no setup or teardown must run first, its first blocks:
+one round trip in all. The worker (its finished blocks went home with the ``ACQUIRE``)
+leaves its task (:func:`leave_task`), serves the new task on that connection
+(``Client.rejoin``: no reconnection, no handshake; the connection proved the run's secret
+and the worker's token when it opened) and runs the new task's block function on its
+blocks.
 
 The other tasks' functions come in the worker's payload (``WorkerPayload.shared``, from the
 driver, never from the network) and are unpickled on the first move to their task.
@@ -18,9 +21,9 @@ What is the task's alone goes with each move, in this order: the old task's tear
 (``Task(setup=...)``'s ``__exit__``, when its setup made a context manager) runs once the
 server said MOVE; the decoded-chunk cache then serves the new task's declared inputs
 (``_chunkcache.install_for_task``: the same cache and chunks, the new task's inputs, bound and
-counts); the worker connects as the new task's worker and runs its setup, which reports
-to the server in a SETUP message as a first setup does (no reply awaited: a move costs
-no round trip more than the new connection's handshake). A setup that raises ends the
+counts); the worker serves the new task on its connection and runs its setup, which
+reports to the server in a SETUP message as a first setup does (no reply awaited), then
+asks for its first blocks. A setup that raises ends the
 worker there, as in a worker started for that task: its error record and its exit are
 the new task's. A worker that comes back to a task runs its setup again.
 """
@@ -150,19 +153,19 @@ def run_shared_loop(
     task_id = context["task_id"]
     functions = FunctionCache(task_id, own, shared)
     code = own
+    client = Client(context)
     while True:
-        client = Client(context)
         run = code.fn
         warm = None
         if code.setup is not None and client.connected:
             from ._setup import enter_in_worker, with_context
 
+            # from the instant it is entered, a SIGTERM while no block runs (waiting for
+            # blocks, between them, or between a MOVE and the teardown) runs its teardown
+            # (``leaving.teardown``), then the worker exits
             warm = enter_in_worker(client, code.setup)
             if warm is None:
                 return 1  # the setup raised: reported to the log and the server
-            # a SIGTERM while no block runs (waiting for blocks, between them, or once
-            # the connection closed at a move) runs it, then the worker exits
-            leaving.teardown = warm.leave
             if code.passes_context:
                 run = with_context(run, warm.ctx)
         try:
@@ -178,7 +181,10 @@ def run_shared_loop(
                 leave_task(warm)
         target = client.moved_to
         if target is None or leaving.came:
-            return 0  # the server said stop, or a SIGTERM did (its block went home)
+            # the server said stop, or a SIGTERM did (its block went home); blocks of the
+            # task it was moved to go back unstarted
+            client.close()
+            return 0
         _announce(context.get("worker_id", "?"), task_id, target)
         context = context.copy()
         context["task_id"] = target
@@ -191,4 +197,6 @@ def run_shared_loop(
             from ._chunkcache import install_for_task
 
             install_for_task(code.inputs, code.input_cache_bytes)
+        # the same connection serves the new task: no reconnection, no handshake
+        client.rejoin(context)
         task_id = target
