@@ -22,9 +22,7 @@ WELCOME     s -> c     timeout_seconds, resource_tracking (bool), geometry (dict
                        [[allow_empty, outputs]]  (``verify_outputs``: what to read back;
                        else nil when the next field follows),
                        [setup]   (``Task(setup=...)``: ``module:qualname``, or "" when it
-                       cannot be imported by name: for ``bellis worker``; else nil when the
-                       next field follows),
-                       [ahead]   (true: the worker may ask AHEAD, see below);
+                       cannot be imported by name: for ``bellis worker``);
                        a :class:`Welcome` (:func:`encode_welcome`, :func:`parse_welcome`)
 ACQUIRE     c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}]
                                                  (the finished blocks)
@@ -38,23 +36,10 @@ MOVE        s -> c     task_id (str)             (serve that task from now on: a
 SETUP       c -> s     seconds (float), error   (``Task(setup=...)``: sent once, after the
                        worker ran its task's setup and before its first ACQUIRE; error nil,
                        or ``[text, details]`` when the setup raised: the worker then leaves)
-AHEAD       c -> s     (k, status, row, error)*, [rows], [busy_seconds], [{"cache": ...}]
-                                                 (as ACQUIRE, sent as the worker starts the
-                                                 last block of its batch, which it keeps)
 ==========  =========  ==================================================================
 
 One round trip per batch: ``ACQUIRE`` returns the finished blocks *and* asks for the
-next ones. A worker whose WELCOME allows it (``ahead``: a task without
-``stall_timeout``, backups or a memory ladder) sends ``AHEAD`` instead as it starts the
-last block of a batch of two or more: the finished blocks go home and the next batch comes
-back while that block runs, so the round trip is not waited for. The reply is ``SEND``
-with the blocks, or ``SEND`` alone when the server sends none ahead (the worker then asks
-with ``ACQUIRE`` once its block is done, and only that request is ever answered with
-``SHUTDOWN`` or ``MOVE``).
-The block the worker runs stays out alone until it comes home with the next message
-(``_scheduling._ahead``).
-
-Each returned block is a group of four fields; ``row`` is -1 for a block
+next ones. Each returned block is a group of four fields; ``row`` is -1 for a block
 without measurements, else the index of its row in ``rows``. ``rows`` (present only
 when some block has one) is a single ``bytes`` of :data:`STATS_ROW` records, so a
 batch's measurements cross the wire, and are checked and stored, as one array
@@ -118,7 +103,6 @@ from .errors import ProtocolError
 
 __all__ = [
     "ACQUIRE",
-    "AHEAD",
     "BYE",
     "CACHE_COUNTS",
     "CHALLENGE",
@@ -187,7 +171,7 @@ HANDSHAKE_FRAME_BYTES = 16 * 1024
 #: the most items one msgpack array or map of a frame may hold
 MAX_ITEMS = 8192
 
-CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT, MOVE, SETUP, AHEAD = range(11)
+CHALLENGE, HELLO, WELCOME, ACQUIRE, SEND, SHUTDOWN, BYE, REJECT, MOVE, SETUP = range(10)
 
 #: One block's measurements, ``BlockStats.to_tuple()`` order (``_block.STATS_FORMAT``).
 #: The server reads a message's rows with the matching numpy dtype
@@ -443,33 +427,26 @@ class Welcome:
     #: (``bellis worker``) imports it, ``module:qualname``, or "" when it cannot be
     #: imported by name (defined in the driver's script, a closure, a partial)
     setup: str | None = None
-    #: the worker may ask for its next batch with ``AHEAD`` while the last block of its
-    #: batch runs (a task without ``stall_timeout``, backups or a memory ladder)
-    ahead: bool = False
 
 
 def encode_welcome(welcome: Welcome) -> bytes:
     """The WELCOME frame of ``welcome``: optional trailing fields are left out when unset
-    (an earlier one is nil when a later one follows)."""
+    (the stall timeout is nil when only the read-back follows)."""
     msg: list[Any] = [
         WELCOME,
         welcome.timeout_seconds,
         welcome.resource_tracking,
         welcome.geometry,
     ]
-    ahead = welcome.ahead
-    # a later field present: the earlier ones as nil
-    to_setup = welcome.setup is not None or ahead
-    if welcome.stall_timeout_seconds is not None or welcome.verify is not None or to_setup:
+    has_setup = welcome.setup is not None
+    if welcome.stall_timeout_seconds is not None or welcome.verify is not None or has_setup:
         msg.append(welcome.stall_timeout_seconds)
     if welcome.verify is not None:
         msg.append([welcome.verify[0], welcome.verify[1]])
-    elif to_setup:
+    elif has_setup:
         msg.append(None)
-    if to_setup:
+    if has_setup:
         msg.append(welcome.setup)
-    if ahead:
-        msg.append(True)
     return encode(msg)
 
 
@@ -510,7 +487,6 @@ def parse_welcome(msg: list[Any]) -> Welcome:
         stall_timeout_seconds=_seconds(msg[4], "stall_timeout_seconds") if len(msg) > 4 else None,
         verify=verify,
         setup=_setup_reference(msg[6]) if len(msg) > 6 else None,
-        ahead=len(msg) > 7 and msg[7] is True,
     )
 
 

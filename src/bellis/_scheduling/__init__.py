@@ -6,7 +6,6 @@ Owns:
   ``_startup``     the scheduler's start: edges checked and wired, first states in bulk
   ``_task_run``    one task's run state: block and task states, counters, store cells
   ``_dispatch``    the :class:`Dispatcher`: events in, instructions out
-  ``_ahead``       a worker's next batch sent while the last block of its batch runs
   ``_returns``     what a returned batch does: backups settle, rows recorded, releases
   ``_lost``        a block or batch lost to its deadline: timed out, stalled, reclaimed
   ``_attempts``    a failed attempt as an error record (``errors.jsonl``)

@@ -24,7 +24,6 @@ from ..errors import ProtocolError
 __all__ = [
     "BATCH_TARGET_SECONDS",
     "MAX_BATCH",
-    "RUN_FROM",
     "busy_seconds",
     "measured_rows",
     "measurements",
@@ -36,9 +35,6 @@ __all__ = [
 #: per block), so fast blocks share one round trip; blocks slower than this go one at a time
 BATCH_TARGET_SECONDS: Final = 0.02
 MAX_BATCH: Final = 64
-#: batches of more blocks than this take their run of ready blocks at once
-#: (``Scheduler.acquire_run``)
-RUN_FROM: Final = 4
 
 _ROW_BYTES: Final = STATS_ROW.size
 _SECONDS_COLUMNS: Final = [0, 1, 7]  # wall, cpu, cpu_children in a STATS_ROW

@@ -56,8 +56,6 @@ A connection's *batch* (how many ready blocks it gets at once) aims at about
 :data:`BATCH_TARGET_SECONDS` of work, paced by the busy time its worker reports (else by
 the round trip; see :mod:`bellis._scheduling._batching`), and never takes more than the connection's
 share of the ready blocks.
-A worker of fast blocks may ask for its next batch *ahead*, while the last block of
-its batch runs (:mod:`._ahead`).
 """
 
 from __future__ import annotations
@@ -67,7 +65,6 @@ from typing import Any, Final
 
 from .._protocol import (
     ACQUIRE,
-    AHEAD,
     BYE,
     MOVE,
     REJECT,
@@ -84,7 +81,6 @@ from .._stats._errorgroups import ErrorCollector
 from ..errors import ConfigurationError, ProtocolError
 from . import _lost, _memory, _sharing
 from ._abandon import RESTART_CAP
-from ._ahead import take_ahead
 from ._attempts import (
     KIND_LOST,
     attempt_record,
@@ -94,7 +90,7 @@ from ._attempts import (
     text_key,
 )
 from ._backups import Backups, drop_lost, offer
-from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, RUN_FROM, busy_seconds
+from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
 from ._deadlines import DeadlineHeap, watchdog_margin_seconds
 from ._instructions import (
     CLOSE,
@@ -138,8 +134,10 @@ _new_tuple: Final = tuple.__new__
 _PROGRESS_SECONDS: Final = 0.5
 
 SHUTDOWN_FRAME: Final = encode([SHUTDOWN])
-#: the reply to an AHEAD that sends nothing ahead: the worker asks again once its block is done
-NONE_AHEAD_FRAME: Final = encode([SEND])
+
+#: batches of more blocks than this take their run of ready blocks at once
+#: (``Scheduler.acquire_run``)
+_RUN_FROM: Final = 4
 
 
 class Dispatcher:
@@ -197,7 +195,6 @@ class Dispatcher:
             p.backups = (
                 None if p.run.spec.backup_after is None else Backups(p, p.run.spec.backup_after)
             )
-            p.allow_ahead()
 
     # -- connections ----------------------------------------------------------------------
     def receive(self, peer: Peer, msg: list[Any], now: float, draining: bool = False) -> None:
@@ -341,7 +338,7 @@ class Dispatcher:
         if op == SETUP:  # Task(setup=...) ran, or raised, in peer's worker
             setup_reported(peer, msg, now, self.errors)
             return
-        if op != ACQUIRE and op != BYE and op != AHEAD:
+        if op != ACQUIRE and op != BYE:
             raise ProtocolError(f"unexpected opcode {op} from an authenticated client")
         n = len(msg) - 1
         run = peer.run
@@ -381,9 +378,6 @@ class Dispatcher:
                     self.scheduler.requeue_index(run, k)
                 peer.held = []
             self.close(peer, now)
-            return
-        if op == AHEAD:
-            self.serve_ahead(peer, run, draining, now)
             return
         if peer.held:
             raise ProtocolError(
@@ -533,7 +527,7 @@ class Dispatcher:
                     # adaptive batching for fast blocks, never starving the other workers;
                     # a block lost with a batch before always travels alone
                     want = min(want, run.ready // max(1, plan.alive))
-                    if want > RUN_FROM and not suspects and run.local is not None:
+                    if want > _RUN_FROM and not suspects and run.local is not None:
                         # the run of ready blocks after the first, in a few C calls (for
                         # a block or two, the calls cost more than the blocks one by one)
                         self.scheduler.acquire_run(run, stream, held, want)
@@ -563,21 +557,6 @@ class Dispatcher:
             peer.worker.earned = True
             peer.worker.timeline.shutdown_requested(now)
         self.out.append(_new_tuple(SendFrame, (SEND_FRAME, peer, SHUTDOWN_FRAME)))
-
-    def serve_ahead(self, peer: Peer, run: TaskRun, draining: bool, now: float) -> None:
-        """Answer ``peer``'s AHEAD (:mod:`._ahead`): the next batch while its worker runs
-        the one block it holds, or nothing (a bare SEND). Never a park, a move or a stop."""
-        stopping = (
-            draining
-            or self.abort_reason is not None
-            or self.shutdown_started is not None
-            or run.index in self.checking
-        )
-        held = take_ahead(self.scheduler, peer, run, self.plan_of[run.index], stopping)
-        if held:
-            self._send_held(peer, run, held, now, peer.held)
-        else:
-            self._send(peer, NONE_AHEAD_FRAME)
 
     def move_worker(self, peer: Peer, src: TaskRecord, dst: TaskRecord, now: float) -> None:
         """Move ``peer``'s worker from ``src``'s task to ``dst``'s (``_sharing``): it
@@ -611,16 +590,8 @@ class Dispatcher:
         self.serve_parked(plan, now)
         return False
 
-    def _send_held(
-        self,
-        peer: Peer,
-        run: TaskRun,
-        held: list[int],
-        now: float,
-        running: list[int] | None = None,
-    ) -> None:
-        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now;
-        ``running``: the block its worker still runs (an AHEAD), held with them."""
+    def _send_held(self, peer: Peer, run: TaskRun, held: list[int], now: float) -> None:
+        """Send ``held`` to ``peer``, due back ``timeout`` seconds per block from now."""
         wall = now + self._wall_offset
         if peer.sent_at:
             # never before the end of its last batch, whatever the clock sync did
@@ -628,10 +599,10 @@ class Dispatcher:
             last_end = peer.sent_wall + (now - peer.sent_at)
             if wall < last_end:
                 wall = last_end
-        peer.held = held if running is None else running + held
+        peer.held = held
         peer.sent_at = now
         peer.sent_wall = wall
-        peer.deadline = now + run.spec.timeout_secs * len(peer.held)
+        peer.deadline = now + run.spec.timeout_secs * len(held)
         self._deadlines.watch(peer, peer.deadline + watchdog_margin_seconds(run))
         trail = peer.trail
         if trail is not None:  # ``Coherence.note``, inline: per batch

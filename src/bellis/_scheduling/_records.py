@@ -236,15 +236,7 @@ class TaskRecord:
             "fit": g.fit,
             "conflict": g.read_write_conflict,
         }
-        #: its workers may ask for their next batch while the last block of their batch
-        #: runs (``AHEAD``, ``_dispatch``): a task without a stall watch, backups or memory
-        #: ladder, whose rules look at a block out alone (:meth:`allow_ahead`)
-        self.ahead = task.stall_timeout_secs is None and task.backup_after is None
-        self.welcome = self._welcome()
-
-    def _welcome(self) -> bytes:
-        task = self.run.spec
-        return encode_welcome(
+        self.welcome = encode_welcome(
             Welcome(
                 timeout_seconds=task.timeout_secs,
                 resource_tracking=task.resource_tracking,
@@ -261,16 +253,8 @@ class TaskRecord:
                 ),
                 # where a worker started by hand imports the task's setup from
                 setup=None if task.setup is None else setup_reference(task.setup),
-                ahead=self.ahead,
             )
         )
-
-    def allow_ahead(self) -> None:
-        """Once its backups and memory ladder are known (the dispatcher's start): no
-        ``AHEAD`` for a task with either, whose blocks lost alone are treated apart."""
-        if self.ahead and (self.backups is not None or self.memory is not None):
-            self.ahead = False
-            self.welcome = self._welcome()
 
     def take_slot(self) -> tuple[int, str | None]:
         """The lowest free log slot, and why its last worker of this run left (None: it

@@ -16,8 +16,7 @@ Then, in order:
 * each block goes its way: requeued (given back unstarted), timed out or stalled
   (:func:`._lost.time_out_block`), up the memory ladder (:func:`._memory.climb`), or
   released, its error recorded (:func:`_take_returned`);
-* the connection's next batch is sized from the worker's busy time (or the round trip),
-  once every block it held is back (but the one its worker runs, after an ``AHEAD``).
+* the connection's next batch is sized from the worker's busy time (or the round trip).
 
 A batch's round trip is shared equally by the blocks it carried. A block stays in the
 connection's ``held`` until it is taken back, so whatever raises midway leaves the rest
@@ -33,7 +32,6 @@ import numpy as np
 
 from .._block import BlockStatus
 from .._protocol import (
-    AHEAD,
     BYE,
     OUT_OF_MEMORY,
     STALLED,
@@ -130,8 +128,7 @@ def take_back(
                 return
     finally:
         peer.held = [k for k in held if k not in back]
-    # (an AHEAD keeps the block its worker runs)
-    if processed and len(peer.held) == (msg[0] == AHEAD):
+    if processed and peer.held == []:
         pace = step if busy is None else busy / len(processed)
         peer.batch = next_batch(peer.batch, pace)
 

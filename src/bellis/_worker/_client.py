@@ -19,7 +19,6 @@ from typing import Any
 from .._block import Block, BlockStats, BlockStatus, stats_problem
 from .._protocol import (
     ACQUIRE,
-    AHEAD,
     BYE,
     CHALLENGE,
     HELLO,
@@ -195,14 +194,8 @@ class Client:
         #: what it did outside blocks, not yet sent (a setup's reads, say)
         self._outside_cache: list[int] | None = None
         self._queue: deque[int] = deque()
-        #: when the batch in hand arrived, or the last AHEAD went (the next request
-        #: reports the time since: the blocks it returns ran in it)
+        #: when the batch in hand arrived (the next ACQUIRE reports the time since)
         self._served_at = 0.0
-        #: the WELCOME allows AHEAD; how many blocks the last SEND carried; an AHEAD's
-        #: reply is on its way (read before anything else is asked)
-        self._ahead = False
-        self._batch_len = 0
-        self._ahead_sent = False
         self._geom: Any = None
         #: the read-back of ``Task(verify_outputs=...)`` (``_outputs._readback``); None: off
         self._verify: Any = None
@@ -294,7 +287,6 @@ class Client:
         self.resource_tracking = welcome.resource_tracking
         self.setup_ref = welcome.setup
         self._watchdog.stall = welcome.stall_timeout_seconds or 0.0
-        self._ahead = welcome.ahead
         if welcome.verify is not None:  # verify_outputs: read each block's outputs back
             from .._outputs._readback import ReadBack  # numpy and zarr, on first read only
 
@@ -382,8 +374,6 @@ class Client:
             self._bye()
             return -1
         queue = self._queue
-        if not queue and self._ahead_sent and not self._take_ahead():
-            return -1
         if not queue:
             msg = self._message(ACQUIRE)
             if len(msg) > 1:  # blocks go back: how long this worker spent on them
@@ -414,41 +404,8 @@ class Client:
             if reply[0] != SEND or len(reply) < 2:
                 raise ProtocolError(f"unexpected reply to acquire: opcode {reply[0]}")
             queue.extend(reply[1:])
-            self._batch_len = len(reply) - 1
             self._served_at = time.monotonic()
-        k = queue.popleft()
-        if not queue and self._ahead and self._batch_len > 1:
-            self._ask_ahead()
-        return k
-
-    def _ask_ahead(self) -> None:
-        """The last block of a batch of fast blocks is next: the finished ones go home
-        now with an AHEAD, and the next batch comes back while that block runs."""
-        msg = self._message(AHEAD)
-        now = time.monotonic()
-        if len(msg) > 1:
-            msg.append(now - self._served_at)
-            self._append_cache_counts(msg)
-        self._served_at = now
-        self._send(msg)  # a lost connection: finished blocks that never got home
-        self._ahead_sent = True
-
-    def _take_ahead(self) -> bool:
-        """The reply to this worker's AHEAD: the next batch, or none (then it asks).
-        False: the connection ended with nothing left to send home."""
-        self._ahead_sent = False
-        try:
-            reply = self._recv()
-        except ConnectionLostError:
-            if self._results:
-                raise  # the block it ran never got home
-            return False
-        if reply[0] != SEND:
-            raise ProtocolError(f"unexpected reply to ahead: opcode {reply[0]}")
-        if len(reply) > 1:
-            self._queue.extend(reply[1:])
-            self._batch_len = len(reply) - 1
-        return True
+        return queue.popleft()
 
     def _begin(self, k: int) -> Block | None:
         """Block ``k``, started; None when this worker left for its job's time limit
@@ -665,8 +622,7 @@ class Client:
         worked = False  # fn returned on a block: it works, a failure is the block's
         try:
             while True:
-                # no round trip before this block
-                in_batch = len(queue) > 0 or self._ahead_sent
+                in_batch = len(queue) > 0  # no round trip before this block
                 k = self._next_index()
                 if k < 0:
                     return
