@@ -30,6 +30,24 @@ _ARRAYS: dict[tuple[str, str], Any] = {}
 _LOG: dict[str, int] = {}
 
 
+def _profile_worker() -> None:
+    """``BENCH_REAL_PROFILE=DIR``: a bellis worker (``BELLIS_CONTEXT`` set) that imports
+    this module (when it unpickles the block function) runs under cProfile from then on
+    and writes ``DIR/worker-PID.prof`` at exit (wall clock: waits count)."""
+    out = os.environ.get("BENCH_REAL_PROFILE")
+    if not out or "BELLIS_CONTEXT" not in os.environ:
+        return
+    import atexit
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    atexit.register(lambda: prof.dump_stats(os.path.join(out, f"worker-{os.getpid()}.prof")))
+
+
+_profile_worker()
+
+
 def _array(path: str, mode: str = "r") -> Any:
     key = (path, mode)
     arr = _ARRAYS.get(key)

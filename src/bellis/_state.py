@@ -55,6 +55,11 @@ class TaskState:
     locality_blocks: int = 0
     locality_local: int = 0
     locality_steps: int = 0
+    #: the same at the level of chunks (tasks with ``inputs``, serial and distributed):
+    #: the chunks of declared inputs that blocks read, and those of them their worker
+    #: had read already, for an earlier block (served from its chunk cache)
+    chunk_reads: int = 0
+    chunk_hits: int = 0
     #: out-of-memory retries (``Task(memory_limit=...)``, ``SlurmLauncher(mem=...)``): in
     #: all, and per grant they ran with as ``(("600M", 2), ...)``
     oom_retry_count: int = 0

@@ -123,6 +123,16 @@ def _backups_cell(c: dict[str, Any]) -> str:
     return f"{started} ({int(c.get('backups_won', 0))} won, {int(c.get('backups_lost', 0))} lost)"
 
 
+def _chunk_locality_cell(c: dict[str, Any]) -> str:
+    """The share of declared-input chunks read by their worker for an earlier block:
+    ``87.5% (7 of 8)``; ``-`` where no such chunk was read."""
+    reads = int(c.get("chunk_reads", 0))
+    if reads <= 0:
+        return "-"
+    hits = int(c.get("chunk_hits", 0))
+    return f"{100.0 * hits / reads:.1f}% ({hits} of {reads})"
+
+
 def _oom_cell(r: dict[str, Any]) -> str:
     """Out-of-memory retries of a run, per grant they ran with: ``1 (600M 1)``, with the
     blocks that ran out at the largest grant; ``-`` for none."""
@@ -181,12 +191,14 @@ def _history_rows(stores: list[StoreData]) -> str:
                     f"{n / wall:.3g}" if wall > 0 else "-",
                     ", ".join(f"{k} {v}" for k, v in sorted(exits.items())) or "-",
                     _backups_cell(c),
+                    _chunk_locality_cell(c),
                     _oom_cell(r),
                     _code_cell(r),
                 ]
             )
     head = ["task", "run", "started (UTC)", "outcome", "mode", "blocks run", "skipped"]
-    head += ["failed", "wall", "blocks/s", "exits", "backups", "oom retries", "code"]
+    head += ["failed", "wall", "blocks/s", "exits", "backups", "chunk locality", "oom retries"]
+    head += ["code"]
     return _table(head, rows, left=5) if rows else ""
 
 

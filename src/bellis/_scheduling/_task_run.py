@@ -119,6 +119,10 @@ class TaskRun:
         #: what the workers' decoded-chunk caches did for this task's declared inputs:
         #: ``_protocol.CACHE_COUNTS`` (hits, misses, miss_bytes, bypassed)
         self.input_cache = [0, 0, 0, 0]
+        #: the chunks its blocks read through those caches, and those of them their
+        #: worker held already (read for an earlier block): the chunk-level locality
+        self.chunk_reads = 0
+        self.chunk_hits = 0
         self.ready = 0
         self.processing = 0
         self.completed = 0
@@ -239,6 +243,8 @@ class TaskRun:
             locality_blocks=locality[0],
             locality_local=locality[1],
             locality_steps=locality[2],
+            chunk_reads=self.chunk_reads,
+            chunk_hits=self.chunk_hits,
             oom_retry_count=sum(self.oom_retries.values()),
             first_sent_at=None if self.first_sent_at == math.inf else self.first_sent_at,
             last_returned_at=self.last_returned_at or None,
@@ -324,6 +330,8 @@ class TaskRun:
             counts = per_block[i + 1 : i + 5]
             for j in range(4):
                 totals[j] += counts[j]
+            self.chunk_hits += counts[0]
+            self.chunk_reads += counts[0] + counts[1]
             if store is not None and self.status == RUNNING:
                 cell = self.cell_of(k)
                 if cell >= 0:

@@ -117,6 +117,9 @@ def counters_from_state(state: Any) -> dict[str, Any]:
         "locality_blocks": int(getattr(state, "locality_blocks", 0)),
         "locality_local": int(getattr(state, "locality_local", 0)),
         "locality_steps": int(getattr(state, "locality_steps", 0)),
+        # the same for the chunks of declared inputs (``chunk_locality``)
+        "chunk_reads": int(getattr(state, "chunk_reads", 0)),
+        "chunk_hits": int(getattr(state, "chunk_hits", 0)),
     }
 
 
@@ -495,6 +498,14 @@ class TaskReport:
         if self.first_sent_at is None or self.last_returned_at is None:
             return None
         return max(0.0, float(self.last_returned_at) - float(self.first_sent_at))
+
+    @property
+    def chunk_locality(self) -> float | None:
+        """The share of its blocks' declared-input chunks that their worker had read
+        already, for an earlier block (``counters["chunk_hits"] / counters["chunk_reads"]``,
+        from the workers' chunk caches); None: no chunk of a declared input was read."""
+        reads = int(self.counters.get("chunk_reads", 0))
+        return int(self.counters.get("chunk_hits", 0)) / reads if reads > 0 else None
 
     @property
     def blocks_per_second(self) -> float | None:

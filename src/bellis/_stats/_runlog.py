@@ -61,6 +61,8 @@ COUNTER_KEYS: Final = (
     "locality_blocks",
     "locality_local",
     "locality_steps",
+    "chunk_reads",
+    "chunk_hits",
 )
 #: counters added after schema 1's first lines: absent from older lines
 _NEWER_COUNTERS: Final = (
@@ -72,6 +74,8 @@ _NEWER_COUNTERS: Final = (
     "locality_blocks",
     "locality_local",
     "locality_steps",
+    "chunk_reads",
+    "chunk_hits",
 )
 BLOCK_STAT_KEYS: Final = (
     "round_trip",

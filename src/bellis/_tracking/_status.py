@@ -414,6 +414,25 @@ def _cache_line(c: dict[str, int]) -> str:
     )
 
 
+def _chunk_share(c: dict[str, int] | None) -> float | None:
+    """Cache hits over chunk reads of the done blocks (None: none read, or no counts)."""
+    if c is None or not c["hits"] + c["misses"]:
+        return None
+    return c["hits"] / (c["hits"] + c["misses"])
+
+
+def _chunk_locality_line(c: dict[str, int]) -> str:
+    """``bellis status``'s chunk-level locality: the share of the done blocks' chunk reads
+    that their worker had read for an earlier block (cache hits)."""
+    reads = c["hits"] + c["misses"]
+    if not reads:
+        return "  chunk locality  no chunk of a declared input read"
+    return (
+        f"  chunk locality  {100.0 * c['hits'] / reads:.1f}% of input chunks read by their "
+        f"worker for an earlier block ({c['hits']} of {reads})"
+    )
+
+
 def _code_lines(snap: StatusSnapshot) -> list[str]:
     """``bellis status``'s done blocks per code version (``docs/tracking.md``)."""
     rows = snap.code_versions
@@ -526,6 +545,7 @@ def render_status(snap: StatusSnapshot, *, max_width: int = 80, max_height: int 
         )
     if snap.input_cache is not None:
         lines.append(_cache_line(snap.input_cache))
+        lines.append(_chunk_locality_line(snap.input_cache))
     lines.extend(_code_lines(snap))
 
     ndim = len(grid)
@@ -671,4 +691,6 @@ def status_record(snap: StatusSnapshot) -> dict[str, Any]:
         "verify": None if verify is None else verify._asdict(),
         "code_versions": [dict(row) for row in snap.code_versions],
         "input_cache": snap.input_cache,
+        # the share of the done blocks' input chunks their worker had read before
+        "chunk_locality": _chunk_share(snap.input_cache),
     }
