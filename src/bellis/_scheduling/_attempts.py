@@ -18,6 +18,7 @@ from .._protocol import parse_setup_report
 from ..errors import ProtocolError
 
 if TYPE_CHECKING:
+    from .._stats._errorgroups import ErrorCollector
     from ._records import Peer
     from ._task_run import TaskRun
 
@@ -32,6 +33,7 @@ __all__ = [
     "KIND_TIMEOUT",
     "attempt_record",
     "block_coord",
+    "record_error",
     "setup_record",
     "setup_reported",
     "setup_timed_out",
@@ -122,6 +124,42 @@ def attempt_record(
         rec.setdefault("out_log", files[0])
         rec.setdefault("log", files[1])
     return rec
+
+
+def record_error(
+    errors: ErrorCollector,
+    peer: Peer,
+    run: TaskRun,
+    k: int,
+    text: str,
+    kind: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """Block ``k`` failed with ``text``: kept for the summary, logged, and one error
+    record (``kind``, the worker's ``details``), into ``errors`` (the run's
+    :class:`~bellis._stats._errorgroups.ErrorCollector`)."""
+    if run.first_worker_error is None:
+        run.first_worker_error = text
+    run.last_worker_error = text
+    sid = run.geom.spatial_id_of(k)
+    log = peer.worker.log if peer.worker is not None else None
+    group = errors.add(run.task_id, sid, text, log, index=k, coord=block_coord(run, k))
+    if kind is None and details is None and group.repeat_text == text:
+        # a run whose blocks keep failing the same way: this error's full records are
+        # written, and this attempt is only counted (``ErrorCount.again``, inline)
+        count = group.repeat_count
+        assert count is not None  # set together with repeat_text
+        n = count.count = count.count + 1
+        if not n & (n - 1):  # a power of two: its count line
+            count.write_line()
+    # a server-side kind (timeout, lost, out of memory) is rare: always recorded
+    elif kind is not None or not errors.counted(run.task_id, text, details, group):
+        errors.record(
+            attempt_record(peer, run, k, text, kind, details),
+            text_key(run.task_id, text, kind, details),
+            group,
+        )
+    logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
 
 
 def text_key(

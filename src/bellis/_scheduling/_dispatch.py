@@ -85,10 +85,9 @@ from ._abandon import RESTART_CAP
 from ._attempts import (
     KIND_LOST,
     attempt_record,
-    block_coord,
+    record_error,
     setup_reported,
     setup_timed_out,
-    text_key,
 )
 from ._backups import Backups, drop_lost, offer
 from ._batching import BATCH_TARGET_SECONDS, MAX_BATCH, busy_seconds
@@ -404,30 +403,8 @@ class Dispatcher:
         details: dict[str, Any] | None = None,
     ) -> None:
         """Block ``k`` failed with ``text``: kept for the summary, logged, and one error
-        record (``kind``, the worker's ``details``: :mod:`._attempts`)."""
-        if run.first_worker_error is None:
-            run.first_worker_error = text
-        run.last_worker_error = text
-        sid = run.geom.spatial_id_of(k)
-        log = peer.worker.log if peer.worker is not None else None
-        errors = self.errors
-        group = errors.add(run.task_id, sid, text, log, index=k, coord=block_coord(run, k))
-        if kind is None and details is None and group.repeat_text == text:
-            # a run whose blocks keep failing the same way: this error's full records are
-            # written, and this attempt is only counted (``ErrorCount.again``, inline)
-            count = group.repeat_count
-            assert count is not None  # set together with repeat_text
-            n = count.count = count.count + 1
-            if not n & (n - 1):  # a power of two: its count line
-                count.write_line()
-        # a server-side kind (timeout, lost, out of memory) is rare: always recorded
-        elif kind is not None or not errors.counted(run.task_id, text, details, group):
-            errors.record(
-                attempt_record(peer, run, k, text, kind, details),
-                text_key(run.task_id, text, kind, details),
-                group,
-            )
-        logger.warning("block failed block_id=%s/%d error=%s", run.task_id, sid, text)
+        record (``kind``, the worker's ``details``: :func:`._attempts.record_error`)."""
+        record_error(self.errors, peer, run, k, text, kind, details)
 
     def release(
         self,

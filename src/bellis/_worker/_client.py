@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._block import Block, BlockStats, BlockStatus, stats_problem
+from .._block import Block, BlockStatus
 from .._protocol import (
     ACQUIRE,
     BYE,
@@ -41,7 +41,7 @@ from ..errors import ConnectionLostError, ProtocolError
 from . import _failure, _walltime
 from ._context import Context
 from ._leaving import leaving
-from ._profiling import Meter, attach_gpu
+from ._profiling import Meter, attach, attach_gpu, user_row
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -52,15 +52,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bellis")
-
-
-def _render_traceback() -> tuple[str, str]:
-    """The exception being handled, as the user's log settings render it (bellis's own
-    frames dropped): in full for the log, and capped for the server."""
-    from ..logging import cap_traceback, format_traceback
-
-    full = format_traceback(*sys.exc_info())
-    return full, cap_traceback(full)
 
 
 #: the connected clients of this process. A client sends its finished blocks home with its
@@ -511,7 +502,7 @@ class Client:
         key = _failure.error_key(exc)
         detailed = self._repeats.full(key)
         offsets = _failure.log_offsets() if detailed else None  # before the lines below
-        full, capped = _render_traceback()
+        full, capped = _failure.render_traceback()
         logger.warning("block %s failed: %s", block.block_id, exc)
         sys.stderr.write(full if full.endswith("\n") else full + "\n")
         self.reported = exc
@@ -608,7 +599,7 @@ class Client:
         if measured is not None:
             row = _pack_row(*measured)
         elif block.stats is not None:
-            row = _user_row(block)
+            row = user_row(block)
         else:
             return -1
         self._rows += row
@@ -646,11 +637,11 @@ class Client:
         try:
             yield block
         except BaseException as exc:
-            _attach(block, meter)
+            attach(block, meter)
             self._failed(k, block, exc)
             raise
         checksum = None if self._verify is None else self._read_back(k, block)
-        self._finished(k, block, _attach(block, meter), checksum)
+        self._finished(k, block, attach(block, meter), checksum)
 
     def run_block_function(self, fn: Callable[[Block], Any]) -> None:
         """Run ``fn`` on every block this worker is given, then disconnect.
@@ -785,32 +776,6 @@ def _chunk_cache() -> Any:
     module = sys.modules.get("bellis._worker._chunkcache")
     inst = None if module is None else module.active()
     return None if inst is None or not inst.inputs else inst.cache
-
-
-def _user_row(block: Block) -> bytes:
-    """``block.stats`` (set by the block function) as a wire row; ValueError with the
-    reason when the figures cannot be recorded."""
-    stats = block.stats
-    problem = stats_problem(stats)
-    if problem is not None:
-        raise ValueError(f"block {block.block_id}: {problem}")
-    assert isinstance(stats, BlockStats)
-    return _pack_row(*stats.to_tuple())
-
-
-def _attach(block: Block, meter: Meter | None) -> Any:
-    """Close ``meter`` and, as ``profile_block`` does, attach the figures as
-    ``block.stats`` unless the block function attached its own (which then win).
-
-    Returns the automatic measurement when it is the one that goes home, else None.
-    """
-    if meter is None:
-        return None
-    measured = meter.finish()
-    if block.stats is not None:
-        return None
-    block.stats = BlockStats(*measured)
-    return measured
 
 
 class _RoiSpec:

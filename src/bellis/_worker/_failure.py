@@ -278,3 +278,12 @@ def status_failed(repeats: Repeats | None = None) -> Any:
     if repeats is not None and not repeats.full(STATUS_FAILED_TEXT):
         return STATUS_FAILED_TEXT
     return failure_field(STATUS_FAILED_TEXT)
+
+
+def render_traceback() -> tuple[str, str]:
+    """The exception being handled, as the user's log settings render it (bellis's own
+    frames dropped): in full for the log, and capped for the server."""
+    from ..logging import cap_traceback, format_traceback
+
+    full = format_traceback(*sys.exc_info())
+    return full, cap_traceback(full)

@@ -65,7 +65,8 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from .._block import BlockStats
+from .._block import BlockStats, stats_problem
+from .._protocol import STATS_ROW
 
 if TYPE_CHECKING:
     from .._block import Block
@@ -80,11 +81,13 @@ __all__ = [
     "PROCESS_START",
     "SETUP_ORIGIN",
     "Meter",
+    "attach",
     "attach_gpu",
     "live_descendant_pids",
     "process_gpu_meter",
     "profile_block",
     "setup_seconds_since_start",
+    "user_row",
 ]
 
 _IS_LINUX: Final = sys.platform.startswith("linux")
@@ -758,3 +761,29 @@ def setup_seconds_since_start() -> float:
     if _AGE_AT_IMPORT is None:
         return since_import
     return _AGE_AT_IMPORT + since_import
+
+
+def user_row(block: Block) -> bytes:
+    """``block.stats`` (set by the block function) as a wire row; ValueError with the
+    reason when the figures cannot be recorded."""
+    stats = block.stats
+    problem = stats_problem(stats)
+    if problem is not None:
+        raise ValueError(f"block {block.block_id}: {problem}")
+    assert isinstance(stats, BlockStats)
+    return STATS_ROW.pack(*stats.to_tuple())
+
+
+def attach(block: Block, meter: Meter | None) -> Any:
+    """Close ``meter`` and, as ``profile_block`` does, attach the figures as
+    ``block.stats`` unless the block function attached its own (which then win).
+
+    Returns the automatic measurement when it is the one that goes home, else None.
+    """
+    if meter is None:
+        return None
+    measured = meter.finish()
+    if block.stats is not None:
+        return None
+    block.stats = BlockStats(*measured)
+    return measured
