@@ -28,6 +28,7 @@ Owns:
                 writes, the lock a lease object (docs/cloud.md)
   ``_s3io``     the requests of an S3 store (``Bucket``: retries, conditional writes)
                 and its lease lock (``S3Lock``)
+  ``_s3objects`` an S3 store's ``outputs.json`` and ``verify.json``, one object each
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,

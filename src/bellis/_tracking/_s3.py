@@ -67,6 +67,7 @@ from ._files import cell_count, chunk_parts, clear_cells
 from ._layout import (
     ARRAY_DTYPES,
     BASE_ARRAYS,
+    CHECKSUM_ARRAY,
     StoreLayout,
     array_metadata,
     dump_metadata,
@@ -204,14 +205,14 @@ class S3Store:
     def _read_arrays(
         bucket: Bucket, url: str, grid: tuple[int, ...] | None
     ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
-        """The base arrays (and ``code_version`` where a run made it), read by key;
-        ``grid`` None: the stored shape."""
+        """The base arrays (and ``code_version``, ``output_checksum`` where a run made
+        them), read by key; ``grid`` None: the stored shape."""
         arrays: dict[str, NDArray[Any]] = {}
         etags: dict[str, str | None] = {}
-        for name in (*BASE_ARRAYS, CODE_ARRAY):
+        for name in (*BASE_ARRAYS, CODE_ARRAY, CHECKSUM_ARRAY):
             got = bucket.get(f"{name}/zarr.json")
-            if got is None and name == CODE_ARRAY:
-                continue  # no run recorded code versions yet
+            if got is None and name in (CODE_ARRAY, CHECKSUM_ARRAY):
+                continue  # no run recorded code versions (output checksums) yet
             if got is None:
                 raise invalid_metadata(url, f"{name}/zarr.json is missing")
             try:
@@ -372,7 +373,8 @@ class S3Store:
         return None if codes is None else codes.reshape(self._grid)
 
     def checksums(self) -> NDArray[Any] | None:
-        return None
+        sums = self._arrays.get(CHECKSUM_ARRAY)
+        return None if sums is None else sums.reshape(self._grid)
 
     def grants(self) -> NDArray[Any] | None:
         return None
@@ -441,7 +443,33 @@ class S3Store:
         self._writable()  # memory grants are not kept on S3 yet (docs/cloud.md)
 
     def record_checksum(self, cell: int, checksum: int) -> None:
-        self._writable()  # output checksums are not kept on S3 yet (docs/cloud.md)
+        """The block's output checksum (``verify_outputs``), in memory and flushed with
+        the markers, before ``done``: a block marked done on the bucket has its checksum
+        there (or none, from before its task verified outputs)."""
+        self._writable()
+        if 0 <= cell < self._cells:
+            self._checksum_array()[cell] = checksum
+            self._dirty.add(CHECKSUM_ARRAY)
+
+    def _checksum_array(self) -> NDArray[Any]:
+        """``output_checksum``, made (its ``zarr.json`` written, create-only) at the
+        first checksum a store records, as a local store makes it."""
+        arr = self._arrays.get(CHECKSUM_ARRAY)
+        if arr is not None:
+            return arr
+        if self._bucket is not None:
+            meta = dump_metadata(array_metadata(ARRAY_DTYPES[CHECKSUM_ARRAY], self._grid))
+            if self._bucket.put(f"{CHECKSUM_ARRAY}/zarr.json", meta, None) is None:
+                existing = self._bucket.get(f"{CHECKSUM_ARRAY}/zarr.json")
+                if existing is None or existing[0] != meta:
+                    raise invalid_metadata(
+                        self._url, f"{CHECKSUM_ARRAY}/zarr.json is another array's"
+                    )
+            self._etags[CHECKSUM_ARRAY] = None
+        arr = self._arrays[CHECKSUM_ARRAY] = np.zeros(
+            self._cells, dtype=ARRAY_DTYPES[CHECKSUM_ARRAY]
+        )
+        return arr
 
     def record_cache(self, cell: int, counts: Sequence[int]) -> None:
         self._writable()  # per-block cache counts are not kept on S3 yet (docs/cloud.md)
@@ -605,7 +633,9 @@ class S3Store:
             while self._dirty:  # one pop at a time: a name added meanwhile is never lost
                 names.add(self._dirty.pop())
             try:
-                for name in sorted(names):
+                # done last: a block marked done on the bucket has its code version and
+                # checksum there
+                for name in sorted(names, key=lambda n: (n == "done", n)):
                     arr = self._arrays[name]
                     data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
                     key = _chunk_key(name, nd)
