@@ -113,7 +113,7 @@ def store_of(store: Any) -> str:
     from its own AWS configuration (docs/cloud.md)."""
     root = getattr(store, "root", None)
     if root is not None:
-        return os.path.abspath(os.fspath(root))
+        return str(os.path.abspath(os.fspath(root)))
     fs = getattr(store, "fs", None)
     protocol = getattr(fs, "protocol", None)
     protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
