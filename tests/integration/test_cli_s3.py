@@ -241,10 +241,12 @@ def test_plan_on_s3_counts_what_the_local_plan_counts(runs: dict[str, Any]) -> N
     assert _lock(runs["env"]) is None  # the dry run took no lock
 
 
-def test_verify_on_s3_says_why_it_cannot(runs: dict[str, Any]) -> None:
+def test_verify_on_s3_of_a_task_without_outputs_says_so_as_locally(runs: dict[str, Any]) -> None:
     r = bellis(runs, "verify", f"{S3_BASE}/b")
-    assert r.returncode == 2
-    assert f"block tracking at {S3_BASE}/b: stores on S3 keep no declared outputs" in r.stderr
+    local = bellis(runs, "verify", f"{runs['local']}/b")
+    assert r.returncode == local.returncode == 2, r.stderr + local.stderr
+    assert f"block tracking at {S3_BASE}/b records no declared outputs (outputs.json)" in r.stderr
+    assert _same(r.stderr, S3_BASE) == _same(local.stderr, runs["local"])
     assert r.stdout == ""
 
 

@@ -145,3 +145,35 @@ def test_verify_codes_and_counts_of_a_store() -> None:
     assert verify_codes(done, sums, record).tolist() == [1, 2, 0, 1, -1, 1]
     assert verify_counts(done, sums, record) == (3, 1, 1, 7.0)
     assert verify_counts(done, None, None) == (0, 0, 5, None)
+
+
+def test_absent_units_are_asked_by_key_until_one_listing_is_cheaper(tmp_path: Path) -> None:
+    """``bellis verify`` on S3 asks which chunks of a damaged block are absent one key at a
+    time (a HEAD, two for an absent key) while that is cheaper than listing the array
+    (one request per 1,000 chunks), then lists once and asks nothing more."""
+    from bellis._outputs._verify import _Presence
+
+    arr = zarr.create_array(
+        str(tmp_path / "o.zarr"), shape=(64, 64), chunks=(1, 1), dtype="uint8", fill_value=0
+    )
+    arr[:2, :] = 1  # chunks c/0/* and c/1/* exist, no other
+    presence = _Presence(arr)
+    assert presence.list_cost == 5  # 4,096 chunks
+    assert presence.absent(["c/0/0", "c/5/5"]) == ["c/5/5"]  # by key: 1 + 2 requests
+    assert presence.listed is None and presence.spent == 3
+    assert presence.absent(["c/1/3", "c/9/9"]) == ["c/9/9"]  # 3 + 4 > 5: one listing
+    assert presence.listed is not None and len(presence.listed) == 128 + 1  # + zarr.json
+    assert presence.absent(["c/0/7", "c/7/0"]) == ["c/7/0"]  # from the listing
+    assert presence.spent == 3
+
+
+def test_an_output_on_s3_is_recorded_by_its_url_and_nothing_else() -> None:
+    """A zarr array opened on S3 (zarr's FsspecStore over s3fs) is named by its s3:// URL
+    in outputs.json and to the workers; the options it was opened with are not kept."""
+    pytest.importorskip("s3fs", reason="outputs on S3 need s3fs (pip install 'bellis[s3]')")
+    from zarr.storage import FsspecStore
+
+    from bellis._outputs._declared import store_of
+
+    store = FsspecStore.from_url("s3://bucket/volumes/seg.zarr", storage_options={"anon": True})
+    assert store_of(store) == "s3://bucket/volumes/seg.zarr"

@@ -14,7 +14,10 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._donemarks import StoreLocation
 
 __all__ = ["add_verify_parser"]
 
@@ -22,41 +25,35 @@ __all__ = ["add_verify_parser"]
 _LISTED = 200
 
 
-def _stores(paths: list[str]) -> list[Path]:
+def _stores(paths: list[str]) -> list[StoreLocation]:
     """Each PATH as a store, or the stores of a tracking basedir whose task verifies its
     outputs (the others are named on stderr: a pipeline's basedir holds tasks with nothing
-    to verify)."""
+    to verify). An ``s3://`` URL is a store on S3, or a prefix that holds several."""
     from .._donemarks import is_store_url, store_location
     from .._report._data import find_stores
     from .._tracking import read_outputs_record, store_exists
-    from ..errors import TrackingError
 
-    out: list[Path] = []
+    out: list[StoreLocation] = []
     for p in paths:
-        if is_store_url(p):
-            url = store_location(p)
-            raise TrackingError(
-                f"block tracking at {url}: stores on S3 keep no declared outputs "
-                "(outputs.json) and no output checksums yet, so there is nothing to verify "
-                "against (docs/cloud.md); track the task in a local or mounted "
-                "tracking_path to verify its outputs",
-                path=str(url),
+        where = store_location(p)
+        below = not store_exists(where) and (is_store_url(where) or Path(where).is_dir())
+        if not below:
+            out.append(where)
+            continue
+        for store in find_stores([where]):
+            if isinstance(store, str) != is_store_url(where):
+                continue  # a URL below a local folder: never
+            record = read_outputs_record(store) or {}
+            verifies = record.get("verify_outputs") or (
+                isinstance(store, Path) and (store / "output_checksum").is_dir()
             )
-        path = Path(p)
-        if path.is_dir() and not store_exists(path):
-            for store in find_stores([path]):
-                if isinstance(store, str):  # a URL below a local folder: never
-                    continue
-                record = read_outputs_record(store) or {}
-                if record.get("verify_outputs") or (store / "output_checksum").is_dir():
-                    out.append(store)
-                else:
-                    print(
-                        f"bellis verify: {store}: its task does not verify outputs, skipped",
-                        file=sys.stderr,
-                    )
-        else:
-            out.append(path)
+            if verifies:
+                out.append(store)
+            else:
+                print(
+                    f"bellis verify: {store}: its task does not verify outputs, skipped",
+                    file=sys.stderr,
+                )
     return out
 
 

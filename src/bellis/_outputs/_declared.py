@@ -2,7 +2,8 @@
 
 ``outputs`` takes zarr v3 arrays, paths to them, and funlib.persistence ``Array``s (duck
 typed: an object with ``voxel_size`` and ``offset`` whose ``data``, or ``_source_data``, is
-a zarr array; funlib is not a dependency). Each becomes an
+a zarr array; funlib is not a dependency). An array on S3 is one opened through zarr's
+``FsspecStore`` over s3fs, or its ``s3://bucket/key.zarr`` URL (docs/cloud.md). Each becomes an
 :class:`~bellis._units.OutputSpec`: the store and array path, shapes, the voxel mapping.
 World units map to voxels by funlib's ``voxel_size``/``offset``, else the array's
 ``voxel_size``/``offset`` attributes, else OME-Zarr's scale and translation of the
@@ -33,6 +34,7 @@ __all__ = [
     "downstream_record",
     "outputs_record",
     "resolve_output",
+    "store_of",
 ]
 
 #: the ``version`` of ``outputs.json``; a reader refuses a later one
@@ -90,6 +92,36 @@ def _ome_mapping(arr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     return None
 
 
+def _need_s3fs(where: str, url: str, parameter: str) -> None:
+    """A ConfigurationError naming ``where`` when zarr cannot open ``s3://`` URLs here."""
+    try:
+        import s3fs  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(
+            f"{where}={url!r} is on S3, and zarr opens S3 URLs through s3fs, which is not "
+            "installed; install it with pip install 'bellis[s3]'",
+            parameter=parameter,
+        ) from None
+
+
+def store_of(store: Any) -> str:
+    """Where a zarr store is, as every process of the run can open it again: a local
+    store by its absolute path (``outputs.json`` must name the array wherever ``bellis
+    verify`` runs from, not relative to the directory the task ran in), a store on S3
+    (zarr's ``FsspecStore`` over s3fs) as ``s3://bucket/key``. Only the location: the
+    endpoint and credentials that opened it are never recorded, each process takes them
+    from its own AWS configuration (docs/cloud.md)."""
+    root = getattr(store, "root", None)
+    if root is not None:
+        return str(os.path.abspath(os.fspath(root)))
+    fs = getattr(store, "fs", None)
+    protocol = getattr(fs, "protocol", None)
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol or ())
+    if fs is not None and ("s3" in protocols or "s3a" in protocols):
+        return "s3://" + str(getattr(store, "path", "")).strip("/")
+    return str(store)
+
+
 def resolve_output(obj: Any, dims: int, index: int, parameter: str = "outputs") -> OutputSpec:
     """``outputs[index]`` of a task with ``dims`` spatial dimensions, as an OutputSpec
     (``parameter="inputs"``: ``inputs[index]``, which may be a zarr v2 array too)."""
@@ -100,6 +132,8 @@ def resolve_output(obj: Any, dims: int, index: int, parameter: str = "outputs") 
     arr = _zarr_array_of(obj)
     mapping = "1:1"
     if arr is None and isinstance(obj, str | os.PathLike):
+        if os.fspath(obj).startswith("s3://"):
+            _need_s3fs(where, os.fspath(obj), parameter)
         try:
             arr = zarr.open_array(os.fspath(obj), mode="r")
         except Exception as exc:
@@ -150,12 +184,8 @@ def resolve_output(obj: Any, dims: int, index: int, parameter: str = "outputs") 
             f"last axes of {what} are the task's axes, one positive voxel size each",
             parameter=parameter,
         )
-    store = arr.store
-    root = getattr(store, "root", None)
     return OutputSpec(
-        # a local store by its absolute path: outputs.json must name the array wherever
-        # `bellis verify` runs from, not relative to the directory this task ran in
-        store=os.path.abspath(os.fspath(root)) if root is not None else str(store),
+        store=store_of(arr.store),
         path=arr.path,
         shape=shape,
         chunks=tuple(int(c) for c in arr.chunks),

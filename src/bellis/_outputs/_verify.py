@@ -42,10 +42,10 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from .._bulk import downstream_readers
+from .._donemarks import StoreLocation, join_location, location_name, store_location
 from .._graph import TaskGeometry
 from ..errors import ConfigurationError, TrackingError
 from ._readback import HASH_NAME, ReadBack, Target
@@ -204,13 +204,73 @@ def transitive_readers(
 _STATE: dict[str, Any] = {}
 
 
+#: keys one listing request returns (S3's ``ListObjectsV2`` page)
+LIST_PAGE = 1000
+
+
+class _Presence:
+    """Which unit (chunk or shard) objects of an output on S3 exist, asked only for the
+    blocks whose checksum did not match (a matching block's units were just read).
+
+    A unit is asked for by key (one HEAD; two for an absent one, where s3fs also looks
+    for a "directory" of that name) until the requests spent, plus those the block in
+    hand needs, would exceed one listing of the array's units (one request per
+    :data:`LIST_PAGE` of them); then the array's prefix is listed once, and this verify
+    process answers every later block from that listing, without a request. So a verify
+    that finds a few damaged blocks costs a few HEADs, and one that finds many costs one
+    listing of the output, never one request per unit of every block."""
+
+    def __init__(self, arr: Any) -> None:
+        self.arr = arr
+        unit = arr.shards if arr.shards is not None else arr.chunks
+        n = 1
+        for size, u in zip(arr.shape, unit, strict=True):
+            n *= max(1, -(-size // u))
+        self.list_cost = max(1, -(-n // LIST_PAGE))
+        self.spent = 0
+        self.listed: set[str] | None = None
+
+    def absent(self, keys: list[str]) -> list[str]:
+        from zarr.core.sync import sync
+
+        if self.listed is None and self.spent + 2 * len(keys) > self.list_cost:
+            self.listed = sync(self._list())
+        if self.listed is not None:
+            return [k for k in keys if k not in self.listed]
+        out = []
+        for key in keys:
+            self.spent += 1
+            if not sync((self.arr.store_path / key).exists()):
+                self.spent += 1
+                out.append(key)
+        return out
+
+    async def _list(self) -> set[str]:
+        """The unit keys below the array's prefix (relative to the array)."""
+        base = self.arr.path.strip("/")
+        cut = len(base) + 1 if base else 0
+        found: set[str] = set()
+        async for key in self.arr.store.list_prefix(f"{base}/" if base else ""):
+            found.add(key[cut:])
+        return found
+
+
+_PRESENCE: dict[tuple[str, int], _Presence] = {}
+
+
 def _absent_units(rb: ReadBack, i: int, intervals: Sequence[tuple[int, int]]) -> list[str]:
     """The unit (chunk or shard) keys of output ``i`` that the block covers and its store
-    lacks."""
+    lacks (on S3: :class:`_Presence`)."""
     from zarr.core.sync import sync
 
     arr = rb.arrays()[i]
-    return [key for key in rb.unit_keys(i, intervals) if not sync((arr.store_path / key).exists())]
+    keys = rb.unit_keys(i, intervals)
+    if rb.targets[i].store.startswith("s3://"):
+        presence = _PRESENCE.get((repr(rb.targets), i))
+        if presence is None:
+            presence = _PRESENCE[(repr(rb.targets), i)] = _Presence(arr)
+        return presence.absent(keys)
+    return [key for key in keys if not sync((arr.store_path / key).exists())]
 
 
 def _refused(exc: BaseException) -> bool:
@@ -300,11 +360,11 @@ def _roi_text(intervals: Sequence[tuple[int, int]]) -> str:
 class _Store:
     """One store as verify reads it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: StoreLocation) -> None:
         from .._tracking import read_outputs_record
 
-        self.path = path
-        self.name = path.name
+        self.path = path  #: a local folder, or the URL of a store on S3 (a str)
+        self.name = location_name(path)
         self.load()
         self.record = read_outputs_record(path)
         task_id = (self.record or {}).get("task_id")
@@ -335,7 +395,7 @@ class _Store:
             store.close()
 
     def key(self) -> str:
-        return os.path.realpath(self.path)
+        return _real(self.path)
 
     def below(self) -> list[str]:
         """The (real) paths of the tracking stores of the tasks downstream of this one."""
@@ -343,8 +403,12 @@ class _Store:
         for entry in (self.record or {}).get("downstream") or []:
             path = entry.get("tracking") if isinstance(entry, dict) else None
             if isinstance(path, str):
-                out.append(os.path.realpath(path))
+                out.append(_real(path))
         return out
+
+    def file(self, name: str) -> str:
+        """The store's file (on S3: object) ``name``, as a message names it."""
+        return str(join_location(self.path, name))
 
     def targets(self) -> list[Target]:
         record = self.record
@@ -368,7 +432,7 @@ class _Store:
                 # from here, it could be another array, or none, and a reset would clear
                 # blocks whose data is fine
                 raise TrackingError(
-                    f"{self.path / 'outputs.json'}: outputs[{i}] is at the relative path "
+                    f"{self.file('outputs.json')}: outputs[{i}] is at the relative path "
                     f"{where!r}, and the directory it is relative to is not recorded, so "
                     "its blocks cannot be verified; nothing was reset. Write the array's "
                     'absolute path into its "store" field (a run of this bellis records '
@@ -407,6 +471,12 @@ class _Store:
             (tuple(b for b, _ in iv), tuple(e - b for b, e in iv)),
             detail,
         )
+
+
+def _real(path: str | os.PathLike[str]) -> str:
+    """A store's identity: a local folder's real path, a URL as its canonical self."""
+    where = store_location(path)
+    return where if isinstance(where, str) else os.path.realpath(where)
 
 
 def _default_workers() -> int:
@@ -494,15 +564,16 @@ def _verify_one(store: _Store, workers: int) -> VerifyResult:
     )
 
 
-def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
+def _reset(stores: dict[StoreLocation, _Store], result: VerifyResult) -> dict[str, int]:
     """Clear the mismatched blocks of ``result`` and their downstream readers; returns the
-    cleared count per store path."""
+    cleared count per store path. On S3 each clear takes the store's lock object as a run
+    does, and is refused while a run's lease on it is alive."""
     from .._tracking import backend_for, store_exists
 
-    def clear_done(path: Path, grid: tuple[int, ...], cells: list[int]) -> int:
+    def clear_done(path: StoreLocation, grid: tuple[int, ...], cells: list[int]) -> int:
         return backend_for(path).clear_done(path, grid, cells)
 
-    store = stores[Path(result.path)]
+    store = stores[store_location(result.path)]
     cells = [m.cell for m in result.mismatches if m.kind in (MISSING, CHANGED)]
     if not cells:
         return {}
@@ -517,7 +588,7 @@ def _reset(stores: dict[Path, _Store], result: VerifyResult) -> dict[str, int]:
         if not isinstance(tid, str):
             continue
         if isinstance(path, str) and store_exists(path):
-            down = stores.get(Path(path)) or _Store(Path(path))
+            down = stores.get(store_location(path)) or _Store(store_location(path))
             below[tid] = down
             geoms[tid] = down.geom
         edges += [(up, tid) for up in entry.get("upstream") or [] if isinstance(up, str)]
@@ -545,7 +616,7 @@ def verify_stores(
             parameter="workers",
         )
     n = workers or _default_workers()
-    stores = {Path(p): _Store(Path(p)) for p in paths}
+    stores = {store_location(p): _Store(store_location(p)) for p in paths}
     order = _upstream_first(stores)
     # every store is read before any marker is cleared: an output that cannot be opened
     # or read (deleted, not mounted, permission denied) says nothing about the blocks'
@@ -601,18 +672,18 @@ def _less_upstream_resets(store: _Store, result: VerifyResult) -> VerifyResult:
     )
 
 
-def _upstream_first(stores: dict[Path, _Store]) -> list[Path]:
+def _upstream_first(stores: dict[StoreLocation, _Store]) -> list[StoreLocation]:
     """The stores in an order where each comes after every store upstream of it (by the
     ``downstream`` lists of their ``outputs.json``), else in the order given."""
     by_key = {s.key(): p for p, s in stores.items()}
-    uppers: dict[Path, set[Path]] = {p: set() for p in stores}
+    uppers: dict[StoreLocation, set[StoreLocation]] = {p: set() for p in stores}
     for p, s in stores.items():
         for below in s.below():
             q = by_key.get(below)
             if q is not None and q != p:
                 uppers[q].add(p)
-    order: list[Path] = []
-    placed: set[Path] = set()
+    order: list[StoreLocation] = []
+    placed: set[StoreLocation] = set()
     while len(order) < len(stores):
         ready = [p for p in stores if p not in placed and uppers[p] <= placed]
         if not ready:  # a cycle (records of different pipelines): the order given

@@ -122,13 +122,8 @@ def _open_stores(
                 record = outputs_record(
                     t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t.verify_stored
                 )
-                if is_s3_url(path):  # bellis verify does not read S3 stores yet
-                    logger.info(
-                        "task %s: outputs.json is not kept on S3 stores yet (docs/cloud.md)",
-                        t.task_id,
-                    )
-                else:
-                    write_outputs_record(path, record)
+                # on S3 the object <prefix>/outputs.json (docs/cloud.md)
+                write_outputs_record(s3_url(path) if is_s3_url(path) else path, record)
         except BaseException:
             try:
                 _close_stores(stores)

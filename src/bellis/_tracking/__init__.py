@@ -30,6 +30,7 @@ Owns:
                 and its lease lock (``S3Lock``)
   ``_s3stats``  an S3 store's per-block statistics: one object per flush, merged by the
                 readers
+  ``_s3objects`` an S3 store's ``outputs.json`` and ``verify.json``, one object each
 
 May import: ``plumbing``, ``model``.
 Imported by: ``_stats``, ``_outputs``, ``task``, ``_report``, ``_run``, ``_plan``, ``face``,

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from .._donemarks import is_store_url, store_location
 from ..errors import TrackingError
 from ._disk import disk_full_error, is_no_space, reserve, unreserved_bytes
 from ._layout import ARRAY_DTYPES, array_metadata, dump_metadata, invalid_metadata
@@ -91,11 +92,17 @@ def write_atomic(file: Path, data: bytes, *, durable: bool = False) -> None:
 OUTPUTS_NAME = "outputs.json"
 
 
-def write_outputs_record(root: Path, record: dict[str, Any]) -> None:
-    """Write ``outputs.json`` into the group (a zarr reader ignores the file). Rewritten by
-    each run of a task with declared outputs, so it names the last run's outputs."""
+def write_outputs_record(root: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Write ``outputs.json`` into the group (a zarr reader ignores the file; on S3 the
+    object ``<prefix>/outputs.json``). Rewritten by each run of a task with declared
+    outputs, so it names the last run's outputs."""
     data = (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
-    file = root / OUTPUTS_NAME
+    if is_store_url(root):
+        from ._s3objects import write_object
+
+        write_object(root, OUTPUTS_NAME, data)
+        return
+    file = Path(root) / OUTPUTS_NAME
     try:
         if file.read_bytes() == data:
             return  # unchanged: no rewrite, no fsync
@@ -104,16 +111,28 @@ def write_outputs_record(root: Path, record: dict[str, Any]) -> None:
     write_atomic(file, data, durable=True)
 
 
-def read_outputs_record(root: Path) -> dict[str, Any] | None:
-    """``outputs.json`` of a group, or None when the task declared no outputs."""
+def read_outputs_record(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``outputs.json`` of a group (of a store on S3: its object), or None when the task
+    declared no outputs."""
+    if is_store_url(root):
+        from ._s3objects import read_object
+
+        where = f"{store_location(root)}/{OUTPUTS_NAME}"
+        raw = read_object(root, OUTPUTS_NAME)
+        if raw is None:
+            return None
+    else:
+        where = str(Path(root) / OUTPUTS_NAME)
+        try:
+            raw = (Path(root) / OUTPUTS_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
     try:
-        document = json.loads((root / OUTPUTS_NAME).read_bytes())
-    except FileNotFoundError:
-        return None
+        document = json.loads(raw)
     except ValueError as exc:
-        raise invalid_metadata(str(root / OUTPUTS_NAME), str(exc)) from exc
+        raise invalid_metadata(where, str(exc)) from exc
     if not isinstance(document, dict):
-        raise invalid_metadata(str(root / OUTPUTS_NAME), "not a JSON object")
+        raise invalid_metadata(where, "not a JSON object")
     return document
 
 

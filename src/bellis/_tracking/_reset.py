@@ -112,15 +112,33 @@ def write_verify_record(
 
 
 def _write(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+    data = json.dumps(doc, sort_keys=True).encode()
+    if is_store_url(path):  # the object <prefix>/verify.json
+        from ._s3objects import write_object
+
+        write_object(path, VERIFY_NAME, data)
+        return
     try:
-        write_atomic(Path(path) / VERIFY_NAME, json.dumps(doc, sort_keys=True).encode())
+        write_atomic(Path(path) / VERIFY_NAME, data)
     except OSError as exc:
         raise TrackingError(f"cannot write {Path(path) / VERIFY_NAME}: {exc}") from exc
 
 
+def _read_bytes(path: str | os.PathLike[str], name: str) -> bytes:
+    """The store's file (on S3: object) ``name``; OSError when it cannot be read."""
+    if is_store_url(path):
+        from ._s3objects import read_object
+
+        raw = read_object(path, name)
+        if raw is None:
+            raise FileNotFoundError(name)
+        return raw
+    return (Path(path) / name).read_bytes()
+
+
 def _read(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
-        doc = json.loads((Path(path) / VERIFY_NAME).read_bytes())
+        doc = json.loads(_read_bytes(path, VERIFY_NAME))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("version") == 1 else None
@@ -129,7 +147,7 @@ def _read(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 def _store_grid(path: str | os.PathLike[str]) -> list[int] | None:
     """The tracking grid of the store at ``path`` (its ``done`` array's shape)."""
     try:
-        meta = json.loads((Path(path) / "done" / "zarr.json").read_bytes())
+        meta = json.loads(_read_bytes(path, "done/zarr.json"))
         return [int(n) for n in meta["shape"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -138,10 +156,8 @@ def _store_grid(path: str | os.PathLike[str]) -> list[int] | None:
 def read_verify_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``verify.json`` of the store at ``path``; None when it was never verified (or the
     record cannot be read: it is a summary, not the store's state). A record of another
-    grid than the store's lists no cells (module docstring). A store at a URL has none
-    (``bellis verify`` does not verify S3 stores yet: docs/cloud.md)."""
-    if is_store_url(path):
-        return None
+    grid than the store's lists no cells (module docstring). A store on S3 keeps it as
+    the object ``<prefix>/verify.json``."""
     doc = _read(path)
     if doc is not None and isinstance(doc.get("grid"), list):
         if doc["grid"] != _store_grid(path):

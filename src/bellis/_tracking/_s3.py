@@ -223,7 +223,7 @@ class S3Store:
         bucket: Bucket, url: str, grid: tuple[int, ...] | None
     ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
         """The base arrays (and ``code_version`` where a run made it), read by key;
-        ``grid`` None: the stored shape."""
+        ``grid`` None: the stored shape (output checksums are figures: ``_s3stats``)."""
         arrays: dict[str, NDArray[Any]] = {}
         etags: dict[str, str | None] = {}
         for name in (*BASE_ARRAYS, CODE_ARRAY):
@@ -675,7 +675,9 @@ class S3Store:
             while self._dirty:  # one pop at a time: a name added meanwhile is never lost
                 names.add(self._dirty.pop())
             try:
-                for name in sorted(names):
+                # done last: a block marked done on the bucket has its code version
+                # there (its checksum went with the figures above)
+                for name in sorted(names, key=lambda n: (n == "done", n)):
                     arr = self._arrays[name]
                     data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
                     key = _chunk_key(name, nd)
