@@ -443,8 +443,12 @@ class Dispatcher:
             tl = peer.worker.timeline
             tl.sent(sent)
             tl.returned(returned, not success)
+        self.released(plan, run, now)
+
+    def released(self, plan: TaskRecord, run: TaskRun, now: float) -> None:
+        """After one or more releases of ``run``'s blocks: wake the requests parked on it
+        and on its downstream tasks."""
         self.dirty = True
-        # wake parked requests (this task and downstream tasks)
         if plan.parked:
             self.serve_parked(plan, now)
         for _edge, down in run.down_edges:

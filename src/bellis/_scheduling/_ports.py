@@ -100,6 +100,10 @@ class DispatcherPort(Protocol):
         """Release block ``k`` to the scheduler (``lost``: its worker went away)."""
         ...
 
+    def released(self, plan: TaskRecord, run: TaskRun, now: float) -> None:
+        """After releases of ``run``'s blocks: wake parked requests."""
+        ...
+
     def record_error(
         self,
         peer: Peer,

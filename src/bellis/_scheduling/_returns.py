@@ -98,7 +98,21 @@ def take_back(
         peer.held = [k for k in held if k not in taken]
         return
     t = peer.sent_at
-    suspects = d.plan_of[run.index].suspects
+    plan = d.plan_of[run.index]
+    suspects = plan.suspects
+    if (
+        table is None
+        and not suspects
+        and backups is None
+        and plan.memory is None
+        and len(processed) == len(results)
+        and all(r[1] == _SUCCESS and r[3] is None for r in results)
+    ):
+        _release_all(d, peer, run, [r[0] for r in results], t, step, now)
+        if peer.held == []:
+            pace = step if busy is None else busy / len(processed)
+            peer.batch = next_batch(peer.batch, pace)
+        return
     # a block stays held until it is taken back, so if anything below raises, the
     # connection is dropped with the rest of the batch still held: those go to the
     # retry path instead of staying out forever
@@ -131,6 +145,44 @@ def take_back(
     if processed and peer.held == []:
         pace = step if busy is None else busy / len(processed)
         peer.batch = next_batch(peer.batch, pace)
+
+
+def _release_all(
+    d: DispatcherPort,
+    peer: Peer,
+    run: TaskRun,
+    ks: list[int],
+    t: float,
+    step: float,
+    now: float,
+) -> None:
+    """The common batch, taken back in one: every block a success without a measurement,
+    an error or a checksum, in a task without backups, suspects or memory grants. The
+    same outcome as :func:`_take_returned` per block (the scheduler's release of each,
+    in order), with the figures and the worker's timeline added once for the batch and
+    parked requests woken once after it (per block, these were a third of the server's
+    time per block on ``dist_noop_w2``)."""
+    release = d.scheduler.release_index
+    worker = peer.worker
+    wid = peer.worker_id if worker is not None else -1
+    wall = peer.sent_wall + (t - peer.sent_at)
+    accepted = 0
+    held = peer.held
+    back: set[int] = set()
+    try:
+        for k in ks:
+            if release(run, k, True, None, wid, wall, wall + step, False):
+                accepted += 1
+            wall += step
+            back.add(k)
+    finally:
+        peer.held = [k for k in held if k not in back]
+        plan = d.plan_of[run.index]
+        plan.aggregates.add_round_trips(step, accepted)
+        if worker is not None:
+            worker.earned = True
+            worker.timeline.ran_batch(t, step, len(back))
+    d.released(plan, run, now)
 
 
 def _record_measured(

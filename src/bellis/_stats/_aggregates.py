@@ -63,6 +63,21 @@ class Welford:
         """Sample standard deviation (n − 1); 0 when n < 2."""
         return math.sqrt(self.variance)
 
+    def add_repeated(self, x: float, n: int) -> None:
+        """``n`` calls of :meth:`add` with ``x``, in one pairwise update."""
+        if n <= 0:
+            return
+        if n == 1:
+            self.add(x)
+            return
+        batch = Welford()
+        batch.n = n
+        batch.mean = x
+        batch.min = x
+        batch.max = x
+        batch.total = x * n
+        self.merge(batch)
+
     def add_many(self, xs: np.ndarray[Any, Any]) -> None:
         """Fold a batch of values in at once (numpy, then the pairwise update)."""
         if len(xs) == 0:
@@ -274,6 +289,17 @@ class TaskAggregates:
         self._rows: list[tuple[float, ...]] = []
         self._chunks: list[np.ndarray[Any, Any]] = []  # batches of such rows, (n, 9) arrays
         self._chunk_rows = 0
+
+    def add_round_trips(self, round_trip_seconds: float, n: int) -> None:
+        """``n`` successful blocks without statistics, each out ``round_trip_seconds``:
+        ``n`` calls of ``add_block(round_trip_seconds, None, False)`` in one."""
+        if n <= 0:
+            return
+        self.count += n
+        rts = self._rts
+        rts.extend([round_trip_seconds] * n)
+        if len(rts) >= self._FOLD_ROWS:
+            self._fold()
 
     def add_block(
         self,

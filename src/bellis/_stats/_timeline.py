@@ -145,6 +145,25 @@ class WorkerTimeline:
         self._sent_t = None
         self._last_mark_t = t
 
+    def ran_batch(self, t: float, step: float, n: int) -> None:
+        """``n`` blocks out back to back from ``t``, ``step`` each, all returned successful:
+        ``sent(t + i * step)`` and ``returned(t + (i + 1) * step)`` for each ``i``, in one
+        (the gaps between them are 0)."""
+        if n <= 0:
+            return
+        last = self._last_mark_t
+        if last is None:
+            self.first_acquire(t)
+            last = t
+        if self._sent_t is not None:
+            raise ValueError(f"worker {self.worker_id}: a block was sent while one is in flight")
+        gap = t - last
+        self.idle.add(gap if gap > 0.0 else 0.0)
+        self.idle.add_repeated(0.0, n - 1)
+        self.compute.add_repeated(step if step > 0.0 else 0.0, n)
+        self.blocks += n
+        self._last_mark_t = t + n * step
+
     def shutdown_requested(self, t: float) -> None:
         """The server told this worker to shut down at ``t`` (the first shutdown counts)."""
         if self._shutdown_t is not None or self._exit_t is not None:
