@@ -41,6 +41,7 @@ lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
 from ._backends import (
     backend_for,
+    delete_store,
     find_stores,
     is_run_in_progress,
     is_store,
@@ -62,7 +63,7 @@ from ._status import (
     render_status,
     status_record,
 )
-from ._store import TrackingStore, delete_store
+from ._store import TrackingStore
 
 __all__ = [
     "NO_WORKER",

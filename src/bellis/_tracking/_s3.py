@@ -279,8 +279,9 @@ class S3Store:
 
     # -- the BlockStore surface -------------------------------------------------------
     @property
-    def path(self) -> Path:
-        return Path(self._url)
+    def path(self) -> str:
+        """The store's URL (a ``Path`` would fold its ``//``), as :attr:`url`."""
+        return self._url
 
     @property
     def url(self) -> str:
@@ -633,14 +634,18 @@ class S3Store:
     def flush(self) -> None:
         """Write the changed chunks (conditional on their last ETag), this run's
         runs.jsonl / errors.jsonl objects where they changed, and renew the lease."""
+        self._write_back(renew=True)
+
+    def _write_back(self, *, renew: bool) -> None:
         if self._lock is None or self._bucket is None:
             return
         if self._lost is not None:
             raise self._lost
         self._flush_markers()
         self._upload_logs()
-        with self._renewing:
-            self._lock.renew()
+        if renew:  # not at the close, whose release reads the lock instead
+            with self._renewing:
+                self._lock.renew()
 
     def _has_changes(self) -> bool:
         return bool(self._dirty) or (self._log is not None and self._log.has_pending())
@@ -695,7 +700,7 @@ class S3Store:
             return
         self._stop_renewer()
         try:
-            self.flush()
+            self._write_back(renew=False)
         except BaseException:
             self._closed = True
             lock, self._lock = self._lock, None
@@ -707,10 +712,12 @@ class S3Store:
             raise
         self._closed = True
         lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        try:
+            if lock is not None:
+                lock.release(strict=True)  # raises if another run took the store over
+        finally:
+            if self._staging is not None:
+                shutil.rmtree(self._staging, ignore_errors=True)
 
     def __enter__(self) -> S3Store:
         return self
