@@ -1,5 +1,6 @@
 """``Task.reset()`` of a task tracked on S3 (docs/cloud.md), through the public API in
-subprocesses, against a moto server on 127.0.0.1: refused with the run lock's message
+subprocesses, against a moto server on 127.0.0.1 (and, on the way, a ``CodeChangedError``
+naming the store by its URL, ``BlockStore.path``): refused with the run lock's message
 while another run's lease is alive (nothing deleted), then every object of the store's
 prefix deleted (a sibling prefix left alone, an expired lease taken over), and the next
 run redoes every block.
@@ -30,7 +31,7 @@ SCRIPT = textwrap.dedent(
     import sys
     from pathlib import Path
     import bellis as daisy
-    from bellis.errors import TrackingError
+    from bellis.errors import CodeChangedError, TrackingError
     from funlib.geometry import Roi
 
     url, marks, action = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
@@ -47,13 +48,22 @@ SCRIPT = textwrap.dedent(
         num_workers=2,
         read_write_conflict=False,
         tracking_path=url,
+        version="2" if action == "changed" else "1",
+        on_code_change="error",
     )
     if action == "reset":
         try:
             print("reset:", task.reset())
+            print("again:", task.reset())  # nothing left: None
         except TrackingError as exc:
             print("refused:", exc)
             sys.exit(4)
+    elif action == "changed":  # other code, on_code_change="error": refused, by path
+        try:
+            daisy.run_blockwise([task])
+        except CodeChangedError as exc:
+            print("changed:", exc.path)
+            sys.exit(5)
     else:
         ok = daisy.run_blockwise([task], multiprocessing=(action == "dist"))
         sys.exit(0 if ok else 3)
@@ -109,6 +119,13 @@ def test_reset_on_s3(tmp_path: Path, s3_env: dict[str, str]) -> None:
     assert "seg/done/c/0" in stored and "seg/zarr.json" in stored
     assert any(k.startswith("seg/runs/") for k in stored), stored
 
+    # other code with on_code_change="error": the error names the store by its URL
+    # (BlockStore.path of an S3 store), not a Path's folded "s3:/..."
+    changed = _script(tmp_path, s3_env, url, "changed")
+    assert changed.returncode == 5, changed.stdout + changed.stderr
+    assert f"changed: {url}\n" in changed.stdout, changed.stdout
+    assert _ran(tmp_path) == set()  # nothing ran
+
     # another run's live lease: refused with the run lock's message, nothing deleted
     lease = {"run": "other", "host": "elsewhere", "pid": 1, "expires": time.time() + 3600}
     lock_key = "seg/bellis.lock"
@@ -132,9 +149,7 @@ def test_reset_on_s3(tmp_path: Path, s3_env: dict[str, str]) -> None:
     assert _keys(s3_env, "seg/") == []
     assert _keys(s3_env, "seg2/") == ["seg2/zarr.json"]
 
-    again = _script(tmp_path, s3_env, url, "reset")  # nothing left: None
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "reset: None" in again.stdout
+    assert "again: None" in reset.stdout, reset.stdout
 
     # the next run (serial this time) redoes every block
     rerun = _script(tmp_path, s3_env, url, "serial")
