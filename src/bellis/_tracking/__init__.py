@@ -9,8 +9,8 @@ never opens the arrays itself.
 
 Owns:
   ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
-                ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
-                directories and ``s3://`` URLs)
+                ``find_stores``, ``open_readonly``, ``open_store``, ``delete_store``,
+                ``backend_for`` (local directories and ``s3://`` URLs)
   ``_store``    ``TrackingStore``: the open store's arrays, record, flush; crash-safe
                 chunk writes
   ``_opening``  opening a store: its group against the layout (reuse, migrate, refuse),

@@ -631,19 +631,17 @@ class S3Store:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def flush(self) -> None:
+    def flush(self, *, renew: bool = True) -> None:
         """Write the changed chunks (conditional on their last ETag), this run's
-        runs.jsonl / errors.jsonl objects where they changed, and renew the lease."""
-        self._write_back(renew=True)
-
-    def _write_back(self, *, renew: bool) -> None:
+        runs.jsonl / errors.jsonl objects where they changed, and renew the lease (not
+        at the close, ``renew=False``: its release reads the lock instead)."""
         if self._lock is None or self._bucket is None:
             return
         if self._lost is not None:
             raise self._lost
         self._flush_markers()
         self._upload_logs()
-        if renew:  # not at the close, whose release reads the lock instead
+        if renew:
             with self._renewing:
                 self._lock.renew()
 
@@ -700,7 +698,7 @@ class S3Store:
             return
         self._stop_renewer()
         try:
-            self._write_back(renew=False)
+            self.flush(renew=False)
         except BaseException:
             self._closed = True
             lock, self._lock = self._lock, None
