@@ -40,7 +40,7 @@ a reader (:attr:`S3Store.runs_jsonl` of a read-only store) merges them in start 
 
 Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` and the
 readers of the per-run objects list. The requests and the lock are ``_s3io``'s.
-``boto3`` is imported there only, by the driver; the endpoint and credentials come from
+``botocore`` is imported there only, by the driver; the endpoint and credentials come from
 the standard AWS configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...), never from a
 bellis option, and are never printed or stored.
 """

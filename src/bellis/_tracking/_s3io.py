@@ -1,8 +1,8 @@
 """The requests of an S3 tracking store (``_s3``): URLs, settings, the bucket client with
 its retries and conditional writes, and the run lock as a lease object (docs/cloud.md).
 
-``boto3`` is imported here only, lazily, by the driver; the endpoint and credentials
-come from the standard AWS configuration, never from a bellis option.
+``botocore`` (boto3's core) is imported here only, lazily, by the driver; the endpoint
+and credentials come from the standard AWS configuration, never from a bellis option.
 """
 
 from __future__ import annotations
