@@ -18,6 +18,8 @@ average; ``--json`` writes the record.
     .venv/bin/python -m compileall -q src
     .venv/bin/python benchmarks/bench_s3_noop.py --pairs 10 --rt
     .venv/bin/python benchmarks/bench_s3_noop.py --pairs 10
+    # before and after in one campaign: the base tree's src/ (git archive <commit> src)
+    .venv/bin/python benchmarks/bench_s3_noop.py --pairs 8 --base-src /tmp/base/src
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ print(json.dumps({"ok": bool(ok), "seconds": time.perf_counter() - t0}))
 
 
 def _one(path: str, blocks: int, rt: bool, env: dict[str, str]) -> float:
+    return _timed(path, blocks, rt, env)[0]
+
+
+def _timed(path: str, blocks: int, rt: bool, env: dict[str, str]) -> tuple[float, float]:
+    """The run's wall around ``run_blockwise`` and the child process's whole wall (its
+    interpreter start and imports included)."""
+    t0 = time.perf_counter()
     r = subprocess.run(
         [sys.executable, "-c", _CHILD, path, str(blocks), "1" if rt else "0"],
         env=env,
@@ -73,10 +82,11 @@ def _one(path: str, blocks: int, rt: bool, env: dict[str, str]) -> float:
     )
     if r.returncode != 0:
         raise SystemExit(f"a run failed ({path}):\n{r.stdout}\n{r.stderr}")
+    whole = time.perf_counter() - t0
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if not got["ok"]:
         raise SystemExit(f"a run was not ok ({path}):\n{r.stderr}")
-    return float(got["seconds"])
+    return float(got["seconds"]), whole
 
 
 def main() -> int:
@@ -85,6 +95,11 @@ def main() -> int:
     p.add_argument("--blocks", type=int, default=10_000)
     p.add_argument("--rt", action="store_true", help="resource_tracking=True on both")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--base-src",
+        default=None,
+        help="also run the tree whose src/ is here (PYTHONPATH), interleaved: before/after",
+    )
     args = p.parse_args()
 
     server, endpoint = _start_moto()
@@ -107,35 +122,64 @@ def main() -> int:
             region_name="us-east-1",
         ).create_bucket(Bucket="bellis-bench")
         load = [os.getloadavg()[0]]
-        pairs: list[tuple[float, float]] = []
+        # each tree: its env (PYTHONPATH for --base-src) and its pairs (local, s3), the
+        # walls around run_blockwise and of the whole child process
+        trees = {"this": env}
+        if args.base_src:
+            trees["base"] = {**env, "PYTHONPATH": os.path.abspath(args.base_src)}
+        pairs: dict[str, list[tuple[float, float]]] = {t: [] for t in trees}
+        wholes: dict[str, list[tuple[float, float]]] = {t: [] for t in trees}
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.pairs):
-                local = _one(os.path.join(tmp, f"t{i}"), args.blocks, args.rt, env)
-                s3 = _one(f"s3://bellis-bench/{uuid.uuid4().hex}", args.blocks, args.rt, env)
-                pairs.append((local, s3))
-                print(
-                    f"pair {i}: local {local:.2f} s, s3 {s3:.2f} s, ratio {s3 / local:.3f}",
-                    flush=True,
-                )
+                for tree, tree_env in trees.items():
+                    local, local_whole = _timed(
+                        os.path.join(tmp, f"{tree}{i}"), args.blocks, args.rt, tree_env
+                    )
+                    s3, s3_whole = _timed(
+                        f"s3://bellis-bench/{uuid.uuid4().hex}", args.blocks, args.rt, tree_env
+                    )
+                    pairs[tree].append((local, s3))
+                    wholes[tree].append((local_whole, s3_whole))
+                    print(
+                        f"pair {i} {tree}: local {local:.2f} s, s3 {s3:.2f} s, ratio "
+                        f"{s3 / local:.3f} (whole process: {local_whole:.2f} s, "
+                        f"{s3_whole:.2f} s, ratio {s3_whole / local_whole:.3f})",
+                        flush=True,
+                    )
         load.append(os.getloadavg()[0])
-        ratios = [s / lo for lo, s in pairs]
-        record = {
+        record: dict[str, object] = {
             "blocks": args.blocks,
             "resource_tracking": args.rt,
-            "pairs": pairs,
-            "ratios": ratios,
-            "median_ratio": statistics.median(ratios),
-            "median_local": statistics.median(lo for lo, _ in pairs),
-            "median_s3": statistics.median(s for _, s in pairs),
+            "base_src": args.base_src,
             "loadavg_start_end": load,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
-        print(
-            f"median local {record['median_local']:.2f} s, median s3 {record['median_s3']:.2f} s, "
-            f"paired median ratio s3/local {record['median_ratio']:.3f} "
-            f"(range {min(ratios):.2f}-{max(ratios):.2f}); load average {load[0]:.1f} -> "
-            f"{load[1]:.1f}"
-        )
+        for tree in trees:
+            ratios = [s / lo for lo, s in pairs[tree]]
+            whole_ratios = [s / lo for lo, s in wholes[tree]]
+            rec = {
+                "pairs": pairs[tree],
+                "ratios": ratios,
+                "median_ratio": statistics.median(ratios),
+                "median_local": statistics.median(lo for lo, _ in pairs[tree]),
+                "median_s3": statistics.median(s for _, s in pairs[tree]),
+                "whole_pairs": wholes[tree],
+                "median_whole_ratio": statistics.median(whole_ratios),
+                "median_whole_local": statistics.median(lo for lo, _ in wholes[tree]),
+                "median_whole_s3": statistics.median(s for _, s in wholes[tree]),
+            }
+            if tree == "this":
+                record.update(rec)
+            else:
+                record[tree] = rec
+            print(
+                f"{tree}: median local {rec['median_local']:.2f} s, median s3 "
+                f"{rec['median_s3']:.2f} s, paired median ratio s3/local "
+                f"{rec['median_ratio']:.3f} (range {min(ratios):.2f}-{max(ratios):.2f}); "
+                f"whole process {rec['median_whole_local']:.2f} s / "
+                f"{rec['median_whole_s3']:.2f} s, ratio {rec['median_whole_ratio']:.3f}"
+            )
+        print(f"load average {load[0]:.1f} -> {load[1]:.1f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(record, f, indent=1)

@@ -110,7 +110,10 @@ class BlockStore(Protocol):
     """One task's open tracking store: its done markers, failure counts and block figures."""
 
     @property
-    def path(self) -> Path: ...
+    def path(self) -> StoreLocation:
+        """Where the store lives: a local store's folder (``Path``), an S3 store's
+        ``s3://bucket/prefix`` URL (``str``: a ``Path`` would fold its ``//``)."""
+        ...
 
     @property
     def grid_shape(self) -> tuple[int, ...]: ...

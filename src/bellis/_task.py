@@ -466,7 +466,9 @@ class Task:
         return store_location(str(p))
 
     def reset(self) -> str | None:
-        """Delete this task's tracking store (and its runs.jsonl). Returns the path or None."""
+        """Delete this task's tracking store (and its runs.jsonl): a local folder, or every
+        object below an ``s3://`` store's prefix. Returns the path (URL) or None. Refused
+        (``TrackingError``) while a run holds the store."""
         from ._tracking import delete_store
 
         path = self.resolved_tracking_path()

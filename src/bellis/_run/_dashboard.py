@@ -19,7 +19,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .._donemarks import BlockStore
@@ -83,9 +82,7 @@ class DriverCounters:
     going (``racing``), drawn running up to now."""
 
     def __init__(self, runs: Sequence[_Counted], stores: Mapping[str, BlockStore]) -> None:
-        self.runs = [
-            (os.fspath(Path(stores[r.task_id].path)), r) for r in runs if r.task_id in stores
-        ]
+        self.runs = [(os.fspath(stores[r.task_id].path), r) for r in runs if r.task_id in stores]
         #: the runs whose deques this page turned on (and turns off at the end)
         self.owned: list[_Counted] = []
         for _, r in self.runs:
@@ -185,7 +182,7 @@ def start_dashboard(port: int | None, stores: Mapping[str, BlockStore]) -> Dashb
             "...), and keep block_tracking=True",
             "dashboard",
         )
-    state = LiveState([Path(s.path) for s in stores.values()])
+    state = LiveState([s.path for s in stores.values()])
     try:
         server = LiveServer(state.json_bytes, port=port, documents=state.documents())
     except OSError as exc:

@@ -52,11 +52,11 @@ class LanesWriter:
         self.lanes: list[_Lane] = []
         for r in runs:
             store = stores.get(r.task_id)
-            if store is None or is_store_url(store.path):
+            if store is None or isinstance(store.path, str) or is_store_url(store.path):
                 continue
             r.recent = deque(maxlen=MAX_RECENT_BLOCKS)
             r.races = deque(maxlen=MAX_RACES)
-            self.lanes.append(_Lane(Path(store.path), r))
+            self.lanes.append(_Lane(store.path, r))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="bellis-lanes", daemon=True)
 

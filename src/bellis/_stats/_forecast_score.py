@@ -127,7 +127,7 @@ def score_forecast(
     actual figures and errors. Removes the forecast from the store, also when the run is
     not the forecast's run (then logged, and None). None when no forecast waits, and in a
     plan's sample run (:func:`sample_run`), which leaves it waiting."""
-    if _SAMPLING.get():
+    if _SAMPLING.get() or isinstance(store.path, str):  # no forecast file on S3
         return None
     path = Path(store.path)
     record = read_forecast(path)

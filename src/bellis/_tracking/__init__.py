@@ -9,8 +9,8 @@ never opens the arrays itself.
 
 Owns:
   ``_backends`` which kind of store a path holds: ``store_exists``, ``is_store``,
-                ``find_stores``, ``open_readonly``, ``open_store``, ``backend_for`` (local
-                directories and ``s3://`` URLs)
+                ``find_stores``, ``open_readonly``, ``open_store``, ``delete_store``,
+                ``backend_for`` (local directories and ``s3://`` URLs)
   ``_store``    ``TrackingStore``: the open store's arrays, record, flush; crash-safe
                 chunk writes
   ``_opening``  opening a store: its group against the layout (reuse, migrate, refuse),
@@ -41,6 +41,7 @@ lines (``task`` is ``_task`` and ``_task_params``; ``face`` the public modules).
 
 from ._backends import (
     backend_for,
+    delete_store,
     find_stores,
     is_run_in_progress,
     is_store,
@@ -62,7 +63,7 @@ from ._status import (
     render_status,
     status_record,
 )
-from ._store import TrackingStore, delete_store
+from ._store import TrackingStore
 
 __all__ = [
     "NO_WORKER",

@@ -23,13 +23,14 @@ from ._disk import is_run_in_progress as _local_in_progress, read_lock_holder as
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
 from ._s3 import S3Stores, is_s3_url
-from ._s3io import Bucket, lease_alive, read_lease, s3_url
-from ._store import TrackingStore
+from ._s3io import LOCK_KEY, Bucket, S3Lock, lease_alive, read_lease, s3_url
+from ._store import TrackingStore, delete_store as _delete_local
 
 __all__ = [
     "LocalStores",
     "TrackingBackend",
     "backend_for",
+    "delete_store",
     "find_stores",
     "is_run_in_progress",
     "is_store",
@@ -168,6 +169,35 @@ def open_store(
         resource_tracking=resource_tracking,
         defer_stats=defer_stats,
     )
+
+
+def delete_store(path: str | os.PathLike[str]) -> str | None:
+    """Delete a tracking store (``Task.reset()``): a local folder (``_store.delete_store``),
+    or every object below an ``s3://`` URL's prefix. Returns the path (the URL), or None
+    when nothing is there. A store a run holds is refused with the run lock's message
+    (:class:`~bellis.errors.TrackingError`): on S3, while its lock object's lease is alive."""
+    if not is_s3_url(path):
+        return _delete_local(path)
+    url = s3_url(path)
+    bucket = Bucket(url)
+    # a listing: fine here, this is no resume path (its prefix ends in "/": a sibling
+    # store whose name starts with this one's is not touched)
+    names = [n for n in bucket.names("") if n != LOCK_KEY]
+    if not names:
+        return None
+    lock = S3Lock.acquire(bucket)  # refused while another run's lease is alive
+    try:
+        # the marker chunks first, then the group, then the rest: a delete cut short
+        # leaves a store whose blocks all run again, never a block falsely done
+        chunks = [n for n in names if "/c/" in n]
+        rest = [n for n in names if "/c/" not in n and n != "zarr.json"]
+        bucket.delete_many(chunks)
+        if "zarr.json" in names:
+            bucket.delete_many(["zarr.json"])
+        bucket.delete_many(rest)
+    finally:
+        lock.release()
+    return url
 
 
 def read_lock_holder(path: str | os.PathLike[str]) -> dict[str, Any] | None:

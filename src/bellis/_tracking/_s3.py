@@ -40,7 +40,7 @@ a reader (:attr:`S3Store.runs_jsonl` of a read-only store) merges them in start 
 
 Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` and the
 readers of the per-run objects list. The requests and the lock are ``_s3io``'s.
-``boto3`` is imported there only, by the driver; the endpoint and credentials come from
+``botocore`` is imported there only, by the driver; the endpoint and credentials come from
 the standard AWS configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...), never from a
 bellis option, and are never printed or stored.
 """
@@ -279,8 +279,9 @@ class S3Store:
 
     # -- the BlockStore surface -------------------------------------------------------
     @property
-    def path(self) -> Path:
-        return Path(self._url)
+    def path(self) -> str:
+        """The store's URL (a ``Path`` would fold its ``//``), as :attr:`url`."""
+        return self._url
 
     @property
     def url(self) -> str:
@@ -630,17 +631,19 @@ class S3Store:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def flush(self) -> None:
+    def flush(self, *, renew: bool = True) -> None:
         """Write the changed chunks (conditional on their last ETag), this run's
-        runs.jsonl / errors.jsonl objects where they changed, and renew the lease."""
+        runs.jsonl / errors.jsonl objects where they changed, and renew the lease (not
+        at the close, ``renew=False``: its release reads the lock instead)."""
         if self._lock is None or self._bucket is None:
             return
         if self._lost is not None:
             raise self._lost
         self._flush_markers()
         self._upload_logs()
-        with self._renewing:
-            self._lock.renew()
+        if renew:
+            with self._renewing:
+                self._lock.renew()
 
     def _has_changes(self) -> bool:
         return bool(self._dirty) or (self._log is not None and self._log.has_pending())
@@ -695,7 +698,7 @@ class S3Store:
             return
         self._stop_renewer()
         try:
-            self.flush()
+            self.flush(renew=False)
         except BaseException:
             self._closed = True
             lock, self._lock = self._lock, None
@@ -707,10 +710,12 @@ class S3Store:
             raise
         self._closed = True
         lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        try:
+            if lock is not None:
+                lock.release(strict=True)  # raises if another run took the store over
+        finally:
+            if self._staging is not None:
+                shutil.rmtree(self._staging, ignore_errors=True)
 
     def __enter__(self) -> S3Store:
         return self

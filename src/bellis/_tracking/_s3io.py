@@ -1,8 +1,8 @@
 """The requests of an S3 tracking store (``_s3``): URLs, settings, the bucket client with
 its retries and conditional writes, and the run lock as a lease object (docs/cloud.md).
 
-``boto3`` is imported here only, lazily, by the driver; the endpoint and credentials
-come from the standard AWS configuration, never from a bellis option.
+``botocore`` (boto3's core) is imported here only, lazily, by the driver; the endpoint
+and credentials come from the standard AWS configuration, never from a bellis option.
 """
 
 from __future__ import annotations
@@ -124,15 +124,17 @@ def _client(url: str) -> Any:
         if found is not None:
             return found
         try:
-            import boto3
+            # botocore's own session, not boto3's: a boto3 S3 client also imports its
+            # transfer manager (s3transfer), which this client never uses
+            import botocore.session
             from botocore.config import Config
         except ImportError:
             raise TrackingError(
-                f"block tracking at {url}: S3 stores need boto3; install it with "
-                "pip install 'bellis[s3]'",
+                f"block tracking at {url}: S3 stores need boto3 (botocore); install it "
+                "with pip install 'bellis[s3]'",
                 path=url,
             ) from None
-        made = boto3.session.Session().client(
+        made = botocore.session.get_session().create_client(
             "s3", config=Config(retries={"max_attempts": 3, "mode": "standard"})
         )
         _clients[key] = made
@@ -230,6 +232,32 @@ class Bucket:
                 raise self._error(f"deleting {name}", exc) from None
 
         self._call(f"deleting {name}", send)
+
+    def delete_many(self, names: list[str]) -> None:
+        """Delete the objects ``names`` (relative to the store), 1,000 a request."""
+        from botocore.exceptions import ClientError
+
+        for start in range(0, len(names), 1000):
+            part = names[start : start + 1000]
+
+            def send(part: list[str] = part) -> None:
+                try:
+                    r = self._client.delete_objects(
+                        Bucket=self.bucket,
+                        Delete={"Objects": [{"Key": self.key(n)} for n in part], "Quiet": True},
+                    )
+                except ClientError as exc:
+                    raise self._error("deleting objects", exc) from None
+                failed = r.get("Errors") or []
+                if failed:
+                    first = failed[0]
+                    raise TrackingError(
+                        f"block tracking at {self.url}: deleting {first.get('Key', '?')} "
+                        f"failed: {first.get('Code', '?')} ({len(failed)} objects not deleted)",
+                        path=self.url,
+                    )
+
+            self._call("deleting objects", send)
 
     def children(self, prefix: str) -> list[str]:
         """The "folders" right below ``prefix`` (a listing: only ``find_stores`` asks)."""
@@ -364,22 +392,31 @@ class S3Lock:
         etag = self._bucket.put(LOCK_KEY, self._body(self._record), self._etag)
         if etag is None:
             self._etag = None
-            raise TrackingError(
-                f"block tracking at {self._bucket.url}: this run lost its lock (another run "
-                "took the store over after this run's lease expired); stopping so that two "
-                f"runs do not write one store. Raise {LEASE_ENV} above the longest pause "
-                "between flushes",
-                path=self._bucket.url,
-            )
+            raise self._lost()
         self._etag = etag
 
-    def release(self) -> None:
+    def _lost(self) -> TrackingError:
+        return TrackingError(
+            f"block tracking at {self._bucket.url}: this run lost its lock (another run "
+            "took the store over after this run's lease expired); stopping so that two "
+            f"runs do not write one store. Raise {LEASE_ENV} above the longest pause "
+            "between flushes",
+            path=self._bucket.url,
+        )
+
+    def release(self, *, strict: bool = False) -> None:
+        """Delete the lock object if it is still this run's. ``strict``: raise the lost
+        lock's error when it is not (another run took it over), as a renewal would (the
+        close of a run renews no more: this read tells the same)."""
         if self._etag is None:
             return
         held = self._bucket.get(LOCK_KEY)
-        if held is not None and held[1] == self._etag:
-            self._bucket.delete(LOCK_KEY)
+        mine = held is not None and held[1] == self._etag
         self._etag = None
+        if mine:
+            self._bucket.delete(LOCK_KEY)
+        elif strict:
+            raise self._lost()
 
 
 def read_lease(bucket: Bucket) -> dict[str, Any] | None:
