@@ -53,7 +53,6 @@ round trip; ``Dispatcher.move_worker``) and runs that task's block function
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -72,9 +71,10 @@ __all__ = [
 ]
 
 
-#: the writer's preference (``rebind``); ``BELLIS_PREFER_WRITER=0`` turns it off, for an
-#: A/B measurement only (benchmarks/RESULTS.md)
-PREFER_WRITER = os.environ.get("BELLIS_PREFER_WRITER", "1") != "0"
+#: the writer's preference (``rebind``); the environment variable ``BELLIS_PREFER_WRITER=0``
+#: turns it off (read by ``_run._server``), for an A/B measurement only
+#: (benchmarks/RESULTS.md)
+PREFER_WRITER = True
 
 
 class SharingLauncher(Protocol):
