@@ -34,6 +34,8 @@ and compared with the ``single`` runner's, byte for byte; a mismatch is an error
     python benchmarks/bench_real.py --size 64 --reps 1 --runners single,split,bellis
     python benchmarks/bench_real.py --bellis-opt resource_tracking=true   # every bellis run
     python benchmarks/bench_real.py --runners split,bellis,bellis:resource_tracking=true
+    python benchmarks/bench_real.py --runners \
+        split,bellis+inputs,bellis+inputs:env.BELLIS_PREFER_WRITER=0   # an environment
 
 Prints a markdown table per workload: medians, and ratios against the static split (the
 median over repetitions of the paired ratio); then, per bellis task, the input cache's
@@ -133,6 +135,8 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
         os.mkdir(timing_dir)
         base, *variant = args.runner.split(":")
         options = _parse_opts(args.bellis_opt + variant) if base.startswith("bellis") else {}
+        # env.NAME=VALUE items set the measurement's environment (``campaign``), not Task
+        options = {k: v for k, v in options.items() if not k.startswith("env.")}
         if base == "bellis+inputs":
             options["inputs"] = True
         fn = _runners.RUNNERS[base]
@@ -403,9 +407,13 @@ def campaign(args: argparse.Namespace) -> int:
                     if not args.check:
                         cmd.append("--no-check")
                     env = None
+                    envs = [v[4:] for v in name.split(":")[1:] if v.startswith("env.")]
+                    if envs:  # a variant's environment: bellis+inputs:env.NAME=VALUE
+                        env = dict(os.environ)
+                        env.update(e.partition("=")[::2] for e in envs)
                     if name.split(":")[0] == "bellis-base":
                         # that bellis first on the path (ahead of the installed one)
-                        env = dict(os.environ)
+                        env = dict(env or os.environ)
                         env["PYTHONPATH"] = os.pathsep.join(
                             [os.path.abspath(args.base_src)]
                             + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

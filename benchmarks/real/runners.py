@@ -125,8 +125,10 @@ def _daisy_like(mod: Any, job: Job) -> dict[str, Any]:
                     if value:
                         # the stage's input; the outputs are declared too, so that an
                         # input this run writes (W3's smoothed array, read by the label
-                        # task) is known to be written and never cached (counted as
-                        # ``bypassed``); ``outputs`` without ``verify_outputs`` adds
+                        # task) is known to be written: cached only where bellis proves
+                        # it final (a direct upstream writer with chunk-aligned write
+                        # ROIs, as W3's smooth task: then written through), else
+                        # ``bypassed``; ``outputs`` without ``verify_outputs`` adds
                         # nothing per block (docs/outputs.md)
                         kw["inputs"] = [job.paths[stage.input]]
                         kw["outputs"] = [job.paths[stage.output]]

@@ -71,9 +71,10 @@ class WorkerPayload:
     #: (a shared worker, ``_scheduling._sharing``); unpickled only on a move. Empty: the
     #: worker serves its own task only
     shared: tuple[SharedFunction, ...] = ()
-    #: the task's declared inputs, ``(store, array path, cacheable)`` each
-    #: (``_outputs._inputs.wire_inputs``): the worker caches their decoded chunks
-    inputs: tuple[tuple[str, str, bool], ...] = ()
+    #: the task's declared inputs, ``(store, array path, flags)`` each
+    #: (``_outputs._inputs.plan_inputs``: ``CACHE_READS``, the worker caches their decoded
+    #: chunks; ``WRITE_THROUGH``, it keeps the whole chunks its blocks write)
+    inputs: tuple[tuple[str, str, int], ...] = ()
     #: the bound of that cache in bytes (``Task(input_cache_bytes=...)``); None: derived
     #: from the worker's memory limit
     input_cache_bytes: int | None = None
@@ -147,13 +148,15 @@ class WorkerPayload:
 
 
 def _valid_inputs(inputs: Any) -> bool:
-    """Whether ``inputs`` is a payload's declared inputs: ``[store, path, cached]`` lists."""
+    """Whether ``inputs`` is a payload's declared inputs: ``[store, path, flags]`` lists
+    (flags an int of ``_outputs._inputs.CACHE_READS | WRITE_THROUGH``, or a bool)."""
     return type(inputs) is list and all(
         type(i) is list
         and len(i) == 3
         and type(i[0]) is str
         and type(i[1]) is str
-        and type(i[2]) is bool
+        and type(i[2]) in (bool, int)
+        and 0 <= i[2] <= 3
         for i in inputs
     )
 
@@ -174,7 +177,7 @@ class SharedFunction(NamedTuple):
     code_origins: tuple[tuple[str, int, str], ...] = ()
     setup: bytes | None = None
     arity: int = 1
-    inputs: tuple[tuple[str, str, bool], ...] = ()
+    inputs: tuple[tuple[str, str, int], ...] = ()
     input_cache_bytes: int | None = None
 
 

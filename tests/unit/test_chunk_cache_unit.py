@@ -50,6 +50,7 @@ def test_the_cache_holds_at_most_its_bound_and_drops_the_least_recently_used() -
         "miss_bytes": 150,
         "evictions": 2,
         "bypassed": 0,
+        "written": 0,
         "bytes": 90,
         "peak_bytes": 90,
     }

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from .._code_origin import collect as collect_code_origins
 from .._donemarks import BlockStore
 from .._launchers._base import LocalLauncher, WorkerLauncher
 from .._outputs._declared import downstream_record, outputs_record
-from .._outputs._inputs import run_outputs, wire_inputs
+from .._outputs._inputs import plan_inputs
 from .._payload import WorkerPayload
 from .._protocol import CACHE_COUNTS, new_secret, worker_token
 from .._report._panel import render_panel
@@ -266,10 +266,10 @@ def _abandon_message(
     return "\n".join(parts)
 
 
-def _serialize_function(task: TaskSpec, written: tuple[tuple[str, str], ...] = ()) -> bytes:
+def _serialize_function(task: TaskSpec, wired: Sequence[tuple[str, str, int]] = ()) -> bytes:
     """The worker payload (``_payload.WorkerPayload``), built once at run start: an
-    unpicklable function fails here. ``written``: the run's declared outputs (their
-    ``OutputSpec.key``), which the workers never cache as inputs."""
+    unpicklable function fails here. ``wired``: the task's inputs as its workers get them
+    (``_outputs._inputs.plan_inputs``: which are cached, which are written through)."""
     fn = task.process_function
     setup = task.setup
     setup_bytes = None
@@ -297,7 +297,7 @@ def _serialize_function(task: TaskSpec, written: tuple[tuple[str, str], ...] = (
             log_settings=blog.export_settings(),
             code_origins=tuple(origins),
             setup=setup_bytes,
-            inputs=tuple(wire_inputs(task.inputs, written)),
+            inputs=tuple(wired),
             input_cache_bytes=task.input_cache_bytes,
         ).to_bytes()
     except Exception as exc:
@@ -420,11 +420,13 @@ class RunSettings:
         warn_uncovered(read)
         payloads: dict[str, bytes | None] = {}
         if multiprocessing:
-            written = run_outputs(tasks)
+            wired = plan_inputs(read, [(a.task_id, b.task_id) for a, b in pipe.edges])
             for t in tasks:
                 spec = specs[t.task_id]
                 payloads[t.task_id] = (
-                    None if spec.process_function is None else _serialize_function(spec, written)
+                    None
+                    if spec.process_function is None
+                    else _serialize_function(spec, wired[t.task_id])
                 )
         return cls(
             pipeline=pipe,

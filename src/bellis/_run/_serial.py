@@ -14,7 +14,7 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
-from .._outputs._inputs import run_outputs, wire_inputs
+from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location, plan_inputs
 from .._outputs._readback import ReadBack, wire_outputs
 from .._scheduling._attempts import attempt_record, block_coord, setup_record, text_key
 from .._scheduling._scheduler import Scheduler
@@ -208,7 +208,7 @@ def run_blocks_serially(
                 "to give more memory",
                 run.task_id,
             )
-    cache = _cache_inputs([run.spec for run in scheduler.runs])
+    cache = _cache_inputs(scheduler.runs)
     warm: dict[str, Warm] = {}  # Task(setup=...), entered before each task's first block
     try:
         _run_all(scheduler, aggregates, on_block, errors, cache, warm)
@@ -219,17 +219,37 @@ def run_blocks_serially(
             cache.remove()
 
 
-def _cache_inputs(tasks: list[Any]) -> Any:
+def _cache_inputs(runs: list[Any]) -> Any:
     """Serve the tasks' declared inputs from one decoded-chunk cache in this process (as
     each worker does in a distributed run), as large as the largest task's bound; None
-    when no task declares inputs or every bound is 0."""
-    bounds = [cache_bound(t.input_cache_bytes, t.memory_limit) for t in tasks]
-    written = run_outputs(tasks)
+    when no task declares inputs or every bound is 0.
+
+    One cache serves every task, so an input's reads are cached only where every task
+    that declares it may cache it (``plan_inputs``: a task reading an upstream output
+    that is not proven final must not fill the cache with it), and its writes are kept
+    (write-through) only when its reads are cached."""
+    tasks = [run.spec for run in runs]
+    edges = [(up.task_id, run.task_id) for run in runs for _edge, up in run.up_edges]
+    plan = plan_inputs(tasks, edges)
+    # where -> [store, path, reads (AND over the tasks declaring it; None: none does),
+    # writes (OR)]
+    flags: dict[str, list[Any]] = {}
+    for t in tasks:
+        if not cache_bound(t.input_cache_bytes, t.memory_limit):
+            continue
+        for store, path, f in plan[t.task_id]:
+            entry = flags.setdefault(array_location(store, path), [store, path, None, False])
+            if f != WRITE_THROUGH:  # a declared input
+                entry[2] = entry[2] is not False and bool(f & CACHE_READS)
+            entry[3] = entry[3] or bool(f & WRITE_THROUGH)
     wired = [
-        w for t, b in zip(tasks, bounds, strict=True) if b for w in wire_inputs(t.inputs, written)
+        (store, path, CACHE_READS | (WRITE_THROUGH if writes else 0) if reads else 0)
+        for store, path, reads, writes in flags.values()
+        if reads is not None
     ]
     if not wired:
         return None
+    bounds = [cache_bound(t.input_cache_bytes, t.memory_limit) for t in tasks]
     return install(wired, max(bounds))
 
 
@@ -320,6 +340,8 @@ def _run_all(
                         _record_failure(errors, run, k, "block status set to FAILED", None, None)
                     if ok and verify is not None:
                         ok = _read_back(verify, run, k, block, errors)
+                    if cache is not None:  # the chunks it wrote whole, kept if it succeeded
+                        cache.cache.commit() if ok else cache.cache.discard()
                     release(run, k, ok, stats, -1, t0, t1)
                     if span is not None and run.recent is not None:  # the live page's lanes
                         run.recent.append((-1, span[0], span[1], k, ok))

@@ -78,7 +78,8 @@ CACHE_ARRAYS: tuple[str, ...] = (
 """What the worker's decoded-chunk cache did for each block of a task with declared
 inputs (``Task(inputs=...)``; ``bellis._worker._chunkcache``), in
 ``_protocol.CACHE_COUNTS`` order: chunks served from memory, chunks decoded from the
-store, the bytes decoded, and reads of an input the run writes (never cached). Created
+store, the bytes decoded, and reads of an input the run writes that were not cached (not
+proven final: ``_outputs._inputs``). Created
 when a store first records one: stores of tasks without inputs lack them."""
 
 STAT_ARRAYS: tuple[str, ...] = (*STATS_ARRAYS[:7], *STAMP_ARRAYS, STATS_ARRAYS[7])

@@ -26,10 +26,23 @@ Chunks are the array's own (the inner chunks of a sharded array: one read of a
 chunk-aligned box decodes only that chunk of the shard). A miss reads the bounding box of
 the missing chunks in one zarr call when they fill it, else chunk by chunk.
 
-Staleness: an input that a task of the run declares as an output is *not cacheable*: its
-reads go to zarr (counted as ``bypassed``). A write through ``[]=`` in this process to a
-cached array drops that array's chunks. An array that the run writes without declaring
-it as an output is the user's risk: declare it, or leave it out of ``inputs``.
+Staleness: an input that a task of the run declares as an output is cacheable only where
+``_outputs._inputs.plan_inputs`` proves every chunk a block reads final when the block
+runs (its writers are direct upstream tasks whose write ROIs are chunk-aligned for it: the
+argument is in that module's docstring); otherwise its reads go to zarr (counted as
+``bypassed``). A write through ``[]=`` in this process to a cached input drops that
+array's chunks. An array that the run writes without declaring it as an output is the
+user's risk: declare it, or leave it out of ``inputs``.
+
+Write-through: a task that is the one writer of an array cacheable downstream gets it with
+``WRITE_THROUGH``. Its ``[]=`` writes of that array note each chunk the selection covers
+whole (a copy of the written values, in the array's dtype and shape) in
+``ChunkCache.pending``, and drop from the cache any chunk it covers in part; the worker
+loop commits the pending chunks when the block function returns without error
+(:meth:`ChunkCache.commit`) and discards them when it fails (:meth:`ChunkCache.discard`),
+so a failed attempt's writes are never served. Committed chunks count against the same
+byte bound, and neither as hits nor misses (``written`` counts them). A downstream block
+on that worker then reads them without a decode.
 
 numpy and zarr are imported only when a task declares inputs (:func:`install`); the
 :class:`ChunkCache` itself needs neither.
@@ -43,7 +56,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._outputs._inputs import array_location
+from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -91,6 +104,12 @@ class ChunkCache:
         self.bypassed = 0
         #: bytes decoded from the store on misses
         self.miss_bytes = 0
+        #: chunks kept from this worker's own writes (write-through, at block success)
+        self.written = 0
+        #: the whole chunks the running block wrote of a write-through array, not yet
+        #: kept: :meth:`commit` keeps them when the block succeeds, :meth:`discard` drops
+        #: them when it fails
+        self.pending: dict[Any, Any] = {}
         self._reported = [0, 0, 0, 0]
 
     def __len__(self) -> int:
@@ -108,22 +127,54 @@ class ChunkCache:
     def put(self, key: Any, chunk: Any) -> None:
         """Keep ``chunk`` (counted as a miss), dropping the least recently used chunks to
         stay within the bound; a chunk larger than the bound is not kept."""
-        size = int(chunk.nbytes)
         with self._lock:
             self.misses += 1
-            self.miss_bytes += size
-            if size > self.bound_bytes:
-                return
+            self.miss_bytes += int(chunk.nbytes)
+            self._keep(key, chunk)
+
+    def commit(self) -> None:
+        """The running block succeeded: keep the chunks it wrote whole (:attr:`pending`),
+        within the bound, counted as ``written``."""
+        if not self.pending:
+            return
+        with self._lock:
+            pending, self.pending = self.pending, {}
+            for key, chunk in pending.items():
+                self.written += 1
+                self._keep(key, chunk)
+
+    def discard(self) -> None:
+        """The running block failed: its writes are never served."""
+        if self.pending:
+            with self._lock:
+                self.pending = {}
+
+    def forget(self, key: Any) -> None:
+        """A write covered chunk ``key`` in part: drop it (held or pending)."""
+        with self._lock:
+            self.pending.pop(key, None)
             old = self._chunks.pop(key, None)
             if old is not None:
                 self.bytes -= int(old.nbytes)
-            while self._chunks and self.bytes + size > self.bound_bytes:
-                _key, dropped = self._chunks.popitem(last=False)
-                self.bytes -= int(dropped.nbytes)
-                self.evictions += 1
-            self._chunks[key] = chunk
-            self.bytes += size
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def _keep(self, key: Any, chunk: Any) -> None:
+        """Hold ``chunk`` under ``key`` (the lock held), least recently used ones going."""
+        size = int(chunk.nbytes)
+        if size > self.bound_bytes:
+            old = self._chunks.pop(key, None)
+            if old is not None:
+                self.bytes -= int(old.nbytes)
+            return
+        old = self._chunks.pop(key, None)
+        if old is not None:
+            self.bytes -= int(old.nbytes)
+        while self._chunks and self.bytes + size > self.bound_bytes:
+            _key, dropped = self._chunks.popitem(last=False)
+            self.bytes -= int(dropped.nbytes)
+            self.evictions += 1
+        self._chunks[key] = chunk
+        self.bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
 
     def shrink_to(self, bound_bytes: int) -> None:
         """Set the bound to ``bound_bytes``, dropping the least recently used chunks
@@ -140,6 +191,8 @@ class ChunkCache:
         with self._lock:
             for key in [k for k in self._chunks if k[0] == array_key]:
                 self.bytes -= int(self._chunks.pop(key).nbytes)
+            for key in [k for k in self.pending if k[0] == array_key]:
+                del self.pending[key]
 
     def take_counts(self) -> list[int] | None:
         """hits, misses, miss_bytes and bypassed reads since the last call (what a
@@ -152,7 +205,8 @@ class ChunkCache:
         return delta if any(delta) else None
 
     def counters(self) -> dict[str, int]:
-        """hits, misses, miss_bytes, evictions, bypassed, bytes, peak_bytes: a snapshot."""
+        """hits, misses, miss_bytes, evictions, bypassed, written, bytes, peak_bytes: a
+        snapshot."""
         with self._lock:
             return {
                 "hits": self.hits,
@@ -160,6 +214,7 @@ class ChunkCache:
                 "miss_bytes": self.miss_bytes,
                 "evictions": self.evictions,
                 "bypassed": self.bypassed,
+                "written": self.written,
                 "bytes": self.bytes,
                 "peak_bytes": self.peak_bytes,
             }
@@ -222,10 +277,10 @@ class Installed:
         self._np = np
         self._zarr = zarr
         self.cache = ChunkCache(bound_bytes)
-        #: where each input lives -> cacheable
-        self.inputs: dict[str, bool] = {
-            array_location(str(s), str(p)): bool(c) for s, p, c in inputs
-        }
+        #: where each input lives -> cacheable; where the write-through arrays live
+        self.inputs: dict[str, bool] = {}
+        self.writes: set[str] = set()
+        self._target(inputs)
         cls: Any = zarr.Array
         self._cls = cls
         self._getitem: Any = cls.__getitem__
@@ -247,9 +302,11 @@ class Installed:
             return original_get(arr, selection)
 
         def __setitem__(arr: Any, selection: Any, value: Any) -> None:
-            if me.inputs and me.inputs.get(array_key(arr)):
+            if me.inputs and me.inputs.get(array_key(arr)) and array_key(arr) not in me.writes:
                 me.cache.drop_array(array_key(arr))
             original_set(arr, selection, value)
+            if me.writes:  # write-through: kept at the block's success (pending)
+                me.note_write(arr, selection, value)
 
         __getitem__.__wrapped__ = original_get  # type: ignore[attr-defined]
         setattr(cls, "__getitem__", __getitem__)  # noqa: B010
@@ -258,12 +315,73 @@ class Installed:
     def retarget(self, inputs: Iterable[Sequence[Any]], bound_bytes: int) -> None:
         """Serve another task's declared ``inputs`` from now on, within ``bound_bytes``
         (a shared worker that moved: ``_worker._shared``). The cache stays the process's
-        one: chunks of an input both tasks declare cacheable are still served (no task
-        of the run writes such an input, so they are not stale); the others stay until
-        the bound pushes them out, and what the cache does from here on is counted for
-        the new task."""
-        self.inputs = {array_location(str(s), str(p)): bool(c) for s, p, c in inputs}
+        one: chunks of an input both tasks declare cacheable are still served (every
+        chunk it holds is final: read where ``plan_inputs`` proved it so, or written
+        through by the block that alone writes it, which succeeded), including the
+        chunks the old task wrote through for the new one; the others stay until the
+        bound pushes them out, and what the cache does from here on is counted for the
+        new task. Pending writes of a block not committed are dropped."""
+        self._target(inputs)
         self.cache.shrink_to(bound_bytes)
+
+    def _target(self, inputs: Iterable[Sequence[Any]]) -> None:
+        """Serve ``inputs`` (``(store, path, flags)``, ``_outputs._inputs.plan_inputs``):
+        reads of those with ``CACHE_READS`` from the cache, writes of those with
+        ``WRITE_THROUGH`` kept. An entry with ``WRITE_THROUGH`` alone is an output of the
+        task, not an input: its reads are not counted as bypassed."""
+        self.inputs = {}
+        self.writes = set()
+        for s, p, flags in inputs:
+            where = array_location(str(s), str(p))
+            f = int(flags)
+            if f & WRITE_THROUGH:
+                self.writes.add(where)
+            if f != WRITE_THROUGH:
+                self.inputs[where] = bool(f & CACHE_READS)
+        self.cache.discard()
+
+    def note_write(self, arr: Any, selection: Any, value: Any) -> None:
+        """``arr[selection] = value`` was written: for a write-through array, each chunk
+        the selection covers whole goes to the cache's pending chunks (a read-only copy of
+        its values), each chunk it covers in part is dropped. Only a value that is an
+        array of ``arr``'s dtype and of the selection's shape is kept; any other write
+        drops the chunks it touches (every chunk of the array when the selection is not a
+        box)."""
+        key = array_key(arr)
+        if key not in self.writes:
+            return
+        cache = self.cache
+        shape = tuple(int(s) for s in arr.shape)
+        box = _box(selection, shape)
+        if box is None:
+            cache.drop_array(key)
+            return
+        starts, stops, drop = box
+        np = self._np
+        chunks = tuple(int(c) for c in arr.chunks)
+        keep = (
+            isinstance(value, np.ndarray)
+            and not any(drop)
+            and value.dtype == arr.dtype
+            and value.shape == tuple(b - a for a, b in zip(starts, stops, strict=True))
+        )
+        import itertools
+
+        ranges = [
+            range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True)
+        ]
+        for idx in itertools.product(*ranges):
+            lo = [i * c for i, c in zip(idx, chunks, strict=True)]
+            hi = [min((i + 1) * c, n) for i, c, n in zip(idx, chunks, shape, strict=True)]
+            whole = all(a <= x and y <= b for a, b, x, y in zip(starts, stops, lo, hi, strict=True))
+            if keep and whole:
+                at = tuple(slice(x - a, y - a) for a, x, y in zip(starts, lo, hi, strict=True))
+                part = np.array(value[at], copy=True)
+                part.flags.writeable = False
+                with cache._lock:
+                    cache.pending[(key, idx)] = part
+            else:
+                cache.forget((key, idx))
 
     def remove(self) -> None:
         """Put zarr's own ``[]`` back."""

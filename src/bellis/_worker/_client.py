@@ -496,6 +496,7 @@ class Client:
             return  # a forked child unwinding (sys.exit in it): its parent owns the block
         self._watchdog.disarm()
         if self._chunk_cache is not None:
+            self._chunk_cache.discard()  # a failed attempt's writes are never served
             self._cache_of(k)
         self._in_block = False
         block._status = BlockStatus.FAILED
@@ -568,7 +569,8 @@ class Client:
 
     def _finished(self, k: int, block: Block, measured: Any, checksum: Any = None) -> None:
         self._watchdog.disarm()
-        if self._chunk_cache is not None:
+        cache = self._chunk_cache
+        if cache is not None:
             self._cache_of(k)
         if checksum is not None and type(checksum) is str:
             logger.warning("block %s failed: %s", block.block_id, checksum)
@@ -584,8 +586,12 @@ class Client:
                 self._fail(k, BlockStatus.FAILED, field)
             else:
                 self._results += (k, BlockStatus.SUCCESS, row, checksum)
+                if cache is not None:
+                    cache.commit()  # the chunks it wrote whole (write-through)
         else:
             self._fail(k, BlockStatus.FAILED, _failure.status_failed(self._repeats))
+        if cache is not None:
+            cache.discard()  # a failed attempt's writes are never served
         # only now may a SIGTERM exit at once: close() sends the results home
         self._in_block = False
         if self._stop_requested:
@@ -775,7 +781,7 @@ def _chunk_cache() -> Any:
     or a shared worker moved to a task without inputs)."""
     module = sys.modules.get("bellis._worker._chunkcache")
     inst = None if module is None else module.active()
-    return None if inst is None or not inst.inputs else inst.cache
+    return None if inst is None or not (inst.inputs or inst.writes) else inst.cache
 
 
 class _RoiSpec:

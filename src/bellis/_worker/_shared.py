@@ -63,7 +63,7 @@ class TaskCode(NamedTuple):
     fn: Any
     setup: Any
     passes_context: bool
-    inputs: tuple[tuple[str, str, bool], ...]
+    inputs: tuple[tuple[str, str, int], ...]
     input_cache_bytes: int | None
 
 
