@@ -221,16 +221,17 @@ def run_blocks_serially(
 
 def _cache_inputs(tasks: list[Any]) -> Any:
     """Serve the tasks' declared inputs from one decoded-chunk cache in this process (as
-    each worker does in a distributed run), as large as the largest task's bound; None
-    when no task declares inputs or every bound is 0."""
+    each worker does in a distributed run), as large as the largest task's bound, and
+    write their declared outputs directly where it can (``_worker._chunkwrite``); None
+    when no task declares outputs, nor inputs with a bound above 0."""
     bounds = [cache_bound(t.input_cache_bytes, t.memory_limit) for t in tasks]
     written = run_outputs(tasks)
     wired = [
         w for t, b in zip(tasks, bounds, strict=True) if b for w in wire_inputs(t.inputs, written)
     ]
-    if not wired:
+    if not wired and not written:
         return None
-    return install(wired, max(bounds))
+    return install(wired, max(bounds), written)
 
 
 def _run_all(
