@@ -78,6 +78,9 @@ class WorkerPayload:
     #: the bound of that cache in bytes (``Task(input_cache_bytes=...)``); None: derived
     #: from the worker's memory limit
     input_cache_bytes: int | None = None
+    #: the task's declared outputs, ``(store, array path)`` each: the worker writes their
+    #: chunk-aligned blocks itself (``_worker._chunkwrite``)
+    outputs: tuple[tuple[str, str], ...] = ()
 
     def to_bytes(self) -> bytes:
         fields: list[Any] = [
@@ -89,14 +92,16 @@ class WorkerPayload:
             [list(o) for o in self.code_origins],
             self.setup,
         ]
-        if self.shared or self.inputs or self.input_cache_bytes is not None:
-            # the optional fields travel together (a payload has 7 or 10 fields); left
+        if self.shared or self.inputs or self.input_cache_bytes is not None or self.outputs:
+            # the optional fields travel together (a payload has 7, 10 or 11 fields); left
             # off when all are at their defaults
             fields += [
                 [list(i) for i in self.inputs],
                 -1 if self.input_cache_bytes is None else self.input_cache_bytes,
                 [_shared_wire(f) for f in self.shared],
             ]
+            if self.outputs:
+                fields.append([list(o) for o in self.outputs])
         packed: bytes = _packb(fields)
         return packed
 
@@ -108,13 +113,14 @@ class WorkerPayload:
             msg = msgpack.unpackb(data, raw=False, use_list=True)
         except Exception as exc:
             raise ProtocolError(f"bellis worker: malformed payload: {exc}") from exc
-        if type(msg) is not list or len(msg) not in (7, 10) or msg[0] != PAYLOAD_FORMAT:
+        if type(msg) is not list or len(msg) not in (7, 10, 11) or msg[0] != PAYLOAD_FORMAT:
             raise ProtocolError(
                 "bellis worker: the payload is not of this bellis's format "
                 f"{PAYLOAD_FORMAT}; run the workers with the same bellis version as the driver"
             )
         _fmt, function, arity, sys_path, log_settings, origins, setup = msg[:7]
-        inputs, cache_bytes, shared_wire = msg[7:] if len(msg) == 10 else ([], -1, [])
+        inputs, cache_bytes, shared_wire = msg[7:10] if len(msg) >= 10 else ([], -1, [])
+        outputs = msg[10] if len(msg) == 11 else []
         if (
             type(function) is not bytes
             or arity not in (0, 1, 2)
@@ -124,11 +130,13 @@ class WorkerPayload:
             raise ProtocolError("bellis worker: malformed payload fields")
         if type(cache_bytes) is not int or cache_bytes < -1 or not _valid_inputs(inputs):
             raise ProtocolError("bellis worker: malformed payload inputs")
+        if not _valid_outputs(outputs):
+            raise ProtocolError("bellis worker: malformed payload outputs")
         shared: list[SharedFunction] = []
         for entry in shared_wire if type(shared_wire) is list else [None]:
             if (
                 type(entry) is not list
-                or len(entry) not in (3, 7)
+                or len(entry) not in (3, 7, 8)
                 or type(entry[0]) is not str
                 or type(entry[1]) is not bytes
             ):
@@ -144,7 +152,15 @@ class WorkerPayload:
             shared=tuple(shared),
             inputs=tuple((st, pth, c) for st, pth, c in inputs),
             input_cache_bytes=None if cache_bytes == -1 else cache_bytes,
+            outputs=tuple((st, pth) for st, pth in outputs),
         )
+
+
+def _valid_outputs(outputs: Any) -> bool:
+    """Whether ``outputs`` is a payload's declared outputs: ``[store, path]`` lists."""
+    return type(outputs) is list and all(
+        type(o) is list and len(o) == 2 and type(o[0]) is str and type(o[1]) is str for o in outputs
+    )
 
 
 def _valid_inputs(inputs: Any) -> bool:
@@ -170,7 +186,8 @@ class SharedFunction(NamedTuple):
     (:attr:`WorkerPayload.shared`): its task, the cloudpickled function and its code
     origins, and what the worker sets up when it moves there: the task's setup
     (cloudpickled; None: none), its arity (2: ``fn(block, ctx)``), its declared inputs
-    and their cache bound (as :class:`WorkerPayload`'s fields of the same names)."""
+    and their cache bound, and its declared outputs (as :class:`WorkerPayload`'s fields of
+    the same names)."""
 
     task_id: str
     function: bytes
@@ -179,16 +196,27 @@ class SharedFunction(NamedTuple):
     arity: int = 1
     inputs: tuple[tuple[str, str, int], ...] = ()
     input_cache_bytes: int | None = None
+    outputs: tuple[tuple[str, str], ...] = ()
 
 
 def _shared_wire(f: SharedFunction) -> list[Any]:
     """A :class:`SharedFunction` as the payload's list: 3 fields when it has nothing but
-    its function (as before setups and inputs moved with a worker), else 7."""
+    its function (as before setups and inputs moved with a worker), else 7, or 8 with
+    declared outputs."""
     base: list[Any] = [f.task_id, f.function, [list(o) for o in f.code_origins]]
-    if f.setup is None and f.arity == 1 and not f.inputs and f.input_cache_bytes is None:
+    if (
+        f.setup is None
+        and f.arity == 1
+        and not f.inputs
+        and f.input_cache_bytes is None
+        and not f.outputs
+    ):
         return base
     cache_bytes = -1 if f.input_cache_bytes is None else f.input_cache_bytes
-    return [*base, f.setup, f.arity, [list(i) for i in f.inputs], cache_bytes]
+    wire = [*base, f.setup, f.arity, [list(i) for i in f.inputs], cache_bytes]
+    if f.outputs:
+        wire.append([list(o) for o in f.outputs])
+    return wire
 
 
 def _shared_entry(entry: list[Any]) -> SharedFunction:
@@ -196,13 +224,15 @@ def _shared_entry(entry: list[Any]) -> SharedFunction:
     malformed fields."""
     if len(entry) == 3:
         return SharedFunction(entry[0], entry[1], _origins(entry[2]))
-    setup, arity, inputs, cache_bytes = entry[3:]
+    setup, arity, inputs, cache_bytes = entry[3:7]
+    outputs = entry[7] if len(entry) == 8 else []
     if (
         not (setup is None or type(setup) is bytes)
         or arity not in (1, 2)
         or type(cache_bytes) is not int
         or cache_bytes < -1
         or not _valid_inputs(inputs)
+        or not _valid_outputs(outputs)
     ):
         raise ProtocolError("bellis worker: malformed shared function in the payload")
     return SharedFunction(
@@ -213,6 +243,7 @@ def _shared_entry(entry: list[Any]) -> SharedFunction:
         arity,
         tuple((st, pth, c) for st, pth, c in inputs),
         None if cache_bytes == -1 else cache_bytes,
+        tuple((st, pth) for st, pth in outputs),
     )
 
 

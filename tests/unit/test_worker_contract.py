@@ -3,6 +3,7 @@ payload it starts from and the one frame the payload travels in, read by field n
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 
@@ -215,3 +216,23 @@ def test_a_setup_report_says_how_long_or_how_it_failed() -> None:
 def test_a_malformed_setup_report_is_refused(msg: list[object], says: str) -> None:
     with pytest.raises(ProtocolError, match=says):
         parse_setup_report(msg)
+
+
+def test_a_payload_carries_the_declared_outputs_and_so_does_a_shared_function() -> None:
+    from bellis._payload import SharedFunction
+
+    outputs = (("/data/out.zarr", "labels"), ("/data/b.zarr", ""))
+    shared = (SharedFunction("b", pickle.dumps(len), outputs=(("/data/c.zarr", "x"),)),)
+    p = WorkerPayload(
+        function=pickle.dumps(len), arity=1, sys_path=(), log_settings={}, outputs=outputs
+    )
+    back = WorkerPayload.from_bytes(p.to_bytes())
+    assert back == p and back.outputs == outputs
+    both = WorkerPayload.from_bytes(dataclasses.replace(p, shared=shared).to_bytes())
+    assert both.shared == shared and both.shared[0].outputs == (("/data/c.zarr", "x"),)
+    # a payload without outputs keeps its earlier length on the wire (7 fields)
+    assert len(msgpack.unpackb(payload().to_bytes())) == 7
+    bad = msgpack.unpackb(p.to_bytes())
+    bad[10] = [["/data/out.zarr"]]
+    with pytest.raises(ProtocolError, match="malformed payload outputs"):
+        WorkerPayload.from_bytes(msgpack.packb(bad, use_bin_type=True))

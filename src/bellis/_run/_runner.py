@@ -299,6 +299,7 @@ def _serialize_function(task: TaskSpec, wired: Sequence[tuple[str, str, int]] = 
             setup=setup_bytes,
             inputs=tuple(wired),
             input_cache_bytes=task.input_cache_bytes,
+            outputs=tuple(spec.key for spec in task.outputs),
         ).to_bytes()
     except Exception as exc:
         raise WorkerStartError(

@@ -14,7 +14,13 @@ from typing import IO, Any, cast
 
 from .. import logging as blog
 from .._block import Block, BlockStatus, stats_problem
-from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location, plan_inputs
+from .._outputs._inputs import (
+    CACHE_READS,
+    WRITE_THROUGH,
+    array_location,
+    plan_inputs,
+    run_outputs,
+)
 from .._outputs._readback import ReadBack, wire_outputs
 from .._scheduling._attempts import attempt_record, block_coord, setup_record, text_key
 from .._scheduling._scheduler import Scheduler
@@ -221,14 +227,16 @@ def run_blocks_serially(
 
 def _cache_inputs(runs: list[Any]) -> Any:
     """Serve the tasks' declared inputs from one decoded-chunk cache in this process (as
-    each worker does in a distributed run), as large as the largest task's bound; None
-    when no task declares inputs or every bound is 0.
+    each worker does in a distributed run), as large as the largest task's bound, and
+    write their declared outputs directly where it can (``_worker._chunkwrite``); None
+    when no task declares outputs, nor inputs with a bound above 0.
 
     One cache serves every task, so an input's reads are cached only where every task
     that declares it may cache it (``plan_inputs``: a task reading an upstream output
     that is not proven final must not fill the cache with it), and its writes are kept
     (write-through) only when its reads are cached."""
     tasks = [run.spec for run in runs]
+    written = run_outputs(tasks)
     edges = [(up.task_id, run.task_id) for run in runs for _edge, up in run.up_edges]
     plan = plan_inputs(tasks, edges)
     # where -> [store, path, reads (AND over the tasks declaring it; None: none does),
@@ -247,10 +255,10 @@ def _cache_inputs(runs: list[Any]) -> Any:
         for store, path, reads, writes in flags.values()
         if reads is not None
     ]
-    if not wired:
+    if not wired and not written:
         return None
     bounds = [cache_bound(t.input_cache_bytes, t.memory_limit) for t in tasks]
-    return install(wired, max(bounds))
+    return install(wired, max(bounds), written)
 
 
 def _run_all(

@@ -32,7 +32,14 @@ def share_workers(
 
 def _shared_function(task_id: str, p: WorkerPayload) -> SharedFunction:
     """What a worker that moves to ``task_id`` needs of its payload ``p``: its function,
-    setup and declared inputs."""
+    setup, declared inputs and outputs."""
     return SharedFunction(
-        task_id, p.function, p.code_origins, p.setup, p.arity, p.inputs, p.input_cache_bytes
+        task_id,
+        p.function,
+        p.code_origins,
+        p.setup,
+        p.arity,
+        p.inputs,
+        p.input_cache_bytes,
+        p.outputs,
     )

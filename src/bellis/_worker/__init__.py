@@ -12,7 +12,8 @@ Owns:
   ``_walltime``    stop taking blocks before the cluster job's time limit
   ``_shared``      a worker the server moves between tasks of a run (``MOVE``)
   ``_chunkcache``  the decoded-chunk cache of a task's declared inputs (numpy and zarr
-                   load when a task declares inputs, only then)
+                   load when a task declares inputs or outputs, only then)
+  ``_chunkwrite``  chunk-aligned writes of declared outputs, encoded and written here
   ``_setup``       ``Task(setup=...)``: entered once per process, its context and teardown
 
 May import: ``plumbing``, ``model``, ``protocol``, ``_outputs``.

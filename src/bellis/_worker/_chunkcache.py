@@ -44,8 +44,12 @@ so a failed attempt's writes are never served. Committed chunks count against th
 byte bound, and neither as hits nor misses (``written`` counts them). A downstream block
 on that worker then reads them without a decode.
 
-numpy and zarr are imported only when a task declares inputs (:func:`install`); the
-:class:`ChunkCache` itself needs neither.
+Writes: the same installation serves a task's declared *outputs* (``Task(outputs=...)``,
+with or without inputs): a chunk-aligned ``[]=`` to one is encoded and written in the
+calling thread by :mod:`._chunkwrite` when it is simple enough; the rest go to zarr.
+
+numpy and zarr are imported only when a task declares inputs or outputs
+(:func:`install`); the :class:`ChunkCache` itself needs neither.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location
+from ._chunkwrite import write_chunks
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -270,7 +275,12 @@ def _box(selection: Any, shape: Sequence[int]) -> tuple[list[int], list[int], li
 class Installed:
     """The cache serving one process's reads of declared inputs (see :func:`install`)."""
 
-    def __init__(self, inputs: Iterable[Sequence[Any]], bound_bytes: int) -> None:
+    def __init__(
+        self,
+        inputs: Iterable[Sequence[Any]],
+        bound_bytes: int,
+        outputs: Iterable[Sequence[Any]] = (),
+    ) -> None:
         import numpy as np
         import zarr
 
@@ -281,6 +291,8 @@ class Installed:
         self.inputs: dict[str, bool] = {}
         self.writes: set[str] = set()
         self._target(inputs)
+        #: where each declared output lives (written by ``_chunkwrite`` when it can)
+        self.outputs = _locations(outputs)
         cls: Any = zarr.Array
         self._cls = cls
         self._getitem: Any = cls.__getitem__
@@ -302,9 +314,13 @@ class Installed:
             return original_get(arr, selection)
 
         def __setitem__(arr: Any, selection: Any, value: Any) -> None:
-            if me.inputs and me.inputs.get(array_key(arr)) and array_key(arr) not in me.writes:
-                me.cache.drop_array(array_key(arr))
-            original_set(arr, selection, value)
+            key = array_key(arr)
+            if me.inputs and me.inputs.get(key) and key not in me.writes:
+                me.cache.drop_array(key)
+            # a declared output's chunk-aligned write goes to _chunkwrite (no hop to
+            # zarr's loop thread); what it does not take goes to zarr
+            if not (me.outputs and key in me.outputs and write_chunks(arr, selection, value)):
+                original_set(arr, selection, value)
             if me.writes:  # write-through: kept at the block's success (pending)
                 me.note_write(arr, selection, value)
 
@@ -312,7 +328,12 @@ class Installed:
         setattr(cls, "__getitem__", __getitem__)  # noqa: B010
         setattr(cls, "__setitem__", __setitem__)  # noqa: B010
 
-    def retarget(self, inputs: Iterable[Sequence[Any]], bound_bytes: int) -> None:
+    def retarget(
+        self,
+        inputs: Iterable[Sequence[Any]],
+        bound_bytes: int,
+        outputs: Iterable[Sequence[Any]] = (),
+    ) -> None:
         """Serve another task's declared ``inputs`` from now on, within ``bound_bytes``
         (a shared worker that moved: ``_worker._shared``). The cache stays the process's
         one: chunks of an input both tasks declare cacheable are still served (every
@@ -322,6 +343,7 @@ class Installed:
         bound pushes them out, and what the cache does from here on is counted for the
         new task. Pending writes of a block not committed are dropped."""
         self._target(inputs)
+        self.outputs = _locations(outputs)
         self.cache.shrink_to(bound_bytes)
 
     def _target(self, inputs: Iterable[Sequence[Any]]) -> None:
@@ -482,35 +504,49 @@ class Installed:
 _active: Installed | None = None
 
 
-def install(inputs: Iterable[Sequence[Any]], bound_bytes: int) -> Installed | None:
+def _locations(outputs: Iterable[Sequence[Any]]) -> frozenset[str]:
+    return frozenset(array_location(str(o[0]), str(o[1])) for o in outputs)
+
+
+def install(
+    inputs: Iterable[Sequence[Any]], bound_bytes: int, outputs: Iterable[Sequence[Any]] = ()
+) -> Installed | None:
     """Serve this process's reads of ``inputs`` (``(store, path, cacheable)`` each, as
     ``wire_inputs`` makes them) from a cache of ``bound_bytes``; None (nothing done) when
     there are no inputs or the bound is 0 and none is installed. One installation per
     process: a second call (a shared worker that moved to another task) retargets it
     (:meth:`Installed.retarget`): the new task's inputs, bound and counts, the same
-    chunks; with no inputs or a bound of 0 it then serves nothing and holds nothing."""
+    chunks; with no inputs or a bound of 0 it then serves nothing and holds nothing.
+    ``outputs``: the declared outputs (``(store, path)`` each) whose writes
+    :mod:`._chunkwrite` takes when it can (installed for them alone too)."""
     global _active
     inputs = [tuple(i) for i in inputs]
+    outputs = [tuple(o) for o in outputs]
     if not inputs or bound_bytes <= 0:
         inputs, bound_bytes = [], 0
     if _active is not None:
-        _active.retarget(inputs, bound_bytes)
+        _active.retarget(inputs, bound_bytes, outputs)
         return _active
-    if not inputs:
+    if not inputs and not outputs:
         return None
-    _active = Installed(inputs, bound_bytes)
+    _active = Installed(inputs, bound_bytes, outputs)
     return _active
 
 
-def install_for_task(inputs: Iterable[Sequence[Any]], input_cache_bytes: int | None) -> None:
+def install_for_task(
+    inputs: Iterable[Sequence[Any]],
+    input_cache_bytes: int | None,
+    outputs: Iterable[Sequence[Any]] = (),
+) -> None:
     """Serve a worker's task's declared ``inputs`` (:func:`install`), bounded by
     ``input_cache_bytes`` (``Task(input_cache_bytes=...)``) or else by the worker's memory
-    limit (:func:`cache_bound`). A shared worker calls it again on each move
-    (``_worker._shared``): the cache then serves the new task's inputs."""
+    limit (:func:`cache_bound`), and write its declared ``outputs`` directly where it can.
+    A shared worker calls it again on each move (``_worker._shared``): the cache then
+    serves the new task's inputs."""
     from .._protocol import MEMORY_LIMIT_ENV
 
     limit = os.environ.get(MEMORY_LIMIT_ENV)
-    install(inputs, cache_bound(input_cache_bytes, int(limit) if limit else None))
+    install(inputs, cache_bound(input_cache_bytes, int(limit) if limit else None), outputs)
 
 
 def active() -> Installed | None:

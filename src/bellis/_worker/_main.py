@@ -187,16 +187,23 @@ def main() -> int:
         restore(fn, list(payload.code_origins))
         if setup is not None:
             restore(setup, list(payload.code_origins))
-    if payload.inputs:
-        # numpy and zarr load here, for a task that declares inputs only
+    if payload.inputs or payload.outputs:
+        # numpy and zarr load here, for a task that declares inputs or outputs only
         from ._chunkcache import install_for_task
 
-        install_for_task(payload.inputs, payload.input_cache_bytes)
+        install_for_task(payload.inputs, payload.input_cache_bytes, payload.outputs)
     if payload.arity:
         if payload.shared:  # a worker the server may move to other tasks of the run
             from ._shared import TaskCode, run_shared_loop
 
-            own = TaskCode(fn, setup, payload.arity == 2, payload.inputs, payload.input_cache_bytes)
+            own = TaskCode(
+                fn,
+                setup,
+                payload.arity == 2,
+                payload.inputs,
+                payload.input_cache_bytes,
+                payload.outputs,
+            )
             return run_shared_loop(own, payload.shared, _failure_code)
         return run_block_function_loop(fn, setup=setup, passes_context=payload.arity == 2)
     try:

@@ -58,13 +58,15 @@ MAX_LOADED_FUNCTIONS: Final = 4
 class TaskCode(NamedTuple):
     """What a shared worker runs a task's blocks with: its block function, its setup
     (None: none), whether the function takes the setup's context (``fn(block, ctx)``),
-    and its declared inputs with their cache bound (``WorkerPayload``'s fields)."""
+    its declared inputs with their cache bound, and its declared outputs
+    (``WorkerPayload``'s fields)."""
 
     fn: Any
     setup: Any
     passes_context: bool
     inputs: tuple[tuple[str, str, int], ...]
     input_cache_bytes: int | None
+    outputs: tuple[tuple[str, str], ...] = ()
 
 
 class FunctionCache:
@@ -106,7 +108,9 @@ class FunctionCache:
             if setup is not None:
                 restore(setup, list(entry.code_origins))
         self.loads += 1
-        code = TaskCode(fn, setup, entry.arity == 2, entry.inputs, entry.input_cache_bytes)
+        code = TaskCode(
+            fn, setup, entry.arity == 2, entry.inputs, entry.input_cache_bytes, entry.outputs
+        )
         self._loaded[task_id] = code
         while len(self._loaded) > self._limit:
             self._loaded.popitem(last=False)
@@ -192,11 +196,12 @@ def run_shared_loop(
         # task it serves now
         os.environ[CONTEXT_ENV] = os.environ[DAISY_CONTEXT_ENV] = context.to_env()
         code = functions.get(target)
-        if code.inputs or "bellis._worker._chunkcache" in sys.modules:
-            # (numpy and zarr load only where some task of this worker declares inputs)
+        if code.inputs or code.outputs or "bellis._worker._chunkcache" in sys.modules:
+            # (numpy and zarr load only where some task of this worker declares inputs or
+            # outputs)
             from ._chunkcache import install_for_task
 
-            install_for_task(code.inputs, code.input_cache_bytes)
+            install_for_task(code.inputs, code.input_cache_bytes, code.outputs)
         # the same connection serves the new task: no reconnection, no handshake
         client.rejoin(context)
         task_id = target
