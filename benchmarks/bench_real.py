@@ -35,7 +35,7 @@ and compared with the ``single`` runner's, byte for byte; a mismatch is an error
     python benchmarks/bench_real.py --bellis-opt resource_tracking=true   # every bellis run
     python benchmarks/bench_real.py --runners split,bellis,bellis:resource_tracking=true
     python benchmarks/bench_real.py --runners \
-        split,bellis+inputs,bellis+inputs:env.BELLIS_PREFER_WRITER=0   # an environment
+        split,bellis+inputs,bellis+inputs:env.OMP_NUM_THREADS=1   # an environment
 
 Prints a markdown table per workload: medians, and ratios against the static split (the
 median over repetitions of the paired ratio); then, per bellis task, the input cache's

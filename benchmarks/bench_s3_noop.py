@@ -35,7 +35,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_s3_requests import _start_moto  # noqa: E402
+from bench_s3_requests import _start_moto
 
 _CHILD = r"""
 import json, sys, time

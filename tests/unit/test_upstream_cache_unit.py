@@ -1,7 +1,7 @@
 """Upstream outputs read downstream through the decoded-chunk cache (issues 37 and 38):
-which arrays a run may cache where a task of it writes them (``plan_inputs``), the
-write-through of whole written chunks committed at a block's success, and the writer's
-preference in the locality order. Pure: real zarr arrays on disk, no process or socket."""
+which arrays a run may cache where a task of it writes them (``plan_inputs``), and the
+write-through of whole written chunks committed at a block's success. Pure: real zarr
+arrays on disk, no process or socket."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from funlib.geometry import Roi
 import bellis as daisy
 from bellis._outputs._inputs import CACHE_READS, WRITE_THROUGH, plan_inputs
 from bellis._payload import WorkerPayload
-from bellis._scheduling._locality import LocalityOrder, Stream
 from bellis._task_spec import TaskSpec
 from bellis._worker._chunkcache import active, install
 
@@ -121,65 +120,3 @@ def test_written_chunks_are_kept_only_when_the_block_succeeds(tmp_path: Path) ->
     finally:
         inst.remove()
     assert active() is None
-
-
-def test_a_stream_with_a_hint_starts_there() -> None:
-    local = LocalityOrder((8, 8, 8))
-    local.fill(np.ones(512, dtype=bool))
-    pos = local.pos_of
-    # the worker that began writing in the middle moves first: it starts in the middle
-    b = Stream(hint=256)
-    assert pos[local.take(b)] == 256
-    # the one that began at 0 takes the free region before it, from 0
-    a = Stream(hint=0)
-    assert pos[local.take(a)] == 0
-    assert (a.lo, a.limit, b.lo, b.limit) == (0, 256, 256, 512)
-    # a third, with a hint ahead of a's cursor, splits a's region there
-    c = Stream(hint=128)
-    assert pos[local.take(c)] == 128 and a.limit == 128 and c.limit == 256
-    # no hint: as before, the far half of the largest region left
-    d = Stream()
-    k = local.take(d)
-    assert pos[k] == b.cursor + (512 - b.cursor) // 2
-
-
-def test_a_worker_moved_downstream_starts_where_it_began_writing() -> None:
-    """Two shared workers over a -> b (16 blocks each, b's block k reads a's block k): the
-    worker that began a in the middle and moves to b first starts b in the middle, not at
-    b's first ready block; the other, moving next, starts b at 0."""
-    from bellis._protocol import MOVE, SEND, FrameDecoder
-    from bellis._scheduling._dispatch import SEND_FRAME
-    from bellis._scheduling._sharing import share_groups
-    from kit.dispatch import OK, Script, task
-
-    a = task("a", blocks=16, max_workers=2, requires={"cpu": 1})
-    b = task("b", blocks=16, max_workers=2, requires={"cpu": 1})
-    sc = Script(daisy.Pipeline([a, b], [(a, b)]), resources={"cpu": 2})
-    one: Any = type("Local", (), {"is_local": True})()
-    share_groups(sc.plans.values(), dict.fromkeys(sc.plans, one), dict.fromkeys(sc.plans, 1))
-    w1, w2 = sc.start_workers()
-    p1, p2 = sc.connect("a", w1), sc.connect("a", w2)
-
-    def ask(peer: Any, done: list[int]) -> list[Any]:
-        sc.dispatcher.receive(peer, [0x3, *[x for k in done for x in (k, OK, -1, None)]], sc.now)
-        dec = FrameDecoder()
-        frames = [i[2] for i in sc.take() if i[0] == SEND_FRAME and i[1] is peer]
-        (msg,) = [m for f in frames for m in dec.feed(f)]
-        return msg
-
-    first1 = ask(p1, [])[1:]
-    held = ask(p2, [])[1:]
-    pos = sc.run("a").local.pos_of
-    assert [pos[k] for k in first1] == [0] and [pos[k] for k in held] == [8]
-    while True:  # p2 does every block of a but p1's first, then moves to b
-        msg = ask(p2, held)
-        if msg[0] != SEND:
-            break
-        held = list(msg[1:])
-    assert msg[:2] == [MOVE, "b"], msg
-    moved = list(msg[3:])
-    bpos = sc.run("b").local.pos_of
-    assert [bpos[k] for k in moved] == [8]  # where p2 began a (without the preference: 1)
-    msg = ask(p1, first1)
-    assert msg[:2] == [MOVE, "b"], msg
-    assert [bpos[k] for k in msg[3:]] == [0]

@@ -24,7 +24,6 @@ at once, instead of at the next tick; its other workers are not polled at all.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +31,6 @@ from typing import Any, cast
 
 from .._launchers._base import WorkerLauncher
 from .._protocol import MAX_CLIENT_FRAME_BYTES, new_nonce
-from .._scheduling import _sharing
 from .._scheduling._dispatch import Dispatcher
 from .._scheduling._instructions import CLOSE, KILL, LAUNCH, PROGRESS, SEND_FRAME
 from .._scheduling._records import TaskRecord
@@ -94,8 +92,6 @@ class RunLoop:
         self.net = Transport(bind_host, self._drop)
         self.port = self.net.port
         self.host = advertise_host
-        # the writer's preference on a move; off for an A/B measurement only
-        _sharing.PREFER_WRITER = os.environ.get("BELLIS_PREFER_WRITER", "1") != "0"
         self.dispatcher = Dispatcher(
             scheduler,
             plans,

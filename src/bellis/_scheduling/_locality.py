@@ -94,19 +94,15 @@ def morton_order(grid: tuple[int, ...]) -> np.ndarray[Any, Any]:
 
 class Stream:
     """One connection's place in a task's :class:`LocalityOrder`: its region ``[lo,
-    limit)`` and its cursor (all 0 until its first block); ``origin``, where it was first
-    placed; ``hint``, where it would like to be placed (-1: anywhere; a shared worker
-    moved downstream of the task it wrote for, ``_sharing.rebind``)."""
+    limit)`` and its cursor (all 0 until its first block)."""
 
-    __slots__ = ("cursor", "hint", "limit", "lo", "origin", "placed")
+    __slots__ = ("cursor", "limit", "lo", "placed")
 
-    def __init__(self, hint: int = -1) -> None:
+    def __init__(self) -> None:
         self.lo = 0
         self.cursor = 0
         self.limit = 0
         self.placed = False
-        self.origin = 0
-        self.hint = hint
 
 
 class LocalityOrder:
@@ -164,12 +160,9 @@ class LocalityOrder:
 
     # -- where a stream goes ---------------------------------------------------------
     def _place(self, s: Stream) -> None:
-        """A new stream's region: the one at its hint (:meth:`_place_at`), else a free
-        one, else the far half of the largest one left."""
+        """A new stream's region: a free one, else the far half of the largest one left."""
         s.placed = True
-        if 0 <= s.hint < self.size and self._place_at(s, s.hint):
-            pass
-        elif self.free:
+        if self.free:
             f = self.free.pop()
             s.lo, s.cursor, s.limit = f.lo, f.cursor, f.limit
         elif not self.streams:
@@ -183,31 +176,7 @@ class LocalityOrder:
                 v.limit = mid
             else:  # nothing left to split: an empty region, and its first take looks on
                 s.lo = s.cursor = s.limit = 0
-        s.origin = s.lo
         self.streams.append(s)
-
-    def _place_at(self, s: Stream, h: int) -> bool:
-        """Place ``s`` from position ``h`` on (the writer's preference, ``_sharing``): in
-        the free region holding ``h``; as the first stream, over ``[h, size)`` with
-        ``[0, h)`` left free; or in the region of the stream holding ``h`` ahead of its
-        cursor, split there (``s`` takes ``[h, limit)``). False when none applies."""
-        for i, f in enumerate(self.free):
-            if f.lo <= h < f.limit:
-                del self.free[i]
-                s.lo, s.cursor, s.limit = f.lo, h, f.limit
-                return True
-        if not self.streams and not self.free:
-            s.lo = s.cursor = h
-            s.limit = self.size
-            self._leave(0, h)
-            return True
-        for v in self.streams:
-            if v.cursor < h < v.limit:
-                s.lo = s.cursor = h
-                s.limit = v.limit
-                v.limit = h
-                return True
-        return False
 
     def _elsewhere(self, s: Stream) -> int:
         """Nothing ready near ``s``'s cursor: its region from the start, a free region, the

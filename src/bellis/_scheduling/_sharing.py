@@ -32,12 +32,6 @@ round trip; ``Dispatcher.move_worker``) and runs that task's block function
   no worker, which cannot start one (the resources are taken), takes a worker waiting
   on a compatible task with no ready block. Without this, a retried block whose
   workers all moved on could wait for a worker that never comes.
-* **The writer's preference** (:func:`rebind`): a worker that moves to a direct
-  downstream task over the same block grid starts its stream there (``_locality``) where
-  its stream in the task it leaves was first placed, so the downstream blocks it gets
-  first read the chunks it wrote, which it may hold (``_worker._chunkcache``,
-  write-through). Only the first placement changes: the order among ready blocks, so
-  every rule of the scheduler holds; a worker whose hint is taken is placed as before.
 * **Who gets a new worker first** (:func:`by_need`): where tasks share workers under a
   resources budget, the run books new workers (a replacement, say) for the task with the
   most ready blocks per live worker first.
@@ -69,12 +63,6 @@ __all__ = [
     "share_groups",
     "starved",
 ]
-
-
-#: the writer's preference (``rebind``); the environment variable ``BELLIS_PREFER_WRITER=0``
-#: turns it off (read by ``_run._server``), for an A/B measurement only
-#: (benchmarks/RESULTS.md)
-PREFER_WRITER = True
 
 
 class SharingLauncher(Protocol):
@@ -157,24 +145,10 @@ def rebind(peer: Peer, old: TaskRun, new: TaskRun) -> None:
     """``peer``'s connection leaves ``old``'s task for ``new``'s (a move, on the same
     connection): its place in ``old``'s locality order and its coherence count end, as
     at a close, and it starts in ``new``'s as a new connection does after its WELCOME
-    (the caller bounds a setup it runs there). Where ``new`` is a direct downstream task
-    of ``old`` over the same block grid, its stream there is placed where its stream in
-    ``old`` was first placed (``Stream.hint``, :data:`PREFER_WRITER`)."""
-    hint = -1
-    if (
-        PREFER_WRITER
-        and old.local is not None
-        and new.local is not None
-        and peer.stream.placed
-        and new.geom.grid == old.geom.grid
-        and any(up is old for _edge, up in new.up_edges)
-    ):
-        # the writer's preference: it starts where it began writing, so the downstream
-        # blocks it gets read the chunks it wrote (and holds: ``_worker._chunkcache``)
-        hint = peer.stream.origin
+    (the caller bounds a setup it runs there)."""
     if old.local is not None:
         old.local.drop(peer.stream)
-    peer.stream = Stream(hint)
+    peer.stream = Stream()
     if peer.trail is not None and old.coherence is not None:
         old.coherence.retire(peer.trail)
     peer.trail = None if new.coherence is None else new.coherence.trail()
