@@ -119,8 +119,8 @@ class WorkerTimeline:
             self._first_acquire_t = t
             self._last_mark_t = t
 
-    def sent(self, t: float) -> None:
-        """A block was sent to this worker at ``t``; closes one idle gap."""
+    def _idle_until(self, t: float) -> float:
+        """The idle gap a block sent at ``t`` closes (0 when the clock stepped back)."""
         last = self._last_mark_t
         if last is None:
             self.first_acquire(t)
@@ -128,7 +128,11 @@ class WorkerTimeline:
         if self._sent_t is not None:
             raise ValueError(f"worker {self.worker_id}: a block was sent while one is in flight")
         gap = t - last
-        self.idle.add(gap if gap > 0.0 else 0.0)
+        return gap if gap > 0.0 else 0.0
+
+    def sent(self, t: float) -> None:
+        """A block was sent to this worker at ``t``; closes one idle gap."""
+        self.idle.add(self._idle_until(t))
         self._sent_t = t
 
     def returned(self, t: float, failed: bool = False) -> None:
@@ -151,14 +155,7 @@ class WorkerTimeline:
         (the gaps between them are 0)."""
         if n <= 0:
             return
-        last = self._last_mark_t
-        if last is None:
-            self.first_acquire(t)
-            last = t
-        if self._sent_t is not None:
-            raise ValueError(f"worker {self.worker_id}: a block was sent while one is in flight")
-        gap = t - last
-        self.idle.add(gap if gap > 0.0 else 0.0)
+        self.idle.add(self._idle_until(t))
         self.idle.add_repeated(0.0, n - 1)
         self.compute.add_repeated(step if step > 0.0 else 0.0, n)
         self.blocks += n

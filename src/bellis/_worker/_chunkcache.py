@@ -61,7 +61,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location
-from ._chunkwrite import write_chunks
+from ._chunkwrite import selection_box as _box, write_chunks
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -231,45 +231,6 @@ def array_key(arr: Any) -> str:
     store = arr.store
     root = getattr(store, "root", None)
     return array_location(os.fspath(root) if root is not None else str(store), str(arr.path))
-
-
-def _box(selection: Any, shape: Sequence[int]) -> tuple[list[int], list[int], list[bool]] | None:
-    """``selection`` of an array of ``shape`` as a box (starts, stops, which axes an
-    integer drops), or None when it is not integers and step-1 slices within bounds."""
-    sel = selection if isinstance(selection, tuple) else (selection,)
-    ndim = len(shape)
-    ellipses = [i for i, s in enumerate(sel) if s is Ellipsis]
-    if len(ellipses) > 1:
-        return None
-    if ellipses:
-        i = ellipses[0]
-        sel = sel[:i] + (slice(None),) * (ndim - len(sel) + 1) + sel[i + 1 :]
-    if len(sel) > ndim:
-        return None
-    sel = sel + (slice(None),) * (ndim - len(sel))
-    starts, stops, drop = [], [], []
-    for s, n in zip(sel, shape, strict=True):
-        if isinstance(s, slice):
-            if s.step not in (None, 1):
-                return None
-            a, b, _ = s.indices(n)
-            starts.append(a)
-            stops.append(max(a, b))
-            drop.append(False)
-        elif hasattr(s, "__index__") and not isinstance(s, bool):
-            i = s.__index__()
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                return None  # zarr says what is wrong
-            starts.append(i)
-            stops.append(i + 1)
-            drop.append(True)
-        else:
-            return None
-    if all(drop) or any(b <= a for a, b in zip(starts, stops, strict=True)):
-        return None
-    return starts, stops, drop
 
 
 class Installed:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = ["counts", "write_chunks"]
@@ -173,12 +174,11 @@ def _plan(arr: Any) -> _Plan | None:
     )
 
 
-def _aligned_box(
-    selection: Any, shape: tuple[int, ...], chunks: tuple[int, ...]
+def selection_box(
+    selection: Any, shape: Sequence[int]
 ) -> tuple[list[int], list[int], list[bool]] | None:
-    """``selection`` as a chunk-aligned box (starts, stops, which axes an integer drops),
-    or None when it is not integers and step-1 slices that zarr would write as whole
-    chunks without reading any."""
+    """``selection`` of an array of ``shape`` as a box (starts, stops, which axes an
+    integer drops), or None when it is not integers and step-1 slices within bounds."""
     sel = selection if isinstance(selection, tuple) else (selection,)
     ndim = len(shape)
     ellipses = [i for i, s in enumerate(sel) if s is Ellipsis]
@@ -191,17 +191,15 @@ def _aligned_box(
         return None
     sel = sel + (slice(None),) * (ndim - len(sel))
     starts, stops, drop = [], [], []
-    for s, n, c in zip(sel, shape, chunks, strict=True):
+    for s, n in zip(sel, shape, strict=True):
         if isinstance(s, slice):
             if s.step not in (None, 1):
                 return None
             a, b, _ = s.indices(n)
-            if b <= a or a % c or (b % c and b != n):
-                return None
             starts.append(a)
-            stops.append(b)
+            stops.append(max(a, b))
             drop.append(False)
-        elif hasattr(s, "__index__") and not isinstance(s, bool) and c == 1:
+        elif hasattr(s, "__index__") and not isinstance(s, bool):
             i = s.__index__()
             if i < 0:
                 i += n
@@ -212,7 +210,24 @@ def _aligned_box(
             drop.append(True)
         else:
             return None
+    if all(drop) or any(b <= a for a, b in zip(starts, stops, strict=True)):
+        return None
     return starts, stops, drop
+
+
+def _aligned_box(
+    selection: Any, shape: tuple[int, ...], chunks: tuple[int, ...]
+) -> tuple[list[int], list[int], list[bool]] | None:
+    """``selection`` as a chunk-aligned box (starts, stops, which axes an integer drops),
+    or None when it is not integers and step-1 slices that zarr would write as whole
+    chunks without reading any."""
+    box = selection_box(selection, shape)
+    if box is None:
+        return None
+    for a, b, dropped, n, c in zip(*box, shape, chunks, strict=True):
+        if (dropped and c != 1) or a % c or (b % c and b != n):
+            return None
+    return box
 
 
 def _all_fill(chunk: Any, fill: Any) -> bool:
