@@ -49,7 +49,7 @@ from ._task_run import RUNNING
 
 if TYPE_CHECKING:
     from ._ports import DispatcherPort
-    from ._records import Peer
+    from ._records import Peer, TaskRecord
     from ._task_run import TaskRun
 
 __all__ = ["take_back"]
@@ -105,10 +105,9 @@ def take_back(
         and not suspects
         and backups is None
         and plan.memory is None
-        and len(processed) == len(results)
         and all(r[1] == _SUCCESS and r[3] is None for r in results)
     ):
-        _release_all(d, peer, run, [r[0] for r in results], t, step, now)
+        _release_all(d, peer, run, plan, [r[0] for r in results], t, step, now)
         if peer.held == []:
             pace = step if busy is None else busy / len(processed)
             peer.batch = next_batch(peer.batch, pace)
@@ -151,6 +150,7 @@ def _release_all(
     d: DispatcherPort,
     peer: Peer,
     run: TaskRun,
+    plan: TaskRecord,
     ks: list[int],
     t: float,
     step: float,
@@ -177,7 +177,6 @@ def _release_all(
             back.add(k)
     finally:
         peer.held = [k for k in held if k not in back]
-        plan = d.plan_of[run.index]
         plan.aggregates.add_round_trips(step, accepted)
         if worker is not None:
             worker.earned = True

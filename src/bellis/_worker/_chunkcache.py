@@ -61,7 +61,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._outputs._inputs import CACHE_READS, WRITE_THROUGH, array_location
-from ._chunkwrite import selection_box as _box, write_chunks
+from ._chunkwrite import chunks_of_box, selection_box as _box, write_chunks
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
@@ -348,12 +348,7 @@ class Installed:
             and value.dtype == arr.dtype
             and value.shape == tuple(b - a for a, b in zip(starts, stops, strict=True))
         )
-        import itertools
-
-        ranges = [
-            range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True)
-        ]
-        for idx in itertools.product(*ranges):
+        for idx in chunks_of_box(starts, stops, chunks):
             lo = [i * c for i, c in zip(idx, chunks, strict=True)]
             hi = [min((i + 1) * c, n) for i, c, n in zip(idx, chunks, shape, strict=True)]
             whole = all(a <= x and y <= b for a, b, x, y in zip(starts, stops, lo, hi, strict=True))
@@ -384,15 +379,10 @@ class Installed:
         starts, stops, drop = box
         np = self._np
         chunks = tuple(int(c) for c in arr.chunks)
-        ranges = [
-            range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True)
-        ]
-        import itertools
-
         found: dict[tuple[int, ...], Any] = {}
         missing = []
         cache = self.cache
-        for idx in itertools.product(*ranges):
+        for idx in chunks_of_box(starts, stops, chunks):
             chunk = cache.get((key, idx))
             if chunk is None:
                 missing.append(idx)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 __all__ = ["counts", "write_chunks"]
@@ -215,6 +215,15 @@ def selection_box(
     return starts, stops, drop
 
 
+def chunks_of_box(
+    starts: Sequence[int], stops: Sequence[int], chunks: Sequence[int]
+) -> Iterator[tuple[int, ...]]:
+    """The grid index of every chunk that the box ``[starts, stops)`` touches."""
+    return itertools.product(
+        *(range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True))
+    )
+
+
 def _aligned_box(
     selection: Any, shape: tuple[int, ...], chunks: tuple[int, ...]
 ) -> tuple[list[int], list[int], list[bool]] | None:
@@ -294,10 +303,7 @@ def write_chunks(arr: Any, selection: Any, value: Any) -> bool:
     scalar = values.ndim == 0
     chunks = plan.chunks
     written = deleted = 0
-    ranges = [
-        range(a // c, (b - 1) // c + 1) for a, b, c in zip(starts, stops, chunks, strict=True)
-    ]
-    for idx in itertools.product(*ranges):
+    for idx in chunks_of_box(starts, stops, chunks):
         lo = [i * c for i, c in zip(idx, chunks, strict=True)]
         hi = [min(o + c, n) for o, c, n in zip(lo, chunks, plan.shape, strict=True)]
         inner = tuple(slice(0, h - o) for o, h in zip(lo, hi, strict=True))
