@@ -4,6 +4,7 @@ sockets, processes or sleeps."""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import pytest
@@ -215,6 +216,40 @@ def test_the_copy_finishes_first_the_original_is_preempted_and_nothing_is_charge
     # the killed worker is seen to end later: nothing more is charged
     assert sc.dispatcher.worker_exited(r.wa, WorkerExit("error", -9, "killed")) is False
     assert _state_after(r).worker_failure_count == 0 and sc.plans["t"].retired_unseen == 0
+
+
+class _Watched(deque[Any]):
+    """The run's lanes (``TaskRun.recent``), noting how many races were posted when each
+    block came in."""
+
+    def __init__(self, races: deque[Any]) -> None:
+        super().__init__()
+        self.races = races
+        self.races_at: list[tuple[int, int]] = []
+
+    def append(self, item: Any) -> None:
+        self.races_at.append((item[3], len(self.races)))
+        super().append(item)
+
+
+@pytest.mark.parametrize("winner", ["copy", "original"])
+def test_a_race_reaches_the_live_page_only_after_its_winners_block(winner: str) -> None:
+    # the page copies the races, then the blocks (another thread): a race posted before
+    # its winner's release would be drawn without the winner's block
+    r = Race(speculative=True)
+    sc = r.sc
+    run = sc.run()
+    run.races = deque()
+    run.recent = lanes = _Watched(run.races)
+    send_of(r.last, r.b)
+    sc.now += STEP
+    out = sc.acquire(r.b if winner == "copy" else r.a, (r.x, OK, -1, None))
+    assert killed(out, r.wa if winner == "copy" else r.wb)
+    assert lanes.races_at == [(r.x, 0)]  # the block came in before the race was posted
+    (race,) = run.races
+    assert race[0] == r.x and race[6] is (winner == "copy")
+    winner_worker = (r.wb if winner == "copy" else r.wa).worker_id
+    assert race[1] == winner_worker and lanes[-1][0] == winner_worker
 
 
 def test_the_original_finishes_first_and_the_copy_is_preempted() -> None:

@@ -278,8 +278,10 @@ class LiveState:
 
     def build(self, now: float) -> dict[str, Any]:
         driver = self.driver
-        counters = driver() if driver is not None else {}
+        # the stores first, then the driver: the driver's blocks and races are then at
+        # least as fresh as the store's counts (a block the store shows done is on a lane)
         tasks = [self.task_state(store, now) for store in self.stores]
+        counters = driver() if driver is not None else {}
         for task in tasks:
             mine = counters.get(task["path"])
             if mine is not None:

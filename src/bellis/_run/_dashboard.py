@@ -94,6 +94,10 @@ class DriverCounters:
     def __call__(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for path, r in self.runs:
+            # the races before the blocks: a race is posted after its winner's release
+            # (``_backups``), so every race copied here has its winner's block below
+            races = _copy(r.races)
+            racing = racing_now(r.racing)
             out[path] = {
                 "running_blocks": int(r.processing),
                 "skipped": int(r.skipped_done),
@@ -101,8 +105,8 @@ class DriverCounters:
                 "completed": int(r.completed),
                 "total": int(r.total),
                 "recent": driver_recent(_copy(r.recent), r.cell_of),
-                "marks": race_marks(_copy(r.races), r.cell_of)
-                + running_marks(racing_now(r.racing), r.cell_of, time.time()),
+                "marks": race_marks(races, r.cell_of)
+                + running_marks(racing, r.cell_of, time.time()),
             }
         return out
 

@@ -97,8 +97,8 @@ class LanesWriter:
                 and all(a is b for a, b in zip(token, lane.last, strict=True))
             ):
                 continue
+            ended = snapshot(races)  # before the blocks: see _dashboard's copies
             blocks = snapshot(recent)
-            ended = snapshot(races)
             cell_of = None if r.cell_identity else r.cell_of
             data = lanes_document(blocks, ended, going, cell_of, time.time())
             try:

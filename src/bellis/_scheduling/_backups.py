@@ -75,7 +75,17 @@ class Backups:
     """One task's straggler backups: the finished walls, the pairs out, who waits, and the
     decisions on them (see the module docstring)."""
 
-    __slots__ = ("_median", "backed_up", "copies", "factor", "finished", "idle", "plan", "walls")
+    __slots__ = (
+        "_median",
+        "backed_up",
+        "copies",
+        "ended",
+        "factor",
+        "finished",
+        "idle",
+        "plan",
+        "walls",
+    )
 
     def __init__(self, plan: TaskRecord, factor: float) -> None:
         self.plan = plan
@@ -93,6 +103,10 @@ class Backups:
         #: requests that wait for a straggler (each peer's ``parked`` flag is set; an
         #: entry whose flag is clear is stale, skipped)
         self.idle: deque[Peer] = deque()
+        #: races settled in the batch being taken back, for the live page: posted to the
+        #: run's ``races`` only after the batch's releases (:meth:`post_races`), so a page
+        #: that shows a race also shows its winner's block (it copies races, then blocks)
+        self.ended: list[tuple[int, int, float, int, float, float, bool]] = []
 
     # -- the median --------------------------------------------------------------------
     def add_finished(self, seconds: float, n: int) -> None:
@@ -193,10 +207,9 @@ class Backups:
             run.backups_lost += 1
             who = "the original"
         run.backup_loser_seconds += max(0.0, now - loser.sent_at)
-        races = run.races
-        if races is not None:  # the live page marks both copies on its lanes (rare)
+        if run.races is not None:  # the live page marks both copies on its lanes (rare)
             ended = loser.sent_wall + (now - loser.sent_at)
-            races.append(
+            self.ended.append(
                 (
                     k,
                     winner.worker_id,
@@ -213,6 +226,14 @@ class Backups:
             run.geom.spatial_id_of(k),
             who,
         )
+
+    def post_races(self) -> None:
+        """The batch's releases are done: its settled races go to the run's ``races``."""
+        if self.ended:
+            races = self.plan.run.races
+            if races is not None:
+                races.extend(self.ended)
+            self.ended.clear()
 
 
 # -- the dispatcher's hooks ---------------------------------------------------------------

@@ -81,8 +81,29 @@ def take_back(
         msg, n, 0 if table is None else len(table), set(held), msg[0] == BYE, run.task_id
     )
     backups = d.plan_of[run.index].backups
-    if backups is not None:  # first success of a block's two copies wins
-        results = settle_returns(d, backups, peer, results, now)
+    if backups is None:
+        _take_all(d, peer, run, results, table, held, busy, now)
+        return
+    # first success of a block's two copies wins; the races it settles reach the live
+    # page after the winners' releases
+    results = settle_returns(d, backups, peer, results, now)
+    try:
+        _take_all(d, peer, run, results, table, held, busy, now)
+    finally:
+        backups.post_races()
+
+
+def _take_all(
+    d: DispatcherPort,
+    peer: Peer,
+    run: TaskRun,
+    results: list[Returned],
+    table: np.ndarray[Any, Any] | None,
+    held: list[int],
+    busy: float | None,
+    now: float,
+) -> None:
+    """Take back the checked (and settled) ``results`` of one message."""
     if not results:
         return
     # per block: r[1] is r.status (a NamedTuple field read costs 3x an index)
@@ -103,7 +124,7 @@ def take_back(
     if (
         table is None
         and not suspects
-        and backups is None
+        and plan.backups is None
         and plan.memory is None
         and all(r[1] == _SUCCESS and r[3] is None for r in results)
     ):
