@@ -43,6 +43,9 @@ import bellis
 from bellis import Roi
 
 path, blocks, rt = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+if sys.argv[4] == "1" and path.startswith("s3://"):  # --warm-client: made before the timing
+    from bellis._tracking._s3io import _client
+    _client(path)
 
 def noop(block):
     pass
@@ -65,6 +68,9 @@ print(json.dumps({"ok": bool(ok), "seconds": time.perf_counter() - t0}))
 """
 
 
+_WARM = {"on": False}
+
+
 def _one(path: str, blocks: int, rt: bool, env: dict[str, str]) -> float:
     return _timed(path, blocks, rt, env)[0]
 
@@ -74,7 +80,15 @@ def _timed(path: str, blocks: int, rt: bool, env: dict[str, str]) -> tuple[float
     interpreter start and imports included)."""
     t0 = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-c", _CHILD, path, str(blocks), "1" if rt else "0"],
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            path,
+            str(blocks),
+            "1" if rt else "0",
+            "1" if _WARM["on"] else "0",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -96,11 +110,17 @@ def main() -> int:
     p.add_argument("--rt", action="store_true", help="resource_tracking=True on both")
     p.add_argument("--json", default=None)
     p.add_argument(
+        "--warm-client",
+        action="store_true",
+        help="make the S3 client before the timed run (what the requests alone cost)",
+    )
+    p.add_argument(
         "--base-src",
         default=None,
         help="also run the tree whose src/ is here (PYTHONPATH), interleaved: before/after",
     )
     args = p.parse_args()
+    _WARM["on"] = args.warm_client
 
     server, endpoint = _start_moto()
     try:

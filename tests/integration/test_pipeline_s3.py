@@ -96,6 +96,7 @@ PIPELINE = textwrap.dedent(
     b = task("b", [a])
     ok = daisy.run_blockwise([a, b], multiprocessing=(mode == "dist"))
     print("ok" if ok else "failed", flush=True)
+    print("botocore imported", "botocore" in sys.modules, flush=True)
     print("report", a.report() is not None, flush=True)
     sys.exit(0 if ok else 3)
     """
@@ -179,14 +180,18 @@ def _status(env: dict[str, str], url: str) -> dict[str, Any]:
     return data[0] if isinstance(data, list) else data
 
 
-@pytest.mark.parametrize("mode", ["dist", "serial"])
+@pytest.mark.parametrize(
+    ("mode", "requests"), [("dist", "auto"), ("serial", "auto"), ("dist", "botocore")]
+)
 def test_pipeline_on_s3_killed_and_resumed(
-    tmp_path: Path, s3_env: dict[str, str], mode: str
+    tmp_path: Path, s3_env: dict[str, str], mode: str, requests: str
 ) -> None:
+    # auto: bellis's lean client makes the requests (static credentials in the
+    # environment); botocore: BELLIS_S3_CLIENT picks botocore's, as a profile would
     base = f"s3://{BUCKET}/pipe"
     marks = tmp_path / "marks"
     gate = tmp_path / "gate"
-    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3"}
+    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3", "BELLIS_S3_CLIENT": requests}
     proc = _start(tmp_path, env, base, marks, mode, GATE=str(gate))
     try:
         # 5 blocks of b ran (so their a blocks too), and a's markers reached the bucket;
@@ -221,6 +226,7 @@ def test_pipeline_on_s3_killed_and_resumed(
         assert time.monotonic() < deadline, "the lease never expired"
         time.sleep(0.5)
     assert "ok" in out and "report True" in out, out
+    assert f"botocore imported {requests == 'botocore'}" in out, out
     assert "took over the lock of run" in err, err
 
     s3 = client(s3_env)

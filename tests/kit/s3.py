@@ -79,7 +79,15 @@ def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
             AWS_DEFAULT_REGION="us-east-1",
             BELLIS_S3_FLUSH_SECONDS="0.2",
         )
-        env.pop("AWS_PROFILE", None)
+        # a user's environment as the tests expect it: no profile, config file or proxy
+        # of the machine's (bellis's lean client takes this one; ``_s3http``)
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+            env.pop(name, None)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            env.pop(name, None)
+            env.pop(name.lower(), None)
+        env["AWS_CONFIG_FILE"] = os.devnull + ".absent"
+        env["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull + ".absent"
         client(env).create_bucket(Bucket=BUCKET)
         yield env, server
     finally:

@@ -39,10 +39,10 @@ staging folder and written as one object per run (``runs/<start>-<run id>.json``
 a reader (:attr:`S3Store.runs_jsonl` of a read-only store) merges them in start order.
 
 Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` and the
-readers of the per-run objects list. The requests and the lock are ``_s3io``'s.
-``botocore`` is imported there only, by the driver; the endpoint and credentials come from
-the standard AWS configuration (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ...), never from a
-bellis option, and are never printed or stored.
+readers of the per-run objects list. The requests and the lock are ``_s3io``'s (made by
+bellis's lean client or botocore, ``_s3http``), by the driver; the endpoint and
+credentials come from the standard AWS configuration (``AWS_ENDPOINT_URL``,
+``AWS_PROFILE``, ...), never from a bellis option, and are never printed or stored.
 """
 
 from __future__ import annotations

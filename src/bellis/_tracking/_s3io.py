@@ -1,8 +1,9 @@
 """The requests of an S3 tracking store (``_s3``): URLs, settings, the bucket client with
 its retries and conditional writes, and the run lock as a lease object (docs/cloud.md).
 
-``botocore`` (boto3's core) is imported here only, lazily, by the driver; the endpoint
-and credentials come from the standard AWS configuration, never from a bellis option.
+The requests themselves are made by bellis's lean client or by botocore (``_s3http``,
+``_s3boto``), in the driver only; the endpoint and credentials come from the standard AWS
+configuration, never from a bellis option.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from ..errors import TrackingError
+from ._s3http import (
+    BOTOCORE_ONLY,
+    CLIENT_ENV,
+    LeanS3,
+    Requests,
+    S3Error,
+    Unreachable,
+    lean_settings,
+)
 
 __all__ = [
     "FLUSH_ENV",
@@ -100,6 +111,7 @@ def lease_seconds() -> float:
 #: the environment that picks a client's endpoint, credentials and region: a client is
 #: made once per process for each set of them (see :func:`_client`)
 _CLIENT_ENV = (
+    CLIENT_ENV,
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
     "AWS_PROFILE",
@@ -108,35 +120,43 @@ _CLIENT_ENV = (
     "AWS_REGION",
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+    "AWS_CA_BUNDLE",
+    *BOTOCORE_ONLY,
 )
-_clients: dict[tuple[str | None, ...], Any] = {}
+_clients: dict[tuple[str | None, ...], Requests] = {}
 _clients_lock = threading.Lock()
 
 
-def _client(url: str) -> Any:
-    """The process's boto3 S3 client, made on first use and kept: making one resolves
-    the endpoint rules and reads the AWS configuration (slow, seconds on a loaded
-    machine), so every store, lock and status read of a process shares one (boto3's
-    clients are thread-safe). A new one is made only when the AWS environment changed."""
+def _client(url: str) -> Requests:
+    """The process's S3 client, made on first use and kept, so that every store, lock and
+    status read of a process shares one: bellis's lean client where the AWS configuration
+    is plain, else botocore's (``_s3http``; making a botocore client resolves the endpoint
+    rules and reads the AWS configuration: seconds on a loaded machine). A new one is made
+    only when the AWS environment changed."""
     key = tuple(os.environ.get(name) for name in _CLIENT_ENV)
     with _clients_lock:
         found = _clients.get(key)
         if found is not None:
             return found
-        try:
-            # botocore's own session, not boto3's: a boto3 S3 client also imports its
-            # transfer manager (s3transfer), which this client never uses
-            import botocore.session
-            from botocore.config import Config
-        except ImportError:
-            raise TrackingError(
-                f"block tracking at {url}: S3 stores need boto3 (botocore); install it "
-                "with pip install 'bellis[s3]'",
-                path=url,
-            ) from None
-        made = botocore.session.get_session().create_client(
-            "s3", config=Config(retries={"max_attempts": 3, "mode": "standard"})
-        )
+        settings = lean_settings(os.environ)
+        made: Requests
+        if settings is not None:
+            made = LeanS3(settings)
+        else:
+            try:
+                from ._s3boto import BotoRequests
+
+                made = BotoRequests()
+            except ImportError:
+                raise TrackingError(
+                    f"block tracking at {url}: this AWS configuration needs botocore "
+                    "(a profile, a config file, a proxy or no static credentials in the "
+                    "environment); install it with pip install 'bellis[s3]'",
+                    path=url,
+                ) from None
         _clients[key] = made
         return made
 
@@ -153,21 +173,21 @@ class Bucket:
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
-        """``fn()``, tried again with backoff while the endpoint cannot be reached."""
-        from botocore.exceptions import (
-            ConnectionError as BotoConnectionError,
-            EndpointConnectionError,
-            ReadTimeoutError,
-        )
-
+        """``fn()``, tried again with backoff while the endpoint cannot be reached; an
+        error answer is a ``TrackingError`` naming ``what`` and the store."""
         for wait in (*_BACKOFF, None):
             try:
                 return fn()
-            except (BotoConnectionError, EndpointConnectionError, ReadTimeoutError) as exc:
+            except S3Error as exc:
+                raise TrackingError(
+                    f"block tracking at {self.url}: {what} failed: {exc.code or exc}",
+                    path=self.url,
+                ) from None
+            except Unreachable as exc:
                 if wait is None:
                     raise TrackingError(
                         f"block tracking at {self.url}: {what} failed, the endpoint cannot "
-                        f"be reached ({type(exc).__name__}) after {len(_BACKOFF) + 1} tries; "
+                        f"be reached ({exc}) after {len(_BACKOFF) + 1} tries; "
                         "the done markers not yet written are lost and their blocks run "
                         "again on resume",
                         path=self.url,
@@ -176,137 +196,54 @@ class Bucket:
                     "block tracking at %s: %s failed (%s); trying again in %.1f s",
                     self.url,
                     what,
-                    type(exc).__name__,
+                    exc,
                     wait,
                 )
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _code(exc: Exception) -> str:
-        response = getattr(exc, "response", None) or {}
-        return str(response.get("Error", {}).get("Code", ""))
-
     def get(self, name: str) -> tuple[bytes, str] | None:
         """The object's bytes and ETag; None when it does not exist."""
-        from botocore.exceptions import ClientError
-
-        def fetch() -> tuple[bytes, str] | None:
-            try:
-                r = self._client.get_object(Bucket=self.bucket, Key=self.key(name))
-            except ClientError as exc:
-                if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
-                    return None
-                raise self._error(f"reading {name}", exc) from None
-            return r["Body"].read(), str(r["ETag"])
-
-        return self._call(f"reading {name}", fetch)
+        key = self.key(name)
+        return self._call(f"reading {name}", lambda: self._client.get(self.bucket, key))
 
     def put(self, name: str, data: bytes, etag: str | None) -> str | None:
         """Write ``name`` if it is still as this store last saw it (``etag``; None: absent).
         Returns the new ETag, None when another writer changed it (412)."""
-        from botocore.exceptions import ClientError
-
-        cond: dict[str, str] = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
-
-        def send() -> str | None:
-            try:
-                r = self._client.put_object(
-                    Bucket=self.bucket, Key=self.key(name), Body=data, **cond
-                )
-            except ClientError as exc:
-                if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                    return None
-                raise self._error(f"writing {name}", exc) from None
-            return str(r["ETag"])
-
-        return self._call(f"writing {name}", send)
+        key = self.key(name)
+        return self._call(f"writing {name}", lambda: self._client.put(self.bucket, key, data, etag))
 
     def delete(self, name: str) -> None:
-        from botocore.exceptions import ClientError
-
-        def send() -> None:
-            try:
-                self._client.delete_object(Bucket=self.bucket, Key=self.key(name))
-            except ClientError as exc:
-                raise self._error(f"deleting {name}", exc) from None
-
-        self._call(f"deleting {name}", send)
+        key = self.key(name)
+        self._call(f"deleting {name}", lambda: self._client.delete(self.bucket, key))
 
     def delete_many(self, names: list[str]) -> None:
         """Delete the objects ``names`` (relative to the store), 1,000 a request."""
-        from botocore.exceptions import ClientError
-
         for start in range(0, len(names), 1000):
-            part = names[start : start + 1000]
-
-            def send(part: list[str] = part) -> None:
-                try:
-                    r = self._client.delete_objects(
-                        Bucket=self.bucket,
-                        Delete={"Objects": [{"Key": self.key(n)} for n in part], "Quiet": True},
-                    )
-                except ClientError as exc:
-                    raise self._error("deleting objects", exc) from None
-                failed = r.get("Errors") or []
-                if failed:
-                    first = failed[0]
-                    raise TrackingError(
-                        f"block tracking at {self.url}: deleting {first.get('Key', '?')} "
-                        f"failed: {first.get('Code', '?')} ({len(failed)} objects not deleted)",
-                        path=self.url,
-                    )
-
-            self._call("deleting objects", send)
+            keys = [self.key(n) for n in names[start : start + 1000]]
+            failed = self._call(
+                "deleting objects", partial(self._client.delete_many, self.bucket, keys)
+            )
+            if failed:
+                key, code = failed[0]
+                raise TrackingError(
+                    f"block tracking at {self.url}: deleting {key} failed: {code} "
+                    f"({len(failed)} objects not deleted)",
+                    path=self.url,
+                )
 
     def children(self, prefix: str) -> list[str]:
         """The "folders" right below ``prefix`` (a listing: only ``find_stores`` asks)."""
-        from botocore.exceptions import ClientError
-
         base = f"{prefix}/" if prefix else ""
-
-        def send() -> list[str]:
-            out: list[str] = []
-            try:
-                pages = self._client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=base, Delimiter="/"
-                )
-                for page in pages:
-                    out.extend(str(p["Prefix"]).rstrip("/") for p in page.get("CommonPrefixes", []))
-            except ClientError as exc:
-                raise self._error("listing", exc) from None
-            return sorted(out)
-
-        return self._call("listing", send)
+        _keys, prefixes = self._call("listing", lambda: self._client.list(self.bucket, base, "/"))
+        return sorted(p.rstrip("/") for p in prefixes)
 
     def names(self, prefix: str) -> list[str]:
         """The object names below ``prefix`` (relative to the store; a listing: only the
         per-run objects are listed, never the markers)."""
-        from botocore.exceptions import ClientError
-
         base = self.key(prefix)
-
-        def send() -> list[str]:
-            out: list[str] = []
-            try:
-                pages = self._client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=base
-                )
-                for page in pages:
-                    out.extend(
-                        prefix + str(o["Key"])[len(base) :] for o in page.get("Contents", [])
-                    )
-            except ClientError as exc:
-                raise self._error("listing", exc) from None
-            return sorted(out)
-
-        return self._call("listing", send)
-
-    def _error(self, what: str, exc: Exception) -> TrackingError:
-        return TrackingError(
-            f"block tracking at {self.url}: {what} failed: {self._code(exc) or exc}",
-            path=self.url,
-        )
+        keys, _prefixes = self._call("listing", lambda: self._client.list(self.bucket, base, ""))
+        return sorted(prefix + k[len(base) :] for k in keys)
 
 
 class S3Lock:
