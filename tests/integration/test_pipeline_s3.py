@@ -145,6 +145,20 @@ def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
     return {i for i, b in enumerate(body) if b}
 
 
+def _coded(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
+    """The cells whose code version (uint16, little-endian) is on the bucket."""
+    try:
+        body = (
+            _cached_client(env["AWS_ENDPOINT_URL"])
+            .get_object(Bucket=BUCKET, Key=f"{prefix}/code_version/c/0")["Body"]
+            .read()
+        )
+    except Exception:  # not flushed yet
+        return set()
+    assert len(body) == 2 * n
+    return {i for i in range(n) if int.from_bytes(body[2 * i : 2 * i + 2], "little")}
+
+
 def _succeeded(marks: Path, task: str) -> set[int]:
     return {int(p.name.split("-")[1]) for p in marks.glob(f"{task}-*")}
 
@@ -210,6 +224,9 @@ def test_pipeline_on_s3_killed_and_resumed(
     for task in ("a", "b"):
         marked = _done(s3_env, f"pipe/{task}")
         assert marked <= _succeeded(marks, task), task  # never done before it succeeded
+        # and never done on the bucket before its code version is there (the run
+        # writes them on time from another thread while blocks keep coming back)
+        assert marked <= _coded(s3_env, f"pipe/{task}"), task
     assert len(_done(s3_env, "pipe/b")) < N
 
     gate.write_text("open")
@@ -232,7 +249,7 @@ def test_pipeline_on_s3_killed_and_resumed(
     s3 = client(s3_env)
     for task in ("a", "b"):
         prefix = f"pipe/{task}"
-        assert _done(s3_env, prefix) == set(range(N))
+        assert _done(s3_env, prefix) == set(range(N)) == _coded(s3_env, prefix)
         assert _succeeded(marks, task) == set(range(N))
         status = _status(s3_env, f"{base}/{task}")
         assert status["done"] == len(_done(s3_env, prefix)) == N

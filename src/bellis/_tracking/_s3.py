@@ -56,6 +56,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +66,9 @@ from numpy.typing import NDArray
 from .._donemarks import HotWriter, StoreLocation
 from ..errors import TrackingError
 from ._codever import CODE_ARRAY, TABLE_NAME, add_entry
-from ._files import cell_count, chunk_parts, clear_cells
+from ._files import cell_count, clear_cells
 from ._layout import (
     ARRAY_DTYPES,
-    BASE_ARRAYS,
     CACHE_ARRAYS,
     CHECKSUM_ARRAY,
     GRANT_ARRAY,
@@ -76,11 +76,7 @@ from ._layout import (
     StoreLayout,
     array_metadata,
     dump_metadata,
-    group_metadata,
     invalid_metadata,
-    layout_hash,
-    layout_mismatch,
-    layout_record,
 )
 from ._s3io import (
     SCHEME,
@@ -90,7 +86,9 @@ from ._s3io import (
     is_s3_url,
     lease_seconds,
     s3_url,
+    together,
 )
+from ._s3open import chunk_key, conflict, group_of, lock_and_load, read_arrays
 from ._s3stats import STATS_PREFIX, StatsLog, encode_stats, read_stats
 
 __all__ = ["S3Store", "S3Stores", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
@@ -104,9 +102,15 @@ RUNS_FILE = "runs.jsonl"
 ERRORS_FILE = "errors.jsonl"
 
 
-def _chunk_key(name: str, ndim: int) -> str:
-    """The key of an array's one chunk below the store's prefix (``done/c/0/0``)."""
-    return "/".join((name, "c", *chunk_parts(ndim)))
+#: the arrays the scheduler's fast path writes (:meth:`S3Store.hot_writer`)
+_HOT_ARRAYS = frozenset(("done", CODE_ARRAY))
+
+
+def _differs(arr: NDArray[Any], written: bytes | None) -> bool:
+    """Whether ``arr`` differs from the bytes last written (None: none, all zeros)."""
+    if written is None:
+        return bool(arr.any())
+    return arr.tobytes() != written
 
 
 class S3Store:
@@ -163,6 +167,16 @@ class S3Store:
         self._stats_seq = 0
         #: a read-only store's figures, every run's objects merged (at first use)
         self._merged: dict[str, NDArray[Any]] | None = None
+        #: the scheduler's fast path (:meth:`hot_writer`), its views released at the close
+        self._hot: HotWriter | None = None
+        self._views: list[memoryview] = []
+        #: each hot-written array's bytes as last written to (or read from) the bucket,
+        #: None: no chunk there (all zeros); a flush writes the arrays that differ
+        self._written: dict[str, bytes | None] = {
+            n: (a.tobytes() if etags.get(n) is not None else None)
+            for n, a in arrays.items()
+            if n in _HOT_ARRAYS
+        }
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -171,90 +185,13 @@ class S3Store:
     ) -> S3Store:
         url = s3_url(path)
         bucket = Bucket(url)
-        lock = S3Lock.acquire(bucket)
-        try:
-            store = cls._load(bucket, url, layout, lock)
-        except BaseException:
-            lock.release()
-            raise
+        lock, (grid, arrays, etags, group, created) = lock_and_load(bucket, url, layout)
+        store = cls(bucket, url, grid, arrays, etags, group, created=created, lock=lock)
         if resource_tracking and store._log is not None:  # the figures (``_s3stats``)
             store._tracks = True
             store._log.declare(STAT_ARRAYS)
         store._start_renewer()
         return store
-
-    @classmethod
-    def _load(cls, bucket: Bucket, url: str, layout: StoreLayout, lock: S3Lock) -> S3Store:
-        grid = tuple(layout.grid_shape)
-        expected = layout_hash(layout)
-        got = bucket.get("zarr.json")
-        if got is None:
-            group = group_metadata(expected, layout_record(layout))
-            for name in BASE_ARRAYS:
-                meta = dump_metadata(array_metadata(ARRAY_DTYPES[name], grid))
-                if bucket.put(f"{name}/zarr.json", meta, None) is None:
-                    existing = bucket.get(f"{name}/zarr.json")
-                    if existing is None or existing[0] != meta:
-                        raise invalid_metadata(url, f"{name}/zarr.json is another array's")
-            if bucket.put("zarr.json", dump_metadata(group), None) is None:
-                raise cls._conflict(url, "zarr.json")
-            arrays = {n: np.zeros(cell_count(grid), dtype=ARRAY_DTYPES[n]) for n in BASE_ARRAYS}
-            etags: dict[str, str | None] = dict.fromkeys(BASE_ARRAYS)
-            return cls(bucket, url, grid, arrays, etags, group, created=True, lock=lock)
-        group = cls._group_of(url, got[0])
-        stored = group.get("attributes", {}).get("daisy_task_hash")
-        if stored != expected:
-            raise layout_mismatch(url, str(stored), expected)
-        _, arrays, etags = cls._read_arrays(bucket, url, grid)
-        return cls(bucket, url, grid, arrays, etags, group, created=False, lock=lock)
-
-    @staticmethod
-    def _group_of(url: str, data: bytes) -> dict[str, Any]:
-        try:
-            group = json.loads(data)
-        except ValueError:
-            raise invalid_metadata(url, "zarr.json is not JSON") from None
-        if not isinstance(group, dict) or group.get("node_type") != "group":
-            raise invalid_metadata(url, "zarr.json is not a zarr v3 group")
-        return group
-
-    @staticmethod
-    def _read_arrays(
-        bucket: Bucket, url: str, grid: tuple[int, ...] | None
-    ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
-        """The base arrays (and ``code_version`` where a run made it), read by key;
-        ``grid`` None: the stored shape (output checksums are figures: ``_s3stats``)."""
-        arrays: dict[str, NDArray[Any]] = {}
-        etags: dict[str, str | None] = {}
-        for name in (*BASE_ARRAYS, CODE_ARRAY):
-            got = bucket.get(f"{name}/zarr.json")
-            if got is None and name == CODE_ARRAY:
-                continue  # no run recorded code versions yet
-            if got is None:
-                raise invalid_metadata(url, f"{name}/zarr.json is missing")
-            try:
-                meta = json.loads(got[0])
-                shape = tuple(int(s) for s in meta["shape"])
-            except (ValueError, KeyError, TypeError):
-                raise invalid_metadata(url, f"{name}/zarr.json is not an array's") from None
-            if grid is None:
-                grid = shape
-            if meta != array_metadata(ARRAY_DTYPES[name], grid):
-                raise invalid_metadata(
-                    url, f"{name}/zarr.json is not a {ARRAY_DTYPES[name]} array of {grid}"
-                )
-            n = cell_count(grid)
-            chunk = bucket.get(_chunk_key(name, len(grid)))
-            dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
-            if chunk is None:
-                arrays[name] = np.zeros(n, dtype=dtype)
-                etags[name] = None
-                continue
-            if len(chunk[0]) != n * dtype.itemsize:
-                raise invalid_metadata(url, f"{name}'s chunk holds {len(chunk[0])} bytes")
-            arrays[name] = np.frombuffer(chunk[0], dtype=dtype).copy()
-            etags[name] = chunk[1]
-        return grid or (), arrays, etags
 
     @classmethod
     def open_readonly(cls, path: str | os.PathLike[str]) -> S3Store:
@@ -263,19 +200,9 @@ class S3Store:
         got = bucket.get("zarr.json")
         if got is None:
             raise TrackingError(f"no block tracking store at {url}", path=url)
-        group = cls._group_of(url, got[0])
-        grid, arrays, etags = cls._read_arrays(bucket, url, None)
+        group = group_of(url, got[0])
+        grid, arrays, etags = read_arrays(bucket, url, None)
         return cls(bucket, url, grid, arrays, etags, group, created=False, lock=None)
-
-    @staticmethod
-    def _conflict(url: str, name: str) -> TrackingError:
-        return TrackingError(
-            f"block tracking at {url}: {name} was changed by another writer while this run "
-            "held the store (a conditional write was refused, HTTP 412); stopping so that "
-            "no done marker is lost or invented. Check that no other run uses this "
-            "tracking_path",
-            path=url,
-        )
 
     # -- the BlockStore surface -------------------------------------------------------
     @property
@@ -357,7 +284,7 @@ class S3Store:
                 continue
             etag = self._bucket.put(key, data, self._log_etags.get(key))
             if etag is None:
-                raise self._conflict(self._url, key)
+                raise conflict(self._url, key)
             self._log_etags[key] = etag
             self._log_sizes[key] = len(data)
 
@@ -417,7 +344,31 @@ class S3Store:
         return found if len(found) == len(CACHE_ARRAYS) else None
 
     def hot_writer(self) -> HotWriter | None:
-        return None  # every block goes through record_success, which flushes on time
+        """The scheduler's per-block fast path (``bellis._donemarks``): typed views of the
+        in-memory ``done`` and ``code_version`` arrays. Nothing marks them changed: a
+        flush (on time by the renewer's thread, and at the close) compares them with what
+        it last wrote. None for a store that takes no writes; a new writer after
+        :meth:`use_code`."""
+        if self._lock is None or self._closed:
+            return None
+        if self._hot is None:
+            done: Any = memoryview(self._arrays["done"]).cast("B")  # type: ignore[arg-type]
+            code: Any = None
+            if self._code_index is not None and CODE_ARRAY in self._arrays:
+                raw: Any = memoryview(self._arrays[CODE_ARRAY].view(np.uint8))  # type: ignore[arg-type]
+                code = raw.cast("H")
+                self._views.append(code)
+            self._views.append(done)
+            self._hot = HotWriter(done, code, self._code_index or 0)
+        return self._hot
+
+    def _hot_changed(self) -> bool:
+        """Whether a hot-written array differs from what was last written."""
+        for name in _HOT_ARRAYS:
+            arr = self._arrays.get(name)
+            if arr is not None and _differs(arr, self._written.get(name)):
+                return True
+        return False
 
     def _writable(self) -> None:
         if self._lost is not None:
@@ -545,7 +496,7 @@ class S3Store:
         if text is not None:
             etag = self._bucket.put(TABLE_NAME, text, self._table_etag)
             if etag is None:
-                raise self._conflict(self._url, TABLE_NAME)
+                raise conflict(self._url, TABLE_NAME)
             self._table_etag = etag
         if CODE_ARRAY not in self._arrays:
             meta = dump_metadata(array_metadata(ARRAY_DTYPES[CODE_ARRAY], self._grid))
@@ -555,7 +506,9 @@ class S3Store:
                     raise invalid_metadata(self._url, f"{CODE_ARRAY}/zarr.json is another array's")
             self._arrays[CODE_ARRAY] = np.zeros(self._cells, dtype=ARRAY_DTYPES[CODE_ARRAY])
             self._etags[CODE_ARRAY] = None
+            self._written[CODE_ARRAY] = None
         self._code_index = index
+        self._hot = None  # the next writer records this index
         return index
 
     def scratch(self) -> S3Store:
@@ -641,12 +594,16 @@ class S3Store:
             raise self._lost
         self._flush_markers()
         self._upload_logs()
-        if renew:
+        if renew and self._lock.renew_due():  # a lease taken or renewed lately holds
             with self._renewing:
                 self._lock.renew()
 
     def _has_changes(self) -> bool:
-        return bool(self._dirty) or (self._log is not None and self._log.has_pending())
+        return (
+            bool(self._dirty)
+            or (self._log is not None and self._log.has_pending())
+            or (self._hot is not None and self._hot_changed())
+        )
 
     def _flush_stats(self) -> None:
         """The figures recorded since the last flush, as one object (``_s3stats``): one
@@ -658,7 +615,7 @@ class S3Store:
         key = f"{STATS_PREFIX}{int(self._opened * 1000):015d}-{lock.run_id}-{self._stats_seq:06d}"
         try:
             if bucket.put(f"{key}.bin", encode_stats(taken), None) is None:
-                raise self._conflict(self._url, f"{key}.bin")
+                raise conflict(self._url, f"{key}.bin")
         except BaseException:
             log.restore(taken)  # written by the next flush, or lost with the run
             raise
@@ -677,17 +634,27 @@ class S3Store:
             names: set[str] = set()
             while self._dirty:  # one pop at a time: a name added meanwhile is never lost
                 names.add(self._dirty.pop())
+            # the bytes to write, done's taken first: the scheduler (another thread) sets
+            # a block's code before its done byte, so every block done in this copy has
+            # its code in the copy taken after it
+            snaps: dict[str, bytes] = {}
+            for name in ("done", *sorted(n for n in self._arrays if n != "done")):
+                arr = self._arrays[name]
+                hot = name in _HOT_ARRAYS
+                if name in names or (hot and _differs(arr, self._written.get(name))):
+                    snaps[name] = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
             try:
                 # done last: a block marked done on the bucket has its code version
                 # there (its checksum went with the figures above)
-                for name in sorted(names, key=lambda n: (n == "done", n)):
-                    arr = self._arrays[name]
-                    data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
-                    key = _chunk_key(name, nd)
+                for name in sorted(snaps, key=lambda n: (n == "done", n)):
+                    data = snaps[name]
+                    key = chunk_key(name, nd)
                     etag = self._bucket.put(key, data, self._etags.get(name))
                     if etag is None:
-                        raise self._conflict(self._url, key)
+                        raise conflict(self._url, key)
                     self._etags[name] = etag
+                    if name in _HOT_ARRAYS:
+                        self._written[name] = data
                     names.discard(name)
             finally:
                 self._dirty.update(names)  # what was not written is still to write
@@ -697,10 +664,20 @@ class S3Store:
         if self._closed:
             return
         self._stop_renewer()
+        lock = self._lock
         try:
-            self.flush(renew=False)
+            # the last write and the read that says the lock is still this run's, at once
+            (_, flush_error), (mine, read_error) = together(
+                partial(self.flush, renew=False),
+                lock.still_mine if lock is not None else bool,
+            )
+            if flush_error is not None:
+                raise flush_error
+            if read_error is not None:
+                raise read_error
         except BaseException:
             self._closed = True
+            self._release_views()
             lock, self._lock = self._lock, None
             if lock is not None:
                 try:
@@ -709,13 +686,21 @@ class S3Store:
                     _log.warning("%s (its lease expires by itself)", exc)
             raise
         self._closed = True
-        lock, self._lock = self._lock, None
+        self._lock = None
+        self._release_views()
         try:
-            if lock is not None:
-                lock.release(strict=True)  # raises if another run took the store over
+            if lock is not None:  # raises if another run took the store over
+                lock.release_checked(bool(mine), strict=True)
         finally:
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
+
+    def _release_views(self) -> None:
+        """The hot writer takes no more writes (one through it now raises)."""
+        self._hot = None
+        for view in self._views:
+            view.release()
+        self._views.clear()
 
     def __enter__(self) -> S3Store:
         return self
@@ -792,8 +777,8 @@ class S3Stores:
             got = bucket.get("zarr.json")
             if got is None:
                 raise TrackingError(f"no block tracking store at {url}", path=url)
-            group = S3Store._group_of(url, got[0])
-            _, arrays, etags = S3Store._read_arrays(bucket, url, grid)
+            group = group_of(url, got[0])
+            _, arrays, etags = read_arrays(bucket, url, grid)
             store = S3Store(bucket, url, grid, arrays, etags, group, created=False, lock=lock)
             cleared = store.clear_done(list(cells))
             store.flush()

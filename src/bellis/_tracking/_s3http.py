@@ -254,9 +254,7 @@ class LeanS3:
         else:
             self._https = True
             self._netloc = ""
-        self._ssl = (
-            ssl.create_default_context(cafile=settings.ca_bundle) if self._https else None
-        )
+        self._ssl = ssl.create_default_context(cafile=settings.ca_bundle) if self._https else None
 
     # -- where a request goes -----------------------------------------------------------
     def _where(self, bucket: str, key: str | None) -> tuple[str, str]:

@@ -38,12 +38,14 @@ __all__ = [
     "SCHEME",
     "Bucket",
     "S3Lock",
+    "all_of",
     "flush_seconds",
     "is_s3_url",
     "lease_alive",
     "lease_seconds",
     "read_lease",
     "s3_url",
+    "together",
 ]
 
 _log = logging.getLogger("bellis.tracking")
@@ -161,6 +163,41 @@ def _client(url: str) -> Requests:
         return made
 
 
+def together(*calls: Callable[[], Any]) -> list[tuple[Any, BaseException | None]]:
+    """Run ``calls`` at once, each but the first in a thread of its own (each mostly waits
+    for its answer: one round trip for all instead of one each), and wait for all:
+    each one's result and exception (None: it returned), in order."""
+    out: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = (calls[i](), None)
+        except BaseException as exc:  # handed to the caller, which raises or handles it
+            out[i] = (None, exc)
+
+    threads = [
+        threading.Thread(target=one, args=(i,), name="bellis-s3-request", daemon=True)
+        for i in range(1, len(calls))
+    ]
+    for t in threads:
+        t.start()
+    if calls:
+        one(0)
+    for t in threads:
+        t.join()
+    return out
+
+
+def all_of(*calls: Callable[[], Any]) -> list[Any]:
+    """:func:`together`'s results, raising the first exception (in call order) once all
+    have ended."""
+    out = together(*calls)
+    for _, exc in out:
+        if exc is not None:
+            raise exc
+    return [value for value, _ in out]
+
+
 class Bucket:
     """The requests of one store: keys below its prefix, errors as ``TrackingError``."""
 
@@ -254,6 +291,8 @@ class S3Lock:
         self._etag: str | None = etag
         self._record = record
         self._lease = lease
+        #: when the lease was taken or last renewed (``time.monotonic``)
+        self._renewed = time.monotonic()
 
     @staticmethod
     def _body(record: dict[str, Any]) -> bytes:
@@ -322,9 +361,15 @@ class S3Lock:
     def run_id(self) -> str:
         return str(self._record["run"])
 
+    def renew_due(self) -> bool:
+        """Whether a third of the lease has passed since it was taken or renewed (the
+        renewer's period): before that, no other run can have taken the store over."""
+        return time.monotonic() - self._renewed >= self._lease / 3
+
     def renew(self) -> None:
         if self._etag is None:
             return
+        self._renewed = time.monotonic()
         self._record["expires"] = time.time() + self._lease
         etag = self._bucket.put(LOCK_KEY, self._body(self._record), self._etag)
         if etag is None:
@@ -345,10 +390,20 @@ class S3Lock:
         """Delete the lock object if it is still this run's. ``strict``: raise the lost
         lock's error when it is not (another run took it over), as a renewal would (the
         close of a run renews no more: this read tells the same)."""
+        self.release_checked(self.still_mine(), strict=strict)
+
+    def still_mine(self) -> bool:
+        """Whether the lock object is still this run's (one read)."""
+        if self._etag is None:
+            return False
+        held = self._bucket.get(LOCK_KEY)
+        return held is not None and held[1] == self._etag
+
+    def release_checked(self, mine: bool, *, strict: bool = False) -> None:
+        """:meth:`release`, with the read that says whether it is still ``mine`` made
+        already (at the close, together with the run's last write)."""
         if self._etag is None:
             return
-        held = self._bucket.get(LOCK_KEY)
-        mine = held is not None and held[1] == self._etag
         self._etag = None
         if mine:
             self._bucket.delete(LOCK_KEY)
