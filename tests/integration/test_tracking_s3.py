@@ -68,6 +68,15 @@ DRIVER = textwrap.dedent(
         store.record_success(1, None, 0, 0.0, 0.0)
         print("recorded", flush=True)
         time.sleep(600)
+    if mode == "gate":  # two blocks, then the close once the test says so
+        store.record_success(0, None, 0, 0.0, 0.0)
+        store.record_success(1, None, 0, 0.0, 0.0)
+        print("recorded", flush=True)
+        while not (marks / "go").exists():
+            time.sleep(0.05)
+        store.close()
+        print("finished", flush=True)
+        sys.exit(0)
     for cell in range(n):
         if store.is_done(cell):
             continue
@@ -238,6 +247,31 @@ def test_second_driver_refused_third_takes_over(tmp_path: Path, s3_env: dict[str
     assert f"block tracking at {url}: took over the lock of run" in err, err
     assert "finished" in out
     assert _done_cells(s3_env, "locked") == set(range(CELLS))
+
+
+def test_a_lock_taken_over_stays_and_the_close_says_the_run_lost_it(
+    tmp_path: Path, s3_env: dict[str, str]
+) -> None:
+    # another run took the store over (as after an expired lease): the close writes its
+    # markers, leaves the other run's lock object alone (its delete is conditional on
+    # the ETag it holds) and says that this run lost the lock
+    url = f"s3://{BUCKET}/taken"
+    marks = tmp_path / "marks"
+    proc = _start(tmp_path, s3_env, url, marks, "gate")
+    try:
+        _wait_line(proc, "recorded")
+        other = b'{"run": "other", "host": "elsewhere", "pid": 1, "expires": 4102444800}\n'
+        s3 = _client(s3_env)
+        s3.put_object(Bucket=BUCKET, Key="taken/bellis.lock", Body=other)
+        (marks / "go").write_text("go")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
+    assert proc.returncode != 0 and "finished" not in out
+    assert f"block tracking at {url}: this run lost its lock" in err, err
+    held = s3.get_object(Bucket=BUCKET, Key="taken/bellis.lock")["Body"].read()
+    assert held == other  # not deleted
+    assert _done_cells(s3_env, "taken") == {0, 1}
 
 
 def test_objects_match_a_local_store(tmp_path: Path, s3_env: dict[str, str]) -> None:

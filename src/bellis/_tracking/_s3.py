@@ -586,8 +586,8 @@ class S3Store:
 
     def flush(self, *, renew: bool = True) -> None:
         """Write the changed chunks (conditional on their last ETag), this run's
-        runs.jsonl / errors.jsonl objects where they changed, and renew the lease (not
-        at the close, ``renew=False``: its release reads the lock instead)."""
+        runs.jsonl / errors.jsonl objects where they changed, and renew the lease where
+        a third of it passed (``renew=False``: not at all)."""
         if self._lock is None or self._bucket is None:
             return
         if self._lost is not None:
@@ -666,15 +666,15 @@ class S3Store:
         self._stop_renewer()
         lock = self._lock
         try:
-            # the last write and the read that says the lock is still this run's, at once
-            (_, flush_error), (mine, read_error) = together(
-                partial(self.flush, renew=False),
-                lock.still_mine if lock is not None else bool,
-            )
-            if flush_error is not None:
-                raise flush_error
-            if read_error is not None:
-                raise read_error
+            if lock is not None and self._bucket is not None:
+                if self._lost is not None:
+                    raise self._lost
+                self._flush_markers()  # before the release: the next run starts from them
+                # the run's objects and the lock's release (conditional on its ETag: a
+                # lock another run took over stays, and this run says so) at once
+                for _, exc in together(self._upload_logs, partial(lock.release, strict=True)):
+                    if exc is not None:
+                        raise exc
         except BaseException:
             self._closed = True
             self._release_views()
@@ -682,18 +682,14 @@ class S3Store:
             if lock is not None:
                 try:
                     lock.release()
-                except TrackingError as exc:  # the flush's error is the one to raise
+                except TrackingError as exc:  # the first error is the one to raise
                     _log.warning("%s (its lease expires by itself)", exc)
             raise
         self._closed = True
         self._lock = None
         self._release_views()
-        try:
-            if lock is not None:  # raises if another run took the store over
-                lock.release_checked(bool(mine), strict=True)
-        finally:
-            if self._staging is not None:
-                shutil.rmtree(self._staging, ignore_errors=True)
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
 
     def _release_views(self) -> None:
         """The hot writer takes no more writes (one through it now raises)."""

@@ -68,8 +68,17 @@ class BotoRequests:
             raise
         return str(r["ETag"])
 
-    def delete(self, bucket: str, key: str) -> None:
-        self._do(lambda: self._client.delete_object(Bucket=bucket, Key=key))
+    def delete(self, bucket: str, key: str, etag: str | None = None) -> bool:
+        cond: dict[str, str] = {"IfMatch": etag} if etag is not None else {}
+        try:
+            self._do(lambda: self._client.delete_object(Bucket=bucket, Key=key, **cond))
+        except S3Error as exc:
+            if etag is not None and (
+                exc.status in (404, 412) or exc.code in ("PreconditionFailed", "NoSuchKey")
+            ):
+                return False
+            raise
+        return True
 
     def delete_many(self, bucket: str, keys: list[str]) -> list[tuple[str, str]]:
         r = self._do(

@@ -96,7 +96,9 @@ class Requests(Protocol):
     def put(self, bucket: str, key: str, data: bytes, etag: str | None) -> str | None:
         """Write if the object is still ``etag`` (None: absent); the new ETag, None on 412."""
 
-    def delete(self, bucket: str, key: str) -> None: ...
+    def delete(self, bucket: str, key: str, etag: str | None = None) -> bool:
+        """Delete the object (only if it is still ``etag``, where given): False when it
+        was not (412) or is gone (404) under that condition."""
 
     def delete_many(self, bucket: str, keys: list[str]) -> list[tuple[str, str]]:
         """Delete up to 1,000 objects: the (key, code) of those not deleted."""
@@ -355,10 +357,14 @@ class LeanS3:
             return None
         raise self._raise(status, body)
 
-    def delete(self, bucket: str, key: str) -> None:
-        status, _answer, data = self._request("DELETE", bucket, key)
-        if status not in (200, 204):
-            raise self._raise(status, data)
+    def delete(self, bucket: str, key: str, etag: str | None = None) -> bool:
+        cond = {"if-match": etag} if etag is not None else None
+        status, _answer, data = self._request("DELETE", bucket, key, headers=cond)
+        if status in (200, 204):
+            return True
+        if etag is not None and status in (404, 412):
+            return False
+        raise self._raise(status, data)
 
     def delete_many(self, bucket: str, keys: list[str]) -> list[tuple[str, str]]:
         root = ElementTree.Element("Delete", xmlns=_XMLNS)

@@ -250,9 +250,10 @@ class Bucket:
         key = self.key(name)
         return self._call(f"writing {name}", lambda: self._client.put(self.bucket, key, data, etag))
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, etag: str | None = None) -> bool:
+        """Delete ``name`` (if it is still ``etag``, where given: False when it is not)."""
         key = self.key(name)
-        self._call(f"deleting {name}", lambda: self._client.delete(self.bucket, key))
+        return self._call(f"deleting {name}", lambda: self._client.delete(self.bucket, key, etag))
 
     def delete_many(self, names: list[str]) -> None:
         """Delete the objects ``names`` (relative to the store), 1,000 a request."""
@@ -387,27 +388,14 @@ class S3Lock:
         )
 
     def release(self, *, strict: bool = False) -> None:
-        """Delete the lock object if it is still this run's. ``strict``: raise the lost
-        lock's error when it is not (another run took it over), as a renewal would (the
-        close of a run renews no more: this read tells the same)."""
-        self.release_checked(self.still_mine(), strict=strict)
-
-    def still_mine(self) -> bool:
-        """Whether the lock object is still this run's (one read)."""
-        if self._etag is None:
-            return False
-        held = self._bucket.get(LOCK_KEY)
-        return held is not None and held[1] == self._etag
-
-    def release_checked(self, mine: bool, *, strict: bool = False) -> None:
-        """:meth:`release`, with the read that says whether it is still ``mine`` made
-        already (at the close, together with the run's last write)."""
-        if self._etag is None:
+        """Delete the lock object if it is still this run's: one DELETE conditional on
+        the lock's ETag, so a lock another run took over stays. ``strict``: raise the
+        lost lock's error when it was taken over, as a renewal would (the close of a run
+        renews no more: this tells the same)."""
+        etag, self._etag = self._etag, None
+        if etag is None:
             return
-        self._etag = None
-        if mine:
-            self._bucket.delete(LOCK_KEY)
-        elif strict:
+        if not self._bucket.delete(LOCK_KEY, etag) and strict:
             raise self._lost()
 
 
