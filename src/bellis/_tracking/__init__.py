@@ -28,6 +28,9 @@ Owns:
                 writes, the lock a lease object (docs/cloud.md)
   ``_s3io``     the requests of an S3 store (``Bucket``: retries, conditional writes)
                 and its lease lock (``S3Lock``)
+  ``_s3http``   who makes the requests: bellis's own SigV4 client (``LeanS3``) where
+                the AWS configuration is plain; ``_s3boto``: botocore elsewhere
+  ``_s3open``   opening an S3 store: the lock with the first read, the rest at once
   ``_s3stats``  an S3 store's per-block statistics: one object per flush, merged by the
                 readers
   ``_s3objects`` an S3 store's ``outputs.json`` and ``verify.json``, one object each
