@@ -323,6 +323,30 @@ def test_bad_bucket_url_is_named(tmp_path: Path, s3_env: dict[str, str]) -> None
     assert "TrackingError: tracking_path='s3://ab/x': not an S3 store URL" in done.stderr
 
 
+@pytest.mark.parametrize("requests", ["auto", "botocore"])
+def test_a_missing_bucket_is_named_with_the_fix(
+    tmp_path: Path, s3_env: dict[str, str], requests: str
+) -> None:
+    script = tmp_path / "missing.py"
+    script.write_text(
+        "from bellis._tracking import StoreLayout, open_store\n"
+        "layout = StoreLayout((0,), (4,), (0,), (1,), (0,), (1,), 'valid')\n"
+        "open_store('s3://no-such-bucket-here/x', layout, resource_tracking=False)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**s3_env, "BELLIS_S3_CLIENT": requests},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("bellis.errors.TrackingError: block tracking at "), done.stderr
+    assert "s3://no-such-bucket-here/x: " in last and "NoSuchBucket" in last, last
+    assert "the bucket 'no-such-bucket-here' does not exist at this endpoint" in last, last
+
+
 def test_endpoint_gone_stops_with_the_url(
     tmp_path: Path, moto_server: tuple[dict[str, str], subprocess.Popen[bytes]]
 ) -> None:

@@ -47,13 +47,15 @@ class BotoRequests:
             status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             code = str(response.get("Error", {}).get("Code", ""))
             message = str(response.get("Error", {}).get("Message", ""))
-            raise S3Error(status, code, message) from None
+            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+            region = str(headers.get("x-amz-bucket-region", ""))
+            raise S3Error(status, code, message, region) from None
 
     def get(self, bucket: str, key: str) -> tuple[bytes, str] | None:
         try:
             r = self._do(lambda: self._client.get_object(Bucket=bucket, Key=key))
         except S3Error as exc:
-            if exc.code in ("NoSuchKey", "404", "NotFound") or exc.status == 404:
+            if exc.code in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
         return r["Body"].read(), str(r["ETag"])

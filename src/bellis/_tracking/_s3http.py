@@ -81,10 +81,12 @@ class Unreachable(Exception):
 class S3Error(Exception):
     """An error answer: its HTTP status and S3 error code (``NoSuchKey``, ...)."""
 
-    def __init__(self, status: int, code: str, message: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str = "", region: str = "") -> None:
         super().__init__(f"{code or status}: {message}" if message else code or str(status))
         self.status = status
         self.code = code
+        #: the bucket's region where the answer named it (``x-amz-bucket-region``)
+        self.region = region
 
 
 class Requests(Protocol):
@@ -333,18 +335,21 @@ class LeanS3:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _raise(status: int, data: bytes) -> S3Error:
+    def _raise(status: int, data: bytes, answer: Mapping[str, str] | None = None) -> S3Error:
         code, message = _error_code(data)
-        return S3Error(status, code, message)
+        region = "" if answer is None else answer.get("x-amz-bucket-region", "")
+        return S3Error(
+            status, code or ("PermanentRedirect" if status == 301 else ""), message, region
+        )
 
     # -- the store's requests -------------------------------------------------------------
     def get(self, bucket: str, key: str) -> tuple[bytes, str] | None:
         status, answer, data = self._request("GET", bucket, key)
         if status == 200:
             return data, answer.get("etag", "")
-        if status == 404:
+        if status == 404 and _error_code(data)[0] in ("NoSuchKey", ""):
             return None
-        raise self._raise(status, data)
+        raise self._raise(status, data, answer)
 
     def put(self, bucket: str, key: str, data: bytes, etag: str | None) -> str | None:
         cond = {"if-match": etag} if etag is not None else {"if-none-match": "*"}
@@ -355,16 +360,16 @@ class LeanS3:
             return None
         if status == 409 and _error_code(body)[0] == "ConditionalRequestConflict":
             return None
-        raise self._raise(status, body)
+        raise self._raise(status, body, answer)
 
     def delete(self, bucket: str, key: str, etag: str | None = None) -> bool:
         cond = {"if-match": etag} if etag is not None else None
-        status, _answer, data = self._request("DELETE", bucket, key, headers=cond)
+        status, answer, data = self._request("DELETE", bucket, key, headers=cond)
         if status in (200, 204):
             return True
-        if etag is not None and status in (404, 412):
+        if etag is not None and (status == 412 or _error_code(data)[0] == "NoSuchKey"):
             return False
-        raise self._raise(status, data)
+        raise self._raise(status, data, answer)
 
     def delete_many(self, bucket: str, keys: list[str]) -> list[tuple[str, str]]:
         root = ElementTree.Element("Delete", xmlns=_XMLNS)
@@ -373,11 +378,11 @@ class LeanS3:
             ElementTree.SubElement(ElementTree.SubElement(root, "Object"), "Key").text = k
         body = ElementTree.tostring(root, encoding="utf-8", xml_declaration=True)
         md5 = b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
-        status, _answer, data = self._request(
+        status, answer, data = self._request(
             "POST", bucket, None, {"delete": ""}, {"content-md5": md5}, body
         )
         if status != 200:
-            raise self._raise(status, data)
+            raise self._raise(status, data, answer)
         return [
             (e.findtext("Key") or "?", e.findtext("Code") or "?") for e in _xml(data).iter("Error")
         ]
@@ -389,9 +394,9 @@ class LeanS3:
         if delimiter:
             query["delimiter"] = delimiter
         while True:
-            status, _answer, data = self._request("GET", bucket, None, query)
+            status, answer, data = self._request("GET", bucket, None, query)
             if status != 200:
-                raise self._raise(status, data)
+                raise self._raise(status, data, answer)
             root = _xml(data)
             keys.extend(e.findtext("Key") or "" for e in root.iter("Contents"))
             prefixes.extend(e.findtext("Prefix") or "" for e in root.iter("CommonPrefixes"))

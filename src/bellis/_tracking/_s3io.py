@@ -217,7 +217,7 @@ class Bucket:
                 return fn()
             except S3Error as exc:
                 raise TrackingError(
-                    f"block tracking at {self.url}: {what} failed: {exc.code or exc}",
+                    f"block tracking at {self.url}: {what} failed: {exc}{self._hint(exc)}",
                     path=self.url,
                 ) from None
             except Unreachable as exc:
@@ -238,6 +238,23 @@ class Bucket:
                 )
                 time.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _hint(self, exc: S3Error) -> str:
+        """What to do about an error answer, where its code says."""
+        if exc.code == "NoSuchBucket":
+            return (
+                f"; the bucket {self.bucket!r} does not exist at this endpoint: create it, "
+                "or fix the URL (or AWS_ENDPOINT_URL)"
+            )
+        if exc.region or exc.code in ("PermanentRedirect", "AuthorizationHeaderMalformed"):
+            where = f" is in region {exc.region!r}" if exc.region else " is in another region"
+            return f"; the bucket{where}: set AWS_REGION to it"
+        if exc.code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+            return (
+                "; check the AWS credentials this process has (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or the profile) and their rights on the bucket"
+            )
+        return ""
 
     def get(self, name: str) -> tuple[bytes, str] | None:
         """The object's bytes and ETag; None when it does not exist."""
