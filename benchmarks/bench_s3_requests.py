@@ -3,9 +3,9 @@
 Starts a moto S3 server on 127.0.0.1 (``python -m moto.server``), runs one task of
 ``--blocks`` no-op blocks with ``tracking_path="s3://.../bench"`` in this process (the
 driver: only it talks to the bucket), then runs it again (every block done: the
-resume). Every request the driver's boto3 client sends is counted by operation, through
-a botocore ``before-call.s3`` event hook on that client (bellis makes one per process,
-``bellis._tracking._s3io._client``, and this script hooks it before the run).
+resume). Every request the driver's client sends is counted by operation: this script
+wraps the methods of the process's one client (``bellis._tracking._s3io._client``,
+bellis's own or botocore's, ``_s3http.Requests``) before the run.
 
 Prints, per phase, the requests by operation, the chunk writes of ``done/c/0`` (the
 flushes), and requests per block; ``--json`` writes them as one record.
@@ -34,6 +34,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -62,20 +63,41 @@ def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.2)
 
 
+#: the store's requests (``_s3http.Requests``) and the S3 operation each one is
+_OPERATIONS = {
+    "get": "GetObject",
+    "put": "PutObject",
+    "delete": "DeleteObject",
+    "delete_many": "DeleteObjects",
+    "list": "ListObjectsV2",
+}
+
+
 class Counter:
-    """Requests by operation name, and the PUTs by key (a botocore event handler)."""
+    """Requests by operation name, and the PUTs by key: it wraps the methods of the
+    process's one S3 client (bellis's or botocore's, ``_s3http.Requests``)."""
 
     def __init__(self) -> None:
         self.ops: collections.Counter[str] = collections.Counter()
         self.puts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()  # the open and the close send requests at once
 
-    def __call__(self, model: Any, params: Any, **_: Any) -> None:
-        self.ops[model.name] += 1
-        if model.name == "PutObject":
-            key = str(params.get("url_path", "")).rsplit("/bench/", 1)[-1]
-            if key.startswith(("stats/", "runs/", "errors/")):
-                key = key.split("/", 1)[0] + "/"  # one object per flush or run: by folder
-            self.puts[key] += 1
+    def hook(self, client: Any) -> None:
+        for method, operation in _OPERATIONS.items():
+            setattr(client, method, self._counting(getattr(client, method), operation))
+
+    def _counting(self, fn: Any, operation: str) -> Any:
+        def counted(bucket: str, key: str, *rest: Any) -> Any:
+            with self._lock:
+                self.ops[operation] += 1
+                if operation == "PutObject":
+                    name = key.rsplit("bench/", 1)[-1]
+                    if name.startswith(("stats/", "runs/", "errors/")):
+                        name = name.split("/", 1)[0] + "/"  # one object per flush or run
+                    self.puts[name] += 1
+            return fn(bucket, key, *rest)
+
+        return counted
 
     def take(self) -> dict[str, Any]:
         out = {
@@ -88,9 +110,7 @@ class Counter:
         return out
 
 
-def _run(
-    blocks: int, url: str, distributed: bool, block_ms: float, rt: bool
-) -> tuple[bool, float]:
+def _run(blocks: int, url: str, distributed: bool, block_ms: float, rt: bool) -> tuple[bool, float]:
     from funlib.geometry import Roi
 
     import bellis
@@ -145,10 +165,13 @@ def main() -> int:
         from bellis._tracking._s3io import _client
 
         url = "s3://bellis-bench/bench"
-        client = _client(url)  # the one the driver's store will use
-        client.create_bucket(Bucket="bellis-bench")
+        import boto3
+
+        boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(
+            Bucket="bellis-bench"
+        )
         counter = Counter()
-        client.meta.events.register("before-call.s3", counter)
+        counter.hook(_client(url))  # the one the driver's store will use
         record: dict[str, Any] = {
             "blocks": args.blocks,
             "mode": "distributed" if args.distributed else "serial",
