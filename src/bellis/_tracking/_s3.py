@@ -201,7 +201,10 @@ class S3Store:
         if got is None:
             raise TrackingError(f"no block tracking store at {url}", path=url)
         group = group_of(url, got[0])
-        grid, arrays, etags = read_arrays(bucket, url, None)
+        record = group.get("attributes", {}).get("bellis_layout")
+        shape = record.get("grid_shape") if isinstance(record, dict) else None
+        rank = len(shape) if isinstance(shape, list) else None  # the chunks read at once
+        grid, arrays, etags = read_arrays(bucket, url, None, rank=rank)
         return cls(bucket, url, grid, arrays, etags, group, created=False, lock=None)
 
     # -- the BlockStore surface -------------------------------------------------------

@@ -138,14 +138,16 @@ def read_arrays(
     grid: tuple[int, ...] | None,
     *,
     check_group: Callable[[bytes | None], None] | None = None,
+    rank: int | None = None,
 ) -> tuple[tuple[int, ...], dict[str, NDArray[Any]], dict[str, str | None]]:
     """The base arrays (and ``code_version`` where a run made it), read by key, every
     metadata and chunk at once; with ``check_group``, the group's ``zarr.json`` too,
     handed to it (its bytes, None when absent) before the arrays are checked. ``grid``
-    None: the stored shape (the chunks are then read once it is known)."""
+    None: the stored shape; its ``rank`` where the group records it names the chunks'
+    keys (else, or where the metadata says another, they are read once it is known)."""
     with_group = check_group is not None
     names = (*BASE_ARRAYS, CODE_ARRAY)
-    ndim = None if grid is None else len(grid)
+    ndim = len(grid) if grid is not None else rank
     calls = [partial(bucket.get, f"{name}/zarr.json") for name in names]
     if ndim is not None:  # the chunks' keys need the grid's rank
         calls += [partial(bucket.get, chunk_key(name, ndim)) for name in names]
@@ -177,7 +179,11 @@ def read_arrays(
                 url, f"{name}/zarr.json is not a {ARRAY_DTYPES[name]} array of {grid}"
             )
         n = cell_count(grid)
-        chunk = chunks[i] if chunks is not None else bucket.get(chunk_key(name, len(grid)))
+        chunk = (
+            chunks[i]
+            if chunks is not None and ndim == len(grid)
+            else bucket.get(chunk_key(name, len(grid)))
+        )
         dtype = np.dtype(ARRAY_DTYPES[name]).newbyteorder("<")
         if chunk is None:
             arrays[name] = np.zeros(n, dtype=dtype)
