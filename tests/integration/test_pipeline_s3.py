@@ -132,14 +132,21 @@ def _cached_client(endpoint: str) -> Any:
     return client({"AWS_ENDPOINT_URL": endpoint})
 
 
-def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
+def _chunk(env: dict[str, str], key: str) -> bytes | None:
+    """An object's bytes; None before it was first flushed."""
     try:
-        body = (
+        return bytes(
             _cached_client(env["AWS_ENDPOINT_URL"])
-            .get_object(Bucket=BUCKET, Key=f"{prefix}/done/c/0")["Body"]
+            .get_object(Bucket=BUCKET, Key=key)["Body"]
             .read()
         )
     except Exception:  # not flushed yet
+        return None
+
+
+def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
+    body = _chunk(env, f"{prefix}/done/c/0")
+    if body is None:
         return set()
     assert len(body) == n
     return {i for i, b in enumerate(body) if b}
@@ -147,13 +154,8 @@ def _done(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
 
 def _coded(env: dict[str, str], prefix: str, n: int = N) -> set[int]:
     """The cells whose code version (uint16, little-endian) is on the bucket."""
-    try:
-        body = (
-            _cached_client(env["AWS_ENDPOINT_URL"])
-            .get_object(Bucket=BUCKET, Key=f"{prefix}/code_version/c/0")["Body"]
-            .read()
-        )
-    except Exception:  # not flushed yet
+    body = _chunk(env, f"{prefix}/code_version/c/0")
+    if body is None:
         return set()
     assert len(body) == 2 * n
     return {i for i in range(n) if int.from_bytes(body[2 * i : 2 * i + 2], "little")}
