@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bellis._tracking._s3http import LeanSettings, _query_string, lean_settings, sign
+from bellis._tracking._s3http import LeanS3, LeanSettings, _query_string, lean_settings, sign
 from bellis.errors import TrackingError
 
 EXAMPLE = LeanSettings(
@@ -176,3 +176,24 @@ def test_a_bad_client_choice_names_the_variable_the_value_and_the_choices(tmp_pa
         lean_settings(plain(tmp_path, BELLIS_S3_CLIENT="boto3"))
     text = str(info.value)
     assert "BELLIS_S3_CLIENT='boto3'" in text and "auto, botocore" in text
+
+
+# -- where a request goes ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("endpoint", "bucket", "key", "host", "path"),
+    [
+        # an S3-compatible server: path style, the key encoded once
+        ("http://127.0.0.1:5000", "b1", "p/a b+c.json", "127.0.0.1:5000", "/b1/p/a%20b%2Bc.json"),
+        ("https://minio.example:9000", "b1", None, "minio.example:9000", "/b1"),
+        # AWS: virtual-hosted where the bucket can be a host name, else path style
+        (None, "my-bucket", "k/zarr.json", "my-bucket.s3.eu-west-2.amazonaws.com", "/k/zarr.json"),
+        (None, "my-bucket", None, "my-bucket.s3.eu-west-2.amazonaws.com", "/"),
+        (None, "my.bucket", "k", "s3.eu-west-2.amazonaws.com", "/my.bucket/k"),
+        (None, "Legacy_Bucket", "k", "s3.eu-west-2.amazonaws.com", "/Legacy_Bucket/k"),
+    ],
+)
+def test_where_a_request_goes(
+    endpoint: str | None, bucket: str, key: str | None, host: str, path: str
+) -> None:
+    client = LeanS3(LeanSettings("AKID", "secret", None, "eu-west-2", endpoint))
+    assert client._where(bucket, key) == (host, path)

@@ -23,6 +23,7 @@ import hmac
 import http.client
 import os
 import random
+import re
 import ssl
 import threading
 import time
@@ -72,6 +73,8 @@ _TRIES = 3
 #: seconds to connect and to wait for an answer (botocore's defaults)
 _TIMEOUT = 60.0
 _XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
+#: a bucket name that can be a host name below AWS's S3 endpoint (virtual-hosted style)
+_VIRTUAL_HOST = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
 
 class Unreachable(Exception):
@@ -267,7 +270,9 @@ class LeanS3:
         if self.settings.endpoint is not None:  # an S3-compatible server: path style
             return self._netloc, f"/{bucket}/{tail}" if key is not None else f"/{bucket}"
         aws = f"s3.{self.settings.region}.amazonaws.com"
-        if "." in bucket:  # virtual hosting would break TLS on the dotted name
+        if not _VIRTUAL_HOST.fullmatch(bucket):
+            # a dotted name would break TLS as a host name, a legacy name with capitals
+            # or underscores is no host name at all: path style, as botocore does
             return aws, f"/{bucket}/{tail}" if key is not None else f"/{bucket}"
         return f"{bucket}.{aws}", f"/{tail}"
 
