@@ -106,11 +106,15 @@ ERRORS_FILE = "errors.jsonl"
 _HOT_ARRAYS = frozenset(("done", CODE_ARRAY))
 
 
-def _differs(arr: NDArray[Any], written: bytes | None) -> bool:
-    """Whether ``arr`` differs from the bytes last written (None: none, all zeros)."""
-    if written is None:
-        return bool(arr.any())
-    return arr.tobytes() != written
+def _chunk_bytes(arr: NDArray[Any]) -> bytes:
+    """An array's one chunk as written: its values, little-endian."""
+    return arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+
+
+def _differs(data: bytes, written: bytes | None) -> bool:
+    """Whether a chunk's ``data`` differs from the bytes last written (None: none, all
+    zeros)."""
+    return data.strip(b"\0") != b"" if written is None else data != written
 
 
 class S3Store:
@@ -173,7 +177,7 @@ class S3Store:
         #: each hot-written array's bytes as last written to (or read from) the bucket,
         #: None: no chunk there (all zeros); a flush writes the arrays that differ
         self._written: dict[str, bytes | None] = {
-            n: (a.tobytes() if etags.get(n) is not None else None)
+            n: (_chunk_bytes(a) if etags.get(n) is not None else None)
             for n, a in arrays.items()
             if n in _HOT_ARRAYS
         }
@@ -369,7 +373,7 @@ class S3Store:
         """Whether a hot-written array differs from what was last written."""
         for name in _HOT_ARRAYS:
             arr = self._arrays.get(name)
-            if arr is not None and _differs(arr, self._written.get(name)):
+            if arr is not None and _differs(_chunk_bytes(arr), self._written.get(name)):
                 return True
         return False
 
@@ -642,10 +646,12 @@ class S3Store:
             # its code in the copy taken after it
             snaps: dict[str, bytes] = {}
             for name in ("done", *sorted(n for n in self._arrays if n != "done")):
-                arr = self._arrays[name]
                 hot = name in _HOT_ARRAYS
-                if name in names or (hot and _differs(arr, self._written.get(name))):
-                    snaps[name] = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
+                if name not in names and not hot:
+                    continue
+                data = _chunk_bytes(self._arrays[name])  # one copy: compared, then written
+                if name in names or _differs(data, self._written.get(name)):
+                    snaps[name] = data
             try:
                 # done last: a block marked done on the bucket has its code version
                 # there (its checksum went with the figures above)
