@@ -436,3 +436,52 @@ def test_run_report_and_errors_are_objects(tmp_path: Path, s3_env: dict[str, str
     assert _done(s3_env, "fail", 8) == set(range(8)) - {3}
     status = _status(s3_env, url)
     assert status["runs"] == 1 and status["failed"] == 1 and status["done"] == 7
+
+
+@pytest.mark.parametrize("mode", ["dist", "serial"])
+def test_a_new_store_that_cannot_be_made_stops_the_run_before_any_block(
+    tmp_path: Path, s3_env: dict[str, str], mode: str
+) -> None:
+    """A first run writes its store's metadata while its workers start (``_s3open``): an
+    error there (here a ``done`` array of another shape left at the prefix, with no
+    group) still stops the run before any block runs, names the object, releases the
+    lock and leaves no group, and a run after the fix starts the store afresh."""
+    s3 = client(s3_env)
+    prefix = f"made-{mode}"
+    wrong = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [7],
+        "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [7]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": [{"name": "bytes"}],
+    }
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/a/done/zarr.json", Body=json.dumps(wrong))
+    marks = tmp_path / "marks"
+    proc = _start(tmp_path, s3_env, f"s3://{BUCKET}/{prefix}", marks, mode)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert proc.returncode not in (0, None), out + err
+    assert "done/zarr.json is another array's" in err, err
+    assert f"s3://{BUCKET}/{prefix}/a" in err, err
+    assert _succeeded(marks, "a") == set() and _succeeded(marks, "b") == set()
+    keys = {
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/a/").get("Contents", [])
+    }
+    assert f"{prefix}/a/bellis.lock" not in keys  # released: the next run is not refused
+    assert f"{prefix}/a/zarr.json" not in keys  # no group over arrays that are not its own
+    assert not any("/c/" in k for k in keys), keys  # no chunk either
+    s3.delete_object(Bucket=BUCKET, Key=f"{prefix}/a/done/zarr.json")
+    proc = _start(tmp_path, s3_env, f"s3://{BUCKET}/{prefix}", marks, mode)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert proc.returncode == 0, out + err
+    assert _done(s3_env, f"{prefix}/a") == set(range(N)) == _succeeded(marks, "a")
+    assert _done(s3_env, f"{prefix}/b") == set(range(N)) == _succeeded(marks, "b")

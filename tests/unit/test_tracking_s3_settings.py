@@ -9,7 +9,8 @@ import pytest
 
 from bellis._tracking import backend_for
 from bellis._tracking._backends import LocalStores
-from bellis._tracking._s3 import S3Stores, flush_seconds, is_s3_url, lease_seconds, s3_url
+from bellis._tracking._s3 import flush_seconds, is_s3_url, lease_seconds, s3_url
+from bellis._tracking._s3stores import S3Stores
 from bellis.errors import TrackingError
 
 

@@ -194,31 +194,48 @@ class RunLoop:
                 self._serve_draining(0.05)
             stopper.join()
         else:
-            # every block is recorded: write the stores back to disk while the workers
-            # exit, rather than after (closing them later finds nothing left to write)
+            # every block is recorded: write the stores back while the workers exit, in a
+            # thread of its own (an S3 store's writes are round trips), joined once they
+            # have exited (closing the stores later finds nothing left to write)
+            flushed: list[BaseException] = []
+            flusher = threading.Thread(
+                target=self._flush_stores, args=(flushed,), name="bellis-flush", daemon=True
+            )
+            flusher.start()
+            try:
+                self.pool.shutting_down()
+                deadline = time.monotonic() + max(self.pool.grace_seconds, 5.0)
+                # watched exits wake the select; the others are polled every 5 ms
+                wait = 0.005 if self.pool.unwatched else _TICK_SECONDS
+                # the workers whose exit is yet to be seen (no scan over the workers)
+                while any(plan.alive > 0 for plan in self.plans.values()):
+                    self._serve_draining(wait)
+                    self._poll_workers(time.monotonic())
+                    if time.monotonic() > deadline:
+                        self.pool.cancel([w for w in d.workers.values() if w.exit is None])
+                        break
+                self._unwatch()
+            finally:
+                flusher.join()
+            if flushed:
+                raise flushed[0]
+        self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
+        self._end_connections()
+        self.net.close()
+
+    def _flush_stores(self, failed: list[BaseException]) -> None:
+        """Each store's flush (the flusher thread of :meth:`_stop_workers`); an error
+        other than the store's own is handed back in ``failed``."""
+        try:
             for plan in self.plans.values():
                 if plan.run.store is not None:
                     try:
                         plan.run.store.flush()
                     except TrackingError as exc:
-                        # closing the store flushes again and reports it; the workers
-                        # must still be waited for
+                        # closing the store flushes again and reports it
                         logger.debug("early flush failed: %s", exc)
-            self.pool.shutting_down()
-            deadline = time.monotonic() + max(self.pool.grace_seconds, 5.0)
-            # watched exits wake the select; the others are polled every 5 ms
-            wait = 0.005 if self.pool.unwatched else _TICK_SECONDS
-            # the workers whose exit is yet to be seen (no scan over the workers)
-            while any(plan.alive > 0 for plan in self.plans.values()):
-                self._serve_draining(wait)
-                self._poll_workers(time.monotonic())
-                if time.monotonic() > deadline:
-                    self.pool.cancel([w for w in d.workers.values() if w.exit is None])
-                    break
-            self._unwatch()
-        self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
-        self._end_connections()
-        self.net.close()
+        except BaseException as exc:  # raised by the driver's thread once joined
+            failed.append(exc)
 
     def _end_connections(self) -> None:
         """Close every connection at the end of the run so that each peer sees an orderly

@@ -22,8 +22,9 @@ from .._donemarks import BlockStore, StoreBackend, StoreLocation, store_location
 from ._disk import is_run_in_progress as _local_in_progress, read_lock_holder as _local_holder
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
-from ._s3 import S3Stores, is_s3_url
+from ._s3 import is_s3_url
 from ._s3io import LOCK_KEY, Bucket, S3Lock, lease_alive, read_lease, s3_url
+from ._s3stores import S3Stores
 from ._store import TrackingStore, delete_store as _delete_local
 
 __all__ = [
@@ -125,7 +126,7 @@ _S3 = S3Stores()
 
 
 def backend_for(path: str | os.PathLike[str]) -> TrackingBackend:
-    """The backend of the store at ``path``: :class:`~bellis._tracking._s3.S3Stores` for
+    """The backend of the store at ``path``: :class:`~bellis._tracking._s3stores.S3Stores` for
     an ``s3://`` URL (docs/cloud.md), :class:`LocalStores` for a local directory."""
     return _S3 if is_s3_url(path) else _LOCAL
 

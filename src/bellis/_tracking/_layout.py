@@ -530,10 +530,12 @@ def invalid_metadata(display: str, reason: str) -> TrackingError:
 
 
 def layout_mismatch(display: str, stored: str, expected: str) -> LayoutMismatch:
+    # an S3 store (docs/cloud.md) is deleted with the AWS command line, not rm
+    remove = "aws s3 rm --recursive" if display.startswith("s3://") else "rm -rf"
     return LayoutMismatch(
         f"block tracking at {display} was written for a different task layout "
         f"(stored hash = {stored}, expected = {expected}). Delete it to start fresh:\n"
-        f"    rm -rf {display}",
+        f"    {remove} {display}",
         path=display,
         stored=stored,
         expected=expected,

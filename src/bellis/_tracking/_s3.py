@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .._donemarks import HotWriter, StoreLocation
+from .._donemarks import HotWriter
 from ..errors import TrackingError
 from ._codever import CODE_ARRAY, TABLE_NAME, add_entry
 from ._files import cell_count, clear_cells
@@ -79,19 +79,19 @@ from ._layout import (
     invalid_metadata,
 )
 from ._s3io import (
-    SCHEME,
     Bucket,
     S3Lock,
+    all_of,
     flush_seconds,
     is_s3_url,
     lease_seconds,
     s3_url,
     together,
 )
-from ._s3open import chunk_key, conflict, group_of, lock_and_load, read_arrays
+from ._s3open import Creation, chunk_key, conflict, group_of, lock_and_load, read_arrays
 from ._s3stats import STATS_PREFIX, StatsLog, encode_stats, read_stats
 
-__all__ = ["S3Store", "S3Stores", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
+__all__ = ["S3Store", "flush_seconds", "is_s3_url", "lease_seconds", "s3_url"]
 
 _log = logging.getLogger("bellis.tracking")
 
@@ -153,6 +153,10 @@ class S3Store:
         self._flushing = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        #: a new store's metadata being written (``_s3open.Creation``); every write waits
+        self._creation: Creation | None = None
+        #: this run's runs.jsonl / errors.jsonl objects: one writer at a time
+        self._uploading = threading.Lock()
         #: the renewer's refusal (another run took the store over): raised by the next write
         self._lost: TrackingError | None = None
         #: the run's runs.jsonl / errors.jsonl, staged locally (writable) or merged (read)
@@ -189,8 +193,11 @@ class S3Store:
     ) -> S3Store:
         url = s3_url(path)
         bucket = Bucket(url)
-        lock, (grid, arrays, etags, group, created) = lock_and_load(bucket, url, layout)
+        lock, (grid, arrays, etags, group, created, create) = lock_and_load(bucket, url, layout)
         store = cls(bucket, url, grid, arrays, etags, group, created=created, lock=lock)
+        if create is not None:  # a new store: written while the run starts (``_s3open``)
+            store._creation = Creation(create)
+            store._table = []  # and no code-version table yet (made under its lock)
         if resource_tracking and store._log is not None:  # the figures (``_s3stats``)
             store._tracks = True
             store._log.declare(STAT_ARRAYS)
@@ -272,7 +279,13 @@ class S3Store:
         """This run's runs.jsonl and errors.jsonl, as its objects, where they changed."""
         if self._staging is None or self._bucket is None or self._lock is None:
             return
-        stem = f"{int(self._opened * 1000):015d}-{self._lock.run_id}"
+        self._ready()
+        with self._uploading:
+            self._upload_staged(self._lock.run_id)
+
+    def _upload_staged(self, run_id: str) -> None:
+        assert self._bucket is not None and self._staging is not None
+        stem = f"{int(self._opened * 1000):015d}-{run_id}"
         for local, key in (
             (RUNS_FILE, f"{RUNS_PREFIX}{stem}.json"),
             (ERRORS_FILE, f"{ERRORS_PREFIX}{stem}.jsonl"),
@@ -500,15 +513,23 @@ class S3Store:
             )
             self._code_index = index
             return index
+        self._ready()
+        bucket, writes = self._bucket, []
+        meta = dump_metadata(array_metadata(ARRAY_DTYPES[CODE_ARRAY], self._grid))
         if text is not None:
-            etag = self._bucket.put(TABLE_NAME, text, self._table_etag)
+            writes.append(partial(bucket.put, TABLE_NAME, text, self._table_etag))
+        if CODE_ARRAY not in self._arrays:
+            writes.append(partial(bucket.put, f"{CODE_ARRAY}/zarr.json", meta, None))
+        # the table and the array's metadata at once: both precede any chunk naming index
+        done = all_of(*writes)
+        if text is not None:
+            etag = done.pop(0)
             if etag is None:
                 raise conflict(self._url, TABLE_NAME)
             self._table_etag = etag
         if CODE_ARRAY not in self._arrays:
-            meta = dump_metadata(array_metadata(ARRAY_DTYPES[CODE_ARRAY], self._grid))
-            if self._bucket.put(f"{CODE_ARRAY}/zarr.json", meta, None) is None:
-                existing = self._bucket.get(f"{CODE_ARRAY}/zarr.json")
+            if done[0] is None:
+                existing = bucket.get(f"{CODE_ARRAY}/zarr.json")
                 if existing is None or existing[0] != meta:
                     raise invalid_metadata(self._url, f"{CODE_ARRAY}/zarr.json is another array's")
             self._arrays[CODE_ARRAY] = np.zeros(self._cells, dtype=ARRAY_DTYPES[CODE_ARRAY])
@@ -537,6 +558,14 @@ class S3Store:
     # -- lifetime ------------------------------------------------------------------------
     def open_stats(self) -> None:
         return None
+
+    def _ready(self) -> None:
+        """Before any write: a new store's metadata are written (or their error raised)."""
+        creation = self._creation
+        if creation is not None:
+            error = creation.wait()
+            if error is not None:
+                raise error
 
     def _start_renewer(self) -> None:
         """Renew the lease every third of it, in a daemon thread, whether or not blocks
@@ -636,6 +665,7 @@ class S3Store:
         write."""
         assert self._bucket is not None
         nd = len(self._grid)
+        self._ready()
         with self._flushing:
             self._flush_stats()  # before the done chunk: a done block's figures first
             names: set[str] = set()
@@ -673,6 +703,8 @@ class S3Store:
         if self._closed:
             return
         self._stop_renewer()
+        if self._creation is not None:  # the lock is released only after it (its error:
+            self._creation.wait()  # raised by the flush below)
         lock = self._lock
         try:
             if lock is not None and self._bucket is not None:
@@ -715,78 +747,3 @@ class S3Store:
 
     def __repr__(self) -> str:
         return f"S3Store({self._url!r}, grid={self._grid})"
-
-
-class S3Stores:
-    """Tracking stores below ``s3://`` URLs (``_donemarks.StoreBackend``)."""
-
-    def exists(self, path: StoreLocation) -> bool:
-        return Bucket(s3_url(path)).get("zarr.json") is not None
-
-    def is_store(self, path: StoreLocation) -> bool:
-        bucket = Bucket(s3_url(path))
-        got = bucket.get("zarr.json")
-        if got is None:
-            return False
-        try:
-            meta = json.loads(got[0])
-        except ValueError:
-            return False
-        return (
-            isinstance(meta, dict)
-            and meta.get("node_type") == "group"
-            and bucket.get("done/zarr.json") is not None
-        )
-
-    def find_stores(
-        self, root: StoreLocation, max_depth: int | None = None
-    ) -> Iterator[StoreLocation]:
-        url = s3_url(root)
-        if self.is_store(root):
-            yield url  # a URL stays a string: Path() would fold its //
-            return
-        bucket = Bucket(url)
-        base = SCHEME + bucket.bucket
-        frontier = [bucket.prefix]
-        depth = 0
-        found: list[str] = []
-        while frontier and (max_depth is None or depth < max_depth):
-            depth += 1
-            deeper: list[str] = []
-            for prefix in frontier:
-                for child in bucket.children(prefix):
-                    child_url = f"{base}/{child}"
-                    (found if self.is_store(child_url) else deeper).append(child)
-            frontier = deeper
-        for child in sorted(found):
-            yield f"{base}/{child}"
-
-    def open_readonly(self, path: StoreLocation) -> S3Store:
-        return S3Store.open_readonly(path)
-
-    def open(
-        self,
-        path: StoreLocation,
-        layout: StoreLayout,
-        *,
-        resource_tracking: bool,
-        defer_stats: bool,
-    ) -> S3Store:
-        return S3Store.open(path, layout, resource_tracking=resource_tracking)
-
-    def clear_done(self, path: StoreLocation, grid: tuple[int, ...], cells: Sequence[int]) -> int:
-        url = s3_url(path)
-        bucket = Bucket(url)
-        lock = S3Lock.acquire(bucket)
-        try:
-            got = bucket.get("zarr.json")
-            if got is None:
-                raise TrackingError(f"no block tracking store at {url}", path=url)
-            group = group_of(url, got[0])
-            _, arrays, etags = read_arrays(bucket, url, grid)
-            store = S3Store(bucket, url, grid, arrays, etags, group, created=False, lock=lock)
-            cleared = store.clear_done(list(cells))
-            store.flush()
-        finally:
-            lock.release()
-        return cleared

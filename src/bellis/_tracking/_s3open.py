@@ -1,23 +1,31 @@
 """Opening an S3 tracking store (``_s3.S3Store.open``): what is read and written, in as
-few round trips as the order of its writes allows.
+few round trips before the run can start as the order of its writes allows.
 
 * The lock is taken (``_s3io.S3Lock``, a create-only PUT) while the group's
   ``zarr.json`` is read: one round trip. That read may come before the lock, so it only
   says which way to go; what the run then relies on is read or written under the lock.
-* **A new store**: the base arrays' metadata are written at once (create-only), then the
-  group's (create-only, last: a store whose group exists has its arrays). A group that
-  exists by then was made by a run that held the store in between: it is read and the
-  store opened as an existing one.
+* **A new store**: nothing needs reading, so the open returns at once and the store is
+  written by a thread of its own (:class:`Creation`) while the run starts its workers:
+  the base arrays' metadata at once (create-only), then the group's (create-only, last: a
+  store whose group exists has its arrays). Every later write of the store waits for it
+  (``S3Store._ready``), so no chunk, code table or run record precedes its group, and an
+  error creating it is raised by the store's next write. A group that exists by then was
+  made by a run that held the store between this open's read and its lock: the markers
+  this run holds in memory would overwrite that run's, so the store is not written and
+  the run stops with an error that says to run again (and the next open finds the store
+  made).
 * **An existing store**: the group, each array's metadata and its one chunk are read at
   once, under the lock (the group again: the one read before the lock may be stale).
 
-Resume thus costs two round trips (seven GETs and the lock's PUT), and a first run three,
-whatever the store's size: no listing (docs/cloud.md).
+Resume thus costs two round trips (seven GETs and the lock's PUT), and a first run one
+before its workers start (and two more beside them), whatever the store's size: no
+listing (docs/cloud.md).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -42,18 +50,50 @@ from ._layout import (
 )
 from ._s3io import Bucket, S3Lock, all_of, together
 
-__all__ = ["Opened", "chunk_key", "conflict", "group_of", "lock_and_load", "read_arrays"]
+__all__ = [
+    "Creation",
+    "Opened",
+    "chunk_key",
+    "conflict",
+    "group_of",
+    "lock_and_load",
+    "read_arrays",
+]
 
 
 class Opened(NamedTuple):
     """What an open found: the grid, the marker arrays with their chunks' ETags (None: no
-    chunk yet), the group's metadata, and whether this open created the store."""
+    chunk yet), the group's metadata, whether this open creates the store, and (a new
+    store) the writes that create it, for a :class:`Creation` to make."""
 
     grid: tuple[int, ...]
     arrays: dict[str, NDArray[Any]]
     etags: dict[str, str | None]
     group: dict[str, Any]
     created: bool
+    create: Callable[[], None] | None = None
+
+
+class Creation:
+    """A new store's metadata, written in a thread of its own (module docstring)."""
+
+    def __init__(self, create: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(create,), name="bellis-s3-create", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, create: Callable[[], None]) -> None:
+        try:
+            create()
+        except BaseException as exc:  # raised by wait(), in the thread that writes next
+            self._error = exc
+
+    def wait(self) -> BaseException | None:
+        """Once the writes have ended: None, or their error (raised by the caller)."""
+        self._thread.join()
+        return self._error
 
 
 def chunk_key(name: str, ndim: int) -> str:
@@ -103,20 +143,10 @@ def _load(bucket: Bucket, url: str, layout: StoreLayout, got: tuple[bytes, str] 
     grid = tuple(layout.grid_shape)
     expected = layout_hash(layout)
     if got is None:
-        metas = {n: dump_metadata(array_metadata(ARRAY_DTYPES[n], grid)) for n in BASE_ARRAYS}
-        written = all_of(
-            *(partial(bucket.put, f"{n}/zarr.json", m, None) for n, m in metas.items())
-        )
-        for (name, meta), etag in zip(metas.items(), written, strict=True):
-            if etag is None:  # it exists: it must be the same array
-                existing = bucket.get(f"{name}/zarr.json")
-                if existing is None or existing[0] != meta:
-                    raise invalid_metadata(url, f"{name}/zarr.json is another array's")
         group = group_metadata(expected, layout_record(layout))
-        if bucket.put("zarr.json", dump_metadata(group), None) is not None:
-            arrays = {n: np.zeros(cell_count(grid), dtype=ARRAY_DTYPES[n]) for n in BASE_ARRAYS}
-            return Opened(grid, arrays, dict.fromkeys(BASE_ARRAYS), group, True)
-        # made by a run that held the store between the read and this run's lock
+        arrays = {n: np.zeros(cell_count(grid), dtype=ARRAY_DTYPES[n]) for n in BASE_ARRAYS}
+        create = partial(_create, bucket, url, grid, group)
+        return Opened(grid, arrays, dict.fromkeys(BASE_ARRAYS), group, True, create)
     found: list[dict[str, Any]] = []
 
     def check(data: bytes | None) -> None:  # the group first: a layout change says so
@@ -130,6 +160,25 @@ def _load(bucket: Bucket, url: str, layout: StoreLayout, got: tuple[bytes, str] 
 
     _, arrays, etags = read_arrays(bucket, url, grid, check_group=check)
     return Opened(grid, arrays, etags, found[0], False)
+
+
+def _create(bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, Any]) -> None:
+    """A new store's metadata: its arrays' at once, then its group's (module docstring)."""
+    metas = {n: dump_metadata(array_metadata(ARRAY_DTYPES[n], grid)) for n in BASE_ARRAYS}
+    written = all_of(*(partial(bucket.put, f"{n}/zarr.json", m, None) for n, m in metas.items()))
+    for (name, meta), etag in zip(metas.items(), written, strict=True):
+        if etag is None:  # it exists: it must be the same array
+            existing = bucket.get(f"{name}/zarr.json")
+            if existing is None or existing[0] != meta:
+                raise invalid_metadata(url, f"{name}/zarr.json is another array's")
+    if bucket.put("zarr.json", dump_metadata(group), None) is None:
+        raise TrackingError(
+            f"block tracking at {url}: another run created this store while this run "
+            "opened it (its zarr.json appeared between this run's read and its lock); "
+            "this run stopped without writing to it. Run again: the next run resumes "
+            "from the store that run made",
+            path=url,
+        )
 
 
 def read_arrays(
