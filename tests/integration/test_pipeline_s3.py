@@ -485,3 +485,83 @@ def test_a_new_store_that_cannot_be_made_stops_the_run_before_any_block(
     assert proc.returncode == 0, out + err
     assert _done(s3_env, f"{prefix}/a") == set(range(N)) == _succeeded(marks, "a")
     assert _done(s3_env, f"{prefix}/b") == set(range(N)) == _succeeded(marks, "b")
+
+
+ZARR_READER = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import zarr
+
+    url, endpoint = sys.argv[1], sys.argv[2]
+    group = zarr.open_group(
+        url, mode="r", storage_options={"endpoint_url": endpoint, "anon": False}
+    )
+    done = group["done"][:]
+    print(json.dumps({
+        "done": np.flatnonzero(done).tolist(),
+        "hash": group.attrs.get("daisy_task_hash"),
+        "arrays": sorted(name for name, _ in group.arrays()),
+    }))
+    """
+)
+
+
+def _zarr_read(env: dict[str, str], url: str) -> dict[str, Any]:
+    """The store at ``url`` as zarr itself reads it (its ``FsspecStore`` over s3fs), in
+    a process of its own, as a user's notebook would."""
+    r = subprocess.run(
+        [sys.executable, "-c", ZARR_READER, url, env["AWS_ENDPOINT_URL"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_a_zarr_reader_sees_the_markers_bellis_status_counts(
+    tmp_path: Path, s3_env: dict[str, str]
+) -> None:
+    """The store on S3 is a zarr v3 group that zarr's own reader opens: mid-run (the
+    driver killed) and after the resume, its ``done`` array names the blocks bellis
+    status counts, none without its success file."""
+    pytest.importorskip("s3fs", reason="zarr reads s3:// through s3fs (pip install 'bellis[s3]')")
+    base = f"s3://{BUCKET}/zr"
+    marks = tmp_path / "marks"
+    gate = tmp_path / "gate"
+    env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3"}
+    proc = _start(tmp_path, env, base, marks, "dist", GATE=str(gate))
+    try:
+        _wait(
+            "5 blocks of b",
+            lambda: len(_succeeded(marks, "b")) >= 5 and _done(s3_env, "zr/a"),
+            proc,
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        _end(proc)
+    for task in ("a", "b"):
+        seen = _zarr_read(s3_env, f"{base}/{task}")  # no chunk yet: zarr reads zeros
+        assert set(seen["done"]) == _done(s3_env, f"zr/{task}") <= _succeeded(marks, task)
+        assert _status(s3_env, f"{base}/{task}")["done"] == len(seen["done"])
+        assert {"done", "failures"} <= set(seen["arrays"]) and seen["hash"]
+    gate.write_text("open")
+    deadline = time.monotonic() + 300
+    while True:  # the killed driver's lease (3 s) must expire first
+        proc = _start(tmp_path, env, base, marks, "dist")
+        try:
+            _out, err = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
+        if proc.returncode == 0:
+            break
+        assert "is in use by another run" in err, err
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.5)
+    for task in ("a", "b"):
+        seen = _zarr_read(s3_env, f"{base}/{task}")
+        assert seen["done"] == list(range(N)) == sorted(_succeeded(marks, task))
+        assert _status(s3_env, f"{base}/{task}")["done"] == N
