@@ -20,6 +20,12 @@ average; ``--json`` writes the record.
     .venv/bin/python benchmarks/bench_s3_noop.py --pairs 10
     # before and after in one campaign: the base tree's src/ (git archive <commit> src)
     .venv/bin/python benchmarks/bench_s3_noop.py --pairs 8 --base-src /tmp/base/src
+    # the server on core 1, every run (local and s3) on core 0: latency without the
+    # server's CPU competing with the run's processes
+    .venv/bin/python benchmarks/bench_s3_noop.py --pairs 12 --server-core 1
+
+Each S3 run's server CPU (psutil, user + system of the moto process) goes to the record
+as ``server_cpu``, with its median printed at the end.
 """
 
 from __future__ import annotations
@@ -69,6 +75,20 @@ print(json.dumps({"ok": bool(ok), "seconds": time.perf_counter() - t0}))
 
 
 _WARM = {"on": False}
+#: --server-core: the cores the runs may use (None: all); the server's own is left out
+_RUN_CORES: dict[str, set[int] | None] = {"cores": None}
+#: the S3 server's CPU seconds (user + system) during each S3 run, in order
+_SERVER_CPU: list[float] = []
+_SERVER: dict[str, subprocess.Popen[bytes] | None] = {"proc": None}
+
+
+def _server_cpu() -> float:
+    import psutil
+
+    proc = _SERVER["proc"]
+    assert proc is not None
+    times = psutil.Process(proc.pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def _one(path: str, blocks: int, rt: bool, env: dict[str, str]) -> float:
@@ -78,6 +98,8 @@ def _one(path: str, blocks: int, rt: bool, env: dict[str, str]) -> float:
 def _timed(path: str, blocks: int, rt: bool, env: dict[str, str]) -> tuple[float, float]:
     """The run's wall around ``run_blockwise`` and the child process's whole wall (its
     interpreter start and imports included)."""
+    cores = _RUN_CORES["cores"]
+    cpu0 = _server_cpu() if path.startswith("s3://") else 0.0
     t0 = time.perf_counter()
     r = subprocess.run(
         [
@@ -93,10 +115,14 @@ def _timed(path: str, blocks: int, rt: bool, env: dict[str, str]) -> tuple[float
         capture_output=True,
         text=True,
         timeout=600,
+        # the run and every process it starts on the cores left to it (--server-core)
+        preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)),
     )
     if r.returncode != 0:
         raise SystemExit(f"a run failed ({path}):\n{r.stdout}\n{r.stderr}")
     whole = time.perf_counter() - t0
+    if path.startswith("s3://"):
+        _SERVER_CPU.append(_server_cpu() - cpu0)
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if not got["ok"]:
         raise SystemExit(f"a run was not ok ({path}):\n{r.stderr}")
@@ -119,10 +145,22 @@ def main() -> int:
         default=None,
         help="also run the tree whose src/ is here (PYTHONPATH), interleaved: before/after",
     )
+    p.add_argument(
+        "--server-core",
+        type=int,
+        default=None,
+        help="pin the S3 server to this core and every run to the others (what the "
+        "server's own CPU costs a run on a shared machine)",
+    )
     args = p.parse_args()
     _WARM["on"] = args.warm_client
 
     server, endpoint = _start_moto()
+    _SERVER["proc"] = server
+    if args.server_core is not None:
+        everything = os.sched_getaffinity(0)
+        os.sched_setaffinity(server.pid, {args.server_core})
+        _RUN_CORES["cores"] = everything - {args.server_core}
     try:
         env = dict(os.environ)
         env.update(
@@ -167,12 +205,20 @@ def main() -> int:
                         flush=True,
                     )
         load.append(os.getloadavg()[0])
+        if _SERVER_CPU:
+            print(
+                f"S3 server CPU per S3 run: median {statistics.median(_SERVER_CPU) * 1000:.0f} "
+                f"ms (range {min(_SERVER_CPU) * 1000:.0f}-{max(_SERVER_CPU) * 1000:.0f} ms)"
+            )
         record: dict[str, object] = {
             "blocks": args.blocks,
             "resource_tracking": args.rt,
             "base_src": args.base_src,
             "loadavg_start_end": load,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "server_core": args.server_core,
+            # the S3 server's CPU seconds in each S3 run (the trees interleaved, in order)
+            "server_cpu": _SERVER_CPU,
         }
         for tree in trees:
             ratios = [s / lo for lo, s in pairs[tree]]
