@@ -7,6 +7,7 @@ requests against a real S3 server are the integration tests' (``test_pipeline_s3
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -104,7 +105,7 @@ def test_the_open_returns_before_the_group_and_every_write_waits_for_it(s3: Memo
         user.start()
         user.join(0.5)
         assert user.is_alive(), "use_code wrote before the store's group existed"
-        assert s3.writes()[-1] != "run/a/code_versions.json"
+        assert "run/a/code_versions.json" not in s3.writes()
         s3.hold[GROUP].set()
         user.join(30)
         assert used == [1]
@@ -194,3 +195,76 @@ def test_another_layout_is_refused_with_the_aws_command_that_deletes_it(s3: Memo
         f"Delete it to start fresh:\n    aws s3 rm --recursive {URL}"
     )
     assert LOCK not in s3.objects  # released again: the fixed run is not refused
+
+
+def test_a_code_table_left_by_a_cut_short_delete_is_added_to(s3: MemoryS3) -> None:
+    """A delete stopped after the group (``_backends.delete_store``) leaves the code
+    table: the next run makes the store anew and adds its entry to that table (read
+    while the store is made), rather than refuse it as another writer's."""
+    first = S3Store.open(URL, LAYOUT)
+    assert first.use_code(_record(), 1.0) == 1
+    first.close()
+    left = s3.objects["run/a/code_versions.json"]
+    for key in [k for k in s3.objects if k != "run/a/code_versions.json"]:
+        del s3.objects[key]
+    again = S3Store.open(URL, LAYOUT)
+    try:
+        assert again.created
+        assert again.use_code({"hash": "e" * 64}, 2.0) == 2
+    finally:
+        again.close()
+    table = json.loads(s3.objects["run/a/code_versions.json"][0])
+    assert [v["index"] for v in table["versions"]] == [1, 2]
+    assert s3.objects["run/a/code_versions.json"] != left
+    assert LOCK not in s3.objects
+
+
+def test_a_group_put_answered_412_for_its_own_retry_goes_on(s3: MemoryS3) -> None:
+    """The group's PUT reached the bucket but its answer was lost, and the retry is
+    refused: the group there is this run's own, with no marker beside it, so the run
+    goes on as the store's maker."""
+    s3.hold[GROUP] = threading.Event()
+    store = S3Store.open(URL, LAYOUT)
+    made = group_metadata(layout_hash(LAYOUT), layout_record(LAYOUT))
+    s3.objects[GROUP] = (dump_metadata(made), '"first-try"')  # the lost answer's write
+    s3.hold[GROUP].set()
+    try:
+        assert store.use_code(_record(), 1.0) == 1
+        store.record_success(2, None, 0, 0.0, 0.0)
+    finally:
+        store.close()
+    assert s3.objects["run/a/done/c/0"][0] == bytes([0, 0, 1, 0, 0, 0, 0, 0])
+    assert LOCK not in s3.objects
+
+
+def test_an_object_beside_the_arrays_waits_for_the_group_and_is_dropped_on_failure(
+    s3: MemoryS3,
+) -> None:
+    """``after_open`` (the runner's ``outputs.json``): written after a new store's group,
+    by the thread that made it; never when making it failed."""
+    s3.hold[GROUP] = threading.Event()
+    store = S3Store.open(URL, LAYOUT)
+    written: list[str] = []
+    store.after_open(lambda: written.append("outputs"))
+    assert written == []  # the open returned; the group is still to come
+    s3.hold[GROUP].set()
+    store.close()
+    assert written == ["outputs"]
+    opened_again = S3Store.open(URL, LAYOUT)
+    try:  # an existing store: written at once
+        opened_again.after_open(lambda: written.append("again"))
+        assert written == ["outputs", "again"]
+    finally:
+        opened_again.close()
+
+    other = "s3://bucket/run/b"
+    wrong = dump_metadata({"zarr_format": 3, "node_type": "array", "shape": [3]})
+    s3.objects["run/b/done/zarr.json"] = (wrong, '"theirs"')
+    s3.hold["run/b/done/zarr.json"] = threading.Event()  # queued before the failure
+    failed = S3Store.open(other, LAYOUT)
+    failed.after_open(lambda: written.append("never"))
+    s3.hold["run/b/done/zarr.json"].set()
+    with pytest.raises(TrackingError, match=r"done/zarr\.json is another array's"):
+        failed.close()
+    assert written == ["outputs", "again"]
+    assert "run/b/zarr.json" not in s3.objects and "run/b/bellis.lock" not in s3.objects

@@ -48,7 +48,7 @@ from .._stats._timeline import TimelineSet
 from .._streams import print_to_stdout
 from .._task import Pipeline, Task, function_arity
 from .._task_spec import TaskSpec
-from .._tracking import is_s3_url, open_store, s3_url, write_outputs_record
+from .._tracking import is_s3_url, open_store, record_outputs, s3_url
 from .._worker._client import Context
 from ..errors import TaskAbandonedError, WorkerStartError
 from ._checks import (
@@ -123,7 +123,7 @@ def _open_stores(
                     t.outputs, t.write_safety, t.verify_outputs, below, t.task_id, t.verify_stored
                 )
                 # on S3 the object <prefix>/outputs.json (docs/cloud.md)
-                write_outputs_record(s3_url(path) if is_s3_url(path) else path, record)
+                record_outputs(stores[t.task_id], path, record)
         except BaseException:
             try:
                 _close_stores(stores)

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 One thread owns everything: a ``selectors`` loop over a listening socket and one
-non-blocking socket per worker. Every decision is the dispatcher's
+non-blocking socket per worker (at the end, a thread writes the stores back while this
+one waits for the workers to exit). Every decision is the dispatcher's
 (:mod:`bellis._scheduling._dispatch`); this shell turns what happens into its events (a message, a
 closed connection, the clock, a worker's exit) and carries out the instructions it returns
 (send a frame, close a connection, start or kill workers, report progress).
@@ -24,6 +25,7 @@ at once, instead of at the next tick; its other workers are not polled at all.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -181,6 +183,8 @@ class RunLoop:
         interrupted = d.abort_reason is not None or d.fatal is not None
         live = d.begin_shutdown(time.monotonic())
         self._carry_out()
+        #: an error of the flusher thread below other than a store's own
+        flushed: list[BaseException] = []
         if interrupted:
             # the launchers are polled once all are stopped (the final poll below)
             self._unwatch()
@@ -197,7 +201,6 @@ class RunLoop:
             # every block is recorded: write the stores back while the workers exit, in a
             # thread of its own (an S3 store's writes are round trips), joined once they
             # have exited (closing the stores later finds nothing left to write)
-            flushed: list[BaseException] = []
             flusher = threading.Thread(
                 target=self._flush_stores, args=(flushed,), name="bellis-flush", daemon=True
             )
@@ -217,11 +220,16 @@ class RunLoop:
                 self._unwatch()
             finally:
                 flusher.join()
-            if flushed:
-                raise flushed[0]
+                if flushed and sys.exc_info()[1] is not None:
+                    # another error unwinds (this loop's, or the run's that called this
+                    # at its end): that one is raised, this one said
+                    logger.error("writing the tracking stores back failed: %r", flushed[0])
+                    flushed.clear()
         self._poll_workers(time.monotonic(), final=True, interrupted=interrupted)
         self._end_connections()
         self.net.close()
+        if flushed:  # once the connections are closed
+            raise flushed[0]
 
     def _flush_stores(self, failed: list[BaseException]) -> None:
         """Each store's flush (the flusher thread of :meth:`_stop_workers`); an error

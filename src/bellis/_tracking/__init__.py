@@ -52,6 +52,7 @@ from ._backends import (
     open_readonly,
     open_store,
     read_lock_holder,
+    record_outputs,
     store_exists,
 )
 from ._files import OUTPUTS_NAME, read_outputs_record, write_outputs_record
@@ -92,6 +93,7 @@ __all__ = [
     "read_lock_holder",
     "read_outputs_record",
     "read_status",
+    "record_outputs",
     "render_status",
     "s3_url",
     "status_record",

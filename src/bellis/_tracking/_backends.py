@@ -15,14 +15,16 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from .._donemarks import BlockStore, StoreBackend, StoreLocation, store_location
 from ._disk import is_run_in_progress as _local_in_progress, read_lock_holder as _local_holder
+from ._files import write_outputs_record
 from ._layout import StoreLayout
 from ._reset import clear_done as _clear_done
-from ._s3 import is_s3_url
+from ._s3 import S3Store, is_s3_url
 from ._s3io import LOCK_KEY, Bucket, S3Lock, lease_alive, read_lease, s3_url
 from ._s3stores import S3Stores
 from ._store import TrackingStore, delete_store as _delete_local
@@ -39,6 +41,7 @@ __all__ = [
     "open_readonly",
     "open_store",
     "read_lock_holder",
+    "record_outputs",
     "store_exists",
 ]
 
@@ -228,3 +231,13 @@ def lease_holder(url: str) -> str | None:
         f"run {record.get('run', '?')}, pid {record.get('pid', '?')} on host "
         f"{record.get('host', '?')}, started {record.get('started', '?')}"
     )
+
+
+def record_outputs(store: BlockStore, path: StoreLocation, record: dict[str, Any]) -> None:
+    """Write the store's ``outputs.json`` (``_files.write_outputs_record``): on a new S3
+    store, once its metadata are written (``S3Store.after_open``: never before its
+    group, and not at all when making it failed)."""
+    if isinstance(store, S3Store):
+        store.after_open(partial(write_outputs_record, store.url, record))
+    else:
+        write_outputs_record(path, record)

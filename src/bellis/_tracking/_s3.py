@@ -38,9 +38,10 @@ staging folder and written as one object per run (``runs/<start>-<run id>.json``
 ``errors/<start>-<run id>.jsonl``) at each flush where they changed and at the close;
 a reader (:attr:`S3Store.runs_jsonl` of a read-only store) merges them in start order.
 
-Opening reads the objects by key (no listing); only :meth:`S3Stores.find_stores` and the
-readers of the per-run objects list. The requests and the lock are ``_s3io``'s (made by
-bellis's lean client or botocore, ``_s3http``), by the driver; the endpoint and
+Opening reads the objects by key (no listing); only
+:meth:`_s3stores.S3Stores.find_stores` and the readers of the per-run objects list.
+The requests and the lock are ``_s3io``'s (made by bellis's lean client or botocore,
+``_s3http``), by the driver; the endpoint and
 credentials come from the standard AWS configuration (``AWS_ENDPOINT_URL``,
 ``AWS_PROFILE``, ...), never from a bellis option, and are never printed or stored.
 """
@@ -55,7 +56,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,6 @@ class S3Store:
         store = cls(bucket, url, grid, arrays, etags, group, created=created, lock=lock)
         if create is not None:  # a new store: written while the run starts (``_s3open``)
             store._creation = Creation(create)
-            store._table = []  # and no code-version table yet (made under its lock)
         if resource_tracking and store._log is not None:  # the figures (``_s3stats``)
             store._tracks = True
             store._log.declare(STAT_ARRAYS)
@@ -478,7 +478,11 @@ class S3Store:
     def code_table(self) -> list[dict[str, Any]]:
         """The store's code-version table (the object ``code_versions.json``)."""
         if self._table is None:
-            got = None if self._bucket is None else self._bucket.get(TABLE_NAME)
+            if self._creation is not None:  # a new store: read while it was made
+                self._ready()
+                got = self._creation.result
+            else:
+                got = None if self._bucket is None else self._bucket.get(TABLE_NAME)
             table: list[dict[str, Any]] = []
             if got is not None:
                 try:
@@ -559,6 +563,14 @@ class S3Store:
     def open_stats(self) -> None:
         return None
 
+    def after_open(self, write: Callable[[], None]) -> None:
+        """``write`` (an object of the store beside its arrays: ``outputs.json``) once a
+        new store's metadata are written: by the thread that writes them, its error
+        raised by the store's next write; at once where they are."""
+        if self._creation is None or not self._creation.then(write):
+            self._ready()
+            write()
+
     def _ready(self) -> None:
         """Before any write: a new store's metadata are written (or their error raised)."""
         creation = self._creation
@@ -624,15 +636,16 @@ class S3Store:
         """Write the changed chunks (conditional on their last ETag), this run's
         runs.jsonl / errors.jsonl objects where they changed, and renew the lease where
         a third of it passed (``renew=False``: not at all)."""
-        if self._lock is None or self._bucket is None:
+        lock = self._lock  # once: a close (another thread) may end the store meanwhile
+        if lock is None or self._bucket is None or self._closed:
             return
         if self._lost is not None:
             raise self._lost
         self._flush_markers()
         self._upload_logs()
-        if renew and self._lock.renew_due():  # a lease taken or renewed lately holds
+        if renew and lock.renew_due():  # a lease taken or renewed lately holds
             with self._renewing:
-                self._lock.renew()
+                lock.renew()
 
     def _has_changes(self) -> bool:
         return (

@@ -28,13 +28,13 @@ import json
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
-from ._codever import CODE_ARRAY
+from ._codever import CODE_ARRAY, TABLE_NAME
 from ._files import cell_count, chunk_parts
 from ._layout import (
     ARRAY_DTYPES,
@@ -71,24 +71,47 @@ class Opened(NamedTuple):
     etags: dict[str, str | None]
     group: dict[str, Any]
     created: bool
-    create: Callable[[], None] | None = None
+    create: Callable[[], Any] | None = None
 
 
 class Creation:
-    """A new store's metadata, written in a thread of its own (module docstring)."""
+    """A new store's metadata, written in a thread of its own (module docstring), then
+    the writes queued behind them (:meth:`then`); what ``create`` returns is kept."""
 
-    def __init__(self, create: Callable[[], None]) -> None:
+    def __init__(self, create: Callable[[], Any]) -> None:
         self._error: BaseException | None = None
+        self.result: Any = None
+        self._mutex = threading.Lock()
+        self._after: list[Callable[[], None]] = []
+        self._ended = False
         self._thread = threading.Thread(
             target=self._run, args=(create,), name="bellis-s3-create", daemon=True
         )
         self._thread.start()
 
-    def _run(self, create: Callable[[], None]) -> None:
+    def _run(self, create: Callable[[], Any]) -> None:
         try:
-            create()
+            self.result = create()
+            while True:
+                with self._mutex:
+                    if not self._after:
+                        self._ended = True
+                        return
+                    write = self._after.pop(0)
+                write()
         except BaseException as exc:  # raised by wait(), in the thread that writes next
             self._error = exc
+            with self._mutex:
+                self._ended = True  # what was queued is not written
+
+    def then(self, write: Callable[[], None]) -> bool:
+        """Queue ``write`` behind the metadata; False when the thread has ended (the
+        caller writes, once :meth:`wait` said the metadata are there)."""
+        with self._mutex:
+            if self._ended:
+                return False
+            self._after.append(write)
+            return True
 
     def wait(self) -> BaseException | None:
         """Once the writes have ended: None, or their error (raised by the caller)."""
@@ -162,16 +185,25 @@ def _load(bucket: Bucket, url: str, layout: StoreLayout, got: tuple[bytes, str] 
     return Opened(grid, arrays, etags, found[0], False)
 
 
-def _create(bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, Any]) -> None:
-    """A new store's metadata: its arrays' at once, then its group's (module docstring)."""
+def _create(
+    bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, Any]
+) -> tuple[bytes, str] | None:
+    """A new store's metadata: its arrays' at once, then its group's (module docstring).
+    Returns the code-version table that a store cut short left (a delete stopped after
+    the group, ``_backends.delete_store``), read beside the arrays: the run adds its
+    entry to it rather than refuse it as another writer's."""
     metas = {n: dump_metadata(array_metadata(ARRAY_DTYPES[n], grid)) for n in BASE_ARRAYS}
-    written = all_of(*(partial(bucket.put, f"{n}/zarr.json", m, None) for n, m in metas.items()))
+    *written, table = all_of(
+        *(partial(bucket.put, f"{n}/zarr.json", m, None) for n, m in metas.items()),
+        partial(bucket.get, TABLE_NAME),
+    )
     for (name, meta), etag in zip(metas.items(), written, strict=True):
         if etag is None:  # it exists: it must be the same array
             existing = bucket.get(f"{name}/zarr.json")
             if existing is None or existing[0] != meta:
                 raise invalid_metadata(url, f"{name}/zarr.json is another array's")
-    if bucket.put("zarr.json", dump_metadata(group), None) is None:
+    data = dump_metadata(group)
+    if bucket.put("zarr.json", data, None) is None and not _ours(bucket, data, len(grid)):
         raise TrackingError(
             f"block tracking at {url}: another run created this store while this run "
             "opened it (its zarr.json appeared between this run's read and its lock); "
@@ -179,6 +211,18 @@ def _create(bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, An
             "from the store that run made",
             path=url,
         )
+    return cast("tuple[bytes, str] | None", table)
+
+
+def _ours(bucket: Bucket, data: bytes, ndim: int) -> bool:
+    """The group's create-only PUT was refused: is it this run's own (its answer lost
+    and the request sent again, ``_s3io.Bucket``), with no marker of any run beside
+    it? Then nothing is lost by going on as the store's maker."""
+    got = all_of(
+        partial(bucket.get, "zarr.json"),
+        *(partial(bucket.get, chunk_key(n, ndim)) for n in (*BASE_ARRAYS, CODE_ARRAY)),
+    )
+    return got[0] is not None and got[0][0] == data and all(c is None for c in got[1:])
 
 
 def read_arrays(

@@ -651,7 +651,9 @@ class TrackingStore:
         if not self._writable:
             return
         try:
-            for array in self._arrays.values():
+            # a copy: the run loop's flusher thread flushes while the driver may still
+            # record, and a first record of an optional array adds it to the dict
+            for array in list(self._arrays.values()):
                 array.flush()
         except OSError as exc:
             raise TrackingError(
