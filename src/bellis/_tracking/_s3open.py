@@ -6,14 +6,17 @@ few round trips before the run can start as the order of its writes allows.
   says which way to go; what the run then relies on is read or written under the lock.
 * **A new store**: nothing needs reading, so the open returns at once and the store is
   written by a thread of its own (:class:`Creation`) while the run starts its workers:
-  the base arrays' metadata at once (create-only), then the group's (create-only, last: a
-  store whose group exists has its arrays). Every later write of the store waits for it
-  (``S3Store._ready``), so no chunk, code table or run record precedes its group, and an
-  error creating it is raised by the store's next write. A group that exists by then was
-  made by a run that held the store between this open's read and its lock: the markers
-  this run holds in memory would overwrite that run's, so the store is not written and
-  the run stops with an error that says to run again (and the next open finds the store
-  made).
+  the base arrays' metadata at once (create-only), with a read of a code-version table
+  that a cut-short delete may have left, then the group's (create-only, last: a store
+  whose group exists has its arrays). Every later write of the store waits for it
+  (``S3Store._ready``), and the objects beside the arrays (``outputs.json``) are queued
+  behind it (``S3Store.after_open``), so nothing precedes the group, and an error
+  creating it is raised by the store's next write. A group that exists by then was made
+  by a run that held the store between this open's read and its lock (unless it is this
+  run's own, its PUT's answer lost and the request sent again: the same bytes, and no
+  marker beside it): the markers this run holds in memory would overwrite that run's,
+  so the store is not written and the run stops with an error that says to run again
+  (and the next open finds the store made).
 * **An existing store**: the group, each array's metadata and its one chunk are read at
   once, under the lock (the group again: the one read before the lock may be stale).
 
