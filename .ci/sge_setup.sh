@@ -119,8 +119,10 @@ edit() {  # edit <qconf option> [object]: qconf's editor applies the sed express
 }
 
 # root may submit (CI runs as root); finished jobs reach the accounting file (qacct) at once,
-# not after the default 15 s flush
-SED='s/^min_uid .*/min_uid 0/; s/^min_gid .*/min_gid 0/; s/flush_time=[0-9:]*/flush_time=00:00:01 accounting_flush_time=00:00:00/' edit -mconf global
+# not after the default 15 s flush. Idempotent: every accounting_flush_time is dropped before
+# the one is added after flush_time (matching "flush_time=" inside "accounting_flush_time="
+# doubled the setting at each run, until qmaster refused the 8 MB configuration)
+SED='s/^min_uid .*/min_uid 0/; s/^min_gid .*/min_gid 0/; s/[ \t]*accounting_flush_time=[0-9:]*//g; s/\([ \t]\)flush_time=[0-9:]*/\1flush_time=00:00:01 accounting_flush_time=00:00:00/' edit -mconf global
 # schedule every second, not every 15 s
 SED='s/^schedule_interval .*/schedule_interval 0:0:1/; s/^flush_submit_sec .*/flush_submit_sec 1/; s/^flush_finish_sec .*/flush_finish_sec 1/' edit -msconf
 
