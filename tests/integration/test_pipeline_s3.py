@@ -196,6 +196,44 @@ def _status(env: dict[str, str], url: str) -> dict[str, Any]:
     return data[0] if isinstance(data, list) else data
 
 
+def _kill_mid_run(
+    tmp: Path, env: dict[str, str], base: str, marks: Path, mode: str, gate: Path
+) -> None:
+    """Run the pipeline into ``base`` and SIGKILL its driver once 5 blocks of b ran (so
+    their a blocks too) and a's markers reached the bucket. The rest of b waits for
+    ``gate``, so the driver is surely mid-run when killed. Which blocks of a and b ran
+    first is the scheduler's choice (a serial run may interleave them): none is named."""
+    prefix = base.removeprefix(f"s3://{BUCKET}/")
+    proc = _start(tmp, env, base, marks, mode, GATE=str(gate))
+    try:
+        _wait(
+            "5 blocks of b",
+            lambda: len(_succeeded(marks, "b")) >= 5 and _done(env, f"{prefix}/a"),
+            proc,
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        _end(proc)
+
+
+def _resume(tmp: Path, env: dict[str, str], base: str, marks: Path, mode: str) -> tuple[str, str]:
+    """Run the pipeline again until it is no longer refused (the killed driver's lease
+    must expire first); its output, once it ran to the end."""
+    deadline = time.monotonic() + 300
+    while True:
+        proc = _start(tmp, env, base, marks, mode)
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            _end(proc)
+        if proc.returncode == 0:
+            return out, err
+        assert "is in use by another run" in err, err
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize(
     ("mode", "requests"), [("dist", "auto"), ("serial", "auto"), ("dist", "botocore")]
 )
@@ -208,21 +246,7 @@ def test_pipeline_on_s3_killed_and_resumed(
     marks = tmp_path / "marks"
     gate = tmp_path / "gate"
     env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3", "BELLIS_S3_CLIENT": requests}
-    proc = _start(tmp_path, env, base, marks, mode, GATE=str(gate))
-    try:
-        # 5 blocks of b ran (so their a blocks too), and a's markers reached the bucket;
-        # the rest of b waits for the gate, so the driver is surely mid-run when killed.
-        # Which blocks of a and b ran first is the scheduler's choice (a serial run may
-        # interleave them), so the test names none.
-        _wait(
-            "5 blocks of b",
-            lambda: len(_succeeded(marks, "b")) >= 5 and _done(s3_env, "pipe/a"),
-            proc,
-        )
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        _end(proc)
+    _kill_mid_run(tmp_path, env, base, marks, mode, gate)
     for task in ("a", "b"):
         marked = _done(s3_env, f"pipe/{task}")
         assert marked <= _succeeded(marks, task), task  # never done before it succeeded
@@ -232,18 +256,7 @@ def test_pipeline_on_s3_killed_and_resumed(
     assert len(_done(s3_env, "pipe/b")) < N
 
     gate.write_text("open")
-    deadline = time.monotonic() + 300
-    while True:  # the killed driver's lease (3 s) must expire first
-        proc = _start(tmp_path, env, base, marks, mode)
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            _end(proc)
-        if proc.returncode == 0:
-            break
-        assert "is in use by another run" in err, err
-        assert time.monotonic() < deadline, "the lease never expired"
-        time.sleep(0.5)
+    out, err = _resume(tmp_path, env, base, marks, mode)
     assert "ok" in out and "report True" in out, out
     assert f"botocore imported {requests == 'botocore'}" in out, out
     assert "took over the lock of run" in err, err
@@ -532,35 +545,14 @@ def test_a_zarr_reader_sees_the_markers_bellis_status_counts(
     marks = tmp_path / "marks"
     gate = tmp_path / "gate"
     env = {**s3_env, "BELLIS_S3_LEASE_SECONDS": "3"}
-    proc = _start(tmp_path, env, base, marks, "dist", GATE=str(gate))
-    try:
-        _wait(
-            "5 blocks of b",
-            lambda: len(_succeeded(marks, "b")) >= 5 and _done(s3_env, "zr/a"),
-            proc,
-        )
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        _end(proc)
+    _kill_mid_run(tmp_path, env, base, marks, "dist", gate)
     for task in ("a", "b"):
         seen = _zarr_read(s3_env, f"{base}/{task}")  # no chunk yet: zarr reads zeros
         assert set(seen["done"]) == _done(s3_env, f"zr/{task}") <= _succeeded(marks, task)
         assert _status(s3_env, f"{base}/{task}")["done"] == len(seen["done"])
         assert {"done", "failures"} <= set(seen["arrays"]) and seen["hash"]
     gate.write_text("open")
-    deadline = time.monotonic() + 300
-    while True:  # the killed driver's lease (3 s) must expire first
-        proc = _start(tmp_path, env, base, marks, "dist")
-        try:
-            _out, err = proc.communicate(timeout=300)
-        finally:
-            _end(proc)
-        if proc.returncode == 0:
-            break
-        assert "is in use by another run" in err, err
-        assert time.monotonic() < deadline, "the lease never expired"
-        time.sleep(0.5)
+    _resume(tmp_path, env, base, marks, "dist")
     for task in ("a", "b"):
         seen = _zarr_read(s3_env, f"{base}/{task}")
         assert seen["done"] == list(range(N)) == sorted(_succeeded(marks, task))
