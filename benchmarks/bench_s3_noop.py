@@ -41,7 +41,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_s3_requests import _start_moto
+from bench_s3_requests import _moto_env, _start_moto
 
 _CHILD = r"""
 import json, sys, time
@@ -162,23 +162,7 @@ def main() -> int:
         os.sched_setaffinity(server.pid, {args.server_core})
         _RUN_CORES["cores"] = everything - {args.server_core}
     try:
-        env = dict(os.environ)
-        env.update(
-            AWS_ENDPOINT_URL=endpoint,
-            AWS_ACCESS_KEY_ID="testing",
-            AWS_SECRET_ACCESS_KEY="testing",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        env.pop("AWS_PROFILE", None)
-        import boto3
-
-        boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        ).create_bucket(Bucket="bellis-bench")
+        env = _moto_env(endpoint, "bellis-bench")
         load = [os.getloadavg()[0]]
         # each tree: its env (PYTHONPATH for --base-src) and its pairs (local, s3), the
         # walls around run_blockwise and of the whole child process

@@ -45,6 +45,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _moto_env(endpoint: str, bucket: str) -> dict[str, str]:
+    """This process's environment for a child that reaches the moto server at
+    ``endpoint`` with static test credentials (no AWS profile or config file), after
+    making ``bucket`` there."""
+    env = dict(os.environ)
+    env.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        env.pop(name, None)
+    import boto3
+
+    boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
+    return env
+
+
 def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     server = subprocess.Popen(

@@ -27,7 +27,7 @@ import uuid
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_s3_requests import _start_moto
+from bench_s3_requests import _moto_env, _start_moto
 
 _CHILD = r"""
 import json, sys, threading, time
@@ -131,25 +131,8 @@ def main() -> None:
     if args.server_core is not None:
         cores = os.sched_getaffinity(0) - {args.server_core}
         os.sched_setaffinity(server.pid, {args.server_core})
-    env = dict(
-        os.environ,
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        env.pop(name, None)
     try:
-        import boto3
-
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-        ).create_bucket(Bucket="bench-timeline")
+        env = _moto_env(endpoint, "bench-timeline")
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(args.runs):
                 for path in (

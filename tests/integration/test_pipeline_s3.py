@@ -220,18 +220,7 @@ def _kill_mid_run(
 def _resume(tmp: Path, env: dict[str, str], base: str, marks: Path, mode: str) -> tuple[str, str]:
     """Run the pipeline again until it is no longer refused (the killed driver's lease
     must expire first); its output, once it ran to the end."""
-    deadline = time.monotonic() + 300
-    while True:
-        proc = _start(tmp, env, base, marks, mode)
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            _end(proc)
-        if proc.returncode == 0:
-            return out, err
-        assert "is in use by another run" in err, err
-        assert time.monotonic() < deadline, "the lease never expired"
-        time.sleep(0.5)
+    return kit_s3.run_until_taken(lambda: _start(tmp, env, base, marks, mode), _end, 300)
 
 
 @pytest.mark.parametrize(

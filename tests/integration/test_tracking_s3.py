@@ -143,18 +143,7 @@ def _wait_line(proc: subprocess.Popen[str], want: str, count: int = 1) -> list[s
 
 def _run_until_taken(tmp: Path, env: dict[str, str], url: str, marks: Path, **extra: str):
     """Run a driver until it gets the store (a killed driver's lease must expire first)."""
-    deadline = time.monotonic() + 240
-    while True:
-        proc = _start(tmp, env, url, marks, **extra)
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            _end(proc)
-        if proc.returncode == 0:
-            return out, err
-        assert "is in use by another run" in err, err
-        assert time.monotonic() < deadline, "the lease never expired"
-        time.sleep(0.5)
+    return kit_s3.run_until_taken(lambda: _start(tmp, env, url, marks, **extra), _end)
 
 
 def test_markers_reach_the_bucket_while_a_long_block_runs(

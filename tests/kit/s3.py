@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -97,3 +97,25 @@ def moto_server() -> Iterator[tuple[dict[str, str], subprocess.Popen[bytes]]]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def run_until_taken(
+    start: Callable[[], subprocess.Popen[str]],
+    end: Callable[[subprocess.Popen[str]], object],
+    limit: float = 240,
+) -> tuple[str, str]:
+    """Start a driver (``start()``) again and again until it gets the store: a killed
+    driver's lease must expire first, and until then each one is refused with the lock's
+    message. Its output, once one ran to the end; ``end`` reaps each one in a finally."""
+    deadline = time.monotonic() + limit
+    while True:
+        proc = start()
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            end(proc)
+        if proc.returncode == 0:
+            return out, err
+        assert "is in use by another run" in err, err
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.5)

@@ -43,6 +43,7 @@ __all__ = [
     "is_s3_url",
     "lease_alive",
     "lease_seconds",
+    "read_json",
     "read_lease",
     "s3_url",
     "together",
@@ -416,18 +417,24 @@ class S3Lock:
             raise self._lost()
 
 
+def read_json(bucket: Bucket, name: str) -> dict[str, Any] | None:
+    """Object ``name`` of the store as a JSON object; None when it is absent or holds
+    no JSON object."""
+    got = bucket.get(name)
+    if got is None:
+        return None
+    try:
+        value = json.loads(got[0])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def read_lease(bucket: Bucket) -> dict[str, Any] | None:
     """The record of the store's lock object (run, host, pid, expires, started), read
     without taking it; None when there is none (no run holds the store) or it holds no
     record."""
-    held = bucket.get(LOCK_KEY)
-    if held is None:
-        return None
-    try:
-        record = json.loads(held[0])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return read_json(bucket, LOCK_KEY)
 
 
 def lease_alive(record: dict[str, Any] | None, now: float) -> bool:

@@ -3,14 +3,13 @@ and ``bellis verify --reset`` do with a store below an ``s3://`` URL (``_s3.S3St
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 
 from .._donemarks import StoreLocation
 from ..errors import TrackingError
 from ._layout import StoreLayout
 from ._s3 import S3Store
-from ._s3io import SCHEME, Bucket, S3Lock, s3_url
+from ._s3io import SCHEME, Bucket, S3Lock, read_json, s3_url
 from ._s3open import group_of, read_arrays
 
 __all__ = ["S3Stores"]
@@ -24,15 +23,9 @@ class S3Stores:
 
     def is_store(self, path: StoreLocation) -> bool:
         bucket = Bucket(s3_url(path))
-        got = bucket.get("zarr.json")
-        if got is None:
-            return False
-        try:
-            meta = json.loads(got[0])
-        except ValueError:
-            return False
+        meta = read_json(bucket, "zarr.json")
         return (
-            isinstance(meta, dict)
+            meta is not None
             and meta.get("node_type") == "group"
             and bucket.get("done/zarr.json") is not None
         )
