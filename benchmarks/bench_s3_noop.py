@@ -43,6 +43,64 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_s3_requests import _moto_env, _start_moto
 
+def _start_latency_proxy(endpoint: str, one_way_ms: float) -> str:
+    """A TCP proxy on 127.0.0.1 in front of ``endpoint`` that holds every byte
+    ``one_way_ms`` in each direction (an S3 endpoint one round trip of twice that away,
+    whose CPU is not this machine's); its URL. Runs in a thread of this process."""
+    import asyncio
+    import threading
+
+    host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+    delay = one_way_ms / 1000.0
+    ready: list[str] = []
+    started = threading.Event()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                at, data = await queue.get()
+                if at > loop.time():
+                    await asyncio.sleep(at - loop.time())
+                if not data:
+                    writer.close()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        sender = asyncio.ensure_future(send())
+        try:
+            while True:
+                data = await reader.read(65536)
+                queue.put_nowait((asyncio.get_running_loop().time() + delay, data))
+                if not data:
+                    break
+            await sender
+        except (ConnectionError, OSError):
+            sender.cancel()
+            writer.close()
+
+    async def handle(c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        try:
+            s_reader, s_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            c_writer.close()
+            return
+        await asyncio.gather(pipe(c_reader, s_writer), pipe(s_reader, c_writer))
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        ready.append(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        started.set()
+        await server.serve_forever()
+
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
+    started.wait(10)
+    return ready[0]
+
+
 _CHILD = r"""
 import json, sys, time
 import bellis
@@ -152,6 +210,13 @@ def main() -> int:
         help="pin the S3 server to this core and every run to the others (what the "
         "server's own CPU costs a run on a shared machine)",
     )
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="reach the S3 server through a proxy that holds every byte this long in each "
+        "direction (an endpoint one round trip of twice this away)",
+    )
     args = p.parse_args()
     _WARM["on"] = args.warm_client
 
@@ -163,6 +228,8 @@ def main() -> int:
         _RUN_CORES["cores"] = everything - {args.server_core}
     try:
         env = _moto_env(endpoint, "bellis-bench")
+        if args.latency_ms:
+            env["AWS_ENDPOINT_URL"] = _start_latency_proxy(endpoint, args.latency_ms)
         load = [os.getloadavg()[0]]
         # each tree: its env (PYTHONPATH for --base-src) and its pairs (local, s3), the
         # walls around run_blockwise and of the whole child process
@@ -201,6 +268,7 @@ def main() -> int:
             "loadavg_start_end": load,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "server_core": args.server_core,
+            "latency_ms_each_way": args.latency_ms,
             # the S3 server's CPU seconds in each S3 run (the trees interleaved, in order)
             "server_cpu": _SERVER_CPU,
         }

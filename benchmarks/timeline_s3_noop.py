@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_s3_noop import _start_latency_proxy
 from bench_s3_requests import _moto_env, _start_moto
 
 _CHILD = r"""
@@ -124,6 +125,12 @@ def main() -> None:
         default=None,
         help="the S3 server on this core, the runs on the others",
     )
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="each byte to and from the S3 server held this long (bench_s3_noop.py's proxy)",
+    )
     args = p.parse_args()
     stages: dict[str, dict[str, list[float]]] = {"local": {}, "s3": {}}
     server, endpoint = _start_moto()
@@ -133,6 +140,8 @@ def main() -> None:
         os.sched_setaffinity(server.pid, {args.server_core})
     try:
         env = _moto_env(endpoint, "bench-timeline")
+        if args.latency_ms:
+            env["AWS_ENDPOINT_URL"] = _start_latency_proxy(endpoint, args.latency_ms)
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(args.runs):
                 for path in (

@@ -215,8 +215,41 @@ def test_a_code_table_left_by_a_cut_short_delete_is_added_to(s3: MemoryS3) -> No
         again.close()
     table = json.loads(s3.objects["run/a/code_versions.json"][0])
     assert [v["index"] for v in table["versions"]] == [1, 2]
+    # found by the create-only write, read, then written on its ETag
+    key = "run/a/code_versions.json"
+    tail = [(what, k) for what, k in s3.log if k == key][-3:]
+    assert tail == [("412", key), ("GET", key), ("PUT", key)]
     assert s3.objects["run/a/code_versions.json"] != left
     assert LOCK not in s3.objects
+
+
+def test_a_first_run_reads_only_the_group_and_writes_each_object_once(s3: MemoryS3) -> None:
+    """A new store costs the group's read and one write of each object: no read of a
+    code-version table it cannot have (a leftover is found by the table's create-only
+    write, the test above), no second write."""
+    store = S3Store.open(URL, LAYOUT)
+    try:
+        assert store.use_code(_record(), 1.0) == 1
+        store.record_success(3, None, 0, 0.0, 0.0)
+    finally:
+        store.close()
+    assert [key for what, key in s3.log if what == "GET"] == [GROUP]
+    assert sorted(s3.log) == sorted(
+        [("GET", GROUP), ("DELETE", LOCK)]
+        + [
+            ("PUT", f"run/a/{name}")
+            for name in (
+                "bellis.lock",
+                "done/zarr.json",
+                "failures/zarr.json",
+                "zarr.json",
+                "code_version/zarr.json",
+                "code_versions.json",
+                "code_version/c/0",
+                "done/c/0",
+            )
+        ]
+    ), s3.log
 
 
 def test_a_group_put_answered_412_for_its_own_retry_goes_on(s3: MemoryS3) -> None:

@@ -476,33 +476,49 @@ class S3Store:
         return cleared
 
     def code_table(self) -> list[dict[str, Any]]:
-        """The store's code-version table (the object ``code_versions.json``)."""
+        """The store's code-version table (the object ``code_versions.json``; a store this
+        run makes has none yet)."""
         if self._table is None:
-            if self._creation is not None:  # a new store: read while it was made
-                self._ready()
-                got = self._creation.result
-            else:
-                got = None if self._bucket is None else self._bucket.get(TABLE_NAME)
-            table: list[dict[str, Any]] = []
-            if got is not None:
-                try:
-                    doc = json.loads(got[0])
-                    versions = doc["versions"]
-                    if not isinstance(versions, list):
-                        raise TypeError("versions is not a list")
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise TrackingError(
-                        f"cannot read the code-version table {self._url}/{TABLE_NAME}: "
-                        f"{exc}; restore it, or delete it and the store's code_version "
-                        "array (its done blocks then count as made by unknown code)",
-                        path=self._url,
-                    ) from None
-                table = [
-                    v for v in versions if isinstance(v, dict) and isinstance(v.get("index"), int)
-                ]
-                self._table_etag = got[1]
-            self._table = table
+            got = None if self._bucket is None or self._created else self._bucket.get(TABLE_NAME)
+            self._table = self._parse_table(got)
         return list(self._table)
+
+    def _parse_table(self, got: tuple[bytes, str] | None) -> list[dict[str, Any]]:
+        """The entries of a table read (its bytes and ETag; None: there is none), whose
+        ETag the next write of it is conditional on."""
+        if got is None:
+            return []
+        try:
+            doc = json.loads(got[0])
+            versions = doc["versions"]
+            if not isinstance(versions, list):
+                raise TypeError("versions is not a list")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TrackingError(
+                f"cannot read the code-version table {self._url}/{TABLE_NAME}: "
+                f"{exc}; restore it, or delete it and the store's code_version "
+                "array (its done blocks then count as made by unknown code)",
+                path=self._url,
+            ) from None
+        self._table_etag = got[1]
+        return [v for v in versions if isinstance(v, dict) and isinstance(v.get("index"), int)]
+
+    def _add_to_left_table(self, record: dict[str, Any], started: float, floor: int) -> int:
+        """A store this run made already held a code-version table: one that a delete cut
+        short left (it stops after the group, ``_backends.delete_store``). This run's
+        entry is added to it (not refused as another writer's); its index."""
+        assert self._bucket is not None
+        got = self._bucket.get(TABLE_NAME)
+        if got is None:  # refused, then gone: not a leftover
+            raise conflict(self._url, TABLE_NAME)
+        self._table = self._parse_table(got)
+        index, text = add_entry(self._table, record, started, floor)
+        if text is not None:
+            etag = self._bucket.put(TABLE_NAME, text, got[1])
+            if etag is None:
+                raise conflict(self._url, TABLE_NAME)
+            self._table_etag = etag
+        return index
 
     def use_code(self, record: dict[str, Any], started: float, floor: int = 0) -> int:
         """Add this run's entry to the code-version table (written at once, before any
@@ -528,9 +544,12 @@ class S3Store:
         done = all_of(*writes)
         if text is not None:
             etag = done.pop(0)
-            if etag is None:
+            if etag is not None:
+                self._table_etag = etag
+            elif self._created and self._table_etag is None:  # its first write of it
+                index = self._add_to_left_table(record, started, floor)
+            else:
                 raise conflict(self._url, TABLE_NAME)
-            self._table_etag = etag
         if CODE_ARRAY not in self._arrays:
             if done[0] is None:
                 existing = bucket.get(f"{CODE_ARRAY}/zarr.json")

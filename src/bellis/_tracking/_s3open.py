@@ -6,8 +6,7 @@ few round trips before the run can start as the order of its writes allows.
   says which way to go; what the run then relies on is read or written under the lock.
 * **A new store**: nothing needs reading, so the open returns at once and the store is
   written by a thread of its own (:class:`Creation`) while the run starts its workers:
-  the base arrays' metadata at once (create-only), with a read of a code-version table
-  that a cut-short delete may have left, then the group's (create-only, last: a store
+  the base arrays' metadata at once (create-only), then the group's (create-only, last: a store
   whose group exists has its arrays). Every later write of the store waits for it
   (``S3Store._ready``), and the objects beside the arrays (``outputs.json``) are queued
   behind it (``S3Store.after_open``), so nothing precedes the group, and an error
@@ -31,13 +30,13 @@ import json
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import TrackingError
-from ._codever import CODE_ARRAY, TABLE_NAME
+from ._codever import CODE_ARRAY
 from ._files import cell_count, chunk_parts
 from ._layout import (
     ARRAY_DTYPES,
@@ -79,11 +78,10 @@ class Opened(NamedTuple):
 
 class Creation:
     """A new store's metadata, written in a thread of its own (module docstring), then
-    the writes queued behind them (:meth:`then`); what ``create`` returns is kept."""
+    the writes queued behind them (:meth:`then`)."""
 
     def __init__(self, create: Callable[[], Any]) -> None:
         self._error: BaseException | None = None
-        self.result: Any = None
         self._mutex = threading.Lock()
         self._after: list[Callable[[], None]] = []
         self._ended = False
@@ -94,7 +92,7 @@ class Creation:
 
     def _run(self, create: Callable[[], Any]) -> None:
         try:
-            self.result = create()
+            create()
             while True:
                 with self._mutex:
                     if not self._after:
@@ -188,17 +186,13 @@ def _load(bucket: Bucket, url: str, layout: StoreLayout, got: tuple[bytes, str] 
     return Opened(grid, arrays, etags, found[0], False)
 
 
-def _create(
-    bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, Any]
-) -> tuple[bytes, str] | None:
+def _create(bucket: Bucket, url: str, grid: tuple[int, ...], group: dict[str, Any]) -> None:
     """A new store's metadata: its arrays' at once, then its group's (module docstring).
-    Returns the code-version table that a store cut short left (a delete stopped after
-    the group, ``_backends.delete_store``), read beside the arrays: the run adds its
-    entry to it rather than refuse it as another writer's."""
+    (A code-version table that a delete cut short left is not read here: the run's
+    create-only write of the table finds it, ``S3Store.use_code``.)"""
     metas = {n: dump_metadata(array_metadata(ARRAY_DTYPES[n], grid)) for n in BASE_ARRAYS}
-    *written, table = all_of(
+    written = all_of(
         *(partial(bucket.put, f"{n}/zarr.json", m, None) for n, m in metas.items()),
-        partial(bucket.get, TABLE_NAME),
     )
     for (name, meta), etag in zip(metas.items(), written, strict=True):
         if etag is None:  # it exists: it must be the same array
@@ -214,7 +208,6 @@ def _create(
             "from the store that run made",
             path=url,
         )
-    return cast("tuple[bytes, str] | None", table)
 
 
 def _ours(bucket: Bucket, data: bytes, ndim: int) -> bool:
