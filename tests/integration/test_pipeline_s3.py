@@ -546,3 +546,78 @@ def test_a_zarr_reader_sees_the_markers_bellis_status_counts(
         seen = _zarr_read(s3_env, f"{base}/{task}")
         assert seen["done"] == list(range(N)) == sorted(_succeeded(marks, task))
         assert _status(s3_env, f"{base}/{task}")["done"] == N
+
+
+TAKEN_OVER = textwrap.dedent(
+    """
+    import os, sys
+    import bellis as daisy
+    from funlib.geometry import Roi
+
+    url, counter, other, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    n = 20
+
+    def process(block):
+        # the last block to start hands the store to "another run", as a takeover after
+        # an expired lease does: the run's blocks finish, its close finds the lock gone
+        with open(counter, "a") as f:
+            f.write("x")
+        if os.path.getsize(counter) == n:
+            import boto3
+
+            bucket, key = url[len("s3://"):].split("/", 1)
+            boto3.client("s3").put_object(
+                Bucket=bucket, Key=key + "/bellis.lock", Body=open(other, "rb").read()
+            )
+
+    task = daisy.Task(
+        "t",
+        total_roi=Roi((0,), (n,)),
+        read_roi=Roi((0,), (1,)),
+        write_roi=Roi((0,), (1,)),
+        process_function=process,
+        num_workers=2,
+        read_write_conflict=False,
+        tracking_path=url,
+    )
+    ok = daisy.run_blockwise([task], multiprocessing=(mode == "dist"))
+    print("returned", ok, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["dist", "serial"])
+def test_a_run_that_lost_its_lock_prints_its_summary_then_raises(
+    tmp_path: Path, s3_env: dict[str, str], mode: str
+) -> None:
+    """An S3 store is closed (the run's record, the lock's release) while the summary is
+    printed: a close that fails (the lock another run took) still ends the run with its
+    error, after the summary, and leaves that run's lock object in place."""
+    s3 = client(s3_env)
+    url = f"s3://{BUCKET}/lost-{mode}"
+    other = b'{"run": "other", "host": "elsewhere", "pid": 1, "expires": 4102444800}\n'
+    (tmp_path / "other").write_bytes(other)
+    script = tmp_path / "taken.py"
+    script.write_text(TAKEN_OVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), url, str(tmp_path / "count"), str(tmp_path / "other"), mode],
+        env=s3_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert (tmp_path / "count").read_text() == "x" * 20  # every block ran once
+    assert proc.returncode == 1, out + err
+    assert "returned" not in out, out
+    # the summary first (stdout), with what ran, then the close's error (stderr)
+    row = next(line for line in out.splitlines() if line.strip().startswith("t "))
+    # task, status, blocks, completed, skipped, failed, orphaned
+    assert row.split()[2:] == ["20", "20", "0", "0", "0"], out
+    assert f"TrackingError: block tracking at {url}: this run lost its lock" in err, err
+    held = s3.get_object(Bucket=BUCKET, Key=f"lost-{mode}/bellis.lock")["Body"].read()
+    assert held == other  # the other run's lock is left alone

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -487,6 +488,7 @@ def execute(plan: RunSettings) -> RunResult:
         code = CodeCheck(started_wall)
         live = None
         lanes: LanesWriter | None = None
+        ended = False
         try:
             live = start_dashboard(plan.dashboard, stores)
             code = check_code(
@@ -527,35 +529,105 @@ def execute(plan: RunSettings) -> RunResult:
             wall = time.perf_counter() - t_start
             result.report = _write_reports(plan, run, stores, started_wall, finished_wall, wall)
             result.abandoned = any(s.abandoned for s in result.states.values())
+            ended = True
         finally:
-            if lanes is not None:
-                lanes.close()
-            if live is not None:
-                live.close()
-            errors.close_sinks()
-            _close_stores(stores)
-        if plan.distributed:
-            blog.warn_if_log_disk_full()
-    if plan.summary:
-        log_dir = blog.get_log_basedir() if plan.distributed else None
-        text = format_summary(
-            result.states,
-            result.order,
-            log_dir=log_dir,
-            interrupted=result.interrupted is not None,
-            errors=errors.as_dict(),
-            abandoned=result.said,
-        )
-        print_to_stdout(text + code_summary(code.notes, result.order))
-        for tid in result.order:
-            msg = resume_message(result.states[tid])
-            if msg:
-                progress_logger.info("%s", msg)
-
-        panel = render_panel([result.report[t] for t in result.order])
-        if panel:
-            print_to_stdout("\n" + panel)
+            try:
+                if lanes is not None:
+                    lanes.close()
+                if live is not None:
+                    live.close()
+                errors.close_sinks()
+            finally:
+                # a run that ended closes its S3 stores (their last round trip: the run's
+                # record, the lock's release) while the summary is printed; the others,
+                # and every store of a run that raised, are closed first
+                closing = None
+                if not ended:
+                    _close_stores(stores)
+                else:
+                    remote = {t: s for t, s in stores.items() if is_s3_url(s.path)}
+                    closing = _Closing(remote)
+                    try:
+                        _close_stores({t: s for t, s in stores.items() if t not in remote})
+                    except BaseException:
+                        closing.wait(log=True)
+                        raise
+        assert closing is not None  # (the run ended: else its error went on above)
+        try:
+            if plan.distributed:
+                blog.warn_if_log_disk_full()
+        except BaseException:
+            closing.wait(log=True)
+            raise
+    try:
+        if plan.summary:
+            _print_summary(plan, result, errors, code)
+    except BaseException:
+        closing.wait(log=True)
+        raise
+    closing.wait()
     return result
+
+
+def _print_summary(
+    plan: RunSettings, result: RunResult, errors: ErrorCollector, code: CodeCheck
+) -> None:
+    """The run's summary, the code notes and the panel to stdout; resume hints to stderr."""
+    log_dir = blog.get_log_basedir() if plan.distributed else None
+    text = format_summary(
+        result.states,
+        result.order,
+        log_dir=log_dir,
+        interrupted=result.interrupted is not None,
+        errors=errors.as_dict(),
+        abandoned=result.said,
+    )
+    print_to_stdout(text + code_summary(code.notes, result.order))
+    for tid in result.order:
+        msg = resume_message(result.states[tid])
+        if msg:
+            progress_logger.info("%s", msg)
+
+    report = result.report
+    assert report is not None  # (written before the stores were closed)
+    panel = render_panel([report[t] for t in result.order])
+    if panel:
+        print_to_stdout("\n" + panel)
+
+
+class _Closing:
+    """The S3 stores of a run that ended, closed by a thread of their own
+    (``_close_stores``) while the driver prints the summary; :meth:`wait` joins it and
+    raises its error. By then each has written its markers back (``RunLoop._stop_workers``):
+    what is left is the run's record and the lock's release, one round trip."""
+
+    def __init__(self, stores: dict[str, BlockStore]) -> None:
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if stores:
+            self._thread = threading.Thread(
+                target=self._close, args=(stores,), name="bellis-close", daemon=True
+            )
+            self._thread.start()
+
+    def _close(self, stores: dict[str, BlockStore]) -> None:
+        try:
+            _close_stores(stores)
+        except BaseException as exc:  # raised by wait(), in the driver's thread
+            self._error = exc
+
+    def wait(self, *, log: bool = False) -> None:
+        """Once the stores are closed: raise the error closing them (``log``: another
+        error is on its way, so this one is only logged)."""
+        if self._thread is not None:
+            self._thread.join()
+        error, self._error = self._error, None
+        if error is None:
+            return
+        if log:
+            logger.error("closing block tracking failed too: %s", error)
+            return
+        raise error
 
 
 def _run_distributed(plan: RunSettings, run: _Run) -> None:
