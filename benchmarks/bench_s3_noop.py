@@ -43,6 +43,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_s3_requests import _moto_env, _start_moto
 
+
 def _start_latency_proxy(endpoint: str, one_way_ms: float) -> str:
     """A TCP proxy on 127.0.0.1 in front of ``endpoint`` that holds every byte
     ``one_way_ms`` in each direction (an S3 endpoint one round trip of twice that away,
