@@ -601,7 +601,8 @@ def test_a_run_that_lost_its_lock_prints_its_summary_then_raises(
     script.write_text(TAKEN_OVER)
     proc = subprocess.Popen(
         [sys.executable, str(script), url, str(tmp_path / "count"), str(tmp_path / "other"), mode],
-        env=s3_env,
+        # a lease far longer than the run: no renewal finds the takeover before the close
+        env={**s3_env, "BELLIS_S3_LEASE_SECONDS": "600"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -531,18 +531,20 @@ def execute(plan: RunSettings) -> RunResult:
             result.abandoned = any(s.abandoned for s in result.states.values())
             ended = True
         finally:
+            torn_down = False
             try:
                 if lanes is not None:
                     lanes.close()
                 if live is not None:
                     live.close()
                 errors.close_sinks()
+                torn_down = True
             finally:
                 # a run that ended closes its S3 stores (their last round trip: the run's
                 # record, the lock's release) while the summary is printed; the others,
-                # and every store of a run that raised, are closed first
+                # and every store of a run that raised (here or above), are closed first
                 closing = None
-                if not ended:
+                if not (ended and torn_down):
                     _close_stores(stores)
                 else:
                     remote = {t: s for t, s in stores.items() if is_s3_url(s.path)}
@@ -598,8 +600,9 @@ def _print_summary(
 class _Closing:
     """The S3 stores of a run that ended, closed by a thread of their own
     (``_close_stores``) while the driver prints the summary; :meth:`wait` joins it and
-    raises its error. By then each has written its markers back (``RunLoop._stop_workers``):
-    what is left is the run's record and the lock's release, one round trip."""
+    raises its error. What is left to write by then is the run's record and the lock's
+    release, one round trip (and, in serial mode, the last markers before them: a
+    distributed run wrote those while its workers exited, ``RunLoop._stop_workers``)."""
 
     def __init__(self, stores: dict[str, BlockStore]) -> None:
         self._error: BaseException | None = None
@@ -620,7 +623,13 @@ class _Closing:
         """Once the stores are closed: raise the error closing them (``log``: another
         error is on its way, so this one is only logged)."""
         if self._thread is not None:
-            self._thread.join()
+            try:
+                self._thread.join()
+            except BaseException:
+                # interrupted (Ctrl-C): the lock's release is in flight; give it the time
+                # a round trip takes before the interruption goes on
+                self._thread.join(10.0)
+                raise
         error, self._error = self._error, None
         if error is None:
             return
