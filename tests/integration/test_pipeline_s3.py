@@ -127,6 +127,30 @@ def _end(proc: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
+def _finished(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for ``proc`` (at most 300 s; its process group is killed either way) and
+    return its output."""
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    return out, err
+
+
+def _run_script(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str, str]:
+    """Run a driver script (``argv``) in a session of its own to its end: the process
+    (its ``returncode``), its stdout and stderr."""
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return (proc, *_finished(proc))
+
+
 @functools.cache
 def _cached_client(endpoint: str) -> Any:
     return client({"AWS_ENDPOINT_URL": endpoint})
@@ -344,18 +368,9 @@ def test_code_change_detected_on_s3(tmp_path: Path, s3_env: dict[str, str], mode
     def run(version: str) -> set[int]:
         for p in marks.iterdir():
             p.unlink()
-        proc = subprocess.Popen(
-            [sys.executable, str(script), url, str(marks), mode, version],
-            env=s3_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+        proc, out, err = _run_script(
+            [sys.executable, str(script), url, str(marks), mode, version], s3_env
         )
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            _end(proc)
         assert proc.returncode == 0, out + err
         return _succeeded(marks, "c")
 
@@ -411,18 +426,7 @@ def test_run_report_and_errors_are_objects(tmp_path: Path, s3_env: dict[str, str
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     url = f"s3://{BUCKET}/fail"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), url, mode],
-        env=s3_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        _end(proc)
+    _proc, out, err = _run_script([sys.executable, str(script), url, mode], s3_env)
     assert "failed" in out, out + err
     s3 = client(s3_env)
 
@@ -463,10 +467,7 @@ def test_a_new_store_that_cannot_be_made_stops_the_run_before_any_block(
     s3.put_object(Bucket=BUCKET, Key=f"{prefix}/a/done/zarr.json", Body=json.dumps(wrong))
     marks = tmp_path / "marks"
     proc = _start(tmp_path, s3_env, f"s3://{BUCKET}/{prefix}", marks, mode)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        _end(proc)
+    out, err = _finished(proc)
     assert proc.returncode not in (0, None), out + err
     assert "done/zarr.json is another array's" in err, err
     assert f"s3://{BUCKET}/{prefix}/a" in err, err
@@ -480,10 +481,7 @@ def test_a_new_store_that_cannot_be_made_stops_the_run_before_any_block(
     assert not any("/c/" in k for k in keys), keys  # no chunk either
     s3.delete_object(Bucket=BUCKET, Key=f"{prefix}/a/done/zarr.json")
     proc = _start(tmp_path, s3_env, f"s3://{BUCKET}/{prefix}", marks, mode)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        _end(proc)
+    out, err = _finished(proc)
     assert proc.returncode == 0, out + err
     assert _done(s3_env, f"{prefix}/a") == set(range(N)) == _succeeded(marks, "a")
     assert _done(s3_env, f"{prefix}/b") == set(range(N)) == _succeeded(marks, "b")
@@ -599,19 +597,11 @@ def test_a_run_that_lost_its_lock_prints_its_summary_then_raises(
     (tmp_path / "other").write_bytes(other)
     script = tmp_path / "taken.py"
     script.write_text(TAKEN_OVER)
-    proc = subprocess.Popen(
+    # a lease far longer than the run: no renewal finds the takeover before the close
+    proc, out, err = _run_script(
         [sys.executable, str(script), url, str(tmp_path / "count"), str(tmp_path / "other"), mode],
-        # a lease far longer than the run: no renewal finds the takeover before the close
-        env={**s3_env, "BELLIS_S3_LEASE_SECONDS": "600"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        {**s3_env, "BELLIS_S3_LEASE_SECONDS": "600"},
     )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        _end(proc)
     assert (tmp_path / "count").read_text() == "x" * 20  # every block ran once
     assert proc.returncode == 1, out + err
     assert "returned" not in out, out
