@@ -73,14 +73,14 @@ class Opened(NamedTuple):
     etags: dict[str, str | None]
     group: dict[str, Any]
     created: bool
-    create: Callable[[], Any] | None = None
+    create: Callable[[], None] | None = None
 
 
 class Creation:
     """A new store's metadata, written in a thread of its own (module docstring), then
     the writes queued behind them (:meth:`then`)."""
 
-    def __init__(self, create: Callable[[], Any]) -> None:
+    def __init__(self, create: Callable[[], None]) -> None:
         self._error: BaseException | None = None
         self._mutex = threading.Lock()
         self._after: list[Callable[[], None]] = []
@@ -90,7 +90,7 @@ class Creation:
         )
         self._thread.start()
 
-    def _run(self, create: Callable[[], Any]) -> None:
+    def _run(self, create: Callable[[], None]) -> None:
         try:
             create()
             while True:
